@@ -1,0 +1,272 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Sum, min and max trees over one caller-owned float64 array.
+
+The array may live on the process heap or in a shared-memory segment: the
+tree keeps no state of its own beyond the view, so every process that maps
+the same bytes sees the same tree.
+
+Layout of ``buf`` (``cap`` = capacity rounded up to a power of two)::
+
+    [ sum tree: 2*cap | min tree: 2*cap | max tree: 2*cap ]
+
+Node 1 is a root, node ``cap + i`` is the leaf of slot ``i``.  Every parent is
+recomputed from its two children -- never adjusted by a delta -- so rounding
+cannot drift however many updates are made.
+
+Leaf semantics: the sum and min trees hold the sampling weight ``v`` of a slot
+(``v == 0`` means "not sampleable", and the min leaf is then +inf); the max
+tree holds the *raw* priority of the slot (-inf when not sampleable), so
+``max()`` answers "largest priority stored now" exactly.
+"""
+from libc.math cimport INFINITY, pow, isfinite
+from libc.stdint cimport int64_t
+
+import numpy as np
+
+
+cdef inline Py_ssize_t _pow2_at_least(Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t c = 1
+    while c < n:
+        c <<= 1
+    return c
+
+
+def tree_buffer_size(Py_ssize_t capacity):
+    """Number of float64 entries a tree over ``capacity`` slots needs."""
+    if capacity < 1:
+        raise ValueError(f"capacity: expected an integer >= 1, got {capacity}")
+    return 6 * _pow2_at_least(capacity)
+
+
+cdef class PriorityTree:
+    """Sum/min/max trees over ``buf`` for ``capacity`` slots.
+
+    Parameters
+    ----------
+    buf : float64 array of ``tree_buffer_size(capacity)`` entries
+        Storage owned by the caller (heap or shared memory).
+    capacity : int
+        Number of slots.
+    reset : bool
+        Fill the trees as empty; pass False to attach to a tree another
+        process already initialised.
+    """
+    cdef double[::1] _buf
+    cdef double* _sum
+    cdef double* _min
+    cdef double* _max
+    cdef readonly Py_ssize_t capacity
+    cdef Py_ssize_t _cap
+
+    def __init__(self, double[::1] buf not None, Py_ssize_t capacity, bint reset=True):
+        cdef Py_ssize_t need = tree_buffer_size(capacity)
+        if buf.shape[0] < need:
+            raise ValueError(f"buf: expected at least {need} float64 entries, got {buf.shape[0]}")
+        self._buf = buf
+        self.capacity = capacity
+        self._cap = need // 6
+        self._sum = &buf[0]
+        self._min = &buf[2 * self._cap]
+        self._max = &buf[4 * self._cap]
+        if reset:
+            self.reset()
+
+    def reset(self):
+        """Make every slot unsampleable."""
+        cdef Py_ssize_t i
+        with nogil:
+            for i in range(2 * self._cap):
+                self._sum[i] = 0.0
+                self._min[i] = INFINITY
+                self._max[i] = -INFINITY
+
+    cdef inline void _write_leaf(self, Py_ssize_t slot, double value, double raw) noexcept nogil:
+        cdef Py_ssize_t n = slot + self._cap
+        self._sum[n] = value
+        self._min[n] = value if value > 0.0 else INFINITY
+        self._max[n] = raw if value > 0.0 else -INFINITY
+
+    cdef inline void _fix_up(self, Py_ssize_t slot) noexcept nogil:
+        cdef Py_ssize_t n = (slot + self._cap) >> 1
+        cdef Py_ssize_t l
+        cdef double a, b
+        while n >= 1:
+            l = 2 * n
+            self._sum[n] = self._sum[l] + self._sum[l + 1]
+            a = self._min[l]
+            b = self._min[l + 1]
+            self._min[n] = a if a < b else b
+            a = self._max[l]
+            b = self._max[l + 1]
+            self._max[n] = a if a > b else b
+            n >>= 1
+
+    def set(self, const int64_t[::1] slots not None, const double[::1] values not None,
+            const double[::1] raw not None):
+        """Set leaf weights ``values`` (0 = unsampleable) and raw priorities.
+
+        Duplicated slots are allowed: the last occurrence wins.  The caller
+        has validated slots and values.
+        """
+        cdef Py_ssize_t k = slots.shape[0], j
+        if values.shape[0] != k or raw.shape[0] != k:
+            raise ValueError("slots, values and raw must have the same length")
+        with nogil:
+            # All leaves first, then the paths: a path walked later reads
+            # children that are already final, so duplicates and shared
+            # ancestors come out right.
+            for j in range(k):
+                self._write_leaf(slots[j], values[j], raw[j])
+            for j in range(k):
+                self._fix_up(slots[j])
+
+    def set_priorities(self, const int64_t[::1] slots not None, const double[::1] priorities not None,
+                       double alpha, double eps):
+        """Set leaves to ``(p + eps) ** alpha`` and raw priority ``p``."""
+        cdef Py_ssize_t k = slots.shape[0], j
+        if priorities.shape[0] != k:
+            raise ValueError("slots and priorities must have the same length")
+        with nogil:
+            for j in range(k):
+                self._write_leaf(slots[j], pow(priorities[j] + eps, alpha), priorities[j])
+            for j in range(k):
+                self._fix_up(slots[j])
+
+    cpdef void set_one(self, Py_ssize_t slot, double priority, double alpha, double eps) noexcept:
+        """Single-slot ``set_priorities`` without array arguments (actor hot path)."""
+        self._write_leaf(slot, pow(priority + eps, alpha), priority)
+        self._fix_up(slot)
+
+    def clear(self, const int64_t[::1] slots not None):
+        """Make ``slots`` unsampleable."""
+        cdef Py_ssize_t k = slots.shape[0], j
+        with nogil:
+            for j in range(k):
+                self._write_leaf(slots[j], 0.0, 0.0)
+            for j in range(k):
+                self._fix_up(slots[j])
+
+    cpdef void clear_range(self, Py_ssize_t start, Py_ssize_t count) noexcept:
+        """Make ``count`` slots from ``start`` (wrapping at capacity) unsampleable."""
+        cdef Py_ssize_t j, s
+        with nogil:
+            for j in range(count):
+                s = (start + j) % self.capacity
+                self._write_leaf(s, 0.0, 0.0)
+            for j in range(count):
+                self._fix_up((start + j) % self.capacity)
+
+    def get(self, const int64_t[::1] slots not None, double[::1] values not None,
+            double[::1] raw not None):
+        """Read leaf weights and raw priorities of ``slots`` (raw is -inf when unsampleable)."""
+        cdef Py_ssize_t k = slots.shape[0], j
+        with nogil:
+            for j in range(k):
+                values[j] = self._sum[slots[j] + self._cap]
+                raw[j] = self._max[slots[j] + self._cap]
+
+    cdef inline Py_ssize_t _descend(self, double u) noexcept nogil:
+        # Go left unless u is past the left mass; but never enter a child
+        # whose sum is zero.  Starting from a root with positive sum, every
+        # node entered then has a positive sum, so the leaf found is
+        # sampleable whatever rounding did to u.
+        cdef Py_ssize_t n = 1
+        cdef double left
+        while n < self._cap:
+            n <<= 1
+            left = self._sum[n]
+            if left > 0.0 and (u < left or self._sum[n + 1] <= 0.0):
+                continue
+            u -= left
+            n += 1
+        return n - self._cap
+
+    def search(self, const double[::1] prefix not None, int64_t[::1] out not None):
+        """For each prefix sum, the slot whose cumulative range contains it."""
+        cdef Py_ssize_t k = prefix.shape[0], j
+        if out.shape[0] < k:
+            raise ValueError("out is shorter than prefix")
+        if not self._sum[1] > 0.0:
+            raise ValueError("the tree holds no sampleable slot")
+        with nogil:
+            for j in range(k):
+                out[j] = self._descend(prefix[j])
+
+    def sample(self, const double[::1] r not None, int64_t[::1] out not None,
+               double[::1] values not None, bint stratified=True):
+        """Draw ``len(r)`` slots from uniforms ``r`` in [0, 1).
+
+        ``stratified``: draw j lands in the j-th of ``len(r)`` equal strata of
+        the total mass (Ape-X); otherwise every draw covers the whole mass.
+        Writes the chosen slots to ``out`` and their leaf weights to ``values``;
+        returns the total mass the draws were made against.
+        """
+        cdef Py_ssize_t k = r.shape[0], j, s
+        cdef double total = self._sum[1]
+        cdef double width
+        if out.shape[0] < k or values.shape[0] < k:
+            raise ValueError("out and values must hold len(r) entries")
+        if not total > 0.0:
+            raise ValueError("the tree holds no sampleable slot")
+        with nogil:
+            width = total / k if stratified else total
+            for j in range(k):
+                s = self._descend(((j if stratified else 0) + r[j]) * width)
+                out[j] = s
+                values[j] = self._sum[s + self._cap]
+        return total
+
+    def rebuild(self):
+        """Recompute every inner node from the leaves (after a crash mid-update)."""
+        cdef Py_ssize_t n, l
+        cdef double a, b
+        with nogil:
+            n = self._cap - 1
+            while n >= 1:
+                l = 2 * n
+                self._sum[n] = self._sum[l] + self._sum[l + 1]
+                a = self._min[l]
+                b = self._min[l + 1]
+                self._min[n] = a if a < b else b
+                a = self._max[l]
+                b = self._max[l + 1]
+                self._max[n] = a if a > b else b
+                n -= 1
+
+    def total(self):
+        """Sum of all leaf weights."""
+        return self._sum[1]
+
+    def min(self):
+        """Smallest positive leaf weight (+inf when nothing is sampleable)."""
+        return self._min[1]
+
+    def max(self):
+        """Largest raw priority among sampleable slots (-inf when none)."""
+        return self._max[1]
+
+
+def check_priorities(const double[::1] priorities not None, double alpha, double eps,
+                     double max_weight):
+    """Index of the first priority that is negative, not finite, or whose
+    weight ``(p + eps) ** alpha`` exceeds ``max_weight``; -1 when all are fine."""
+    cdef Py_ssize_t j, bad = -1
+    cdef double p
+    with nogil:
+        for j in range(priorities.shape[0]):
+            p = priorities[j]
+            if not (isfinite(p) and p >= 0.0 and pow(p + eps, alpha) <= max_weight):
+                bad = j
+                break
+    return bad
+
+
+def check_slots(const int64_t[::1] slots not None, int64_t limit):
+    """Index of the first slot outside [0, limit), or -1."""
+    cdef Py_ssize_t j, bad = -1
+    with nogil:
+        for j in range(slots.shape[0]):
+            if slots[j] < 0 or slots[j] >= limit:
+                bad = j
+                break
+    return bad

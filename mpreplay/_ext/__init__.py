@@ -1,0 +1,1 @@
+"""Compiled kernels (built from ext/)."""

@@ -1,0 +1,1 @@
+"""Benchmarks (``mpreplay bench NAME`` or ``python -m mpreplay.bench NAME``)."""

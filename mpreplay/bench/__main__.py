@@ -1,0 +1,5 @@
+import sys
+
+from mpreplay.cli import main
+
+sys.exit(main(["bench", *sys.argv[1:]]))

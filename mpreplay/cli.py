@@ -1,0 +1,28 @@
+"""Command line: ``mpreplay bench NAME``, ``mpreplay demo``, ``mpreplay inspect FILE``."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+_BENCHMARKS = {
+    "per": "prioritized replay: add one, sample 32, update 32 per frame vs naive numpy, cpprb and the floor",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(prog="mpreplay", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench = sub.add_parser("bench", help="run a benchmark", add_help=False)
+    bench.add_argument("name", choices=sorted(_BENCHMARKS), help="; ".join(f"{k}: {v}" for k, v in _BENCHMARKS.items()))
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        module = importlib.import_module(f"mpreplay.bench.{args.name}")
+        return int(module.main(rest) or 0)
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""Where a buffer's arrays live: the process heap or a shared-memory segment.
+
+A :class:`Layout` places named arrays at aligned offsets in one block of
+bytes.  The same layout over the heap gives a local buffer and over a
+``multiprocessing.shared_memory`` segment gives a buffer every process can
+map, so the buffer code above it is one and the same.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import weakref
+from dataclasses import dataclass, field
+from multiprocessing import resource_tracker, shared_memory
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Layout", "HeapMemory", "SharedMemory", "SharedMemoryError"]
+
+_ALIGN = 64  # one cache line: keeps hot counters and rows of different arrays apart
+
+
+class SharedMemoryError(RuntimeError):
+    """A shared-memory segment cannot be created or attached."""
+
+
+@dataclass
+class Layout:
+    """Named arrays at 64-byte aligned offsets inside one block."""
+
+    entries: list[tuple[str, tuple[int, ...], str, int]] = field(default_factory=list)
+    nbytes: int = 0
+
+    def add(self, name: str, shape: tuple[int, ...], dtype: Any) -> None:
+        dt = np.dtype(dtype)
+        offset = -(-self.nbytes // _ALIGN) * _ALIGN
+        self.entries.append((name, tuple(int(d) for d in shape), dt.str, offset))
+        self.nbytes = offset + int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+
+    def views(self, buf: memoryview) -> dict[str, np.ndarray]:
+        """Arrays over ``buf`` (no copies)."""
+        out = {}
+        for name, shape, dtype, offset in self.entries:
+            count = int(np.prod(shape, dtype=np.int64))
+            out[name] = np.frombuffer(buf, dtype=dtype, count=count, offset=offset).reshape(shape)
+        return out
+
+
+class HeapMemory:
+    """A zeroed block on the process heap."""
+
+    shared = False
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+        self._block = np.zeros(max(layout.nbytes, 1), dtype=np.uint8)
+        self.arrays = layout.views(memoryview(self._block))
+
+    def close(self) -> None:
+        pass
+
+
+def _shm_free_bytes() -> int | None:
+    try:
+        return shutil.disk_usage("/dev/shm").free
+    except OSError:
+        return None
+
+
+def _untrack(name: str) -> None:
+    # Python < 3.13 registers attached segments with the resource tracker,
+    # which then unlinks them when the attaching process exits -- under the
+    # creator's feet.  Only the creator may unlink.
+    try:
+        resource_tracker.unregister(f"/{name}" if not name.startswith("/") else name, "shared_memory")
+    except Exception:  # the tracker may not know the name; nothing to undo then
+        pass
+
+
+class SharedMemory:
+    """A named segment holding ``layout``.
+
+    The creating process owns the segment and unlinks it on :meth:`close`
+    (also at garbage collection and interpreter exit); attaching processes
+    only unmap it.
+    """
+
+    shared = True
+
+    def __init__(self, layout: Layout, *, name: str | None = None):
+        self.layout = layout
+        self.owner = name is None
+        size = max(layout.nbytes, 1)
+        if self.owner:
+            free = _shm_free_bytes()
+            if free is not None and free < size:
+                raise SharedMemoryError(
+                    f"/dev/shm has {free / 2**20:.1f} MiB free but the buffer needs {size / 2**20:.1f} MiB; "
+                    "lower the capacity, or give the container more shared memory "
+                    "(docker run --shm-size=..., or mount a larger tmpfs on /dev/shm)"
+                )
+            self._shm = shared_memory.SharedMemory(create=True, size=size)
+            # Reserve the pages now: a tmpfs that runs out later would kill
+            # the process with SIGBUS at some random write instead.
+            try:
+                os.posix_fallocate(self._shm._fd, 0, size)
+            except (AttributeError, OSError) as exc:
+                self._shm.close()
+                self._shm.unlink()
+                raise SharedMemoryError(f"cannot reserve {size / 2**20:.1f} MiB in /dev/shm: {exc}") from exc
+        else:
+            try:
+                self._shm = shared_memory.SharedMemory(name=name, create=False)
+            except FileNotFoundError:
+                raise SharedMemoryError(f"shared-memory segment {name!r} no longer exists (its owner closed it)") from None
+            _untrack(self._shm._name)
+        self.name = self._shm.name
+        self.arrays = layout.views(self._shm.buf)
+        self._finalizer = weakref.finalize(self, SharedMemory._release, self._shm, self.owner)
+
+    @staticmethod
+    def _release(shm: shared_memory.SharedMemory, owner: bool) -> None:
+        try:
+            shm.close()
+        except BufferError:
+            # numpy views still reference the mapping; the OS unmaps it when the
+            # process exits.  Unlinking below is what frees /dev/shm.
+            pass
+        if owner:
+            try:
+                shm.unlink()
+            except FileNotFoundError:
+                pass
+
+    def close(self) -> None:
+        """Unmap, and unlink when this process created the segment (idempotent)."""
+        self.arrays = {}
+        self._finalizer()

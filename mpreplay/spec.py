@@ -1,0 +1,134 @@
+"""Field specs: normalising cpprb-style ``env_dict`` and checking every ``add``.
+
+A batch handed to a buffer is validated and converted as a whole before the
+buffer changes, so a bad field never leaves half a transition behind.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["FieldSpec", "parse_env_dict", "convert_batch"]
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One stored field: per-transition ``shape`` and ``dtype``."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def row_nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype.str}
+
+
+def _shape(name: str, shape: Any) -> tuple[int, ...]:
+    if shape is None:
+        return ()
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    try:
+        dims = tuple(int(d) for d in shape)
+    except TypeError:
+        raise TypeError(f"env_dict[{name!r}]['shape']: expected an int or a tuple of ints, got {shape!r}") from None
+    if any(d < 1 for d in dims):
+        raise ValueError(f"env_dict[{name!r}]['shape']: every dimension must be >= 1, got {dims}")
+    return dims
+
+
+def _dtype(name: str, dtype: Any) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"env_dict[{name!r}]['dtype']: {dtype!r} is not a numpy dtype") from None
+    if dt.kind not in "biuf":
+        raise TypeError(f"env_dict[{name!r}]['dtype']: expected a bool, integer or float dtype, got {dt}")
+    return dt.newbyteorder("=")
+
+
+_RESERVED = {"indexes", "weights", "priorities"}
+
+
+def parse_env_dict(env_dict: Mapping[str, Mapping[str, Any]], default_dtype: Any = None) -> dict[str, FieldSpec]:
+    """Normalise a cpprb-style ``env_dict`` into ordered field specs.
+
+    A missing ``shape`` means a scalar per transition; a missing ``dtype``
+    means ``default_dtype`` (float32 when that is None too).
+    """
+    if not isinstance(env_dict, Mapping) or not env_dict:
+        raise ValueError("env_dict: expected a non-empty mapping of field name -> {'shape': ..., 'dtype': ...}")
+    default = np.float32 if default_dtype is None else default_dtype
+    specs: dict[str, FieldSpec] = {}
+    for name, options in env_dict.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"env_dict: field names must be identifiers, got {name!r}")
+        if name in _RESERVED:
+            raise ValueError(f"env_dict: {name!r} is reserved for sample()/add() keywords")
+        options = {} if options is None else options
+        if not isinstance(options, Mapping):
+            raise TypeError(f"env_dict[{name!r}]: expected a mapping, got {type(options).__name__}")
+        unknown = set(options) - {"shape", "dtype"}
+        if unknown:
+            raise ValueError(f"env_dict[{name!r}]: unknown options {sorted(unknown)}; expected 'shape' and 'dtype'")
+        specs[name] = FieldSpec(name, _shape(name, options.get("shape")), _dtype(name, options.get("dtype", default)))
+    return specs
+
+
+def _cast(spec: FieldSpec, value: np.ndarray) -> np.ndarray:
+    """``value`` in ``spec.dtype``; refuse casts that change a value's kind or range."""
+    src, dst = value.dtype, spec.dtype
+    if src == dst:
+        return value
+    if np.can_cast(src, dst, "same_kind"):
+        return value.astype(dst)
+    if src.kind in "biu" and dst.kind in "biu":
+        # Integer literals arrive as int64; accept them wherever they fit.
+        converted = value.astype(dst)
+        if np.array_equal(converted.astype(src), value):
+            return converted
+        raise ValueError(f"field {spec.name!r}: values out of range for dtype {dst}")
+    raise TypeError(f"field {spec.name!r}: cannot safely cast {src} to {dst}")
+
+
+def convert_batch(specs: Mapping[str, FieldSpec], values: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
+    """Check and convert one transition or a batch.
+
+    Returns ``(k, rows)`` where each ``rows[name]`` has shape ``(k,) + shape``
+    in the field's dtype.  A field whose value has exactly the field's shape
+    is one transition; one extra leading dimension makes it a batch.
+    """
+    unknown = [n for n in values if n not in specs]
+    if unknown:
+        raise ValueError(f"unknown field {unknown[0]!r}; expected fields {list(specs)}")
+    missing = [n for n in specs if n not in values]
+    if missing:
+        raise ValueError(f"missing field {missing[0]!r}; expected fields {list(specs)}")
+    rows: dict[str, np.ndarray] = {}
+    k = None
+    first = None
+    for name, spec in specs.items():
+        try:
+            arr = np.asarray(values[name])
+        except ValueError:
+            raise ValueError(f"field {name!r}: ragged value, expected shape {spec.shape} or (batch,) + {spec.shape}") from None
+        if arr.dtype.kind not in "biuf":
+            raise TypeError(f"field {name!r}: expected numbers, got dtype {arr.dtype}")
+        nd = len(spec.shape)
+        if arr.shape == spec.shape:
+            arr = arr.reshape((1,) + spec.shape)
+        elif arr.ndim != nd + 1 or arr.shape[1:] != spec.shape:
+            raise ValueError(f"field {name!r}: expected shape {spec.shape} or (batch,) + {spec.shape}, got {arr.shape}")
+        if k is None:
+            k, first = arr.shape[0], name
+        elif arr.shape[0] != k:
+            raise ValueError(f"field {name!r}: batch length {arr.shape[0]} disagrees with {k} of field {first!r}")
+        rows[name] = _cast(spec, arr)
+    return int(k), rows
