@@ -5,11 +5,9 @@ The array may live on the process heap or in a shared-memory segment: the
 tree keeps no state of its own beyond the view, so every process that maps
 the same bytes sees the same tree.
 
-Layout of ``buf`` (``cap`` = capacity rounded up to a power of two)::
-
-    [ sum tree: 2*cap | min tree: 2*cap | max tree: 2*cap ]
-
-Node 1 is a root, node ``cap + i`` is the leaf of slot ``i``.  Every parent is
+Layout of ``buf`` (``cap`` = capacity rounded up to a power of two): ``2*cap``
+nodes of three float64 each, ``(sum, min, max)``, so one update touches one
+cache line per level.  Node 1 is the root, node ``cap + i`` the leaf of slot ``i``.  Every parent is
 recomputed from its two children -- never adjusted by a delta -- so rounding
 cannot drift however many updates are made.
 
@@ -18,7 +16,7 @@ Leaf semantics: the sum and min trees hold the sampling weight ``v`` of a slot
 tree holds the *raw* priority of the slot (-inf when not sampleable), so
 ``max()`` answers "largest priority stored now" exactly.
 """
-from libc.math cimport INFINITY, pow, isfinite
+from libc.math cimport INFINITY, pow
 from libc.stdint cimport int64_t
 
 import numpy as np
@@ -38,6 +36,14 @@ def tree_buffer_size(Py_ssize_t capacity):
     return 6 * _pow2_at_least(capacity)
 
 
+cdef inline void _recompute(Node* nodes, Py_ssize_t n) noexcept nogil:
+    cdef Node* l = &nodes[2 * n]
+    cdef Node* r = &nodes[2 * n + 1]
+    nodes[n].sum = l.sum + r.sum
+    nodes[n].min = l.min if l.min < r.min else r.min
+    nodes[n].max = l.max if l.max > r.max else r.max
+
+
 cdef class PriorityTree:
     """Sum/min/max trees over ``buf`` for ``capacity`` slots.
 
@@ -51,13 +57,6 @@ cdef class PriorityTree:
         Fill the trees as empty; pass False to attach to a tree another
         process already initialised.
     """
-    cdef double[::1] _buf
-    cdef double* _sum
-    cdef double* _min
-    cdef double* _max
-    cdef readonly Py_ssize_t capacity
-    cdef Py_ssize_t _cap
-
     def __init__(self, double[::1] buf not None, Py_ssize_t capacity, bint reset=True):
         cdef Py_ssize_t need = tree_buffer_size(capacity)
         if buf.shape[0] < need:
@@ -65,9 +64,7 @@ cdef class PriorityTree:
         self._buf = buf
         self.capacity = capacity
         self._cap = need // 6
-        self._sum = &buf[0]
-        self._min = &buf[2 * self._cap]
-        self._max = &buf[4 * self._cap]
+        self._nodes = <Node*>&buf[0]
         if reset:
             self.reset()
 
@@ -76,29 +73,20 @@ cdef class PriorityTree:
         cdef Py_ssize_t i
         with nogil:
             for i in range(2 * self._cap):
-                self._sum[i] = 0.0
-                self._min[i] = INFINITY
-                self._max[i] = -INFINITY
+                self._nodes[i].sum = 0.0
+                self._nodes[i].min = INFINITY
+                self._nodes[i].max = -INFINITY
 
-    cdef inline void _write_leaf(self, Py_ssize_t slot, double value, double raw) noexcept nogil:
+    cdef void _write_leaf(self, Py_ssize_t slot, double value, double raw) noexcept nogil:
         cdef Py_ssize_t n = slot + self._cap
-        self._sum[n] = value
-        self._min[n] = value if value > 0.0 else INFINITY
-        self._max[n] = raw if value > 0.0 else -INFINITY
+        self._nodes[n].sum = value
+        self._nodes[n].min = value if value > 0.0 else INFINITY
+        self._nodes[n].max = raw if value > 0.0 else -INFINITY
 
-    cdef inline void _fix_up(self, Py_ssize_t slot) noexcept nogil:
+    cdef void _fix_up(self, Py_ssize_t slot) noexcept nogil:
         cdef Py_ssize_t n = (slot + self._cap) >> 1
-        cdef Py_ssize_t l
-        cdef double a, b
         while n >= 1:
-            l = 2 * n
-            self._sum[n] = self._sum[l] + self._sum[l + 1]
-            a = self._min[l]
-            b = self._min[l + 1]
-            self._min[n] = a if a < b else b
-            a = self._max[l]
-            b = self._max[l + 1]
-            self._max[n] = a if a > b else b
+            _recompute(self._nodes, n)
             n >>= 1
 
     def set(self, const int64_t[::1] slots not None, const double[::1] values not None,
@@ -132,11 +120,6 @@ cdef class PriorityTree:
             for j in range(k):
                 self._fix_up(slots[j])
 
-    cpdef void set_one(self, Py_ssize_t slot, double priority, double alpha, double eps) noexcept:
-        """Single-slot ``set_priorities`` without array arguments (actor hot path)."""
-        self._write_leaf(slot, pow(priority + eps, alpha), priority)
-        self._fix_up(slot)
-
     def clear(self, const int64_t[::1] slots not None):
         """Make ``slots`` unsampleable."""
         cdef Py_ssize_t k = slots.shape[0], j
@@ -146,26 +129,16 @@ cdef class PriorityTree:
             for j in range(k):
                 self._fix_up(slots[j])
 
-    cpdef void clear_range(self, Py_ssize_t start, Py_ssize_t count) noexcept:
-        """Make ``count`` slots from ``start`` (wrapping at capacity) unsampleable."""
-        cdef Py_ssize_t j, s
-        with nogil:
-            for j in range(count):
-                s = (start + j) % self.capacity
-                self._write_leaf(s, 0.0, 0.0)
-            for j in range(count):
-                self._fix_up((start + j) % self.capacity)
-
     def get(self, const int64_t[::1] slots not None, double[::1] values not None,
             double[::1] raw not None):
         """Read leaf weights and raw priorities of ``slots`` (raw is -inf when unsampleable)."""
         cdef Py_ssize_t k = slots.shape[0], j
         with nogil:
             for j in range(k):
-                values[j] = self._sum[slots[j] + self._cap]
-                raw[j] = self._max[slots[j] + self._cap]
+                values[j] = self._nodes[slots[j] + self._cap].sum
+                raw[j] = self._nodes[slots[j] + self._cap].max
 
-    cdef inline Py_ssize_t _descend(self, double u) noexcept nogil:
+    cdef Py_ssize_t _descend(self, double u) noexcept nogil:
         # Go left unless u is past the left mass; but never enter a child
         # whose sum is zero.  Starting from a root with positive sum, every
         # node entered then has a positive sum, so the leaf found is
@@ -174,8 +147,8 @@ cdef class PriorityTree:
         cdef double left
         while n < self._cap:
             n <<= 1
-            left = self._sum[n]
-            if left > 0.0 and (u < left or self._sum[n + 1] <= 0.0):
+            left = self._nodes[n].sum
+            if left > 0.0 and (u < left or self._nodes[n + 1].sum <= 0.0):
                 continue
             u -= left
             n += 1
@@ -186,7 +159,7 @@ cdef class PriorityTree:
         cdef Py_ssize_t k = prefix.shape[0], j
         if out.shape[0] < k:
             raise ValueError("out is shorter than prefix")
-        if not self._sum[1] > 0.0:
+        if not self._nodes[1].sum > 0.0:
             raise ValueError("the tree holds no sampleable slot")
         with nogil:
             for j in range(k):
@@ -202,7 +175,7 @@ cdef class PriorityTree:
         returns the total mass the draws were made against.
         """
         cdef Py_ssize_t k = r.shape[0], j, s
-        cdef double total = self._sum[1]
+        cdef double total = self._nodes[1].sum
         cdef double width
         if out.shape[0] < k or values.shape[0] < k:
             raise ValueError("out and values must hold len(r) entries")
@@ -213,60 +186,24 @@ cdef class PriorityTree:
             for j in range(k):
                 s = self._descend(((j if stratified else 0) + r[j]) * width)
                 out[j] = s
-                values[j] = self._sum[s + self._cap]
+                values[j] = self._nodes[s + self._cap].sum
         return total
 
     def rebuild(self):
         """Recompute every inner node from the leaves (after a crash mid-update)."""
-        cdef Py_ssize_t n, l
-        cdef double a, b
+        cdef Py_ssize_t n
         with nogil:
-            n = self._cap - 1
-            while n >= 1:
-                l = 2 * n
-                self._sum[n] = self._sum[l] + self._sum[l + 1]
-                a = self._min[l]
-                b = self._min[l + 1]
-                self._min[n] = a if a < b else b
-                a = self._max[l]
-                b = self._max[l + 1]
-                self._max[n] = a if a > b else b
-                n -= 1
+            for n in range(self._cap - 1, 0, -1):
+                _recompute(self._nodes, n)
 
     def total(self):
         """Sum of all leaf weights."""
-        return self._sum[1]
+        return self._nodes[1].sum
 
     def min(self):
         """Smallest positive leaf weight (+inf when nothing is sampleable)."""
-        return self._min[1]
+        return self._nodes[1].min
 
     def max(self):
         """Largest raw priority among sampleable slots (-inf when none)."""
-        return self._max[1]
-
-
-def check_priorities(const double[::1] priorities not None, double alpha, double eps,
-                     double max_weight):
-    """Index of the first priority that is negative, not finite, or whose
-    weight ``(p + eps) ** alpha`` exceeds ``max_weight``; -1 when all are fine."""
-    cdef Py_ssize_t j, bad = -1
-    cdef double p
-    with nogil:
-        for j in range(priorities.shape[0]):
-            p = priorities[j]
-            if not (isfinite(p) and p >= 0.0 and pow(p + eps, alpha) <= max_weight):
-                bad = j
-                break
-    return bad
-
-
-def check_slots(const int64_t[::1] slots not None, int64_t limit):
-    """Index of the first slot outside [0, limit), or -1."""
-    cdef Py_ssize_t j, bad = -1
-    with nogil:
-        for j in range(slots.shape[0]):
-            if slots[j] < 0 or slots[j] >= limit:
-                bad = j
-                break
-    return bad
+        return self._nodes[1].max

@@ -16,33 +16,35 @@ lock.  The protocol (see DESIGN.md) is the same for both:
 """
 from __future__ import annotations
 
-import contextlib
-import time
+import math
+import os
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from ._ext.sumtree import PriorityTree, check_priorities, check_slots, tree_buffer_size
-from .memory import HeapMemory, Layout
-from .spec import FieldSpec, convert_batch, parse_env_dict
+from ._ext.lock import LOCK_NBYTES, SharedLock
+from ._ext.ring import HEADER_LEN, LOCK_HOLDS, LOCK_WAIT_NS, NEXT, STORED, Ring
+from ._ext.ring import INSERTS, SAMPLES, STALE, TORN
+from ._ext.sumtree import PriorityTree, tree_buffer_size
+from .memory import HeapMemory, Layout, SharedMemory
+from .spec import convert_batch, parse_env_dict
 
-__all__ = ["ReplayBuffer", "PrioritizedReplayBuffer"]
-
-# Header counters (int64 slots of the "header" array).
-_NEXT, _STORED, _INSERTS, _SAMPLES, _STALE, _TORN, _LOCK_WAIT_NS, _LOCK_HOLDS, _CLOSED = range(9)
-_HEADER_LEN = 16
-_NOT_SAMPLED = np.uint64(2**64 - 1)  # sentinel in the per-process record of sampled generations
-_MAX_RESAMPLE_ROUNDS = 64
+__all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer", "BufferClosed"]
 
 
-class _NoLock:
-    """The lock of a buffer that only one thread of one process uses."""
+class BufferClosed(RuntimeError):
+    """The buffer was closed: its memory is gone."""
 
-    def __enter__(self) -> None:
-        return None
 
-    def __exit__(self, *exc: object) -> None:
+class _ClosedLock:
+    """Stands in for the lock of a closed buffer: every operation fails clearly."""
+
+    def acquire(self) -> None:
+        raise BufferClosed("the replay buffer is closed")
+
+    def release(self) -> None:
         return None
 
 
@@ -60,45 +62,69 @@ class ReplayBuffer:
         dtype of fields that do not name one (float32 when None).
     seed : int, optional
         Seed of the sampling generator.
+
+    A buffer object is meant for one thread at a time; the shared twins are
+    safe across processes (one object per process).
     """
 
-    _prioritized = False
+    _CONFIG: tuple[str, ...] = ("_size", "_specs")  # what a shared handle carries to other processes
+    _alpha = 0.0  # leaf weight (p + eps) ** alpha == 1: uniform
+    _eps = 0.0
 
     def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *,
-                 default_dtype: Any = None, seed: int | None = None, **options: Any):
+                 default_dtype: Any = None, seed: int | None = None):
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
             raise ValueError(f"size: expected an integer >= 1, got {size!r}")
         self._size = int(size)
         self._specs = parse_env_dict(env_dict, default_dtype)
-        self._options = options
         self._memory = self._allocate(self._layout())
-        self._bind(self._memory.arrays)
-        self._init_state()
-        self._rng = np.random.default_rng(seed)
+        self._bind(create=True, rng=np.random.default_rng(seed))
 
     # -- memory -------------------------------------------------------------
     def _layout(self) -> Layout:
         layout = Layout()
-        layout.add("header", (_HEADER_LEN,), np.int64)
+        layout.add("header", (HEADER_LEN,), np.int64)
         layout.add("generation", (self._size,), np.uint64)
         layout.add("tree", (tree_buffer_size(self._size),), np.float64)
         for spec in self._specs.values():
             layout.add(f"field:{spec.name}", (self._size,) + spec.shape, spec.dtype)
         return layout
 
-    def _allocate(self, layout: Layout) -> HeapMemory:
+    def _allocate(self, layout: Layout) -> HeapMemory | SharedMemory:
         return HeapMemory(layout)
 
-    def _bind(self, arrays: dict[str, np.ndarray]) -> None:
+    def _make_lock(self, create: bool) -> Any:
+        return None
+
+    def _bind(self, create: bool, rng: np.random.Generator) -> None:
+        """Make views of the memory's arrays; ``create`` initialises them."""
+        arrays = self._memory.arrays
         self._header = arrays["header"]
         self._generation = arrays["generation"]
-        self._tree = PriorityTree(arrays["tree"], self._size, reset=False)
+        self._tree = PriorityTree(arrays["tree"], self._size, reset=create)
         self._fields = {name: arrays[f"field:{name}"] for name in self._specs}
-        self._sampled_generation: np.ndarray | None = None
-        self._lock = _NoLock()
+        self._ring = Ring(self._header, self._generation, self._tree, list(self._fields.items()),
+                          self._alpha, self._eps, self._make_lock(create), rng)
 
-    def _init_state(self) -> None:
-        self._tree.reset()
+    def close(self) -> None:
+        """Release the buffer's memory; later calls raise :class:`BufferClosed`.
+
+        For a shared buffer, the creating process also unlinks the segment.
+        """
+        if self._fields:
+            fields = list(self._specs)
+            self._ring = Ring(np.zeros(HEADER_LEN, np.int64), np.zeros(1, np.uint64),
+                              PriorityTree(np.zeros(tree_buffer_size(1)), 1),
+                              [(n, np.zeros(1, np.uint8)) for n in fields], 0.0, 0.0, _ClosedLock(),
+                              np.random.default_rng(0))
+            self._fields, self._tree, self._header, self._generation = {}, None, None, None
+        self._memory.close()
+
+    def __enter__(self) -> "ReplayBuffer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- cpprb API ------------------------------------------------------------
     def get_buffer_size(self) -> int:
@@ -107,11 +133,11 @@ class ReplayBuffer:
 
     def get_stored_size(self) -> int:
         """Number of transitions stored (at most the capacity)."""
-        return int(self._header[_STORED])
+        return int(self._header[STORED])
 
     def get_next_index(self) -> int:
         """Slot the next added transition goes to."""
-        return int(self._header[_NEXT])
+        return int(self._header[NEXT])
 
     def get_env_dict(self) -> dict[str, dict[str, Any]]:
         """The normalised field specs."""
@@ -123,121 +149,56 @@ class ReplayBuffer:
         Returns the slot of the first transition written.  The batch is
         checked as a whole first: on any error nothing is stored.
         """
-        priorities = fields.pop("priorities", None)
-        k, rows = convert_batch(self._specs, fields)
-        prio = self._check_add_priorities(priorities, k)
-        return self._store(k, rows, prio)
-
-    def _check_add_priorities(self, priorities: Any, k: int) -> np.ndarray | None:
-        if priorities is not None:
+        if "priorities" in fields:
             raise TypeError("priorities: only PrioritizedReplayBuffer.add takes initial priorities")
-        return None
+        slot = self._ring.add_one(fields)
+        if slot >= 0:
+            return slot
+        k, rows = convert_batch(self._specs, fields)
+        return self._store(k, rows, None)
 
     def _store(self, k: int, rows: dict[str, np.ndarray], priorities: np.ndarray | None) -> int:
+        """Write ``k`` converted rows through the ring protocol."""
         size = self._size
         if k > size:
-            # Only the newest `size` rows would survive: skip the others.
+            # Only the newest `size` rows would survive: skip the others.  The
+            # skipped slots are reserved just to move the cursor past them;
+            # the reservation below covers them all again.
             skip = k - size
             rows = {n: r[skip:] for n, r in rows.items()}
             priorities = None if priorities is None else priorities[skip:]
-            with self._lock:
-                first = int(self._header[_NEXT])
-                self._header[_NEXT] = (first + skip) % size
-            self._store(size, rows, priorities)
-            return first
-        with self._lock:
-            start = int(self._header[_NEXT])
-            self._header[_NEXT] = (start + k) % size
-            slots = self._slots(start, k)
-            self._generation[slots] += np.uint64(1)
-            self._tree.clear_range(start, k)
-        self._copy_rows(start, k, rows)
-        with self._lock:
-            self._generation[slots] += np.uint64(1)
-            self._publish(slots, priorities)
-            self._header[_STORED] = min(size, int(self._header[_STORED]) + k)
-            self._header[_INSERTS] += k
-        return start
-
-    def _slots(self, start: int, k: int) -> np.ndarray:
-        return (np.arange(start, start + k, dtype=np.int64)) % self._size
-
-    def _copy_rows(self, start: int, k: int, rows: dict[str, np.ndarray]) -> None:
-        head = min(k, self._size - start)
+            self._ring.reserve(skip)
+            k = size
+        start, reserved = self._ring.reserve(k)
+        head = min(k, size - start)
         for name, dst in self._fields.items():
             src = rows[name]
             dst[start:start + head] = src[:head]
-            if head < k:
-                dst[:k - head] = src[head:]
-
-    def _publish(self, slots: np.ndarray, priorities: np.ndarray | None) -> None:
-        # Uniform replay: every published slot weighs 1.
-        self._tree.set_priorities(slots, np.ones(len(slots)), 0.0, 0.0)
+            dst[:k - head] = src[head:]
+        self._ring.publish(start, reserved, priorities)
+        return start
 
     def sample(self, batch_size: int) -> dict[str, np.ndarray]:
-        """Draw ``batch_size`` transitions uniformly (with replacement)."""
-        out, _, _ = self._sample(batch_size, stratified=False)
-        return out
-
-    def _sample(self, batch_size: int, *, stratified: bool) -> tuple[dict[str, np.ndarray], np.ndarray, float]:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size!r}")
-        b = int(batch_size)
-        slots = np.empty(b, dtype=np.int64)
-        values = np.empty(b, dtype=np.float64)
-        with self._lock:
-            if not self._tree.total() > 0.0:
-                raise ValueError("sample: the buffer holds no transition yet")
-            self._tree.sample(self._rng.random(b), slots, values, stratified)
-            generations = self._generation[slots]
-            vmin = self._tree.min()
-            self._header[_SAMPLES] += b
-        out = {name: arr.take(slots, axis=0) for name, arr in self._fields.items()}
-        torn = self._generation[slots] != generations
-        if torn.any():
-            vmin = self._redraw_torn(out, slots, values, generations, torn, vmin)
-        self._record_sampled(slots, generations)
-        out["indexes"] = slots
-        return out, values, vmin
-
-    def _redraw_torn(self, out: dict[str, np.ndarray], slots: np.ndarray, values: np.ndarray,
-                     generations: np.ndarray, torn: np.ndarray, vmin: float) -> float:
-        """Replace rows overwritten while they were copied by fresh draws."""
-        for _ in range(_MAX_RESAMPLE_ROUNDS):
-            rows = np.flatnonzero(torn)
-            self._header[_TORN] += len(rows)
-            new_slots = np.empty(len(rows), dtype=np.int64)
-            new_values = np.empty(len(rows), dtype=np.float64)
-            with self._lock:
-                self._tree.sample(self._rng.random(len(rows)), new_slots, new_values, False)
-                new_gen = self._generation[new_slots]
-                vmin = self._tree.min()
-            for name, arr in self._fields.items():
-                out[name][rows] = arr.take(new_slots, axis=0)
-            slots[rows], values[rows], generations[rows] = new_slots, new_values, new_gen
-            torn = self._generation[slots] != generations
-            if not torn.any():
-                return vmin
-        raise RuntimeError("sample: rows kept being overwritten while copied; is the buffer far too small?")
-
-    def _record_sampled(self, slots: np.ndarray, generations: np.ndarray) -> None:
-        if self._sampled_generation is None:
-            self._sampled_generation = np.full(self._size, _NOT_SAMPLED, dtype=np.uint64)
-        self._sampled_generation[slots] = generations
+        """Draw ``batch_size`` transitions uniformly (with replacement), plus their ``indexes``."""
+        return self._ring.sample(_batch_size(batch_size), False)
 
     def get_all_transitions(self) -> dict[str, np.ndarray]:
         """Copies of every stored transition, oldest first."""
         stored, nxt = self.get_stored_size(), self.get_next_index()
         order = np.arange(stored) if stored < self._size else (np.arange(self._size) + nxt) % self._size
-        return {name: arr[order] for name, arr in self._fields.items()}
+        generations = self._generation[order]
+        out = {name: arr[order] for name, arr in self._fields.items()}
+        # Leave out rows other processes were writing (odd) or wrote meanwhile.
+        keep = (generations % 2 == 0) & (self._generation[order] == generations)
+        return out if keep.all() else {name: rows[keep] for name, rows in out.items()}
 
     def clear(self) -> None:
         """Forget every transition (the capacity stays)."""
-        with self._lock:
-            self._tree.reset()
-            self._generation += np.uint64(2)  # updates sampled before the clear become stale
-            self._header[_NEXT] = 0
-            self._header[_STORED] = 0
+        # Each slot is reserved and dropped, so priority updates sampled
+        # before the clear become stale and concurrent writers lose their slots.
+        self._ring.reserve(self._size)
+        self._header[NEXT] = 0
+        self._header[STORED] = 0
 
     def on_episode_end(self) -> None:
         """Mark the end of an episode (cpprb API)."""
@@ -247,14 +208,30 @@ class ReplayBuffer:
         torn rows resampled, lock wait seconds and lock acquisitions."""
         h = self._header
         return {
-            "stored": int(h[_STORED]),
-            "inserts": int(h[_INSERTS]),
-            "samples": int(h[_SAMPLES]),
-            "stale_updates_dropped": int(h[_STALE]),
-            "torn_rows_resampled": int(h[_TORN]),
-            "lock_wait_seconds": int(h[_LOCK_WAIT_NS]) * 1e-9,
-            "lock_acquisitions": int(h[_LOCK_HOLDS]),
+            "stored": int(h[STORED]),
+            "inserts": int(h[INSERTS]),
+            "samples": int(h[SAMPLES]),
+            "stale_updates_dropped": int(h[STALE]),
+            "torn_rows_resampled": int(h[TORN]),
+            "lock_wait_seconds": int(h[LOCK_WAIT_NS]) * 1e-9,
+            "lock_acquisitions": int(h[LOCK_HOLDS]),
         }
+
+
+def _batch_size(batch_size: Any) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size!r}")
+    return int(batch_size)
+
+
+def _positive(name: str, value: Any) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__}") from None
+    if not (math.isfinite(v) and v >= 0):
+        raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
+    return v
 
 
 class PrioritizedReplayBuffer(ReplayBuffer):
@@ -272,56 +249,49 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Added to every priority so none has zero probability.
     """
 
-    _prioritized = True
+    _CONFIG = ReplayBuffer._CONFIG + ("_alpha", "_eps")
 
     def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *, alpha: float = 0.6,
-                 eps: float = 1e-4, default_dtype: Any = None, seed: int | None = None, **options: Any):
-        if not (np.isfinite(alpha) and alpha >= 0):
-            raise ValueError(f"alpha: expected a finite number >= 0, got {alpha!r}")
-        if not (np.isfinite(eps) and eps >= 0):
-            raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
-        self._alpha, self._eps = float(alpha), float(eps)
-        super().__init__(size, env_dict, default_dtype=default_dtype, seed=seed, **options)
-        # No leaf may exceed this weight, so the tree total can never overflow.
-        self._max_weight = np.finfo(np.float64).max / (2.0 * tree_buffer_size(self._size))
+                 eps: float = 1e-4, default_dtype: Any = None, seed: int | None = None):
+        self._alpha, self._eps = _positive("alpha", alpha), _positive("eps", eps)
+        super().__init__(size, env_dict, default_dtype=default_dtype, seed=seed)
 
     def get_max_priority(self) -> float:
         """Largest priority stored now (1.0 when the buffer is empty)."""
         m = self._tree.max()
         return 1.0 if m == -np.inf else float(m)
 
-    def _priorities(self, priorities: Any, k: int, what: str) -> np.ndarray:
-        try:
-            p = np.asarray(priorities, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise TypeError(f"{what}: expected numbers, got {type(priorities).__name__}") from None
-        p = np.ascontiguousarray(p.reshape(-1) if p.ndim <= 1 else p)
-        if p.ndim != 1 or len(p) != k:
-            raise ValueError(f"{what}: expected {k} values, got shape {np.shape(priorities)}")
-        bad = check_priorities(p, self._alpha, self._eps, self._max_weight)
-        if bad >= 0:
-            raise ValueError(f"{what}: expected finite values >= 0 (and not astronomically large), got {p[bad]!r} at position {bad}")
+    def _priorities(self, priorities: Any, k: int) -> np.ndarray:
+        p = priorities
+        if not (type(p) is np.ndarray and p.dtype == np.float64 and p.ndim == 1 and p.flags.c_contiguous):
+            try:
+                p = np.ascontiguousarray(priorities, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise TypeError(f"priorities: expected numbers, got {type(priorities).__name__}") from None
+            if p.ndim > 1:
+                raise ValueError(f"priorities: expected a 1-D array, got shape {p.shape}")
+            p = p.reshape(-1)
+        if len(p) != k:
+            raise ValueError(f"priorities: expected {k} values (one per transition), got {len(p)}")
+        self._ring.check_priorities(p)
         return p
 
-    def _check_add_priorities(self, priorities: Any, k: int) -> np.ndarray | None:
-        return None if priorities is None else self._priorities(priorities, k, "priorities")
-
-    def _publish(self, slots: np.ndarray, priorities: np.ndarray | None) -> None:
+    def add(self, priorities: Any = None, **fields: Any) -> int:
+        """Store one transition or a batch; ``priorities`` (one per transition)
+        defaults to the largest priority stored now."""
         if priorities is None:
-            priorities = np.full(len(slots), self.get_max_priority())
-        self._tree.set_priorities(slots, priorities, self._alpha, self._eps)
+            slot = self._ring.add_one(fields)
+            if slot >= 0:
+                return slot
+        k, rows = convert_batch(self._specs, fields)
+        return self._store(k, rows, None if priorities is None else self._priorities(priorities, k))
 
     def sample(self, batch_size: int, beta: float = 0.4) -> dict[str, np.ndarray]:
         """Draw ``batch_size`` transitions in proportion to their priority.
 
         Adds ``indexes`` and importance ``weights`` = (N·P(i))^-β / max_j (N·P(j))^-β.
         """
-        if not (np.isfinite(beta) and beta >= 0):
-            raise ValueError(f"beta: expected a finite number >= 0, got {beta!r}")
-        out, values, vmin = self._sample(batch_size, stratified=True)
-        # (N P_i)^-b / max_j (N P_j)^-b == (v_i / v_min)^-b: N and the total cancel.
-        out["weights"] = np.power(values / vmin, -beta)
-        return out
+        return self._ring.sample(_batch_size(batch_size), True, _positive("beta", beta))
 
     def update_priorities(self, indexes: Any, priorities: Any) -> None:
         """Set new priorities of sampled transitions.
@@ -329,29 +299,84 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         An update whose slot was overwritten since this process sampled it is
         dropped (counted in ``stats()["stale_updates_dropped"]``).
         """
-        try:
-            idx = np.asarray(indexes)
-        except (TypeError, ValueError):
-            raise TypeError(f"indexes: expected integers, got {type(indexes).__name__}") from None
-        if idx.dtype.kind not in "iu" and idx.size:
-            raise TypeError(f"indexes: expected integers, got dtype {idx.dtype}")
-        if idx.ndim > 1:
-            raise ValueError(f"indexes: expected a 1-D array, got shape {idx.shape}")
-        idx = np.ascontiguousarray(idx.reshape(-1), dtype=np.int64)
-        p = self._priorities(priorities, len(idx), "priorities")
-        stored = self.get_stored_size()
-        bad = check_slots(idx, stored)
-        if bad >= 0:
-            raise ValueError(f"indexes: expected slots in [0, {stored}), got {idx[bad]} at position {bad}")
-        sampled = self._sampled_generation
-        with self._lock:
-            gen = self._generation[idx]
-            fresh = gen % 2 == 0
-            if sampled is not None:
-                record = sampled[idx]
-                fresh &= (record == _NOT_SAMPLED) | (record == gen)
-            if fresh.all():
-                self._tree.set_priorities(idx, p, self._alpha, self._eps)
-            else:
-                self._tree.set_priorities(idx[fresh], p[fresh], self._alpha, self._eps)
-                self._header[_STALE] += int((~fresh).sum())
+        idx = indexes
+        if not (type(idx) is np.ndarray and idx.dtype == np.int64 and idx.ndim == 1 and idx.flags.c_contiguous):
+            try:
+                idx = np.asarray(indexes)
+            except (TypeError, ValueError):
+                raise TypeError(f"indexes: expected integers, got {type(indexes).__name__}") from None
+            if idx.size and idx.dtype.kind not in "iu":
+                raise TypeError(f"indexes: expected integers, got dtype {idx.dtype}")
+            if idx.ndim > 1:
+                raise ValueError(f"indexes: expected a 1-D array, got shape {idx.shape}")
+            idx = np.ascontiguousarray(idx.reshape(-1), dtype=np.int64)
+        p = self._priorities(priorities, len(idx))
+        self._ring.update(idx, p)
+
+
+def _attach(cls: type, config: dict[str, Any], name: str) -> "ReplayBuffer":
+    """Unpickle a shared buffer: map the creator's segment (never owning it)."""
+    obj = cls.__new__(cls)
+    obj.__dict__.update(config)
+    obj._memory = SharedMemory(obj._layout(), name=name)
+    obj._bind(create=False, rng=np.random.default_rng())
+    return obj
+
+
+class _Shared:
+    """The memory of a buffer is a shared-memory segment behind a process-shared lock.
+
+    Pickling sends a small handle (the segment's name and the buffer's
+    configuration); unpickling in another process maps the same segment.
+    The creating process owns the segment and unlinks it on ``close()``,
+    on garbage collection and at exit; other processes only unmap it.
+    """
+
+    _memory: SharedMemory
+
+    def _layout(self) -> Layout:
+        layout = super()._layout()
+        layout.add("lock", (LOCK_NBYTES,), np.uint8)
+        return layout
+
+    def _allocate(self, layout: Layout) -> SharedMemory:
+        return SharedMemory(layout)
+
+    def _make_lock(self, create: bool) -> SharedLock:
+        return SharedLock(self._memory.arrays["lock"], create, on_recover=self._tree.rebuild,
+                          counters=self._header[LOCK_WAIT_NS:LOCK_HOLDS + 1])
+
+    def _bind(self, create: bool, rng: np.random.Generator) -> None:
+        super()._bind(create, rng)
+        _FORK_SENSITIVE.add(self)
+
+    def __reduce__(self) -> tuple:
+        config = {key: self.__dict__[key] for key in self._CONFIG}
+        return _attach, (type(self), config, self._memory.name)
+
+    @property
+    def name(self) -> str:
+        """Name of the shared-memory segment."""
+        return self._memory.name
+
+
+class MPReplayBuffer(_Shared, ReplayBuffer):
+    """:class:`ReplayBuffer` in shared memory, written and sampled by many processes."""
+
+
+class MPPrioritizedReplayBuffer(_Shared, PrioritizedReplayBuffer):
+    """:class:`PrioritizedReplayBuffer` in shared memory, written and sampled by many processes."""
+
+
+_FORK_SENSITIVE: "weakref.WeakSet[ReplayBuffer]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # A forked child must not replay its parent's random stream, nor judge
+    # priority updates by what its parent sampled.
+    for buffer in list(_FORK_SENSITIVE):
+        buffer._ring.set_rng(np.random.default_rng())
+        buffer._ring.forget_sampled()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

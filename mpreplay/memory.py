@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import weakref
 from dataclasses import dataclass, field
 from multiprocessing import resource_tracker, shared_memory
@@ -68,14 +69,21 @@ def _shm_free_bytes() -> int | None:
         return None
 
 
-def _untrack(name: str) -> None:
-    # Python < 3.13 registers attached segments with the resource tracker,
-    # which then unlinks them when the attaching process exits -- under the
-    # creator's feet.  Only the creator may unlink.
+def _attach_untracked(name: str) -> shared_memory.SharedMemory:
+    """Attach to an existing segment without registering it with the resource tracker.
+
+    Python < 3.13 registers attached segments too; the tracker then unlinks
+    them (or warns about "leaks") when the attaching process ends -- under the
+    creator's feet.  Only the creator may own a segment.
+    """
+    if sys.version_info >= (3, 13):
+        return shared_memory.SharedMemory(name=name, create=False, track=False)
+    register = resource_tracker.register
+    resource_tracker.register = lambda *args, **kwargs: None
     try:
-        resource_tracker.unregister(f"/{name}" if not name.startswith("/") else name, "shared_memory")
-    except Exception:  # the tracker may not know the name; nothing to undo then
-        pass
+        return shared_memory.SharedMemory(name=name, create=False)
+    finally:
+        resource_tracker.register = register
 
 
 class SharedMemory:
@@ -111,23 +119,26 @@ class SharedMemory:
                 raise SharedMemoryError(f"cannot reserve {size / 2**20:.1f} MiB in /dev/shm: {exc}") from exc
         else:
             try:
-                self._shm = shared_memory.SharedMemory(name=name, create=False)
+                self._shm = _attach_untracked(name)
             except FileNotFoundError:
                 raise SharedMemoryError(f"shared-memory segment {name!r} no longer exists (its owner closed it)") from None
-            _untrack(self._shm._name)
         self.name = self._shm.name
         self.arrays = layout.views(self._shm.buf)
-        self._finalizer = weakref.finalize(self, SharedMemory._release, self._shm, self.owner)
+        # A forked child inherits this object but not the ownership.
+        owner_pid = os.getpid() if self.owner else None
+        self._finalizer = weakref.finalize(self, SharedMemory._release, self._shm, owner_pid)
 
     @staticmethod
-    def _release(shm: shared_memory.SharedMemory, owner: bool) -> None:
+    def _release(shm: shared_memory.SharedMemory, owner_pid: int | None) -> None:
         try:
             shm.close()
         except BufferError:
-            # numpy views still reference the mapping; the OS unmaps it when the
-            # process exits.  Unlinking below is what frees /dev/shm.
-            pass
-        if owner:
+            # Arrays over the mapping are still alive somewhere: let the last
+            # of them unmap it, and just close the file descriptor now.
+            shm._buf = None
+            shm._mmap = None
+            shm.close()
+        if owner_pid == os.getpid():
             try:
                 shm.unlink()
             except FileNotFoundError:

@@ -1,0 +1,493 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The slot protocol of a replay ring (see DESIGN.md, "Concurrency protocol").
+
+Every slot has a generation: even = published, odd = being written.  A
+writer reserves slots under the lock (generation made odd, leaf zeroed so the
+slot cannot be drawn), copies its rows without the lock, and publishes under
+the lock (generation made even, leaf set).  A reader draws slots and notes
+their generations under the lock, gathers rows without it, and redraws any
+row whose generation moved meanwhile (torn).  Priority updates apply only
+where the generation is still the one that was sampled.
+
+The same code serves the local buffers (``lock=None``) and the shared ones;
+every array it touches belongs to the caller's memory (heap or segment).
+"""
+from libc.float cimport DBL_MAX
+from libc.math cimport INFINITY, pow
+from libc.stdint cimport int64_t, uint64_t, uint8_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
+from cpython.pycapsule cimport PyCapsule_GetPointer
+from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
+from cpython.dict cimport PyDict_GetItem, PyDict_Size
+from cpython.ref cimport PyObject
+
+cimport numpy as cnp
+from numpy.random cimport bitgen_t
+
+from mpreplay._ext.sumtree cimport PriorityTree
+
+import numpy as np
+
+cnp.import_array()
+
+# Counters at the start of every buffer's memory (an int64 array).
+NEXT, STORED, INSERTS, SAMPLES, STALE, TORN, LOCK_WAIT_NS, LOCK_HOLDS, CLOSED = range(9)
+HEADER_LEN = 16
+cdef enum:
+    _NEXT, _STORED, _INSERTS, _SAMPLES, _STALE, _TORN
+
+cdef uint64_t NOT_SAMPLED = 0xFFFFFFFFFFFFFFFFULL
+cdef int MAX_REDRAW_ROUNDS = 64
+
+# Element kinds the single-transition fast path converts without numpy.
+cdef enum Kind:
+    K_OTHER, K_F32, K_F64, K_I8, K_I16, K_I32, K_I64, K_U8, K_U16, K_U32, K_U64, K_BOOL
+
+
+cdef Kind _kind_of(object dtype):
+    cdef dict kinds = {
+        "f4": K_F32, "f8": K_F64, "i1": K_I8, "i2": K_I16, "i4": K_I32, "i8": K_I64,
+        "u1": K_U8, "u2": K_U16, "u4": K_U32, "u8": K_U64, "b1": K_BOOL,
+    }
+    return kinds.get(f"{dtype.kind}{dtype.itemsize}", K_OTHER)
+
+
+cdef bint _store_int(Kind kind, long long x, uint8_t* dst) noexcept nogil:
+    """Write integer ``x`` as ``kind``; False if it does not fit."""
+    if kind == K_F32:
+        (<float*>dst)[0] = <float>x
+    elif kind == K_F64:
+        (<double*>dst)[0] = <double>x
+    elif kind == K_I64:
+        (<int64_t*>dst)[0] = x
+    elif kind == K_I32 and -2147483648LL <= x <= 2147483647LL:
+        (<int*>dst)[0] = <int>x
+    elif kind == K_I16 and -32768 <= x <= 32767:
+        (<short*>dst)[0] = <short>x
+    elif kind == K_I8 and -128 <= x <= 127:
+        (<signed char*>dst)[0] = <signed char>x
+    elif kind == K_U8 and 0 <= x <= 255:
+        dst[0] = <uint8_t>x
+    elif kind == K_U16 and 0 <= x <= 65535:
+        (<unsigned short*>dst)[0] = <unsigned short>x
+    elif kind == K_U32 and 0 <= x <= 4294967295LL:
+        (<unsigned int*>dst)[0] = <unsigned int>x
+    elif kind == K_U64 and x >= 0:
+        (<uint64_t*>dst)[0] = <uint64_t>x
+    elif kind == K_BOOL and (x == 0 or x == 1):
+        dst[0] = <uint8_t>x
+    else:
+        return False
+    return True
+
+
+cdef class Ring:
+    """Slot protocol over caller-owned arrays.
+
+    Parameters
+    ----------
+    header : int64 array of ``HEADER_LEN`` counters
+    generation : uint64 array, one per slot
+    tree : PriorityTree over the slots
+    fields : list of ``(name, array)``; each array is ``(size,) + shape``, C-contiguous
+    alpha, eps : leaf weight of priority ``p`` is ``(p + eps) ** alpha``
+        (``alpha = 0`` gives uniform replay)
+    lock : object with ``acquire()``/``release()``, or None for a single-process buffer
+    rng : numpy Generator the draws come from
+    """
+    cdef int64_t[::1] _header
+    cdef uint64_t[::1] _gen
+    cdef PriorityTree _tree
+    cdef object _lock
+    cdef readonly Py_ssize_t size
+    cdef readonly double alpha, eps
+    cdef double _max_priority
+    cdef list _names, _shapes, _dtypes, _stages
+    cdef Py_ssize_t _nfields
+    cdef uint8_t** _dst
+    cdef uint8_t** _stage
+    cdef Py_ssize_t* _rowbytes
+    cdef Kind* _kinds
+    cdef int* _typenums
+    cdef object _bitgen_owner
+    cdef bitgen_t* _bitgen
+    cdef object _sampled
+    cdef object _fields_keepalive
+
+    def __cinit__(self):
+        self._dst = NULL
+        self._stage = NULL
+        self._rowbytes = NULL
+        self._kinds = NULL
+        self._typenums = NULL
+
+    def __init__(self, int64_t[::1] header not None, uint64_t[::1] generation not None,
+                 PriorityTree tree not None, list fields not None, double alpha, double eps,
+                 object lock, object rng):
+        cdef Py_ssize_t i, n = len(fields)
+        self._header = header
+        self._gen = generation
+        self._tree = tree
+        self.size = generation.shape[0]
+        self.alpha = alpha
+        self.eps = eps
+        # No leaf weight may exceed DBL_MAX / (2 * capacity), so no sum of
+        # leaves can overflow; that bounds the priorities accepted.
+        self._max_priority = (min(1e300, pow(DBL_MAX / (2.0 * self.size + 2.0), 1.0 / alpha) - eps)
+                              if alpha > 0.0 else 1e300)
+        self._lock = lock
+        self._nfields = n
+        self._names, self._shapes, self._dtypes, self._stages = [], [], [], []
+        self._dst = <uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
+        self._stage = <uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
+        self._rowbytes = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
+        self._kinds = <Kind*>malloc(n * sizeof(Kind) + 1)
+        self._typenums = <int*>malloc(n * sizeof(int) + 1)
+        if not (self._dst and self._stage and self._rowbytes and self._kinds and self._typenums):
+            raise MemoryError()
+        for i, (name, arr) in enumerate(fields):
+            if not (isinstance(arr, np.ndarray) and arr.flags.c_contiguous and arr.shape[0] == self.size):
+                raise ValueError(f"field {name!r}: expected a C-contiguous array of {self.size} rows")
+            stage = np.zeros(arr.shape[1:], dtype=arr.dtype)
+            self._names.append(name)
+            self._shapes.append(arr.shape[1:])
+            self._dtypes.append(arr.dtype)
+            self._stages.append(stage)
+            self._dst[i] = <uint8_t*>cnp.PyArray_DATA(arr)
+            self._stage[i] = <uint8_t*>cnp.PyArray_DATA(stage)
+            self._rowbytes[i] = stage.nbytes
+            self._kinds[i] = _kind_of(arr.dtype)
+            self._typenums[i] = arr.dtype.num
+        self._fields_keepalive = [arr for _, arr in fields]
+        self.set_rng(rng)
+        self._sampled = None
+
+    def __dealloc__(self):
+        free(self._dst)
+        free(self._stage)
+        free(self._rowbytes)
+        free(self._kinds)
+        free(self._typenums)
+
+    def set_rng(self, object rng):
+        """Draw from ``rng`` (a numpy Generator) from now on."""
+        bitgen = rng.bit_generator
+        self._bitgen = <bitgen_t*>PyCapsule_GetPointer(bitgen.capsule, "BitGenerator")
+        self._bitgen_owner = bitgen
+
+    def forget_sampled(self):
+        """Drop this process's record of sampled generations (after a fork)."""
+        self._sampled = None
+
+    # -- locking --------------------------------------------------------------
+    cdef inline void _acquire(self) except *:
+        if self._lock is not None:
+            self._lock.acquire()
+
+    cdef inline void _release(self) except *:
+        if self._lock is not None:
+            self._lock.release()
+
+    # -- writers ----------------------------------------------------------------
+    cdef Py_ssize_t _reserve(self, Py_ssize_t k, uint64_t* reserved) noexcept nogil:
+        # Lock held.  Odd generation + zero leaf: nobody samples the slot now.
+        cdef Py_ssize_t start = self._header[_NEXT], j, s
+        cdef uint64_t g
+        self._header[_NEXT] = (start + k) % self.size
+        for j in range(k):
+            s = (start + j) % self.size
+            g = self._gen[s]
+            g = g + 1 + (g & 1)
+            self._gen[s] = g
+            reserved[j] = g
+            self._tree._write_leaf(s, 0.0, 0.0)
+        for j in range(k):
+            self._tree._fix_up((start + j) % self.size)
+        return start
+
+    cdef Py_ssize_t _publish(self, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved,
+                             const double* priorities) noexcept nogil:
+        # Lock held.  Returns how many slots were lost to a writer that lapped
+        # the ring meanwhile: their rows are mixed, so they stay unsampleable.
+        cdef Py_ssize_t j, s, lost = 0
+        cdef uint64_t g
+        cdef double p = self._tree._nodes[1].max
+        if p == -INFINITY:
+            p = 1.0
+        for j in range(k):
+            s = (start + j) % self.size
+            g = self._gen[s]
+            if g == reserved[j]:
+                self._gen[s] = g + 1
+                if priorities != NULL:
+                    p = priorities[j]
+                self._tree._write_leaf(s, pow(p + self.eps, self.alpha), p)
+            else:
+                self._gen[s] = g + 1 + (g & 1)
+                self._tree._write_leaf(s, 0.0, 0.0)
+                lost += 1
+        for j in range(k):
+            self._tree._fix_up((start + j) % self.size)
+        self._header[_STORED] = min(self.size, self._header[_STORED] + k)
+        self._header[_INSERTS] += k
+        return lost
+
+    def reserve(self, Py_ssize_t k):
+        """Reserve the next ``k`` slots; returns ``(start, reserved_generations)``."""
+        cdef cnp.ndarray[uint64_t, ndim=1] reserved = np.empty(k, dtype=np.uint64)
+        cdef Py_ssize_t start
+        if not 0 <= k <= self.size:
+            raise ValueError(f"k: expected 0 <= k <= {self.size}, got {k}")
+        self._acquire()
+        try:
+            start = self._reserve(k, <uint64_t*>cnp.PyArray_DATA(reserved))
+        finally:
+            self._release()
+        return start, reserved
+
+    def publish(self, Py_ssize_t start, const uint64_t[::1] reserved not None, const double[::1] priorities=None):
+        """Publish slots reserved by :meth:`reserve` (default priority: the stored maximum)."""
+        cdef Py_ssize_t k = reserved.shape[0]
+        cdef const double* prio = NULL
+        if priorities is not None:
+            if priorities.shape[0] != k:
+                raise ValueError("priorities: expected one per reserved slot")
+            if k:
+                prio = &priorities[0]
+        if k == 0:
+            return 0
+        self._acquire()
+        try:
+            return self._publish(start, k, &reserved[0], prio)
+        finally:
+            self._release()
+
+    cdef bint _stage_value(self, Py_ssize_t i, object value) except -1:
+        """Convert ``value`` into field i's staging row; False = not a fast-path case."""
+        cdef cnp.ndarray arr
+        cdef Py_ssize_t d
+        cdef int overflow = 0
+        cdef long long x
+        cdef Kind kind = self._kinds[i]
+        cdef tuple shape
+        if cnp.PyArray_CheckExact(value):
+            arr = <cnp.ndarray>value
+            shape = self._shapes[i]
+            if (cnp.PyArray_TYPE(arr) != self._typenums[i] or not cnp.PyArray_ISCARRAY_RO(arr)
+                    or not cnp.PyArray_ISNOTSWAPPED(arr) or cnp.PyArray_NDIM(arr) != len(shape)):
+                return False
+            for d in range(len(shape)):
+                if cnp.PyArray_DIM(arr, d) != <Py_ssize_t>shape[d]:
+                    return False
+            memcpy(self._stage[i], cnp.PyArray_DATA(arr), self._rowbytes[i])
+            return True
+        if len(<tuple>self._shapes[i]) != 0:
+            return False
+        if PyFloat_CheckExact(value):
+            if kind == K_F32:
+                (<float*>self._stage[i])[0] = <float>PyFloat_AS_DOUBLE(value)
+            elif kind == K_F64:
+                (<double*>self._stage[i])[0] = PyFloat_AS_DOUBLE(value)
+            else:
+                return False
+            return True
+        if value is True or value is False:
+            return _store_int(kind, 1 if value is True else 0, self._stage[i])
+        if PyLong_CheckExact(value):
+            x = PyLong_AsLongLongAndOverflow(value, &overflow)
+            return overflow == 0 and _store_int(kind, x, self._stage[i])
+        return False
+
+    def add_one(self, dict values not None, double priority=-1.0):
+        """Store one transition given as Python scalars and exact-dtype arrays.
+
+        Returns the slot written, or -1 when some value needs the general
+        (numpy) conversion path -- then nothing was changed.  A negative
+        ``priority`` means "the stored maximum".
+        """
+        cdef Py_ssize_t i, slot
+        cdef PyObject* item
+        cdef uint64_t reserved
+        if PyDict_Size(values) != self._nfields:
+            return -1
+        for i in range(self._nfields):
+            item = PyDict_GetItem(values, self._names[i])
+            if item == NULL or not self._stage_value(i, <object>item):
+                return -1
+        self._acquire()
+        try:
+            slot = self._reserve(1, &reserved)
+        finally:
+            self._release()
+        for i in range(self._nfields):
+            memcpy(self._dst[i] + slot * self._rowbytes[i], self._stage[i], self._rowbytes[i])
+        self._acquire()
+        try:
+            self._publish(slot, 1, &reserved, &priority if priority >= 0.0 else NULL)
+        finally:
+            self._release()
+        return slot
+
+    # -- readers ----------------------------------------------------------------
+    cdef double _draw(self, int64_t* slots, double* values, uint64_t* gens, Py_ssize_t k,
+                      Py_ssize_t nstrata, Py_ssize_t offset) noexcept nogil:
+        # Lock held, total > 0.  Draw j lands in stratum offset + j of
+        # nstrata (nstrata == 1: plain draws over the whole mass).
+        cdef Py_ssize_t j, s
+        cdef double width = self._tree._nodes[1].sum / nstrata
+        for j in range(k):
+            s = self._tree._descend(((offset + j if nstrata > 1 else 0)
+                                     + self._bitgen.next_double(self._bitgen.state)) * width)
+            slots[j] = s
+            values[j] = self._tree._nodes[s + self._tree._cap].sum
+            gens[j] = self._gen[s]
+        return self._tree._nodes[1].min
+
+    cdef void _gather(self, const int64_t* slots, Py_ssize_t k, list outs, const Py_ssize_t* rows) except *:
+        # Copy rows (all k, or only rows[0..k) of the batch) without the lock.
+        cdef Py_ssize_t i, j, r, rb
+        cdef uint8_t* src
+        cdef uint8_t* dst
+        for i in range(self._nfields):
+            rb = self._rowbytes[i]
+            src = self._dst[i]
+            dst = <uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>outs[i])
+            with nogil:
+                for j in range(k):
+                    r = rows[j] if rows != NULL else j
+                    memcpy(dst + r * rb, src + slots[r] * rb, rb)
+
+    cdef cnp.ndarray _empty(self, Py_ssize_t i, Py_ssize_t b):
+        cdef cnp.npy_intp dims[32]
+        cdef tuple shape = self._shapes[i]
+        cdef Py_ssize_t d, nd = len(shape)
+        dims[0] = b
+        for d in range(nd):
+            dims[d + 1] = shape[d]
+        return cnp.PyArray_EMPTY(nd + 1, dims, self._typenums[i], 0)
+
+    def sample(self, Py_ssize_t batch_size, bint stratified, double beta=-1.0):
+        """Draw ``batch_size`` rows.
+
+        Returns a dict of freshly allocated field arrays plus ``indexes`` and,
+        when ``beta >= 0``, importance ``weights`` (v_i / v_min) ** -beta.
+        """
+        cdef Py_ssize_t b = batch_size, i, j, ntorn, rounds = 0
+        cdef cnp.npy_intp n = b
+        if b < 1:
+            raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size}")
+        cdef cnp.ndarray slots = cnp.PyArray_EMPTY(1, &n, cnp.NPY_INT64, 0)
+        cdef cnp.ndarray values = cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT64, 0)
+        cdef cnp.ndarray gens = cnp.PyArray_EMPTY(1, &n, cnp.NPY_UINT64, 0)
+        cdef cnp.ndarray torn = cnp.PyArray_EMPTY(1, &n, cnp.NPY_INTP, 0)
+        cdef int64_t* sp = <int64_t*>cnp.PyArray_DATA(slots)
+        cdef double* vp = <double*>cnp.PyArray_DATA(values)
+        cdef uint64_t* gp = <uint64_t*>cnp.PyArray_DATA(gens)
+        cdef Py_ssize_t* tp = <Py_ssize_t*>cnp.PyArray_DATA(torn)
+        cdef uint64_t* record
+        cdef double vmin
+        cdef int64_t s1
+        cdef double v1
+        cdef uint64_t g1
+        cdef list outs = [self._empty(i, b) for i in range(self._nfields)]
+        self._acquire()
+        try:
+            if not self._tree._nodes[1].sum > 0.0:
+                raise ValueError("sample: the buffer holds no transition yet")
+            vmin = self._draw(sp, vp, gp, b, b if stratified else 1, 0)
+            self._header[_SAMPLES] += b
+        finally:
+            self._release()
+        self._gather(sp, b, outs, NULL)
+        while True:
+            ntorn = 0
+            for j in range(b):
+                if self._gen[sp[j]] != gp[j]:
+                    tp[ntorn] = j
+                    ntorn += 1
+            if ntorn == 0:
+                break
+            rounds += 1
+            if rounds > MAX_REDRAW_ROUNDS:
+                raise RuntimeError("sample: rows kept being overwritten while copied; is the buffer far too small?")
+            self._acquire()
+            try:
+                if not self._tree._nodes[1].sum > 0.0:
+                    raise ValueError("sample: the buffer holds no transition any more")
+                self._header[_TORN] += ntorn
+                for j in range(ntorn):
+                    vmin = self._draw(&s1, &v1, &g1, 1, 1, 0)
+                    sp[tp[j]], vp[tp[j]], gp[tp[j]] = s1, v1, g1
+            finally:
+                self._release()
+            self._gather(sp, ntorn, outs, tp)
+        if self._sampled is None:
+            self._sampled = np.full(self.size, NOT_SAMPLED, dtype=np.uint64)
+        record = <uint64_t*>cnp.PyArray_DATA(<cnp.ndarray>self._sampled)
+        for j in range(b):
+            record[sp[j]] = gp[j]
+        out = dict(zip(self._names, outs))
+        out["indexes"] = slots
+        if beta >= 0.0:
+            for j in range(b):
+                vp[j] = pow(vp[j] / vmin, -beta)
+            out["weights"] = values
+        return out
+
+    def check_priorities(self, const double[::1] priorities not None):
+        """Raise ValueError unless every priority is finite, >= 0 and small
+        enough that no sum of leaf weights can overflow."""
+        cdef Py_ssize_t j, bad = -1
+        cdef double p
+        with nogil:
+            for j in range(priorities.shape[0]):
+                p = priorities[j]
+                if not (p >= 0.0 and p <= self._max_priority):
+                    bad = j
+                    break
+        if bad >= 0:
+            raise ValueError(f"priorities: expected finite values in [0, {self._max_priority:.3g}], "
+                             f"got {priorities[bad]!r} at position {bad}")
+
+    def update(self, const int64_t[::1] slots not None, const double[::1] priorities not None):
+        """Set priorities of sampled slots; returns how many updates were dropped as stale.
+
+        Raises ValueError (changing nothing) for a slot outside the stored
+        range or a bad priority.  An update whose slot was overwritten since
+        this process sampled it, or is being written now, is dropped.
+        """
+        cdef Py_ssize_t k = slots.shape[0], j, s, stale = 0, bad = -1
+        cdef int64_t stored = self._header[_STORED]
+        cdef uint64_t g, rec
+        cdef uint64_t* record = NULL
+        if priorities.shape[0] != k:
+            raise ValueError(f"priorities: expected {k} values (one per index), got {priorities.shape[0]}")
+        with nogil:
+            for j in range(k):
+                if not 0 <= slots[j] < stored:
+                    bad = j
+                    break
+        if bad >= 0:
+            raise ValueError(f"indexes: expected slots in [0, {stored}), got {slots[bad]} at position {bad}")
+        self.check_priorities(priorities)
+        if self._sampled is not None:
+            record = <uint64_t*>cnp.PyArray_DATA(<cnp.ndarray>self._sampled)
+        self._acquire()
+        try:
+            with nogil:
+                for j in range(k):
+                    s = slots[j]
+                    g = self._gen[s]
+                    rec = record[s] if record != NULL else NOT_SAMPLED
+                    if (g & 1) == 0 and (rec == NOT_SAMPLED or rec == g):
+                        self._tree._write_leaf(s, pow(priorities[j] + self.eps, self.alpha), priorities[j])
+                    else:
+                        stale += 1
+                for j in range(k):
+                    self._tree._fix_up(slots[j])
+                self._header[_STALE] += stale
+        finally:
+            self._release()
+        return stale

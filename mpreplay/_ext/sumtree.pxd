@@ -1,0 +1,18 @@
+# Declarations shared with the other kernels (ext/ring.pyx draws from and
+# updates the tree without going through Python).
+
+cdef struct Node:
+    double sum   # sum of the leaf weights below
+    double min   # smallest positive leaf weight below (+inf: none)
+    double max   # largest raw priority of a sampleable leaf below (-inf: none)
+
+
+cdef class PriorityTree:
+    cdef double[::1] _buf
+    cdef Node* _nodes
+    cdef readonly Py_ssize_t capacity
+    cdef Py_ssize_t _cap
+
+    cdef void _write_leaf(self, Py_ssize_t slot, double value, double raw) noexcept nogil
+    cdef void _fix_up(self, Py_ssize_t slot) noexcept nogil
+    cdef Py_ssize_t _descend(self, double u) noexcept nogil
