@@ -1,0 +1,252 @@
+"""The actor-side n-step reward folder.
+
+:class:`NstepBuffer` sits between an environment and a replay buffer.  It
+holds the last ``n`` steps of every environment and turns them into n-step
+transitions::
+
+    R_t        = sum_{k<m} gamma**k * r_{t+k}
+    next_obs_t = s_{t+m}                (the next observation of step t+m-1)
+    done_t     = done of step t+m-1     (1 when the fold ran into a terminal step)
+    discount_t = gamma**m
+
+with ``m = n``, or fewer when the episode ends within ``n`` steps.  Every
+other field (obs, act, ...) is the one of step ``t``.  A learner's target is
+``R_t + discount_t * (1 - done_t) * V(next_obs_t)``: a terminal step stops the
+bootstrap, a truncated one (time limit) does not.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from numbers import Integral, Real
+from typing import Any
+
+import numpy as np
+
+from .spec import FieldSpec, convert_batch, parse_env_dict
+
+__all__ = ["NstepBuffer"]
+
+_DISCOUNT = "discount"
+
+
+def _take(arr: np.ndarray, envs: Any, cols: Any) -> np.ndarray:
+    """Rows ``arr[envs, cols]`` as a new array (basic indexing gives a view)."""
+    rows = arr[envs, cols]
+    return rows.copy() if isinstance(envs, slice) else rows
+
+
+class NstepBuffer:
+    """Folds the rewards of ``size`` consecutive steps into one transition.
+
+    Parameters
+    ----------
+    env_dict : mapping
+        cpprb-style field specs of one step, e.g. ``{"obs": {"shape": 4}, "act": {"dtype": np.int64},
+        "rew": {}, "next_obs": {"shape": 4}, "done": {}}``.  It may also declare ``"discount"``
+        (a float scalar) to choose that output field's dtype; ``add`` never takes it.
+    size : int
+        ``n``, the number of rewards folded into one transition (1 = no folding).
+    gamma : float
+        Discount factor in [0, 1].
+    rew, next, done : str
+        Names of the reward, next-observation and terminal-flag fields.  ``rew`` must be a float
+        field (any shape); ``done`` a scalar.
+    truncated : str, optional
+        Name of a scalar field flagging a step that ended its episode without reaching a terminal
+        state (a time limit).  Without it, end such episodes with :meth:`on_episode_end`.
+    num_envs : int, optional
+        With ``E``, every :meth:`add` takes one step of each of ``E`` environments (every field
+        has a leading dimension ``E``) and folds the ``E`` streams independently.
+    default_dtype : numpy dtype, optional
+        dtype of fields that do not name one (float32 when None).
+
+    When is a transition emitted
+    ----------------------------
+    Step ``t`` of an environment is emitted exactly once:
+
+    * by the ``add`` of step ``t+n-1``, folded over ``m = n`` steps, when that step does not end
+      the episode;
+    * by the ``add`` of a step flagged ``done`` or ``truncated``, which flushes every pending step
+      of its episode (``t`` folded up to and including that step, ``m`` = n or fewer);
+    * by :meth:`on_episode_end`, which flushes pending steps as if their last step had been
+      flagged truncated (``done`` 0, ``truncated`` 1, bootstrapping).
+
+    Every returned dict has the :meth:`output_env_dict` fields with a leading batch dimension
+    (possibly 0 rows), in rows ordered by environment, then by time.  Pending steps not yet
+    emitted: :meth:`get_pending_count`; :meth:`clear` drops them.
+    """
+
+    def __init__(self, env_dict: Mapping[str, Mapping[str, Any]], size: int, gamma: float = 0.99, *,
+                 rew: str = "rew", next: str = "next_obs", done: str = "done", truncated: str | None = None,
+                 num_envs: int | None = None, default_dtype: Any = None):
+        if isinstance(size, bool) or not isinstance(size, Integral) or size < 1:
+            raise ValueError(f"size: expected an integer >= 1, got {size!r}")
+        if isinstance(gamma, bool) or not isinstance(gamma, Real) or not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma: expected a number in [0, 1], got {gamma!r}")
+        if num_envs is not None and (isinstance(num_envs, bool) or not isinstance(num_envs, Integral) or num_envs < 1):
+            raise ValueError(f"num_envs: expected None or an integer >= 1, got {num_envs!r}")
+        self._n, self._gamma, self._num_envs = int(size), float(gamma), num_envs
+        specs = parse_env_dict(env_dict, default_dtype)
+        self._out_specs = self._output_specs(specs)
+        self._specs = {name: s for name, s in specs.items() if name != _DISCOUNT}
+        self._rew, self._next, self._done, self._truncated = self._check_keys(rew, next, done, truncated)
+        self._last_step_fields = {self._next, self._done, self._truncated} - {None}
+        self._init_arrays(1 if num_envs is None else int(num_envs))
+
+    # -- construction -------------------------------------------------------
+    @staticmethod
+    def _output_specs(specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
+        declared = specs.get(_DISCOUNT)
+        if declared is None:
+            return {**specs, _DISCOUNT: FieldSpec(_DISCOUNT, (), np.dtype(np.float32))}
+        if declared.shape != () or declared.dtype.kind != "f":
+            raise ValueError(f"env_dict[{_DISCOUNT!r}]: the output discount is a float scalar, "
+                             f"got shape {declared.shape} and dtype {declared.dtype}")
+        return specs
+
+    def _check_keys(self, rew: str, next: str, done: str, truncated: str | None) -> tuple[str, str, str, str | None]:
+        keys = {"rew": rew, "next": next, "done": done}
+        if truncated is not None:
+            keys["truncated"] = truncated
+        for arg, key in keys.items():
+            if key not in self._specs:
+                raise ValueError(f"{arg}: field {key!r} is not in env_dict (fields {list(self._specs)})")
+        if len(set(keys.values())) < len(keys):
+            raise ValueError(f"rew, next, done and truncated must name different fields, got {keys}")
+        if self._specs[rew].dtype.kind != "f":
+            raise TypeError(f"rew: field {rew!r} must have a float dtype to hold discounted sums, "
+                            f"got {self._specs[rew].dtype}")
+        for arg in ("done", "truncated"):
+            if arg in keys and self._specs[keys[arg]].shape != ():
+                raise ValueError(f"{arg}: field {keys[arg]!r} must be a scalar flag, got shape {self._specs[keys[arg]].shape}")
+        return rew, next, done, truncated
+
+    def _init_arrays(self, num_envs: int) -> None:
+        n, rew = self._n, self._specs[self._rew]
+        # Column c of every ring holds the step of the add() call whose number is c modulo n, in
+        # every environment at once: a write is one slice assignment, and an environment's
+        # pending steps are always its newest `count` columns, ending at column self._cur.
+        self._ring = {name: np.zeros((num_envs, n) + s.shape, s.dtype)
+                      for name, s in self._specs.items() if name != self._rew}
+        # Running folded reward of the pending step in each column (float64 whatever rew's dtype).
+        self._acc = np.zeros((num_envs, n) + rew.shape, np.float64)
+        ages = (np.arange(n)[:, None] - np.arange(n)[None, :]) % n
+        powers = [self._gamma ** k for k in range(n + 1)]
+        # _weight[c][q]: gamma**(age of column q when column c is written).
+        self._weight = np.array(powers)[ages].reshape((n, n) + (1,) * len(rew.shape))
+        self._discounts = np.array(powers, dtype=self._out_specs[_DISCOUNT].dtype)
+        self._full_fold = np.full(num_envs, n)
+        self._envs = np.arange(num_envs)
+        self._cur = n - 1
+        self._set_count(np.zeros(num_envs, np.int64))
+
+    # -- public API -----------------------------------------------------------
+    @property
+    def size(self) -> int:
+        """``n``, the number of steps folded into one transition."""
+        return self._n
+
+    @property
+    def gamma(self) -> float:
+        """The discount factor."""
+        return self._gamma
+
+    @property
+    def num_envs(self) -> int | None:
+        """Number of environments folded side by side (None: single-step add)."""
+        return self._num_envs
+
+    def output_env_dict(self) -> dict[str, dict[str, Any]]:
+        """The env_dict of emitted transitions: the input fields plus the float ``discount``.
+
+        A replay buffer built on it stores the dicts returned by :meth:`add` and
+        :meth:`on_episode_end` as they are.
+        """
+        return {name: {"shape": s.shape, "dtype": s.dtype} for name, s in self._out_specs.items()}
+
+    def get_pending_count(self, env: int | None = None) -> int:
+        """Steps added but not emitted yet, in all environments or in environment ``env``."""
+        return int(self._count.sum() if env is None else self._count[self._env_index(env)])
+
+    def clear(self) -> None:
+        """Drop every pending step without emitting it."""
+        self._set_count(np.zeros_like(self._count))
+
+    def add(self, **step: Any) -> dict[str, np.ndarray]:
+        """Add one step (one per environment with ``num_envs``) and return what it completes.
+
+        ``step`` holds every env_dict field except ``discount``.  The whole step is checked and
+        converted first; on error nothing changes.  The returned rows are the steps this one
+        completed (see the class docstring); the values are copied, so later adds never alter
+        them and the caller may reuse its own arrays.
+        """
+        k, rows = convert_batch(self._specs, step)
+        num_envs = len(self._count)
+        if k != num_envs:
+            expected = "one step" if self._num_envs is None else f"a leading dimension num_envs={num_envs} on every field"
+            raise ValueError(f"add: expected {expected}, got a batch of {k}")
+        n = self._n
+        cur = self._cur = (self._cur + 1) % n
+        for name, ring in self._ring.items():
+            ring[:, cur] = rows[name]
+        self._acc[:, cur] = 0.0
+        self._acc += self._weight[cur] * rows[self._rew][:, None]
+        ends = rows[self._done] != 0
+        if self._truncated is not None:
+            ends |= rows[self._truncated] != 0
+        if self._steady and not ends.any():
+            # Every environment holds n-1 pending steps and none ends: each emits its oldest.
+            return self._rows(slice(None), (cur + 1) % n, self._full_fold, truncate=False)
+        count = self._count + 1
+        emit = np.where(ends, count, count == n)
+        self._set_count(np.where(ends, 0, np.minimum(count, n - 1)))
+        return self._flush(emit, count, truncate=False)
+
+    def on_episode_end(self, env: int | None = None) -> dict[str, np.ndarray]:
+        """End the current episode of every environment, or of environment ``env``, without a flag.
+
+        Emits the pending steps as if the last step added had been flagged truncated: folded up
+        to it, ``done`` 0 (the target still bootstraps from its next observation) and
+        ``truncated`` 1 when the env_dict has that field.  The next add starts a new episode.
+        """
+        chosen = np.ones(len(self._count), bool) if env is None else self._envs == self._env_index(env)
+        emit = np.where(chosen, self._count, 0)
+        self._set_count(np.where(chosen, 0, self._count))
+        return self._flush(emit, emit, truncate=True)
+
+    # -- bookkeeping ------------------------------------------------------------
+    def _set_count(self, count: np.ndarray) -> None:
+        self._count = count
+        # Cached because add() checks it on every call.
+        self._steady = bool((count == self._n - 1).all())
+
+    def _env_index(self, env: Any) -> int:
+        if isinstance(env, bool) or not isinstance(env, Integral) or not 0 <= env < len(self._count):
+            raise ValueError(f"env: expected an environment index in [0, {len(self._count)}), got {env!r}")
+        return int(env)
+
+    def _flush(self, emit: np.ndarray, count: np.ndarray, *, truncate: bool) -> dict[str, np.ndarray]:
+        """Emit the ``emit[e]`` oldest of the ``count[e]`` pending steps of each environment ``e``."""
+        total = int(emit.sum())
+        envs = np.repeat(self._envs, emit)
+        # j: position of a row among its environment's emitted rows, oldest first.
+        j = np.arange(total) - np.repeat(np.cumsum(emit) - emit, emit)
+        pending = count[envs]
+        cols = (self._cur - pending + 1 + j) % self._n
+        return self._rows(envs, cols, pending - j, truncate=truncate)
+
+    def _rows(self, envs: Any, cols: Any, m: np.ndarray, *, truncate: bool) -> dict[str, np.ndarray]:
+        """Transitions starting at ``(envs, cols)``, folded over ``m`` steps up to column ``_cur``."""
+        out = {}
+        for name, spec in self._out_specs.items():
+            if name == _DISCOUNT:
+                out[name] = self._discounts[m]
+            elif name == self._rew:
+                out[name] = self._acc[envs, cols].astype(spec.dtype)
+            elif name == self._truncated and truncate:
+                out[name] = np.ones(len(m), spec.dtype)
+            elif name in self._last_step_fields:
+                out[name] = _take(self._ring[name], envs, self._cur)
+            else:
+                out[name] = _take(self._ring[name], envs, cols)
+        return out
