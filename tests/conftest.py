@@ -1,0 +1,62 @@
+"""Shared test helpers: buffer state snapshots and a chi-square frequency check."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+import pytest
+
+
+def _buffer_state(buffer: Any) -> dict[str, bytes]:
+    """The bytes of every array of a buffer's memory block: header, generations, trees, fields."""
+    return {name: arr.tobytes() for name, arr in buffer._memory.arrays.items()}
+
+
+@pytest.fixture
+def unchanged():
+    """``with unchanged(buffer): ...`` fails unless the block leaves every bit
+    of the buffer's state as it found it."""
+
+    @contextlib.contextmanager
+    def check(buffer: Any) -> Iterator[None]:
+        before = _buffer_state(buffer)
+        yield
+        after = _buffer_state(buffer)
+        changed = [name for name in before if before[name] != after[name]]
+        assert not changed, f"the buffer changed: {changed}"
+
+    return check
+
+
+def _chi_square_critical(dof: int, significance: float) -> float:
+    # Wilson-Hilferty approximation (no scipy): within 5% for dof >= 3 at small
+    # significance, erring high, so it never makes the test stricter than exact.
+    z = NormalDist().inv_cdf(1.0 - significance)
+    h = 2.0 / (9.0 * dof)
+    return dof * (1.0 - h + z * h**0.5) ** 3
+
+
+@pytest.fixture
+def assert_frequencies():
+    """``assert_frequencies(counts, probabilities)``: Pearson's chi-square test
+    that ``counts`` were drawn with ``probabilities`` (rejecting at 1e-5).
+
+    Cells of probability 0 must have count 0.
+    """
+
+    def check(counts: np.ndarray, probabilities: np.ndarray, significance: float = 1e-5) -> None:
+        counts = np.asarray(counts, dtype=np.float64)
+        probabilities = np.asarray(probabilities, dtype=np.float64)
+        possible = probabilities > 0
+        assert counts[~possible].sum() == 0, f"drew impossible cells {np.flatnonzero(~possible & (counts > 0))}"
+        expected = counts.sum() * probabilities[possible] / probabilities[possible].sum()
+        assert expected.min() >= 5, "too few draws for a chi-square test"
+        observed = counts[possible]
+        statistic = float(((observed - expected) ** 2 / expected).sum())
+        critical = _chi_square_critical(len(expected) - 1, significance)
+        assert statistic < critical, f"chi-square {statistic:.1f} >= {critical:.1f}: counts {observed} vs expected {expected}"
+
+    return check

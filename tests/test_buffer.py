@@ -1,0 +1,543 @@
+"""Specification of the local buffers: ReplayBuffer and PrioritizedReplayBuffer (cpprb's API)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from mpreplay import PrioritizedReplayBuffer, ReplayBuffer
+
+ENV = {"obs": {"shape": (3,)}, "act": {"dtype": np.int64}, "rew": {}, "done": {"dtype": np.uint8}}
+BOTH = pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer], ids=["uniform", "prioritized"])
+
+
+def _transitions(numbers) -> dict[str, np.ndarray]:
+    """The transitions with these ``numbers``: every field encodes the number."""
+    i = np.asarray(numbers, dtype=np.int64)
+    return {"obs": i[:, None] * np.array([1.0, 10.0, 100.0]), "act": i, "rew": i / 2, "done": i % 2}
+
+
+def _rows(start: int, k: int) -> dict[str, np.ndarray]:
+    """Transitions number ``start`` .. ``start + k - 1``."""
+    return _transitions(np.arange(start, start + k))
+
+
+def _row(i: int) -> dict[str, object]:
+    """Transition number ``i`` as plain Python values."""
+    return {"obs": [float(i), 10.0 * i, 100.0 * i], "act": i, "rew": i / 2, "done": i % 2}
+
+
+def _is_transition(batch: dict[str, np.ndarray], numbers) -> None:
+    """Assert that the rows of ``batch`` are, field by field, the transitions with these ``numbers``."""
+    expected = _transitions(list(numbers))
+    for name in ENV:
+        np.testing.assert_array_equal(batch[name], expected[name], err_msg=name)
+
+
+def _priorities_of(buffer: PrioritizedReplayBuffer) -> np.ndarray:
+    """The raw priority stored for every slot in use."""
+    slots = np.arange(buffer.get_stored_size(), dtype=np.int64)
+    values, raw = np.empty(len(slots)), np.empty(len(slots))
+    buffer._tree.get(slots, values, raw)
+    return raw
+
+
+def _filled(cls):
+    """A buffer of 8 slots that has wrapped, holds distinct priorities and has been sampled from."""
+    buffer = cls(8, ENV, seed=0)
+    buffer.add(**_rows(0, 11))
+    if cls is PrioritizedReplayBuffer:
+        buffer.update_priorities(np.arange(8), np.linspace(0.5, 4.0, 8))
+    buffer.sample(4)
+    return buffer
+
+
+# -- construction ------------------------------------------------------------------
+
+def test_missing_shape_means_scalar_and_missing_dtype_means_float32():
+    buffer = ReplayBuffer(4, {"rew": {}, "obs": {"shape": 2}, "act": {"shape": (2, 3), "dtype": np.int16}})
+    assert buffer.get_env_dict() == {
+        "rew": {"shape": (), "dtype": np.float32},
+        "obs": {"shape": (2,), "dtype": np.float32},
+        "act": {"shape": (2, 3), "dtype": np.int16},
+    }
+
+
+def test_default_dtype_applies_to_fields_without_a_dtype():
+    buffer = PrioritizedReplayBuffer(4, {"rew": {}, "act": {"dtype": np.int32}}, default_dtype=np.float64)
+    assert buffer.get_env_dict()["rew"]["dtype"] == np.float64
+    assert buffer.get_env_dict()["act"]["dtype"] == np.int32
+
+
+@BOTH
+def test_new_buffer_is_empty(cls):
+    buffer = cls(6, ENV)
+    assert (buffer.get_buffer_size(), buffer.get_stored_size(), buffer.get_next_index()) == (6, 0, 0)
+    assert buffer.get_all_transitions()["obs"].shape == (0, 3)
+
+
+# -- add --------------------------------------------------------------------------
+
+@BOTH
+def test_add_one_transition_returns_its_slot(cls):
+    buffer = cls(4, ENV)
+    assert buffer.add(**_row(0)) == 0
+    assert buffer.add(**_row(1)) == 1
+    assert (buffer.get_stored_size(), buffer.get_next_index()) == (2, 2)
+    _is_transition(buffer.get_all_transitions(), [0, 1])
+
+
+@BOTH
+def test_add_batch_returns_the_slot_of_its_first_transition(cls):
+    buffer = cls(8, ENV)
+    buffer.add(**_rows(0, 3))
+    assert buffer.add(**_rows(3, 4)) == 3
+    assert (buffer.get_stored_size(), buffer.get_next_index()) == (7, 7)
+    _is_transition(buffer.get_all_transitions(), range(7))
+
+
+@BOTH
+def test_fields_are_stored_in_their_dtypes(cls):
+    buffer = cls(4, ENV)
+    buffer.add(**_row(1))
+    stored = buffer.get_all_transitions()
+    assert {name: stored[name].dtype for name in ENV} == {
+        "obs": np.float32, "act": np.int64, "rew": np.float32, "done": np.uint8}
+    assert {name: stored[name].shape for name in ENV} == {"obs": (1, 3), "act": (1,), "rew": (1,), "done": (1,)}
+
+
+@BOTH
+def test_full_buffer_overwrites_the_oldest_transitions_first(cls):
+    buffer = cls(5, ENV)
+    slots = [buffer.add(**_row(i)) for i in range(12)]
+    assert slots == [i % 5 for i in range(12)]
+    assert (buffer.get_stored_size(), buffer.get_next_index()) == (5, 2)
+    _is_transition(buffer.get_all_transitions(), range(7, 12))
+
+
+@BOTH
+def test_batch_that_reaches_the_end_wraps_to_the_start(cls):
+    buffer = cls(5, ENV)
+    buffer.add(**_rows(0, 3))
+    assert buffer.add(**_rows(3, 4)) == 3
+    assert buffer.get_next_index() == 2
+    _is_transition(buffer.get_all_transitions(), range(2, 7))
+    np.testing.assert_array_equal(buffer._fields["act"], [5, 6, 2, 3, 4])
+
+
+@BOTH
+@pytest.mark.parametrize("k", [7, 13], ids=["less-than-twice-the-capacity", "more-than-twice-the-capacity"])
+def test_batch_larger_than_the_capacity_keeps_its_newest_rows(cls, k):
+    buffer = cls(5, ENV)
+    buffer.add(**_rows(0, 2))
+    assert buffer.add(**_rows(2, k)) == 2  # where its first row would have gone
+    assert (buffer.get_stored_size(), buffer.get_next_index()) == (5, (2 + k) % 5)
+    _is_transition(buffer.get_all_transitions(), range(k - 3, k + 2))
+
+
+_BATCHINGS = {
+    "fill": [3, 2],
+    "wrap": [3, 4, 1, 2],
+    "exactly-capacity": [2, 5, 3],
+    "larger-than-capacity": [2, 7, 1],
+    "more-than-twice-the-capacity": [2, 12, 1],
+    "more-than-twice-the-capacity-twice": [11, 13, 4],
+}
+
+
+def _given(cls, priorities) -> dict:
+    """``priorities=`` for a prioritized buffer; nothing for a uniform one."""
+    return {"priorities": priorities} if cls is PrioritizedReplayBuffer else {}
+
+
+@BOTH
+@pytest.mark.parametrize("lengths", list(_BATCHINGS.values()), ids=list(_BATCHINGS))
+def test_batched_and_one_by_one_adds_give_identical_contents(cls, lengths):
+    batched, single = cls(5, ENV), cls(5, ENV)
+    start = 0
+    for k in lengths:
+        p = np.arange(start, start + k) % 7 + 0.5
+        first = batched.add(**_rows(start, k), **_given(cls, p))
+        firsts = [single.add(**_row(start + j), **_given(cls, p[j])) for j in range(k)]
+        assert first == firsts[0]
+        start += k
+    assert (batched.get_stored_size(), batched.get_next_index()) == (single.get_stored_size(), single.get_next_index())
+    for name in ENV:
+        assert batched._fields[name].tobytes() == single._fields[name].tobytes(), name
+    assert batched._memory.arrays["tree"].tobytes() == single._memory.arrays["tree"].tobytes()
+
+
+@BOTH
+def test_on_episode_end_is_accepted_and_changes_nothing(cls, unchanged):
+    buffer = _filled(cls)
+    with unchanged(buffer):
+        buffer.on_episode_end()
+
+
+# -- sample -----------------------------------------------------------------------
+
+@BOTH
+def test_sample_returns_whole_stored_rows_with_their_indexes(cls):
+    buffer = cls(8, ENV, seed=3)
+    buffer.add(**_rows(0, 11))
+    batch = buffer.sample(32)
+    assert batch["indexes"].shape == (32,)
+    assert {name: batch[name].shape for name in ENV} == {"obs": (32, 3), "act": (32,), "rew": (32,), "done": (32,)}
+    numbers = batch["act"]
+    assert ((numbers >= 3) & (numbers < 11)).all()
+    np.testing.assert_array_equal(numbers % 8, batch["indexes"])
+    _is_transition(batch, numbers)
+
+
+@BOTH
+def test_same_seed_gives_the_same_samples(cls):
+    a, b = cls(8, ENV, seed=42), cls(8, ENV, seed=42)
+    for buffer in (a, b):
+        buffer.add(**_rows(0, 8))
+    np.testing.assert_array_equal(a.sample(64)["indexes"], b.sample(64)["indexes"])
+
+
+def _draw_counts(buffer, draws: int, batch_size: int = 1000) -> np.ndarray:
+    counts = np.zeros(buffer.get_buffer_size(), dtype=np.int64)
+    for _ in range(draws // batch_size):
+        counts += np.bincount(buffer.sample(batch_size)["indexes"], minlength=len(counts))
+    return counts
+
+
+def test_uniform_sampling_draws_every_stored_slot_equally_and_never_an_empty_one(assert_frequencies):
+    buffer = ReplayBuffer(16, ENV, seed=7)
+    buffer.add(**_rows(0, 10))
+    counts = _draw_counts(buffer, 100_000)
+    assert_frequencies(counts, np.r_[np.ones(10), np.zeros(6)])
+
+
+def test_prioritized_sampling_frequencies_follow_p_plus_eps_to_the_alpha(assert_frequencies):
+    alpha, eps = 0.7, 0.01
+    buffer = PrioritizedReplayBuffer(20, ENV, alpha=alpha, eps=eps, seed=11)
+    p = np.geomspace(0.05, 20.0, 16)
+    buffer.add(**_rows(0, 16), priorities=p)
+    counts = _draw_counts(buffer, 100_000)
+    assert_frequencies(counts, np.r_[(p + eps) ** alpha, np.zeros(4)])
+
+
+def test_sampling_frequencies_follow_updated_priorities(assert_frequencies):
+    buffer = PrioritizedReplayBuffer(12, ENV, alpha=1.0, eps=0.0, seed=5)
+    buffer.add(**_rows(0, 12))
+    p = np.arange(12) % 4 + 1.0
+    buffer.update_priorities(np.arange(12), p)
+    assert_frequencies(_draw_counts(buffer, 100_000), p)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.4, 1.0, None], ids=["beta=0", "beta=0.4", "beta=1", "default-beta"])
+def test_importance_weights_match_the_definition(beta):
+    alpha, eps = 0.6, 1e-4
+    buffer = PrioritizedReplayBuffer(10, ENV, alpha=alpha, eps=eps, seed=2)
+    p = np.array([0.0, 3.0, 0.2, 1.0, 7.5, 0.01, 2.0])
+    buffer.add(**_rows(0, 7), priorities=p)
+    batch = buffer.sample(64) if beta is None else buffer.sample(64, beta=beta)
+    beta = 0.4 if beta is None else beta
+    n = len(p)
+    probability = (p + eps) ** alpha / ((p + eps) ** alpha).sum()
+    expected = (n * probability[batch["indexes"]]) ** -beta / ((n * probability) ** -beta).max()
+    np.testing.assert_allclose(batch["weights"], expected, rtol=1e-12)
+    assert batch["weights"].shape == (64,)
+
+
+_HUGE_AND_TINY = [1e300, 1e-300, 0.0, 5e-324, 1e300]
+
+
+def test_huge_and_tiny_priorities_side_by_side_sample_only_stored_rows():
+    buffer = PrioritizedReplayBuffer(8, ENV, alpha=1.0, eps=0.0, seed=1)
+    buffer.add(**_rows(0, 5), priorities=_HUGE_AND_TINY)
+    batch = buffer.sample(1000)
+    assert set(batch["indexes"]) <= {0, 1, 3, 4}
+    _is_transition(batch, batch["act"])
+
+
+def test_importance_weights_stay_exact_for_extreme_priority_ratios():
+    beta = 0.4
+    buffer = PrioritizedReplayBuffer(8, ENV, alpha=1.0, eps=0.0, seed=1)
+    buffer.add(**_rows(0, 5), priorities=_HUGE_AND_TINY)
+    batch = buffer.sample(1000, beta=beta)
+    # In logs: the ratio 1e300 / 5e-324 overflows a float, its weight (~1e-249) does not.
+    log_p = np.log(np.array(_HUGE_AND_TINY)[batch["indexes"]])
+    expected = np.exp(-beta * (log_p - np.log(5e-324)))
+    np.testing.assert_allclose(batch["weights"], expected, rtol=1e-9)
+
+
+@BOTH
+def test_sample_from_an_empty_buffer_raises_and_changes_nothing(cls, unchanged):
+    buffer = cls(4, ENV, seed=0)
+    with unchanged(buffer), pytest.raises(ValueError, match="no transition"):
+        buffer.sample(1)
+
+
+# -- priorities -------------------------------------------------------------------
+
+def test_empty_buffer_reports_max_priority_one_and_first_insert_gets_it():
+    buffer = PrioritizedReplayBuffer(4, ENV)
+    assert buffer.get_max_priority() == 1.0
+    buffer.add(**_row(0))
+    np.testing.assert_array_equal(_priorities_of(buffer), [1.0])
+
+
+def test_given_priorities_are_stored():
+    buffer = PrioritizedReplayBuffer(4, ENV)
+    buffer.add(**_rows(0, 3), priorities=[0.5, 0.0, 2.0])
+    buffer.add(**_row(3), priorities=4.0)
+    np.testing.assert_array_equal(_priorities_of(buffer), [0.5, 0.0, 2.0, 4.0])
+    assert buffer.get_max_priority() == 4.0
+
+
+def test_new_transitions_get_the_largest_priority_stored():
+    buffer = PrioritizedReplayBuffer(6, ENV)
+    buffer.add(**_rows(0, 3), priorities=[0.5, 3.0, 2.0])
+    buffer.add(**_rows(3, 2))
+    np.testing.assert_array_equal(_priorities_of(buffer), [0.5, 3.0, 2.0, 3.0, 3.0])
+
+
+def test_new_transition_gets_the_new_max_after_the_max_was_overwritten():
+    buffer = PrioritizedReplayBuffer(3, ENV)
+    buffer.add(**_rows(0, 3), priorities=[5.0, 1.0, 2.0])
+    buffer.add(**_row(3))  # overwrites the 5.0
+    np.testing.assert_array_equal(_priorities_of(buffer), [2.0, 1.0, 2.0])
+    assert buffer.get_max_priority() == 2.0
+
+
+def test_new_transition_gets_the_new_max_after_the_max_was_lowered():
+    buffer = PrioritizedReplayBuffer(5, ENV)
+    buffer.add(**_rows(0, 3), priorities=[5.0, 1.0, 2.0])
+    buffer.update_priorities([0], [0.5])
+    assert buffer.get_max_priority() == 2.0
+    buffer.add(**_row(3))
+    np.testing.assert_array_equal(_priorities_of(buffer), [0.5, 1.0, 2.0, 2.0])
+
+
+def test_update_priorities_sets_the_priorities_of_sampled_transitions():
+    buffer = PrioritizedReplayBuffer(8, ENV, seed=0)
+    buffer.add(**_rows(0, 8))
+    indexes = np.unique(buffer.sample(16)["indexes"])
+    new = np.linspace(0.1, 9.0, len(indexes))
+    buffer.update_priorities(indexes, new)
+    np.testing.assert_array_equal(_priorities_of(buffer)[indexes], new)
+    assert buffer.get_max_priority() == 9.0
+
+
+def test_update_priorities_with_repeated_indexes_keeps_the_last():
+    buffer = PrioritizedReplayBuffer(4, ENV)
+    buffer.add(**_rows(0, 4))
+    buffer.update_priorities([2, 1, 2], [7.0, 3.0, 0.25])
+    np.testing.assert_array_equal(_priorities_of(buffer), [1.0, 3.0, 0.25, 1.0])
+
+
+def test_update_for_a_slot_overwritten_since_sampling_is_dropped_and_counted():
+    buffer = PrioritizedReplayBuffer(4, ENV, seed=0)
+    buffer.add(**_rows(0, 4), priorities=[1.0, 2.0, 3.0, 4.0])
+    sampled = buffer.sample(3)["indexes"]
+    buffer.add(**_rows(4, 4), priorities=[5.0, 6.0, 7.0, 8.0])
+    buffer.update_priorities(sampled, [100.0, 100.0, 100.0])
+    np.testing.assert_array_equal(_priorities_of(buffer), [5.0, 6.0, 7.0, 8.0])
+    assert buffer.stats()["stale_updates_dropped"] == 3
+
+
+def test_only_the_stale_part_of_an_update_is_dropped():
+    buffer = PrioritizedReplayBuffer(4, ENV, seed=0)
+    buffer.add(**_rows(0, 4))
+    buffer.sample(8)
+    buffer.add(**_row(4))  # overwrites slot 0 only
+    buffer.update_priorities([0, 1, 2, 3], [9.0, 2.0, 3.0, 4.0])
+    np.testing.assert_array_equal(_priorities_of(buffer), [1.0, 2.0, 3.0, 4.0])
+    assert buffer.stats()["stale_updates_dropped"] == 1
+
+
+def test_update_after_sampling_the_new_occupant_again_is_applied():
+    buffer = PrioritizedReplayBuffer(2, ENV, seed=0)
+    buffer.add(**_rows(0, 2))
+    buffer.sample(8)
+    buffer.add(**_rows(2, 2))
+    indexes = buffer.sample(8)["indexes"]
+    buffer.update_priorities(indexes, np.full(8, 6.0))
+    assert set(_priorities_of(buffer)[indexes]) == {6.0}
+    assert buffer.stats()["stale_updates_dropped"] == 0
+
+
+# -- clear -----------------------------------------------------------------------
+
+@BOTH
+def test_clear_empties_the_buffer(cls):
+    buffer = _filled(cls)
+    buffer.clear()
+    assert (buffer.get_stored_size(), buffer.get_next_index(), buffer.get_buffer_size()) == (0, 0, 8)
+    assert len(buffer.get_all_transitions()["act"]) == 0
+    with pytest.raises(ValueError, match="no transition"):
+        buffer.sample(1)
+
+
+@BOTH
+def test_add_after_clear_starts_afresh(cls):
+    buffer = _filled(cls)
+    buffer.clear()
+    assert buffer.add(**_rows(100, 3)) == 0
+    _is_transition(buffer.get_all_transitions(), range(100, 103))
+    assert set(buffer.sample(50)["act"]) <= {100, 101, 102}
+
+
+def test_clear_resets_the_max_priority_to_one():
+    buffer = _filled(PrioritizedReplayBuffer)
+    buffer.clear()
+    assert buffer.get_max_priority() == 1.0
+    buffer.add(**_row(0))
+    np.testing.assert_array_equal(_priorities_of(buffer), [1.0])
+
+
+# -- bad input ------------------------------------------------------------------------
+
+def _without(row: dict, name: str) -> dict:
+    return {k: v for k, v in row.items() if k != name}
+
+
+def _with(rows: dict, **changes) -> dict:
+    return {**rows, **changes}
+
+
+def _bad_last_row(k: int, name: str, value) -> dict:
+    """A batch of k good rows but for field ``name`` of the last one (the whole batch must be refused)."""
+    rows = _rows(0, k)
+    column = rows[name].astype(np.result_type(rows[name], np.asarray(value)))
+    column[-1] = value
+    return {**rows, name: column}
+
+
+_BAD_FOR_ANY_BUFFER = [
+    pytest.param(lambda b: b.add(**_row(0), extra=1.0), ValueError, "'extra'", id="add-unknown-field"),
+    pytest.param(lambda b: b.add(**_without(_row(0), "act")), ValueError, "'act'", id="add-missing-field"),
+    pytest.param(lambda b: b.add(**_with(_row(0), obs=np.zeros(2))), ValueError, "'obs'", id="add-wrong-shape"),
+    pytest.param(lambda b: b.add(**_with(_rows(0, 2), obs=np.zeros((2, 4)))), ValueError, "'obs'",
+                 id="add-batch-wrong-row-shape"),
+    pytest.param(lambda b: b.add(**_with(_row(0), obs=[1.0, 2.0])), ValueError, "'obs'", id="add-list-of-wrong-length"),
+    pytest.param(lambda b: b.add(**_with(_row(0), obs=[[1.0, 2.0, 3.0], [1.0, 2.0]])), ValueError, "'obs'",
+                 id="add-ragged-list"),
+    pytest.param(lambda b: b.add(**_with(_row(0), act=1.5)), TypeError, "'act'", id="add-float-into-int-field"),
+    pytest.param(lambda b: b.add(**_with(_rows(0, 2), act=np.array([1.0, 2.0]))), TypeError, "'act'",
+                 id="add-float-array-into-int-field"),
+    pytest.param(lambda b: b.add(**_with(_row(0), done=256)), ValueError, "'done'", id="add-int-above-uint8"),
+    pytest.param(lambda b: b.add(**_with(_row(0), done=-1)), ValueError, "'done'", id="add-negative-into-uint8"),
+    pytest.param(lambda b: b.add(**_with(_row(0), done=np.int8(-1))), ValueError, "'done'",
+                 id="add-negative-int8-into-uint8"),
+    pytest.param(lambda b: b.add(**_with(_row(0), act=np.uint64(2**63))), ValueError, "'act'",
+                 id="add-uint64-above-int64-range"),
+    pytest.param(lambda b: b.add(**_with(_row(0), rew=1e300)), ValueError, "'rew'", id="add-float-overflowing-float32"),
+    pytest.param(lambda b: b.add(**_with(_row(0), rew="high")), TypeError, "'rew'", id="add-string-value"),
+    pytest.param(lambda b: b.add(**_with(_row(0), rew=None)), TypeError, "'rew'", id="add-none-value"),
+    pytest.param(lambda b: b.add(**_with(_rows(0, 2), act=np.arange(3))), ValueError, "'act'",
+                 id="add-batch-lengths-disagree"),
+    pytest.param(lambda b: b.add(**_bad_last_row(6, "done", 300)), ValueError, "'done'", id="add-wrapping-batch-bad-last-row"),
+    pytest.param(lambda b: b.add(**_bad_last_row(20, "act", 0.5)), TypeError, "'act'",
+                 id="add-oversized-batch-bad-last-row"),
+    pytest.param(lambda b: b.sample(0), ValueError, "batch_size", id="sample-batch-size-zero"),
+    pytest.param(lambda b: b.sample(-3), ValueError, "batch_size", id="sample-batch-size-negative"),
+    pytest.param(lambda b: b.sample(2.5), ValueError, "batch_size", id="sample-batch-size-float"),
+    pytest.param(lambda b: b.sample(True), ValueError, "batch_size", id="sample-batch-size-bool"),
+    pytest.param(lambda b: b.sample(None), ValueError, "batch_size", id="sample-batch-size-none"),
+]
+
+
+@BOTH
+@pytest.mark.parametrize("call, error, field", _BAD_FOR_ANY_BUFFER)
+def test_bad_input_raises_naming_the_field_and_changes_nothing(cls, call, error, field, unchanged):
+    buffer = _filled(cls)
+    with unchanged(buffer), pytest.raises(error, match=field):
+        call(buffer)
+
+
+def test_uniform_buffer_refuses_priorities(unchanged):
+    buffer = _filled(ReplayBuffer)
+    with unchanged(buffer), pytest.raises(TypeError, match="priorities"):
+        buffer.add(**_row(0), priorities=1.0)
+
+
+_BAD_FOR_PRIORITIZED_BUFFER = [
+    pytest.param(lambda b: b.add(**_row(0), priorities=math.nan), ValueError, "priorities", id="add-nan-priority"),
+    pytest.param(lambda b: b.add(**_row(0), priorities=math.inf), ValueError, "priorities", id="add-inf-priority"),
+    pytest.param(lambda b: b.add(**_row(0), priorities=-0.5), ValueError, "priorities", id="add-negative-priority"),
+    pytest.param(lambda b: b.add(**_rows(0, 3), priorities=[1.0, 2.0]), ValueError, "priorities",
+                 id="add-too-few-priorities"),
+    pytest.param(lambda b: b.add(**_rows(0, 2), priorities=[[1.0, 2.0]]), ValueError, "priorities",
+                 id="add-priorities-2d"),
+    pytest.param(lambda b: b.add(**_row(0), priorities="high"), TypeError, "priorities", id="add-priority-string"),
+    pytest.param(lambda b: b.add(**_rows(0, 6), priorities=[1.0] * 5 + [math.nan]), ValueError, "priorities",
+                 id="add-wrapping-batch-bad-last-priority"),
+    pytest.param(lambda b: b.add(**_rows(0, 20), priorities=[1.0] * 19 + [-1.0]), ValueError, "priorities",
+                 id="add-oversized-batch-bad-last-priority"),
+    pytest.param(lambda b: b.update_priorities([0, 1], [1.0, math.nan]), ValueError, "priorities", id="update-nan"),
+    pytest.param(lambda b: b.update_priorities([0, 1], [math.inf, 1.0]), ValueError, "priorities", id="update-inf"),
+    pytest.param(lambda b: b.update_priorities([0, 1], [1.0, -1.0]), ValueError, "priorities", id="update-negative"),
+    pytest.param(lambda b: b.update_priorities([0, 1], [1.0]), ValueError, "priorities", id="update-too-few"),
+    pytest.param(lambda b: b.update_priorities([0, 1], [1.0, 2.0, 3.0]), ValueError, "priorities", id="update-too-many"),
+    pytest.param(lambda b: b.update_priorities([0, 8], [1.0, 2.0]), ValueError, "indexes", id="update-index-capacity"),
+    pytest.param(lambda b: b.update_priorities([-1], [1.0]), ValueError, "indexes", id="update-index-negative"),
+    pytest.param(lambda b: b.update_priorities([2**40], [1.0]), ValueError, "indexes", id="update-index-huge"),
+    pytest.param(lambda b: b.update_priorities([0.0, 1.0], [1.0, 2.0]), TypeError, "indexes", id="update-float-index"),
+    pytest.param(lambda b: b.update_priorities([[0, 1]], [1.0, 2.0]), ValueError, "indexes", id="update-index-2d"),
+    pytest.param(lambda b: b.sample(2, beta=-0.1), ValueError, "beta", id="sample-beta-negative"),
+    pytest.param(lambda b: b.sample(2, beta=math.nan), ValueError, "beta", id="sample-beta-nan"),
+    pytest.param(lambda b: b.sample(2, beta=math.inf), ValueError, "beta", id="sample-beta-inf"),
+    pytest.param(lambda b: b.sample(2, beta=None), (TypeError, ValueError), "beta", id="sample-beta-none"),
+    pytest.param(lambda b: b.sample(2, beta="high"), (TypeError, ValueError), "beta", id="sample-beta-string"),
+]
+
+
+@pytest.mark.parametrize("call, error, field", _BAD_FOR_PRIORITIZED_BUFFER)
+def test_bad_input_to_a_prioritized_buffer_raises_naming_the_argument_and_changes_nothing(call, error, field, unchanged):
+    buffer = _filled(PrioritizedReplayBuffer)
+    with unchanged(buffer), pytest.raises(error, match=field):
+        call(buffer)
+
+
+def test_update_of_a_slot_not_stored_yet_raises_and_changes_nothing(unchanged):
+    buffer = PrioritizedReplayBuffer(8, ENV)
+    buffer.add(**_rows(0, 3))
+    with unchanged(buffer), pytest.raises(ValueError, match="indexes"):
+        buffer.update_priorities([3], [1.0])
+
+
+_BAD_CONSTRUCTION = [
+    pytest.param(dict(size=0), "size", id="size-zero"),
+    pytest.param(dict(size=-4), "size", id="size-negative"),
+    pytest.param(dict(size=4.0), "size", id="size-float"),
+    pytest.param(dict(size="4"), "size", id="size-string"),
+    pytest.param(dict(size=True), "size", id="size-bool"),
+    pytest.param(dict(env_dict=None), "env_dict", id="env-dict-none"),
+    pytest.param(dict(env_dict={}), "env_dict", id="env-dict-empty"),
+    pytest.param(dict(env_dict=[("obs", {})]), "env_dict", id="env-dict-not-a-mapping"),
+    pytest.param(dict(env_dict={"obs": 3}), "obs", id="env-dict-options-not-a-mapping"),
+    pytest.param(dict(env_dict={"2obs": {}}), "2obs", id="env-dict-name-not-identifier"),
+    pytest.param(dict(env_dict={"weights": {}}), "weights", id="env-dict-reserved-name"),
+    pytest.param(dict(env_dict={"obs": {"shap": 3}}), "shap", id="env-dict-unknown-option"),
+    pytest.param(dict(env_dict={"obs": {"shape": 0}}), "shape", id="env-dict-zero-dimension"),
+    pytest.param(dict(env_dict={"obs": {"shape": (3, -1)}}), "shape", id="env-dict-negative-dimension"),
+    pytest.param(dict(env_dict={"obs": {"shape": 2.5}}), "shape", id="env-dict-float-shape"),
+    pytest.param(dict(env_dict={"obs": {"shape": (2.5,)}}), "shape", id="env-dict-float-dimension"),
+    pytest.param(dict(env_dict={"obs": {"shape": "x"}}), "shape", id="env-dict-string-shape"),
+    pytest.param(dict(env_dict={"obs": {"dtype": "nonsense"}}), "dtype", id="env-dict-unknown-dtype"),
+    pytest.param(dict(env_dict={"obs": {"dtype": np.complex64}}), "dtype", id="env-dict-complex-dtype"),
+    pytest.param(dict(env_dict={"obs": {"dtype": object}}), "dtype", id="env-dict-object-dtype"),
+    pytest.param(dict(default_dtype="nonsense"), "dtype", id="default-dtype-unknown"),
+    pytest.param(dict(alpha=-0.5), "alpha", id="alpha-negative"),
+    pytest.param(dict(alpha=math.nan), "alpha", id="alpha-nan"),
+    pytest.param(dict(alpha=math.inf), "alpha", id="alpha-inf"),
+    pytest.param(dict(alpha=None), "alpha", id="alpha-none"),
+    pytest.param(dict(alpha="high"), "alpha", id="alpha-string"),
+    pytest.param(dict(eps=-1e-3), "eps", id="eps-negative"),
+    pytest.param(dict(eps=math.nan), "eps", id="eps-nan"),
+    pytest.param(dict(eps=None), "eps", id="eps-none"),
+]
+
+
+@pytest.mark.parametrize("options, name", _BAD_CONSTRUCTION)
+def test_bad_construction_raises_naming_the_argument(options, name):
+    arguments = {"size": 8, "env_dict": ENV, **options}
+    cls = PrioritizedReplayBuffer if {"alpha", "eps"} & set(options) else ReplayBuffer
+    with pytest.raises((TypeError, ValueError), match=name):
+        cls(arguments.pop("size"), arguments.pop("env_dict"), **arguments)

@@ -1,0 +1,415 @@
+"""Specification of the priority tree: sum, min and max trees over a caller-owned float64 array."""
+from __future__ import annotations
+
+import math
+from multiprocessing import shared_memory
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpreplay._ext.sumtree import PriorityTree, tree_buffer_size
+
+DBL_MAX = np.finfo(np.float64).max
+DBL_TINY = np.finfo(np.float64).tiny  # smallest normal
+DENORMAL_MIN = np.nextafter(0.0, 1.0)
+
+
+def _slots(*values: int) -> np.ndarray:
+    return np.array(values, dtype=np.int64)
+
+
+def _f64(*values: float) -> np.ndarray:
+    return np.array(values, dtype=np.float64)
+
+
+def _tree(capacity: int, leaves=None) -> tuple[PriorityTree, np.ndarray]:
+    """A tree (and its storage) whose first ``len(leaves)`` slots hold ``leaves`` (raw = weight)."""
+    buf = np.empty(tree_buffer_size(capacity), dtype=np.float64)
+    tree = PriorityTree(buf, capacity)
+    if leaves is not None:
+        leaves = np.asarray(leaves, dtype=np.float64)
+        tree.set(np.arange(len(leaves), dtype=np.int64), leaves, leaves)
+    return tree, buf
+
+
+def _search(tree: PriorityTree, prefixes) -> np.ndarray:
+    prefixes = np.ascontiguousarray(prefixes, dtype=np.float64)
+    out = np.empty(len(prefixes), dtype=np.int64)
+    tree.search(prefixes, out)
+    return out
+
+
+def _leaves(tree: PriorityTree) -> tuple[np.ndarray, np.ndarray]:
+    slots = np.arange(tree.capacity, dtype=np.int64)
+    values, raw = np.empty(tree.capacity), np.empty(tree.capacity)
+    tree.get(slots, values, raw)
+    return values, raw
+
+
+def _nodes(buf: np.ndarray) -> np.ndarray:
+    """The tree's nodes as rows ``(sum, min, max)``; row 1 is the root, the last half the leaves.
+
+    This is the one place that knows the documented storage layout.
+    """
+    return buf.reshape(-1, 3)
+
+
+def _pairwise_root(leaves: np.ndarray, padded: int) -> float:
+    """The root as a fresh pairwise sum of the leaves, padded with zeros to a power of two."""
+    level = np.zeros(padded)
+    level[:len(leaves)] = leaves
+    while len(level) > 1:
+        level = level[0::2] + level[1::2]
+    return float(level[0])
+
+
+class _Reference:
+    """The tree's contract in plain numpy: leaves, total, min, max and prefix search."""
+
+    def __init__(self, capacity: int):
+        self.values = np.zeros(capacity)
+        self.raw = np.zeros(capacity)
+
+    def set(self, slots, values, raw) -> None:
+        for s, v, r in zip(slots, values, raw):  # in order: the last duplicate wins
+            self.values[s], self.raw[s] = v, r
+
+    def total(self) -> float:
+        return math.fsum(self.values)
+
+    def min(self) -> float:
+        positive = self.values[self.values > 0]
+        return positive.min() if len(positive) else math.inf
+
+    def max(self) -> float:
+        sampleable = self.raw[self.values > 0]
+        return sampleable.max() if len(sampleable) else -math.inf
+
+    def search(self, prefixes) -> np.ndarray:
+        # Exact when every partial sum is exact (small integer weights):
+        # the slot whose range [cumsum[i-1], cumsum[i]) holds u; beyond
+        # either end, the nearest sampleable slot.
+        positive = np.flatnonzero(self.values > 0)
+        found = np.searchsorted(np.cumsum(self.values), prefixes, side="right")
+        return np.clip(found, positive[0], positive[-1])
+
+
+# -- storage ------------------------------------------------------------------
+
+@pytest.mark.parametrize("capacity, padded", [(1, 1), (2, 2), (3, 4), (5, 8), (8, 8), (1000, 1024)])
+def test_storage_is_three_floats_per_node_of_a_tree_over_capacity_rounded_up_to_a_power_of_two(capacity, padded):
+    assert tree_buffer_size(capacity) == 3 * 2 * padded
+
+
+@pytest.mark.parametrize("capacity", [0, -1])
+def test_storage_size_rejects_capacity_below_one(capacity):
+    with pytest.raises(ValueError, match="capacity"):
+        tree_buffer_size(capacity)
+
+
+def test_tree_rejects_storage_shorter_than_needed():
+    with pytest.raises(ValueError, match="buf"):
+        PriorityTree(np.zeros(tree_buffer_size(5) - 1), 5)
+
+
+@pytest.mark.parametrize("storage", [
+    pytest.param(np.zeros(tree_buffer_size(4), dtype=np.float32), id="float32"),
+    pytest.param(np.zeros(2 * tree_buffer_size(4))[::2], id="strided"),
+])
+def test_tree_rejects_storage_that_is_not_contiguous_float64(storage):
+    with pytest.raises(ValueError):
+        PriorityTree(storage, 4)
+
+
+def test_new_tree_has_nothing_to_sample():
+    tree, _ = _tree(5)
+    assert (tree.total(), tree.min(), tree.max()) == (0.0, math.inf, -math.inf)
+    with pytest.raises(ValueError, match="no sampleable slot"):
+        _search(tree, [0.0])
+
+
+def test_leaves_keep_full_float64_precision():
+    value = 1.0 + 2.0**-50  # not representable in float32
+    tree, _ = _tree(4, [value, value])
+    values, raw = _leaves(tree)
+    assert values[0] == raw[0] == value
+    assert tree.total() == 2 * value
+
+
+def test_tree_lives_in_a_view_of_a_larger_array_and_writes_only_there():
+    capacity, need = 5, tree_buffer_size(5)
+    outer = np.full(need + 20, 7.0)
+    tree = PriorityTree(outer[10:10 + need], capacity)
+    tree.set(_slots(0, 4), _f64(1.0, 3.0), _f64(1.0, 3.0))
+    assert tree.total() == 4.0
+    assert (outer[:10] == 7.0).all() and (outer[10 + need:] == 7.0).all()
+
+
+def test_tree_attached_without_reset_sees_the_state_already_in_its_storage():
+    _, buf = _tree(6, [1.0, 0.0, 2.5])
+    reader = PriorityTree(buf, 6, reset=False)
+    assert (reader.total(), reader.min(), reader.max()) == (3.5, 1.0, 2.5)
+    assert list(_search(reader, [0.5, 1.0, 3.4])) == [0, 2, 2]
+
+
+def test_tree_in_shared_memory_is_seen_through_another_mapping_of_the_segment():
+    capacity = 6
+    nbytes = tree_buffer_size(capacity) * 8
+    segment = shared_memory.SharedMemory(create=True, size=nbytes)
+    try:
+        other = shared_memory.SharedMemory(name=segment.name)
+        try:
+            writer = PriorityTree(np.ndarray(tree_buffer_size(capacity), np.float64, segment.buf), capacity)
+            reader = PriorityTree(np.ndarray(tree_buffer_size(capacity), np.float64, other.buf), capacity, reset=False)
+            writer.set(_slots(1, 5), _f64(2.0, 6.0), _f64(2.0, 6.0))
+            assert (reader.total(), reader.min(), reader.max()) == (8.0, 2.0, 6.0)
+            assert list(_search(reader, [1.0, 2.0])) == [1, 5]
+            del writer, reader  # release the mappings' exports before closing them
+        finally:
+            other.close()
+    finally:
+        segment.close()
+        segment.unlink()
+
+
+# -- leaves and inner nodes ---------------------------------------------------------------
+
+def test_root_total_is_the_sum_and_min_max_cover_sampleable_leaves():
+    tree, _ = _tree(7, [3.0, 0.0, 0.5, 8.0, 0.0, 2.0])
+    assert tree.total() == 13.5
+    assert tree.min() == 0.5
+    assert tree.max() == 8.0
+
+
+def test_zero_weight_leaf_is_ignored_by_min_and_max_whatever_its_raw_priority():
+    tree, _ = _tree(4, [2.0, 3.0])
+    tree.set(_slots(1), _f64(0.0), _f64(100.0))
+    assert (tree.min(), tree.max()) == (2.0, 2.0)
+    assert _leaves(tree)[1][1] == -math.inf
+
+
+def test_max_tree_holds_raw_priorities_while_sum_and_min_hold_weights():
+    tree, _ = _tree(4)
+    tree.set(_slots(0, 1), _f64(0.5, 4.0), _f64(10.0, 3.0))
+    assert (tree.total(), tree.min(), tree.max()) == (4.5, 0.5, 10.0)
+
+
+def test_set_with_duplicate_slots_keeps_the_last_value():
+    tree, _ = _tree(8, [1.0] * 8)
+    tree.set(_slots(3, 5, 3, 3, 5), _f64(10.0, 20.0, 30.0, 40.0, 50.0), _f64(1.0, 2.0, 3.0, 4.0, 5.0))
+    values, raw = _leaves(tree)
+    assert (values[3], raw[3], values[5], raw[5]) == (40.0, 4.0, 50.0, 5.0)
+    assert tree.total() == 6.0 + 40.0 + 50.0
+    assert tree.max() == 5.0
+
+
+def test_set_rejects_arrays_of_different_lengths():
+    tree, _ = _tree(4)
+    with pytest.raises(ValueError, match="same length"):
+        tree.set(_slots(0, 1), _f64(1.0), _f64(1.0, 2.0))
+
+
+@pytest.mark.parametrize("alpha, eps", [(0.6, 1e-4), (1.0, 0.0), (0.0, 0.0), (2.0, 0.5)])
+def test_priorities_become_weights_p_plus_eps_to_the_alpha(alpha, eps):
+    tree, _ = _tree(5)
+    p = _f64(0.0, 0.25, 1.0, 7.5)
+    tree.set_priorities(np.arange(4, dtype=np.int64), p, alpha, eps)
+    values, raw = _leaves(tree)
+    expected = (p + eps) ** alpha
+    np.testing.assert_array_equal(values[:4], expected)
+    np.testing.assert_array_equal(raw[:4], np.where(expected > 0, p, -math.inf))
+
+
+def test_clear_makes_slots_unsampleable():
+    tree, _ = _tree(4, [1.0, 2.0, 4.0, 8.0])
+    tree.clear(_slots(3, 0))
+    assert (tree.total(), tree.min(), tree.max()) == (6.0, 2.0, 4.0)
+
+
+def test_reset_empties_every_node():
+    tree, buf = _tree(5, [1.0, 2.0, 3.0])
+    tree.reset()
+    np.testing.assert_array_equal(_nodes(buf), np.tile([0.0, math.inf, -math.inf], (len(buf) // 3, 1)))
+
+
+def _random_updates(tree: PriorityTree, rounds: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(rounds):
+        slots = rng.integers(0, tree.capacity, 1000)
+        # Weights over many orders of magnitude, some zero: the worst case for drifting deltas.
+        values = np.where(rng.random(1000) < 0.1, 0.0, 10.0 ** rng.uniform(-12, 12, 1000))
+        tree.set(slots, values, rng.random(1000))
+
+
+def test_every_parent_is_recomputed_from_its_children_after_many_updates():
+    tree, buf = _tree(1000)
+    _random_updates(tree, rounds=300, seed=1)
+    nodes = _nodes(buf)
+    parents = np.arange(1, len(nodes) // 2)
+    left, right = nodes[2 * parents], nodes[2 * parents + 1]
+    np.testing.assert_array_equal(nodes[parents, 0], left[:, 0] + right[:, 0])
+    np.testing.assert_array_equal(nodes[parents, 1], np.minimum(left[:, 1], right[:, 1]))
+    np.testing.assert_array_equal(nodes[parents, 2], np.maximum(left[:, 2], right[:, 2]))
+
+
+def test_root_after_many_updates_is_bit_identical_to_a_rebuild_from_the_leaves():
+    tree, buf = _tree(1000)
+    _random_updates(tree, rounds=300, seed=2)
+    values, raw = _leaves(tree)
+    assert tree.total() == _pairwise_root(values, len(buf) // 6)
+    assert tree.total() == pytest.approx(math.fsum(values), rel=1e-12)
+    fresh, fresh_buf = _tree(1000)
+    fresh.set(np.arange(1000, dtype=np.int64), values, raw)
+    assert buf.tobytes() == fresh_buf.tobytes()
+    updated = buf.copy()
+    tree.rebuild()
+    assert buf.tobytes() == updated.tobytes()
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    leaves=st.lists(st.floats(0.0, 1e6, allow_subnormal=True), min_size=1, max_size=40),
+    garbage=st.lists(st.sampled_from([math.nan, math.inf, -math.inf, -1.0, 0.0, 1e300]), min_size=1, max_size=8),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_rebuild_restores_corrupted_inner_nodes_from_the_leaves(leaves, garbage, seed):
+    tree, buf = _tree(len(leaves), leaves)
+    pristine = buf.copy()
+    nodes = _nodes(buf)
+    inner = nodes[1:len(nodes) // 2].reshape(-1)  # a view: writing it corrupts the tree
+    rng = np.random.default_rng(seed)
+    count = min(len(garbage), len(inner))
+    inner[rng.choice(len(inner), count, replace=False)] = garbage[:count]
+    tree.rebuild()
+    assert buf.tobytes() == pristine.tobytes()
+
+
+# -- search ---------------------------------------------------------------------
+
+def test_search_finds_the_slot_whose_cumulative_range_holds_each_prefix():
+    tree, _ = _tree(6, [1.0, 0.0, 2.0, 0.0, 0.0, 3.0])
+    found = _search(tree, [0.0, 0.999, 1.0, 2.5, 2.999, 3.0, 5.999])
+    assert list(found) == [0, 0, 2, 2, 2, 5, 5]
+
+
+def test_search_rejects_an_output_shorter_than_the_prefixes():
+    tree, _ = _tree(4, [1.0])
+    with pytest.raises(ValueError, match="out"):
+        tree.search(_f64(0.1, 0.2), np.empty(1, dtype=np.int64))
+
+
+_ADVERSARIAL_LEAVES = {
+    "total-near-float-max": [DBL_MAX / 4, 0.0, DBL_MAX / 4, DBL_MAX / 4, 0.0],
+    "one-leaf-near-float-max": [0.0, 0.0, DBL_MAX / 2],
+    "huge-beside-tiny": [1e300, DENORMAL_MIN, 0.0, 1e-300, 1e300, DBL_TINY, 0.0],
+    "tiny-last": [1e300, 0.0, 0.0, 0.0, DENORMAL_MIN],
+    "tiny-first": [DENORMAL_MIN, 1e300, 0.0],
+    "only-denormals": [0.0, DENORMAL_MIN, 0.0, 3 * DENORMAL_MIN],
+    "inexact-decimals": [0.1] * 10 + [0.0] * 3 + [0.7],
+    "last-stored-slot-before-padding": [0.0, 0.0, 0.0, 0.0, 0.0, 1.0],
+}
+
+
+def _awkward_prefixes(total: float) -> list[float]:
+    # Rounding pushes real draws onto these: the total itself and its neighbours.
+    return [0.0, -0.0, DENORMAL_MIN, total, np.nextafter(total, math.inf), np.nextafter(total, 0.0),
+            total * (1 - 2**-52), total * (1 + 2**-52), 2 * total, DBL_MAX, math.inf, -1.0, -math.inf, math.nan]
+
+
+@pytest.mark.parametrize("leaves", list(_ADVERSARIAL_LEAVES.values()), ids=list(_ADVERSARIAL_LEAVES))
+def test_search_never_lands_on_an_unsampleable_or_unstored_slot(leaves):
+    capacity = len(leaves) + 1  # one stored-but-empty slot at the end, plus padding beyond capacity
+    tree, _ = _tree(capacity, leaves)
+    assert math.isfinite(tree.total())
+    prefixes = _awkward_prefixes(tree.total()) + list(np.cumsum(leaves)) + list(tree.total() * np.linspace(0, 1, 257))
+    found = _search(tree, prefixes)
+    assert (found >= 0).all() and (found < len(leaves)).all()
+    assert (np.asarray(leaves)[found] > 0).all()
+
+
+def test_prefix_at_or_beyond_the_total_finds_the_last_sampleable_slot():
+    tree, _ = _tree(7, [1.0, 2.0, 0.0, 4.0, 0.0])
+    total = tree.total()
+    assert list(_search(tree, [total, np.nextafter(total, math.inf), 100.0])) == [3, 3, 3]
+
+
+def test_negative_prefix_finds_the_first_sampleable_slot():
+    tree, _ = _tree(7, [0.0, 0.0, 2.0, 4.0])
+    assert list(_search(tree, [-1.0, -0.0])) == [2, 2]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    leaves=st.lists(st.one_of(st.just(0.0), st.floats(0.0, DBL_MAX / 64, allow_subnormal=True)),
+                    min_size=1, max_size=40).filter(lambda v: any(x > 0 for x in v)),
+    fractions=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=20),
+)
+def test_search_lands_on_a_sampleable_slot_for_any_leaves_and_prefixes_up_to_the_total(leaves, fractions):
+    tree, _ = _tree(len(leaves), leaves)
+    total = tree.total()
+    prefixes = [f * total for f in fractions] + [np.nextafter(f * total, math.inf) for f in fractions]
+    found = _search(tree, prefixes)
+    assert (np.asarray(leaves)[found] > 0).all()
+
+
+def test_sample_draws_each_stratum_of_the_total_mass():
+    tree, _ = _tree(9, [1.0, 0.0, 3.0, 2.0, 0.0, 5.0, 1.0])
+    r = np.random.default_rng(0).random(8)
+    out, values = np.empty(8, dtype=np.int64), np.empty(8)
+    total = tree.sample(r, out, values, True)
+    assert total == 12.0
+    np.testing.assert_array_equal(out, _search(tree, (np.arange(8) + r) * total / 8))
+    np.testing.assert_array_equal(values, _leaves(tree)[0][out])
+
+
+def test_unstratified_sample_draws_over_the_whole_mass():
+    tree, _ = _tree(9, [1.0, 0.0, 3.0, 2.0, 0.0, 5.0, 1.0])
+    r = np.random.default_rng(0).random(8)
+    out, values = np.empty(8, dtype=np.int64), np.empty(8)
+    tree.sample(r, out, values, False)
+    np.testing.assert_array_equal(out, _search(tree, r * 12.0))
+
+
+def test_sample_from_an_empty_tree_raises():
+    tree, _ = _tree(4)
+    with pytest.raises(ValueError, match="no sampleable slot"):
+        tree.sample(_f64(0.5), np.empty(1, dtype=np.int64), np.empty(1), True)
+
+
+# -- property test against the numpy reference ------------------------------------------
+
+_CAPACITY = 13  # not a power of two: padding leaves exist
+
+
+@st.composite
+def _operation(draw):
+    if draw(st.booleans()):
+        k = draw(st.integers(1, 2 * _CAPACITY))  # up to twice the capacity: duplicate slots are common
+        slots = draw(st.lists(st.integers(0, _CAPACITY - 1), min_size=k, max_size=k))
+        # Small integer weights keep every partial sum exact, so the reference is exact too.
+        values = draw(st.lists(st.integers(0, 50).map(float), min_size=k, max_size=k))
+        raw = draw(st.lists(st.floats(-1e3, 1e3), min_size=k, max_size=k))
+        return "set", np.array(slots, dtype=np.int64), _f64(*values), _f64(*raw)
+    prefixes = draw(st.lists(st.floats(-10.0, 50.0 * _CAPACITY + 10.0), min_size=1, max_size=10))
+    return "search", _f64(*prefixes)
+
+
+@settings(max_examples=150, deadline=None)
+@given(operations=st.lists(_operation(), min_size=1, max_size=25))
+def test_random_set_and_search_sequences_agree_with_a_numpy_reference(operations):
+    tree, _ = _tree(_CAPACITY)
+    reference = _Reference(_CAPACITY)
+    for name, *args in operations:
+        if name == "set":
+            tree.set(*args)
+            reference.set(*args)
+            assert tree.total() == reference.total()
+            assert tree.min() == reference.min()
+            assert tree.max() == reference.max()
+        elif reference.total() > 0:
+            np.testing.assert_array_equal(_search(tree, args[0]), reference.search(args[0]))
+    values, raw = _leaves(tree)
+    np.testing.assert_array_equal(values, reference.values)
+    np.testing.assert_array_equal(raw, np.where(reference.values > 0, reference.raw, -math.inf))
