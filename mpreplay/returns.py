@@ -1,0 +1,381 @@
+"""Discounted cumulative sums, n-step returns and GAE.
+
+All functions take 1-D arrays or batched 2-D arrays (``axis`` names the time
+axis), in float32 or float64, and accumulate in float64 whatever the input
+dtype: a float32 result is the exact value rounded once.  They also accept
+torch tensors when torch is installed; the result is then a tensor that is
+differentiable with respect to the inputs (computed on the CPU).
+
+Conventions shared by every function:
+
+* ``dones[t]`` true (any non-zero value) means step ``t`` ends its episode, so
+  nothing after ``t`` is discounted back into ``t``.
+* The link between steps ``t`` and ``t + 1`` is ``gamma[t] * (1 - dones[t])``.
+  The right sum follows it backwards, ``y[t] = x[t] + gamma[t] (1 - dones[t]) y[t+1]``;
+  the left sum forwards, ``y[t] = x[t] + gamma[t-1] (1 - dones[t-1]) y[t-1]``.
+  With the same arguments the left sum is therefore the transpose of the
+  right sum, which is what backpropagation through either one needs.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ._ext import discount as _kernel
+
+__all__ = [
+    "discounted_cumsum_right",
+    "discounted_cumsum_left",
+    "n_step_returns",
+    "NStepReturns",
+    "gae",
+]
+
+
+class NStepReturns(NamedTuple):
+    """Result of :func:`n_step_returns`, each shaped like ``rewards``.
+
+    ``returns[t] = sum_{k<m} gamma**k * rewards[t+k]`` where ``m = steps[t]``;
+    ``discounts[t] = gamma**m`` is the factor for bootstrapping from the
+    state reached after step ``t + m - 1``.  ``m`` is ``n``, or fewer when the
+    episode ends (``dones[t+m-1]``) or the array ends first.  For a terminal
+    episode end mask the bootstrap yourself:
+    ``target = returns + discounts * (1 - dones[t + steps - 1]) * value_next``.
+    """
+
+    returns: Any
+    discounts: Any
+    steps: Any
+
+
+def discounted_cumsum_right(x, gamma, *, dones=None, axis: int = -1, out: np.ndarray | None = None):
+    """Discounted sum of the future: ``y[t] = x[t] + gamma[t] (1 - dones[t]) y[t+1]``.
+
+    Parameters
+    ----------
+    x : float32 or float64 array (1-D or 2-D), or torch tensor
+        Values to sum; never modified (unless passed again as ``out``).
+    gamma : float or array in [0, 1]
+        A scalar, an array shaped like ``x`` or broadcastable to it, or, for
+        2-D ``x``, a 1-D array as long as the time axis.
+    dones : array shaped like ``x``, optional
+        Non-zero where a step ends its episode; the sum restarts there.
+    axis : int
+        The time axis.
+    out : array, optional
+        Receives the result; same shape and dtype as ``x``.  Not for tensors.
+
+    Returns
+    -------
+    Array (or tensor) with the shape and dtype of ``x``.
+    """
+    return _cumsum(x, gamma, dones, axis, out, right=True)
+
+
+def discounted_cumsum_left(x, gamma, *, dones=None, axis: int = -1, out: np.ndarray | None = None):
+    """Discounted sum of the past: ``y[t] = x[t] + gamma[t-1] (1 - dones[t-1]) y[t-1]``.
+
+    Takes the same arguments as :func:`discounted_cumsum_right`, whose
+    transpose it is; ``gamma[t]`` and ``dones[t]`` describe the link from step
+    ``t`` to step ``t + 1`` in both.
+    """
+    return _cumsum(x, gamma, dones, axis, out, right=False)
+
+
+def n_step_returns(rewards, dones, gamma: float, n: int, *, axis: int = -1) -> NStepReturns:
+    """Fold up to ``n`` rewards forward from every step, stopping at episode ends.
+
+    ``dones`` may be None (no episode ends inside the array).  Returns an
+    :class:`NStepReturns` of ``returns`` (dtype of ``rewards``), ``discounts``
+    (``gamma ** steps``, dtype of ``rewards``) and ``steps`` (int64).  With
+    torch tensors, ``returns`` is differentiable with respect to ``rewards``;
+    ``discounts`` and ``steps`` are constant tensors.  Costs O(n) per step.
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n: expected an integer >= 1, got {n!r}")
+    gamma = _check_scalar_gamma(gamma, "gamma")
+    if _is_tensor(rewards):
+        return _torch_n_step(rewards, dones, gamma, int(n), axis)
+    r = _as_float_array(rewards, "rewards")
+    ax = _check_axis(axis, r.ndim, "rewards")
+    d = _as_dones(dones, r.shape)
+    result = NStepReturns(np.empty_like(r), np.empty_like(r), np.empty(r.shape, np.int64))
+    _kernel.n_step_fold(
+        _time_last(r, ax), _time_last(d, ax), gamma, int(n), *(_time_last(a, ax) for a in result)
+    )
+    return result
+
+
+def gae(rewards, values, dones, gamma: float, lam: float, *, axis: int = -1):
+    """Generalised advantage estimates.
+
+    ``values`` has one more step than ``rewards`` along ``axis``:
+    ``values[t]`` estimates the state before step ``t`` and the last entry is
+    the bootstrap value of the state after the final step.  With
+    ``delta[t] = rewards[t] + gamma (1 - dones[t]) values[t+1] - values[t]``
+    the advantages are the right sum of ``delta`` with discount ``gamma * lam``
+    reset at ``dones``.  ``dones`` marks terminal steps (no bootstrap); it may
+    be None.  The lambda-returns (value targets) are
+    ``advantages + values[:-1]``; they are not returned.
+
+    Returns the advantages, shaped like ``rewards``, in the result dtype of
+    ``rewards`` and ``values`` (a tensor if either is one, differentiable).
+    """
+    gamma = _check_scalar_gamma(gamma, "gamma")
+    lam = _check_scalar_gamma(lam, "lam")
+    if _is_tensor(rewards) or _is_tensor(values):
+        return _torch_gae(rewards, values, dones, gamma, lam, axis)
+    r = _as_float_array(rewards, "rewards")
+    v = _as_float_array(values, "values")
+    ax = _check_axis(axis, r.ndim, "rewards")
+    expected = list(r.shape)
+    expected[ax] += 1
+    if v.shape != tuple(expected):
+        raise ValueError(
+            f"values: expected shape {tuple(expected)} (rewards' shape plus one bootstrap step on axis {axis}), "
+            f"got {v.shape}"
+        )
+    d = _as_dones(dones, r.shape)
+    head = np.moveaxis(v, ax, -1)[..., :-1].astype(np.float64)
+    tail = np.moveaxis(v, ax, -1)[..., 1:].astype(np.float64)
+    if d is not None:
+        tail[np.moveaxis(d, ax, -1).view(bool)] = 0.0
+    delta = np.moveaxis(r, ax, -1) + gamma * tail - head
+    reset = None if d is None else np.moveaxis(d, ax, -1).view(bool)
+    advantages = discounted_cumsum_right(delta, gamma * lam, dones=reset, axis=-1)
+    return np.moveaxis(advantages.astype(np.result_type(r, v), copy=False), -1, ax)
+
+
+# --- numpy path ---------------------------------------------------------------------------------
+
+
+def _cumsum(x, gamma, dones, axis, out, right: bool):
+    if _is_tensor(x) or _is_tensor(gamma):
+        if out is not None:
+            raise TypeError("out: not supported with torch tensors")
+        return _torch_cumsum(x, gamma, dones, axis, right)
+    x = _as_float_array(x, "x")
+    ax = _check_axis(axis, x.ndim, "x")
+    scalar, gammas = _check_gamma(gamma, x.shape, ax)
+    d = _as_dones(dones, x.shape)
+    out = _check_out(out, x)
+    x, gammas, d = (_apart_from(out, a, same_layout_ok=a is x) for a in (x, gammas, d))
+    _kernel.discounted_cumsum(
+        _time_last(x, ax), _time_last(out, ax), scalar, _time_last(gammas, ax), _time_last(d, ax), right
+    )
+    return out
+
+
+def _as_float_array(a, name: str) -> np.ndarray:
+    a = np.asarray(a)
+    if a.dtype not in (np.float32, np.float64):
+        raise TypeError(f"{name}: expected a float32 or float64 array, got dtype {a.dtype}")
+    if a.ndim not in (1, 2):
+        raise ValueError(f"{name}: expected a 1-D or 2-D array, got shape {a.shape}")
+    return a
+
+
+def _check_axis(axis, ndim: int, name: str) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -ndim <= axis < ndim:
+        raise ValueError(f"axis: expected an integer in [{-ndim}, {ndim}) for {ndim}-D {name}, got {axis!r}")
+    return int(axis) % ndim
+
+
+def _check_scalar_gamma(gamma, name: str) -> float:
+    try:
+        value = float(gamma)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected a real number in [0, 1], got {gamma!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name}: expected a finite number in [0, 1], got {value}")
+    return value
+
+
+def _check_gamma(gamma, shape: tuple, ax: int) -> tuple[float, np.ndarray | None]:
+    """Split ``gamma`` into a scalar or a float64 array view broadcast to ``shape``."""
+    g = np.asarray(gamma)
+    if g.dtype.kind not in "fiu" or g.dtype == np.float16:
+        raise TypeError(f"gamma: expected real numbers in [0, 1], got dtype {g.dtype}")
+    if g.ndim == 0:
+        return _check_scalar_gamma(g, "gamma"), None
+    if not np.all((g >= 0.0) & (g <= 1.0)):
+        raise ValueError("gamma: expected every discount to be finite and in [0, 1]")
+    if len(shape) == 2 and g.ndim == 1 and g.shape[0] == shape[ax]:
+        g = g.reshape((-1, 1) if ax == 0 else (1, -1))
+    try:
+        return 0.0, np.broadcast_to(g.astype(np.float64, copy=False), shape)
+    except ValueError:
+        raise ValueError(
+            f"gamma: expected a scalar, an array broadcastable to {shape} or a 1-D array as long as the time axis, "
+            f"got shape {np.shape(gamma)}"
+        ) from None
+
+
+def _as_dones(dones, shape: tuple) -> np.ndarray | None:
+    """``dones`` as a uint8 view of booleans shaped like the data, or None."""
+    if dones is None:
+        return None
+    if _is_tensor(dones):
+        dones = dones.detach().cpu().numpy()
+    d = np.asarray(dones)
+    if d.shape != shape:
+        raise ValueError(f"dones: expected shape {shape} like the data, got {d.shape}")
+    if d.dtype != bool:
+        if d.dtype.kind not in "fiu":
+            raise TypeError(f"dones: expected booleans or numbers, got dtype {d.dtype}")
+        d = d != 0
+    return d.view(np.uint8)
+
+
+def _check_out(out, x: np.ndarray) -> np.ndarray:
+    if out is None:
+        return np.empty_like(x)
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out: expected a numpy array, got {type(out).__name__}")
+    if out.shape != x.shape or out.dtype != x.dtype:
+        raise ValueError(f"out: expected shape {x.shape} and dtype {x.dtype}, got {out.shape} and {out.dtype}")
+    if not out.flags.writeable:
+        raise ValueError("out: expected a writeable array")
+    return out
+
+
+def _apart_from(out: np.ndarray, a: np.ndarray | None, same_layout_ok: bool):
+    """``a``, copied if writing ``out`` could change it before the kernel reads it.
+
+    ``out`` exactly on top of ``x`` is safe: the kernels read each step of
+    ``x`` before writing the same step of ``out``.
+    """
+    if a is None or not np.may_share_memory(out, a):
+        return a
+    if same_layout_ok and a.__array_interface__["data"] == out.__array_interface__["data"] and a.strides == out.strides:
+        return a
+    return a.copy()
+
+
+def _time_last(a: np.ndarray | None, ax: int) -> np.ndarray | None:
+    """A 2-D ``(rows, time)`` view of ``a`` for the kernels."""
+    if a is None:
+        return None
+    return a[None, :] if a.ndim == 1 else np.moveaxis(a, ax, -1)
+
+
+# --- torch path ---------------------------------------------------------------------------------
+
+
+def _is_tensor(a) -> bool:
+    # A caller holding a tensor has imported torch already; never import it here.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(a, torch.Tensor)
+
+
+def _torch_cumsum(x, gamma, dones, axis, right: bool):
+    import torch
+
+    if not isinstance(x, torch.Tensor):
+        x = torch.as_tensor(np.asarray(x))
+    return _cumsum_function().apply(x, gamma, dones, axis, right)
+
+
+@functools.cache
+def _cumsum_function():
+    """The autograd Function, defined on first use so torch stays optional."""
+    import torch
+
+    class DiscountedCumsum(torch.autograd.Function):
+        # The right sum is y = M x with M upper triangular; its adjoint M^T is the
+        # left sum with the same links, and d y / d link[c] flows through x's grad.
+        @staticmethod
+        def forward(ctx, x, gamma, dones, axis, right):
+            gamma_np = gamma.detach().cpu().numpy() if isinstance(gamma, torch.Tensor) else gamma
+            y = _cumsum(x.detach().cpu().numpy(), gamma_np, dones, axis, None, right)
+            ctx.args = (gamma_np, dones, axis, right)
+            ctx.gamma_meta = (gamma.shape, gamma.dtype) if isinstance(gamma, torch.Tensor) else None
+            out = torch.from_numpy(y).to(x.device)
+            ctx.save_for_backward(out)
+            return out
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, grad):
+            gamma_np, dones, axis, right = ctx.args
+            y = ctx.saved_tensors[0].detach().cpu().numpy()
+            gx = _cumsum(grad.detach().cpu().numpy(), gamma_np, dones, axis, None, not right)
+            grad_x = torch.from_numpy(gx).to(grad.device) if ctx.needs_input_grad[0] else None
+            grad_gamma = None
+            if ctx.needs_input_grad[1]:
+                grad_gamma = _links_grad(gx, y, gamma_np, dones, axis, right, *ctx.gamma_meta)
+                grad_gamma = grad_gamma.to(grad.device)
+            return grad_x, grad_gamma, None, None, None
+
+    return DiscountedCumsum
+
+
+def _links_grad(gx: np.ndarray, y: np.ndarray, gamma_np, dones, axis: int, right: bool, shape, dtype):
+    """Gradient with respect to ``gamma``: d loss / d link[c] times (1 - dones[c]).
+
+    For the right sum ``y[c] = x[c] + link[c] y[c+1]`` gives
+    ``gx[c] * y[c+1]``; for the left sum ``y[c+1] = x[c+1] + link[c] y[c]``
+    gives ``gx[c+1] * y[c]``.  The last link leads out of the array.
+    """
+    import torch
+
+    ax = axis % y.ndim
+    gx_t, y_t = np.moveaxis(gx, ax, -1), np.moveaxis(y, ax, -1)
+    per_link = np.zeros(gx_t.shape, np.float64)
+    per_link[..., :-1] = gx_t[..., :-1] * y_t[..., 1:] if right else gx_t[..., 1:] * y_t[..., :-1]
+    if dones is not None:
+        per_link[np.moveaxis(_as_dones(dones, y.shape).view(bool), ax, -1)] = 0.0
+    per_link = torch.from_numpy(np.moveaxis(per_link, -1, ax))
+    g = np.asarray(gamma_np)
+    if y.ndim == 2 and g.ndim == 1 and g.shape[0] == y.shape[ax]:
+        return per_link.sum(dim=1 - ax).to(dtype)
+    return per_link.sum_to_size(shape).to(dtype)
+
+
+def _torch_n_step(rewards, dones, gamma: float, n: int, axis: int) -> NStepReturns:
+    """Sum of ``n`` shifted, masked copies of ``rewards``; autograd sees only tensor ops."""
+    import torch
+
+    folded = n_step_returns(rewards.detach().cpu().numpy(), dones, gamma, n, axis=axis)
+    steps = torch.from_numpy(folded.steps).to(rewards.device)
+    ax = _check_axis(axis, rewards.dim(), "rewards")
+    r = rewards.movedim(ax, -1).to(torch.float64)
+    m = steps.movedim(ax, -1)
+    total = torch.zeros_like(r)
+    for k in range(min(n, r.shape[-1])):
+        shifted = torch.nn.functional.pad(r[..., k:], (0, k))
+        total = total + (gamma**k) * torch.where(m > k, shifted, torch.zeros_like(shifted))
+    returns = total.movedim(-1, ax).to(rewards.dtype)
+    discounts = torch.from_numpy(folded.discounts).to(rewards.device)
+    return NStepReturns(returns, discounts, steps)
+
+
+def _torch_gae(rewards, values, dones, gamma: float, lam: float, axis: int):
+    import torch
+
+    r, v = (t if isinstance(t, torch.Tensor) else torch.as_tensor(np.asarray(t)) for t in (rewards, values))
+    dtype = torch.promote_types(r.dtype, v.dtype)
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"rewards, values: expected float32 or float64, got {r.dtype} and {v.dtype}")
+    ax = _check_axis(axis, r.dim(), "rewards")
+    expected = list(r.shape)
+    expected[ax] += 1
+    if tuple(v.shape) != tuple(expected):
+        raise ValueError(
+            f"values: expected shape {tuple(expected)} (rewards' shape plus one bootstrap step on axis {axis}), "
+            f"got {tuple(v.shape)}"
+        )
+    d = _as_dones(dones, tuple(r.shape))
+    r, v = r.movedim(ax, -1).to(torch.float64), v.movedim(ax, -1).to(torch.float64)
+    tail = v[..., 1:]
+    if d is not None:
+        alive = torch.from_numpy(~np.moveaxis(d, ax, -1).view(bool)).to(v.device)
+        tail = torch.where(alive, tail, torch.zeros_like(tail))
+    delta = r + gamma * tail - v[..., :-1]
+    d_last = None if d is None else np.moveaxis(d, ax, -1)
+    advantages = discounted_cumsum_right(delta, gamma * lam, dones=d_last, axis=-1)
+    return advantages.movedim(-1, ax).to(dtype)
+
