@@ -362,6 +362,17 @@ def test_update_after_sampling_the_new_occupant_again_is_applied():
     assert buffer.stats()["stale_updates_dropped"] == 0
 
 
+def test_update_sampled_before_a_clear_is_dropped_once_the_slot_is_refilled():
+    buffer = PrioritizedReplayBuffer(4, ENV, seed=0)
+    buffer.add(**_rows(0, 4))
+    sampled = buffer.sample(4)["indexes"]
+    buffer.clear()
+    buffer.add(**_rows(4, 4), priorities=[5.0, 6.0, 7.0, 8.0])
+    buffer.update_priorities(sampled, np.full(4, 100.0))
+    np.testing.assert_array_equal(_priorities_of(buffer), [5.0, 6.0, 7.0, 8.0])
+    assert buffer.stats()["stale_updates_dropped"] == 4
+
+
 # -- clear -----------------------------------------------------------------------
 
 @BOTH
