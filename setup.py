@@ -3,7 +3,7 @@ import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-_KERNELS = ["sumtree", "discount"]
+_KERNELS = ["sumtree", "lock", "discount"]
 
 extensions = [
     Extension(

@@ -1,0 +1,316 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+"""A process-shared lock that lives inside a caller-owned byte region.
+
+The region is normally part of a ``multiprocessing.shared_memory`` segment, so
+every process that maps the segment shares the lock.  It holds a
+``pthread_mutex_t`` set up as process-shared, error-checking and -- where the
+platform has them -- robust, plus a few words of state::
+
+    [ pthread_mutex_t | magic | recoveries | pending ]   (LOCK_NBYTES, a multiple of 64)
+
+Ownership
+    Like any pthread mutex the lock belongs to the *thread* that acquired it:
+    only that thread may release it (others get ``RuntimeError``), and
+    acquiring it again from the owning thread raises instead of deadlocking.
+
+Crash recovery (robust mutexes: Linux, FreeBSD)
+    When the owner dies -- process killed, or thread ended -- while holding
+    the lock, the next acquirer gets the lock with ``EOWNERDEAD``.  It records
+    a repair as *pending* in the region, marks the mutex consistent, calls
+    ``on_recover()`` (still holding the lock) to repair whatever the dead
+    owner left half-written, clears the pending mark and carries on.
+    ``recoveries`` counts these deaths across all processes.
+
+    The mutex is made consistent *before* the repair because a mutex released
+    while inconsistent becomes unusable for good; the pending mark carries the
+    duty to repair instead.  So if ``on_recover`` raises (or its process dies
+    in it), the lock is released, the exception propagates, and every later
+    acquirer, in any process, runs its ``on_recover`` until one succeeds.
+    All processes sharing a lock should therefore pass the same
+    ``on_recover``; one passing ``None`` treats the repair as done.
+
+Without robust mutexes (e.g. macOS) ``SharedLock.robust`` is False: a process
+that dies holding the lock blocks every other one for good, ``on_recover``
+is never called, and ``acquire(timeout=...)`` is the only way out.  Where
+``pthread_mutex_timedlock`` is missing too (macOS), waits poll every 0.2 ms,
+and the owning thread acquiring again waits instead of raising.
+
+Lifecycle
+    The creator initialises the lock once (``create=True``) before any other
+    process attaches (``create=False``).  The mutex is never destroyed: other
+    processes may still be using it, and none is needed on Linux -- the
+    segment's owner simply unlinks the segment once everyone is done.  The
+    lock keeps a reference to ``region``, so the mapping stays valid while
+    the lock object lives.
+"""
+from cpython.exc cimport PyErr_CheckSignals
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+import os
+
+cdef extern from *:
+    """
+    #include <errno.h>
+    #include <pthread.h>
+    #include <time.h>
+
+    #if defined(__linux__) || defined(__FreeBSD__)
+    #define MPR_ROBUST 1
+    #define mpr_mutexattr_setrobust(attr) pthread_mutexattr_setrobust((attr), PTHREAD_MUTEX_ROBUST)
+    #define mpr_mutex_consistent(m) pthread_mutex_consistent(m)
+    #else
+    #define MPR_ROBUST 0
+    #define mpr_mutexattr_setrobust(attr) 0
+    #define mpr_mutex_consistent(m) 0
+    #endif
+
+    /* Wait at most ns nanoseconds for the mutex.  A monotonic deadline where
+       the C library takes one; a realtime deadline elsewhere, where a clock
+       step distorts the current slice (callers keep the overall deadline on
+       the monotonic clock). */
+    static int mpr_mutex_lock_within(pthread_mutex_t *m, long long ns) {
+        struct timespec t;
+    #if defined(__GLIBC__) && defined(__USE_GNU) && __GLIBC_PREREQ(2, 30)
+        const clockid_t clock = CLOCK_MONOTONIC;
+    #else
+        const clockid_t clock = CLOCK_REALTIME;
+    #endif
+        clock_gettime(clock, &t);
+        t.tv_sec += (time_t)(ns / 1000000000LL);
+        t.tv_nsec += (long)(ns % 1000000000LL);
+        if (t.tv_nsec >= 1000000000L) {
+            t.tv_sec += 1;
+            t.tv_nsec -= 1000000000L;
+        }
+    #if defined(__GLIBC__) && defined(__USE_GNU) && __GLIBC_PREREQ(2, 30)
+        return pthread_mutex_clocklock(m, clock, &t);
+    #elif MPR_ROBUST
+        return pthread_mutex_timedlock(m, &t);
+    #else
+        for (;;) {
+            struct timespec now, nap = {0, 200000};
+            int rc = pthread_mutex_trylock(m);
+            if (rc != EBUSY) return rc;
+            clock_gettime(clock, &now);
+            if (now.tv_sec > t.tv_sec || (now.tv_sec == t.tv_sec && now.tv_nsec >= t.tv_nsec)) return ETIMEDOUT;
+            nanosleep(&nap, NULL);
+        }
+    #endif
+    }
+    """
+    ctypedef struct pthread_mutex_t:
+        pass
+    ctypedef struct pthread_mutexattr_t:
+        pass
+    enum:
+        MPR_ROBUST
+        PTHREAD_PROCESS_SHARED
+        PTHREAD_MUTEX_ERRORCHECK
+        EBUSY
+        EDEADLK
+        EOWNERDEAD
+        EPERM
+        ETIMEDOUT
+    int pthread_mutexattr_init(pthread_mutexattr_t* attr)
+    int pthread_mutexattr_destroy(pthread_mutexattr_t* attr)
+    int pthread_mutexattr_setpshared(pthread_mutexattr_t* attr, int pshared)
+    int pthread_mutexattr_settype(pthread_mutexattr_t* attr, int kind)
+    int mpr_mutexattr_setrobust(pthread_mutexattr_t* attr)
+    int pthread_mutex_init(pthread_mutex_t* m, const pthread_mutexattr_t* attr)
+    int pthread_mutex_trylock(pthread_mutex_t* m)
+    int pthread_mutex_unlock(pthread_mutex_t* m)
+    int mpr_mutex_consistent(pthread_mutex_t* m)
+    int mpr_mutex_lock_within(pthread_mutex_t* m, long long ns) nogil
+
+
+cdef struct _Shared:
+    pthread_mutex_t mutex
+    uint64_t magic       # written last by the creator; attachers check it
+    uint64_t recoveries  # owner deaths survived, all processes together
+    uint64_t pending     # nonzero: an owner died and no on_recover has succeeded since
+
+
+cdef uint64_t _MAGIC = 0x6d707265706c6b31  # "mpreplk1"
+# Blocking waits are cut into slices so that Ctrl-C (and other signal
+# handlers) run while a process waits; an unlock still wakes the waiter at once.
+cdef int64_t _SLICE_NS = 50_000_000
+# Timeouts beyond this many seconds (~285 years) mean "wait forever" and keep
+# the nanosecond arithmetic far from int64 overflow.
+cdef double _FOREVER_S = 9e9
+
+LOCK_NBYTES = -(-<Py_ssize_t>sizeof(_Shared) // 64) * 64
+ROBUST = bool(MPR_ROBUST)
+
+
+cdef inline int64_t _now_ns() noexcept:
+    cdef timespec t
+    clock_gettime(CLOCK_MONOTONIC, &t)
+    return <int64_t>t.tv_sec * 1_000_000_000 + t.tv_nsec
+
+
+cdef int _check_rc(int rc, str what) except -1:
+    if rc != 0:
+        raise OSError(rc, f"{what} failed: {os.strerror(rc)}")
+    return 0
+
+
+cdef double _timeout_seconds(double t) except -2.0:
+    if not t >= 0.0:
+        raise ValueError(f"timeout: expected a number of seconds >= 0 or None, got {t}")
+    return -1.0 if t > _FOREVER_S else t
+
+
+cdef class SharedLock:
+    """A lock shared by every process that maps ``region``.
+
+    Parameters
+    ----------
+    region : writable uint8 buffer of at least ``LOCK_NBYTES`` bytes, 8-byte aligned
+        Where the lock lives (64-byte alignment keeps it on its own cache line).
+    create : bool
+        True: initialise a new lock in ``region`` (one process, once, before
+        anyone attaches).  False: attach to the lock another process created.
+    on_recover : callable or None
+        Called with the lock held when its previous owner died holding it
+        (see the module documentation for the policy when it raises).
+    counters : int64 buffer of at least 2 entries, or None
+        When given, every acquisition adds the nanoseconds it waited to
+        ``counters[0]`` and 1 to ``counters[1]`` (under the lock).
+    """
+    cdef unsigned char[::1] _region  # keeps the memory under _sh alive
+    cdef _Shared* _sh
+    cdef int64_t[::1] _counters
+    cdef object _on_recover
+
+    robust = ROBUST
+
+    def __init__(self, unsigned char[::1] region not None, bint create, object on_recover=None,
+                 int64_t[::1] counters=None):
+        if region.shape[0] < LOCK_NBYTES:
+            raise ValueError(f"region: expected at least LOCK_NBYTES={LOCK_NBYTES} bytes, got {region.shape[0]}")
+        if <uintptr_t>&region[0] % 8:
+            raise ValueError("region: expected a start address aligned to 8 bytes (64 recommended)")
+        if on_recover is not None and not callable(on_recover):
+            raise TypeError(f"on_recover: expected a callable or None, got {type(on_recover).__name__}")
+        if counters is not None and counters.shape[0] < 2:
+            raise ValueError(f"counters: expected at least 2 int64 entries, got {counters.shape[0]}")
+        self._region = region
+        self._sh = <_Shared*>&region[0]
+        self._counters = counters
+        self._on_recover = on_recover
+        if create:
+            self._init_mutex()
+        elif self._sh.magic != _MAGIC:
+            raise ValueError("region: holds no lock; create it (create=True) in the owning process first")
+
+    cdef int _init_mutex(self) except -1:
+        cdef pthread_mutexattr_t attr
+        _check_rc(pthread_mutexattr_init(&attr), "pthread_mutexattr_init")
+        try:
+            _check_rc(pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED), "pthread_mutexattr_setpshared")
+            # Error-checking: releasing a lock this thread does not hold
+            # reports EPERM instead of corrupting it, also where not robust.
+            _check_rc(pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ERRORCHECK), "pthread_mutexattr_settype")
+            _check_rc(mpr_mutexattr_setrobust(&attr), "pthread_mutexattr_setrobust")
+            _check_rc(pthread_mutex_init(&self._sh.mutex, &attr), "pthread_mutex_init")
+        finally:
+            pthread_mutexattr_destroy(&attr)
+        self._sh.recoveries = 0
+        self._sh.pending = 0
+        self._sh.magic = _MAGIC
+        return 0
+
+    @property
+    def recoveries(self) -> int:
+        """How many times an owner died holding the lock and a successor took over."""
+        return self._sh.recoveries
+
+    def acquire(self, timeout: float | None = None) -> bool:
+        """Take the lock; wait at most ``timeout`` seconds (None: no limit).
+
+        Returns True once the lock is held, False when the timeout expired
+        first (``timeout=0`` only tries).  Raises RuntimeError if this
+        thread already holds it: the lock is not reentrant.
+        """
+        return self._acquire(-1.0 if timeout is None else _timeout_seconds(timeout)) == 1
+
+    cdef int _acquire(self, double limit) except -1:
+        # 1: held, 0: timed out.  ``limit`` < 0 waits forever.
+        cdef int64_t start, waited = 0
+        cdef int rc = pthread_mutex_trylock(&self._sh.mutex)
+        if rc == EBUSY:
+            if limit == 0.0:
+                return 0
+            start = _now_ns()
+            rc = self._wait(limit, start)
+            if rc == ETIMEDOUT:
+                return 0
+            waited = _now_ns() - start
+        if rc != 0:
+            self._settle(rc)
+        if self._counters is not None:
+            self._counters[0] += waited
+            self._counters[1] += 1
+        if self._sh.pending:
+            self._recover()
+        return 1
+
+    cdef int _wait(self, double limit, int64_t start) except -1:
+        # Returns the pthread code of the attempt that ended the wait.
+        cdef int64_t deadline = start + <int64_t>(limit * 1e9)
+        cdef int64_t step
+        cdef int rc
+        while True:
+            step = _SLICE_NS
+            if limit > 0.0:
+                step = min(step, deadline - _now_ns())
+                if step <= 0:
+                    return ETIMEDOUT
+            with nogil:
+                rc = mpr_mutex_lock_within(&self._sh.mutex, step)
+            if rc != ETIMEDOUT:
+                return rc
+            PyErr_CheckSignals()
+
+    cdef int _settle(self, int rc) except -1:
+        # A lock attempt returned rc != 0: take over from a dead owner, or raise.
+        if rc == EOWNERDEAD:
+            self._sh.pending = 1
+            self._sh.recoveries += 1
+            _check_rc(mpr_mutex_consistent(&self._sh.mutex), "pthread_mutex_consistent")
+        elif rc == EDEADLK:
+            raise RuntimeError("acquire: this thread already holds the lock (it is not reentrant)")
+        else:
+            _check_rc(rc, "acquire: pthread_mutex_lock")
+        return 0
+
+    cdef int _recover(self) except -1:
+        if self._on_recover is not None:
+            try:
+                self._on_recover()
+            except BaseException:
+                pthread_mutex_unlock(&self._sh.mutex)
+                raise
+        self._sh.pending = 0
+        return 0
+
+    def release(self) -> None:
+        """Release the lock; RuntimeError if this thread does not hold it."""
+        self._release()
+
+    cdef int _release(self) except -1:
+        cdef int rc = pthread_mutex_unlock(&self._sh.mutex)
+        if rc == EPERM:
+            raise RuntimeError("release: this thread does not hold the lock")
+        return _check_rc(rc, "release: pthread_mutex_unlock")
+
+    def __enter__(self) -> SharedLock:
+        self._acquire(-1.0)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._release()
+
+    def __reduce__(self):
+        raise TypeError("SharedLock cannot be pickled: pass the segment's name and attach with create=False")
