@@ -3,7 +3,7 @@ import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-_KERNELS = ["sumtree", "lock", "discount"]
+_KERNELS = ["sumtree", "ring", "lock", "discount"]
 
 extensions = [
     Extension(
@@ -20,6 +20,7 @@ setup(
     ext_modules=cythonize(
         extensions,
         language_level=3,
+        include_path=["."],  # .pxd headers live in mpreplay/_ext beside the modules they describe
         compiler_directives={"boundscheck": False, "wraparound": False, "cdivision": True},
     )
 )

@@ -12,9 +12,9 @@ where the generation is still the one that was sampled.
 The same code serves the local buffers (``lock=None``) and the shared ones;
 every array it touches belongs to the caller's memory (heap or segment).
 """
-from libc.float cimport DBL_MAX
-from libc.math cimport INFINITY, pow
-from libc.stdint cimport int64_t, uint64_t, uint8_t
+from libc.float cimport DBL_MAX, DBL_MIN, FLT_MAX
+from libc.math cimport INFINITY, exp, log, pow
+from libc.stdint cimport int32_t, int64_t, uint64_t, uint8_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 from cpython.pycapsule cimport PyCapsule_GetPointer
@@ -28,9 +28,33 @@ from numpy.random cimport bitgen_t
 
 from mpreplay._ext.sumtree cimport PriorityTree
 
+import os
+import time
+
 import numpy as np
 
 cnp.import_array()
+
+cdef extern from *:
+    """
+    #define _mpreplay_acquire_fence() __atomic_thread_fence(__ATOMIC_ACQUIRE)
+    """
+    void _mpreplay_acquire_fence() nogil
+
+
+def _alive(int pid):
+    """Whether process ``pid`` still runs (a zombie does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
 
 # Counters at the start of every buffer's memory (an int64 array).
 NEXT, STORED, INSERTS, SAMPLES, STALE, TORN, LOCK_WAIT_NS, LOCK_HOLDS, CLOSED = range(9)
@@ -83,6 +107,15 @@ cdef bint _store_int(Kind kind, long long x, uint8_t* dst) noexcept nogil:
     return True
 
 
+cdef inline double _weight(double vmin, double v, double beta) noexcept nogil:
+    # (v / vmin) ** -beta; through logs when the ratio leaves the float range
+    # (priorities 1e300 and 1e-300 side by side still get exact weights).
+    cdef double r = vmin / v
+    if r >= DBL_MIN:
+        return pow(r, beta)
+    return exp(beta * (log(vmin) - log(v)))
+
+
 cdef class Ring:
     """Slot protocol over caller-owned arrays.
 
@@ -90,6 +123,7 @@ cdef class Ring:
     ----------
     header : int64 array of ``HEADER_LEN`` counters
     generation : uint64 array, one per slot
+    owner : int32 array, one per slot: pid of the process writing it (0: none)
     tree : PriorityTree over the slots
     fields : list of ``(name, array)``; each array is ``(size,) + shape``, C-contiguous
     alpha, eps : leaf weight of priority ``p`` is ``(p + eps) ** alpha``
@@ -99,6 +133,8 @@ cdef class Ring:
     """
     cdef int64_t[::1] _header
     cdef uint64_t[::1] _gen
+    cdef int32_t[::1] _owner
+    cdef int32_t _pid
     cdef PriorityTree _tree
     cdef object _lock
     cdef readonly Py_ssize_t size
@@ -124,11 +160,13 @@ cdef class Ring:
         self._typenums = NULL
 
     def __init__(self, int64_t[::1] header not None, uint64_t[::1] generation not None,
-                 PriorityTree tree not None, list fields not None, double alpha, double eps,
-                 object lock, object rng):
+                 int32_t[::1] owner not None, PriorityTree tree not None, list fields not None,
+                 double alpha, double eps, object lock, object rng):
         cdef Py_ssize_t i, n = len(fields)
         self._header = header
         self._gen = generation
+        self._owner = owner
+        self._pid = os.getpid()
         self._tree = tree
         self.size = generation.shape[0]
         self.alpha = alpha
@@ -177,8 +215,10 @@ cdef class Ring:
         self._bitgen = <bitgen_t*>PyCapsule_GetPointer(bitgen.capsule, "BitGenerator")
         self._bitgen_owner = bitgen
 
-    def forget_sampled(self):
-        """Drop this process's record of sampled generations (after a fork)."""
+    def after_fork(self, object rng):
+        """Become the forked child's handle: its own pid, random stream and record of samples."""
+        self._pid = os.getpid()
+        self.set_rng(rng)
         self._sampled = None
 
     # -- locking --------------------------------------------------------------
@@ -191,8 +231,19 @@ cdef class Ring:
             self._lock.release()
 
     # -- writers ----------------------------------------------------------------
+    cdef int _busy_owner(self, Py_ssize_t k) noexcept nogil:
+        # Lock held.  The pid of another process still writing one of the
+        # next k slots (it was lapped), or 0.  Its copy cannot be stopped, so
+        # the slots are not handed out again until it publishes -- or dies.
+        cdef Py_ssize_t start = self._header[_NEXT], j, s
+        for j in range(k):
+            s = (start + j) % self.size
+            if (self._gen[s] & 1) and self._owner[s] != 0 and self._owner[s] != self._pid:
+                return self._owner[s]
+        return 0
+
     cdef Py_ssize_t _reserve(self, Py_ssize_t k, uint64_t* reserved) noexcept nogil:
-        # Lock held.  Odd generation + zero leaf: nobody samples the slot now.
+        # Lock held, no busy owner.  Odd generation + zero leaf: nobody samples the slot now.
         cdef Py_ssize_t start = self._header[_NEXT], j, s
         cdef uint64_t g
         self._header[_NEXT] = (start + k) % self.size
@@ -201,16 +252,42 @@ cdef class Ring:
             g = self._gen[s]
             g = g + 1 + (g & 1)
             self._gen[s] = g
+            self._owner[s] = self._pid
             reserved[j] = g
             self._tree._write_leaf(s, 0.0, 0.0)
         for j in range(k):
             self._tree._fix_up((start + j) % self.size)
         return start
 
+    cdef Py_ssize_t _reserve_waiting(self, Py_ssize_t k, uint64_t* reserved) except -1:
+        cdef int blocker
+        cdef Py_ssize_t start, s
+        cdef double delay = 1e-5
+        while True:
+            self._acquire()
+            try:
+                blocker = self._busy_owner(k)
+                if blocker == 0:
+                    return self._reserve(k, reserved)
+            finally:
+                self._release()
+            if _alive(blocker):
+                time.sleep(delay)
+                delay = min(2.0 * delay, 1e-3)
+                continue
+            self._acquire()
+            try:
+                for s in range(self.size):
+                    if self._owner[s] == blocker:
+                        self._owner[s] = 0
+            finally:
+                self._release()
+
     cdef Py_ssize_t _publish(self, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved,
                              const double* priorities) noexcept nogil:
-        # Lock held.  Returns how many slots were lost to a writer that lapped
-        # the ring meanwhile: their rows are mixed, so they stay unsampleable.
+        # Lock held.  Returns how many slots were lost to a writer that took
+        # them over meanwhile (only after judging this one dead): their rows
+        # may be mixed, so they stay unsampleable until the next lap.
         cdef Py_ssize_t j, s, lost = 0
         cdef uint64_t g
         cdef double p = self._tree._nodes[1].max
@@ -221,6 +298,7 @@ cdef class Ring:
             g = self._gen[s]
             if g == reserved[j]:
                 self._gen[s] = g + 1
+                self._owner[s] = 0
                 if priorities != NULL:
                     p = priorities[j]
                 self._tree._write_leaf(s, pow(p + self.eps, self.alpha), p)
@@ -235,20 +313,18 @@ cdef class Ring:
         return lost
 
     def reserve(self, Py_ssize_t k):
-        """Reserve the next ``k`` slots; returns ``(start, reserved_generations)``."""
-        cdef cnp.ndarray[uint64_t, ndim=1] reserved = np.empty(k, dtype=np.uint64)
-        cdef Py_ssize_t start
+        """Reserve the next ``k`` slots for writing; returns ``(start, reserved_generations)``.
+
+        Waits while another live process is still writing one of them.
+        """
+        cdef cnp.ndarray reserved = np.empty(k, dtype=np.uint64)
         if not 0 <= k <= self.size:
             raise ValueError(f"k: expected 0 <= k <= {self.size}, got {k}")
-        self._acquire()
-        try:
-            start = self._reserve(k, <uint64_t*>cnp.PyArray_DATA(reserved))
-        finally:
-            self._release()
+        start = self._reserve_waiting(k, <uint64_t*>cnp.PyArray_DATA(reserved))
         return start, reserved
 
     def publish(self, Py_ssize_t start, const uint64_t[::1] reserved not None, const double[::1] priorities=None):
-        """Publish slots reserved by :meth:`reserve` (default priority: the stored maximum)."""
+        """Make slots reserved by :meth:`reserve` sampleable (default priority: the stored maximum)."""
         cdef Py_ssize_t k = reserved.shape[0]
         cdef const double* prio = NULL
         if priorities is not None:
@@ -264,12 +340,43 @@ cdef class Ring:
         finally:
             self._release()
 
+    def abandon(self, Py_ssize_t start, const uint64_t[::1] reserved not None):
+        """Give up slots reserved by :meth:`reserve`: they stay unsampleable, free for the next writer."""
+        cdef Py_ssize_t j, s
+        self._acquire()
+        try:
+            for j in range(reserved.shape[0]):
+                s = (start + j) % self.size
+                if self._gen[s] == reserved[j]:
+                    self._owner[s] = 0
+        finally:
+            self._release()
+
+    def clear(self):
+        """Make every slot unsampleable and restart at slot 0.
+
+        Every slot gets a new generation, so priority updates sampled before
+        the clear are stale; slots other processes are writing are waited for.
+        """
+        cdef cnp.ndarray reserved = np.empty(self.size, dtype=np.uint64)
+        cdef Py_ssize_t s
+        self._reserve_waiting(self.size, <uint64_t*>cnp.PyArray_DATA(reserved))
+        self._acquire()
+        try:
+            for s in range(self.size):
+                self._owner[s] = 0
+            self._header[_NEXT] = 0
+            self._header[_STORED] = 0
+        finally:
+            self._release()
+
     cdef bint _stage_value(self, Py_ssize_t i, object value) except -1:
         """Convert ``value`` into field i's staging row; False = not a fast-path case."""
         cdef cnp.ndarray arr
         cdef Py_ssize_t d
         cdef int overflow = 0
         cdef long long x
+        cdef double x64
         cdef Kind kind = self._kinds[i]
         cdef tuple shape
         if cnp.PyArray_CheckExact(value):
@@ -287,7 +394,11 @@ cdef class Ring:
             return False
         if PyFloat_CheckExact(value):
             if kind == K_F32:
-                (<float*>self._stage[i])[0] = <float>PyFloat_AS_DOUBLE(value)
+                x64 = PyFloat_AS_DOUBLE(value)
+                if -FLT_MAX <= x64 <= FLT_MAX or x64 != x64 or x64 == INFINITY or x64 == -INFINITY:
+                    (<float*>self._stage[i])[0] = <float>x64
+                else:
+                    return False  # would overflow: let the general path say so
             elif kind == K_F64:
                 (<double*>self._stage[i])[0] = PyFloat_AS_DOUBLE(value)
             else:
@@ -316,11 +427,7 @@ cdef class Ring:
             item = PyDict_GetItem(values, self._names[i])
             if item == NULL or not self._stage_value(i, <object>item):
                 return -1
-        self._acquire()
-        try:
-            slot = self._reserve(1, &reserved)
-        finally:
-            self._release()
+        slot = self._reserve_waiting(1, &reserved)
         for i in range(self._nfields):
             memcpy(self._dst[i] + slot * self._rowbytes[i], self._stage[i], self._rowbytes[i])
         self._acquire()
@@ -402,6 +509,8 @@ cdef class Ring:
             self._release()
         self._gather(sp, b, outs, NULL)
         while True:
+            # The generations must be read after the rows were copied.
+            _mpreplay_acquire_fence()
             ntorn = 0
             for j in range(b):
                 if self._gen[sp[j]] != gp[j]:
@@ -432,7 +541,7 @@ cdef class Ring:
         out["indexes"] = slots
         if beta >= 0.0:
             for j in range(b):
-                vp[j] = pow(vp[j] / vmin, -beta)
+                vp[j] = _weight(vmin, vp[j], beta)
             out["weights"] = values
         return out
 

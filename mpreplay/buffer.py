@@ -38,14 +38,8 @@ class BufferClosed(RuntimeError):
     """The buffer was closed: its memory is gone."""
 
 
-class _ClosedLock:
-    """Stands in for the lock of a closed buffer: every operation fails clearly."""
-
-    def acquire(self) -> None:
-        raise BufferClosed("the replay buffer is closed")
-
-    def release(self) -> None:
-        return None
+# Attributes that view a buffer's memory: close() drops them.
+_VIEWS = ("_header", "_generation", "_tree", "_fields", "_ring", "_lock")
 
 
 class ReplayBuffer:
@@ -85,6 +79,7 @@ class ReplayBuffer:
         layout = Layout()
         layout.add("header", (HEADER_LEN,), np.int64)
         layout.add("generation", (self._size,), np.uint64)
+        layout.add("owner", (self._size,), np.int32)
         layout.add("tree", (tree_buffer_size(self._size),), np.float64)
         for spec in self._specs.values():
             layout.add(f"field:{spec.name}", (self._size,) + spec.shape, spec.dtype)
@@ -103,7 +98,7 @@ class ReplayBuffer:
         self._generation = arrays["generation"]
         self._tree = PriorityTree(arrays["tree"], self._size, reset=create)
         self._fields = {name: arrays[f"field:{name}"] for name in self._specs}
-        self._ring = Ring(self._header, self._generation, self._tree, list(self._fields.items()),
+        self._ring = Ring(self._header, self._generation, arrays["owner"], self._tree, list(self._fields.items()),
                           self._alpha, self._eps, self._make_lock(create), rng)
 
     def close(self) -> None:
@@ -111,14 +106,15 @@ class ReplayBuffer:
 
         For a shared buffer, the creating process also unlinks the segment.
         """
-        if self._fields:
-            fields = list(self._specs)
-            self._ring = Ring(np.zeros(HEADER_LEN, np.int64), np.zeros(1, np.uint64),
-                              PriorityTree(np.zeros(tree_buffer_size(1)), 1),
-                              [(n, np.zeros(1, np.uint8)) for n in fields], 0.0, 0.0, _ClosedLock(),
-                              np.random.default_rng(0))
-            self._fields, self._tree, self._header, self._generation = {}, None, None, None
+        for name in _VIEWS:
+            self.__dict__.pop(name, None)
         self._memory.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only when normal lookup fails: after close(), for the views.
+        if name in _VIEWS:
+            raise BufferClosed("the replay buffer is closed")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __enter__(self) -> "ReplayBuffer":
         return self
@@ -160,6 +156,7 @@ class ReplayBuffer:
     def _store(self, k: int, rows: dict[str, np.ndarray], priorities: np.ndarray | None) -> int:
         """Write ``k`` converted rows through the ring protocol."""
         size = self._size
+        first = self.get_next_index()
         if k > size:
             # Only the newest `size` rows would survive: skip the others.  The
             # skipped slots are reserved just to move the cursor past them;
@@ -167,16 +164,20 @@ class ReplayBuffer:
             skip = k - size
             rows = {n: r[skip:] for n, r in rows.items()}
             priorities = None if priorities is None else priorities[skip:]
-            self._ring.reserve(skip)
+            self._ring.abandon(*self._ring.reserve(skip % size))
             k = size
         start, reserved = self._ring.reserve(k)
-        head = min(k, size - start)
-        for name, dst in self._fields.items():
-            src = rows[name]
-            dst[start:start + head] = src[:head]
-            dst[:k - head] = src[head:]
+        try:
+            head = min(k, size - start)
+            for name, dst in self._fields.items():
+                src = rows[name]
+                dst[start:start + head] = src[:head]
+                dst[:k - head] = src[head:]
+        except BaseException:
+            self._ring.abandon(start, reserved)
+            raise
         self._ring.publish(start, reserved, priorities)
-        return start
+        return first
 
     def sample(self, batch_size: int) -> dict[str, np.ndarray]:
         """Draw ``batch_size`` transitions uniformly (with replacement), plus their ``indexes``."""
@@ -194,11 +195,7 @@ class ReplayBuffer:
 
     def clear(self) -> None:
         """Forget every transition (the capacity stays)."""
-        # Each slot is reserved and dropped, so priority updates sampled
-        # before the clear become stale and concurrent writers lose their slots.
-        self._ring.reserve(self._size)
-        self._header[NEXT] = 0
-        self._header[STORED] = 0
+        self._ring.clear()
 
     def on_episode_end(self) -> None:
         """Mark the end of an episode (cpprb API)."""
@@ -343,8 +340,11 @@ class _Shared:
         return SharedMemory(layout)
 
     def _make_lock(self, create: bool) -> SharedLock:
-        return SharedLock(self._memory.arrays["lock"], create, on_recover=self._tree.rebuild,
-                          counters=self._header[LOCK_WAIT_NS:LOCK_HOLDS + 1])
+        # A holder that died may have left inner tree nodes half updated:
+        # the next owner rebuilds them from the leaves.
+        self._lock = SharedLock(self._memory.arrays["lock"], create, on_recover=self._tree.rebuild,
+                                counters=self._header[LOCK_WAIT_NS:LOCK_HOLDS + 1])
+        return self._lock
 
     def _bind(self, create: bool, rng: np.random.Generator) -> None:
         super()._bind(create, rng)
@@ -375,8 +375,7 @@ def _after_fork_in_child() -> None:
     # A forked child must not replay its parent's random stream, nor judge
     # priority updates by what its parent sampled.
     for buffer in list(_FORK_SENSITIVE):
-        buffer._ring.set_rng(np.random.default_rng())
-        buffer._ring.forget_sampled()
+        buffer._ring.after_fork(np.random.default_rng())
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

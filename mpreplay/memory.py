@@ -8,6 +8,7 @@ map, so the buffer code above it is one and the same.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import sys
 import weakref
@@ -19,6 +20,7 @@ import numpy as np
 
 __all__ = ["Layout", "HeapMemory", "SharedMemory", "SharedMemoryError"]
 
+SEGMENT_PREFIX = "mpreplay-"  # every segment is named mpreplay-<creator pid>-<random>
 _ALIGN = 64  # one cache line: keeps hot counters and rows of different arrays apart
 
 
@@ -69,6 +71,16 @@ def _shm_free_bytes() -> int | None:
         return None
 
 
+def _create_named(size: int) -> shared_memory.SharedMemory:
+    # The creator's pid in the name tells whose segment a /dev/shm entry is.
+    while True:
+        try:
+            return shared_memory.SharedMemory(name=f"{SEGMENT_PREFIX}{os.getpid()}-{secrets.token_hex(4)}",
+                                              create=True, size=size)
+        except FileExistsError:
+            continue
+
+
 def _attach_untracked(name: str) -> shared_memory.SharedMemory:
     """Attach to an existing segment without registering it with the resource tracker.
 
@@ -108,7 +120,7 @@ class SharedMemory:
                     "lower the capacity, or give the container more shared memory "
                     "(docker run --shm-size=..., or mount a larger tmpfs on /dev/shm)"
                 )
-            self._shm = shared_memory.SharedMemory(create=True, size=size)
+            self._shm = _create_named(size)
             # Reserve the pages now: a tmpfs that runs out later would kill
             # the process with SIGBUS at some random write instead.
             try:

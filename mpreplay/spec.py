@@ -35,10 +35,10 @@ def _shape(name: str, shape: Any) -> tuple[int, ...]:
         return ()
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
-    try:
-        dims = tuple(int(d) for d in shape)
-    except TypeError:
-        raise TypeError(f"env_dict[{name!r}]['shape']: expected an int or a tuple of ints, got {shape!r}") from None
+    if (isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__")
+            or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in shape)):
+        raise TypeError(f"env_dict[{name!r}]['shape']: expected an int or a tuple of ints, got {shape!r}")
+    dims = tuple(int(d) for d in shape)
     if any(d < 1 for d in dims):
         raise ValueError(f"env_dict[{name!r}]['shape']: every dimension must be >= 1, got {dims}")
     return dims
@@ -87,15 +87,19 @@ def _cast(spec: FieldSpec, value: np.ndarray) -> np.ndarray:
     src, dst = value.dtype, spec.dtype
     if src == dst:
         return value
-    if np.can_cast(src, dst, "same_kind"):
-        return value.astype(dst)
     if src.kind in "biu" and dst.kind in "biu":
-        # Integer literals arrive as int64; accept them wherever they fit.
+        # Integer literals arrive as int64: accept them wherever they fit.
+        lo, hi = (0, 1) if dst.kind == "b" else (np.iinfo(dst).min, np.iinfo(dst).max)
+        if value.size and (value.min() < lo or value.max() > hi):
+            raise ValueError(f"field {spec.name!r}: values out of range for dtype {dst} ([{lo}, {hi}])")
+        return value.astype(dst)
+    if not np.can_cast(src, dst, "same_kind"):
+        raise TypeError(f"field {spec.name!r}: cannot safely cast {src} to {dst}")
+    with np.errstate(over="ignore"):
         converted = value.astype(dst)
-        if np.array_equal(converted.astype(src), value):
-            return converted
-        raise ValueError(f"field {spec.name!r}: values out of range for dtype {dst}")
-    raise TypeError(f"field {spec.name!r}: cannot safely cast {src} to {dst}")
+    if dst.kind == "f" and not np.array_equal(np.isfinite(converted), np.isfinite(value)):
+        raise ValueError(f"field {spec.name!r}: values overflow dtype {dst}")
+    return converted
 
 
 def convert_batch(specs: Mapping[str, FieldSpec], values: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
