@@ -185,13 +185,22 @@ class ReplayBuffer:
 
     def get_all_transitions(self) -> dict[str, np.ndarray]:
         """Copies of every stored transition, oldest first."""
+        return self._gather_stored()[1]
+
+    def _gather_stored(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """``(slots, rows)`` of every published transition, oldest first.
+
+        Rows other processes were writing (odd generation) or wrote while
+        they were copied are left out.
+        """
         stored, nxt = self.get_stored_size(), self.get_next_index()
         order = np.arange(stored) if stored < self._size else (np.arange(self._size) + nxt) % self._size
         generations = self._generation[order]
-        out = {name: arr[order] for name, arr in self._fields.items()}
-        # Leave out rows other processes were writing (odd) or wrote meanwhile.
+        rows = {name: arr[order] for name, arr in self._fields.items()}
         keep = (generations % 2 == 0) & (self._generation[order] == generations)
-        return out if keep.all() else {name: rows[keep] for name, rows in out.items()}
+        if keep.all():
+            return order, rows
+        return order[keep], {name: r[keep] for name, r in rows.items()}
 
     def clear(self) -> None:
         """Forget every transition (the capacity stays)."""
