@@ -4,15 +4,19 @@
 holds the last ``n`` steps of every environment and turns them into n-step
 transitions::
 
-    R_t        = sum_{k<m} gamma**k * r_{t+k}
-    next_obs_t = s_{t+m}                (the next observation of step t+m-1)
-    done_t     = done of step t+m-1     (1 when the fold ran into a terminal step)
-    discount_t = gamma**m
+    R_t         = sum_{k<m} gamma**k * r_{t+k}
+    next_obs_t  = s_{t+m}                 (the next observation of step t+m-1)
+    done_t      = done of step t+m-1      (nonzero when the fold ran into a terminal step)
+    truncated_t = truncated of step t+m-1 (1 for rows flushed by on_episode_end)
+    discount_t  = gamma**m
 
-with ``m = n``, or fewer when the episode ends within ``n`` steps.  Every
-other field (obs, act, ...) is the one of step ``t``.  A learner's target is
+with ``m = n``, or fewer when the episode ends within ``n`` steps.  Only the
+last folded step can end an episode, so ``done_t`` is set exactly when one of
+the folded steps was terminal.  Every other field (obs, act, ...) is the one
+of step ``t``.  A learner's target is
 ``R_t + discount_t * (1 - done_t) * V(next_obs_t)``: a terminal step stops the
-bootstrap, a truncated one (time limit) does not.
+bootstrap, a truncated one (time limit) does not.  A step flagged both done
+and truncated is terminal.
 """
 from __future__ import annotations
 
@@ -191,12 +195,13 @@ class NstepBuffer:
             ring[:, cur] = rows[name]
         self._acc[:, cur] = 0.0
         self._acc += self._weight[cur] * rows[self._rew][:, None]
-        ends = rows[self._done] != 0
-        if self._truncated is not None:
-            ends |= rows[self._truncated] != 0
-        if self._steady and not ends.any():
+        done = rows[self._done]
+        trunc = None if self._truncated is None else rows[self._truncated]
+        # count_nonzero: the cheapest "any" numpy has for a few flags.
+        if self._steady and not np.count_nonzero(done) and (trunc is None or not np.count_nonzero(trunc)):
             # Every environment holds n-1 pending steps and none ends: each emits its oldest.
             return self._rows(slice(None), (cur + 1) % n, self._full_fold, truncate=False)
+        ends = done != 0 if trunc is None else np.logical_or(done, trunc)
         count = self._count + 1
         emit = np.where(ends, count, count == n)
         self._set_count(np.where(ends, 0, np.minimum(count, n - 1)))
