@@ -6,6 +6,7 @@ import importlib
 import sys
 
 _BENCHMARKS = {
+    "mp": "shared prioritized buffer: 1-2 writer processes and a learner vs cpprb and the memory gather limit",
     "per": "prioritized replay: add one, sample 32, update 32 per frame vs naive numpy, cpprb and the floor",
 }
 

@@ -1,0 +1,137 @@
+"""Specification of ``mpreplay bench mp --quick``: a smoke run of the multi-process benchmark.
+
+It runs as the command line does, in its own process group, so the tests can
+see every process it started and every shared-memory segment it created.
+No figure is checked: speed is the benchmark's business, not the tests'.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from mpreplay.memory import SEGMENT_PREFIX
+
+START_METHODS = ("fork", "spawn")
+OBSERVATIONS = ("(4,) float32", "(84, 84, 4) uint8")
+CASES = ("learner", "1 writer", "2 writers", "1 writer + learner", "2 writers + learner")
+
+
+@dataclass(frozen=True)
+class Run:
+    pid: int
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _start(method: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "mpreplay", "bench", "mp", "--quick", "--start-method", method],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _segments(pid: int) -> list[str]:
+    return [p.name for p in Path("/dev/shm").glob(f"{SEGMENT_PREFIX}{pid}-*")]
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid`` (zombies excluded)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended while listed
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def _wait_until(condition, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _cells(stdout: str) -> list[list[str]]:
+    # Table cells sit between rules (rich) or at least two spaces (plain text);
+    # no cell holds two spaces in a row.
+    return [[c.strip() for c in re.split(r"[│┃]|\s{2,}", line) if c.strip()] for line in stdout.splitlines()]
+
+
+@pytest.fixture(scope="module", params=START_METHODS)
+def quick_run(request) -> Run:
+    proc = _start(request.param)
+    try:
+        stdout, stderr = proc.communicate(timeout=100)
+    finally:
+        proc.kill()
+        proc.wait()
+    return Run(proc.pid, proc.returncode, stdout, stderr)
+
+
+@pytest.mark.timeout(120)
+def test_quick_run_exits_with_status_0(quick_run):
+    assert quick_run.returncode == 0, quick_run.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("obs", OBSERVATIONS)
+@pytest.mark.parametrize("case", CASES)
+def test_quick_run_prints_every_case_for_every_observation(quick_run, obs, case):
+    rows = [cells for cells in _cells(quick_run.stdout) if obs in cells and "mpreplay" in cells and case in cells]
+    assert rows, f"no row for {case!r} with {obs}:\n{quick_run.stdout}"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("obs", OBSERVATIONS)
+def test_quick_run_prints_the_gather_limit_of_every_observation(quick_run, obs):
+    assert any(obs in cells and "np.take limit" in cells for cells in _cells(quick_run.stdout)), quick_run.stdout
+
+
+@pytest.mark.timeout(120)
+def test_quick_run_prints_the_capacity_sweep(quick_run):
+    capacities = {cells[2] for cells in _cells(quick_run.stdout)
+                  if len(cells) > 3 and cells[1] == "mpreplay" and cells[3] == "learner"}
+    assert {"1,000", "10,000"} <= capacities, quick_run.stdout
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("target", ["(a)", "(b)", "(c)", "(d)"])
+def test_quick_run_reports_every_target(quick_run, target):
+    assert any(cells and cells[0].startswith(target) for cells in _cells(quick_run.stdout)), quick_run.stdout
+
+
+@pytest.mark.timeout(120)
+def test_quick_run_leaves_no_process_and_no_segment_behind(quick_run):
+    assert _wait_until(lambda: not _group_members(quick_run.pid)), _group_members(quick_run.pid)
+    assert _segments(quick_run.pid) == []
+    assert "leaked" not in quick_run.stderr  # the resource tracker had nothing left to unlink
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", START_METHODS)
+def test_ctrl_c_stops_every_process_and_unlinks_every_segment(method):
+    proc = _start(method)
+    try:
+        assert _wait_until(lambda: _segments(proc.pid), timeout=60), "the benchmark never created a buffer"
+        time.sleep(0.5)  # into the cases: writer and learner processes run now
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 128 + signal.SIGINT, stderr
+    assert _wait_until(lambda: not _group_members(proc.pid)), _group_members(proc.pid)
+    assert _segments(proc.pid) == []
+    assert "leaked" not in stderr  # the resource tracker had nothing left to unlink
