@@ -20,14 +20,21 @@ one row that are stitched together afterwards.
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
 
+cdef extern from *:
+    """
+    #define _prefetch(address) __builtin_prefetch(address)
+    """
+    void _prefetch(const void* address) noexcept nogil
+
 ctypedef fused real:
     float
     double
 
 cdef enum:
     _CHAINS = 8        # chunks of one row recurred together
-    _CHUNK = 128       # steps per chunk; _CHAINS * _CHUNK * 16 bytes of scratch stay in L1
-    _ROW_BLOCK = 16    # rows swept together when time is the contiguous axis
+    _CHUNK = 128       # most steps per chunk; _CHAINS * _CHUNK * 16 bytes of scratch stay in L1
+    _MIN_CHUNK = 16    # shorter chunks cost more in stitching than they save
+    _ROW_BLOCK = 4     # rows swept together; wider blocks run out of registers for row addresses
 
 
 cdef struct _Constant:
@@ -59,70 +66,83 @@ cdef inline Py_ssize_t _time(Py_ssize_t u, Py_ssize_t T, bint right) noexcept no
     return T - 1 - u if right else u
 
 
-cdef void _sweep_rows(const real[:, :] x, real[:, :] out, const links_t* links, double* acc,
-                      Py_ssize_t r0, Py_ssize_t r1, bint right) noexcept nogil:
-    """Rows ``r0:r1`` advance one time step together: one independent chain per row."""
-    cdef Py_ssize_t T = x.shape[1], u, t, c, r
+cdef void _sweep_block(const real[:, :] x, real[:, :] out, const links_t* links, Py_ssize_t r0,
+                       bint right) noexcept nogil:
+    """Rows ``r0 : r0 + _ROW_BLOCK`` advance one step together, one chain per row.
+
+    The fixed width lets the compiler keep every accumulator in a register.
+    """
+    cdef Py_ssize_t T = x.shape[1], u, t, c, i
+    cdef double acc[_ROW_BLOCK]
     t = _time(0, T, right)
-    for r in range(r0, r1):
-        acc[r - r0] = x[r, t]
-        out[r, t] = <real>acc[r - r0]
+    for i in range(_ROW_BLOCK):
+        acc[i] = x[r0 + i, t]
+        out[r0 + i, t] = <real>acc[i]
     for u in range(1, T):
         t = _time(u, T, right)
         c = t if right else t - 1
-        for r in range(r0, r1):
-            acc[r - r0] = x[r, t] + _link(links, r, c) * acc[r - r0]
-            out[r, t] = <real>acc[r - r0]
+        for i in range(_ROW_BLOCK):
+            acc[i] = x[r0 + i, t] + _link(links, r0 + i, c) * acc[i]
+            out[r0 + i, t] = <real>acc[i]
 
 
 cdef void _chunked_row(const real[:, :] x, real[:, :] out, Py_ssize_t r, const links_t* links,
                        double* loc, double* prod, bint right) noexcept nogil:
-    """One long row, in blocks of _CHAINS chunks recurred side by side.
+    """One row, in blocks of _CHAINS chunks of ``L`` steps recurred side by side.
 
     Within a block, chunk k starts from zero and records its local sum
     ``loc`` and the product ``prod`` of links back to the chunk's start; the
     true value is then ``loc + prod * y_before_chunk``.  With a constant
     discount ``prod`` is ``gamma ** (j + 1)`` for every chunk, computed once.
     """
-    cdef Py_ssize_t T = x.shape[1], u0, u, t, c, j, k, i
+    cdef Py_ssize_t T = x.shape[1], u0, u, t, c, j, k, i, L = 0
     cdef double y, a
     cdef double lk[_CHAINS]
     cdef double pk[_CHAINS]
     cdef double cin[_CHAINS]
+    cdef Py_ssize_t stride
+    if T > _CHAINS * _MIN_CHUNK:
+        # Step 0 starts the row; the rest is cut into equal blocks leaving a tail of < blocks * _CHAINS.
+        L = (T - 1) // (_CHAINS * ((T - 2) // (_CHAINS * _CHUNK) + 1))
     # chunk k's product back to its start at step j is prod[k * stride + j]
-    cdef Py_ssize_t stride = 0 if links_t is _Constant else _CHUNK
+    stride = 0 if links_t is _Constant else L
     if links_t is _Constant:
         prod[0] = links.gamma
-        for j in range(1, _CHUNK):
+        for j in range(1, L):
             prod[j] = prod[j - 1] * links.gamma
     t = _time(0, T, right)
     y = x[r, t]
     out[r, t] = <real>y
     u0 = 1
-    while u0 + _CHAINS * _CHUNK <= T:
+    while L and u0 + _CHAINS * L <= T:
         for k in range(_CHAINS):
             lk[k] = 0.0
             pk[k] = 1.0
-        for j in range(_CHUNK):
+        for j in range(L):
+            if j % 8 == 0 and u0 + 2 * _CHAINS * L <= T:
+                # The chunks read the block in _CHAINS interleaved streams, which hardware
+                # prefetchers do not follow: fetch the next block ahead.
+                for k in range(_CHAINS):
+                    _prefetch(&x[r, _time(u0 + (_CHAINS + k) * L + j, T, right)])
             for k in range(_CHAINS):
-                u = u0 + k * _CHUNK + j
+                u = u0 + k * L + j
                 t = _time(u, T, right)
                 c = t if right else t - 1
                 a = _link(links, r, c)
                 lk[k] = x[r, t] + a * lk[k]
-                loc[k * _CHUNK + j] = lk[k]
+                loc[k * L + j] = lk[k]
                 if links_t is _Stepwise:
                     pk[k] = a * pk[k]
-                    prod[k * _CHUNK + j] = pk[k]
+                    prod[k * L + j] = pk[k]
         for k in range(_CHAINS):
             cin[k] = y
-            y = loc[k * _CHUNK + _CHUNK - 1] + prod[k * stride + _CHUNK - 1] * y
+            y = loc[k * L + L - 1] + prod[k * stride + L - 1] * y
         for k in range(_CHAINS):
-            for j in range(_CHUNK):
-                i = k * _CHUNK + j
+            for j in range(L):
+                i = k * L + j
                 t = _time(u0 + i, T, right)
                 out[r, t] = <real>(loc[i] + prod[k * stride + j] * cin[k])
-        u0 += _CHAINS * _CHUNK
+        u0 += _CHAINS * L
     for u in range(u0, T):
         t = _time(u, T, right)
         c = t if right else t - 1
@@ -131,27 +151,16 @@ cdef void _chunked_row(const real[:, :] x, real[:, :] out, Py_ssize_t r, const l
 
 
 cdef int _run(const real[:, :] x, real[:, :] out, const links_t* links, bint right) except -1:
-    cdef Py_ssize_t R = x.shape[0], T = x.shape[1], r, r0, block
-    cdef double* scratch
-    if R < _CHAINS and T >= 2 * _CHAINS * _CHUNK:
-        scratch = <double*>malloc(2 * _CHAINS * _CHUNK * sizeof(double))
-        if scratch == NULL:
-            raise MemoryError()
-        with nogil:
-            for r in range(R):
-                _chunked_row(x, out, r, links, scratch, scratch + _CHAINS * _CHUNK, right)
-        free(scratch)
-        return 0
-    # Time-major arrays already have consecutive rows side by side in memory.
-    block = R if x.strides[0] == sizeof(real) else _ROW_BLOCK
-    scratch = <double*>malloc(min(block, R) * sizeof(double))
+    """Rows in blocks of _ROW_BLOCK, leftover rows chunk by chunk."""
+    cdef Py_ssize_t R = x.shape[0], blocked = R - R % _ROW_BLOCK, r
+    cdef double* scratch = <double*>malloc(2 * _CHAINS * _CHUNK * sizeof(double))
     if scratch == NULL:
         raise MemoryError()
     with nogil:
-        r0 = 0
-        while r0 < R:
-            _sweep_rows(x, out, links, scratch, r0, min(r0 + block, R), right)
-            r0 += block
+        for r in range(blocked // _ROW_BLOCK):
+            _sweep_block(x, out, links, r * _ROW_BLOCK, right)
+        for r in range(blocked, R):
+            _chunked_row(x, out, r, links, scratch, scratch + _CHAINS * _CHUNK, right)
     free(scratch)
     return 0
 
@@ -207,8 +216,8 @@ def n_step_fold(const real[:, :] rewards, const unsigned char[:, :] dones, doubl
                 left = 1 if has_d and dones[r, t] else left + 1
                 m = n if left > n else left
                 acc = 0.0
-                for k in range(m - 1, -1, -1):
-                    acc = rewards[r, t + k] + gamma * acc
+                for k in range(m):
+                    acc = acc + powers[k] * rewards[r, t + k]
                 returns[r, t] = <real>acc
                 discounts[r, t] = <real>powers[m]
                 steps[r, t] = m

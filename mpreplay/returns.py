@@ -161,8 +161,11 @@ def _cumsum(x, gamma, dones, axis, out, right: bool):
     ax = _check_axis(axis, x.ndim, "x")
     scalar, gammas = _check_gamma(gamma, x.shape, ax)
     d = _as_dones(dones, x.shape)
-    out = _check_out(out, x)
-    x, gammas, d = (_apart_from(out, a, same_layout_ok=a is x) for a in (x, gammas, d))
+    if out is None:
+        out = np.empty_like(x)
+    else:
+        out = _check_out(out, x)
+        x, gammas, d = (_apart_from(out, a, same_layout_ok=a is x) for a in (x, gammas, d))
     _kernel.discounted_cumsum(
         _time_last(x, ax), _time_last(out, ax), scalar, _time_last(gammas, ax), _time_last(d, ax), right
     )
@@ -196,6 +199,8 @@ def _check_scalar_gamma(gamma, name: str) -> float:
 
 def _check_gamma(gamma, shape: tuple, ax: int) -> tuple[float, np.ndarray | None]:
     """Split ``gamma`` into a scalar or a float64 array view broadcast to ``shape``."""
+    if isinstance(gamma, (float, int)):
+        return _check_scalar_gamma(gamma, "gamma"), None
     g = np.asarray(gamma)
     if g.dtype.kind not in "fiu" or g.dtype == np.float16:
         raise TypeError(f"gamma: expected real numbers in [0, 1], got dtype {g.dtype}")
@@ -231,8 +236,6 @@ def _as_dones(dones, shape: tuple) -> np.ndarray | None:
 
 
 def _check_out(out, x: np.ndarray) -> np.ndarray:
-    if out is None:
-        return np.empty_like(x)
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out: expected a numpy array, got {type(out).__name__}")
     if out.shape != x.shape or out.dtype != x.dtype:
