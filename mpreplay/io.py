@@ -1,0 +1,490 @@
+"""Saving a buffer's transitions to a file and loading them back (file format version 1).
+
+File format
+-----------
+A transitions file is one ``.npz`` archive (a zip of ``.npy`` arrays, deflated
+or stored) holding only plain numeric arrays:
+
+``metadata.json``
+    uint8, shape ``(n,)``: the UTF-8 bytes of a JSON object::
+
+        {"format_version": 1,
+         "mpreplay_version": "0.1.0",
+         "fields": [{"name": "obs", "shape": [84, 84], "dtype": "|u1"},
+                    {"name": "act", "shape": [], "dtype": "<i8"}, ...],
+         "nstep": null,
+         "compression": null,
+         "safe": true,
+         "count": 1000,
+         "priorities": false}
+
+    ``fields`` are the buffer's field specs (dtype as numpy's ``dtype.str``);
+    ``nstep`` is ``null`` for one-step transitions, else ``{"size": n, "gamma": g}``:
+    the rewards were already folded over ``n`` steps; ``compression`` is the
+    layout of the arrays, ``null`` for plain transitions (other values are
+    reserved for the compressed internal layout ``safe=False`` may store in a
+    later version); ``safe`` is the flag the file was saved with; ``count`` is
+    the number of transitions; ``priorities`` tells whether the
+    ``priorities`` array is present.
+
+``<field>``, one per entry of ``fields``
+    shape ``(count,) + shape``, the field's dtype, C order, oldest transition first.
+
+``priorities``, only when ``"priorities": true``
+    float64, shape ``(count,)``: each transition's raw priority (before ``eps``
+    and ``alpha`` are applied).
+
+Plain numpy reads it all without unpickling anything::
+
+    data = np.load(path, allow_pickle=False)
+    metadata = json.loads(data["metadata.json"].tobytes())
+    obs = data["obs"]
+
+Loading never unpickles either: each array's ``.npy`` header (shape, dtype,
+byte count) is checked against the metadata before its data is read, and
+only numeric dtypes are accepted.  Every way a file can be wrong -- not an
+archive, damaged or truncated bytes, an unknown format version, fields,
+shapes, dtypes or n-step settings that differ from the buffer's, a count that
+disagrees with the arrays, negative or non-finite priorities -- raises
+:class:`TransitionFileError` (a ``ValueError``) before the buffer changes.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import secrets
+import struct
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from io import BytesIO, TextIOBase
+from typing import IO, TYPE_CHECKING, Any, Union
+
+import numpy as np
+
+from ._version import __version__
+from .spec import FieldSpec, parse_env_dict
+
+if TYPE_CHECKING:
+    from .buffer import ReplayBuffer
+
+__all__ = ["FORMAT_VERSION", "TransitionFileError", "save_transitions", "load_transitions", "read_metadata",
+           "inspect"]
+
+FORMAT_VERSION = 1
+METADATA = "metadata.json"  # not an identifier, so no field can take the name
+PRIORITIES = "priorities"  # reserved by the field specs, so no field can take it either
+_KEYS = {"format_version", "mpreplay_version", "fields", "nstep", "compression", "safe", "count", "priorities"}
+_MAX_METADATA_BYTES = 1 << 20
+_CHUNK = 1 << 22  # bytes read from a member at a time: no second copy of a large array
+_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+# What zipfile, zlib and numpy's header parser raise on bytes that are not what they claim to be.
+_DAMAGE = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, struct.error, EOFError, OSError, KeyError,
+           IndexError, ValueError, OverflowError, NotImplementedError, RuntimeError)
+
+File = Union[str, "os.PathLike[str]", IO[bytes]]
+
+
+class TransitionFileError(ValueError):
+    """The file is not a valid transitions file, or does not fit the buffer."""
+
+
+# -- public API --------------------------------------------------------------------------------
+
+
+def save_transitions(buffer: ReplayBuffer, file: File, *, safe: bool = True, compress: bool = True,
+                     priorities: bool = False) -> None:
+    """Write every stored transition of ``buffer``, oldest first, to ``file``.
+
+    Parameters
+    ----------
+    buffer : ReplayBuffer or any of its subclasses
+    file : path or binary file object
+        A path is written atomically: the archive goes to a temporary file in
+        the same folder, is flushed to disk, then renamed over ``file`` (no
+        ``.npz`` suffix is added).  A file object is written in place.
+    safe : bool
+        Store plain transitions any numpy can read.  ``False`` records that
+        the caller accepts the internal layout, which is the plain one in
+        this version; both load alike.
+    compress : bool
+        Deflate the arrays (as ``np.savez_compressed``); else store them (as ``np.savez``).
+    priorities : bool
+        Also store each transition's priority (prioritized buffers only).
+    """
+    for name, flag in (("safe", safe), ("compress", compress), ("priorities", priorities)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
+    if priorities and not _is_prioritized(buffer):
+        raise ValueError(f"priorities: a {type(buffer).__name__} has no priorities to save; pass priorities=False")
+    slots, rows = buffer._gather_stored()
+    record = {
+        "format_version": FORMAT_VERSION,
+        "mpreplay_version": __version__,
+        "fields": [spec.to_json() for spec in buffer._specs.values()],
+        "nstep": _nstep_json(_nstep_of(buffer)),
+        "compression": None,
+        "safe": bool(safe),
+        "count": len(slots),
+        "priorities": bool(priorities),
+    }
+    arrays = {METADATA: np.frombuffer(json.dumps(record, allow_nan=False).encode(), dtype=np.uint8)}
+    arrays.update((name, rows[name]) for name in buffer._specs)
+    if priorities:
+        arrays[PRIORITIES] = _raw_priorities(buffer, slots)
+
+    def write(f: IO[bytes]) -> None:
+        _write_archive(f, arrays, bool(compress))
+
+    if _is_path(file):
+        _write_atomically(os.fsdecode(file), write)
+    else:
+        _check_binary(file, "write")
+        write(file)
+
+
+def load_transitions(buffer: ReplayBuffer, file: File) -> int:
+    """Append the transitions saved in ``file`` to ``buffer``, as ``add`` would; returns how many.
+
+    The whole file is read and checked first; if anything is wrong the buffer
+    is left exactly as it was and :class:`TransitionFileError` is raised.
+    Saved priorities are restored into a prioritized buffer and ignored by a
+    uniform one; a prioritized buffer loading a file without priorities gives
+    the transitions its default priority.
+    """
+    with _open_archive(file) as archive:
+        meta = _read_metadata(archive)
+        _check_fits(meta, buffer)
+        arrays = _read_arrays(archive, meta)
+    priorities = arrays.pop(PRIORITIES, None)
+    if meta.count == 0:
+        return 0
+    if priorities is not None and _is_prioritized(buffer):
+        buffer.add(priorities=priorities, **arrays)
+    else:
+        buffer.add(**arrays)
+    return meta.count
+
+
+def read_metadata(file: File) -> dict[str, Any]:
+    """The metadata record of a transitions file (checked, arrays not read)."""
+    with _open_archive(file) as archive:
+        return _read_metadata(archive).record
+
+
+def inspect(file: File) -> str:
+    """A printable summary of a transitions file: its metadata and, per array,
+    count, shape, dtype, min and max.  The whole file is read and checked."""
+    with _open_archive(file) as archive:
+        meta = _read_metadata(archive)
+        arrays = _read_arrays(archive, meta)
+    width = max(len(key) for key in meta.record)
+    lines = [f"{key:<{width}}  {json.dumps(value)}" for key, value in meta.record.items() if key != "fields"]
+    table = [("array", "count", "shape", "dtype", "min", "max")]
+    for name, array in arrays.items():
+        low, high = (_scalar(array.min()), _scalar(array.max())) if array.size else ("-", "-")
+        table.append((name, str(len(array)), str(array.shape[1:]), str(array.dtype), low, high))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    lines.append("")
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
+    return "\n".join(lines)
+
+
+# -- writing -----------------------------------------------------------------------------------
+
+
+def _is_prioritized(buffer: Any) -> bool:
+    from .buffer import PrioritizedReplayBuffer  # buffer.py imports this module
+
+    return isinstance(buffer, PrioritizedReplayBuffer)
+
+
+def _nstep_of(buffer: Any) -> tuple[int, float] | None:
+    nstep = getattr(buffer, "_nstep", None)
+    return None if nstep is None else (int(nstep.size), float(nstep.gamma))
+
+
+def _nstep_json(nstep: tuple[int, float] | None) -> dict[str, Any] | None:
+    return None if nstep is None else {"size": nstep[0], "gamma": nstep[1]}
+
+
+def _raw_priorities(buffer: Any, slots: np.ndarray) -> np.ndarray:
+    slots = np.ascontiguousarray(slots, dtype=np.int64)
+    weights, raw = np.empty(len(slots)), np.empty(len(slots))
+    buffer._tree.get(slots, weights, raw)
+    # A leaf of weight zero keeps -inf as its raw priority: that is priority 0
+    # with eps 0 (or a slot another process is rewriting right now).
+    raw[np.isneginf(raw)] = 0.0
+    return raw
+
+
+def _write_archive(f: IO[bytes], arrays: dict[str, np.ndarray], compress: bool) -> None:
+    # What np.savez does, minus its keyword arguments: a field named 'file'
+    # or 'allow_pickle' would collide with them.
+    method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+    with zipfile.ZipFile(f, "w", compression=method, allowZip64=True) as archive:
+        for name, array in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
+
+
+def _write_atomically(path: str, write: Callable[[IO[bytes]], None]) -> None:
+    """``write`` to a new file in ``path``'s folder, sync it, then rename it to ``path``:
+    a crash never leaves a partial file under the final name."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while True:
+        temp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+        try:
+            # Mode 0o666 lets the umask decide, as for any new file.
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with open(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    _fsync_folder(folder)
+
+
+def _fsync_folder(folder: str) -> None:
+    # Makes the rename itself durable; folders cannot be opened on every platform.
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Metadata:
+    record: dict[str, Any]  # the JSON object, as stored
+    specs: dict[str, FieldSpec]
+    nstep: tuple[int, float] | None
+    count: int
+    priorities: bool
+
+    def arrays(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Shape and dtype of every array besides the metadata record."""
+        out = {name: ((self.count,) + spec.shape, spec.dtype) for name, spec in self.specs.items()}
+        if self.priorities:
+            out[PRIORITIES] = ((self.count,), np.dtype(np.float64))
+        return out
+
+
+@contextlib.contextmanager
+def _damaged(problem: str) -> Iterator[None]:
+    """Report any failure to parse the file as a :class:`TransitionFileError` saying ``problem``."""
+    try:
+        yield
+    except TransitionFileError:
+        raise
+    except _DAMAGE as exc:
+        raise TransitionFileError(f"file: {problem} ({type(exc).__name__}: {exc})") from exc
+
+
+def _is_path(file: Any) -> bool:
+    return isinstance(file, (str, bytes, os.PathLike))
+
+
+def _check_binary(file: Any, method: str) -> None:
+    if not hasattr(file, method):
+        raise TypeError(f"file: expected a path or a binary file object, got {type(file).__name__}")
+    if isinstance(file, TextIOBase):
+        raise TypeError("file: expected a binary file object, got a text-mode file (open it with 'rb' or 'wb')")
+
+
+@contextlib.contextmanager
+def _open_archive(file: File) -> Iterator[zipfile.ZipFile]:
+    if _is_path(file):
+        with open(file, "rb") as f, _zip(f) as archive:
+            yield archive
+    else:
+        _check_binary(file, "read")
+        with _zip(file) as archive:
+            yield archive
+
+
+@contextlib.contextmanager
+def _zip(f: IO[bytes]) -> Iterator[zipfile.ZipFile]:
+    with _damaged("not a readable .npz archive: damaged, truncated or another kind of file"):
+        # A zip is read from its end: a stream that cannot seek is read whole first.
+        seekable = getattr(f, "seekable", None)
+        if seekable is None or not seekable():
+            f = BytesIO(f.read())
+        archive = zipfile.ZipFile(f)
+    with archive:
+        yield archive
+
+
+def _read_metadata(archive: zipfile.ZipFile) -> _Metadata:
+    members = archive.namelist()
+    if len(set(members)) != len(members):
+        raise TransitionFileError("file: the archive lists an array twice")
+    if f"{METADATA}.npy" not in members:
+        raise TransitionFileError(f"file: not an mpreplay transitions file (no {METADATA!r} record)")
+    meta = _parse_metadata(_read_array(archive, METADATA, None, np.dtype(np.uint8)).tobytes())
+    expected = {f"{name}.npy" for name in meta.arrays()} | {f"{METADATA}.npy"}
+    for member in members:
+        if member not in expected:
+            raise TransitionFileError(f"file: unexpected array {_short(member.removesuffix('.npy'))} "
+                                      "(not in the metadata)")
+    for member in expected:
+        if member not in members:
+            raise TransitionFileError(f"file: the metadata lists {member.removesuffix('.npy')!r} "
+                                      "but the archive has no such array")
+    return meta
+
+
+def _parse_metadata(raw: bytes) -> _Metadata:
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise TransitionFileError(f"file: the metadata record is not UTF-8 JSON ({exc})") from exc
+    if not isinstance(record, dict):
+        raise TransitionFileError("file: the metadata record is not a JSON object")
+    version = record.get("format_version")
+    if type(version) is not int or version != FORMAT_VERSION:
+        raise TransitionFileError(f"file: unsupported format version {_short(version)}; "
+                                  f"mpreplay {__version__} reads version {FORMAT_VERSION}")
+    if record.keys() != _KEYS:
+        missing, unknown = sorted(_KEYS - record.keys()), sorted(record.keys() - _KEYS)
+        raise TransitionFileError(f"file: metadata keys: missing {missing}, unknown {_short(unknown)}")
+    if not isinstance(record["mpreplay_version"], str):
+        raise TransitionFileError("file: metadata 'mpreplay_version': expected a string")
+    for key in ("safe", "priorities"):
+        if type(record[key]) is not bool:
+            raise TransitionFileError(f"file: metadata {key!r}: expected true or false, got {_short(record[key])}")
+    count = record["count"]
+    if type(count) is not int or count < 0:
+        raise TransitionFileError(f"file: metadata 'count': expected an integer >= 0, got {_short(count)}")
+    if record["compression"] is not None:
+        raise TransitionFileError(f"file: compression layout {_short(record['compression'])} is not supported "
+                                  f"by mpreplay {__version__} (it reads plain transitions only)")
+    return _Metadata(record, _parse_fields(record["fields"]), _parse_nstep(record["nstep"]), count,
+                     record["priorities"])
+
+
+def _parse_fields(fields: Any) -> dict[str, FieldSpec]:
+    if not isinstance(fields, list) or not fields:
+        raise TransitionFileError("file: metadata 'fields': expected a non-empty list")
+    env_dict: dict[str, dict[str, Any]] = {}
+    for field in fields:
+        if not (isinstance(field, dict) and field.keys() == {"name", "shape", "dtype"}
+                and isinstance(field["name"], str) and isinstance(field["shape"], list)
+                and isinstance(field["dtype"], str)):
+            raise TransitionFileError("file: metadata 'fields': expected objects "
+                                      f"{{'name': str, 'shape': [int, ...], 'dtype': str}}, got {_short(field)}")
+        if field["name"] in env_dict:
+            raise TransitionFileError(f"file: metadata 'fields': {field['name']!r} is listed twice")
+        env_dict[field["name"]] = {"shape": tuple(field["shape"]), "dtype": field["dtype"]}
+    try:
+        return parse_env_dict(env_dict)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TransitionFileError(f"file: metadata 'fields': {exc}") from exc
+
+
+def _parse_nstep(nstep: Any) -> tuple[int, float] | None:
+    if nstep is None:
+        return None
+    if (isinstance(nstep, dict) and nstep.keys() == {"size", "gamma"} and type(nstep["size"]) is int
+            and nstep["size"] >= 1 and type(nstep["gamma"]) in (int, float) and 0.0 <= nstep["gamma"] <= 1.0):
+        return nstep["size"], float(nstep["gamma"])
+    raise TransitionFileError("file: metadata 'nstep': expected null or {'size': integer >= 1, "
+                              f"'gamma': number in [0, 1]}}, got {_short(nstep)}")
+
+
+def _check_fits(meta: _Metadata, buffer: Any) -> None:
+    """Raise unless the file's transitions are what ``buffer`` stores."""
+    ours, theirs = buffer._specs, meta.specs
+    missing, extra = [n for n in ours if n not in theirs], [n for n in theirs if n not in ours]
+    if missing or extra:
+        raise TransitionFileError(f"file: its fields {list(theirs)} differ from the buffer's {list(ours)} "
+                                  f"(missing {missing}, extra {extra})")
+    for name, spec in ours.items():
+        other = theirs[name]
+        if (other.shape, other.dtype) != (spec.shape, spec.dtype):
+            raise TransitionFileError(f"field {name!r}: the file stores {_describe(other.shape, other.dtype)}, "
+                                      f"the buffer expects {_describe(spec.shape, spec.dtype)}")
+    wanted = _nstep_of(buffer)
+    if meta.nstep != wanted:
+        raise TransitionFileError(f"nstep: the file holds {_describe_nstep(meta.nstep)} but the buffer stores "
+                                  f"{_describe_nstep(wanted)}; loading would fold rewards twice or not at all")
+
+
+def _read_arrays(archive: zipfile.ZipFile, meta: _Metadata) -> dict[str, np.ndarray]:
+    arrays = {name: _read_array(archive, name, shape, dtype) for name, (shape, dtype) in meta.arrays().items()}
+    priorities = arrays.get(PRIORITIES)
+    if priorities is not None:
+        bad = ~(np.isfinite(priorities) & (priorities >= 0))
+        if bad.any():
+            raise TransitionFileError(f"file: priorities must be finite and >= 0, found {priorities[bad][0]} "
+                                      f"(transition {int(np.argmax(bad))})")
+    return arrays
+
+
+def _read_array(archive: zipfile.ZipFile, name: str, shape: tuple[int, ...] | None, dtype: np.dtype) -> np.ndarray:
+    """Read member ``name`` after checking its header says ``shape`` (None: any
+    1-D length up to the metadata limit) and ``dtype`` (in either byte order)."""
+    info = archive.getinfo(f"{name}.npy")
+    with _damaged(f"array {name!r} is damaged or truncated"), archive.open(info) as member:
+        version = np.lib.format.read_magic(member)
+        if version not in _NPY_HEADERS:
+            raise TransitionFileError(f"file: array {name!r} has .npy format version {version}, expected 1.0 or 2.0")
+        file_shape, fortran, file_dtype = _NPY_HEADERS[version](member)
+        if shape is None and len(file_shape) == 1 and file_shape[0] <= _MAX_METADATA_BYTES:
+            shape = file_shape
+        if fortran or file_shape != shape or file_dtype.newbyteorder("=") != dtype:
+            order = ", Fortran order" if fortran else ""
+            expected = f"shape {shape}" if shape is not None else f"at most {_MAX_METADATA_BYTES} items"
+            raise TransitionFileError(f"file: array {name!r} is {_describe(file_shape, file_dtype)}{order}; "
+                                      f"expected {expected} {dtype}")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if info.file_size != member.tell() + nbytes:
+            raise TransitionFileError(f"file: array {name!r} holds {info.file_size - member.tell()} bytes of data, "
+                                      f"its header says {nbytes}")
+        out = np.empty(shape, file_dtype)
+        flat = out.reshape(-1).view(np.uint8)
+        for start in range(0, nbytes, _CHUNK):
+            # zipfile checks the member's CRC once its last byte is read.
+            chunk = member.read(min(_CHUNK, nbytes - start))
+            if len(chunk) != min(_CHUNK, nbytes - start):
+                raise TransitionFileError(f"file: array {name!r} is truncated")
+            flat[start:start + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
+    return out.astype(dtype, copy=False)
+
+
+def _describe(shape: tuple[int, ...], dtype: np.dtype) -> str:
+    return f"shape {shape} {dtype}"
+
+
+def _describe_nstep(nstep: tuple[int, float] | None) -> str:
+    if nstep is None:
+        return "one-step transitions"
+    return f"rewards folded over {nstep[0]} steps with gamma {nstep[1]}"
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _scalar(value: np.generic) -> str:
+    return f"{value.item():.6g}" if isinstance(value, np.floating) else str(value.item())
