@@ -14,8 +14,8 @@ otherwise), where step ``u`` reads the link at ``c = t`` or ``c = t - 1``.
 
 A single recurrence is latency bound (one multiply-add per step, each waiting
 for the last), so the kernels always keep several independent recurrences in
-flight: neighbouring rows when there are enough of them, otherwise chunks of
-one row that are stitched together afterwards.
+flight: blocks of _ROW_BLOCK neighbouring rows, and for the rows left over,
+chunks of one row that are stitched together afterwards.
 """
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc

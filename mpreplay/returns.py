@@ -103,8 +103,9 @@ def n_step_returns(rewards, dones, gamma: float, n: int, *, axis: int = -1) -> N
     ax = _check_axis(axis, r.ndim, "rewards")
     d = _as_dones(dones, r.shape)
     result = NStepReturns(np.empty_like(r), np.empty_like(r), np.empty(r.shape, np.int64))
+    longest = min(int(n), max(r.shape[ax], 1))  # no window reaches past the array
     _kernel.n_step_fold(
-        _time_last(r, ax), _time_last(d, ax), gamma, int(n), *(_time_last(a, ax) for a in result)
+        _time_last(r, ax), _time_last(d, ax), gamma, longest, *(_time_last(a, ax) for a in result)
     )
     return result
 
@@ -130,14 +131,7 @@ def gae(rewards, values, dones, gamma: float, lam: float, *, axis: int = -1):
         return _torch_gae(rewards, values, dones, gamma, lam, axis)
     r = _as_float_array(rewards, "rewards")
     v = _as_float_array(values, "values")
-    ax = _check_axis(axis, r.ndim, "rewards")
-    expected = list(r.shape)
-    expected[ax] += 1
-    if v.shape != tuple(expected):
-        raise ValueError(
-            f"values: expected shape {tuple(expected)} (rewards' shape plus one bootstrap step on axis {axis}), "
-            f"got {v.shape}"
-        )
+    ax = _check_values_shape(r.shape, v.shape, axis)
     d = _as_dones(dones, r.shape)
     head = np.moveaxis(v, ax, -1)[..., :-1].astype(np.float64)
     tail = np.moveaxis(v, ax, -1)[..., 1:].astype(np.float64)
@@ -185,6 +179,18 @@ def _check_axis(axis, ndim: int, name: str) -> int:
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -ndim <= axis < ndim:
         raise ValueError(f"axis: expected an integer in [{-ndim}, {ndim}) for {ndim}-D {name}, got {axis!r}")
     return int(axis) % ndim
+
+
+def _check_values_shape(rewards_shape: tuple, values_shape: tuple, axis) -> int:
+    """The time axis of ``rewards``, once ``values`` is known to have one bootstrap step more on it."""
+    ax = _check_axis(axis, len(rewards_shape), "rewards")
+    expected = tuple(n + (i == ax) for i, n in enumerate(rewards_shape))
+    if values_shape != expected:
+        raise ValueError(
+            f"values: expected shape {expected} (rewards' shape plus one bootstrap step on axis {axis}), "
+            f"got {values_shape}"
+        )
+    return ax
 
 
 def _check_scalar_gamma(gamma, name: str) -> float:
@@ -363,14 +369,7 @@ def _torch_gae(rewards, values, dones, gamma: float, lam: float, axis: int):
     dtype = torch.promote_types(r.dtype, v.dtype)
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"rewards, values: expected float32 or float64, got {r.dtype} and {v.dtype}")
-    ax = _check_axis(axis, r.dim(), "rewards")
-    expected = list(r.shape)
-    expected[ax] += 1
-    if tuple(v.shape) != tuple(expected):
-        raise ValueError(
-            f"values: expected shape {tuple(expected)} (rewards' shape plus one bootstrap step on axis {axis}), "
-            f"got {tuple(v.shape)}"
-        )
+    ax = _check_values_shape(tuple(r.shape), tuple(v.shape), axis)
     d = _as_dones(dones, tuple(r.shape))
     r, v = r.movedim(ax, -1).to(torch.float64), v.movedim(ax, -1).to(torch.float64)
     tail = v[..., 1:]

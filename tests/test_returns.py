@@ -132,7 +132,7 @@ def test_out_receives_the_result_and_is_returned(direction):
 
 
 @pytest.mark.parametrize("direction", DIRECTIONS)
-@pytest.mark.parametrize("shape", [(5000,), (20, 30)])
+@pytest.mark.parametrize("shape", [(5000,), (6, 300), (300, 6)])
 def test_out_may_be_the_input_itself(direction, shape):
     x = np.random.default_rng(3).standard_normal(shape)
     expected = DIRECTIONS[direction](x, 0.97)
