@@ -13,7 +13,7 @@ The same code serves the local buffers (``lock=None``) and the shared ones;
 every array it touches belongs to the caller's memory (heap or segment).
 """
 from libc.float cimport DBL_MAX, DBL_MIN, FLT_MAX
-from libc.math cimport INFINITY, exp, log, pow
+from libc.math cimport INFINITY, NAN, exp, log, pow
 from libc.stdint cimport int32_t, int64_t, uint64_t, uint8_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
@@ -22,16 +22,20 @@ from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.dict cimport PyDict_GetItem, PyDict_Size
 from cpython.ref cimport PyObject
+from cpython.exc cimport PyErr_CheckSignals
 
 cimport numpy as cnp
 from numpy.random cimport bitgen_t
 
 from mpreplay._ext.sumtree cimport PriorityTree
 
+import math
 import os
 import time
 
 import numpy as np
+
+from mpreplay.errors import BufferClosed
 
 cnp.import_array()
 
@@ -40,6 +44,37 @@ cdef extern from *:
     #define _mpreplay_acquire_fence() __atomic_thread_fence(__ATOMIC_ACQUIRE)
     """
     void _mpreplay_acquire_fence() nogil
+
+cdef extern from *:
+    """
+    #include <time.h>
+    #ifdef __linux__
+    #include <limits.h>
+    #include <linux/futex.h>
+    #include <sys/syscall.h>
+    #include <unistd.h>
+    /* Sleep until *word != seen, a wake, or `seconds` pass (a shared-memory futex). */
+    static void _mpreplay_futex_wait(int32_t* word, int32_t seen, double seconds) {
+        struct timespec ts;
+        ts.tv_sec = (time_t)seconds;
+        ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
+        syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0);
+    }
+    static void _mpreplay_futex_wake(int32_t* word) {
+        syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
+    #else
+    /* Without futexes blocked callers poll: a short sleep, never a spinning core. */
+    static void _mpreplay_futex_wait(int32_t* word, int32_t seen, double seconds) {
+        struct timespec ts = {0, 500000};
+        if (seconds < 0.0005) { ts.tv_nsec = (long)(seconds * 1e9); }
+        nanosleep(&ts, NULL);
+    }
+    static void _mpreplay_futex_wake(int32_t* word) {}
+    #endif
+    """
+    void _mpreplay_futex_wait(int32_t* word, int32_t seen, double seconds) nogil
+    void _mpreplay_futex_wake(int32_t* word) nogil
 
 
 def _alive(int pid):
@@ -57,10 +92,21 @@ def _alive(int pid):
         return True
 
 # Counters at the start of every buffer's memory (an int64 array).
-NEXT, STORED, INSERTS, SAMPLES, STALE, TORN, LOCK_WAIT_NS, LOCK_HOLDS, CLOSED = range(9)
+(NEXT, STORED, INSERTS, SAMPLES, STALE, TORN, LOCK_WAIT_NS, LOCK_HOLDS, CLOSED,
+ RESERVED, EPOCH, WAITERS) = range(12)
 HEADER_LEN = 16
 cdef enum:
-    _NEXT, _STORED, _INSERTS, _SAMPLES, _STALE, _TORN
+    _NEXT, _STORED, _INSERTS, _SAMPLES, _STALE, _TORN, _LOCK_WAIT_NS, _LOCK_HOLDS, _CLOSED
+    _RESERVED  # rows reserved by writers: the inserts a rate limiter counts
+    _EPOCH     # bumped (low 32 bits) whenever a blocked caller may proceed: the futex word
+    _WAITERS   # callers blocked on _EPOCH
+
+# Rate limiter settings (a float64 array beside the header); see mpreplay.limiter.
+LIMITS_LEN = 5
+cdef enum:
+    _L_ON, _L_SPI, _L_MIN_SIZE, _L_MIN_DIFF, _L_MAX_DIFF
+
+cdef double _WAIT_SLICE_S = 0.05  # blocked callers look at signals and deadlines this often
 
 cdef uint64_t NOT_SAMPLED = 0xFFFFFFFFFFFFFFFFULL
 cdef int MAX_REDRAW_ROUNDS = 64
@@ -116,12 +162,23 @@ cdef inline double _weight(double vmin, double v, double beta) noexcept nogil:
     return exp(beta * (log(vmin) - log(v)))
 
 
+cdef double _deadline(object timeout) except? -1.0:
+    """Monotonic deadline of a ``timeout`` in seconds (None: never)."""
+    if timeout is None:
+        return INFINITY
+    t = float(timeout)
+    if not t >= 0.0:
+        raise ValueError(f"timeout: expected None or a number >= 0, got {timeout!r}")
+    return time.monotonic() + t
+
+
 cdef class Ring:
     """Slot protocol over caller-owned arrays.
 
     Parameters
     ----------
     header : int64 array of ``HEADER_LEN`` counters
+    limits : float64 array of ``LIMITS_LEN`` rate limiter settings (``limits[0] == 0``: none)
     generation : uint64 array, one per slot
     owner : int32 array, one per slot: pid of the process writing it (0: none)
     tree : PriorityTree over the slots
@@ -132,6 +189,8 @@ cdef class Ring:
     rng : numpy Generator the draws come from
     """
     cdef int64_t[::1] _header
+    cdef double[::1] _limits
+    cdef int32_t* _epoch
     cdef uint64_t[::1] _gen
     cdef int32_t[::1] _owner
     cdef int32_t _pid
@@ -159,11 +218,14 @@ cdef class Ring:
         self._kinds = NULL
         self._typenums = NULL
 
-    def __init__(self, int64_t[::1] header not None, uint64_t[::1] generation not None,
-                 int32_t[::1] owner not None, PriorityTree tree not None, list fields not None,
+    def __init__(self, int64_t[::1] header not None, double[::1] limits not None,
+                 uint64_t[::1] generation not None, int32_t[::1] owner not None,
+                 PriorityTree tree not None, list fields not None,
                  double alpha, double eps, object lock, object rng):
         cdef Py_ssize_t i, n = len(fields)
         self._header = header
+        self._limits = limits
+        self._epoch = <int32_t*>&header[_EPOCH]
         self._gen = generation
         self._owner = owner
         self._pid = os.getpid()
@@ -221,14 +283,81 @@ cdef class Ring:
         self.set_rng(rng)
         self._sampled = None
 
-    # -- locking --------------------------------------------------------------
+    # -- locking and blocking ------------------------------------------------
     cdef inline void _acquire(self) except *:
+        # Raises BufferClosed, without holding the lock, once the owner closed the buffer.
         if self._lock is not None:
             self._lock.acquire()
+            if self._header[_CLOSED]:
+                self._lock.release()
+                raise BufferClosed("the replay buffer was closed by its owner")
 
     cdef inline void _release(self) except *:
         if self._lock is not None:
             self._lock.release()
+
+    cdef inline bint _progress(self) noexcept nogil:
+        # Lock held, after a change that may let a blocked caller proceed.
+        # True: call _wake() once the lock is released.
+        if self._header[_WAITERS] > 0:
+            self._epoch[0] += 1
+            return True
+        return False
+
+    cdef inline void _wake(self) noexcept nogil:
+        _mpreplay_futex_wake(self._epoch)
+
+    def close(self):
+        """Mark the buffer closed for every process and wake all blocked callers:
+        they raise BufferClosed."""
+        if self._lock is None:
+            return
+        self._lock.acquire()
+        try:
+            self._header[_CLOSED] = 1
+            self._epoch[0] += 1
+        finally:
+            self._lock.release()
+        self._wake()
+
+    cdef int _block(self, double deadline, str why) except -1:
+        # Lock held on entry and on return.  Sleeps until another process
+        # makes progress, a signal arrives or `deadline` (monotonic) passes.
+        cdef int32_t seen = self._epoch[0]
+        cdef double remaining = deadline - time.monotonic()
+        if self._lock is None:
+            raise TimeoutError(f"{why}; a local buffer has no other process to wait for")
+        if remaining <= 0.0:
+            raise TimeoutError(f"{why}; timed out")
+        self._header[_WAITERS] += 1
+        self._release()
+        try:
+            with nogil:
+                _mpreplay_futex_wait(self._epoch, seen, min(remaining, _WAIT_SLICE_S))
+            PyErr_CheckSignals()
+        finally:
+            # Back under the lock whatever happened: the caller releases it.
+            self._lock.acquire()
+            self._header[_WAITERS] -= 1
+        if self._header[_CLOSED]:
+            raise BufferClosed("the replay buffer was closed while waiting")
+        return 0
+
+    cdef inline bint _can_insert(self, Py_ssize_t k) noexcept nogil:
+        # Reverb's rule: below min_size inserts always go; above, the
+        # cursor inserts * spi - samples may not pass max_diff.
+        if self._limits[_L_ON] == 0.0 or self._header[_STORED] + k <= self._limits[_L_MIN_SIZE]:
+            return True
+        return ((self._header[_RESERVED] + k) * self._limits[_L_SPI]
+                - self._header[_SAMPLES]) <= self._limits[_L_MAX_DIFF]
+
+    cdef inline bint _can_sample(self, Py_ssize_t b) noexcept nogil:
+        if self._limits[_L_ON] == 0.0:
+            return True
+        if self._header[_STORED] < self._limits[_L_MIN_SIZE]:
+            return False
+        return (self._header[_RESERVED] * self._limits[_L_SPI]
+                - self._header[_SAMPLES] - b) >= self._limits[_L_MIN_DIFF]
 
     # -- writers ----------------------------------------------------------------
     cdef int _busy_owner(self, Py_ssize_t k) noexcept nogil:
@@ -242,7 +371,7 @@ cdef class Ring:
                 return self._owner[s]
         return 0
 
-    cdef Py_ssize_t _reserve(self, Py_ssize_t k, uint64_t* reserved) noexcept nogil:
+    cdef Py_ssize_t _reserve(self, Py_ssize_t k, uint64_t* reserved, bint insert) noexcept nogil:
         # Lock held, no busy owner.  Odd generation + zero leaf: nobody samples the slot now.
         cdef Py_ssize_t start = self._header[_NEXT], j, s
         cdef uint64_t g
@@ -257,31 +386,33 @@ cdef class Ring:
             self._tree._write_leaf(s, 0.0, 0.0)
         for j in range(k):
             self._tree._fix_up((start + j) % self.size)
+        if insert:
+            self._header[_RESERVED] += k
         return start
 
-    cdef Py_ssize_t _reserve_waiting(self, Py_ssize_t k, uint64_t* reserved) except -1:
+    cdef Py_ssize_t _reserve_waiting(self, Py_ssize_t k, uint64_t* reserved, bint insert,
+                                     double deadline) except -1:
+        # Reserve k slots once no live process still writes one of them and
+        # (for inserts) the rate limiter allows it.
         cdef int blocker
-        cdef Py_ssize_t start, s
-        cdef double delay = 1e-5
-        while True:
-            self._acquire()
-            try:
+        cdef Py_ssize_t s
+        if insert and self._limits[_L_ON] != 0.0 and k * self._limits[_L_SPI] > self._limits[_L_MAX_DIFF] - self._limits[_L_MIN_DIFF]:
+            raise ValueError(f"add: {k} rows at once exceed the rate limiter's error buffer; add fewer per call")
+        self._acquire()
+        try:
+            while True:
                 blocker = self._busy_owner(k)
-                if blocker == 0:
-                    return self._reserve(k, reserved)
-            finally:
-                self._release()
-            if _alive(blocker):
-                time.sleep(delay)
-                delay = min(2.0 * delay, 1e-3)
-                continue
-            self._acquire()
-            try:
-                for s in range(self.size):
-                    if self._owner[s] == blocker:
-                        self._owner[s] = 0
-            finally:
-                self._release()
+                if blocker != 0 and not _alive(blocker):
+                    for s in range(self.size):
+                        if self._owner[s] == blocker:
+                            self._owner[s] = 0
+                    continue
+                if blocker == 0 and (not insert or self._can_insert(k)):
+                    return self._reserve(k, reserved, insert)
+                self._block(deadline, f"add: process {blocker} is still writing the next slots"
+                            if blocker else "add: the rate limiter holds inserts back until more is sampled")
+        finally:
+            self._release()
 
     cdef Py_ssize_t _publish(self, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved,
                              const double* priorities) noexcept nogil:
@@ -312,21 +443,24 @@ cdef class Ring:
         self._header[_INSERTS] += k
         return lost
 
-    def reserve(self, Py_ssize_t k):
+    def reserve(self, Py_ssize_t k, timeout=None, bint insert=True):
         """Reserve the next ``k`` slots for writing; returns ``(start, reserved_generations)``.
 
-        Waits while another live process is still writing one of them.
+        Waits while another live process is still writing one of them, and
+        (``insert``) while the rate limiter holds inserts back -- at most
+        ``timeout`` seconds (None: no limit), then raises TimeoutError.
         """
         cdef cnp.ndarray reserved = np.empty(k, dtype=np.uint64)
         if not 0 <= k <= self.size:
             raise ValueError(f"k: expected 0 <= k <= {self.size}, got {k}")
-        start = self._reserve_waiting(k, <uint64_t*>cnp.PyArray_DATA(reserved))
+        start = self._reserve_waiting(k, <uint64_t*>cnp.PyArray_DATA(reserved), insert, _deadline(timeout))
         return start, reserved
 
     def publish(self, Py_ssize_t start, const uint64_t[::1] reserved not None, const double[::1] priorities=None):
         """Make slots reserved by :meth:`reserve` sampleable (default priority: the stored maximum)."""
-        cdef Py_ssize_t k = reserved.shape[0]
+        cdef Py_ssize_t k = reserved.shape[0], lost
         cdef const double* prio = NULL
+        cdef bint wake
         if priorities is not None:
             if priorities.shape[0] != k:
                 raise ValueError("priorities: expected one per reserved slot")
@@ -336,9 +470,13 @@ cdef class Ring:
             return 0
         self._acquire()
         try:
-            return self._publish(start, k, &reserved[0], prio)
+            lost = self._publish(start, k, &reserved[0], prio)
+            wake = self._progress()
         finally:
             self._release()
+        if wake:
+            self._wake()
+        return lost
 
     def abandon(self, Py_ssize_t start, const uint64_t[::1] reserved not None):
         """Give up slots reserved by :meth:`reserve`: they stay unsampleable, free for the next writer."""
@@ -360,7 +498,7 @@ cdef class Ring:
         """
         cdef cnp.ndarray reserved = np.empty(self.size, dtype=np.uint64)
         cdef Py_ssize_t s
-        self._reserve_waiting(self.size, <uint64_t*>cnp.PyArray_DATA(reserved))
+        self._reserve_waiting(self.size, <uint64_t*>cnp.PyArray_DATA(reserved), False, INFINITY)
         self._acquire()
         try:
             for s in range(self.size):
@@ -411,7 +549,7 @@ cdef class Ring:
             return overflow == 0 and _store_int(kind, x, self._stage[i])
         return False
 
-    def add_one(self, dict values not None, double priority=-1.0):
+    def add_one(self, dict values not None, double priority=-1.0, timeout=None):
         """Store one transition given as Python scalars and exact-dtype arrays.
 
         Returns the slot written, or -1 when some value needs the general
@@ -421,32 +559,47 @@ cdef class Ring:
         cdef Py_ssize_t i, slot
         cdef PyObject* item
         cdef uint64_t reserved
+        cdef bint wake
         if PyDict_Size(values) != self._nfields:
             return -1
         for i in range(self._nfields):
             item = PyDict_GetItem(values, self._names[i])
             if item == NULL or not self._stage_value(i, <object>item):
                 return -1
-        slot = self._reserve_waiting(1, &reserved)
+        slot = self._reserve_waiting(1, &reserved, True, _deadline(timeout))
         for i in range(self._nfields):
             memcpy(self._dst[i] + slot * self._rowbytes[i], self._stage[i], self._rowbytes[i])
         self._acquire()
         try:
             self._publish(slot, 1, &reserved, &priority if priority >= 0.0 else NULL)
+            wake = self._progress()
         finally:
             self._release()
+        if wake:
+            self._wake()
         return slot
 
     # -- readers ----------------------------------------------------------------
     cdef double _draw(self, int64_t* slots, double* values, uint64_t* gens, Py_ssize_t k,
-                      Py_ssize_t nstrata, Py_ssize_t offset) noexcept nogil:
-        # Lock held, total > 0.  Draw j lands in stratum offset + j of
-        # nstrata (nstrata == 1: plain draws over the whole mass).
+                      Py_ssize_t nstrata) noexcept nogil:
+        # Lock held.  Draw j lands in stratum j of nstrata (nstrata == 1:
+        # plain draws over the whole mass).  Returns the smallest leaf
+        # weight, or NaN once nothing is sampleable.
         cdef Py_ssize_t j, s
-        cdef double width = self._tree._nodes[1].sum / nstrata
+        cdef double r, total
         for j in range(k):
-            s = self._tree._descend(((offset + j if nstrata > 1 else 0)
-                                     + self._bitgen.next_double(self._bitgen.state)) * width)
+            r = self._bitgen.next_double(self._bitgen.state)
+            while True:
+                total = self._tree._nodes[1].sum
+                if not total > 0.0:
+                    return NAN
+                s = self._tree._descend(((j if nstrata > 1 else 0) + r) * (total / nstrata))
+                if (self._gen[s] & 1) == 0:
+                    break
+                # A sampleable slot that is being written: a writer died inside
+                # its reservation.  Nobody can vouch for the row: retire it.
+                self._tree._write_leaf(s, 0.0, 0.0)
+                self._tree._fix_up(s)
             slots[j] = s
             values[j] = self._tree._nodes[s + self._tree._cap].sum
             gens[j] = self._gen[s]
@@ -475,11 +628,13 @@ cdef class Ring:
             dims[d + 1] = shape[d]
         return cnp.PyArray_EMPTY(nd + 1, dims, self._typenums[i], 0)
 
-    def sample(self, Py_ssize_t batch_size, bint stratified, double beta=-1.0):
+    def sample(self, Py_ssize_t batch_size, bint stratified, double beta=-1.0, timeout=None):
         """Draw ``batch_size`` rows.
 
         Returns a dict of freshly allocated field arrays plus ``indexes`` and,
         when ``beta >= 0``, importance ``weights`` (v_i / v_min) ** -beta.
+        Waits at most ``timeout`` seconds (None: no limit) while the rate
+        limiter holds samples back, then raises TimeoutError.
         """
         cdef Py_ssize_t b = batch_size, i, j, ntorn, rounds = 0
         cdef cnp.npy_intp n = b
@@ -499,14 +654,25 @@ cdef class Ring:
         cdef double v1
         cdef uint64_t g1
         cdef list outs = [self._empty(i, b) for i in range(self._nfields)]
+        cdef bint wake
+        cdef double deadline = _deadline(timeout)
+        if self._limits[_L_ON] != 0.0 and b > self._limits[_L_MAX_DIFF] - self._limits[_L_MIN_DIFF]:
+            raise ValueError(f"batch_size: {b} exceeds the rate limiter's error buffer; sample fewer per call")
         self._acquire()
         try:
-            if not self._tree._nodes[1].sum > 0.0:
+            while not (self._tree._nodes[1].sum > 0.0 and self._can_sample(b)):
+                if self._limits[_L_ON] == 0.0:
+                    raise ValueError("sample: the buffer holds no transition yet")
+                self._block(deadline, "sample: the rate limiter holds samples back until more is inserted")
+            vmin = self._draw(sp, vp, gp, b, b if stratified else 1)
+            if vmin != vmin:
                 raise ValueError("sample: the buffer holds no transition yet")
-            vmin = self._draw(sp, vp, gp, b, b if stratified else 1, 0)
             self._header[_SAMPLES] += b
+            wake = self._progress()
         finally:
             self._release()
+        if wake:
+            self._wake()
         self._gather(sp, b, outs, NULL)
         while True:
             # The generations must be read after the rows were copied.
@@ -523,11 +689,11 @@ cdef class Ring:
                 raise RuntimeError("sample: rows kept being overwritten while copied; is the buffer far too small?")
             self._acquire()
             try:
-                if not self._tree._nodes[1].sum > 0.0:
-                    raise ValueError("sample: the buffer holds no transition any more")
                 self._header[_TORN] += ntorn
                 for j in range(ntorn):
-                    vmin = self._draw(&s1, &v1, &g1, 1, 1, 0)
+                    vmin = self._draw(&s1, &v1, &g1, 1, 1)
+                    if vmin != vmin:
+                        raise ValueError("sample: the buffer holds no transition any more")
                     sp[tp[j]], vp[tp[j]], gp[tp[j]] = s1, v1, g1
             finally:
                 self._release()

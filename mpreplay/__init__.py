@@ -1,6 +1,8 @@
 """mpreplay: prioritized experience replay in shared memory for multi-process RL."""
 from ._version import __version__
-from .buffer import BufferClosed, MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
+from .buffer import MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
+from .errors import BufferClosed
+from .limiter import MinSize, RateLimiter, SampleToInsertRatio
 from .memory import SharedMemoryError
 
 __all__ = [
@@ -11,4 +13,7 @@ __all__ = [
     "MPPrioritizedReplayBuffer",
     "BufferClosed",
     "SharedMemoryError",
+    "RateLimiter",
+    "MinSize",
+    "SampleToInsertRatio",
 ]

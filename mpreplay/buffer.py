@@ -25,17 +25,15 @@ from typing import Any
 import numpy as np
 
 from ._ext.lock import LOCK_NBYTES, SharedLock
-from ._ext.ring import HEADER_LEN, LOCK_HOLDS, LOCK_WAIT_NS, NEXT, STORED, Ring
+from ._ext.ring import HEADER_LEN, LIMITS_LEN, LOCK_HOLDS, LOCK_WAIT_NS, NEXT, STORED, Ring
 from ._ext.ring import INSERTS, SAMPLES, STALE, TORN
 from ._ext.sumtree import PriorityTree, tree_buffer_size
+from .errors import BufferClosed
+from .limiter import RateLimiter
 from .memory import HeapMemory, Layout, SharedMemory
 from .spec import convert_batch, parse_env_dict
 
 __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer", "BufferClosed"]
-
-
-class BufferClosed(RuntimeError):
-    """The buffer was closed: its memory is gone."""
 
 
 # Attributes that view a buffer's memory: close() drops them.
@@ -56,6 +54,9 @@ class ReplayBuffer:
         dtype of fields that do not name one (float32 when None).
     seed : int, optional
         Seed of the sampling generator.
+    rate_limiter : RateLimiter, optional
+        :class:`~mpreplay.MinSize` or :class:`~mpreplay.SampleToInsertRatio`: ``sample`` and
+        ``add`` then wait (``timeout`` seconds at most) until the limiter lets them through.
 
     A buffer object is meant for one thread at a time; the shared twins are
     safe across processes (one object per process).
@@ -66,18 +67,26 @@ class ReplayBuffer:
     _eps = 0.0
 
     def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *,
-                 default_dtype: Any = None, seed: int | None = None):
+                 default_dtype: Any = None, seed: int | None = None, rate_limiter: RateLimiter | None = None):
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
             raise ValueError(f"size: expected an integer >= 1, got {size!r}")
+        if rate_limiter is not None:
+            if not isinstance(rate_limiter, RateLimiter):
+                raise TypeError(f"rate_limiter: expected MinSize, SampleToInsertRatio or RateLimiter, "
+                                f"got {type(rate_limiter).__name__}")
+            rate_limiter.check(int(size))
         self._size = int(size)
         self._specs = parse_env_dict(env_dict, default_dtype)
         self._memory = self._allocate(self._layout())
+        if rate_limiter is not None:
+            self._memory.arrays["limits"][:] = rate_limiter.to_array()
         self._bind(create=True, rng=np.random.default_rng(seed))
 
     # -- memory -------------------------------------------------------------
     def _layout(self) -> Layout:
         layout = Layout()
         layout.add("header", (HEADER_LEN,), np.int64)
+        layout.add("limits", (LIMITS_LEN,), np.float64)
         layout.add("generation", (self._size,), np.uint64)
         layout.add("owner", (self._size,), np.int32)
         layout.add("tree", (tree_buffer_size(self._size),), np.float64)
@@ -98,14 +107,18 @@ class ReplayBuffer:
         self._generation = arrays["generation"]
         self._tree = PriorityTree(arrays["tree"], self._size, reset=create)
         self._fields = {name: arrays[f"field:{name}"] for name in self._specs}
-        self._ring = Ring(self._header, self._generation, arrays["owner"], self._tree, list(self._fields.items()),
+        self._ring = Ring(self._header, arrays["limits"], self._generation, arrays["owner"], self._tree,
+                          list(self._fields.items()),
                           self._alpha, self._eps, self._make_lock(create), rng)
 
     def close(self) -> None:
         """Release the buffer's memory; later calls raise :class:`BufferClosed`.
 
-        For a shared buffer, the creating process also unlinks the segment.
+        For a shared buffer, the creating process also unlinks the segment, and
+        callers blocked in other processes wake up with :class:`BufferClosed`.
         """
+        if "_ring" in self.__dict__ and self._memory.is_owner:
+            self._ring.close()
         for name in _VIEWS:
             self.__dict__.pop(name, None)
         self._memory.close()
@@ -139,21 +152,24 @@ class ReplayBuffer:
         """The normalised field specs."""
         return {n: {"shape": s.shape, "dtype": s.dtype} for n, s in self._specs.items()}
 
-    def add(self, **fields: Any) -> int:
+    def add(self, *, timeout: float | None = None, **fields: Any) -> int:
         """Store one transition, or a batch with a leading dimension.
 
         Returns the slot of the first transition written.  The batch is
-        checked as a whole first: on any error nothing is stored.
+        checked as a whole first: on any error nothing is stored.  With a
+        rate limiter, waits at most ``timeout`` seconds (None: no limit) for
+        it to let the insert through, then raises TimeoutError.
         """
         if "priorities" in fields:
             raise TypeError("priorities: only PrioritizedReplayBuffer.add takes initial priorities")
-        slot = self._ring.add_one(fields)
+        slot = self._ring.add_one(fields, -1.0, timeout)
         if slot >= 0:
             return slot
         k, rows = convert_batch(self._specs, fields)
-        return self._store(k, rows, None)
+        return self._store(k, rows, None, timeout)
 
-    def _store(self, k: int, rows: dict[str, np.ndarray], priorities: np.ndarray | None) -> int:
+    def _store(self, k: int, rows: dict[str, np.ndarray], priorities: np.ndarray | None,
+               timeout: float | None) -> int:
         """Write ``k`` converted rows through the ring protocol."""
         size = self._size
         first = self.get_next_index()
@@ -164,9 +180,9 @@ class ReplayBuffer:
             skip = k - size
             rows = {n: r[skip:] for n, r in rows.items()}
             priorities = None if priorities is None else priorities[skip:]
-            self._ring.abandon(*self._ring.reserve(skip % size))
+            self._ring.abandon(*self._ring.reserve(skip % size, None, False))
             k = size
-        start, reserved = self._ring.reserve(k)
+        start, reserved = self._ring.reserve(k, timeout)
         try:
             head = min(k, size - start)
             for name, dst in self._fields.items():
@@ -179,9 +195,13 @@ class ReplayBuffer:
         self._ring.publish(start, reserved, priorities)
         return first
 
-    def sample(self, batch_size: int) -> dict[str, np.ndarray]:
-        """Draw ``batch_size`` transitions uniformly (with replacement), plus their ``indexes``."""
-        return self._ring.sample(_batch_size(batch_size), False)
+    def sample(self, batch_size: int, *, timeout: float | None = None) -> dict[str, np.ndarray]:
+        """Draw ``batch_size`` transitions uniformly (with replacement), plus their ``indexes``.
+
+        With a rate limiter, waits at most ``timeout`` seconds (None: no
+        limit) for it to allow the sample, then raises TimeoutError.
+        """
+        return self._ring.sample(_batch_size(batch_size), False, -1.0, timeout)
 
     def get_all_transitions(self) -> dict[str, np.ndarray]:
         """Copies of every stored transition, oldest first."""
@@ -258,9 +278,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     _CONFIG = ReplayBuffer._CONFIG + ("_alpha", "_eps")
 
     def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *, alpha: float = 0.6,
-                 eps: float = 1e-4, default_dtype: Any = None, seed: int | None = None):
+                 eps: float = 1e-4, default_dtype: Any = None, seed: int | None = None,
+                 rate_limiter: RateLimiter | None = None):
         self._alpha, self._eps = _positive("alpha", alpha), _positive("eps", eps)
-        super().__init__(size, env_dict, default_dtype=default_dtype, seed=seed)
+        super().__init__(size, env_dict, default_dtype=default_dtype, seed=seed, rate_limiter=rate_limiter)
 
     def get_max_priority(self) -> float:
         """Largest priority stored now (1.0 when the buffer is empty)."""
@@ -282,22 +303,23 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._ring.check_priorities(p)
         return p
 
-    def add(self, priorities: Any = None, **fields: Any) -> int:
+    def add(self, *, priorities: Any = None, timeout: float | None = None, **fields: Any) -> int:
         """Store one transition or a batch; ``priorities`` (one per transition)
-        defaults to the largest priority stored now."""
+        defaults to the largest priority stored now.  See :meth:`ReplayBuffer.add`."""
         if priorities is None:
-            slot = self._ring.add_one(fields)
+            slot = self._ring.add_one(fields, -1.0, timeout)
             if slot >= 0:
                 return slot
         k, rows = convert_batch(self._specs, fields)
-        return self._store(k, rows, None if priorities is None else self._priorities(priorities, k))
+        return self._store(k, rows, None if priorities is None else self._priorities(priorities, k), timeout)
 
-    def sample(self, batch_size: int, beta: float = 0.4) -> dict[str, np.ndarray]:
+    def sample(self, batch_size: int, beta: float = 0.4, *, timeout: float | None = None) -> dict[str, np.ndarray]:
         """Draw ``batch_size`` transitions in proportion to their priority.
 
         Adds ``indexes`` and importance ``weights`` = (N·P(i))^-β / max_j (N·P(j))^-β.
+        With a rate limiter, waits at most ``timeout`` seconds (None: no limit).
         """
-        return self._ring.sample(_batch_size(batch_size), True, _positive("beta", beta))
+        return self._ring.sample(_batch_size(batch_size), True, _positive("beta", beta), timeout)
 
     def update_priorities(self, indexes: Any, priorities: Any) -> None:
         """Set new priorities of sampled transitions.

@@ -54,6 +54,7 @@ class HeapMemory:
     """A zeroed block on the process heap."""
 
     shared = False
+    is_owner = True
 
     def __init__(self, layout: Layout):
         self.layout = layout
@@ -137,8 +138,13 @@ class SharedMemory:
         self.name = self._shm.name
         self.arrays = layout.views(self._shm.buf)
         # A forked child inherits this object but not the ownership.
-        owner_pid = os.getpid() if self.owner else None
-        self._finalizer = weakref.finalize(self, SharedMemory._release, self._shm, owner_pid)
+        self._owner_pid = os.getpid() if self.owner else None
+        self._finalizer = weakref.finalize(self, SharedMemory._release, self._shm, self._owner_pid)
+
+    @property
+    def is_owner(self) -> bool:
+        """Whether this process created the segment (and will unlink it)."""
+        return self._owner_pid == os.getpid()
 
     @staticmethod
     def _release(shm: shared_memory.SharedMemory, owner_pid: int | None) -> None:

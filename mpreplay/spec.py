@@ -54,7 +54,7 @@ def _dtype(name: str, dtype: Any) -> np.dtype:
     return dt.newbyteorder("=")
 
 
-_RESERVED = {"indexes", "weights", "priorities"}
+_RESERVED = {"indexes", "weights", "priorities", "timeout"}
 
 
 def parse_env_dict(env_dict: Mapping[str, Mapping[str, Any]], default_dtype: Any = None) -> dict[str, FieldSpec]:

@@ -1,0 +1,110 @@
+"""Rate limiters: keep actors and the learner in step (Reverb's semantics).
+
+A limiter watches a cursor ``inserts * samples_per_insert - samples`` (every
+sampled row counts as one sample):
+
+* below ``min_size_to_sample`` stored transitions, inserts always go and
+  samples wait;
+* above it, an insert waits while it would push the cursor past
+  ``max_diff``, and a sample of ``b`` rows waits while it would push the
+  cursor below ``min_diff``.
+
+The settings live in the buffer's memory, so every process of a shared buffer
+obeys the same limiter.  Blocked callers sleep on a futex in the segment;
+they do not spin a core.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["RateLimiter", "MinSize", "SampleToInsertRatio"]
+
+
+def _number(name: str, value: object, low: float = -math.inf) -> float:
+    try:
+        v = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__}") from None
+    if math.isnan(v) or v < low:
+        raise ValueError(f"{name}: expected a number >= {low}, got {value!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class RateLimiter:
+    """The general limiter: ``samples_per_insert``, ``min_size_to_sample`` and
+    the cursor's window ``[min_diff, max_diff]``."""
+
+    samples_per_insert: float
+    min_size_to_sample: int
+    min_diff: float
+    max_diff: float
+
+    def __post_init__(self) -> None:
+        _number("samples_per_insert", self.samples_per_insert, 0.0)
+        if isinstance(self.min_size_to_sample, bool) or not isinstance(self.min_size_to_sample, (int, np.integer)) \
+                or self.min_size_to_sample < 1:
+            raise ValueError(f"min_size_to_sample: expected an integer >= 1, got {self.min_size_to_sample!r}")
+        lo, hi = _number("min_diff", self.min_diff), _number("max_diff", self.max_diff)
+        if lo > hi:
+            raise ValueError(f"min_diff ({lo}) > max_diff ({hi}): nothing could ever be inserted and sampled")
+
+    def check(self, capacity: int) -> None:
+        """Reject settings that would deadlock a buffer of ``capacity`` transitions."""
+        if self.min_size_to_sample > capacity:
+            raise ValueError(
+                f"min_size_to_sample={self.min_size_to_sample} exceeds the buffer's capacity {capacity}: "
+                "the buffer could never hold enough to sample")
+        window = self.max_diff - self.min_diff
+        if window < 2 * max(1.0, self.samples_per_insert):
+            raise ValueError(
+                f"the window max_diff - min_diff = {window} is below 2 * max(1, samples_per_insert) = "
+                f"{2 * max(1.0, self.samples_per_insert)}: an insert and a sample could each wait for the "
+                "other forever; widen error_buffer")
+
+    def to_array(self) -> np.ndarray:
+        """The settings as the buffer stores them."""
+        return np.array([1.0, self.samples_per_insert, self.min_size_to_sample, self.min_diff, self.max_diff])
+
+
+class MinSize(RateLimiter):
+    """Block sampling until ``min_size_to_sample`` transitions are stored; inserts never wait."""
+
+    def __init__(self, min_size_to_sample: int):
+        super().__init__(1.0, min_size_to_sample, -math.inf, math.inf)
+
+    def check(self, capacity: int) -> None:
+        if self.min_size_to_sample > capacity:
+            super().check(capacity)
+
+    def __repr__(self) -> str:
+        return f"MinSize({self.min_size_to_sample})"
+
+
+class SampleToInsertRatio(RateLimiter):
+    """Keep ``samples / inserts`` near ``samples_per_insert``.
+
+    ``error_buffer`` is how far the cursor may stray either way from
+    ``samples_per_insert * min_size_to_sample`` (a number), or the explicit
+    ``(min_diff, max_diff)`` pair.
+    """
+
+    def __init__(self, samples_per_insert: float, min_size_to_sample: int,
+                 error_buffer: float | tuple[float, float]):
+        spi = _number("samples_per_insert", samples_per_insert, 0.0)
+        if spi <= 0:
+            raise ValueError(f"samples_per_insert: expected a number > 0, got {samples_per_insert!r}")
+        if isinstance(error_buffer, tuple):
+            lo, hi = (_number("error_buffer", e) for e in error_buffer)
+        else:
+            e = _number("error_buffer", error_buffer, 0.0)
+            offset = spi * float(min_size_to_sample) if isinstance(min_size_to_sample, (int, np.integer)) else 0.0
+            lo, hi = offset - e, offset + e
+        super().__init__(spi, min_size_to_sample, lo, hi)
+
+    def __repr__(self) -> str:
+        return (f"SampleToInsertRatio(samples_per_insert={self.samples_per_insert}, "
+                f"min_size_to_sample={self.min_size_to_sample}, error_buffer=({self.min_diff}, {self.max_diff}))")

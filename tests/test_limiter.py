@@ -1,0 +1,234 @@
+"""Rate limiters: MinSize, SampleToInsertRatio, blocking, timeouts and shutdown."""
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import resource
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from mpreplay import (BufferClosed, MinSize, MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer,
+                      RateLimiter, ReplayBuffer, SampleToInsertRatio)
+from mpreplay._ext.ring import RESERVED, SAMPLES
+
+METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
+ENV = {"obs": {"shape": (2,)}, "id": {"dtype": np.int64}}
+
+
+def _row(i: int) -> dict:
+    return {"obs": np.full(2, i, np.float32), "id": i}
+
+
+def _rows(first: int, k: int) -> dict:
+    ids = np.arange(first, first + k)
+    return {"obs": np.repeat(ids[:, None], 2, axis=1).astype(np.float32), "id": ids}
+
+
+# -- child-process bodies ---------------------------------------------------------
+
+def _add_later(buffer, delay: float, count: int) -> None:
+    time.sleep(delay)
+    buffer.add(**_rows(0, count))
+
+
+def _add_until_stopped(buffer, rank: int, stop) -> None:
+    i = rank * 10**9
+    while not stop.is_set():
+        try:
+            buffer.add(**_row(i), timeout=0.05)
+        except TimeoutError:
+            continue
+        except BufferClosed:
+            return
+        i += 1
+
+
+def _sample_blocking(buffer, queue, ready) -> None:
+    ready.set()
+    try:
+        buffer.sample(1)
+        queue.put("sampled")
+    except BufferClosed as exc:
+        queue.put(f"closed: {exc}")
+
+
+def _add_forever(buffer) -> None:
+    i = 0
+    while True:
+        buffer.add(**_row(i))
+        i += 1
+
+
+# -- construction ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("limiter, message", [
+    pytest.param(lambda: MinSize(101), "exceeds the buffer's capacity", id="min-size-above-capacity"),
+    pytest.param(lambda: SampleToInsertRatio(4.0, 10, 3.0), "could each wait for the other forever",
+                 id="window-narrower-than-one-insert"),
+    pytest.param(lambda: SampleToInsertRatio(1.0, 200, 100.0), "exceeds the buffer's capacity",
+                 id="ratio-min-size-above-capacity"),
+])
+def test_a_limiter_that_could_deadlock_is_rejected_at_construction(limiter, message):
+    with pytest.raises(ValueError, match=message):
+        PrioritizedReplayBuffer(100, ENV, rate_limiter=limiter())
+
+
+@pytest.mark.parametrize("make, name", [
+    pytest.param(lambda: MinSize(0), "min_size_to_sample", id="min-size-zero"),
+    pytest.param(lambda: SampleToInsertRatio(0.0, 1, 5.0), "samples_per_insert", id="ratio-zero"),
+    pytest.param(lambda: SampleToInsertRatio(math.nan, 1, 5.0), "samples_per_insert", id="ratio-nan"),
+    pytest.param(lambda: SampleToInsertRatio(1.0, 1, -1.0), "error_buffer", id="negative-error-buffer"),
+    pytest.param(lambda: RateLimiter(1.0, 1, 5.0, 1.0), "min_diff", id="min-diff-above-max-diff"),
+])
+def test_bad_limiter_settings_name_the_setting(make, name):
+    with pytest.raises((TypeError, ValueError), match=name):
+        make()
+
+
+def test_a_rate_limiter_must_be_a_rate_limiter():
+    with pytest.raises(TypeError, match="rate_limiter"):
+        ReplayBuffer(10, ENV, rate_limiter=5)
+
+
+# -- local buffers -------------------------------------------------------------------
+
+def test_min_size_holds_samples_back_until_enough_is_stored():
+    buffer = ReplayBuffer(100, ENV, rate_limiter=MinSize(5))
+    buffer.add(**_rows(0, 4))
+    with pytest.raises(TimeoutError, match="no other process"):
+        buffer.sample(1)
+    buffer.add(**_row(4))
+    assert len(buffer.sample(3)["id"]) == 3
+
+
+def test_sample_to_insert_ratio_holds_inserts_back_until_enough_is_sampled():
+    buffer = PrioritizedReplayBuffer(100, ENV, rate_limiter=SampleToInsertRatio(1.0, 10, 5.0))
+    buffer.add(**_rows(0, 10))  # below min size, inserts always go
+    buffer.add(**_rows(10, 5))  # cursor 15 - 0 reaches max_diff 10 + 5
+    with pytest.raises(TimeoutError, match="holds inserts back"):
+        buffer.add(**_row(15), timeout=0)
+    buffer.sample(1)
+    buffer.add(**_row(15), timeout=0)
+
+
+def test_sample_to_insert_ratio_holds_samples_back_until_more_is_inserted():
+    buffer = PrioritizedReplayBuffer(100, ENV, rate_limiter=SampleToInsertRatio(1.0, 10, 5.0))
+    buffer.add(**_rows(0, 10))
+    buffer.sample(5)  # cursor 10 - 5 = min_diff 5
+    with pytest.raises(TimeoutError, match="holds samples back"):
+        buffer.sample(1, timeout=0)
+    buffer.add(**_row(10))
+    buffer.sample(1, timeout=0)
+
+
+def test_a_batch_wider_than_the_limiters_window_is_rejected():
+    buffer = PrioritizedReplayBuffer(100, ENV, rate_limiter=SampleToInsertRatio(1.0, 10, 5.0))
+    buffer.add(**_rows(0, 10))
+    with pytest.raises(ValueError, match="batch_size"):
+        buffer.sample(11)
+    with pytest.raises(ValueError, match="add fewer"):
+        buffer.add(**_rows(10, 11))
+
+
+def test_a_bad_timeout_is_rejected():
+    buffer = ReplayBuffer(10, ENV, rate_limiter=MinSize(1))
+    with pytest.raises(ValueError, match="timeout"):
+        buffer.sample(1, timeout=-1)
+
+
+# -- shared buffers -------------------------------------------------------------------
+
+@METHODS
+@pytest.mark.timeout(60)
+def test_a_blocked_sample_wakes_when_another_process_inserts(method):
+    ctx = mp.get_context(method)
+    with MPPrioritizedReplayBuffer(100, ENV, rate_limiter=MinSize(8)) as buffer:
+        writer = ctx.Process(target=_add_later, args=(buffer, 0.5, 8))
+        writer.start()
+        batch = buffer.sample(4, timeout=30)
+        assert len(batch["id"]) == 4
+        writer.join(10)
+
+
+@pytest.mark.timeout(30)
+def test_a_blocked_sample_times_out_with_a_clear_error():
+    with MPReplayBuffer(100, ENV, rate_limiter=MinSize(8)) as buffer:
+        with pytest.raises(TimeoutError, match="timed out"):
+            buffer.sample(1, timeout=0.2)
+
+
+@pytest.mark.timeout(30)
+def test_a_blocked_caller_does_not_spin_a_core():
+    with MPReplayBuffer(100, ENV, rate_limiter=MinSize(8)) as buffer:
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        with pytest.raises(TimeoutError):
+            buffer.sample(1, timeout=1.0)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        assert cpu < 0.2, f"waiting 1 s used {cpu:.3f} s of CPU"
+
+
+@METHODS
+@pytest.mark.timeout(60)
+def test_closing_the_buffer_wakes_a_blocked_process_with_buffer_closed(method):
+    ctx = mp.get_context(method)
+    buffer = MPReplayBuffer(100, ENV, rate_limiter=MinSize(8))
+    queue, ready = ctx.Queue(), ctx.Event()
+    child = ctx.Process(target=_sample_blocking, args=(buffer, queue, ready))
+    child.start()
+    assert ready.wait(30)
+    time.sleep(0.3)  # let it block (if it has not yet, it sees the closed buffer at once)
+    buffer.close()
+    assert queue.get(timeout=30).startswith("closed")
+    child.join(10)
+    assert child.exitcode == 0
+
+
+@METHODS
+@pytest.mark.timeout(120)
+def test_the_ratio_stays_within_the_error_buffer_with_two_writers(method):
+    ctx = mp.get_context(method)
+    spi, min_size, error = 2.0, 100, 40.0
+    with MPPrioritizedReplayBuffer(1000, ENV, rate_limiter=SampleToInsertRatio(spi, min_size, error)) as buffer:
+        stop = ctx.Event()
+        writers = [ctx.Process(target=_add_until_stopped, args=(buffer, r, stop)) for r in range(2)]
+        for w in writers:
+            w.start()
+        header = buffer._header
+        offset = spi * min_size
+        sampled = 0
+        while sampled < 10_000:
+            batch = buffer.sample(8, timeout=30)
+            sampled += 8
+            cursor = header[RESERVED] * spi - header[SAMPLES]
+            # After a sample the cursor is >= min_diff; inserts may have raised it up to max_diff.
+            assert offset - error <= cursor <= offset + error, cursor
+            buffer.update_priorities(batch["indexes"], np.ones(8))
+        stop.set()
+        for w in writers:
+            w.join(10)
+            assert w.exitcode == 0
+        inserts = header[RESERVED]
+        assert abs(inserts * spi - header[SAMPLES] - offset) <= error + 2 * spi
+
+
+@METHODS
+@pytest.mark.timeout(60)
+def test_a_learner_waiting_on_a_writer_that_dies_is_not_deadlocked(method):
+    ctx = mp.get_context(method)
+    with MPPrioritizedReplayBuffer(1000, ENV, rate_limiter=SampleToInsertRatio(1.0, 10, 20.0)) as buffer:
+        writer = ctx.Process(target=_add_forever, args=(buffer,))
+        writer.start()
+        for _ in range(20):
+            buffer.sample(4, timeout=30)
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.join(10)
+        with pytest.raises(TimeoutError):
+            while True:  # drains what the dead writer left, then must time out, not hang
+                buffer.sample(4, timeout=0.5)
+        buffer.add(**_rows(0, 10))  # another writer takes over: the learner goes on
+        buffer.sample(4, timeout=5)
