@@ -1,9 +1,11 @@
 """Discounted cumulative sums and n-step folding vs scipy's lfilter, numba loops and numpy.
 
-``mpreplay bench returns [--quick] [--repeat K]``
+``mpreplay bench returns [--quick] [--repeat K] [--clock cpu|wall]``
 
 Every figure is the median of repeated timings in this run; ratios compare
-baselines with mpreplay (above 1 means mpreplay is faster).  ``np.cumsum`` of
+baselines with mpreplay (above 1 means mpreplay is faster).  Every method runs
+on one thread, so the default clock is the CPU time of that thread, which
+other load on the machine barely disturbs; ``--clock wall`` uses elapsed time.  ``np.cumsum`` of
 the same array is the memory-bound floor a one-pass sum cannot beat by much.
 The precision table is the largest absolute error of float32 results against
 a float64 reference on the same (float32) inputs; lfilter computes in float64
@@ -17,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from mpreplay._ext import discount as _kernel
 from mpreplay.returns import discounted_cumsum_left, discounted_cumsum_right, n_step_returns
 
 GAMMA = 0.99
@@ -30,20 +33,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mpreplay bench returns", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and few repeats")
     parser.add_argument("--repeat", type=int, default=None, help="timings per median (default 15, quick 5)")
+    parser.add_argument("--clock", choices=sorted(_CLOCKS), default="cpu", help="what a timing measures")
     args = parser.parse_args(argv)
     repeat = args.repeat or (5 if args.quick else 15)
+    clock = _CLOCKS[args.clock]
+    print(f"clock: {args.clock} ({clock.__name__}); medians of {repeat} timings")
     baselines = _baselines()
     print(f"baselines found: {', '.join(n for n in ('lfilter', 'numba') if n in baselines) or 'none'}; "
           f"missing: {_missing(baselines)}")
     sizes = [10**3, 10**4, 10**5] if args.quick else [10**3, 10**4, 10**5, 10**6, 10**7]
     _print_table(
         "discounted cumulative sum, gamma=0.99 (median time; ratio = baseline / mpreplay)",
-        *_speed_rows(sizes, (256, 100) if args.quick else (256, 1000), baselines, repeat),
+        *_speed_rows(sizes, (256, 100) if args.quick else (256, 1000), baselines, repeat, clock),
     )
     _print_table("float32 precision, 10,000 steps, gamma=0.99 (L_inf vs float64 reference)", *_precision_rows(baselines))
     _print_table(
         "n-step folding, float32 rewards, 1% dones, gamma=0.99 (median time)",
-        *_n_step_rows(10**5 if args.quick else 10**6, baselines, repeat),
+        *_n_step_rows(10**5 if args.quick else 10**6, baselines, repeat, clock),
     )
     print(TARGETS)
     return 0
@@ -69,7 +75,7 @@ def _baselines() -> dict[str, Callable]:
     loops = _numba_loops()
     if loops is not None:
         found["numba"] = lambda x, right: loops[0](x, GAMMA, right)
-        found["numba n-step"] = loops[1]
+        found["numba n-step into"] = loops[1]
     return found
 
 
@@ -98,10 +104,8 @@ def _numba_loops():
         return y
 
     @numba.njit(cache=False)
-    def n_step(rewards, dones, gamma, n):
+    def n_step_into(rewards, dones, gamma, n, returns, discounts, steps):
         size = rewards.shape[0]
-        returns, discounts = np.empty_like(rewards), np.empty_like(rewards)
-        steps = np.empty(size, np.int64)
         for t in range(size):
             acc, power, m = 0.0, 1.0, 0
             while m < n and t + m < size:
@@ -111,12 +115,11 @@ def _numba_loops():
                 if dones[t + m - 1]:
                     break
             returns[t], discounts[t], steps[t] = acc, power, m
-        return returns, discounts, steps
 
     def discounted_any_rank(x, gamma, right):
         return discounted(x.reshape(-1, x.shape[-1]), gamma, right).reshape(x.shape)
 
-    return discounted_any_rank, n_step
+    return discounted_any_rank, n_step_into
 
 
 def _numpy_loop(x: np.ndarray, right: bool) -> np.ndarray:
@@ -137,17 +140,20 @@ def _mpreplay(x: np.ndarray, right: bool) -> np.ndarray:
 # --- measurements -------------------------------------------------------------------------------
 
 
-def _median_seconds(fn: Callable[[], object], repeat: int) -> float:
+_CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
+
+
+def _median_seconds(fn: Callable[[], object], repeat: int, clock: Callable[[], float]) -> float:
     fn()
     times = []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return float(np.median(times))
 
 
-def _speed_rows(sizes, batch_shape, baselines, repeat):
+def _speed_rows(sizes, batch_shape, baselines, repeat, clock):
     names = ["mpreplay", *(n for n in ("numba", "lfilter") if n in baselines), "numpy loop", "np.cumsum"]
     ratio_names = [n for n in ("numba", "lfilter") if n in baselines]
     header = ["case", "dtype", "dir", *names, *(f"{n}/mp" for n in ratio_names)]
@@ -164,8 +170,8 @@ def _speed_rows(sizes, batch_shape, baselines, repeat):
                     methods["numpy loop"] = _numpy_loop
                 # Fewer repeats where one call already takes long enough for a stable median.
                 reps = max(3, repeat // 3) if x.size >= 10**7 else repeat
-                seconds = {name: _median_seconds(lambda f=f: f(x, right), reps) for name, f in methods.items()}
-                seconds["np.cumsum"] = _median_seconds(lambda: np.cumsum(x, axis=-1), reps)
+                seconds = {name: _median_seconds(lambda f=f: f(x, right), reps, clock) for name, f in methods.items()}
+                seconds["np.cumsum"] = _median_seconds(lambda: np.cumsum(x, axis=-1), reps, clock)
                 rows.append(
                     [
                         label,
@@ -197,19 +203,37 @@ def _precision_rows(baselines):
     return header, rows
 
 
-def _n_step_rows(size, baselines, repeat):
+def _n_step_rows(size, baselines, repeat, clock):
+    """Folding into preallocated outputs, then whole calls that allocate them.
+
+    Fresh output pages fault on first touch, and whether the allocator keeps
+    freed pages between calls varies, so the whole-call figures mix the fold
+    with the operating system's page-fault cost.
+    """
     rng = np.random.default_rng(2)
     rewards = rng.standard_normal(size).astype(np.float32)
     dones = rng.random(size) < 0.01
-    header = ["n", "mpreplay", "numba loop", "numba/mp"]
+    outputs = (np.empty_like(rewards), np.empty_like(rewards), np.empty(size, np.int64))
+    into = baselines.get("numba n-step into")
+
+    def numba_call(n):
+        fresh = (np.empty_like(rewards), np.empty_like(rewards), np.empty(size, np.int64))
+        into(rewards, dones, GAMMA, n, *fresh)
+        return fresh
+
+    def mpreplay_into(n):
+        _kernel.n_step_fold(rewards[None], dones.view(np.uint8)[None], GAMMA, n, *(a[None] for a in outputs))
+
+    header = ["n", "what", "mpreplay", "numba loop", "numba/mp"]
     rows = []
     for n in (3, 10):
-        mp = _median_seconds(lambda: n_step_returns(rewards, dones, GAMMA, n), repeat)
-        if "numba n-step" in baselines:
-            nb = _median_seconds(lambda: baselines["numba n-step"](rewards, dones, GAMMA, n), repeat)
-            rows.append([str(n), _format_seconds(mp), _format_seconds(nb), f"{nb / mp:.2f}"])
-        else:
-            rows.append([str(n), _format_seconds(mp), "-", "-"])
+        for what, mine, theirs in (
+            ("fold into outputs", lambda: mpreplay_into(n), lambda: into(rewards, dones, GAMMA, n, *outputs)),
+            ("whole call", lambda: n_step_returns(rewards, dones, GAMMA, n), lambda: numba_call(n)),
+        ):
+            mp = _median_seconds(mine, repeat, clock)
+            nb = _median_seconds(theirs, repeat, clock) if into else None
+            rows.append([str(n), what, _format_seconds(mp), _format_seconds(nb), f"{nb / mp:.2f}" if nb else "-"])
     return header, rows
 
 
