@@ -39,7 +39,7 @@ with the same rank if ``max_restarts`` allows, otherwise it is a failure too.
 A Python exception is never retried: it is a bug to see, not a crash to ride out.
 
 Signals: while :func:`launch` runs in the main thread it turns SIGINT and
-SIGTERM into a clean shutdown (a second one skips the grace period); then it
+SIGTERM into a clean shutdown (a second signal skips the grace period); then it
 restores the previous handlers and delivers the signal to them, so Ctrl-C
 still ends in ``KeyboardInterrupt`` and ``kill`` still ends the program.
 Children ignore SIGINT: a Ctrl-C in a terminal reaches the whole process
@@ -87,9 +87,11 @@ class StopFlag:
         self._flag = mp_context.RawValue(ctypes.c_bool, False)
 
     def is_set(self) -> bool:
+        """Whether the run is ending."""
         return bool(self._flag.value)
 
     def set(self) -> None:
+        """Ask every process to stop: the run ends."""
         self._flag.value = True
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -394,10 +396,9 @@ class _Run:
         timeout or a stop still counts, and so does an exception.
         """
         self.stop.set()
-        signals_before = len(self._signals.caught)
         deadline = time.monotonic() + self._grace
         live = self._live()
-        while live and time.monotonic() < deadline and len(self._signals.caught) == signals_before:
+        while live and time.monotonic() < deadline and len(self._signals.caught) < 2:  # a 2nd signal: no grace
             connection.wait(_waitables(live), timeout=min(_POLL, max(0.0, deadline - time.monotonic())))
             for child in live:
                 self._receive(child)

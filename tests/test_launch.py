@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from mpreplay.launch import ChildFailed, launch
-from mpreplay.memory import Layout, SharedMemory
+from mpreplay.memory import SEGMENT_PREFIX, Layout, SharedMemory
 from mpreplay.params import ParameterStore
 
 METHODS = ["spawn", "fork"]
@@ -48,10 +48,24 @@ def process_exists(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")  # a zombie still has an entry: it must be reaped too
 
 
-def assert_all_gone(segments: list[str], pids: list[int]) -> None:
-    assert [name for name in segments if segment_exists(name)] == [], "segments left in /dev/shm"
-    assert [pid for pid in pids if pid and process_exists(pid)] == [], "processes left behind"
-    assert multiprocessing.active_children() == []
+def segments_of(pid: int) -> set[str]:
+    """The /dev/shm entries of the segments process ``pid`` created (mpreplay names them after it)."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith(f"{SEGMENT_PREFIX}{pid}-")}
+
+
+@pytest.fixture
+def assert_all_gone():
+    """``assert_all_gone(pids, creator=None)``: none of ``pids`` is left, and /dev/shm holds
+    the same segments of this process as when the test began (with ``creator``, a
+    process that has ended: none of its segments)."""
+    before = segments_of(os.getpid())
+
+    def check(pids: list[int], creator: int | None = None) -> None:
+        assert segments_of(creator or os.getpid()) == (set() if creator else before), "segments left in /dev/shm"
+        assert [pid for pid in pids if pid and process_exists(pid)] == [], "processes left behind"
+        assert multiprocessing.active_children() == []
+
+    return check
 
 
 def wait_until(condition, ctx, what: str) -> None:
@@ -64,6 +78,13 @@ def wait_until(condition, ctx, what: str) -> None:
 def idle_actor(ctx):
     ctx.buffer.cells[ctx.rank] = os.getpid()
     ctx.stop.wait()
+
+
+def deaf_actor(ctx):
+    """Never looks at ctx.stop: only terminate() ends it."""
+    ctx.buffer.cells[ctx.rank] = os.getpid()
+    while True:
+        time.sleep(0.01)
 
 
 # ------------------------------------------------------------------ results
@@ -168,7 +189,7 @@ def test_a_process_setting_stop_ends_the_run(method):
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("method", METHODS)
-def test_a_process_ignoring_stop_and_sigterm_is_killed(method):
+def test_a_process_ignoring_stop_and_sigterm_is_killed(assert_all_gone, method):
     board = Board(1)
 
     def stubborn(ctx):
@@ -181,7 +202,7 @@ def test_a_process_ignoring_stop_and_sigterm_is_killed(method):
         wait_until(lambda: ctx.buffer.cells[0] != 0, ctx, "the actor")
 
     launch(board, actors=(stubborn, 1), learner=learner, start_method=method, grace=0.1)
-    assert_all_gone([board.name], board.cells.tolist())
+    assert_all_gone(board.cells.tolist())
 
 
 @pytest.mark.timeout(30)
@@ -215,7 +236,7 @@ def test_runs_outside_the_main_thread_without_touching_signals():
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("method", METHODS)
-def test_actor_exception_is_raised_with_role_rank_and_traceback(method):
+def test_actor_exception_is_raised_with_role_rank_and_traceback(assert_all_gone, method):
     board = Board(3)
 
     def explode():
@@ -238,12 +259,12 @@ def test_actor_exception_is_raised_with_role_rank_and_traceback(method):
     message = str(failure.value)
     assert message.startswith("actor 1 (pid ")
     assert "in explode" in message and "ValueError: actor exploded" in message
-    assert_all_gone([board.name], board.cells.tolist())
+    assert_all_gone(board.cells.tolist())
 
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("method", METHODS)
-def test_learner_exception_is_raised_with_its_role(method):
+def test_learner_exception_is_raised_with_its_role(assert_all_gone, method):
     board = Board(1)
 
     def learner(ctx):
@@ -253,7 +274,7 @@ def test_learner_exception_is_raised_with_its_role(method):
     with pytest.raises(ChildFailed, match=r"(?s)^learner \(pid \d+\) raised.*KeyError: 'missing'") as failure:
         launch(board, actors=(idle_actor, 1), learner=learner, start_method=method)
     assert failure.value.role == "learner"
-    assert_all_gone([board.name], board.cells.tolist())
+    assert_all_gone(board.cells.tolist())
 
 
 def kill_actor_0(ctx) -> int:
@@ -266,7 +287,7 @@ def kill_actor_0(ctx) -> int:
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("method", METHODS)
-def test_killed_actor_is_restarted_with_its_rank(method):
+def test_killed_actor_is_restarted_with_its_rank(assert_all_gone, method):
     board = Board(4)  # pid of the first start, rank and pid of the restart, learner pid
 
     def actor(ctx):
@@ -285,12 +306,12 @@ def test_killed_actor_is_restarted_with_its_rank(method):
     result = launch(board, actors=(actor, 1), learner=learner, max_restarts=1, start_method=method)
     assert (result.value, result.restarts) == ("done", {0: 1})
     assert board.cells[1] == 0  # the same rank
-    assert_all_gone([board.name], [board.cells[0], board.cells[2], board.cells[3]])
+    assert_all_gone([board.cells[0], board.cells[2], board.cells[3]])
 
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("method", METHODS)
-def test_killed_actor_without_restart_fails_the_run(method):
+def test_killed_actor_without_restart_fails_the_run(assert_all_gone, method):
     board = Board(2)
 
     def learner(ctx):
@@ -302,12 +323,12 @@ def test_killed_actor_without_restart_fails_the_run(method):
         launch(board, actors=(idle_actor, 1), learner=learner, start_method=method)
     assert failure.value.exitcode == -signal.SIGKILL
     assert failure.value.remote_traceback is None
-    assert_all_gone([board.name], board.cells.tolist())
+    assert_all_gone(board.cells.tolist())
 
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("method", METHODS)
-def test_restarts_stop_at_max_restarts(method):
+def test_restarts_stop_at_max_restarts(assert_all_gone, method):
     board = Board(1)
 
     def actor(ctx):
@@ -316,7 +337,7 @@ def test_restarts_stop_at_max_restarts(method):
     with pytest.raises(ChildFailed, match=r"restarted 2 times \(max_restarts=2\)"):
         launch(board, actors=(actor, 1), learner=lambda ctx: ctx.stop.wait(), max_restarts=2,
                start_method=method)
-    assert_all_gone([board.name], [])
+    assert_all_gone([])
 
 
 @pytest.mark.timeout(30)
@@ -359,17 +380,16 @@ SCRIPT = textwrap.dedent("""
     import numpy as np
     from mpreplay.launch import launch
     from mpreplay.params import ParameterStore
-    from test_launch import Board, idle_actor, kill_actor_0, wait_until
+    from test_launch import Board, deaf_actor, idle_actor, kill_actor_0, wait_until
 
     if __name__ == "__mp_main__" and os.environ["SCENARIO"] == "ctrl-c-at-import":
         os.killpg(0, signal.SIGINT)  # a spawned child, still importing, presses Ctrl-C for the whole group
 
     def report_and_wait(ctx):
-        # Once every actor is up, tell the test which processes and segments to check.
-        ctx.buffer.cells[2] = os.getpid()
-        wait_until(lambda: ctx.buffer.cells[:2].all(), ctx, "the actors")
-        print(json.dumps({"pids": ctx.buffer.cells.tolist(), "segments": [ctx.buffer.name, ctx.params.name]}),
-              flush=True)
+        # Once the actor is up, tell the test which processes to check.
+        ctx.buffer.cells[1] = os.getpid()
+        wait_until(lambda: ctx.buffer.cells[0] != 0, ctx, "the actor")
+        print(json.dumps({"pids": ctx.buffer.cells.tolist()}), flush=True)
         ctx.stop.wait()
 
     def kill_and_finish(ctx):
@@ -378,16 +398,18 @@ SCRIPT = textwrap.dedent("""
         return killed
 
     if __name__ == "__main__":
-        board, store = Board(3), ParameterStore({"w": np.zeros(4)})
-        learner = kill_and_finish if os.environ["SCENARIO"] == "kill" else report_and_wait
+        scenario = os.environ["SCENARIO"]
+        board, store = Board(2), ParameterStore({"w": np.zeros(4)})  # actor and learner pids; weights
+        learner = kill_and_finish if scenario == "kill" else report_and_wait
+        actor, grace = (deaf_actor, 600.0) if scenario == "deaf-actors" else (idle_actor, 2.0)
         try:
-            result = launch(board, actors=(idle_actor, 2), learner=learner, params=store, start_method=sys.argv[1],
-                   max_restarts=1, grace=2.0)
+            result = launch(board, actors=(actor, 1), learner=learner, params=store, start_method=sys.argv[1],
+                            max_restarts=1, grace=grace)
         except KeyboardInterrupt:
             print("interrupted", flush=True)
             sys.exit(130)
         pids = board.cells.tolist() + [result.value]
-        print(json.dumps({"pids": pids, "segments": [board.name, store.name]}), flush=True)
+        print(json.dumps({"pids": pids}), flush=True)
 """)
 
 
@@ -402,13 +424,13 @@ def start_script(tmp_path: Path, method: str, scenario: str) -> subprocess.Popen
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("method", METHODS)
-def test_ctrl_c_to_the_process_group_stops_everything_and_cleans_up(tmp_path, method):
+def test_ctrl_c_to_the_process_group_stops_everything_and_cleans_up(tmp_path, assert_all_gone, method):
     run = start_script(tmp_path, method, "report")
     started = json.loads(run.stdout.readline())
     os.killpg(run.pid, signal.SIGINT)  # what a terminal does: every process of the group gets it
     stdout, stderr = run.communicate(timeout=30)
     assert (run.returncode, stdout, stderr) == (130, "interrupted\n", "")  # no traceback from any child
-    assert_all_gone(started["segments"], started["pids"])
+    assert_all_gone(started["pids"], creator=run.pid)
 
 
 @pytest.mark.timeout(60)
@@ -416,25 +438,56 @@ def test_ctrl_c_while_spawned_children_import_gives_no_child_tracebacks(tmp_path
     # spawn only: the long start-up (a fresh interpreter importing) is spawn's.
     run = start_script(tmp_path, "spawn", "ctrl-c-at-import")
     stdout, stderr = run.communicate(timeout=30)
-    assert (run.returncode, stdout, stderr) == (130, "interrupted\n", "")
+    assert (run.returncode, stdout.splitlines()[-1], stderr) == (130, "interrupted", "")
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("method", METHODS)
-def test_sigterm_to_the_parent_stops_everything_cleans_up_and_ends_it(tmp_path, method):
+def test_a_second_signal_skips_the_grace_period(tmp_path, assert_all_gone, method):
+    run = start_script(tmp_path, method, "deaf-actors")  # actors that would use all of a 600 s grace period
+    started = json.loads(run.stdout.readline())
+    run.send_signal(signal.SIGINT)
+    run.send_signal(signal.SIGTERM)  # another kind: two SIGINTs can merge into one delivery
+    stdout, stderr = run.communicate(timeout=30)
+    assert (run.returncode, stdout, stderr) == (130, "interrupted\n", "")
+    assert_all_gone(started["pids"], creator=run.pid)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", METHODS)
+def test_sigterm_to_the_parent_stops_everything_cleans_up_and_ends_it(tmp_path, assert_all_gone, method):
     run = start_script(tmp_path, method, "report")
     started = json.loads(run.stdout.readline())
     run.send_signal(signal.SIGTERM)
     stdout, stderr = run.communicate(timeout=30)
     assert (run.returncode, stdout, stderr) == (-signal.SIGTERM, "", "")
-    assert_all_gone(started["segments"], started["pids"])
+    assert_all_gone(started["pids"], creator=run.pid)
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"  # an orphan's zombie is init's to reap
+    except FileNotFoundError:
+        return False
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("method", METHODS)
-def test_killed_and_restarted_actor_leaves_no_resource_tracker_warnings(tmp_path, method):
+def test_children_die_with_a_parent_killed_before_it_can_clean_up(tmp_path, method):
+    run = start_script(tmp_path, method, "report")
+    started = json.loads(run.stdout.readline())
+    run.kill()
+    run.communicate(timeout=30)
+    while any(running(pid) for pid in started["pids"]):  # bounded by the test's timeout
+        time.sleep(0.01)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", METHODS)
+def test_killed_and_restarted_actor_leaves_no_resource_tracker_warnings(tmp_path, assert_all_gone, method):
     run = start_script(tmp_path, method, "kill")
     stdout, stderr = run.communicate(timeout=30)
     assert (run.returncode, stderr) == (0, "")
     finished = json.loads(stdout)
-    assert_all_gone(finished["segments"], finished["pids"])
+    assert_all_gone(finished["pids"], creator=run.pid)
