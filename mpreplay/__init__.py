@@ -4,6 +4,7 @@ from .buffer import MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplay
 from .errors import BufferClosed
 from .limiter import MinSize, RateLimiter, SampleToInsertRatio
 from .memory import SharedMemoryError
+from .nstep import NstepBuffer
 
 __all__ = [
     "__version__",
@@ -16,4 +17,5 @@ __all__ = [
     "RateLimiter",
     "MinSize",
     "SampleToInsertRatio",
+    "NstepBuffer",
 ]

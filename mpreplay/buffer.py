@@ -31,6 +31,7 @@ from ._ext.sumtree import PriorityTree, tree_buffer_size
 from .errors import BufferClosed
 from .limiter import RateLimiter
 from .memory import HeapMemory, Layout, SharedMemory
+from .nstep import NstepBuffer
 from .spec import convert_batch, parse_env_dict
 
 __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer", "BufferClosed"]
@@ -57,17 +58,23 @@ class ReplayBuffer:
     rate_limiter : RateLimiter, optional
         :class:`~mpreplay.MinSize` or :class:`~mpreplay.SampleToInsertRatio`: ``sample`` and
         ``add`` then wait (``timeout`` seconds at most) until the limiter lets them through.
+    nstep : mapping, optional
+        Fold rewards over n steps before storing, with an :class:`~mpreplay.NstepBuffer`:
+        ``{"size": n, "gamma": 0.99, "rew": "rew", "next": "next_obs", "done": "done",
+        "truncated": None}`` (cpprb's ``Nstep=`` is accepted too).  Stored transitions then
+        carry a ``discount`` field, gamma ** m; each process folds its own steps.
 
     A buffer object is meant for one thread at a time; the shared twins are
     safe across processes (one object per process).
     """
 
-    _CONFIG: tuple[str, ...] = ("_size", "_specs")  # what a shared handle carries to other processes
+    _CONFIG: tuple[str, ...] = ("_size", "_specs", "_nstep_args")  # what a shared handle carries
     _alpha = 0.0  # leaf weight (p + eps) ** alpha == 1: uniform
     _eps = 0.0
 
     def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *,
-                 default_dtype: Any = None, seed: int | None = None, rate_limiter: RateLimiter | None = None):
+                 default_dtype: Any = None, seed: int | None = None, rate_limiter: RateLimiter | None = None,
+                 nstep: Mapping[str, Any] | None = None, Nstep: Mapping[str, Any] | None = None):
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
             raise ValueError(f"size: expected an integer >= 1, got {size!r}")
         if rate_limiter is not None:
@@ -76,7 +83,9 @@ class ReplayBuffer:
                                 f"got {type(rate_limiter).__name__}")
             rate_limiter.check(int(size))
         self._size = int(size)
-        self._specs = parse_env_dict(env_dict, default_dtype)
+        self._nstep_args = _nstep_args(env_dict, default_dtype, nstep if Nstep is None else Nstep, nstep, Nstep)
+        self._nstep = _make_nstep(self._nstep_args)
+        self._specs = parse_env_dict(self._nstep.output_env_dict() if self._nstep else env_dict, default_dtype)
         self._memory = self._allocate(self._layout())
         if rate_limiter is not None:
             self._memory.arrays["limits"][:] = rate_limiter.to_array()
@@ -162,11 +171,18 @@ class ReplayBuffer:
         """
         if "priorities" in fields:
             raise TypeError("priorities: only PrioritizedReplayBuffer.add takes initial priorities")
+        if self._nstep is not None:
+            return self._store_folded(self._nstep.add(**fields), timeout)
         slot = self._ring.add_one(fields, -1.0, timeout)
         if slot >= 0:
             return slot
         k, rows = convert_batch(self._specs, fields)
         return self._store(k, rows, None, timeout)
+
+    def _store_folded(self, rows: dict[str, np.ndarray], timeout: float | None) -> int | None:
+        """Store what the n-step folder emitted; None when it emitted nothing."""
+        k, rows = convert_batch(self._specs, rows)
+        return self._store(k, rows, None, timeout) if k else None
 
     def _store(self, k: int, rows: dict[str, np.ndarray], priorities: np.ndarray | None,
                timeout: float | None) -> int:
@@ -223,11 +239,31 @@ class ReplayBuffer:
         return order[keep], {name: r[keep] for name, r in rows.items()}
 
     def clear(self) -> None:
-        """Forget every transition (the capacity stays)."""
+        """Forget every transition, and the steps an n-step folder holds (the capacity stays)."""
         self._ring.clear()
+        if self._nstep is not None:
+            self._nstep.clear()
 
     def on_episode_end(self) -> None:
-        """Mark the end of an episode (cpprb API)."""
+        """End the current episode (cpprb API): with ``nstep``, store its pending
+        steps, folded as if the last one was truncated (they bootstrap)."""
+        if self._nstep is not None:
+            self._store_folded(self._nstep.on_episode_end(), None)
+
+    def save_transitions(self, file: Any, *, safe: bool = True, compress: bool = True,
+                         priorities: bool = False) -> None:
+        """Write every stored transition, oldest first, to ``file`` (a path or a binary
+        file object) in mpreplay's file format; see :mod:`mpreplay.io`."""
+        from . import io
+
+        io.save_transitions(self, file, safe=safe, compress=compress, priorities=priorities)
+
+    def load_transitions(self, file: Any) -> int:
+        """Append the transitions of a file written by :meth:`save_transitions`; returns
+        how many.  Raises ValueError, changing nothing, unless the whole file fits."""
+        from . import io
+
+        return io.load_transitions(self, file)
 
     def stats(self) -> dict[str, float]:
         """Counters since creation: stored, inserts, samples, stale updates dropped,
@@ -242,6 +278,32 @@ class ReplayBuffer:
             "lock_wait_seconds": int(h[LOCK_WAIT_NS]) * 1e-9,
             "lock_acquisitions": int(h[LOCK_HOLDS]),
         }
+
+
+_NSTEP_KEYS = {"size", "gamma", "rew", "next", "done", "truncated"}
+
+
+def _nstep_args(env_dict: Any, default_dtype: Any, options: Any, nstep: Any, Nstep: Any) -> tuple | None:
+    """The n-step folder's arguments (picklable, so shared handles can rebuild it)."""
+    if nstep is not None and Nstep is not None:
+        raise TypeError("nstep: give nstep= or cpprb's Nstep=, not both")
+    if options is None:
+        return None
+    if not isinstance(options, Mapping) or "size" not in options:
+        raise TypeError(f"nstep: expected a mapping with at least 'size' (keys {sorted(_NSTEP_KEYS)}), got {options!r}")
+    unknown = set(options) - _NSTEP_KEYS
+    if unknown:
+        raise ValueError(f"nstep: unknown keys {sorted(unknown)}; expected {sorted(_NSTEP_KEYS)}")
+    settings = {"gamma": 0.99, "rew": "rew", "next": "next_obs", "done": "done", "truncated": None, **options}
+    return (dict(env_dict), default_dtype, settings)
+
+
+def _make_nstep(args: tuple | None) -> NstepBuffer | None:
+    if args is None:
+        return None
+    env_dict, default_dtype, settings = args
+    settings = dict(settings)
+    return NstepBuffer(env_dict, settings.pop("size"), settings.pop("gamma"), default_dtype=default_dtype, **settings)
 
 
 def _batch_size(batch_size: Any) -> int:
@@ -279,9 +341,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *, alpha: float = 0.6,
                  eps: float = 1e-4, default_dtype: Any = None, seed: int | None = None,
-                 rate_limiter: RateLimiter | None = None):
+                 rate_limiter: RateLimiter | None = None, nstep: Mapping[str, Any] | None = None,
+                 Nstep: Mapping[str, Any] | None = None):
         self._alpha, self._eps = _positive("alpha", alpha), _positive("eps", eps)
-        super().__init__(size, env_dict, default_dtype=default_dtype, seed=seed, rate_limiter=rate_limiter)
+        super().__init__(size, env_dict, default_dtype=default_dtype, seed=seed, rate_limiter=rate_limiter,
+                         nstep=nstep, Nstep=Nstep)
 
     def get_max_priority(self) -> float:
         """Largest priority stored now (1.0 when the buffer is empty)."""
@@ -306,6 +370,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def add(self, *, priorities: Any = None, timeout: float | None = None, **fields: Any) -> int:
         """Store one transition or a batch; ``priorities`` (one per transition)
         defaults to the largest priority stored now.  See :meth:`ReplayBuffer.add`."""
+        if self._nstep is not None:
+            if priorities is not None:
+                raise TypeError("priorities: a buffer that folds n steps stores new transitions "
+                                "at the largest priority; fold in the actor with NstepBuffer to give priorities")
+            return self._store_folded(self._nstep.add(**fields), timeout)
         if priorities is None:
             slot = self._ring.add_one(fields, -1.0, timeout)
             if slot >= 0:
@@ -346,6 +415,7 @@ def _attach(cls: type, config: dict[str, Any], name: str) -> "ReplayBuffer":
     """Unpickle a shared buffer: map the creator's segment (never owning it)."""
     obj = cls.__new__(cls)
     obj.__dict__.update(config)
+    obj._nstep = _make_nstep(obj._nstep_args)
     obj._memory = SharedMemory(obj._layout(), name=name)
     obj._bind(create=False, rng=np.random.default_rng())
     return obj
@@ -403,10 +473,13 @@ _FORK_SENSITIVE: "weakref.WeakSet[ReplayBuffer]" = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
-    # A forked child must not replay its parent's random stream, nor judge
-    # priority updates by what its parent sampled.
+    # A forked child must not replay its parent's random stream, judge
+    # priority updates by what its parent sampled, or fold its steps onto
+    # the ones its parent had pending.
     for buffer in list(_FORK_SENSITIVE):
         buffer._ring.after_fork(np.random.default_rng())
+        if buffer._nstep is not None:
+            buffer._nstep.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,116 @@
+"""Buffers that fold n steps themselves (``nstep=``, cpprb's ``Nstep=``)."""
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+
+from mpreplay import MPPrioritizedReplayBuffer, NstepBuffer, PrioritizedReplayBuffer, ReplayBuffer
+
+ENV = {"obs": {"shape": (2,)}, "act": {"dtype": np.int64}, "rew": {}, "next_obs": {"shape": (2,)}, "done": {}}
+BOTH = pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer], ids=["uniform", "prioritized"])
+
+
+def _episode(length: int, start: int = 0, terminal: bool = True) -> list[dict]:
+    return [dict(obs=np.full(2, start + t, np.float32), act=start + t, rew=float(t + 1),
+                 next_obs=np.full(2, start + t + 1, np.float32), done=float(terminal and t == length - 1))
+            for t in range(length)]
+
+
+def _play(buffer, steps: list[dict]) -> None:
+    for step in steps:
+        buffer.add(**step)
+
+
+@BOTH
+def test_a_folding_buffer_stores_what_an_nstep_buffer_emits(cls):
+    steps = _episode(7) + _episode(4, start=100, terminal=False)
+    buffer = cls(64, ENV, nstep={"size": 3, "gamma": 0.9})
+    _play(buffer, steps)
+    buffer.on_episode_end()
+
+    folder = NstepBuffer(ENV, 3, 0.9)
+    reference = ReplayBuffer(64, {**ENV, "discount": {}})
+    for step in steps:
+        reference.add(**folder.add(**step))
+    reference.add(**folder.on_episode_end())
+
+    got, want = buffer.get_all_transitions(), reference.get_all_transitions()
+    assert set(got) == set(want) == set(ENV) | {"discount"}
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_cpprbs_nstep_dict_is_accepted():
+    buffer = ReplayBuffer(16, ENV, Nstep={"size": 2, "gamma": 0.5, "rew": "rew", "next": "next_obs"})
+    _play(buffer, _episode(3))
+    stored = buffer.get_all_transitions()
+    np.testing.assert_allclose(stored["rew"], [1 + 0.5 * 2, 2 + 0.5 * 3, 3])
+    np.testing.assert_allclose(stored["discount"], [0.25, 0.25, 0.5])
+
+
+def test_steps_are_held_back_until_n_are_known():
+    buffer = ReplayBuffer(16, ENV, nstep={"size": 3})
+    assert buffer.add(**_episode(5, terminal=False)[0]) is None
+    assert buffer.get_stored_size() == 0
+
+
+def test_on_episode_end_stores_the_pending_steps_as_bootstrapping():
+    buffer = ReplayBuffer(16, ENV, nstep={"size": 4, "gamma": 1.0})
+    _play(buffer, _episode(2, terminal=False))
+    assert buffer.get_stored_size() == 0
+    buffer.on_episode_end()
+    stored = buffer.get_all_transitions()
+    np.testing.assert_array_equal(stored["done"], [0, 0])
+    np.testing.assert_allclose(stored["rew"], [3, 2])
+
+
+def test_clear_also_drops_pending_steps():
+    buffer = ReplayBuffer(16, ENV, nstep={"size": 3})
+    _play(buffer, _episode(2, terminal=False))
+    buffer.clear()
+    buffer.on_episode_end()
+    assert buffer.get_stored_size() == 0
+
+
+def test_given_priorities_are_refused_when_the_buffer_folds():
+    buffer = PrioritizedReplayBuffer(16, ENV, nstep={"size": 3})
+    with pytest.raises(TypeError, match="priorities"):
+        buffer.add(priorities=[1.0], **_episode(1)[0])
+
+
+@pytest.mark.parametrize("options, error", [
+    pytest.param({"gamma": 0.9}, TypeError, id="missing-size"),
+    pytest.param({"size": 3, "lambda": 0.9}, ValueError, id="unknown-key"),
+    pytest.param({"size": 0}, ValueError, id="size-zero"),
+    pytest.param({"size": 3, "gamma": 1.5}, ValueError, id="gamma-above-one"),
+    pytest.param({"size": 3, "rew": "reward"}, ValueError, id="unknown-reward-field"),
+])
+def test_bad_nstep_settings_are_rejected(options, error):
+    with pytest.raises(error, match="nstep|size|gamma|rew|reward"):
+        ReplayBuffer(16, ENV, nstep=options)
+
+
+def test_nstep_and_cpprbs_nstep_together_are_rejected():
+    with pytest.raises(TypeError, match="not both"):
+        ReplayBuffer(16, ENV, nstep={"size": 2}, Nstep={"size": 2})
+
+
+def _fold_in_child(buffer) -> None:
+    _play(buffer, _episode(5))
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+@pytest.mark.timeout(60)
+def test_each_process_of_a_shared_buffer_folds_its_own_steps(method):
+    ctx = mp.get_context(method)
+    with MPPrioritizedReplayBuffer(64, ENV, nstep={"size": 2, "gamma": 0.5}) as buffer:
+        _play(buffer, _episode(3, start=1000, terminal=False))  # stores 1000, 1001; 1002 stays pending here
+        child = ctx.Process(target=_fold_in_child, args=(buffer,))
+        child.start()
+        child.join(30)
+        assert child.exitcode == 0
+        stored = buffer.get_all_transitions()
+        np.testing.assert_array_equal(stored["act"], [1000, 1001, 0, 1, 2, 3, 4])
+        np.testing.assert_allclose(stored["rew"][2:], [2, 3.5, 5, 6.5, 5])
