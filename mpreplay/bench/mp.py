@@ -17,7 +17,8 @@ two observations, each stored with its next_obs: (4,) float32 at capacity
 A final sweep runs the learner alone over capacities 1e4, 1e5 and 1e6.
 Rates are medians over slices of the window; stale updates, lock waits
 (mpreplay's ``stats()``) and CPU are totals over the window.  The targets
-table compares figures of this same run.
+table compares figures of this same run.  Other work on the machine skews
+every figure: the "others' cores" column shows how much there was.
 """
 from __future__ import annotations
 
@@ -207,7 +208,7 @@ def _child(role: _Role, buffer: Any, conn: Connection) -> None:
         conn.send("ready")
         marks = conn.recv()
         conn.send(_run_until(marks, op, stride))
-    except EOFError:  # the parent is gone
+    except (EOFError, BrokenPipeError):  # the parent is gone
         pass
     except BaseException:
         conn.send(("error", traceback.format_exc()))
@@ -374,7 +375,9 @@ def _gather_limit(obs: _Obs, timing: _Timing) -> _Result:
         def gather() -> None:
             idx = next(indexes)
             for src, dst in pairs:
-                np.take(src, idx, axis=0, out=dst)
+                # mode="raise" would gather into a temporary and copy that into
+                # `out`; every index is valid, so "clip" gathers the same rows once.
+                np.take(src, idx, axis=0, out=dst, mode="clip")
 
         marks = _marks(timing)
         _run_until(marks[:1], gather, 1)  # the warm-up
@@ -469,6 +472,9 @@ def _targets(results: Sequence[_Result], sweep: Sequence[_Result]) -> list[_Targ
 _COLUMNS = ("obs", "buffer", "capacity", "processes", "rows/add", "inserts/s", "sampled rows/s", "updates/s",
             "stale dropped", "lock wait", "CPU cores", "others' cores")
 _TARGET_COLUMNS = ("target", "case", "ratio", "goal", "met")
+_LEGEND = ("updates/s: priority updates applied (stale ones are dropped); lock wait: share of window x processes "
+           "spent waiting for the buffer's lock;\nCPU cores: CPU seconds of the case's processes / window; "
+           "others' cores: what the rest of the machine used meanwhile (/proc/stat).")
 
 
 def _num(x: float | None) -> str:
@@ -583,8 +589,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         versions.append("cpprb " + ("skipped (--quick)" if args.quick else "not installed"))
     cores = len(os.sched_getaffinity(0))
     crowded = " (2 writers + learner oversubscribe them)" if cores < 3 else ""
-    print(f"{timing.seconds:g} s window per case after {timing.warmup:g} s warm-up, rates are medians of "
+    print(f"{timing.seconds:g} s window per case after {timing.warmup:.2g} s warm-up, rates are medians of "
           f"{timing.slices} slices; start method {args.start_method}; {cores} cores{crowded}; {', '.join(versions)}")
+    print(_LEGEND)
     _print_table(f"Shared prioritized buffer: writers add, the learner samples {BATCH} + updates {BATCH}",
                  _COLUMNS, [_cells(r) for r in results], group=0)
     _print_table("Sample cost vs capacity: learner alone, (4,) float32", _COLUMNS, [_cells(r) for r in sweep],
