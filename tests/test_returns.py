@@ -124,6 +124,22 @@ def test_input_is_not_modified(direction):
 
 
 @pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("view", ["reversed", "every third step", "transposed", "read-only"])
+def test_strided_and_read_only_views_give_the_same_sums_as_copies(direction, view):
+    base = np.random.default_rng(15).standard_normal((9, 3000)).astype(np.float32)
+    x = {
+        "reversed": base[::-1, ::-1],
+        "every third step": base[::2, ::3],
+        "transposed": base.T,
+        "read-only": np.lib.stride_tricks.as_strided(base, writeable=False),
+    }[view]
+    axis = 0 if view == "transposed" else 1
+    dones = np.random.default_rng(16).random(x.shape) < 0.01
+    result = DIRECTIONS[direction](x, 0.99, dones=dones, axis=axis)
+    np.testing.assert_array_equal(result, DIRECTIONS[direction](np.ascontiguousarray(x), 0.99, dones=dones, axis=axis))
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
 def test_out_receives_the_result_and_is_returned(direction):
     x = np.random.default_rng(2).standard_normal((4, 50)).astype(np.float32)
     out = np.full_like(x, np.nan)
