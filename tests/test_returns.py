@@ -375,3 +375,16 @@ def test_tensor_gae_matches_arrays_and_passes_gradcheck(torch):
     r, v = torch.from_numpy(rewards).requires_grad_(), torch.from_numpy(values).requires_grad_()
     np.testing.assert_allclose(gae(r, v, dones, 0.9, 0.8).detach().numpy(), gae(rewards, values, dones, 0.9, 0.8))
     assert torch.autograd.gradcheck(lambda a, b: gae(a, b, dones, 0.9, 0.8), (r, v))
+
+
+# --- benchmark ----------------------------------------------------------------------------------
+
+
+def test_benchmark_quick_run_prints_every_table(capsys, monkeypatch):
+    from mpreplay.bench import returns as bench
+
+    monkeypatch.setattr(bench, "_numba_loops", lambda: None)  # compiling them takes seconds
+    assert bench.main(["--quick", "--repeat", "1"]) == 0
+    printed = capsys.readouterr().out
+    for title in ("discounted cumulative sum", "float32 precision", "n-step folding"):
+        assert title in printed
