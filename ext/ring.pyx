@@ -27,6 +27,7 @@ from cpython.exc cimport PyErr_CheckSignals
 cimport numpy as cnp
 from numpy.random cimport bitgen_t
 
+from mpreplay._ext.frames cimport MAX_STACK, Frames
 from mpreplay._ext.sumtree cimport PriorityTree
 
 import math
@@ -92,11 +93,12 @@ def _alive(int pid):
         return True
 
 # Counters at the start of every buffer's memory (an int64 array).
-(NEXT, STORED, INSERTS, SAMPLES, STALE, TORN, LOCK_WAIT_NS, LOCK_HOLDS, CLOSED,
- RESERVED, EPOCH, WAITERS) = range(12)
+(STORED, INSERTS, SAMPLES, STALE, TORN, LOCK_WAIT_NS, LOCK_HOLDS, CLOSED,
+ RESERVED, EPOCH, WAITERS) = range(11)
 HEADER_LEN = 16
 cdef enum:
-    _NEXT, _STORED, _INSERTS, _SAMPLES, _STALE, _TORN, _LOCK_WAIT_NS, _LOCK_HOLDS, _CLOSED
+    _STORED    # complete transitions stored now
+    _INSERTS, _SAMPLES, _STALE, _TORN, _LOCK_WAIT_NS, _LOCK_HOLDS, _CLOSED
     _RESERVED  # rows reserved by writers: the inserts a rate limiter counts
     _EPOCH     # bumped (low 32 bits) whenever a blocked caller may proceed: the futex word
     _WAITERS   # callers blocked on _EPOCH
@@ -107,6 +109,20 @@ cdef enum:
     _L_ON, _L_SPI, _L_MIN_SIZE, _L_MIN_DIFF, _L_MAX_DIFF
 
 cdef double _WAIT_SLICE_S = 0.05  # blocked callers look at signals and deadlines this often
+
+# A lane is a ring of slots one writer fills in order (a row of the int64
+# "lanes" array).  Uncompressed buffers have one lane that every writer
+# shares; compressed ones give each writer process its own.
+LANE_START, LANE_END, LANE_CURSOR, LANE_OWNER = range(4)
+cdef enum:
+    _L_START, _L_END, _L_CURSOR, _L_OWNER
+
+# What a slot holds (the uint8 "state" array).
+EMPTY, COMPLETE, WAITING = range(3)
+cdef enum:
+    _EMPTY      # nothing sampleable: never written, being written, a lone frame, or broken
+    _COMPLETE   # a transition every frame of which is stored
+    _WAITING    # a transition whose next observation is not stored yet
 
 cdef uint64_t NOT_SAMPLED = 0xFFFFFFFFFFFFFFFFULL
 cdef int MAX_REDRAW_ROUNDS = 64
@@ -179,16 +195,25 @@ cdef class Ring:
     ----------
     header : int64 array of ``HEADER_LEN`` counters
     limits : float64 array of ``LIMITS_LEN`` rate limiter settings (``limits[0] == 0``: none)
+    lanes : int64 array (nlanes, 4): start, end, cursor and owning pid of each lane
     generation : uint64 array, one per slot
     owner : int32 array, one per slot: pid of the process writing it (0: none)
+    state : uint8 array, one per slot: EMPTY, COMPLETE or WAITING
     tree : PriorityTree over the slots
     fields : list of ``(name, array)``; each array is ``(size,) + shape``, C-contiguous
     alpha, eps : leaf weight of priority ``p`` is ``(p + eps) ** alpha``
         (``alpha = 0`` gives uniform replay)
     lock : object with ``acquire()``/``release()``, or None for a single-process buffer
     rng : numpy Generator the draws come from
+    frames : Frames of the compressed keys, or None
+    frame_outputs : list of ``(name, key, next, shape, dtype)``: sample output ``name`` is key
+        ``key``'s observation (``next``: of the next slot) with per-row ``shape``
     """
     cdef int64_t[::1] _header
+    cdef int64_t[:, ::1] _lanes
+    cdef uint8_t[::1] _state
+    cdef Frames _frames
+    cdef list _frame_outputs
     cdef double[::1] _limits
     cdef int32_t* _epoch
     cdef uint64_t[::1] _gen
@@ -219,11 +244,17 @@ cdef class Ring:
         self._typenums = NULL
 
     def __init__(self, int64_t[::1] header not None, double[::1] limits not None,
-                 uint64_t[::1] generation not None, int32_t[::1] owner not None,
+                 int64_t[:, ::1] lanes not None, uint64_t[::1] generation not None,
+                 int32_t[::1] owner not None, uint8_t[::1] state not None,
                  PriorityTree tree not None, list fields not None,
-                 double alpha, double eps, object lock, object rng):
+                 double alpha, double eps, object lock, object rng,
+                 Frames frames=None, list frame_outputs=None):
         cdef Py_ssize_t i, n = len(fields)
         self._header = header
+        self._lanes = lanes
+        self._state = state
+        self._frames = frames
+        self._frame_outputs = frame_outputs or []
         self._limits = limits
         self._epoch = <int32_t*>&header[_EPOCH]
         self._gen = generation
@@ -360,38 +391,64 @@ cdef class Ring:
                 - self._header[_SAMPLES] - b) >= self._limits[_L_MIN_DIFF]
 
     # -- writers ----------------------------------------------------------------
-    cdef int _busy_owner(self, Py_ssize_t k) noexcept nogil:
+    cdef inline Py_ssize_t _slot(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t j) noexcept nogil:
+        # The slot j places after `start` in `lane`.
+        cdef Py_ssize_t lo = self._lanes[lane, _L_START], n = self._lanes[lane, _L_END] - lo
+        return lo + (start - lo + j) % n
+
+    cdef int _busy_owner(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
         # Lock held.  The pid of another process still writing one of the
-        # next k slots (it was lapped), or 0.  Its copy cannot be stopped, so
-        # the slots are not handed out again until it publishes -- or dies.
-        cdef Py_ssize_t start = self._header[_NEXT], j, s
+        # next k slots of the lane (it was lapped), or 0.  Its copy cannot be
+        # stopped, so the slots are not handed out again until it publishes
+        # -- or dies.
+        cdef Py_ssize_t cursor = self._lanes[lane, _L_CURSOR], j, s
         for j in range(k):
-            s = (start + j) % self.size
+            s = self._slot(lane, cursor, j)
             if (self._gen[s] & 1) and self._owner[s] != 0 and self._owner[s] != self._pid:
                 return self._owner[s]
         return 0
 
-    cdef Py_ssize_t _reserve(self, Py_ssize_t k, uint64_t* reserved, bint insert) noexcept nogil:
+    cdef void _retire(self, Py_ssize_t s) noexcept nogil:
+        # Lock held.  The transition at s stops being sampleable (no fix_up).
+        if self._state[s] == _COMPLETE:
+            self._header[_STORED] -= 1
+        self._state[s] = _EMPTY
+        self._tree._write_leaf(s, 0.0, 0.0)
+
+    cdef void _retire_readers(self, Py_ssize_t lane, Py_ssize_t s) noexcept nogil:
+        # Lock held, slot s about to be overwritten: retire every row whose
+        # rebuilt observations read its frame.  They lie within the next
+        # offsets before s and the stack after it in the lane.
+        cdef Py_ssize_t j, r
+        for j in range(-self._frames.max_next - self._frames.max_stack, self._frames.max_stack):
+            r = self._slot(lane, s, j)
+            if r != s and self._state[r] != _EMPTY and self._frames.reads(r, s):
+                self._retire(r)
+                self._tree._fix_up(r)
+
+    cdef Py_ssize_t _reserve(self, Py_ssize_t k, uint64_t* reserved, bint insert, Py_ssize_t lane) noexcept nogil:
         # Lock held, no busy owner.  Odd generation + zero leaf: nobody samples the slot now.
-        cdef Py_ssize_t start = self._header[_NEXT], j, s
+        cdef Py_ssize_t start = self._lanes[lane, _L_CURSOR], j, s
         cdef uint64_t g
-        self._header[_NEXT] = (start + k) % self.size
+        self._lanes[lane, _L_CURSOR] = self._slot(lane, start, k)
         for j in range(k):
-            s = (start + j) % self.size
+            s = self._slot(lane, start, j)
+            if self._frames is not None:
+                self._retire_readers(lane, s)
             g = self._gen[s]
             g = g + 1 + (g & 1)
             self._gen[s] = g
             self._owner[s] = self._pid
             reserved[j] = g
-            self._tree._write_leaf(s, 0.0, 0.0)
+            self._retire(s)
         for j in range(k):
-            self._tree._fix_up((start + j) % self.size)
+            self._tree._fix_up(self._slot(lane, start, j))
         if insert:
             self._header[_RESERVED] += k
         return start
 
     cdef Py_ssize_t _reserve_waiting(self, Py_ssize_t k, uint64_t* reserved, bint insert,
-                                     double deadline) except -1:
+                                     double deadline, Py_ssize_t lane) except -1:
         # Reserve k slots once no live process still writes one of them and
         # (for inserts) the rate limiter allows it.
         cdef int blocker
@@ -401,76 +458,91 @@ cdef class Ring:
         self._acquire()
         try:
             while True:
-                blocker = self._busy_owner(k)
+                blocker = self._busy_owner(k, lane)
                 if blocker != 0 and not _alive(blocker):
                     for s in range(self.size):
                         if self._owner[s] == blocker:
                             self._owner[s] = 0
                     continue
                 if blocker == 0 and (not insert or self._can_insert(k)):
-                    return self._reserve(k, reserved, insert)
+                    return self._reserve(k, reserved, insert, lane)
                 self._block(deadline, f"add: process {blocker} is still writing the next slots"
                             if blocker else "add: the rate limiter holds inserts back until more is sampled")
         finally:
             self._release()
 
-    cdef Py_ssize_t _publish(self, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved,
-                             const double* priorities) noexcept nogil:
-        # Lock held.  Returns how many slots were lost to a writer that took
-        # them over meanwhile (only after judging this one dead): their rows
-        # may be mixed, so they stay unsampleable until the next lap.
+    cdef Py_ssize_t _publish(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved,
+                             const double* priorities, const uint8_t* states) noexcept nogil:
+        # Lock held.  Slot j becomes states[j] (all COMPLETE when NULL); only
+        # complete ones get a leaf.  Returns how many slots were lost to a
+        # writer that took them over meanwhile (only after judging this one
+        # dead): their rows may be mixed, so they stay unsampleable.
         cdef Py_ssize_t j, s, lost = 0
         cdef uint64_t g
+        cdef uint8_t st
         cdef double p = self._tree._nodes[1].max
         if p == -INFINITY:
             p = 1.0
         for j in range(k):
-            s = (start + j) % self.size
+            s = self._slot(lane, start, j)
             g = self._gen[s]
+            st = _COMPLETE if states == NULL else states[j]
             if g == reserved[j]:
                 self._gen[s] = g + 1
                 self._owner[s] = 0
+                self._state[s] = st
                 if priorities != NULL:
                     p = priorities[j]
-                self._tree._write_leaf(s, pow(p + self.eps, self.alpha), p)
+                if st == _COMPLETE:
+                    self._tree._write_leaf(s, pow(p + self.eps, self.alpha), p)
+                    self._header[_STORED] += 1
+                    self._header[_INSERTS] += 1
+                elif st == _WAITING:
+                    self._header[_INSERTS] += 1
             else:
                 self._gen[s] = g + 1 + (g & 1)
-                self._tree._write_leaf(s, 0.0, 0.0)
+                self._retire(s)
                 lost += 1
         for j in range(k):
-            self._tree._fix_up((start + j) % self.size)
-        self._header[_STORED] = min(self.size, self._header[_STORED] + k)
-        self._header[_INSERTS] += k
+            self._tree._fix_up(self._slot(lane, start, j))
         return lost
 
-    def reserve(self, Py_ssize_t k, timeout=None, bint insert=True):
-        """Reserve the next ``k`` slots for writing; returns ``(start, reserved_generations)``.
+    def reserve(self, Py_ssize_t k, timeout=None, bint insert=True, Py_ssize_t lane=0):
+        """Reserve the next ``k`` slots of ``lane`` for writing; returns ``(start, reserved_generations)``.
 
         Waits while another live process is still writing one of them, and
         (``insert``) while the rate limiter holds inserts back -- at most
         ``timeout`` seconds (None: no limit), then raises TimeoutError.
         """
         cdef cnp.ndarray reserved = np.empty(k, dtype=np.uint64)
-        if not 0 <= k <= self.size:
-            raise ValueError(f"k: expected 0 <= k <= {self.size}, got {k}")
-        start = self._reserve_waiting(k, <uint64_t*>cnp.PyArray_DATA(reserved), insert, _deadline(timeout))
+        cdef Py_ssize_t n = self._lanes[lane, _L_END] - self._lanes[lane, _L_START]
+        if not 0 <= k <= n:
+            raise ValueError(f"k: expected 0 <= k <= {n} (the lane's length), got {k}")
+        start = self._reserve_waiting(k, <uint64_t*>cnp.PyArray_DATA(reserved), insert, _deadline(timeout), lane)
         return start, reserved
 
-    def publish(self, Py_ssize_t start, const uint64_t[::1] reserved not None, const double[::1] priorities=None):
-        """Make slots reserved by :meth:`reserve` sampleable (default priority: the stored maximum)."""
+    def publish(self, Py_ssize_t start, const uint64_t[::1] reserved not None, const double[::1] priorities=None,
+                const uint8_t[::1] states=None, Py_ssize_t lane=0):
+        """Make slots reserved by :meth:`reserve` readable: ``states`` (default all COMPLETE)
+        says which hold complete transitions; those become sampleable with ``priorities``
+        (default: the stored maximum)."""
         cdef Py_ssize_t k = reserved.shape[0], lost
         cdef const double* prio = NULL
+        cdef const uint8_t* st = NULL
         cdef bint wake
+        if k == 0:
+            return 0
         if priorities is not None:
             if priorities.shape[0] != k:
                 raise ValueError("priorities: expected one per reserved slot")
-            if k:
-                prio = &priorities[0]
-        if k == 0:
-            return 0
+            prio = &priorities[0]
+        if states is not None:
+            if states.shape[0] != k:
+                raise ValueError("states: expected one per reserved slot")
+            st = &states[0]
         self._acquire()
         try:
-            lost = self._publish(start, k, &reserved[0], prio)
+            lost = self._publish(lane, start, k, &reserved[0], prio, st)
             wake = self._progress()
         finally:
             self._release()
@@ -478,33 +550,90 @@ cdef class Ring:
             self._wake()
         return lost
 
-    def abandon(self, Py_ssize_t start, const uint64_t[::1] reserved not None):
+    def complete(self, const int64_t[::1] slots not None, const uint64_t[::1] generations not None,
+                 const double[::1] priorities=None):
+        """Make WAITING transitions COMPLETE (their next frame is stored now) and sampleable
+        with ``priorities`` (default: the stored maximum).  A slot rewritten or retired
+        meanwhile is skipped; returns how many were completed."""
+        cdef Py_ssize_t j, s, done = 0
+        cdef double p
+        cdef bint wake
+        self._acquire()
+        try:
+            p = self._tree._nodes[1].max
+            if p == -INFINITY:
+                p = 1.0
+            for j in range(slots.shape[0]):
+                s = slots[j]
+                if self._gen[s] == generations[j] and self._state[s] == _WAITING:
+                    if priorities is not None:
+                        p = priorities[j]
+                    self._state[s] = _COMPLETE
+                    self._header[_STORED] += 1
+                    self._tree._write_leaf(s, pow(p + self.eps, self.alpha), p)
+                    self._tree._fix_up(s)
+                    done += 1
+            wake = self._progress()
+        finally:
+            self._release()
+        if wake:
+            self._wake()
+        return done
+
+    def abandon(self, Py_ssize_t start, const uint64_t[::1] reserved not None, Py_ssize_t lane=0):
         """Give up slots reserved by :meth:`reserve`: they stay unsampleable, free for the next writer."""
         cdef Py_ssize_t j, s
         self._acquire()
         try:
             for j in range(reserved.shape[0]):
-                s = (start + j) % self.size
+                s = self._slot(lane, start, j)
                 if self._gen[s] == reserved[j]:
                     self._owner[s] = 0
         finally:
             self._release()
 
+    def claim_lane(self):
+        """Take a lane for this process's writes: a free one, or one whose writer died."""
+        cdef Py_ssize_t l
+        cdef int64_t pid
+        self._acquire()
+        try:
+            for l in range(self._lanes.shape[0]):
+                pid = self._lanes[l, _L_OWNER]
+                if pid == self._pid or pid == 0 or not _alive(pid):
+                    self._lanes[l, _L_OWNER] = self._pid
+                    return l
+        finally:
+            self._release()
+        raise ValueError(f"every one of the buffer's {self._lanes.shape[0]} lanes has a live writer: "
+                         "create the buffer with lanes= at least the number of writer processes")
+
+    def release_lane(self, Py_ssize_t lane):
+        """Give a lane back (its rows stay)."""
+        self._acquire()
+        try:
+            if self._lanes[lane, _L_OWNER] == self._pid:
+                self._lanes[lane, _L_OWNER] = 0
+        finally:
+            self._release()
+
     def clear(self):
-        """Make every slot unsampleable and restart at slot 0.
+        """Make every slot unsampleable and restart every lane at its start.
 
         Every slot gets a new generation, so priority updates sampled before
         the clear are stale; slots other processes are writing are waited for.
         """
         cdef cnp.ndarray reserved = np.empty(self.size, dtype=np.uint64)
-        cdef Py_ssize_t s
-        self._reserve_waiting(self.size, <uint64_t*>cnp.PyArray_DATA(reserved), False, INFINITY)
+        cdef Py_ssize_t s, l
+        for l in range(self._lanes.shape[0]):
+            self._reserve_waiting(self._lanes[l, _L_END] - self._lanes[l, _L_START],
+                                  <uint64_t*>cnp.PyArray_DATA(reserved), False, INFINITY, l)
         self._acquire()
         try:
             for s in range(self.size):
                 self._owner[s] = 0
-            self._header[_NEXT] = 0
-            self._header[_STORED] = 0
+            for l in range(self._lanes.shape[0]):
+                self._lanes[l, _L_CURSOR] = self._lanes[l, _L_START]
         finally:
             self._release()
 
@@ -566,12 +695,14 @@ cdef class Ring:
             item = PyDict_GetItem(values, self._names[i])
             if item == NULL or not self._stage_value(i, <object>item):
                 return -1
-        slot = self._reserve_waiting(1, &reserved, True, _deadline(timeout))
+        if self._frames is not None:
+            return -1
+        slot = self._reserve_waiting(1, &reserved, True, _deadline(timeout), 0)
         for i in range(self._nfields):
             memcpy(self._dst[i] + slot * self._rowbytes[i], self._stage[i], self._rowbytes[i])
         self._acquire()
         try:
-            self._publish(slot, 1, &reserved, &priority if priority >= 0.0 else NULL)
+            self._publish(0, slot, 1, &reserved, &priority if priority >= 0.0 else NULL, NULL)
             wake = self._progress()
         finally:
             self._release()
@@ -594,11 +725,12 @@ cdef class Ring:
                 if not total > 0.0:
                     return NAN
                 s = self._tree._descend(((j if nstrata > 1 else 0) + r) * (total / nstrata))
-                if (self._gen[s] & 1) == 0:
+                if (self._gen[s] & 1) == 0 and self._state[s] == _COMPLETE:
                     break
-                # A sampleable slot that is being written: a writer died inside
-                # its reservation.  Nobody can vouch for the row: retire it.
-                self._tree._write_leaf(s, 0.0, 0.0)
+                # A sampleable slot that is being written or holds no complete
+                # transition: a writer died inside its reservation.  Nobody can
+                # vouch for the row: retire it.
+                self._retire(s)
                 self._tree._fix_up(s)
             slots[j] = s
             values[j] = self._tree._nodes[s + self._tree._cap].sum
@@ -628,6 +760,29 @@ cdef class Ring:
             dims[d + 1] = shape[d]
         return cnp.PyArray_EMPTY(nd + 1, dims, self._typenums[i], 0)
 
+    cdef Py_ssize_t _note_reads(self, Py_ssize_t s, int64_t* slots, uint64_t* gens) noexcept nogil:
+        # Lock held: the frames row s reads and their generations now.
+        cdef Py_ssize_t j, c = self._frames.read_set(s, slots)
+        for j in range(c):
+            gens[j] = self._gen[slots[j]]
+        return c
+
+    cdef void _gather_frames(self, const int64_t* slots, Py_ssize_t k, list outs, const Py_ssize_t* rows) except *:
+        # Rebuild the compressed observations of rows (all k, or rows[0..k)) without the lock.
+        cdef Py_ssize_t o, j, r, u, key, rb
+        cdef bint nxt
+        cdef uint8_t* dst
+        for o in range(len(self._frame_outputs)):
+            key, nxt = self._frame_outputs[o][1], self._frame_outputs[o][2]
+            out = <cnp.ndarray>outs[self._nfields + o]
+            rb = out.nbytes // out.shape[0]
+            dst = <uint8_t*>cnp.PyArray_DATA(out)
+            with nogil:
+                for j in range(k):
+                    r = rows[j] if rows != NULL else j
+                    u = self._frames._nxt[slots[r]] if nxt else slots[r]
+                    self._frames.rebuild(key, u, dst + r * rb)
+
     def sample(self, Py_ssize_t batch_size, bint stratified, double beta=-1.0, timeout=None):
         """Draw ``batch_size`` rows.
 
@@ -636,7 +791,8 @@ cdef class Ring:
         Waits at most ``timeout`` seconds (None: no limit) while the rate
         limiter holds samples back, then raises TimeoutError.
         """
-        cdef Py_ssize_t b = batch_size, i, j, ntorn, rounds = 0
+        cdef Py_ssize_t b = batch_size, i, j, t, ntorn, rounds = 0
+        cdef Py_ssize_t R = 2 * MAX_STACK if self._frames is not None else 0
         cdef cnp.npy_intp n = b
         if b < 1:
             raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size}")
@@ -648,14 +804,23 @@ cdef class Ring:
         cdef double* vp = <double*>cnp.PyArray_DATA(values)
         cdef uint64_t* gp = <uint64_t*>cnp.PyArray_DATA(gens)
         cdef Py_ssize_t* tp = <Py_ssize_t*>cnp.PyArray_DATA(torn)
+        # The frames each row reads, with their generations (compressed buffers only).
+        cdef cnp.ndarray read_slots = np.empty(b * R, dtype=np.int64)
+        cdef cnp.ndarray read_gens = np.empty(b * R, dtype=np.uint64)
+        cdef cnp.ndarray read_counts = np.zeros(b, dtype=np.intp)
+        cdef int64_t* rsp = <int64_t*>cnp.PyArray_DATA(read_slots)
+        cdef uint64_t* rgp = <uint64_t*>cnp.PyArray_DATA(read_gens)
+        cdef Py_ssize_t* rcp = <Py_ssize_t*>cnp.PyArray_DATA(read_counts)
         cdef uint64_t* record
         cdef double vmin
         cdef int64_t s1
         cdef double v1
         cdef uint64_t g1
         cdef list outs = [self._empty(i, b) for i in range(self._nfields)]
-        cdef bint wake
+        cdef bint wake, bad
         cdef double deadline = _deadline(timeout)
+        for _, _, _, shape, dtype in self._frame_outputs:
+            outs.append(np.empty((b,) + shape, dtype=dtype))
         if self._limits[_L_ON] != 0.0 and b > self._limits[_L_MAX_DIFF] - self._limits[_L_MIN_DIFF]:
             raise ValueError(f"batch_size: {b} exceeds the rate limiter's error buffer; sample fewer per call")
         self._acquire()
@@ -667,6 +832,9 @@ cdef class Ring:
             vmin = self._draw(sp, vp, gp, b, b if stratified else 1)
             if vmin != vmin:
                 raise ValueError("sample: the buffer holds no transition yet")
+            if R:
+                for j in range(b):
+                    rcp[j] = self._note_reads(sp[j], rsp + j * R, rgp + j * R)
             self._header[_SAMPLES] += b
             wake = self._progress()
         finally:
@@ -674,12 +842,17 @@ cdef class Ring:
         if wake:
             self._wake()
         self._gather(sp, b, outs, NULL)
+        if R:
+            self._gather_frames(sp, b, outs, NULL)
         while True:
             # The generations must be read after the rows were copied.
             _mpreplay_acquire_fence()
             ntorn = 0
             for j in range(b):
-                if self._gen[sp[j]] != gp[j]:
+                bad = self._gen[sp[j]] != gp[j]
+                for t in range(rcp[j]):
+                    bad = bad or self._gen[rsp[j * R + t]] != rgp[j * R + t]
+                if bad:
                     tp[ntorn] = j
                     ntorn += 1
             if ntorn == 0:
@@ -695,15 +868,21 @@ cdef class Ring:
                     if vmin != vmin:
                         raise ValueError("sample: the buffer holds no transition any more")
                     sp[tp[j]], vp[tp[j]], gp[tp[j]] = s1, v1, g1
+                    if R:
+                        rcp[tp[j]] = self._note_reads(s1, rsp + tp[j] * R, rgp + tp[j] * R)
             finally:
                 self._release()
             self._gather(sp, ntorn, outs, tp)
+            if R:
+                self._gather_frames(sp, ntorn, outs, tp)
         if self._sampled is None:
             self._sampled = np.full(self.size, NOT_SAMPLED, dtype=np.uint64)
         record = <uint64_t*>cnp.PyArray_DATA(<cnp.ndarray>self._sampled)
         for j in range(b):
             record[sp[j]] = gp[j]
         out = dict(zip(self._names, outs))
+        for o in range(len(self._frame_outputs)):
+            out[self._frame_outputs[o][0]] = outs[self._nfields + o]
         out["indexes"] = slots
         if beta >= 0.0:
             for j in range(b):
@@ -734,18 +913,18 @@ cdef class Ring:
         this process sampled it, or is being written now, is dropped.
         """
         cdef Py_ssize_t k = slots.shape[0], j, s, stale = 0, bad = -1
-        cdef int64_t stored = self._header[_STORED]
         cdef uint64_t g, rec
         cdef uint64_t* record = NULL
         if priorities.shape[0] != k:
             raise ValueError(f"priorities: expected {k} values (one per index), got {priorities.shape[0]}")
         with nogil:
             for j in range(k):
-                if not 0 <= slots[j] < stored:
+                if not (0 <= slots[j] < self.size and self._gen[slots[j]] != 0):
                     bad = j
                     break
         if bad >= 0:
-            raise ValueError(f"indexes: expected slots in [0, {stored}), got {slots[bad]} at position {bad}")
+            raise ValueError(f"indexes: expected slots that hold transitions (0 <= slot < {self.size}, "
+                             f"written at least once), got {slots[bad]} at position {bad}")
         self.check_priorities(priorities)
         if self._sampled is not None:
             record = <uint64_t*>cnp.PyArray_DATA(<cnp.ndarray>self._sampled)
@@ -756,7 +935,7 @@ cdef class Ring:
                     s = slots[j]
                     g = self._gen[s]
                     rec = record[s] if record != NULL else NOT_SAMPLED
-                    if (g & 1) == 0 and (rec == NOT_SAMPLED or rec == g):
+                    if self._state[s] == _COMPLETE and (rec == NOT_SAMPLED or rec == g):
                         self._tree._write_leaf(s, pow(priorities[j] + self.eps, self.alpha), priorities[j])
                     else:
                         stale += 1

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ._ext.lock import LOCK_NBYTES, SharedLock
-from ._ext.ring import HEADER_LEN, LIMITS_LEN, LOCK_HOLDS, LOCK_WAIT_NS, NEXT, STORED, Ring
+from ._ext.ring import COMPLETE, HEADER_LEN, LANE_CURSOR, LIMITS_LEN, LOCK_HOLDS, LOCK_WAIT_NS, STORED, Ring
 from ._ext.ring import INSERTS, SAMPLES, STALE, TORN
 from ._ext.sumtree import PriorityTree, tree_buffer_size
 from .errors import BufferClosed
@@ -96,8 +96,10 @@ class ReplayBuffer:
         layout = Layout()
         layout.add("header", (HEADER_LEN,), np.int64)
         layout.add("limits", (LIMITS_LEN,), np.float64)
+        layout.add("lanes", (1, 4), np.int64)
         layout.add("generation", (self._size,), np.uint64)
         layout.add("owner", (self._size,), np.int32)
+        layout.add("state", (self._size,), np.uint8)
         layout.add("tree", (tree_buffer_size(self._size),), np.float64)
         for spec in self._specs.values():
             layout.add(f"field:{spec.name}", (self._size,) + spec.shape, spec.dtype)
@@ -116,8 +118,10 @@ class ReplayBuffer:
         self._generation = arrays["generation"]
         self._tree = PriorityTree(arrays["tree"], self._size, reset=create)
         self._fields = {name: arrays[f"field:{name}"] for name in self._specs}
-        self._ring = Ring(self._header, arrays["limits"], self._generation, arrays["owner"], self._tree,
-                          list(self._fields.items()),
+        if create:
+            arrays["lanes"][0] = (0, self._size, 0, 0)
+        self._ring = Ring(self._header, arrays["limits"], arrays["lanes"], self._generation, arrays["owner"],
+                          arrays["state"], self._tree, list(self._fields.items()),
                           self._alpha, self._eps, self._make_lock(create), rng)
 
     def close(self) -> None:
@@ -155,7 +159,7 @@ class ReplayBuffer:
 
     def get_next_index(self) -> int:
         """Slot the next added transition goes to."""
-        return int(self._header[NEXT])
+        return int(self._memory.arrays["lanes"][0, LANE_CURSOR])
 
     def get_env_dict(self) -> dict[str, dict[str, Any]]:
         """The normalised field specs."""
@@ -224,16 +228,18 @@ class ReplayBuffer:
         return self._gather_stored()[1]
 
     def _gather_stored(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """``(slots, rows)`` of every published transition, oldest first.
+        """``(slots, rows)`` of every complete transition, oldest first (lane by lane).
 
-        Rows other processes were writing (odd generation) or wrote while
-        they were copied are left out.
+        Rows other processes were writing, or wrote while they were copied,
+        are left out.
         """
-        stored, nxt = self.get_stored_size(), self.get_next_index()
-        order = np.arange(stored) if stored < self._size else (np.arange(self._size) + nxt) % self._size
+        arrays = self._memory.arrays
+        order = np.concatenate([np.roll(np.arange(lo, hi), lo - cursor) for lo, hi, cursor, _ in arrays["lanes"]])
+        generations = self._generation[order]
+        order = order[(arrays["state"][order] == COMPLETE) & (generations % 2 == 0)]
         generations = self._generation[order]
         rows = {name: arr[order] for name, arr in self._fields.items()}
-        keep = (generations % 2 == 0) & (self._generation[order] == generations)
+        keep = self._generation[order] == generations
         if keep.all():
             return order, rows
         return order[keep], {name: r[keep] for name, r in rows.items()}

@@ -1,0 +1,163 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Compressed observations: frames stored once, stacks and next observations rebuilt.
+
+A compressed key stores one frame per slot: the whole observation, or for a
+stacked key (``stack_compress``, last axis = stack) only its newest frame.
+Per slot, ``depth`` counts the earlier frames of the same episode (at most
+``stack - 1``) and ``nxt`` names the slot whose frame is the row's next
+observation (``next_of``).  A stack is rebuilt from the slot and the
+``depth`` slots before it in its lane, repeating the episode's first frame
+where the episode is younger than the stack -- the usual rule.
+
+Slots of a lane are written in order, so every frame a row reads lies in a
+short window of its lane: :meth:`Frames.read_set` lists them (the sampler
+checks their generations), :meth:`Frames.reads` tells which rows an
+overwrite breaks.
+"""
+from libc.stdint cimport int64_t, uint32_t, uint8_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
+
+cimport numpy as cnp
+
+import numpy as np
+
+cnp.import_array()
+
+
+cdef class Frames:
+    """Frame stores of the compressed keys of one buffer.
+
+    Parameters
+    ----------
+    nxt, depth : per-slot metadata (int64, uint8)
+    lanes : int64 array (nlanes, 4) of start, end, cursor, owner
+    stores : list of ``(frames, stack, has_next)``: ``frames`` is ``(size,) + frame_shape``,
+        ``stack`` the frames per observation (1: not stacked), ``has_next`` whether the key's
+        next observation is rebuilt too
+    max_next : largest distance from a row to the slot of its next frame
+    """
+
+    def __cinit__(self):
+        self._frames = NULL
+        self._frame_bytes = NULL
+        self._elem_bytes = NULL
+        self._stack = NULL
+        self._has_next = NULL
+
+    def __init__(self, int64_t[::1] nxt not None, uint8_t[::1] depth not None,
+                 int64_t[:, ::1] lanes not None, list stores not None, Py_ssize_t max_next):
+        cdef Py_ssize_t i, n = len(stores)
+        self.size = nxt.shape[0]
+        self._nkeys = n
+        self._nxt = &nxt[0]
+        self._depth = &depth[0]
+        self._lanes = &lanes[0, 0]
+        self._nlanes = lanes.shape[0]
+        self._frames = <uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
+        self._frame_bytes = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
+        self._elem_bytes = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
+        self._stack = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
+        self._has_next = <bint*>malloc(n * sizeof(bint) + 1)
+        if not (self._frames and self._frame_bytes and self._elem_bytes and self._stack and self._has_next):
+            raise MemoryError()
+        if not 0 <= max_next <= MAX_NEXT_OFFSET:
+            raise ValueError(f"max_next: expected 0 <= max_next <= {MAX_NEXT_OFFSET}")
+        self.max_next = max_next
+        self.max_stack = 1
+        for i, (frames, stack, has_next) in enumerate(stores):
+            if not (frames.flags.c_contiguous and frames.shape[0] == self.size and 1 <= stack <= MAX_STACK):
+                raise ValueError("frames: expected C-contiguous (size, ...) arrays and 1 <= stack <= 64")
+            self._frames[i] = <uint8_t*>cnp.PyArray_DATA(frames)
+            self._frame_bytes[i] = frames[0].nbytes
+            self._elem_bytes[i] = frames.dtype.itemsize
+            self._stack[i] = stack
+            self._has_next[i] = has_next
+            self.max_stack = max(self.max_stack, stack)
+        self._keep = (nxt, depth, lanes, stores)
+
+    def __dealloc__(self):
+        free(self._frames)
+        free(self._frame_bytes)
+        free(self._elem_bytes)
+        free(self._stack)
+        free(self._has_next)
+
+    cdef void _bounds(self, Py_ssize_t u, Py_ssize_t* lo, Py_ssize_t* hi) noexcept nogil:
+        cdef Py_ssize_t l
+        for l in range(self._nlanes):
+            if self._lanes[4 * l] <= u < self._lanes[4 * l + 1]:
+                lo[0] = self._lanes[4 * l]
+                hi[0] = self._lanes[4 * l + 1]
+                return
+        lo[0], hi[0] = 0, self.size
+
+    cdef Py_ssize_t _back(self, Py_ssize_t u, Py_ssize_t b) noexcept nogil:
+        # The slot b places before u in u's lane (lanes are rings).
+        cdef Py_ssize_t lo, hi
+        self._bounds(u, &lo, &hi)
+        return lo + ((u - lo - b) % (hi - lo) + (hi - lo)) % (hi - lo)
+
+    cdef void rebuild(self, Py_ssize_t key, Py_ssize_t u, uint8_t* out) noexcept nogil:
+        """Write the observation of key ``key`` at slot ``u`` to ``out``."""
+        cdef Py_ssize_t k = self._stack[key], fb = self._frame_bytes[key], eb = self._elem_bytes[key]
+        cdef Py_ssize_t i, e, n = fb // eb, d = self._depth[u], b
+        cdef uint8_t* base = self._frames[key]
+        cdef uint8_t* src[MAX_STACK]
+        if k == 1:
+            memcpy(out, base + u * fb, fb)
+            return
+        for i in range(k):
+            b = k - 1 - i
+            if b > d:
+                b = d  # older than the episode: repeat its first frame
+            src[i] = base + self._back(u, b) * fb
+        if eb == 1 and k == 4:
+            # The common pixel case: four uint8 frames interleave into one uint32 per pixel.
+            for e in range(n):
+                (<uint32_t*>out)[e] = (src[0][e] | (<uint32_t>src[1][e] << 8)
+                                       | (<uint32_t>src[2][e] << 16) | (<uint32_t>src[3][e] << 24))
+        elif eb == 1:
+            for e in range(n):
+                for i in range(k):
+                    out[e * k + i] = src[i][e]
+        else:
+            for e in range(n):
+                for i in range(k):
+                    memcpy(out + (e * k + i) * eb, src[i] + e * eb, eb)
+
+    cdef Py_ssize_t read_set(self, Py_ssize_t u, int64_t* out) noexcept nogil:
+        """Slots whose frames the row at ``u`` reads (at most 2 * max_stack); returns the count."""
+        cdef Py_ssize_t j, c = 0, d = self._depth[u], nx = self._nxt[u]
+        if d > self.max_stack - 1:
+            d = self.max_stack - 1
+        for j in range(d + 1):
+            out[c] = self._back(u, j)
+            c += 1
+        if nx >= 0:
+            d = self._depth[nx]
+            if d > self.max_stack - 1:
+                d = self.max_stack - 1
+            for j in range(d + 1):
+                out[c] = self._back(nx, j)
+                c += 1
+        return c
+
+    cdef bint reads(self, Py_ssize_t r, Py_ssize_t s) noexcept nogil:
+        """Whether the row at ``r`` reads the frame at ``s``."""
+        cdef int64_t slots[2 * MAX_STACK]
+        cdef Py_ssize_t j, c = self.read_set(r, slots)
+        for j in range(c):
+            if slots[j] == s:
+                return True
+        return False
+
+    def rebuild_into(self, Py_ssize_t key, const int64_t[::1] slots not None, cnp.ndarray out not None):
+        """Rebuild the observations of ``slots`` into ``out`` (one row per slot)."""
+        cdef Py_ssize_t j, rb = out.nbytes // max(1, slots.shape[0])
+        cdef uint8_t* dst = <uint8_t*>cnp.PyArray_DATA(out)
+        if not out.flags.c_contiguous or out.shape[0] != slots.shape[0]:
+            raise ValueError("out: expected a C-contiguous array with one row per slot")
+        with nogil:
+            for j in range(slots.shape[0]):
+                self.rebuild(key, slots[j], dst + j * rb)
