@@ -394,7 +394,7 @@ cdef class Ring:
     cdef inline Py_ssize_t _slot(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t j) noexcept nogil:
         # The slot j places after `start` in `lane`.
         cdef Py_ssize_t lo = self._lanes[lane, _L_START], n = self._lanes[lane, _L_END] - lo
-        return lo + (start - lo + j) % n
+        return lo + ((start - lo + j) % n + n) % n
 
     cdef int _busy_owner(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
         # Lock held.  The pid of another process still writing one of the

@@ -33,12 +33,13 @@ from .limiter import RateLimiter
 from .memory import HeapMemory, Layout, SharedMemory
 from .nstep import NstepBuffer
 from .spec import convert_batch, parse_env_dict
+from .storage import Compression, FrameWriter, with_next_fields
 
 __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer", "BufferClosed"]
 
 
 # Attributes that view a buffer's memory: close() drops them.
-_VIEWS = ("_header", "_generation", "_tree", "_fields", "_ring", "_lock")
+_VIEWS = ("_header", "_generation", "_tree", "_fields", "_ring", "_lock", "_frames", "_writer")
 
 
 class ReplayBuffer:
@@ -63,18 +64,33 @@ class ReplayBuffer:
         ``{"size": n, "gamma": 0.99, "rew": "rew", "next": "next_obs", "done": "done",
         "truncated": None}`` (cpprb's ``Nstep=`` is accepted too).  Stored transitions then
         carry a ``discount`` field, gamma ** m; each process folds its own steps.
+    next_of : str or list of str, optional
+        Store each of these observations once: ``next_<key>`` is rebuilt from the slot of
+        the observation it equals (cpprb's option).  ``next_<key>`` is added to the fields
+        when ``env_dict`` does not name it; ``add`` still takes it.
+    stack_compress : str or list of str, optional
+        Stacked observations (last axis = stack) stored as single frames and rebuilt on
+        sample, repeating an episode's first frame at its start.
+    lanes : int
+        Compressed buffers only: how many processes may write at once (each fills its own
+        lane of ``size // lanes`` slots, so an episode's steps stay consecutive).
+
+    Episodes end at a step whose ``done`` (or ``truncated``) field is set, and at
+    :meth:`on_episode_end`.
 
     A buffer object is meant for one thread at a time; the shared twins are
     safe across processes (one object per process).
     """
 
-    _CONFIG: tuple[str, ...] = ("_size", "_specs", "_nstep_args")  # what a shared handle carries
+    _CONFIG: tuple[str, ...] = ("_size", "_specs", "_nstep_args", "_compression")  # what a shared handle carries
     _alpha = 0.0  # leaf weight (p + eps) ** alpha == 1: uniform
     _eps = 0.0
 
     def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *,
                  default_dtype: Any = None, seed: int | None = None, rate_limiter: RateLimiter | None = None,
-                 nstep: Mapping[str, Any] | None = None, Nstep: Mapping[str, Any] | None = None):
+                 nstep: Mapping[str, Any] | None = None, Nstep: Mapping[str, Any] | None = None,
+                 next_of: str | list[str] | None = None, stack_compress: str | list[str] | None = None,
+                 lanes: int = 1):
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
             raise ValueError(f"size: expected an integer >= 1, got {size!r}")
         if rate_limiter is not None:
@@ -86,6 +102,10 @@ class ReplayBuffer:
         self._nstep_args = _nstep_args(env_dict, default_dtype, nstep if Nstep is None else Nstep, nstep, Nstep)
         self._nstep = _make_nstep(self._nstep_args)
         self._specs = parse_env_dict(self._nstep.output_env_dict() if self._nstep else env_dict, default_dtype)
+        self._specs = with_next_fields(self._specs, next_of)
+        self._compression = Compression.build(
+            self._specs, next_of, stack_compress, lanes,
+            "done" if "done" in self._specs else None, "truncated" if "truncated" in self._specs else None)
         self._memory = self._allocate(self._layout())
         if rate_limiter is not None:
             self._memory.arrays["limits"][:] = rate_limiter.to_array()
@@ -96,13 +116,20 @@ class ReplayBuffer:
         layout = Layout()
         layout.add("header", (HEADER_LEN,), np.int64)
         layout.add("limits", (LIMITS_LEN,), np.float64)
-        layout.add("lanes", (1, 4), np.int64)
+        c = self._compression
+        layout.add("lanes", (1 if c is None else c.lanes, 4), np.int64)
         layout.add("generation", (self._size,), np.uint64)
         layout.add("owner", (self._size,), np.int32)
         layout.add("state", (self._size,), np.uint8)
         layout.add("tree", (tree_buffer_size(self._size),), np.float64)
-        for spec in self._specs.values():
-            layout.add(f"field:{spec.name}", (self._size,) + spec.shape, spec.dtype)
+        for name in self._specs if c is None else c.stored_fields(self._specs):
+            spec = self._specs[name]
+            layout.add(f"field:{name}", (self._size,) + spec.shape, spec.dtype)
+        if c is not None:
+            layout.add("nxt", (self._size,), np.int64)
+            layout.add("depth", (self._size,), np.uint8)
+            for key in c.keys:
+                layout.add(f"frames:{key}", (self._size,) + c.frame_shape(key, self._specs), self._specs[key].dtype)
         return layout
 
     def _allocate(self, layout: Layout) -> HeapMemory | SharedMemory:
@@ -117,12 +144,15 @@ class ReplayBuffer:
         self._header = arrays["header"]
         self._generation = arrays["generation"]
         self._tree = PriorityTree(arrays["tree"], self._size, reset=create)
-        self._fields = {name: arrays[f"field:{name}"] for name in self._specs}
+        c = self._compression
+        self._fields = {name: arrays[f"field:{name}"] for name in self._specs if f"field:{name}" in arrays}
         if create:
-            arrays["lanes"][0] = (0, self._size, 0, 0)
+            arrays["lanes"][:] = (0, self._size, 0, 0) if c is None else c.lane_bounds(self._size)
+        self._frames, outputs = (None, None) if c is None else c.make_frames(self._specs, arrays)
+        self._writer = None if c is None else FrameWriter(c, self._specs, self)
         self._ring = Ring(self._header, arrays["limits"], arrays["lanes"], self._generation, arrays["owner"],
                           arrays["state"], self._tree, list(self._fields.items()),
-                          self._alpha, self._eps, self._make_lock(create), rng)
+                          self._alpha, self._eps, self._make_lock(create), rng, self._frames, outputs)
 
     def close(self) -> None:
         """Release the buffer's memory; later calls raise :class:`BufferClosed`.
@@ -132,6 +162,7 @@ class ReplayBuffer:
         """
         if "_ring" in self.__dict__ and self._memory.is_owner:
             self._ring.close()
+        _FORK_SENSITIVE.discard(self)
         for name in _VIEWS:
             self.__dict__.pop(name, None)
         self._memory.close()
@@ -175,18 +206,32 @@ class ReplayBuffer:
         """
         if "priorities" in fields:
             raise TypeError("priorities: only PrioritizedReplayBuffer.add takes initial priorities")
-        if self._nstep is not None:
-            return self._store_folded(self._nstep.add(**fields), timeout)
-        slot = self._ring.add_one(fields, -1.0, timeout)
-        if slot >= 0:
-            return slot
-        k, rows = convert_batch(self._specs, fields)
-        return self._store(k, rows, None, timeout)
+        return self._add(fields, None, timeout)
 
-    def _store_folded(self, rows: dict[str, np.ndarray], timeout: float | None) -> int | None:
+    def _add(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int | None:
+        if self._nstep is not None:
+            if priorities is not None:
+                raise TypeError("priorities: a buffer that folds n steps stores new transitions "
+                                "at the largest priority; fold in the actor with NstepBuffer to give priorities")
+            return self._store_folded(self._nstep.add(**fields), timeout)
+        if priorities is None and self._writer is None:
+            slot = self._ring.add_one(fields, -1.0, timeout)
+            if slot >= 0:
+                return slot
+        k, rows = convert_batch(self._specs, fields)
+        return self._write(k, rows, None if priorities is None else self._priorities(priorities, k), timeout)
+
+    def _write(self, k: int, rows: dict[str, np.ndarray], priorities: np.ndarray | None,
+               timeout: float | None, end_episode: bool = False) -> int | None:
+        if self._writer is not None:
+            return self._writer.write(k, rows, priorities, timeout, end_episode)
+        return self._store(k, rows, priorities, timeout)
+
+    def _store_folded(self, rows: dict[str, np.ndarray], timeout: float | None,
+                      end_episode: bool = False) -> int | None:
         """Store what the n-step folder emitted; None when it emitted nothing."""
         k, rows = convert_batch(self._specs, rows)
-        return self._store(k, rows, None, timeout) if k else None
+        return self._write(k, rows, None, timeout, end_episode) if k or end_episode else None
 
     def _store(self, k: int, rows: dict[str, np.ndarray], priorities: np.ndarray | None,
                timeout: float | None) -> int:
@@ -239,6 +284,12 @@ class ReplayBuffer:
         order = order[(arrays["state"][order] == COMPLETE) & (generations % 2 == 0)]
         generations = self._generation[order]
         rows = {name: arr[order] for name, arr in self._fields.items()}
+        if self._compression is not None:
+            for name, key, nxt, shape, dtype in self._compression.make_frames(self._specs, arrays)[1]:
+                out = np.empty((len(order),) + shape, dtype=dtype)
+                self._frames.rebuild_into(key, arrays["nxt"][order] if nxt else order, out)
+                rows[name] = out
+            rows = {name: rows[name] for name in self._specs}
         keep = self._generation[order] == generations
         if keep.all():
             return order, rows
@@ -249,12 +300,16 @@ class ReplayBuffer:
         self._ring.clear()
         if self._nstep is not None:
             self._nstep.clear()
+        if self._writer is not None:
+            self._writer.reset()
 
     def on_episode_end(self) -> None:
         """End the current episode (cpprb API): with ``nstep``, store its pending
         steps, folded as if the last one was truncated (they bootstrap)."""
         if self._nstep is not None:
-            self._store_folded(self._nstep.on_episode_end(), None)
+            self._store_folded(self._nstep.on_episode_end(), None, end_episode=True)
+        elif self._writer is not None:
+            self._writer.write(0, {}, None, None, end_episode=True)
 
     def save_transitions(self, file: Any, *, safe: bool = True, compress: bool = True,
                          priorities: bool = False) -> None:
@@ -341,17 +396,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Prioritisation exponent (0 = uniform).
     eps : float
         Added to every priority so none has zero probability.
+    **options
+        As for :class:`ReplayBuffer`.
     """
 
     _CONFIG = ReplayBuffer._CONFIG + ("_alpha", "_eps")
 
     def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *, alpha: float = 0.6,
-                 eps: float = 1e-4, default_dtype: Any = None, seed: int | None = None,
-                 rate_limiter: RateLimiter | None = None, nstep: Mapping[str, Any] | None = None,
-                 Nstep: Mapping[str, Any] | None = None):
+                 eps: float = 1e-4, **options: Any):
         self._alpha, self._eps = _positive("alpha", alpha), _positive("eps", eps)
-        super().__init__(size, env_dict, default_dtype=default_dtype, seed=seed, rate_limiter=rate_limiter,
-                         nstep=nstep, Nstep=Nstep)
+        super().__init__(size, env_dict, **options)
 
     def get_max_priority(self) -> float:
         """Largest priority stored now (1.0 when the buffer is empty)."""
@@ -376,17 +430,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def add(self, *, priorities: Any = None, timeout: float | None = None, **fields: Any) -> int:
         """Store one transition or a batch; ``priorities`` (one per transition)
         defaults to the largest priority stored now.  See :meth:`ReplayBuffer.add`."""
-        if self._nstep is not None:
-            if priorities is not None:
-                raise TypeError("priorities: a buffer that folds n steps stores new transitions "
-                                "at the largest priority; fold in the actor with NstepBuffer to give priorities")
-            return self._store_folded(self._nstep.add(**fields), timeout)
-        if priorities is None:
-            slot = self._ring.add_one(fields, -1.0, timeout)
-            if slot >= 0:
-                return slot
-        k, rows = convert_batch(self._specs, fields)
-        return self._store(k, rows, None if priorities is None else self._priorities(priorities, k), timeout)
+        return self._add(fields, priorities, timeout)
 
     def sample(self, batch_size: int, beta: float = 0.4, *, timeout: float | None = None) -> dict[str, np.ndarray]:
         """Draw ``batch_size`` transitions in proportion to their priority.
@@ -486,6 +530,8 @@ def _after_fork_in_child() -> None:
         buffer._ring.after_fork(np.random.default_rng())
         if buffer._nstep is not None:
             buffer._nstep.clear()
+        if buffer._writer is not None:
+            buffer._writer.reset()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,335 @@
+"""Memory compression: ``next_of`` and ``stack_compress``.
+
+``next_of=("obs",)`` stores each observation once: a transition's
+``next_obs`` is read from the slot of the transition whose ``obs`` it
+equals -- usually the next one in the lane -- and the last ``next_obs`` of
+an episode takes one slot of its own (a lone frame, never sampled).
+``stack_compress=("obs",)`` stores only the newest frame of a stacked
+observation (last axis = stack) and rebuilds the stack from the frames
+before it, repeating the episode's first frame at its start.
+
+Nothing is trusted: every ``next_obs`` is matched byte for byte against the
+observation it will be rebuilt from, and every stack against the frames it
+will be rebuilt from, so a sample is bit-identical to what an uncompressed
+buffer would return.  A transition stays unsampleable (WAITING) until the
+frame of its next observation is stored, and is retired as soon as a frame
+it reads is overwritten.
+
+Each writer process keeps its own :class:`FrameWriter` and fills its own
+lane, so consecutive steps of an episode sit in consecutive slots.
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._ext.frames import Frames
+from ._ext.ring import COMPLETE, EMPTY, WAITING
+from .spec import FieldSpec
+
+__all__ = ["Compression", "FrameWriter", "with_next_fields"]
+
+_MAX_NEXT = 16  # at most this many slots between a transition and its next observation
+
+
+def _keys(name: str, value: str | Sequence[str] | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    keys = (value,) if isinstance(value, str) else tuple(value)
+    if not all(isinstance(k, str) for k in keys):
+        raise TypeError(f"{name}: expected a field name or a list of them, got {value!r}")
+    return keys
+
+
+def with_next_fields(specs: Mapping[str, FieldSpec], next_of: Any) -> dict[str, FieldSpec]:
+    """``specs`` plus ``next_<key>`` for every ``next_of`` key it lacks (cpprb's
+    env_dict names only ``obs``; samples still carry ``next_obs``)."""
+    out = dict(specs)
+    for key in _keys("next_of", next_of):
+        if key in out and f"next_{key}" not in out:
+            out[f"next_{key}"] = FieldSpec(f"next_{key}", out[key].shape, out[key].dtype)
+    return out
+
+
+@dataclass(frozen=True)
+class Compression:
+    """Which fields are stored compressed, and how episodes are delimited."""
+
+    next_of: tuple[str, ...]
+    stack: tuple[str, ...]
+    lanes: int
+    done: str | None
+    truncated: str | None
+
+    @classmethod
+    def build(cls, specs: Mapping[str, FieldSpec], next_of: Any, stack_compress: Any, lanes: Any,
+              done: str | None, truncated: str | None) -> "Compression | None":
+        """Check the options against the field specs (``specs`` includes ``next_<key>``)."""
+        next_keys, stack_keys = _keys("next_of", next_of), _keys("stack_compress", stack_compress)
+        if isinstance(lanes, bool) or not isinstance(lanes, (int, np.integer)) or lanes < 1:
+            raise ValueError(f"lanes: expected an integer >= 1, got {lanes!r}")
+        if not next_keys and not stack_keys:
+            if lanes != 1:
+                raise ValueError("lanes: only compressed buffers (next_of, stack_compress) have several lanes")
+            return None
+        for key in next_keys + stack_keys:
+            if key not in specs:
+                raise ValueError(f"next_of/stack_compress: unknown field {key!r}; expected one of {list(specs)}")
+        for key in next_keys:
+            nxt = specs.get(f"next_{key}")
+            if nxt is None or (nxt.shape, nxt.dtype) != (specs[key].shape, specs[key].dtype):
+                raise ValueError(f"next_of: field 'next_{key}' must exist with the shape and dtype of {key!r}")
+        for key in stack_keys:
+            if not specs[key].shape or specs[key].shape[-1] < 2:
+                raise ValueError(f"stack_compress: field {key!r} needs a stack axis (last) of at least 2 frames")
+        for flag in (done, truncated):
+            if flag is not None and (flag not in specs or specs[flag].shape != ()):
+                raise ValueError(f"episode flag {flag!r}: expected a scalar field of the env_dict")
+        return cls(next_keys, stack_keys, int(lanes), done, truncated)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The compressed observation keys, each stored as frames."""
+        return tuple(dict.fromkeys(self.next_of + self.stack))
+
+    def stored_fields(self, specs: Mapping[str, FieldSpec]) -> list[str]:
+        """Fields stored as plain per-slot arrays."""
+        frames = set(self.keys) | {f"next_{k}" for k in self.next_of}
+        return [name for name in specs if name not in frames]
+
+    def stack_of(self, key: str, specs: Mapping[str, FieldSpec]) -> int:
+        return specs[key].shape[-1] if key in self.stack else 1
+
+    def frame_shape(self, key: str, specs: Mapping[str, FieldSpec]) -> tuple[int, ...]:
+        return specs[key].shape[:-1] if key in self.stack else specs[key].shape
+
+    def lane_bounds(self, size: int) -> np.ndarray:
+        """``(lanes, 4)`` rows of start, end, cursor, owner: equal lanes, the last takes the rest."""
+        width = size // self.lanes
+        if width < 2 * _MAX_NEXT:
+            raise ValueError(f"lanes: {self.lanes} lanes leave {width} slots each; "
+                             f"a compressed buffer needs at least {2 * _MAX_NEXT} per lane")
+        starts = np.arange(self.lanes) * width
+        ends = np.append(starts[1:], size)
+        return np.stack([starts, ends, starts, np.zeros(self.lanes, np.int64)], axis=1)
+
+    def make_frames(self, specs: Mapping[str, FieldSpec], arrays: Mapping[str, np.ndarray]) -> tuple[Frames, list]:
+        """The Frames kernel over ``arrays`` and the sample outputs it rebuilds."""
+        stores, outputs = [], []
+        for i, key in enumerate(self.keys):
+            stores.append((arrays[f"frames:{key}"], self.stack_of(key, specs), key in self.next_of))
+            outputs.append((key, i, False, specs[key].shape, specs[key].dtype))
+            if key in self.next_of:
+                outputs.append((f"next_{key}", i, True, specs[key].shape, specs[key].dtype))
+        frames = Frames(arrays["nxt"], arrays["depth"], arrays["lanes"], stores, _MAX_NEXT)
+        return frames, outputs
+
+
+@dataclass
+class _Waiting:
+    """A transition stored WAITING for the frame of its next observation."""
+
+    slot: int              # -1 until published
+    item: int              # its item in the batch being planned, -1 for earlier batches
+    position: int          # items this writer had written before it, in its lane
+    next: dict[str, np.ndarray]
+    priority: float | None
+    generation: int = 0    # once published
+
+
+@dataclass
+class _Item:
+    """One slot to write: a transition (``row`` >= 0) or a lone frame."""
+
+    row: int
+    frames: dict[str, np.ndarray]
+    depth: int
+
+
+class FrameWriter:
+    """The writing side of a compressed buffer, private to one process.
+
+    Plans each batch in full first -- checking every stack and next
+    observation, so a bad batch changes nothing -- then writes it through
+    the ring in one reservation.
+    """
+
+    def __init__(self, compression: Compression, specs: Mapping[str, FieldSpec], buffer: Any):
+        self._c = compression
+        self._specs = specs
+        self._buffer = buffer
+        self._lane: int | None = None
+        self._written = 0                       # items this writer has reserved in its lane
+        self._waiting: deque[_Waiting] = deque()
+        self._history: dict[str, deque] = {k: deque(maxlen=self._c.stack_of(k, specs) - 1) for k in self._c.stack}
+        self._t = 0                             # steps of the current episode stored so far
+
+    # -- planning ---------------------------------------------------------------
+    def _newest(self, key: str, obs: np.ndarray) -> np.ndarray:
+        return obs[..., -1] if key in self._c.stack else obs
+
+    def _expected_stack(self, key: str, newest: np.ndarray, t: int, history: deque) -> np.ndarray:
+        k = self._c.stack_of(key, self._specs)
+        d = min(t, k - 1)
+        frames = [newest if min(k - 1 - i, d) == 0 else history[-min(k - 1 - i, d)] for i in range(k)]
+        return np.stack(frames, axis=-1)
+
+    def _flag(self, rows: Mapping[str, np.ndarray], name: str | None, i: int) -> bool:
+        return name is not None and bool(rows[name][i])
+
+    def plan(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
+             end_episode: bool) -> tuple[list[_Item], list[tuple[_Waiting, int]], list[_Waiting], dict]:
+        """Lay out ``k`` converted rows (and, with ``end_episode``, the end of their episode).
+
+        A flagged row (done or truncated) ends its episode, together with the
+        flagged rows right after it that share its next observation.  Returns
+        the items to write, the (waiting transition, item) pairs resolved, the
+        transitions left waiting, and the episode state after the batch.  Raises ValueError, changing nothing, when a stack or
+        next observation cannot be rebuilt bit for bit.
+        """
+        items: list[_Item] = []
+        resolved: list[tuple[_Waiting, int]] = []
+        waiting = deque(self._waiting)
+        history = {key: deque(h, maxlen=h.maxlen) for key, h in self._history.items()}
+        t, ending, base = self._t, None, self._written
+
+        def add_item(item: _Item) -> int:
+            items.append(item)
+            return len(items) - 1
+
+        def finish_episode(last_next: dict[str, np.ndarray]) -> None:
+            # The episode's last next observation gets a frame of its own; every
+            # transition still waiting must be rebuilt from it.
+            nonlocal t
+            if self._c.next_of:
+                term = {}
+                for key in self._c.next_of:
+                    newest = self._newest(key, last_next[key])
+                    if key in self._c.stack and not np.array_equal(
+                            self._expected_stack(key, newest, t, history[key]), last_next[key]):
+                        raise ValueError(f"field 'next_{key}': the episode's last next observation is not its "
+                                         "last observation shifted by one frame (stack_compress)")
+                    term[key] = newest
+                m = add_item(_Item(-1, term, min(t, 255)))
+                while waiting:
+                    w = waiting.popleft()
+                    if not all(np.array_equal(w.next[key], last_next[key]) for key in self._c.next_of):
+                        raise ValueError(f"field 'next_{self._c.next_of[0]}': a next observation of this episode "
+                                         "is neither a later observation nor its last one (next_of)")
+                    resolved.append((w, m))
+            for h in history.values():
+                h.clear()
+            t = 0
+
+        for i in range(k):
+            obs = {key: rows[key][i] for key in self._c.keys}
+            nxt = {key: rows[f"next_{key}"][i] for key in self._c.next_of}
+            flagged = self._flag(rows, self._c.done, i) or self._flag(rows, self._c.truncated, i)
+            if ending is not None:
+                # After a flagged step, flagged steps of the same call with the
+                # same last next observation are the tail of the same episode
+                # (the rows an n-step folder flushes at once).
+                tail = flagged and all(np.array_equal(nxt[key], ending[key]) for key in self._c.next_of) \
+                    and all(np.array_equal(self._expected_stack(key, obs[key][..., -1], t, history[key]), obs[key])
+                            for key in self._c.stack)
+                if not tail:
+                    finish_episode(ending)
+                    ending = None
+            for key in self._c.stack:
+                if not np.array_equal(self._expected_stack(key, obs[key][..., -1], t, history[key]), obs[key]):
+                    raise ValueError(
+                        f"field {key!r}: row {i} is not the previous observation shifted by one frame, nor the "
+                        "first frame of an episode repeated (stack_compress); end episodes with done flags "
+                        "or on_episode_end()")
+            m = add_item(_Item(i, {key: self._newest(key, obs[key]) for key in self._c.keys}, min(t, 255)))
+            # The oldest waiting transitions whose next observation this is.
+            while waiting and all(np.array_equal(waiting[0].next[key], obs[key]) for key in self._c.next_of):
+                resolved.append((waiting.popleft(), m))
+            if waiting and base + m - waiting[0].position >= _MAX_NEXT:
+                raise ValueError(f"field 'next_{self._c.next_of[0]}': no observation within {_MAX_NEXT} steps "
+                                 "equals this next observation (next_of needs next_obs[t] == obs[t + n])")
+            for key in self._c.stack:
+                history[key].append(obs[key][..., -1])
+            t += 1
+            if self._c.next_of:
+                waiting.append(_Waiting(-1, m, base + m, nxt, None if priorities is None else float(priorities[i])))
+            if flagged:
+                ending = nxt
+        if end_episode and ending is None and waiting:
+            ending = waiting[-1].next
+        if ending is not None:
+            finish_episode(ending)
+        elif end_episode:
+            for h in history.values():
+                h.clear()
+            t = 0
+        state = {"history": history, "t": t}
+        return items, resolved, list(waiting), state
+
+    # -- writing ----------------------------------------------------------------
+    def write(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
+              timeout: float | None, end_episode: bool = False) -> int | None:
+        """Store ``k`` converted rows; returns the slot of the first, or None."""
+        items, resolved, still_waiting, state = self.plan(k, rows, priorities, end_episode)
+        ring = self._buffer._ring
+        if self._lane is None:
+            self._lane = ring.claim_lane()
+        lo, hi = self._buffer._memory.arrays["lanes"][self._lane, :2]
+        if len(items) > hi - lo:
+            raise ValueError(f"add: {len(items)} slots at once exceed the lane's {hi - lo}; add fewer rows per call")
+        first = None
+        if items:
+            start, reserved = ring.reserve(len(items), timeout, True, self._lane)
+            slots = lo + (start - lo + np.arange(len(items))) % (hi - lo)
+            self._copy(items, slots, rows)
+            for w, m in resolved:
+                # WAITING transitions are published, but nobody reads their nxt yet.
+                self._buffer._memory.arrays["nxt"][w.slot if w.item < 0 else slots[w.item]] = slots[m]
+            waits = {w.item for w in still_waiting if w.item >= 0}
+            states = np.array([EMPTY if it.row < 0 else WAITING if m in waits else COMPLETE
+                               for m, it in enumerate(items)], dtype=np.uint8)
+            prio = None
+            if priorities is not None:
+                prio = np.array([priorities[it.row] if it.row >= 0 else 0.0 for it in items])
+            ring.publish(start, reserved, prio, states, self._lane)
+            self._complete([w for w, _ in resolved if w.item < 0])
+            for w in still_waiting:
+                if w.item >= 0:
+                    w.slot, w.generation, w.item = int(slots[w.item]), int(reserved[w.item]) + 1, -1
+            self._written += len(items)
+            first = int(slots[0])
+        self._waiting = deque(still_waiting)
+        self._history, self._t = state["history"], state["t"]
+        return first
+
+    def _copy(self, items: list[_Item], slots: np.ndarray, rows: Mapping[str, np.ndarray]) -> None:
+        arrays = self._buffer._memory.arrays
+        row_items = np.array([m for m, it in enumerate(items) if it.row >= 0], dtype=np.int64)
+        row_index = np.array([items[m].row for m in row_items], dtype=np.int64)
+        if len(row_items):
+            for name in self._c.stored_fields(self._specs):
+                arrays[f"field:{name}"][slots[row_items]] = rows[name][row_index]
+        for key in self._c.keys:
+            frames = arrays[f"frames:{key}"]
+            for m, it in enumerate(items):
+                if key in it.frames:
+                    frames[slots[m]] = it.frames[key]
+        arrays["depth"][slots] = [it.depth for it in items]
+        arrays["nxt"][slots] = -1
+
+    def _complete(self, resolved: list[_Waiting]) -> None:
+        ring = self._buffer._ring
+        for given in (True, False):
+            batch = [w for w in resolved if (w.priority is not None) == given]
+            if batch:
+                ring.complete(np.array([w.slot for w in batch], dtype=np.int64),
+                              np.array([w.generation for w in batch], dtype=np.uint64),
+                              np.array([w.priority for w in batch]) if given else None)
+
+    def reset(self) -> None:
+        """Forget the episode in progress and this process's lane (after a fork or clear)."""
+        self.__init__(self._c, self._specs, self._buffer)
