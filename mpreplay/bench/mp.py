@@ -423,6 +423,14 @@ class _Target:
     case: str
     ratio: float | None
     goal: float
+    per_cpu: float | None = None  # the ratio of rates per CPU second, for one-process cases
+
+
+def _per_cpu(r: _Result | None) -> float | None:
+    """Sampled rows per CPU second of a one-process case: a rate other work on the machine cannot skew."""
+    if r is None or r.case not in ("learner", "np.take limit") or not r.cpu:
+        return None
+    return r.sampled / r.cpu
 
 
 def _find(results: Sequence[_Result], **match: Any) -> _Result | None:
@@ -452,29 +460,35 @@ def _targets(results: Sequence[_Result], sweep: Sequence[_Result]) -> list[_Targ
             continue
         theirs = _find(results, buffer="cpprb", obs=r.obs, case=r.case, rows_per_add=r.rows_per_add)
         where = f"{r.obs}, {r.case}" + (f", {r.rows_per_add}/add" if r.rows_per_add else "")
-        out.append(_Target("(b) sampled rows/s / cpprb", where, _ratio(r.sampled, theirs and theirs.sampled), 3.0))
+        out.append(_Target("(b) sampled rows/s / cpprb", where, _ratio(r.sampled, theirs and theirs.sampled), 3.0,
+                           _ratio(_per_cpu(r), _per_cpu(theirs))))
         if r.rows_per_add:
             out.append(_Target("(b) inserts/s / cpprb", where, _ratio(r.inserts, theirs and theirs.inserts), 10.0))
     limit = _find(results, buffer="gather", obs=_ATARI.label)
     if _ATARI.label in alone and limit is not None:
         out.append(_Target("(c) learner / gather limit", f"{_ATARI.label}, learner alone",
-                           _ratio(alone[_ATARI.label].sampled, limit.sampled), 0.9))
+                           _ratio(alone[_ATARI.label].sampled, limit.sampled), 0.9,
+                           _ratio(_per_cpu(alone[_ATARI.label]), _per_cpu(limit))))
     learners = [r for r in sweep if r.buffer == "mpreplay"]
     limits = [r for r in sweep if r.buffer == "gather"]
     for learner, gather in list(zip(learners, limits))[1:]:
         where = f"capacity {learner.capacity:,} vs {learners[0].capacity:,}"
-        out.append(_Target("(d) learner sampled rows/s", where, _ratio(learner.sampled, learners[0].sampled), 0.9))
-        out.append(_Target("(d) for scale: gather limit", where, _ratio(gather.sampled, limits[0].sampled), 0.9))
+        out.append(_Target("(d) learner sampled rows/s", where, _ratio(learner.sampled, learners[0].sampled), 0.9,
+                           _ratio(_per_cpu(learner), _per_cpu(learners[0]))))
+        out.append(_Target("(d) for scale: gather limit", where, _ratio(gather.sampled, limits[0].sampled), 0.9,
+                           _ratio(_per_cpu(gather), _per_cpu(limits[0]))))
     return out
 
 
 # -- output -----------------------------------------------------------------------
 _COLUMNS = ("obs", "buffer", "capacity", "processes", "rows/add", "inserts/s", "sampled rows/s", "updates/s",
             "stale dropped", "lock wait", "CPU cores", "others' cores")
-_TARGET_COLUMNS = ("target", "case", "ratio", "goal", "met")
+_TARGET_COLUMNS = ("target", "case", "ratio", "goal", "met", "ratio per CPU s")
 _LEGEND = ("updates/s: priority updates applied (stale ones are dropped); lock wait: share of window x processes "
            "spent waiting for the buffer's lock;\nCPU cores: CPU seconds of the case's processes / window; "
-           "others' cores: what the rest of the machine used meanwhile (/proc/stat).")
+           "others' cores: what the rest of the machine used meanwhile (/proc/stat);\n"
+           "ratio per CPU s (targets): the same ratio of rows per CPU second, for one-process cases, "
+           "which other work on the machine does not skew.")
 
 
 def _num(x: float | None) -> str:
@@ -492,9 +506,10 @@ def _cells(r: _Result) -> list[str]:
 
 
 def _target_cells(t: _Target) -> list[str]:
+    per_cpu = "" if t.per_cpu is None else f"{t.per_cpu:.2f}"
     if t.ratio is None:
-        return [t.target, t.case, "not measured", f">= {t.goal:g}", ""]
-    return [t.target, t.case, f"{t.ratio:.2f}", f">= {t.goal:g}", "yes" if t.ratio >= t.goal else "no"]
+        return [t.target, t.case, "not measured", f">= {t.goal:g}", "", per_cpu]
+    return [t.target, t.case, f"{t.ratio:.2f}", f">= {t.goal:g}", "yes" if t.ratio >= t.goal else "no", per_cpu]
 
 
 def _print_table(title: str, columns: Sequence[str], lines: Sequence[list[str]], group: int | None) -> None:
