@@ -28,10 +28,10 @@ Memory ordering.  The counter is an aligned 8-byte word, loaded and stored as
 one access.  On x86-64 the hardware keeps stores in program order and loads in
 program order, so the writer's "odd, arrays, even" and the reader's "counter,
 arrays, counter" are seen in that order by the other side and the protocol is
-exact.  Python offers no memory fences, so on weakly ordered CPUs (ARM64)
-correctness rests on each step being a separate numpy call, with the
-interpreter's work in between; that has held in practice but is not
-guaranteed by the architecture.
+exact.  Weakly ordered CPUs (ARM64) may reorder those accesses and Python
+has no fence to forbid it: there the protocol leans on each step being a
+separate numpy call with interpreter work in between, which makes a reorder
+across steps unlikely but is not a guarantee.
 
 Single writer.  Only one process may publish at a time: two concurrent
 publishes would interleave their copies under one counter and readers could
@@ -216,6 +216,7 @@ class ParameterStore:
         value was a tensor).  With ``out`` (a dict of numpy arrays or CPU
         tensors with the template's keys and shapes), copies into it and
         returns it; if the read times out, ``out``'s contents are unspecified.
+        In a loop, reuse an ``out``: fresh allocations can cost more than the copy.
 
         Raises :class:`ParameterStoreTimeout` when no consistent copy could
         be made within ``timeout`` seconds (a writer died mid-publish).
