@@ -27,6 +27,7 @@ import importlib.util
 import itertools
 import multiprocessing
 import os
+import resource
 import signal
 import sys
 import threading
@@ -148,14 +149,22 @@ def _fill(buffer: Any, obs: _Obs, contender: _Contender) -> None:
 
 
 # -- the timed loop -------------------------------------------------------------
-def _run_until(marks: Sequence[float], op: Callable[[], None], stride: int) -> tuple[list[int], list[float]]:
+@dataclass(frozen=True)
+class _Trace:
+    """What one process did between the first and the last mark."""
+
+    counts: list[int]  # calls done by each mark
+    cpu: float  # CPU seconds (user + system)
+    faults: int  # minor page faults
+
+
+def _run_until(marks: Sequence[float], op: Callable[[], None], stride: int) -> _Trace:
     """Call ``op`` until the monotonic clock passes the last mark.
 
-    Returns the number of calls done and this process's CPU seconds at each
-    mark.  The clock (system-wide, so every process shares the marks) is read
-    every ``stride`` calls: reading it costs as much as a fraction of a fast add.
+    The clock (system-wide, so every process shares the marks) is read every
+    ``stride`` calls: reading it costs as much as a fraction of a fast add.
     """
-    calls, counts, cpu = 0, [], []
+    calls, counts = 0, []
     clock, strides = time.monotonic, range(stride)
     for mark in marks:
         while clock() < mark:
@@ -163,8 +172,11 @@ def _run_until(marks: Sequence[float], op: Callable[[], None], stride: int) -> t
                 op()
             calls += stride
         counts.append(calls)
-        cpu.append(time.process_time())
-    return counts, cpu
+        if len(counts) == 1:
+            first = resource.getrusage(resource.RUSAGE_SELF)
+    last = resource.getrusage(resource.RUSAGE_SELF)
+    return _Trace(counts, last.ru_utime + last.ru_stime - first.ru_utime - first.ru_stime,
+                  last.ru_minflt - first.ru_minflt)
 
 
 @dataclass(frozen=True)
@@ -199,7 +211,7 @@ def _operation(role: _Role, buffer: Any) -> tuple[Callable[[], None], int]:
 
 
 def _child(role: _Role, buffer: Any, conn: Connection) -> None:
-    """Process body: get ready, receive the marks, run, report ``(counts, cpu)``."""
+    """Process body: get ready, receive the marks, run, report a :class:`_Trace`."""
     # A Ctrl-C reaches the whole process group: only the parent reacts, and it
     # stops the children itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -231,6 +243,7 @@ class _Result:
     stale: int | None = None
     lock_wait: float | None = None  # share of the window x processes spent waiting for the lock
     cpu: float | None = None  # cores busy (CPU seconds / window)
+    faults: float | None = None  # minor page faults per second, all processes of the case
     others: float | None = None  # cores busy with other work meanwhile
 
 
@@ -332,14 +345,15 @@ def _run_case(ctx: Any, buffer: Any, contender: _Contender, obs: _Obs, writers: 
         for conn in conns:
             conn.close()
     window = marks[-1] - marks[0]
-    cores = sum(cpu[-1] - cpu[0] for _, cpu in reports) / window
+    cores = sum(r.cpu for r in reports) / window
     result = _Result(obs.label, contender.name, _case_label(writers, learner), obs.capacity,
-                     rows if writers else None, cpu=cores, others=_others_cores(before.busy, after.busy, window, cores))
+                     rows if writers else None, cpu=cores, faults=sum(r.faults for r in reports) / window,
+                     others=_others_cores(before.busy, after.busy, window, cores))
     if writers:
-        rates = sum(_slice_rates(counts, marks, rows) for counts, _ in reports[:writers])
+        rates = sum(_slice_rates(r.counts, marks, rows) for r in reports[:writers])
         result.inserts = float(np.median(rates))
     if learner:
-        counts = reports[-1][0]
+        counts = reports[-1].counts
         result.sampled = float(np.median(_slice_rates(counts, marks, BATCH)))
         submitted = (counts[-1] - counts[0]) * BATCH
         if before.stats is not None:
@@ -382,16 +396,16 @@ def _gather_limit(obs: _Obs, timing: _Timing) -> _Result:
         marks = _marks(timing)
         _run_until(marks[:1], gather, 1)  # the warm-up
         busy_at_start = _machine_busy_seconds()
-        counts, cpu = _run_until(marks, gather, 1)
+        trace = _run_until(marks, gather, 1)
         busy = _machine_busy_seconds()  # read at once: the loop ended at the last mark
         del sources, pairs, gather
     finally:
         memory.close()
     window = marks[-1] - marks[0]
-    cores = (cpu[-1] - cpu[0]) / window
+    cores = trace.cpu / window
     return _Result(obs.label, "gather", "np.take limit", obs.capacity,
-                   sampled=float(np.median(_slice_rates(counts, marks, BATCH))), cpu=cores,
-                   others=_others_cores(busy_at_start, busy, window, cores))
+                   sampled=float(np.median(_slice_rates(trace.counts, marks, BATCH))), cpu=cores,
+                   faults=trace.faults / window, others=_others_cores(busy_at_start, busy, window, cores))
 
 
 def _cases(ctx: Any, contender: _Contender, obs: _Obs, timing: _Timing) -> list[_Result]:
@@ -482,10 +496,11 @@ def _targets(results: Sequence[_Result], sweep: Sequence[_Result]) -> list[_Targ
 
 # -- output -----------------------------------------------------------------------
 _COLUMNS = ("obs", "buffer", "capacity", "processes", "rows/add", "inserts/s", "sampled rows/s", "updates/s",
-            "stale dropped", "lock wait", "CPU cores", "others' cores")
+            "stale dropped", "lock wait", "CPU cores", "page faults/s", "others' cores")
 _TARGET_COLUMNS = ("target", "case", "ratio", "goal", "met", "ratio per CPU s")
 _LEGEND = ("updates/s: priority updates applied (stale ones are dropped); lock wait: share of window x processes "
            "spent waiting for the buffer's lock;\nCPU cores: CPU seconds of the case's processes / window; "
+           "page faults/s: their minor page faults (memory the kernel maps on first touch); "
            "others' cores: what the rest of the machine used meanwhile (/proc/stat);\n"
            "ratio per CPU s (targets): the same ratio of rows per CPU second, for one-process cases, "
            "which other work on the machine does not skew.")
@@ -502,7 +517,8 @@ def _cores(x: float | None) -> str:
 def _cells(r: _Result) -> list[str]:
     return [r.obs, r.buffer, f"{r.capacity:,}", r.case, "" if r.rows_per_add is None else str(r.rows_per_add),
             _num(r.inserts), _num(r.sampled), _num(r.updates), _num(r.stale),
-            "" if r.lock_wait is None else f"{100 * r.lock_wait:.1f}%", _cores(r.cpu), _cores(r.others)]
+            "" if r.lock_wait is None else f"{100 * r.lock_wait:.1f}%", _cores(r.cpu), _num(r.faults),
+            _cores(r.others)]
 
 
 def _target_cells(t: _Target) -> list[str]:
