@@ -39,8 +39,12 @@ each call fetches ``batches_per_call`` batches, so a learner that trains
 between samples rarely waits.  The price is that a batch may be drawn up to
 ``prefetch * batches_per_call`` batches before it is handed out, so it
 misses the priority updates of that many steps.  ``prefetch=0`` fetches on
-demand.  Priority updates are sent without waiting for the reply; at most
-``max_updates_in_flight`` are outstanding (then the oldest is waited for).
+demand.  ``update_priorities`` never waits: a shard's updates ride with its
+next sample call (applied before that call draws), so a learner loop costs
+no extra round trips.  If ``2 * batches_per_call`` updates pile up for a shard
+without a sample call to carry them, they go in a call of their own; at most
+``max_updates_in_flight`` such calls are outstanding (then the oldest is
+waited for).  :meth:`ShardedReplay.flush` sends and waits for everything.
 
 **Lost and returning shards.**  A shard whose server dies (its node went
 away) is dropped from the split with a :class:`ShardLostWarning`, the
@@ -151,8 +155,10 @@ class ShardServer:
         tree = self._buffer._tree
         return {"total": float(tree.total()), "min": float(tree.min()), "stored": self._buffer.get_stored_size()}
 
-    def sample(self, counts: Sequence[int]) -> dict[str, Any]:
-        """Draw one batch of ``counts[j]`` transitions for each ``j``.
+    def sample(self, counts: Sequence[int], keys: np.ndarray | None = None,
+               priorities: np.ndarray | None = None) -> dict[str, Any]:
+        """Apply priority updates (as :meth:`update_priorities`, when ``keys`` is given),
+        then draw one batch of ``counts[j]`` transitions for each ``j``.
 
         Returns ``{"batches": [...], "total", "min", "stored"}``: the mass
         after the draws, and per count either None (count 0, or the buffer
@@ -160,6 +166,8 @@ class ShardServer:
         of each row, see :func:`split_indexes`) and ``leaf`` (leaf weights).
         Importance weights are left to the client: they need every shard's minimum.
         """
+        if keys is not None:
+            self.update_priorities(keys, priorities)
         b = self._buffer
         tree = b._tree
         batches: list[dict[str, np.ndarray] | None] = []
@@ -301,6 +309,15 @@ class _Shard:
     min: float
     stored: int
     capacity: int
+    updates: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # not sent yet
+
+    def take_updates(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The updates not sent yet, as ``(keys, priorities)`` (``(None, None)`` when there are none)."""
+        if not self.updates:
+            return None, None
+        keys, priorities = (np.concatenate(a) for a in zip(*self.updates))
+        self.updates.clear()
+        return keys, priorities
 
 
 @dataclass
@@ -311,6 +328,7 @@ class _Round:
     shares: np.ndarray  # (shards,)
     counts: np.ndarray  # (batches, shards)
     pending: list[Any] = field(default_factory=list)
+    carried: list[int] = field(default_factory=list)  # priority updates riding with each shard's call
 
 
 @dataclass
@@ -353,7 +371,7 @@ class ShardedReplay:
     batches_per_call : int
         Batches each call fetches: more amortises the round trip.
     max_updates_in_flight : int
-        Priority updates sent but not yet acknowledged before ``update_priorities`` waits.
+        Calls carrying only priority updates that may be outstanding before ``update_priorities`` waits.
     timeout : float, optional
         A shard that does not answer within this many seconds is dropped
         (None: only when Ray reports it dead).
@@ -390,7 +408,7 @@ class ShardedReplay:
         self._rounds: collections.deque[_Round] = collections.deque()
         self._ready: collections.deque[_Batch] = collections.deque()
         self._batch_size = 0
-        self._updates: collections.deque[tuple[_Shard, Any]] = collections.deque()
+        self._updates: collections.deque[tuple[_Shard, Any, int]] = collections.deque()
         self._lost = 0
         self._lost_updates = 0
         self._last_discovery = -np.inf
@@ -456,6 +474,7 @@ class ShardedReplay:
         if self._shards.pop(shard.id, None) is None:
             return
         self._lost += 1
+        self._lost_updates += sum(len(keys) for keys, _ in shard.updates)
         warnings.warn(f"shard {shard.id} is gone ({reason}); sampling goes on over {len(self._shards)} shard(s)",
                       ShardLostWarning, stacklevel=3)
 
@@ -510,7 +529,10 @@ class ShardedReplay:
         shares = totals / totals.sum()
         counts = np.stack([_split(shares, self._batch_size, self._rng) for _ in range(batches)])
         rnd = _Round(shards, shares, counts)
-        rnd.pending = [s.link.submit("sample", counts[:, j].tolist()) for j, s in enumerate(shards)]
+        for j, shard in enumerate(shards):
+            keys, priorities = shard.take_updates()
+            rnd.carried.append(0 if keys is None else len(keys))
+            rnd.pending.append(shard.link.submit("sample", counts[:, j].tolist(), keys, priorities))
         self._rounds.append(rnd)
 
     def _refresh(self) -> None:
@@ -525,10 +547,11 @@ class ShardedReplay:
     def _collect(self, rnd: _Round) -> None:
         """Wait for a round's replies and turn complete batches into ready ones; draw the rest again."""
         replies: list[dict[str, Any] | None] = []
-        for shard, pending in zip(rnd.shards, rnd.pending):
+        for shard, pending, carried in zip(rnd.shards, rnd.pending, rnd.carried):
             try:
                 reply = shard.link.wait(pending, self._timeout)
             except _ShardGone as exc:
+                self._lost_updates += carried
                 self._drop(shard, str(exc))
                 reply = None
             else:
@@ -571,7 +594,8 @@ class ShardedReplay:
 
     # -- priorities ----------------------------------------------------------------------------
     def update_priorities(self, indexes: Any, priorities: Any) -> None:
-        """Send new priorities of sampled transitions to their shards, without waiting.
+        """Send new priorities of sampled transitions to their shards, without waiting
+        (they ride with the shards' next sample calls).
 
         An update whose slot was overwritten since it was sampled, or whose
         shard is gone, is dropped (see :meth:`stats`).
@@ -602,18 +626,29 @@ class ShardedReplay:
             if shard is None:
                 self._lost_updates += int(np.count_nonzero(mine))
                 continue
-            self._updates.append((shard, shard.link.submit("update_priorities", idx[mine] & _KEY_MASK, p[mine])))
+            shard.updates.append((idx[mine] & _KEY_MASK, p[mine]))
+            if len(shard.updates) >= 2 * self._per_call:  # no sample call came to carry them
+                self._send_updates(shard)
+
+    def _send_updates(self, shard: _Shard) -> None:
+        keys, priorities = shard.take_updates()
+        if keys is None:
+            return
+        self._updates.append((shard, shard.link.submit("update_priorities", keys, priorities), len(keys)))
         while len(self._updates) > self._max_updates:
             self._settle(*self._updates.popleft())
 
-    def _settle(self, shard: _Shard, pending: Any) -> None:
+    def _settle(self, shard: _Shard, pending: Any, count: int) -> None:
         try:
             shard.link.wait(pending, self._timeout)
         except _ShardGone as exc:
+            self._lost_updates += count
             self._drop(shard, str(exc))
 
     def flush(self) -> None:
-        """Wait until every priority update sent so far has been applied (or dropped)."""
+        """Send every priority update not sent yet and wait until all are applied (or dropped)."""
+        for shard in list(self._shards.values()):
+            self._send_updates(shard)
         while self._updates:
             self._settle(*self._updates.popleft())
 
@@ -760,17 +795,21 @@ class LoopbackRayCluster:
             servers = start_shard_servers(make_buffer)   # one per node
             replay = ShardedReplay(servers.values())
 
-    Never connects to a cluster it finds: refuses to start if Ray is already
-    initialised in this process.
+    ``system_config`` overrides Ray's internal settings cluster-wide (e.g.
+    ``{"max_direct_call_object_size": 64 << 20}``).  Never connects to a
+    cluster it finds: refuses to start if Ray is already initialised in this process.
     """
 
     _ENV: ClassVar[dict[str, str]] = {"RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
     def __init__(self, nodes: int = 3, *, cpus_per_node: int = 1, object_store_mb: int = 128,
-                 namespace: str | None = None):
+                 namespace: str | None = None, system_config: Mapping[str, Any] | None = None):
         if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
             raise ValueError(f"nodes: expected an integer >= 1, got {nodes!r}")
         self._count, self._namespace = nodes, namespace
+        # Notice a removed node within about a second, not half a minute.
+        self._system_config = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 200,
+                               "health_check_failure_threshold": 5, **(system_config or {})}
         self._node_args = {"node_ip_address": "127.0.0.1", "num_cpus": cpus_per_node,
                            "object_store_memory": object_store_mb * 2**20}
         self._nodes: dict[str, Any] = {}
@@ -799,10 +838,7 @@ class LoopbackRayCluster:
         self._node_args["temp_dir"] = self._tmp
         try:
             self._cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args={
-                **self._node_args, "include_dashboard": False,
-                # Notice a removed node within about a second, not half a minute.
-                "_system_config": {"health_check_initial_delay_ms": 0, "health_check_period_ms": 200,
-                                   "health_check_failure_threshold": 5}})
+                **self._node_args, "include_dashboard": False, "_system_config": self._system_config})
             self._nodes[self._cluster.head_node.node_id] = self._cluster.head_node
             for _ in range(self._count - 1):
                 self.add_node()

@@ -159,6 +159,30 @@ def test_updated_priorities_reach_the_sampled_transitions():
     assert np.mean(ids == 7) > 0.9
 
 
+def test_updates_ride_with_the_next_sample_call_or_go_alone_when_they_pile_up():
+    buffers = _buffers()
+    client = _client(buffers, prefetch=0, batches_per_call=1)
+    batch = client.sample(32)
+    client.update_priorities(batch["indexes"], np.full(32, 1e3))
+    assert max(_max_priority(b) for b in buffers) < 1e3  # not sent yet
+    client.sample(32)
+    assert max(_max_priority(b) for b in buffers) == 1e3  # applied before that draw
+    # Without a sample call to carry them, 2 * batches_per_call updates to a shard go on their own.
+    client.update_priorities(batch["indexes"], np.full(32, 1e4))
+    assert max(_max_priority(b) for b in buffers) == 1e3
+    client.update_priorities(batch["indexes"], np.full(32, 1e5))
+    assert max(_max_priority(b) for b in buffers) == 1e5
+
+
+def test_flush_applies_every_update_not_sent_yet():
+    buffers = _buffers()
+    client = _client(buffers)
+    batch = client.sample(32)
+    client.update_priorities(batch["indexes"], np.full(32, 1e3))
+    client.flush()
+    assert max(_max_priority(b) for b in buffers) == 1e3
+
+
 def test_update_for_a_slot_overwritten_since_it_was_sampled_is_dropped():
     buffers = _buffers()
     client = _client(buffers)
@@ -166,6 +190,7 @@ def test_update_for_a_slot_overwritten_since_it_was_sampled_is_dropped():
     for buffer in buffers:  # the ring wraps: every sampled slot now holds a new transition
         _fill(buffer, np.arange(1000, 1064), np.ones(64))
     client.update_priorities(batch["indexes"], np.full(32, 1e3))
+    client.flush()
     assert all(_max_priority(b) == 1.0 for b in buffers)
     assert client.stats()["stale_updates_dropped"] == 32
 
@@ -180,8 +205,10 @@ def test_update_is_dropped_even_when_the_new_occupant_was_sampled_since():
     new = client.sample(1)
     assert new["id"][0] == 2 and split_indexes(old["indexes"])[1] == split_indexes(new["indexes"])[1]
     client.update_priorities(old["indexes"], [1e3])
+    client.flush()
     assert _max_priority(buffer) == 1.0
     client.update_priorities(new["indexes"], [5.0])
+    client.flush()
     assert _max_priority(buffer) == 5.0
 
 
@@ -250,6 +277,7 @@ def test_a_returning_shard_gets_a_new_id_and_old_indexes_never_reach_it():
     assert client.add_shard(ShardServer(back)) == 3
     assert 3 in split_indexes(np.concatenate([client.sample(32)["indexes"] for _ in range(5)]))[0]
     client.update_priorities(before["indexes"], np.full(32, 1e3))
+    client.flush()
     assert _max_priority(back) == PRIORITY[IDS[2]].max()
 
 
@@ -414,6 +442,7 @@ def test_stale_updates_are_dropped_over_ray(served):
     for buffer in buffers:
         _fill(buffer, np.arange(1000, 1064), np.ones(64))
     client.update_priorities(batch["indexes"], np.full(32, 1e3))
+    client.flush()
     assert client.stats()["stale_updates_dropped"] == 32
     assert all(_max_priority(b) == 1.0 for b in buffers)
 
