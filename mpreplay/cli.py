@@ -6,6 +6,7 @@ import importlib
 import sys
 
 _BENCHMARKS = {
+    "io": "save_transitions/load_transitions of 100k Atari-like frames: MB/s and file size vs np.savez/np.load",
     "mp": "shared prioritized buffer: 1-2 writer processes and a learner vs cpprb and the memory gather limit",
     "per": "prioritized replay: add one, sample 32, update 32 per frame vs naive numpy, cpprb and the floor",
     "ray": "sharded replay over a 3-node loopback Ray cluster: sampled transitions/s vs the same client without Ray",
@@ -19,7 +20,19 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="run a benchmark", add_help=False)
     bench.add_argument("name", choices=sorted(_BENCHMARKS), help="; ".join(f"{k}: {v}" for k, v in _BENCHMARKS.items()))
+    inspect_cmd = sub.add_parser("inspect", help="print a saved transitions file's metadata and a per-array summary")
+    inspect_cmd.add_argument("file", help="a file written by save_transitions")
     args, rest = parser.parse_known_args(argv)
+    if args.command == "inspect":
+        from .io import inspect as describe
+
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        try:
+            print(describe(args.file))
+        except (OSError, ValueError) as exc:
+            parser.exit(1, f"mpreplay inspect: {exc}\n")
+        return 0
     if args.command == "bench":
         module = importlib.import_module(f"mpreplay.bench.{args.name}")
         return int(module.main(rest) or 0)

@@ -71,8 +71,7 @@ from .spec import FieldSpec, parse_env_dict
 if TYPE_CHECKING:
     from .buffer import ReplayBuffer
 
-__all__ = ["FORMAT_VERSION", "TransitionFileError", "save_transitions", "load_transitions", "read_metadata",
-           "inspect"]
+__all__ = ["FORMAT_VERSION", "TransitionFileError", "inspect", "load_transitions", "read_metadata", "save_transitions"]
 
 FORMAT_VERSION = 1
 METADATA = "metadata.json"  # not an identifier, so no field can take the name
@@ -114,6 +113,10 @@ def save_transitions(buffer: ReplayBuffer, file: File, *, safe: bool = True, com
         Deflate the arrays (as ``np.savez_compressed``); else store them (as ``np.savez``).
     priorities : bool
         Also store each transition's priority (prioritized buffers only).
+
+    Other processes may keep writing a shared buffer meanwhile: rows being
+    written are left out, as in ``get_all_transitions``, and a saved priority
+    may be that of the slot's newer occupant.
     """
     for name, flag in (("safe", safe), ("compress", compress), ("priorities", priorities)):
         if not isinstance(flag, (bool, np.bool_)):
@@ -152,8 +155,11 @@ def load_transitions(buffer: ReplayBuffer, file: File) -> int:
     The whole file is read and checked first; if anything is wrong the buffer
     is left exactly as it was and :class:`TransitionFileError` is raised.
     Saved priorities are restored into a prioritized buffer and ignored by a
-    uniform one; a prioritized buffer loading a file without priorities gives
-    the transitions its default priority.
+    uniform one.  A prioritized buffer gives the transitions its default
+    priority when the file has none, and always when it folds n steps itself
+    (such a buffer takes no given priorities).  Transitions saved by a buffer
+    that folds n steps load, as they are, into one with the same ``size``
+    and ``gamma`` only.
     """
     with _open_archive(file) as archive:
         meta = _read_metadata(archive)
@@ -162,7 +168,10 @@ def load_transitions(buffer: ReplayBuffer, file: File) -> int:
     priorities = arrays.pop(PRIORITIES, None)
     if meta.count == 0:
         return 0
-    if priorities is not None and _is_prioritized(buffer):
+    if _nstep_of(buffer) is not None:
+        # The rows were folded before they were saved: add() would fold them again.
+        buffer._store_folded(arrays, None)
+    elif priorities is not None and _is_prioritized(buffer):
         buffer.add(priorities=priorities, **arrays)
     else:
         buffer.add(**arrays)
@@ -413,6 +422,10 @@ def _parse_nstep(nstep: Any) -> tuple[int, float] | None:
 
 def _check_fits(meta: _Metadata, buffer: Any) -> None:
     """Raise unless the file's transitions are what ``buffer`` stores."""
+    wanted = _nstep_of(buffer)
+    if meta.nstep != wanted:
+        raise TransitionFileError(f"nstep: the file holds {_describe_nstep(meta.nstep)} but the buffer stores "
+                                  f"{_describe_nstep(wanted)}; loading would fold rewards twice or not at all")
     ours, theirs = buffer._specs, meta.specs
     missing, extra = [n for n in ours if n not in theirs], [n for n in theirs if n not in ours]
     if missing or extra:
@@ -423,10 +436,6 @@ def _check_fits(meta: _Metadata, buffer: Any) -> None:
         if (other.shape, other.dtype) != (spec.shape, spec.dtype):
             raise TransitionFileError(f"field {name!r}: the file stores {_describe(other.shape, other.dtype)}, "
                                       f"the buffer expects {_describe(spec.shape, spec.dtype)}")
-    wanted = _nstep_of(buffer)
-    if meta.nstep != wanted:
-        raise TransitionFileError(f"nstep: the file holds {_describe_nstep(meta.nstep)} but the buffer stores "
-                                  f"{_describe_nstep(wanted)}; loading would fold rewards twice or not at all")
 
 
 def _read_arrays(archive: zipfile.ZipFile, meta: _Metadata) -> dict[str, np.ndarray]:

@@ -6,8 +6,8 @@ import json
 import multiprocessing as mp
 import os
 import zipfile
-from types import SimpleNamespace
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -187,7 +187,6 @@ def test_plain_numpy_reads_the_file_without_pickle():
 
 def test_the_metadata_records_version_specs_settings_and_count():
     source = _filled(PrioritizedReplayBuffer, 8, range(3))
-    source._nstep = SimpleNamespace(size=3, gamma=0.9)
     assert read_metadata(io.BytesIO(_saved(source, safe=False, priorities=True))) == {
         "format_version": 1,
         "mpreplay_version": mpreplay.__version__,
@@ -197,7 +196,7 @@ def test_the_metadata_records_version_specs_settings_and_count():
             {"name": "rew", "shape": [], "dtype": np.dtype(np.float32).str},
             {"name": "done", "shape": [], "dtype": np.dtype(np.uint8).str},
         ],
-        "nstep": {"size": 3, "gamma": 0.9},
+        "nstep": None,
         "compression": None,
         "safe": False,
         "count": 3,
@@ -220,10 +219,55 @@ def test_fields_named_like_numpy_savez_arguments_round_trip():
     np.testing.assert_array_equal(target.get_all_transitions()["allow_pickle"], [1, 2])
 
 
-def test_matching_nstep_settings_load():
-    source, target = _filled(ReplayBuffer, 8, range(3)), ReplayBuffer(8, ENV)
-    source._nstep = target._nstep = SimpleNamespace(size=3, gamma=0.9)
-    assert load_transitions(target, io.BytesIO(_saved(source))) == 3
+# -- n-step transitions ------------------------------------------------------------------------
+
+NSTEP_ENV = {"obs": {"shape": (2,)}, "act": {"dtype": np.int64}, "rew": {}, "next_obs": {"shape": (2,)}, "done": {}}
+
+
+def _played(setting: tuple[int, float] | None, cls: type = ReplayBuffer) -> ReplayBuffer:
+    """A buffer folding ``(size, gamma)`` steps (None: none) that was given one 6-step episode."""
+    buffer = cls(32, NSTEP_ENV, nstep=None if setting is None else {"size": setting[0], "gamma": setting[1]})
+    for t in range(6):
+        buffer.add(obs=[t, t], act=t, rew=t + 1.0, next_obs=[t + 1, t + 1], done=float(t == 5))
+    buffer.on_episode_end()
+    return buffer
+
+
+def test_the_metadata_records_the_nstep_settings():
+    assert read_metadata(io.BytesIO(_saved(_played((3, 0.9)))))["nstep"] == {"size": 3, "gamma": 0.9}
+
+
+@pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer], ids=["uniform", "prioritized"])
+def test_folded_transitions_load_as_they_are_into_a_buffer_folding_alike(cls):
+    source = _played((3, 0.9), cls)
+    target = cls(32, NSTEP_ENV, nstep={"size": 3, "gamma": 0.9})
+    assert load_transitions(target, io.BytesIO(_saved(source))) == 6
+    got, want = target.get_all_transitions(), source.get_all_transitions()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_a_folding_target_gives_loaded_transitions_its_default_priority():
+    source = _played((3, 0.9), PrioritizedReplayBuffer)
+    source.update_priorities(np.arange(6), np.arange(1.0, 7.0))
+    target = PrioritizedReplayBuffer(32, NSTEP_ENV, nstep={"size": 3, "gamma": 0.9})
+    load_transitions(target, io.BytesIO(_saved(source, priorities=True)))
+    np.testing.assert_array_equal(_priorities(target), np.ones(6))
+
+
+NSTEP_MISMATCHES = {
+    "folded file, one-step buffer": ((3, 0.9), None),
+    "one-step file, folding buffer": (None, (3, 0.9)),
+    "other size": ((3, 0.9), (2, 0.9)),
+    "other gamma": ((3, 0.9), (3, 0.99)),
+}
+
+
+@pytest.mark.parametrize("saved, wanted", NSTEP_MISMATCHES.values(), ids=NSTEP_MISMATCHES.keys())
+def test_an_nstep_mismatch_is_refused_and_the_buffer_untouched(saved, wanted, unchanged):
+    data, target = _saved(_played(saved)), _played(wanted)
+    with unchanged(target), pytest.raises(ValueError, match="nstep: the file holds .* fold rewards twice or not"):
+        load_transitions(target, io.BytesIO(data))
 
 
 # -- files and paths ----------------------------------------------------------------------------
@@ -429,25 +473,6 @@ def test_a_file_that_is_not_a_transitions_file_is_refused(data, message, unchang
     target = _filled(ReplayBuffer, 8, [100])
     with unchanged(target), pytest.raises(TransitionFileError, match=message):
         load_transitions(target, io.BytesIO(data))
-
-
-NSTEP_MISMATCHES = {
-    "folded file, one-step buffer": ((3, 0.9), None),
-    "one-step file, folding buffer": (None, (3, 0.9)),
-    "other size": ((3, 0.9), (2, 0.9)),
-    "other gamma": ((3, 0.9), (3, 0.99)),
-}
-
-
-@pytest.mark.parametrize("saved, wanted", NSTEP_MISMATCHES.values(), ids=NSTEP_MISMATCHES.keys())
-def test_an_nstep_mismatch_is_refused_and_the_buffer_untouched(saved, wanted, unchanged):
-    def nstep(setting):
-        return None if setting is None else SimpleNamespace(size=setting[0], gamma=setting[1])
-
-    source, target = _filled(ReplayBuffer, 8, range(3)), _filled(ReplayBuffer, 8, [100])
-    source._nstep, target._nstep = nstep(saved), nstep(wanted)
-    with unchanged(target), pytest.raises(ValueError, match="nstep: the file holds .* fold rewards twice or not"):
-        load_transitions(target, io.BytesIO(_saved(source)))
 
 
 class _Spy:
