@@ -1,0 +1,337 @@
+"""``mpreplay bench per``: the classic prioritized-replay loop.
+
+Every frame adds one transition and, once more than 32 are stored, samples
+32, perturbs their importance weights by uniform(-0.5, 0.5), clips them to
+[0.01, 1] and writes them back as the new priorities.  The same loop runs
+against every contender:
+
+* ``mpreplay`` -- :class:`mpreplay.PrioritizedReplayBuffer`;
+* ``numpy`` -- the textbook buffer that samples with ``choice(p=...)``,
+  O(N) per sample, so it only runs up to a capacity;
+* ``cpprb`` -- cpprb's PrioritizedReplayBuffer, when cpprb is installed;
+* ``floor`` -- a buffer whose methods only return preallocated arrays: what
+  the loop itself costs, the bound no buffer can beat.
+
+Only the loop is timed (buffer construction is not); each figure is the
+median over repeats, and the repeats interleave the contenders so slow drift
+of the machine hits all of them alike.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import mpreplay
+
+BATCH = 32
+ALPHA, BETA, EPS = 0.6, 0.4, 1e-4
+OBS_SHAPE = (4,)
+# Distinct prebuilt transitions and noise vectors the loop cycles through, so
+# no buffer sees the same object twice in a row; primes keep the two cycles
+# from lining up.
+_POOL, _NOISE_POOL = 61, 67
+_DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
+_QUICK_SIZES = (1_000, 3_000)
+_NAIVE_MAX_CAPACITY = 10_000
+_SKIPPED = "skipped (O(N) per sample)"
+
+
+def _repeats_for(frames: int) -> int:
+    # About 1 s, 10 s and 100 s per run: fewer repeats where a run is long.
+    if frames <= 20_000:
+        return 5
+    if frames <= 200_000:
+        return 3
+    return 2
+
+
+# -- contenders ---------------------------------------------------------------
+def _env_dict(scalar_shape: tuple[int, ...] | None) -> dict[str, dict[str, Any]]:
+    scalar = {} if scalar_shape is None else {"shape": scalar_shape}
+    return {
+        "obs": {"shape": OBS_SHAPE, "dtype": np.float32},
+        "act": {**scalar, "dtype": np.int64},
+        "rew": {**scalar, "dtype": np.float32},
+        "next_obs": {"shape": OBS_SHAPE, "dtype": np.float32},
+        "done": {**scalar, "dtype": np.float32},
+    }
+
+
+class _NumpyPER:
+    """Proportional replay the textbook way: normalise every priority and
+    call ``choice(p=...)`` on each sample, O(N) per sample."""
+
+    def __init__(self, size: int, seed: int):
+        self._fields = {name: np.zeros((size,) + tuple(spec.get("shape", ())), spec["dtype"])
+                        for name, spec in _env_dict(None).items()}
+        self._weight = np.zeros(size)
+        self._size, self._next, self._stored = size, 0, 0
+        self._max_priority = 1.0
+        self._rng = np.random.default_rng(seed)
+
+    def add(self, **fields: np.ndarray) -> None:
+        i = self._next
+        for name, value in fields.items():
+            self._fields[name][i] = value
+        self._weight[i] = (self._max_priority + EPS) ** ALPHA
+        self._next = (i + 1) % self._size
+        self._stored = min(self._stored + 1, self._size)
+
+    def sample(self, batch_size: int) -> dict[str, np.ndarray]:
+        w = self._weight[:self._stored]
+        p = w / w.sum()
+        idx = self._rng.choice(self._stored, batch_size, p=p)
+        out = {name: arr[idx] for name, arr in self._fields.items()}
+        out["indexes"] = idx
+        out["weights"] = (p[idx] / p.min()) ** -BETA
+        return out
+
+    def update_priorities(self, indexes: np.ndarray, priorities: np.ndarray) -> None:
+        self._weight[indexes] = (priorities + EPS) ** ALPHA
+        self._max_priority = max(self._max_priority, float(priorities.max()))
+
+
+class _Floor:
+    """A buffer that stores nothing: every method returns at once."""
+
+    def __init__(self, size: int, seed: int):
+        rng = np.random.default_rng(seed)
+        self._batch = {name: np.zeros((BATCH,) + tuple(spec.get("shape", ())), spec["dtype"])
+                       for name, spec in _env_dict(None).items()}
+        self._batch["indexes"] = rng.integers(0, size, BATCH)
+        self._batch["weights"] = rng.random(BATCH)
+
+    def add(self, **fields: np.ndarray) -> None:
+        return None
+
+    def sample(self, batch_size: int) -> dict[str, np.ndarray]:
+        return self._batch
+
+    def update_priorities(self, indexes: np.ndarray, priorities: np.ndarray) -> None:
+        return None
+
+
+def _make_mpreplay(size: int, seed: int) -> mpreplay.PrioritizedReplayBuffer:
+    return mpreplay.PrioritizedReplayBuffer(size, _env_dict(None), alpha=ALPHA, eps=EPS, seed=seed)
+
+
+def _make_cpprb(size: int, seed: int) -> Any:
+    import cpprb
+
+    # cpprb's sampler seeds itself from std::random_device: `seed` cannot reach it.
+    return cpprb.PrioritizedReplayBuffer(size, _env_dict((1,)), alpha=ALPHA, eps=EPS)
+
+
+def _as_cpprb(transition: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    # cpprb stores a field without shape as shape (1,).
+    return {name: value.reshape(1) if value.ndim == 0 else value for name, value in transition.items()}
+
+
+def _same(transition: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return transition
+
+
+@dataclass(frozen=True)
+class _Contender:
+    """A buffer with cpprb's add/sample/update_priorities, made fresh for each run."""
+
+    name: str
+    make: Callable[[int, int], Any]  # (capacity, seed) -> buffer
+    convert: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] = _same
+    max_capacity: int | None = None
+
+
+def _contenders() -> list[_Contender]:
+    found = [_Contender("mpreplay", _make_mpreplay),
+             _Contender("numpy", _NumpyPER, max_capacity=_NAIVE_MAX_CAPACITY)]
+    if importlib.util.find_spec("cpprb") is not None:
+        found.append(_Contender("cpprb", _make_cpprb, _as_cpprb))
+    found.append(_Contender("floor", _Floor))
+    return found
+
+
+# -- the loop -----------------------------------------------------------------
+def _workload(seed: int) -> tuple[list[dict[str, np.ndarray]], list[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    pool = [{
+        "obs": rng.standard_normal(OBS_SHAPE).astype(np.float32),
+        "act": np.asarray(rng.integers(0, 4), dtype=np.int64),
+        "rew": np.asarray(rng.standard_normal(), dtype=np.float32),
+        "next_obs": rng.standard_normal(OBS_SHAPE).astype(np.float32),
+        "done": np.asarray(rng.random() < 0.01, dtype=np.float32),
+    } for _ in range(_POOL)]
+    noise = [rng.uniform(-0.5, 0.5, BATCH) for _ in range(_NOISE_POOL)]
+    return pool, noise
+
+
+def _drive(buffer: Any, frames: int, pool: Sequence[dict[str, np.ndarray]], noise: Sequence[np.ndarray]) -> float:
+    """Run the loop for ``frames`` frames; return the seconds it took."""
+    add, sample, update = buffer.add, buffer.sample, buffer.update_priorities
+    n_pool, n_noise, clip = len(pool), len(noise), np.clip
+    start = time.perf_counter()
+    for t in range(frames):
+        add(**pool[t % n_pool])
+        if t >= BATCH:  # t + 1 stored, more than BATCH
+            batch = sample(BATCH)
+            update(batch["indexes"], clip(batch["weights"] + noise[t % n_noise], 0.01, 1.0))
+    return time.perf_counter() - start
+
+
+def _run_once(contender: _Contender, capacity: int, frames: int, seed: int,
+              pool: Sequence[dict[str, np.ndarray]], noise: Sequence[np.ndarray]) -> float:
+    buffer = contender.make(capacity, seed)
+    transitions = [contender.convert(t) for t in pool]
+    gc.collect()
+    gc.disable()  # a collection inside one run but not another is noise, not buffer cost
+    try:
+        return _drive(buffer, frames, transitions, noise)
+    finally:
+        gc.enable()
+
+
+@dataclass
+class _Row:
+    capacity: int
+    frames: int
+    repeats: int
+    seconds: dict[str, float | None]  # median per contender; None = skipped
+
+
+def _measure(contenders: Sequence[_Contender], capacity: int, frames: int, repeats: int, seed: int) -> _Row:
+    pool, noise = _workload(seed)
+    runs: dict[str, list[float]] = {c.name: [] for c in contenders}
+    active = [c for c in contenders if c.max_capacity is None or capacity <= c.max_capacity]
+    for r in range(repeats):
+        # Rotate the order so no contender always runs first (cold caches) or last.
+        shift = r % len(active)
+        for c in active[shift:] + active[:shift]:
+            runs[c.name].append(_run_once(c, capacity, frames, seed + r, pool, noise))
+    medians = {name: statistics.median(t) if t else None for name, t in runs.items()}
+    return _Row(capacity, frames, repeats, medians)
+
+
+# -- output -------------------------------------------------------------------
+_COLUMNS = ("buffer", "capacity", "frames", "repeats", "median s", "µs/frame", "÷ floor", "÷ mpreplay")
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "" if a is None or b is None else f"{a / b:.2f}"
+
+
+def _cells(row: _Row) -> list[list[str]]:
+    out = []
+    for name, s in row.seconds.items():
+        timing = [_SKIPPED, ""] if s is None else [f"{s:.3f}", f"{s / row.frames * 1e6:.2f}"]
+        ratios = [_ratio(s, row.seconds.get("floor")), _ratio(s, row.seconds.get("mpreplay"))]
+        out.append([name, f"{row.capacity:,}", f"{row.frames:,}", str(row.repeats), *timing, *ratios])
+    return out
+
+
+def _print_table(rows: Sequence[_Row], title: str) -> None:
+    lines = [cells for row in rows for cells in _cells(row)]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        widths = [max(len(c[i]) for c in [list(_COLUMNS), *lines]) for i in range(len(_COLUMNS))]
+        print(title)
+        for cells in [list(_COLUMNS), *lines]:
+            print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))))
+        return
+    table = Table(title=title)
+    for i, name in enumerate(_COLUMNS):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for i, cells in enumerate(lines):
+        # A rule between sizes: each size's rows read as one group.
+        last_of_size = i + 1 == len(lines) or lines[i + 1][1:3] != cells[1:3]
+        table.add_row(*cells, end_section=last_of_size)
+    Console(width=max(100, Console().width)).print(table)
+
+
+def _plot(rows: Sequence[_Row], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for name in rows[0].seconds:
+        points = sorted((r.frames, r.seconds[name]) for r in rows if r.seconds[name] is not None)
+        if points:
+            ax.plot(*zip(*points), marker="o", label=name)
+    ax.set(xscale="log", yscale="log", xlabel="frames (capacity = frames or frames / 2)",
+           ylabel="median seconds", title=f"add 1, sample {BATCH}, update {BATCH} per frame")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+# -- command line -------------------------------------------------------------
+def _capacity(text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number such as 10000 or 1e4, got {text!r}") from None
+    if not value.is_integer() or value <= BATCH:
+        raise argparse.ArgumentTypeError(f"expected an integer capacity > {BATCH}, got {text!r}")
+    return int(value)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="mpreplay bench per", description=__doc__.split("\n\n")[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", type=_capacity, metavar="CAPACITY",
+                        help="capacities to run, each with frames = capacity and 2 x capacity "
+                             f"(default {' '.join(f'{s:.0e}' for s in _DEFAULT_SIZES)})")
+    parser.add_argument("--repeats", type=_positive,
+                        help="runs per size, the median is reported (default 5, 3 or 2 by run length)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"smoke run: capacities {' '.join(f'{s:.0e}' for s in _QUICK_SIZES)}, 1 repeat")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw time vs frames (log-log; needs matplotlib)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the data, the noise and the buffers")
+    return parser.parse_args(list(argv))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark and print the table; returns the exit status."""
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    sizes = args.sizes or (_QUICK_SIZES if args.quick else _DEFAULT_SIZES)
+    contenders = _contenders()
+    rows = []
+    for capacity in sizes:
+        for frames in (capacity, 2 * capacity):
+            repeats = args.repeats or (1 if args.quick else _repeats_for(frames))
+            rows.append(_measure(contenders, capacity, frames, repeats, args.seed))
+    versions = [f"mpreplay {mpreplay.__version__}", f"numpy {np.__version__}"]
+    if any(c.name == "cpprb" for c in contenders):
+        from importlib.metadata import version
+
+        versions.append(f"cpprb {version('cpprb')} (its sampler cannot be seeded)")
+    else:
+        versions.append("cpprb not installed")
+    _print_table(rows, f"add 1, sample {BATCH}, update {BATCH} per frame; median of the timed loop\n"
+                       + ", ".join(versions))
+    if args.plot:
+        _plot(rows, args.plot)
+        print(f"plot written to {args.plot}")
+    return 0

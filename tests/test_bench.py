@@ -1,0 +1,63 @@
+"""Smoke tests of ``mpreplay bench per``: it runs and reports; no timing is asserted."""
+import importlib.util
+import re
+import sys
+
+import pytest
+
+from mpreplay.bench import per
+
+_QUICK_ROWS = [(f"{c:,}", f"{f:,}") for c in (1_000, 3_000) for f in (c, 2 * c)]
+
+
+def _table_rows(text: str) -> set[tuple[str, str, str]]:
+    """(buffer, capacity, frames) of every table row, from rich's or the plain layout."""
+    rows = set()
+    for line in text.splitlines():
+        cells = [c.strip() for c in re.split(r"[│┃]|\s{2,}", line) if c.strip()]
+        if len(cells) >= 4 and re.fullmatch(r"[\d,]+", cells[1]) and re.fullmatch(r"[\d,]+", cells[2]):
+            rows.add((cells[0], cells[1], cells[2]))
+    return rows
+
+
+def _expected_buffers() -> list[str]:
+    names = ["mpreplay", "numpy", "floor"]
+    if importlib.util.find_spec("cpprb") is not None:
+        names.append("cpprb")
+    return names
+
+
+def test_quick_run_exits_zero_with_a_row_per_buffer_and_size(capsys):
+    assert per.main(["--quick"]) == 0
+    rows = _table_rows(capsys.readouterr().out)
+    assert rows == {(name, c, f) for name in _expected_buffers() for c, f in _QUICK_ROWS}
+
+
+def test_naive_buffer_is_reported_skipped_above_its_capacity_limit():
+    contenders = [per._Contender("numpy", per._NumpyPER, max_capacity=40), per._Contender("floor", per._Floor)]
+    row = per._measure(contenders, capacity=41, frames=41, repeats=1, seed=0)
+    assert row.seconds["numpy"] is None
+    assert row.seconds["floor"] > 0
+    assert per._SKIPPED in per._cells(row)[0]
+
+
+def test_table_falls_back_to_plain_text_without_rich(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "rich.console", None)  # makes `import rich.console` fail
+    assert per.main(["--sizes", "100", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "│" not in out and "┃" not in out
+    assert _table_rows(out) == {(name, c, f) for name in _expected_buffers() for c, f in [("100", "100"), ("100", "200")]}
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "per.png"
+    assert per.main(["--sizes", "100", "--repeats", "1", "--plot", str(path)]) == 0
+    assert path.read_bytes().startswith(b"\x89PNG")
+
+
+def test_sizes_not_above_the_batch_are_refused(capsys):
+    with pytest.raises(SystemExit) as exc:
+        per.main(["--sizes", "32"])
+    assert exc.value.code == 2
+    assert "capacity > 32" in capsys.readouterr().err
