@@ -217,6 +217,12 @@ def _child(role: _Role, buffer: Any, conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         op, stride = _operation(role, buffer)
+        if role.kind == "writer":
+            # A process faults on the first write to every page of the
+            # segment, a cost a long-running actor pays once: one lap of the
+            # ring before the window leaves only the steady state in it.
+            for _ in range(-(-role.obs.capacity // role.rows)):
+                op()
         conn.send("ready")
         marks = conn.recv()
         conn.send(_run_until(marks, op, stride))
@@ -243,6 +249,8 @@ class _Result:
     stale: int | None = None
     lock_wait: float | None = None  # share of the window x processes spent waiting for the lock
     cpu: float | None = None  # cores busy (CPU seconds / window)
+    writer_cpu: float | None = None  # the writers' share of `cpu`
+    learner_cpu: float | None = None  # the learner's (or the gather's) share of `cpu`
     faults: float | None = None  # minor page faults per second, all processes of the case
     others: float | None = None  # cores busy with other work meanwhile
 
@@ -352,7 +360,9 @@ def _run_case(ctx: Any, buffer: Any, contender: _Contender, obs: _Obs, writers: 
     if writers:
         rates = sum(_slice_rates(r.counts, marks, rows) for r in reports[:writers])
         result.inserts = float(np.median(rates))
+        result.writer_cpu = sum(r.cpu for r in reports[:writers]) / window
     if learner:
+        result.learner_cpu = reports[-1].cpu / window
         counts = reports[-1].counts
         result.sampled = float(np.median(_slice_rates(counts, marks, BATCH)))
         submitted = (counts[-1] - counts[0]) * BATCH
@@ -404,7 +414,7 @@ def _gather_limit(obs: _Obs, timing: _Timing) -> _Result:
     window = marks[-1] - marks[0]
     cores = trace.cpu / window
     return _Result(obs.label, "gather", "np.take limit", obs.capacity,
-                   sampled=float(np.median(_slice_rates(trace.counts, marks, BATCH))), cpu=cores,
+                   sampled=float(np.median(_slice_rates(trace.counts, marks, BATCH))), cpu=cores, learner_cpu=cores,
                    faults=trace.faults / window, others=_others_cores(busy_at_start, busy, window, cores))
 
 
@@ -437,14 +447,15 @@ class _Target:
     case: str
     ratio: float | None
     goal: float
-    per_cpu: float | None = None  # the ratio of rates per CPU second, for one-process cases
+    per_cpu: float | None = None  # the same ratio of rows per CPU second of the processes doing them
 
 
-def _per_cpu(r: _Result | None) -> float | None:
-    """Sampled rows per CPU second of a one-process case: a rate other work on the machine cannot skew."""
-    if r is None or r.case not in ("learner", "np.take limit") or not r.cpu:
-        return None
-    return r.sampled / r.cpu
+def _inserts_per_cpu(r: _Result | None) -> float | None:
+    return None if r is None or not r.writer_cpu else r.inserts / r.writer_cpu
+
+
+def _sampled_per_cpu(r: _Result | None) -> float | None:
+    return None if r is None or not r.learner_cpu else r.sampled / r.learner_cpu
 
 
 def _find(results: Sequence[_Result], **match: Any) -> _Result | None:
@@ -458,6 +469,16 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
 
+def _compare_inserts(target: str, case: str, a: _Result, b: _Result | None, goal: float) -> _Target:
+    return _Target(target, case, _ratio(a.inserts, b and b.inserts), goal,
+                   _ratio(_inserts_per_cpu(a), _inserts_per_cpu(b)))
+
+
+def _compare_samples(target: str, case: str, a: _Result, b: _Result | None, goal: float) -> _Target:
+    return _Target(target, case, _ratio(a.sampled, b and b.sampled), goal,
+                   _ratio(_sampled_per_cpu(a), _sampled_per_cpu(b)))
+
+
 def _targets(results: Sequence[_Result], sweep: Sequence[_Result]) -> list[_Target]:
     out = []
     alone = {r.obs: r for r in results if r.buffer == "mpreplay" and r.case == "learner"}
@@ -467,30 +488,26 @@ def _targets(results: Sequence[_Result], sweep: Sequence[_Result]) -> list[_Targ
         solo = _find(results, buffer="mpreplay", obs=r.obs, rows_per_add=r.rows_per_add,
                      case=r.case.replace(" + learner", ""))
         where = f"{r.obs}, {r.rows_per_add}/add, {r.case}"
-        out.append(_Target("(a) inserts beside learner / alone", where, _ratio(r.inserts, solo.inserts), 0.5))
-        out.append(_Target("(a) samples beside writers / alone", where, _ratio(r.sampled, alone[r.obs].sampled), 0.5))
+        out.append(_compare_inserts("(a) inserts beside learner / alone", where, r, solo, 0.5))
+        out.append(_compare_samples("(a) samples beside writers / alone", where, r, alone[r.obs], 0.5))
     for r in results:
         if r.buffer != "mpreplay" or r.obs != _SMALL.label or "learner" not in r.case:
             continue
         theirs = _find(results, buffer="cpprb", obs=r.obs, case=r.case, rows_per_add=r.rows_per_add)
         where = f"{r.obs}, {r.case}" + (f", {r.rows_per_add}/add" if r.rows_per_add else "")
-        out.append(_Target("(b) sampled rows/s / cpprb", where, _ratio(r.sampled, theirs and theirs.sampled), 3.0,
-                           _ratio(_per_cpu(r), _per_cpu(theirs))))
+        out.append(_compare_samples("(b) sampled rows/s / cpprb", where, r, theirs, 3.0))
         if r.rows_per_add:
-            out.append(_Target("(b) inserts/s / cpprb", where, _ratio(r.inserts, theirs and theirs.inserts), 10.0))
+            out.append(_compare_inserts("(b) inserts/s / cpprb", where, r, theirs, 10.0))
     limit = _find(results, buffer="gather", obs=_ATARI.label)
     if _ATARI.label in alone and limit is not None:
-        out.append(_Target("(c) learner / gather limit", f"{_ATARI.label}, learner alone",
-                           _ratio(alone[_ATARI.label].sampled, limit.sampled), 0.9,
-                           _ratio(_per_cpu(alone[_ATARI.label]), _per_cpu(limit))))
+        out.append(_compare_samples("(c) learner / gather limit", f"{_ATARI.label}, learner alone",
+                                    alone[_ATARI.label], limit, 0.9))
     learners = [r for r in sweep if r.buffer == "mpreplay"]
     limits = [r for r in sweep if r.buffer == "gather"]
     for learner, gather in list(zip(learners, limits))[1:]:
         where = f"capacity {learner.capacity:,} vs {learners[0].capacity:,}"
-        out.append(_Target("(d) learner sampled rows/s", where, _ratio(learner.sampled, learners[0].sampled), 0.9,
-                           _ratio(_per_cpu(learner), _per_cpu(learners[0]))))
-        out.append(_Target("(d) for scale: gather limit", where, _ratio(gather.sampled, limits[0].sampled), 0.9,
-                           _ratio(_per_cpu(gather), _per_cpu(limits[0]))))
+        out.append(_compare_samples("(d) learner sampled rows/s", where, learner, learners[0], 0.9))
+        out.append(_compare_samples("(d) for scale: gather limit", where, gather, limits[0], 0.9))
     return out
 
 
@@ -502,8 +519,9 @@ _LEGEND = ("updates/s: priority updates applied (stale ones are dropped); lock w
            "spent waiting for the buffer's lock;\nCPU cores: CPU seconds of the case's processes / window; "
            "page faults/s: their minor page faults (memory the kernel maps on first touch); "
            "others' cores: what the rest of the machine used meanwhile (/proc/stat);\n"
-           "ratio per CPU s (targets): the same ratio of rows per CPU second, for one-process cases, "
-           "which other work on the machine does not skew.")
+           "ratio per CPU s (targets): the same ratio of rows per CPU second of the processes doing them (writers "
+           "for inserts, the learner for samples): other work on the machine does not skew it,\nbut neither does "
+           "time spent asleep waiting for the lock (see lock wait).")
 
 
 def _num(x: float | None) -> str:
