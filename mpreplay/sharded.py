@@ -327,7 +327,7 @@ class _Round:
     shards: list[_Shard]
     shares: np.ndarray  # (shards,)
     counts: np.ndarray  # (batches, shards)
-    pending: list[Any] = field(default_factory=list)
+    calls: list[Any] = field(default_factory=list)  # one per shard, made with its link
     carried: list[int] = field(default_factory=list)  # priority updates riding with each shard's call
 
 
@@ -380,6 +380,8 @@ class ShardedReplay:
         at start and every ``rediscover_every`` seconds during ``sample``.
     namespace : str, optional
         Ray namespace of those names (default: the driver's).
+    rediscover_every : float
+        Seconds between two look-ups of named shard servers (with ``discover``).
     seed : int, optional
         Seed of the split between shards.
 
@@ -532,7 +534,7 @@ class ShardedReplay:
         for j, shard in enumerate(shards):
             keys, priorities = shard.take_updates()
             rnd.carried.append(0 if keys is None else len(keys))
-            rnd.pending.append(shard.link.submit("sample", counts[:, j].tolist(), keys, priorities))
+            rnd.calls.append(shard.link.submit("sample", counts[:, j].tolist(), keys, priorities))
         self._rounds.append(rnd)
 
     def _refresh(self) -> None:
@@ -547,9 +549,9 @@ class ShardedReplay:
     def _collect(self, rnd: _Round) -> None:
         """Wait for a round's replies and turn complete batches into ready ones; draw the rest again."""
         replies: list[dict[str, Any] | None] = []
-        for shard, pending, carried in zip(rnd.shards, rnd.pending, rnd.carried):
+        for shard, call, carried in zip(rnd.shards, rnd.calls, rnd.carried):
             try:
-                reply = shard.link.wait(pending, self._timeout)
+                reply = shard.link.wait(call, self._timeout)
             except _ShardGone as exc:
                 self._lost_updates += carried
                 self._drop(shard, str(exc))

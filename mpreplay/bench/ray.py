@@ -131,8 +131,8 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
                         help="Ray configurations to run (each starts its own cluster)")
     parser.add_argument("--batch", type=_positive_int, default=32, help="transitions per sample (default 32)")
     parser.add_argument("--prefetch", type=int, default=2, help="calls in flight per shard (default 2)")
-    parser.add_argument("--batches-per-call", type=_positive_int, default=16,
-                        help="batches each call fetches (default 16)")
+    parser.add_argument("--batches-per-call", type=_positive_int, default=32,
+                        help="batches each call fetches (default 32)")
     parser.add_argument("--capacity", type=_positive_int, default=4096, help="transitions per shard (default 4096)")
     parser.add_argument("--seconds", type=float, default=2.0, help="length of one timed run (default 2)")
     parser.add_argument("--repeats", type=_positive_int, default=3, help="runs per figure; the median is reported")
