@@ -81,8 +81,8 @@ import numpy as np
 
 from .buffer import BufferClosed, PrioritizedReplayBuffer
 
-__all__ = ["SHARD_NAME_PREFIX", "LoopbackRayCluster", "ShardLostWarning", "ShardServer", "ShardedReplay",
-           "node_buffer", "split_indexes", "start_shard_servers"]
+__all__ = ["SHARD_NAME_PREFIX", "LoopbackRayCluster", "ShardLostWarning", "ShardServer", "ShardUnavailable",
+           "ShardedReplay", "node_buffer", "split_indexes", "start_shard_servers"]
 
 SHARD_NAME_PREFIX = "mpreplay-shard-"  # start_shard_servers names each server this + its node id
 
@@ -96,6 +96,10 @@ _MAX_SHARD_IDS = 1 << _SHARD_BITS
 
 class ShardLostWarning(RuntimeWarning):
     """A shard stopped answering and was dropped from the split."""
+
+
+class ShardUnavailable(RuntimeError):
+    """A shard server cannot be reached (its process or node is gone, or it did not answer in time)."""
 
 
 def split_indexes(indexes: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -231,10 +235,6 @@ class ShardServer:
 
 
 # -- transports ----------------------------------------------------------------------------------
-class _ShardGone(Exception):
-    """The shard's server cannot be reached any more."""
-
-
 class _Done:
     """A local call, already made: its value or its exception."""
 
@@ -255,7 +255,7 @@ class _LocalLink:
         try:
             return _Done(getattr(self.server, method)(*args, **kwargs))
         except BufferClosed as exc:
-            return _Done(error=_ShardGone(str(exc)))
+            return _Done(error=ShardUnavailable(str(exc)))
 
     def wait(self, pending: _Done, timeout: float | None) -> Any:
         if pending.error is not None:
@@ -283,9 +283,9 @@ class _RayLink(_LocalLink):
         try:
             return ray.get(pending, timeout=timeout)
         except (RayActorError, BufferClosed) as exc:
-            raise _ShardGone(str(exc).splitlines()[0]) from None
+            raise ShardUnavailable(str(exc).splitlines()[0]) from None
         except GetTimeoutError:
-            raise _ShardGone(f"no answer within {timeout} s") from None
+            raise ShardUnavailable(f"no answer within {timeout} s") from None
 
 
 def _link(shard: Any) -> _LocalLink:
@@ -386,7 +386,7 @@ class ShardedReplay:
         Seed of the split between shards.
 
     See the module documentation for the sampling math, the index format and
-    what happens when shards come and go.
+    what happens when shards come and go.  A client is meant for one thread.
     """
 
     def __init__(self, shards: Iterable[Any] = (), *, prefetch: int = 2, batches_per_call: int = 8,
@@ -424,7 +424,8 @@ class ShardedReplay:
         """Add a shard server (a :class:`ShardServer` or a Ray handle of one); returns its id.
 
         A server already present keeps its id.  Its buffer must have the
-        same fields, alpha and eps as the others'.
+        same fields, alpha and eps as the others'.  Raises
+        :class:`ShardUnavailable` if the server does not answer.
         """
         link = _link(shard)
         for s in self._shards.values():
@@ -464,7 +465,7 @@ class ShardedReplay:
                 continue
             try:
                 added.append(self.add_shard(handle))
-            except _ShardGone:
+            except ShardUnavailable:
                 continue
         return added
 
@@ -543,7 +544,7 @@ class ShardedReplay:
             try:
                 shard.total, shard.min, shard.stored = (
                     shard.link.call("describe", timeout=self._timeout)[k] for k in ("total", "min", "stored"))
-            except _ShardGone as exc:
+            except ShardUnavailable as exc:
                 self._drop(shard, str(exc))
 
     def _collect(self, rnd: _Round) -> None:
@@ -552,7 +553,7 @@ class ShardedReplay:
         for shard, call, carried in zip(rnd.shards, rnd.calls, rnd.carried):
             try:
                 reply = shard.link.wait(call, self._timeout)
-            except _ShardGone as exc:
+            except ShardUnavailable as exc:
                 self._lost_updates += carried
                 self._drop(shard, str(exc))
                 reply = None
@@ -643,7 +644,7 @@ class ShardedReplay:
     def _settle(self, shard: _Shard, pending: Any, count: int) -> None:
         try:
             shard.link.wait(pending, self._timeout)
-        except _ShardGone as exc:
+        except ShardUnavailable as exc:
             self._lost_updates += count
             self._drop(shard, str(exc))
 
@@ -661,7 +662,7 @@ class ShardedReplay:
         for shard, call in pending:
             try:
                 out[shard.id] = shard.link.wait(call, self._timeout)
-            except _ShardGone as exc:
+            except ShardUnavailable as exc:
                 self._drop(shard, str(exc))
         return out
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mpreplay import MPPrioritizedReplayBuffer, PrioritizedReplayBuffer, SharedMemoryError
-from mpreplay.sharded import ShardedReplay, ShardLostWarning, ShardServer, split_indexes
+from mpreplay.sharded import ShardedReplay, ShardLostWarning, ShardServer, ShardUnavailable, split_indexes
 
 ALPHA, EPS = 0.6, 1e-4
 # Every field encodes the transition's id, so a row's identity is visible in any field.
@@ -285,6 +285,14 @@ def test_adding_a_server_twice_keeps_its_id():
     server = ShardServer(_buffers()[0])
     client = ShardedReplay([server])
     assert client.add_shard(server) == 0 and client.shard_ids() == [0]
+
+
+def test_adding_a_server_that_does_not_answer_raises():
+    buffer = _buffers()[0]
+    server = ShardServer(buffer)
+    buffer.close()
+    with pytest.raises(ShardUnavailable, match="closed"):
+        ShardedReplay([server])
 
 
 def test_sampling_with_every_shard_lost_raises():
