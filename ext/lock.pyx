@@ -312,5 +312,14 @@ cdef class SharedLock:
     def __exit__(self, *exc_info) -> None:
         self._release()
 
+    def __dealloc__(self):
+        # A held robust mutex is linked into its thread's robust list through
+        # the mutex's own memory: if that memory were freed (or unmapped)
+        # while held, the C library would later write through a dangling
+        # pointer.  Let go before the region can go; unlocking a mutex this
+        # thread does not hold is a harmless EPERM.
+        if self._sh != NULL:
+            pthread_mutex_unlock(&self._sh.mutex)
+
     def __reduce__(self):
         raise TypeError("SharedLock cannot be pickled: pass the segment's name and attach with create=False")

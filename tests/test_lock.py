@@ -1,5 +1,6 @@
 """SharedLock: a robust process-shared mutex inside a shared-memory segment."""
 import contextlib
+import gc
 import multiprocessing
 import os
 import signal
@@ -213,6 +214,7 @@ def test_release_of_an_unheld_lock_raises():
     with pytest.raises(RuntimeError, match="does not hold"):
         lock.release()
     assert lock.acquire(timeout=0)
+    lock.release()
 
 
 def test_acquire_by_the_holding_thread_raises_instead_of_deadlocking():
@@ -229,6 +231,7 @@ def test_with_block_releases_the_lock_when_it_raises():
         with lock:
             raise KeyError("boom")
     assert lock.acquire(timeout=0)
+    lock.release()
 
 
 def test_attach_to_a_region_without_a_lock_raises():
@@ -260,3 +263,16 @@ def test_bad_timeout_raises_naming_it(timeout):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="robust mutexes are a Linux promise")
 def test_lock_is_robust_on_linux():
     assert SharedLock.robust
+
+
+def test_a_lock_object_dropped_while_held_lets_go_of_its_memory():
+    # A held robust mutex sits in its thread's robust list; memory freed while
+    # held would leave the C library writing through a dangling pointer.
+    region = np.zeros(LOCK_NBYTES, np.uint8)
+    lock = SharedLock(region, True)
+    lock.acquire()
+    del lock
+    gc.collect()
+    other = SharedLock(region, False)
+    assert other.acquire(timeout=0)
+    other.release()
