@@ -60,9 +60,9 @@ then dropped, never applied to a different buffer.
 (see :func:`start_shard_servers`), or in-process :class:`ShardServer`
 objects: the same client without Ray, for tests and as a baseline.
 
-Ray is optional (``pip install mpreplay[ray]``): it is imported only when a
-Ray handle, :func:`start_shard_servers`, :func:`node_buffer` or
-:class:`LoopbackRayCluster` is used.
+Ray is optional (``pip install mpreplay[ray]``): importing this module does
+not import it; only the code paths that need Ray do (Ray handles,
+:func:`start_shard_servers`, :func:`node_buffer`, :class:`LoopbackRayCluster`).
 """
 from __future__ import annotations
 
