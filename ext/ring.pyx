@@ -78,19 +78,17 @@ cdef extern from *:
     void _mpreplay_futex_wake(int32_t* word) nogil
 
 
-def _alive(int pid):
-    """Whether process ``pid`` still runs (a zombie does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+WRITERS = 64  # processes whose start time a buffer remembers (see Ring._alive)
+
+
+def _process_stat(int pid):
+    """``(state, start_time)`` of process ``pid`` from /proc, or None when unreadable."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return True
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[0], int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 # Counters at the start of every buffer's memory (an int64 array).
 (STORED, INSERTS, SAMPLES, STALE, TORN, LOCK_WAIT_NS, LOCK_HOLDS, CLOSED,
@@ -205,6 +203,7 @@ cdef class Ring:
         (``alpha = 0`` gives uniform replay)
     lock : object with ``acquire()``/``release()``, or None for a single-process buffer
     rng : numpy Generator the draws come from
+    writers : int64 array (WRITERS, 2): pid and start time of processes that reserved slots
     frames : Frames of the compressed keys, or None
     frame_outputs : list of ``(name, key, next, shape, dtype)``: sample output ``name`` is key
         ``key``'s observation (``next``: of the next slot) with per-row ``shape``
@@ -235,6 +234,8 @@ cdef class Ring:
     cdef bitgen_t* _bitgen
     cdef object _sampled
     cdef object _fields_keepalive
+    cdef int64_t[:, ::1] _writers
+    cdef bint _registered
 
     def __cinit__(self):
         self._dst = NULL
@@ -248,8 +249,10 @@ cdef class Ring:
                  int32_t[::1] owner not None, uint8_t[::1] state not None,
                  PriorityTree tree not None, list fields not None,
                  double alpha, double eps, object lock, object rng,
-                 Frames frames=None, list frame_outputs=None):
+                 int64_t[:, ::1] writers not None, Frames frames=None, list frame_outputs=None):
         cdef Py_ssize_t i, n = len(fields)
+        self._writers = writers
+        self._registered = False
         self._header = header
         self._lanes = lanes
         self._state = state
@@ -311,6 +314,7 @@ cdef class Ring:
     def after_fork(self, object rng):
         """Become the forked child's handle: its own pid, random stream and record of samples."""
         self._pid = os.getpid()
+        self._registered = False
         self.set_rng(rng)
         self._sampled = None
 
@@ -391,6 +395,43 @@ cdef class Ring:
                 - self._header[_SAMPLES] - b) >= self._limits[_L_MIN_DIFF]
 
     # -- writers ----------------------------------------------------------------
+    cdef void _register(self) except *:
+        # Lock held.  Note this process's start time, so that a later process
+        # that reuses its pid is not taken for it (pids wrap around quickly).
+        cdef Py_ssize_t w, free = -1
+        stat = _process_stat(self._pid)
+        if self._registered or stat is None:
+            return
+        for w in range(self._writers.shape[0]):
+            if self._writers[w, 0] == self._pid:
+                free = w
+                break
+            if free < 0 and (self._writers[w, 0] == 0 or not self._alive(self._writers[w, 0])):
+                free = w
+        if free >= 0:
+            self._writers[free, 0], self._writers[free, 1] = self._pid, stat[1]
+        self._registered = True
+
+    cdef bint _alive(self, int64_t pid) except -1:
+        # Lock held.  Whether the process that wrote `pid` still runs: not
+        # gone, not a zombie, and not a newer process that got the same pid.
+        cdef Py_ssize_t w
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        stat = _process_stat(pid)
+        if stat is None:
+            return True
+        if stat[0] in (b"Z", b"X"):
+            return False
+        for w in range(self._writers.shape[0]):
+            if self._writers[w, 0] == pid:
+                return self._writers[w, 1] == stat[1]
+        return True
+
     cdef inline Py_ssize_t _slot(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t j) noexcept nogil:
         # The slot j places after `start` in `lane`.
         cdef Py_ssize_t lo = self._lanes[lane, _L_START], n = self._lanes[lane, _L_END] - lo
@@ -457,9 +498,10 @@ cdef class Ring:
             raise ValueError(f"add: {k} rows at once exceed the rate limiter's error buffer; add fewer per call")
         self._acquire()
         try:
+            self._register()
             while True:
                 blocker = self._busy_owner(k, lane)
-                if blocker != 0 and not _alive(blocker):
+                if blocker != 0 and not self._alive(blocker):
                     for s in range(self.size):
                         if self._owner[s] == blocker:
                             self._owner[s] = 0
@@ -598,9 +640,10 @@ cdef class Ring:
         cdef int64_t pid
         self._acquire()
         try:
+            self._register()
             for l in range(self._lanes.shape[0]):
                 pid = self._lanes[l, _L_OWNER]
-                if pid == self._pid or pid == 0 or not _alive(pid):
+                if pid == self._pid or pid == 0 or not self._alive(pid):
                     self._lanes[l, _L_OWNER] = self._pid
                     return l
         finally:

@@ -26,7 +26,7 @@ import numpy as np
 
 from ._ext.lock import LOCK_NBYTES, SharedLock
 from ._ext.ring import COMPLETE, HEADER_LEN, LANE_CURSOR, LIMITS_LEN, LOCK_HOLDS, LOCK_WAIT_NS, STORED, Ring
-from ._ext.ring import INSERTS, SAMPLES, STALE, TORN
+from ._ext.ring import INSERTS, SAMPLES, STALE, TORN, WRITERS
 from ._ext.sumtree import PriorityTree, tree_buffer_size
 from .errors import BufferClosed
 from .limiter import RateLimiter
@@ -120,6 +120,7 @@ class ReplayBuffer:
         layout.add("lanes", (1 if c is None else c.lanes, 4), np.int64)
         layout.add("generation", (self._size,), np.uint64)
         layout.add("owner", (self._size,), np.int32)
+        layout.add("writers", (WRITERS, 2), np.int64)
         layout.add("state", (self._size,), np.uint8)
         layout.add("tree", (tree_buffer_size(self._size),), np.float64)
         for name in self._specs if c is None else c.stored_fields(self._specs):
@@ -152,7 +153,8 @@ class ReplayBuffer:
         self._writer = None if c is None else FrameWriter(c, self._specs, self)
         self._ring = Ring(self._header, arrays["limits"], arrays["lanes"], self._generation, arrays["owner"],
                           arrays["state"], self._tree, list(self._fields.items()),
-                          self._alpha, self._eps, self._make_lock(create), rng, self._frames, outputs)
+                          self._alpha, self._eps, self._make_lock(create), rng, arrays["writers"],
+                          self._frames, outputs)
 
     def close(self) -> None:
         """Release the buffer's memory; later calls raise :class:`BufferClosed`.
