@@ -399,8 +399,11 @@ cdef class Ring:
         # Lock held.  Note this process's start time, so that a later process
         # that reuses its pid is not taken for it (pids wrap around quickly).
         cdef Py_ssize_t w, free = -1
+        if self._registered or self._lock is None:
+            return
+        self._registered = True
         stat = _process_stat(self._pid)
-        if self._registered or stat is None:
+        if stat is None:
             return
         for w in range(self._writers.shape[0]):
             if self._writers[w, 0] == self._pid:
@@ -410,7 +413,6 @@ cdef class Ring:
                 free = w
         if free >= 0:
             self._writers[free, 0], self._writers[free, 1] = self._pid, stat[1]
-        self._registered = True
 
     cdef bint _alive(self, int64_t pid) except -1:
         # Lock held.  Whether the process that wrote `pid` still runs: not
@@ -848,12 +850,18 @@ cdef class Ring:
         cdef uint64_t* gp = <uint64_t*>cnp.PyArray_DATA(gens)
         cdef Py_ssize_t* tp = <Py_ssize_t*>cnp.PyArray_DATA(torn)
         # The frames each row reads, with their generations (compressed buffers only).
-        cdef cnp.ndarray read_slots = np.empty(b * R, dtype=np.int64)
-        cdef cnp.ndarray read_gens = np.empty(b * R, dtype=np.uint64)
-        cdef cnp.ndarray read_counts = np.zeros(b, dtype=np.intp)
-        cdef int64_t* rsp = <int64_t*>cnp.PyArray_DATA(read_slots)
-        cdef uint64_t* rgp = <uint64_t*>cnp.PyArray_DATA(read_gens)
-        cdef Py_ssize_t* rcp = <Py_ssize_t*>cnp.PyArray_DATA(read_counts)
+        cdef cnp.npy_intp nr = b * R
+        cdef cnp.ndarray read_slots, read_gens, read_counts
+        cdef int64_t* rsp = NULL
+        cdef uint64_t* rgp = NULL
+        cdef Py_ssize_t* rcp = NULL
+        if R:
+            read_slots = cnp.PyArray_EMPTY(1, &nr, cnp.NPY_INT64, 0)
+            read_gens = cnp.PyArray_EMPTY(1, &nr, cnp.NPY_UINT64, 0)
+            read_counts = cnp.PyArray_ZEROS(1, &n, cnp.NPY_INTP, 0)
+            rsp = <int64_t*>cnp.PyArray_DATA(read_slots)
+            rgp = <uint64_t*>cnp.PyArray_DATA(read_gens)
+            rcp = <Py_ssize_t*>cnp.PyArray_DATA(read_counts)
         cdef uint64_t* record
         cdef double vmin
         cdef int64_t s1
@@ -893,8 +901,9 @@ cdef class Ring:
             ntorn = 0
             for j in range(b):
                 bad = self._gen[sp[j]] != gp[j]
-                for t in range(rcp[j]):
-                    bad = bad or self._gen[rsp[j * R + t]] != rgp[j * R + t]
+                if R:
+                    for t in range(rcp[j]):
+                        bad = bad or self._gen[rsp[j * R + t]] != rgp[j * R + t]
                 if bad:
                     tp[ntorn] = j
                     ntorn += 1
