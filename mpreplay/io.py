@@ -66,7 +66,7 @@ from typing import IO, TYPE_CHECKING, Any, Union
 import numpy as np
 
 from ._version import __version__
-from .spec import FieldSpec, parse_env_dict
+from .spec import FieldSpec, convert_batch, parse_env_dict
 
 if TYPE_CHECKING:
     from .buffer import ReplayBuffer
@@ -155,26 +155,27 @@ def load_transitions(buffer: ReplayBuffer, file: File) -> int:
     The whole file is read and checked first; if anything is wrong the buffer
     is left exactly as it was and :class:`TransitionFileError` is raised.
     Saved priorities are restored into a prioritized buffer and ignored by a
-    uniform one.  A prioritized buffer gives the transitions its default
-    priority when the file has none, and always when it folds n steps itself
-    (such a buffer takes no given priorities).  Transitions saved by a buffer
-    that folds n steps load, as they are, into one with the same ``size``
-    and ``gamma`` only.
+    uniform one; a prioritized buffer gives the transitions its default
+    priority when the file has none.  Transitions saved by a buffer that
+    folds n steps load, as they are, into one with the same ``size`` and
+    ``gamma`` only.  The loaded transitions end an episode: a compressed
+    buffer (``next_of``, ``stack_compress``) stores them as consecutive steps.
     """
     with _open_archive(file) as archive:
         meta = _read_metadata(archive)
         _check_fits(meta, buffer)
         arrays = _read_arrays(archive, meta)
     priorities = arrays.pop(PRIORITIES, None)
+    if not _is_prioritized(buffer):
+        priorities = None
     if meta.count == 0:
         return 0
-    if _nstep_of(buffer) is not None:
-        # The rows were folded before they were saved: add() would fold them again.
-        buffer._store_folded(arrays, None)
-    elif priorities is not None and _is_prioritized(buffer):
-        buffer.add(priorities=priorities, **arrays)
-    else:
-        buffer.add(**arrays)
+    # What add() does, minus two things: n-step rows were folded before they
+    # were saved and must not be folded again, and the rows end an episode so
+    # that a compressed buffer publishes the last one rather than waiting for
+    # a successor that is not in the file.
+    k, rows = convert_batch(buffer._specs, arrays)
+    buffer._write(k, rows, priorities, None, end_episode=True)
     return meta.count
 
 

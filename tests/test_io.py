@@ -247,12 +247,12 @@ def test_folded_transitions_load_as_they_are_into_a_buffer_folding_alike(cls):
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
-def test_a_folding_target_gives_loaded_transitions_its_default_priority():
+def test_a_folding_target_restores_saved_priorities():
     source = _played((3, 0.9), PrioritizedReplayBuffer)
     source.update_priorities(np.arange(6), np.arange(1.0, 7.0))
     target = PrioritizedReplayBuffer(32, NSTEP_ENV, nstep={"size": 3, "gamma": 0.9})
     load_transitions(target, io.BytesIO(_saved(source, priorities=True)))
-    np.testing.assert_array_equal(_priorities(target), np.ones(6))
+    np.testing.assert_array_equal(_priorities(target), np.arange(1.0, 7.0))
 
 
 NSTEP_MISMATCHES = {
@@ -268,6 +268,45 @@ def test_an_nstep_mismatch_is_refused_and_the_buffer_untouched(saved, wanted, un
     data, target = _saved(_played(saved)), _played(wanted)
     with unchanged(target), pytest.raises(ValueError, match="nstep: the file holds .* fold rewards twice or not"):
         load_transitions(target, io.BytesIO(data))
+
+
+# -- compressed buffers -------------------------------------------------------------------------
+
+def _steps(buffer: ReplayBuffer, episodes: int) -> ReplayBuffer:
+    """Give ``buffer`` ``episodes`` 4-step episodes, then 3 steps of one more that goes on."""
+    for e in range(episodes + 1):
+        for t in range(4 if e < episodes else 3):
+            o = 10 * e + t
+            buffer.add(obs=[o, o], act=t, rew=1.0, next_obs=[o + 1, o + 1], done=float(t == 3))
+    return buffer
+
+
+@pytest.mark.parametrize("source_kw, target_kw", [({"next_of": "obs"}, {}), ({}, {"next_of": "obs"}),
+                                                  ({"next_of": "obs"}, {"next_of": "obs"})],
+                         ids=["compressed to plain", "plain to compressed", "compressed to compressed"])
+def test_transitions_move_between_compressed_and_plain_buffers(source_kw, target_kw):
+    source = _steps(ReplayBuffer(32, NSTEP_ENV, **source_kw), 10)
+    # Larger: a compressed buffer also spends a slot on each episode's last next observation.
+    target = ReplayBuffer(64, NSTEP_ENV, **target_kw)
+    count = load_transitions(target, io.BytesIO(_saved(source)))
+    got, want = target.get_all_transitions(), source.get_all_transitions()
+    assert len(got["obs"]) == count
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_stacks_a_stack_compressed_buffer_cannot_rebuild_are_refused(unchanged):
+    env = {"obs": {"shape": (2, 3), "dtype": np.uint8}, "act": {"dtype": np.int64}, "done": {}}
+    source = ReplayBuffer(38, env, stack_compress="obs")
+    for e in range(11):
+        for t in range(5):
+            frames = [max(10 * e + t - lag, 10 * e) for lag in (2, 1, 0)]
+            source.add(obs=np.tile(np.array(frames, np.uint8), (2, 1)), act=t, done=float(t == 4))
+    # The ring wrapped mid-episode: the oldest stack holds frames no longer stored.
+    assert source.get_all_transitions()["obs"][0, 0].tolist() == [32, 33, 34]
+    target = ReplayBuffer(38, env, stack_compress="obs")
+    with unchanged(target), pytest.raises(ValueError, match="stack_compress"):
+        load_transitions(target, io.BytesIO(_saved(source)))
 
 
 # -- files and paths ----------------------------------------------------------------------------
