@@ -186,6 +186,14 @@ cdef double _deadline(object timeout) except? -1.0:
     return time.monotonic() + t
 
 
+cdef object _checked_out(dict out, str name, tuple shape, object dtype):
+    arr = out[name]
+    if not (isinstance(arr, np.ndarray) and arr.shape == shape and arr.dtype == dtype
+            and arr.flags.c_contiguous and arr.flags.writeable):
+        raise ValueError(f"out[{name!r}]: expected a writable C-contiguous {dtype} array of shape {shape}")
+    return arr
+
+
 cdef class Ring:
     """Slot protocol over caller-owned arrays.
 
@@ -227,6 +235,7 @@ cdef class Ring:
     cdef Py_ssize_t _nfields
     cdef uint8_t** _dst
     cdef uint8_t** _stage
+    cdef const uint8_t** _src    # per field, during add_one: the row to copy (a caller's array or the stage)
     cdef Py_ssize_t* _rowbytes
     cdef Kind* _kinds
     cdef int* _typenums
@@ -240,6 +249,7 @@ cdef class Ring:
     def __cinit__(self):
         self._dst = NULL
         self._stage = NULL
+        self._src = NULL
         self._rowbytes = NULL
         self._kinds = NULL
         self._typenums = NULL
@@ -276,10 +286,11 @@ cdef class Ring:
         self._names, self._shapes, self._dtypes, self._stages = [], [], [], []
         self._dst = <uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
         self._stage = <uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
+        self._src = <const uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
         self._rowbytes = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
         self._kinds = <Kind*>malloc(n * sizeof(Kind) + 1)
         self._typenums = <int*>malloc(n * sizeof(int) + 1)
-        if not (self._dst and self._stage and self._rowbytes and self._kinds and self._typenums):
+        if not (self._dst and self._stage and self._src and self._rowbytes and self._kinds and self._typenums):
             raise MemoryError()
         for i, (name, arr) in enumerate(fields):
             if not (isinstance(arr, np.ndarray) and arr.flags.c_contiguous and arr.shape[0] == self.size):
@@ -301,6 +312,7 @@ cdef class Ring:
     def __dealloc__(self):
         free(self._dst)
         free(self._stage)
+        free(self._src)
         free(self._rowbytes)
         free(self._kinds)
         free(self._typenums)
@@ -700,10 +712,12 @@ cdef class Ring:
             for d in range(len(shape)):
                 if cnp.PyArray_DIM(arr, d) != <Py_ssize_t>shape[d]:
                     return False
-            memcpy(self._stage[i], cnp.PyArray_DATA(arr), self._rowbytes[i])
+            # Copied straight from the caller's array once the slot is reserved.
+            self._src[i] = <const uint8_t*>cnp.PyArray_DATA(arr)
             return True
         if len(<tuple>self._shapes[i]) != 0:
             return False
+        self._src[i] = self._stage[i]
         if PyFloat_CheckExact(value):
             if kind == K_F32:
                 x64 = PyFloat_AS_DOUBLE(value)
@@ -744,7 +758,7 @@ cdef class Ring:
             return -1
         slot = self._reserve_waiting(1, &reserved, True, _deadline(timeout), 0)
         for i in range(self._nfields):
-            memcpy(self._dst[i] + slot * self._rowbytes[i], self._stage[i], self._rowbytes[i])
+            memcpy(self._dst[i] + slot * self._rowbytes[i], self._src[i], self._rowbytes[i])
         self._acquire()
         try:
             self._publish(0, slot, 1, &reserved, &priority if priority >= 0.0 else NULL, NULL)
@@ -828,11 +842,13 @@ cdef class Ring:
                     u = self._frames._nxt[slots[r]] if nxt else slots[r]
                     self._frames.rebuild(key, u, dst + r * rb)
 
-    def sample(self, Py_ssize_t batch_size, bint stratified, double beta=-1.0, timeout=None):
+    def sample(self, Py_ssize_t batch_size, bint stratified, double beta=-1.0, timeout=None, dict out=None):
         """Draw ``batch_size`` rows.
 
-        Returns a dict of freshly allocated field arrays plus ``indexes`` and,
-        when ``beta >= 0``, importance ``weights`` (v_i / v_min) ** -beta.
+        Returns a dict of field arrays plus ``indexes`` and, when
+        ``beta >= 0``, importance ``weights`` (v_i / v_min) ** -beta.  Field
+        arrays are fresh, or the ones ``out`` holds under the field's name
+        (reusing memory spares the page faults of fresh allocations).
         Waits at most ``timeout`` seconds (None: no limit) while the rate
         limiter holds samples back, then raises TimeoutError.
         """
@@ -867,11 +883,14 @@ cdef class Ring:
         cdef int64_t s1
         cdef double v1
         cdef uint64_t g1
-        cdef list outs = [self._empty(i, b) for i in range(self._nfields)]
+        cdef list outs = [self._empty(i, b) if out is None or self._names[i] not in out
+                          else _checked_out(out, self._names[i], (b,) + self._shapes[i], self._dtypes[i])
+                          for i in range(self._nfields)]
         cdef bint wake, bad
         cdef double deadline = _deadline(timeout)
-        for _, _, _, shape, dtype in self._frame_outputs:
-            outs.append(np.empty((b,) + shape, dtype=dtype))
+        for name, _, _, shape, dtype in self._frame_outputs:
+            outs.append(np.empty((b,) + shape, dtype=dtype) if out is None or name not in out
+                        else _checked_out(out, name, (b,) + shape, dtype))
         if self._limits[_L_ON] != 0.0 and b > self._limits[_L_MAX_DIFF] - self._limits[_L_MIN_DIFF]:
             raise ValueError(f"batch_size: {b} exceeds the rate limiter's error buffer; sample fewer per call")
         self._acquire()

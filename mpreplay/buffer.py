@@ -262,13 +262,16 @@ class ReplayBuffer:
         self._ring.publish(start, reserved, priorities)
         return first
 
-    def sample(self, batch_size: int, *, timeout: float | None = None) -> dict[str, np.ndarray]:
+    def sample(self, batch_size: int, *, timeout: float | None = None,
+               out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Draw ``batch_size`` transitions uniformly (with replacement), plus their ``indexes``.
 
         With a rate limiter, waits at most ``timeout`` seconds (None: no
-        limit) for it to allow the sample, then raises TimeoutError.
+        limit) for it to allow the sample, then raises TimeoutError.  ``out``
+        may hold arrays to fill instead of fresh ones (e.g. the previous batch):
+        for large observations that spares the page faults of new memory.
         """
-        return self._ring.sample(_batch_size(batch_size), False, -1.0, timeout)
+        return self._ring.sample(_batch_size(batch_size), False, -1.0, timeout, out)
 
     def get_all_transitions(self) -> dict[str, np.ndarray]:
         """Copies of every stored transition, oldest first."""
@@ -434,13 +437,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         defaults to the largest priority stored now.  See :meth:`ReplayBuffer.add`."""
         return self._add(fields, priorities, timeout)
 
-    def sample(self, batch_size: int, beta: float = 0.4, *, timeout: float | None = None) -> dict[str, np.ndarray]:
+    def sample(self, batch_size: int, beta: float = 0.4, *, timeout: float | None = None,
+               out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Draw ``batch_size`` transitions in proportion to their priority.
 
         Adds ``indexes`` and importance ``weights`` = (N·P(i))^-β / max_j (N·P(j))^-β.
-        With a rate limiter, waits at most ``timeout`` seconds (None: no limit).
+        ``timeout`` and ``out`` as for :meth:`ReplayBuffer.sample`.
         """
-        return self._ring.sample(_batch_size(batch_size), True, _positive("beta", beta), timeout)
+        return self._ring.sample(_batch_size(batch_size), True, _positive("beta", beta), timeout, out)
 
     def update_priorities(self, indexes: Any, priorities: Any) -> None:
         """Set new priorities of sampled transitions.

@@ -552,3 +552,20 @@ def test_bad_construction_raises_naming_the_argument(options, name):
     cls = PrioritizedReplayBuffer if {"alpha", "eps"} & set(options) else ReplayBuffer
     with pytest.raises((TypeError, ValueError), match=name):
         cls(arguments.pop("size"), arguments.pop("env_dict"), **arguments)
+
+
+@BOTH
+def test_sample_fills_the_arrays_given_in_out(cls):
+    buffer = _filled(cls)
+    first = buffer.sample(4)
+    again = buffer.sample(4, out=first)
+    for name in ENV:
+        assert again[name] is first[name]
+    np.testing.assert_array_equal(again["obs"], buffer._fields["obs"][again["indexes"]])
+
+
+@BOTH
+def test_sample_rejects_an_out_array_of_the_wrong_shape(cls):
+    buffer = _filled(cls)
+    with pytest.raises(ValueError, match=r"out\['obs'\]"):
+        buffer.sample(4, out={"obs": np.zeros((3, 3), np.float32)})
