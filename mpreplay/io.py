@@ -159,7 +159,9 @@ def load_transitions(buffer: ReplayBuffer, file: File) -> int:
     priority when the file has none.  Transitions saved by a buffer that
     folds n steps load, as they are, into one with the same ``size`` and
     ``gamma`` only.  The loaded transitions end an episode: a compressed
-    buffer (``next_of``, ``stack_compress``) stores them as consecutive steps.
+    buffer (``next_of``, ``stack_compress``) stores them as consecutive steps,
+    and raises ValueError, changing nothing, if it cannot (a stack whose older
+    frames were not saved, more slots than a lane holds).
     """
     with _open_archive(file) as archive:
         meta = _read_metadata(archive)
