@@ -12,9 +12,11 @@ against every contender:
 * ``floor`` -- a buffer whose methods only return preallocated arrays: what
   the loop itself costs, the bound no buffer can beat.
 
-Only the loop is timed (buffer construction is not); each figure is the
-median over repeats, and the repeats interleave the contenders so slow drift
-of the machine hits all of them alike.
+Only the loop is timed (buffer construction is not), in CPU seconds of this
+process: every contender runs on one thread, so on an idle machine this is
+the wall time, and on a busy one it leaves out the time other processes held
+the core.  Each figure is the median over repeats, and the repeats interleave
+the contenders so slow drift of the machine hits all of them alike.
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ _SKIPPED = "skipped (O(N) per sample)"
 
 
 def _repeats_for(frames: int) -> int:
-    # About 1 s, 10 s and 100 s per run: fewer repeats where a run is long.
+    # A run of 2e6 frames takes a minute or more per contender: fewer repeats where runs are long.
     if frames <= 20_000:
         return 5
     if frames <= 200_000:
@@ -174,16 +176,16 @@ def _workload(seed: int) -> tuple[list[dict[str, np.ndarray]], list[np.ndarray]]
 
 
 def _drive(buffer: Any, frames: int, pool: Sequence[dict[str, np.ndarray]], noise: Sequence[np.ndarray]) -> float:
-    """Run the loop for ``frames`` frames; return the seconds it took."""
+    """Run the loop for ``frames`` frames; return the CPU seconds it took."""
     add, sample, update = buffer.add, buffer.sample, buffer.update_priorities
     n_pool, n_noise, clip = len(pool), len(noise), np.clip
-    start = time.perf_counter()
+    start = time.process_time()
     for t in range(frames):
         add(**pool[t % n_pool])
         if t >= BATCH:  # t + 1 stored, more than BATCH
             batch = sample(BATCH)
             update(batch["indexes"], clip(batch["weights"] + noise[t % n_noise], 0.01, 1.0))
-    return time.perf_counter() - start
+    return time.process_time() - start
 
 
 def _run_once(contender: _Contender, capacity: int, frames: int, seed: int,
@@ -220,7 +222,7 @@ def _measure(contenders: Sequence[_Contender], capacity: int, frames: int, repea
 
 
 # -- output -------------------------------------------------------------------
-_COLUMNS = ("buffer", "capacity", "frames", "repeats", "median s", "µs/frame", "÷ floor", "÷ mpreplay")
+_COLUMNS = ("buffer", "capacity", "frames", "repeats", "median CPU s", "µs/frame", "÷ floor", "÷ mpreplay")
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -269,7 +271,7 @@ def _plot(rows: Sequence[_Row], path: str) -> None:
         if points:
             ax.plot(*zip(*points), marker="o", label=name)
     ax.set(xscale="log", yscale="log", xlabel="frames (capacity = frames or frames / 2)",
-           ylabel="median seconds", title=f"add 1, sample {BATCH}, update {BATCH} per frame")
+           ylabel="median CPU seconds", title=f"add 1, sample {BATCH}, update {BATCH} per frame")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.savefig(path, dpi=120, bbox_inches="tight")
@@ -329,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         versions.append(f"cpprb {version('cpprb')} (its sampler cannot be seeded)")
     else:
         versions.append("cpprb not installed")
-    _print_table(rows, f"add 1, sample {BATCH}, update {BATCH} per frame; median of the timed loop\n"
+    _print_table(rows, f"add 1, sample {BATCH}, update {BATCH} per frame; median CPU seconds of the timed loop\n"
                        + ", ".join(versions))
     if args.plot:
         _plot(rows, args.plot)
