@@ -22,7 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("name", choices=sorted(_BENCHMARKS), help="; ".join(f"{k}: {v}" for k, v in _BENCHMARKS.items()))
     inspect_cmd = sub.add_parser("inspect", help="print a saved transitions file's metadata and a per-array summary")
     inspect_cmd.add_argument("file", help="a file written by save_transitions")
+    sub.add_parser("demo", help="Ape-X DQN on CartPole with a live view (mpreplay demo --help)", add_help=False)
     args, rest = parser.parse_known_args(argv)
+    if args.command == "demo":
+        from .demo import main as demo
+
+        return demo(rest)
     if args.command == "inspect":
         from .io import inspect as describe
 

@@ -1,0 +1,128 @@
+"""mpreplay demo: the Ape-X DQN run moves data through every stage and cleans up.
+
+The runs are smoke runs: short, and learning is not asserted.  The demo always
+starts its processes with "spawn" (forking a process that has initialised
+torch can deadlock), so unlike the other multiprocess tests these do not run
+under "fork".
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("gymnasium")
+pytest.importorskip("matplotlib")
+
+from mpreplay import cli
+from mpreplay.demo import epsilon
+from mpreplay.memory import SEGMENT_PREFIX
+
+
+class Run(NamedTuple):
+    returncode: int
+    pid: int
+    out: Path
+    stdout: str
+    stderr: str
+
+
+def segments_of(pid: int) -> set[str]:
+    """The /dev/shm entries of the segments process ``pid`` created (mpreplay names them after it)."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith(f"{SEGMENT_PREFIX}{pid}-")}
+
+
+def summary_of(run: Run) -> dict:
+    return json.loads((run.out / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """``main(["--seconds", "20", "--out", DIR])`` in a subprocess, once for the tests below."""
+    out = tmp_path_factory.mktemp("demo")
+    code = f"from mpreplay.demo import main; raise SystemExit(main(['--seconds', '20', '--out', {str(out)!r}]))"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=150)
+    finally:
+        proc.kill()
+    return Run(proc.returncode, proc.pid, out, stdout, stderr)
+
+
+@pytest.mark.timeout(180)
+def test_a_timed_run_exits_0(smoke_run: Run):
+    assert smoke_run.returncode == 0, smoke_run.stderr
+
+
+@pytest.mark.timeout(180)
+def test_a_timed_run_moves_data_through_every_stage(smoke_run: Run):
+    summary = summary_of(smoke_run)
+    stages = ("env_steps", "episodes", "inserts", "samples", "learner_steps", "priority_updates", "weights_published")
+    assert {key: summary[key] > 0 for key in stages} == dict.fromkeys(stages, True), summary
+    assert summary["reason"] in ("timeout", "solved")
+
+
+@pytest.mark.timeout(180)
+def test_a_timed_run_writes_the_learning_curve(smoke_run: Run):
+    assert (smoke_run.out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.timeout(180)
+def test_a_timed_run_leaves_no_segment_behind(smoke_run: Run):
+    assert segments_of(smoke_run.pid) == set()
+
+
+@pytest.mark.timeout(180)
+def test_ctrl_c_stops_the_run_and_still_writes_the_summary(tmp_path: Path):
+    proc = subprocess.Popen([sys.executable, "-m", "mpreplay", "demo", "--seconds", "120", "--plain",
+                             "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:  # one line per second once the processes run
+            if "weights published" in line and not line.rstrip().endswith("published 0"):
+                break
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["reason"] == "interrupted"
+    assert summary["inserts"] > 0
+    assert segments_of(proc.pid) == set()
+
+
+def test_the_epsilon_ladder_runs_from_0_4_to_0_4_to_the_8th():
+    ladder = [epsilon(rank, 5) for rank in range(5)]
+    assert ladder[0] == pytest.approx(0.4)
+    assert ladder[-1] == pytest.approx(0.4 ** 8)
+    assert ladder == sorted(ladder, reverse=True)
+
+
+def test_a_lone_actor_explores_with_epsilon_0_4():
+    assert epsilon(0, 1) == pytest.approx(0.4)
+
+
+def test_epsilon_rejects_a_rank_outside_the_actors():
+    with pytest.raises(ValueError, match="rank"):
+        epsilon(2, 2)
+
+
+def test_the_demo_command_forwards_its_flags_to_the_demo(capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["demo", "--help"])
+    assert exit_info.value.code == 0
+    assert "--actors" in capsys.readouterr().out
+
+
+def test_the_demo_rejects_zero_actors_naming_the_flag(capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["demo", "--actors", "0"])
+    assert exit_info.value.code == 2
+    assert "--actors" in capsys.readouterr().err

@@ -1,0 +1,27 @@
+"""The examples run: each is started as a user would, in a subprocess, with a short run."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.mark.timeout(120)
+def test_library_use_runs_to_the_end():
+    pytest.importorskip("gymnasium")
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "library_use.py"), "--steps", "300"],
+                          check=False, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr
+    assert "saved and loaded" in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_apex_dqn_shows_its_flags():
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "apex_dqn.py"), "--help"],
+                          check=False, capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr
+    assert "--samples-per-insert" in proc.stdout
