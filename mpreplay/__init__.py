@@ -2,9 +2,12 @@
 from ._version import __version__
 from .buffer import MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
 from .errors import BufferClosed
+from .launcher import ChildFailed, Context, RunResult, StopFlag, launch
 from .limiter import MinSize, RateLimiter, SampleToInsertRatio
 from .memory import SharedMemoryError
 from .nstep import NstepBuffer
+from .params import ParameterStore, ParameterStoreTimeout
+from .returns import NStepReturns, discounted_cumsum_left, discounted_cumsum_right, gae, n_step_returns
 
 __all__ = [
     "__version__",
@@ -18,4 +21,16 @@ __all__ = [
     "MinSize",
     "SampleToInsertRatio",
     "NstepBuffer",
+    "launch",
+    "ChildFailed",
+    "Context",
+    "RunResult",
+    "StopFlag",
+    "ParameterStore",
+    "ParameterStoreTimeout",
+    "discounted_cumsum_right",
+    "discounted_cumsum_left",
+    "n_step_returns",
+    "NStepReturns",
+    "gae",
 ]

@@ -38,6 +38,7 @@ cores, and a thread pool apiece would only add contention.
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import json
 import math
@@ -55,7 +56,7 @@ import numpy as np
 
 from .buffer import MPPrioritizedReplayBuffer, MPReplayBuffer
 from .errors import BufferClosed
-from .launch import Context, launch
+from .launcher import Context, launch
 from .limiter import SampleToInsertRatio
 from .nstep import NstepBuffer
 from .params import ParameterStore
@@ -78,6 +79,7 @@ _EPISODE_FIELDS = {"rank": {"dtype": np.int64}, "episode": {"dtype": np.int64}, 
 _EPISODE_LOG_SIZE = 1 << 14  # rows; far more episodes than can end between two reads of the log
 _WAIT = 0.2  # seconds a blocked add/sample waits before the caller looks at the stop flag again
 _SOLVED_CHECK = 0.5  # seconds between the learner's looks at the episode log
+_RATE_SPAN = 5.0  # seconds the live rates average over (env steps arrive an episode at a time)
 
 
 @dataclass(frozen=True)
@@ -310,7 +312,8 @@ class _Monitor:
         self.episodes = _Episodes([], [], [], [], [])
         self._seen: dict[int, int] = {}  # rank -> last episode number read
         self._steps: dict[int, int] = {}  # rank -> env steps at its last episode
-        self._last: tuple[float, int, int, int] | None = None  # time, env steps, inserts, samples
+        # (time, env steps, inserts, samples) of the last reads: rates are taken over RATE_SPAN seconds
+        self._history: collections.deque[tuple[float, int, int, int]] = collections.deque([(start, 0, 0, 0)])
 
     def _drain(self) -> None:
         rows = self._log.get_all_transitions()
@@ -331,8 +334,10 @@ class _Monitor:
         now = time.time()
         env_steps = sum(self._steps.values())
         current = (now, env_steps, stats["inserts"], stats["samples"])
-        previous = self._last or (self.start, 0, 0, 0)
-        self._last = current
+        while len(self._history) > 1 and now - self._history[1][0] >= _RATE_SPAN:
+            self._history.popleft()
+        previous = self._history[0]
+        self._history.append(current)
         dt = max(now - previous[0], 1e-9)
         rates = [(c - p) / dt for c, p in zip(current[1:], previous[1:])]
         episodes = self.episodes.arrays()

@@ -11,7 +11,7 @@ weights; many actor processes pick up the newest set when it suits them::
 
 A store pickles to a small handle (the segment's name and layout) that
 attaches in the receiving process, so it can be handed to
-:func:`mpreplay.launch.launch` or to a ``multiprocessing.Process`` under any
+:func:`mpreplay.launcher.launch` or to a ``multiprocessing.Process`` under any
 start method.  The process that created the store owns the segment and
 unlinks it on :meth:`ParameterStore.close`.
 

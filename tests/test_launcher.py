@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpreplay.launch import ChildFailed, launch
+from mpreplay.launcher import ChildFailed, launch
 from mpreplay.memory import SEGMENT_PREFIX, Layout, SharedMemory
 from mpreplay.params import ParameterStore
 
@@ -378,9 +378,9 @@ def test_bad_arguments_are_rejected_before_anything_starts_or_closes(kwargs, err
 SCRIPT = textwrap.dedent("""
     import json, os, signal, sys
     import numpy as np
-    from mpreplay.launch import launch
+    from mpreplay.launcher import launch
     from mpreplay.params import ParameterStore
-    from test_launch import Board, deaf_actor, idle_actor, kill_actor_0, wait_until
+    from test_launcher import Board, deaf_actor, idle_actor, kill_actor_0, wait_until
 
     if __name__ == "__mp_main__" and os.environ["SCENARIO"] == "ctrl-c-at-import":
         os.killpg(0, signal.SIGINT)  # a spawned child, still importing, presses Ctrl-C for the whole group
