@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from mpreplay import ReplayBuffer
+from mpreplay.bench._report import print_table
 
 FRAME = (84, 84)
 STACK = 4
@@ -74,25 +75,6 @@ def _median_sample_seconds(buffer: ReplayBuffer, batch: int, repeats: int) -> fl
     return float(np.median(times))
 
 
-def _print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        print(title)
-        widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
-        for r in [header] + rows:
-            print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
-        print()
-        return
-    table = Table(title=title)
-    for h in header:
-        table.add_column(h, justify="right")
-    for r in rows:
-        table.add_row(*r)
-    Console().print(table)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mpreplay bench memory", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -110,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, layout in LAYOUTS.items():
         nbytes, stored, per = _bytes_per_transition(layout, args.capacity, args.episode)
         rows.append([name, f"{nbytes / 2**20:,.0f}", f"{stored:,}", f"{per:,.0f}", f"{per / LIMIT:.3f}"])
-    _print_table(f"Bytes per transition, obs {FRAME + (STACK,)} uint8, capacity {args.capacity:,}, "
+    print_table(f"Bytes per transition, obs {FRAME + (STACK,)} uint8, capacity {args.capacity:,}, "
                  f"episodes of mean length {args.episode}",
-                 ["layout", "MiB", "transitions", "bytes/transition", "÷ one frame per step"], rows)
+                ["layout", "MiB", "transitions", "bytes/transition", "÷ one frame per step"], rows)
 
     buffers = {}
     for name in ("obs + next_obs", "next_of + stack_compress"):
@@ -124,6 +106,6 @@ def main(argv: list[str] | None = None) -> int:
         t = base if buffer is buffers["obs + next_obs"] else _median_sample_seconds(buffer, args.batch, args.repeats)
         rows.append([name, f"{t * 1e3:.2f}", f"{t / base:.2f}"])
         buffer.close()
-    _print_table(f"sample({args.batch}) with obs and next_obs rebuilt, capacity {args.sample_capacity:,}, "
+    print_table(f"sample({args.batch}) with obs and next_obs rebuilt, capacity {args.sample_capacity:,}, "
                  f"median of {args.repeats}", ["layout", "ms", "÷ uncompressed"], rows)
     return 0

@@ -43,6 +43,7 @@ import numpy as np
 
 import mpreplay
 from mpreplay.memory import Layout, SharedMemory
+from mpreplay.bench._report import print_table
 
 BATCH = 256
 ALPHA, BETA, EPS = 0.6, 0.4, 1e-4
@@ -546,28 +547,12 @@ def _target_cells(t: _Target) -> list[str]:
     return [t.target, t.case, f"{t.ratio:.2f}", f">= {t.goal:g}", "yes" if t.ratio >= t.goal else "no", per_cpu]
 
 
-def _print_table(title: str, columns: Sequence[str], lines: Sequence[list[str]], group: int | None) -> None:
-    """A rich table when rich is installed, else aligned text; a rule wherever column ``group`` changes."""
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        widths = [max(len(c[i]) for c in [list(columns), *lines]) for i in range(len(columns))]
-        print(title)
-        for cells in [list(columns), *lines]:
-            print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
-        print()
-        return
-    table = Table(title=title, title_justify="left")
-    for i, name in enumerate(columns):
-        table.add_column(name, justify="left" if i < 2 else "right", no_wrap=True)
-    for i, cells in enumerate(lines):
-        last = group is not None and (i + 1 == len(lines) or lines[i + 1][:group + 1] != cells[:group + 1])
-        table.add_row(*cells, end_section=last)
-    Console(width=max(220, Console().width)).print(table)
-
-
 # -- command line ---------------------------------------------------------------
+def _mp_table(title: str, columns: Sequence[str], lines: Sequence[list[str]], group: int | None) -> None:
+    # Case and buffer read as labels; a rule closes each group of rows agreeing up to column `group`.
+    print_table(title, columns, lines, left=2, group=None if group is None else slice(0, group + 1), width=220)
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -641,10 +626,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{timing.seconds:g} s window per case after {timing.warmup:.2g} s warm-up, rates are medians of "
           f"{timing.slices} slices; start method {args.start_method}; {cores} cores{crowded}; {', '.join(versions)}")
     print(_LEGEND)
-    _print_table(f"Shared prioritized buffer: writers add, the learner samples {BATCH} + updates {BATCH}",
-                 _COLUMNS, [_cells(r) for r in results], group=0)
-    _print_table("Sample cost vs capacity: learner alone, (4,) float32", _COLUMNS, [_cells(r) for r in sweep],
-                 group=2)
-    _print_table("Targets (ratios from this run)", _TARGET_COLUMNS,
-                 [_target_cells(t) for t in _targets(results, sweep)], group=0)
+    _mp_table(f"Shared prioritized buffer: writers add, the learner samples {BATCH} + updates {BATCH}",
+              _COLUMNS, [_cells(r) for r in results], group=0)
+    _mp_table("Sample cost vs capacity: learner alone, (4,) float32", _COLUMNS, [_cells(r) for r in sweep],
+              group=2)
+    _mp_table("Targets (ratios from this run)", _TARGET_COLUMNS,
+              [_target_cells(t) for t in _targets(results, sweep)], group=0)
     return 0

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 import mpreplay
+from mpreplay.bench._report import positive_int, print_table
 
 BATCH = 32
 ALPHA, BETA, EPS = 0.6, 0.4, 1e-4
@@ -238,27 +239,6 @@ def _cells(row: _Row) -> list[list[str]]:
     return out
 
 
-def _print_table(rows: Sequence[_Row], title: str) -> None:
-    lines = [cells for row in rows for cells in _cells(row)]
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        widths = [max(len(c[i]) for c in [list(_COLUMNS), *lines]) for i in range(len(_COLUMNS))]
-        print(title)
-        for cells in [list(_COLUMNS), *lines]:
-            print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))))
-        return
-    table = Table(title=title)
-    for i, name in enumerate(_COLUMNS):
-        table.add_column(name, justify="left" if i == 0 else "right")
-    for i, cells in enumerate(lines):
-        # A rule between sizes: each size's rows read as one group.
-        last_of_size = i + 1 == len(lines) or lines[i + 1][1:3] != cells[1:3]
-        table.add_row(*cells, end_section=last_of_size)
-    Console(width=max(100, Console().width)).print(table)
-
-
 def _plot(rows: Sequence[_Row], path: str) -> None:
     import matplotlib
 
@@ -289,23 +269,13 @@ def _capacity(text: str) -> int:
     return int(value)
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="mpreplay bench per", description=__doc__.split("\n\n")[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", type=_capacity, metavar="CAPACITY",
                         help="capacities to run, each with frames = capacity and 2 x capacity "
                              f"(default {' '.join(f'{s:.0e}' for s in _DEFAULT_SIZES)})")
-    parser.add_argument("--repeats", type=_positive,
+    parser.add_argument("--repeats", type=positive_int,
                         help="runs per size, the median is reported (default 5, 3 or 2 by run length)")
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke run: capacities {' '.join(f'{s:.0e}' for s in _QUICK_SIZES)}, 1 repeat")
@@ -331,8 +301,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         versions.append(f"cpprb {version('cpprb')} (its sampler cannot be seeded)")
     else:
         versions.append("cpprb not installed")
-    _print_table(rows, f"add 1, sample {BATCH}, update {BATCH} per frame; median CPU seconds of the timed loop\n"
-                       + ", ".join(versions))
+    print_table(f"add 1, sample {BATCH}, update {BATCH} per frame; median CPU seconds of the timed loop\n"
+                + ", ".join(versions), _COLUMNS, [cells for row in rows for cells in _cells(row)],
+                group=slice(1, 3), width=100)  # a rule after each size's rows
     if args.plot:
         _plot(rows, args.plot)
         print(f"plot written to {args.plot}")

@@ -34,6 +34,7 @@ import numpy as np
 
 import mpreplay
 from mpreplay.sharded import LoopbackRayCluster, ShardedReplay, ShardServer, start_shard_servers
+from mpreplay.bench._report import positive_int, print_table
 
 OBS_SHAPE = (84, 84)
 ENV = {"obs": {"shape": OBS_SHAPE, "dtype": np.uint8}, "next_obs": {"shape": OBS_SHAPE, "dtype": np.uint8},
@@ -91,33 +92,18 @@ def _measure(config: str, buffers: list[Any], args: argparse.Namespace) -> _Figu
                     for t, v in by.items()} for k, by in runs.items()}
 
 
+_COLUMNS = ["contender", "shards", "local transitions/s", "ray transitions/s", "ray ÷ local",
+            "learner CPU µs/t local", "ray", "local ÷ ray"]
+
+
 def _row(config: str, shards: int, figures: dict[str, tuple[float, float]]) -> list[str]:
     (local, local_cpu), (remote, remote_cpu) = figures["local"], figures["ray"]
     return [config, str(shards), f"{local:,.0f}", f"{remote:,.0f}", f"{remote / local:.2f}",
             f"{local_cpu * 1e6:.1f}", f"{remote_cpu * 1e6:.1f}", f"{local_cpu / remote_cpu:.2f}"]
 
 
-def _print_table(rows: list[list[str]], title: str) -> None:
-    columns = ["contender", "shards", "local transitions/s", "ray transitions/s", "ray ÷ local",
-               "learner CPU µs/t local", "ray", "local ÷ ray"]
-    widths = [max(len(r[i]) for r in [columns, *rows]) for i in range(len(columns))]
-    print(title)
-    for cells in [columns, *rows]:
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))))
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
 def _shard_count(text: str) -> int:
-    value = _positive_int(text)
+    value = positive_int(text)
     if value > MAX_SHARDS:
         raise argparse.ArgumentTypeError(f"expected 1 to {MAX_SHARDS} shards, got {text!r}")
     return value
@@ -129,14 +115,14 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--shards", nargs="+", type=_shard_count, default=[1, 2, 3], help="shard counts to run")
     parser.add_argument("--configs", nargs="+", choices=sorted(_CONFIGS), default=sorted(_CONFIGS),
                         help="Ray configurations to run (each starts its own cluster)")
-    parser.add_argument("--batch", type=_positive_int, default=32, help="transitions per sample (default 32)")
+    parser.add_argument("--batch", type=positive_int, default=32, help="transitions per sample (default 32)")
     parser.add_argument("--prefetch", type=int, default=2, help="calls in flight per shard (default 2)")
-    parser.add_argument("--batches-per-call", type=_positive_int, default=32,
+    parser.add_argument("--batches-per-call", type=positive_int, default=32,
                         help="batches each call fetches (default 32)")
-    parser.add_argument("--capacity", type=_positive_int, default=4096, help="transitions per shard (default 4096)")
+    parser.add_argument("--capacity", type=positive_int, default=4096, help="transitions per shard (default 4096)")
     parser.add_argument("--seconds", type=float, default=2.0, help="length of one timed run (default 2)")
-    parser.add_argument("--repeats", type=_positive_int, default=3, help="runs per figure; the median is reported")
-    parser.add_argument("--object-store-mb", type=_positive_int, default=256, help="Ray object store per node")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="runs per figure; the median is reported")
+    parser.add_argument("--object-store-mb", type=positive_int, default=256, help="Ray object store per node")
     parser.add_argument("--no-update", action="store_true", help="sample only, send no priorities back")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 repeat of 0.5 s, default Ray only")
     parser.add_argument("--seed", type=int, default=0)
@@ -159,11 +145,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for b in buffers:
             b.close()
-    _print_table(rows, f"sample {args.batch}{'' if args.no_update else ' + update'} per step, (84, 84) uint8 obs "
-                       f"and next_obs; prefetch {args.prefetch} x {args.batches_per_call} batches per call; "
-                       f"median of {args.repeats} x {args.seconds:g} s\n"
-                       f"mpreplay {mpreplay.__version__}, ray {ray.__version__}, numpy {np.__version__}, "
-                       f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
+    print_table(f"sample {args.batch}{'' if args.no_update else ' + update'} per step, (84, 84) uint8 obs "
+                f"and next_obs; prefetch {args.prefetch} x {args.batches_per_call} batches per call; "
+                f"median of {args.repeats} x {args.seconds:g} s\n"
+                f"mpreplay {mpreplay.__version__}, ray {ray.__version__}, numpy {np.__version__}, "
+                f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}", _COLUMNS, rows)
     print(f"target (reported, not asserted): ray >= {TARGET:.0%} of local transitions/s; "
           "'local ÷ ray' CPU > 1 means the learner spends less CPU per transition with Ray")
     return 0

@@ -21,6 +21,7 @@ import numpy as np
 
 from mpreplay._ext import discount as _kernel
 from mpreplay.returns import discounted_cumsum_left, discounted_cumsum_right, n_step_returns
+from mpreplay.bench._report import print_table
 
 GAMMA = 0.99
 TARGETS = (
@@ -42,12 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"baselines found: {', '.join(n for n in ('lfilter', 'numba') if n in baselines) or 'none'}; "
           f"missing: {_missing(baselines)}")
     sizes = [10**3, 10**4, 10**5] if args.quick else [10**3, 10**4, 10**5, 10**6, 10**7]
-    _print_table(
+    print_table(
         "discounted cumulative sum, gamma=0.99 (median time; ratio = baseline / mpreplay)",
         *_speed_rows(sizes, (256, 100) if args.quick else (256, 1000), baselines, repeat, clock),
     )
-    _print_table("float32 precision, 10,000 steps, gamma=0.99 (L_inf vs float64 reference)", *_precision_rows(baselines))
-    _print_table(
+    print_table("float32 precision, 10,000 steps, gamma=0.99 (L_inf vs float64 reference)", *_precision_rows(baselines))
+    print_table(
         "n-step folding, float32 rewards, 1% dones, gamma=0.99 (median time)",
         *_n_step_rows(10**5 if args.quick else 10**6, baselines, repeat, clock),
     )
@@ -249,19 +250,3 @@ def _format_seconds(seconds: float | None) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
-def _print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        widths = [max(len(str(c)) for c in column) for column in zip(header, *rows)]
-        print(f"\n{title}")
-        for line in [header, ["-" * w for w in widths], *rows]:
-            print("  ".join(str(c).rjust(w) for c, w in zip(line, widths)))
-        return
-    table = Table(title=title, title_justify="left")
-    for i, name in enumerate(header):
-        table.add_column(name, justify="left" if i == 0 else "right")
-    for row in rows:
-        table.add_row(*row)
-    Console(width=max(120, sum(len(h) + 6 for h in header))).print(table)
