@@ -303,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         versions.append("cpprb not installed")
     print_table(f"add 1, sample {BATCH}, update {BATCH} per frame; median CPU seconds of the timed loop\n"
                 + ", ".join(versions), _COLUMNS, [cells for row in rows for cells in _cells(row)],
-                group=slice(1, 3), width=100)  # a rule after each size's rows
+                group=slice(1, 3))  # a rule after each size's rows
     if args.plot:
         _plot(rows, args.plot)
         print(f"plot written to {args.plot}")
