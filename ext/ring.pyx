@@ -28,7 +28,7 @@ cimport numpy as cnp
 from numpy.random cimport bitgen_t
 
 from mpreplay._ext.frames cimport MAX_STACK, Frames
-from mpreplay._ext.sumtree cimport PriorityTree
+from mpreplay._ext.sumtree cimport Node, PriorityTree
 
 import math
 import os
@@ -775,26 +775,42 @@ cdef class Ring:
         # Lock held.  Draw j lands in stratum j of nstrata (nstrata == 1:
         # plain draws over the whole mass).  Returns the smallest leaf
         # weight, or NaN once nothing is sampleable.
-        cdef Py_ssize_t j, s
-        cdef double r, total
+        cdef Py_ssize_t j, n, cap = self._tree._cap
+        cdef double total = self._tree._nodes[1].sum, left
+        cdef Node* nodes = self._tree._nodes
+        if not total > 0.0:
+            return NAN
+        # All draws descend together, one level at a time, so the cache misses
+        # of different draws overlap instead of queueing.  `values` holds the
+        # remaining prefix sums and `slots` the nodes on the way down.  The
+        # rule is PriorityTree._descend's: never enter a child of zero mass.
         for j in range(k):
-            r = self._bitgen.next_double(self._bitgen.state)
-            while True:
-                total = self._tree._nodes[1].sum
-                if not total > 0.0:
-                    return NAN
-                s = self._tree._descend(((j if nstrata > 1 else 0) + r) * (total / nstrata))
-                if (self._gen[s] & 1) == 0 and self._state[s] == _COMPLETE:
-                    break
+            values[j] = ((j if nstrata > 1 else 0) + self._bitgen.next_double(self._bitgen.state)) * (total / nstrata)
+            slots[j] = 1
+        while slots[0] < cap:
+            for j in range(k):
+                n = 2 * slots[j]
+                left = nodes[n].sum
+                if left > 0.0 and (values[j] < left or nodes[n + 1].sum <= 0.0):
+                    slots[j] = n
+                else:
+                    values[j] -= left
+                    slots[j] = n + 1
+        for j in range(k):
+            slots[j] -= cap
+            while (self._gen[slots[j]] & 1) or self._state[slots[j]] != _COMPLETE:
                 # A sampleable slot that is being written or holds no complete
                 # transition: a writer died inside its reservation.  Nobody can
-                # vouch for the row: retire it.
-                self._retire(s)
-                self._tree._fix_up(s)
-            slots[j] = s
-            values[j] = self._tree._nodes[s + self._tree._cap].sum
-            gens[j] = self._gen[s]
-        return self._tree._nodes[1].min
+                # vouch for the row: retire it and draw again.
+                self._retire(slots[j])
+                self._tree._fix_up(slots[j])
+                total = nodes[1].sum
+                if not total > 0.0:
+                    return NAN
+                slots[j] = self._tree._descend(self._bitgen.next_double(self._bitgen.state) * total)
+            values[j] = nodes[slots[j] + cap].sum
+            gens[j] = self._gen[slots[j]]
+        return nodes[1].min
 
     cdef void _gather(self, const int64_t* slots, Py_ssize_t k, list outs, const Py_ssize_t* rows) except *:
         # Copy rows (all k, or only rows[0..k) of the batch) without the lock.
