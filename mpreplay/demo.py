@@ -241,7 +241,7 @@ def _learner(ctx: Context, config: Config) -> dict[str, Any]:
     online.load_state_dict(ctx.params.read()[0])
     target = copy.deepcopy(online)
     optimizer = torch.optim.Adam(online.parameters(), lr=config.lr)
-    counts = {"learner_steps": 0, "priority_updates": 0, "weights_published": 0, "solved": False}
+    counts = {"learner_steps": 0, "priority_updates": 0, "solved": False}
     next_check = time.monotonic()
     while not ctx.stop.is_set():
         if time.monotonic() >= next_check:
@@ -267,7 +267,6 @@ def _learner(ctx: Context, config: Config) -> dict[str, Any]:
         counts["learner_steps"] = steps = counts["learner_steps"] + 1
         if steps % config.publish_every == 0:
             ctx.params.publish(online.state_dict())
-            counts["weights_published"] += 1
         if steps % config.target_update == 0:
             target.load_state_dict(online.state_dict())
     return counts
@@ -304,7 +303,7 @@ def _running_mean(values: np.ndarray) -> np.ndarray:
 
 
 class _Monitor:
-    """Reads the buffers' counters and the episode log; computes rates between reads."""
+    """Reads the buffers' counters and the episode log; computes rates over the last few seconds."""
 
     def __init__(self, replay: MPPrioritizedReplayBuffer, log: MPReplayBuffer, params: ParameterStore,
                  start: float):
@@ -312,7 +311,7 @@ class _Monitor:
         self.episodes = _Episodes([], [], [], [], [])
         self._seen: dict[int, int] = {}  # rank -> last episode number read
         self._steps: dict[int, int] = {}  # rank -> env steps at its last episode
-        # (time, env steps, inserts, samples) of the last reads: rates are taken over RATE_SPAN seconds
+        # (time, env steps, inserts, samples) of the recent reads: rates span _RATE_SPAN seconds
         self._history: collections.deque[tuple[float, int, int, int]] = collections.deque([(start, 0, 0, 0)])
 
     def _drain(self) -> None:
@@ -328,7 +327,7 @@ class _Monitor:
             self.episodes.eps.append(eps)
 
     def poll(self) -> dict[str, Any]:
-        """A snapshot of the run: totals, rates since the previous poll, recent returns."""
+        """A snapshot of the run: totals, recent rates, recent returns."""
         self._drain()
         stats = self._replay.stats()
         now = time.time()
