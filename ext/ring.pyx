@@ -123,7 +123,7 @@ cdef enum:
     _WAITING    # a transition whose next observation is not stored yet
 
 cdef uint64_t NOT_SAMPLED = 0xFFFFFFFFFFFFFFFFULL
-cdef int MAX_REDRAW_ROUNDS = 64
+cdef int LOCKED_REDRAW_AFTER = 4  # rounds of torn rows before redrawn rows are copied under the lock
 
 # Element kinds the single-transition fast path converts without numpy.
 cdef enum Kind:
@@ -902,7 +902,7 @@ cdef class Ring:
         cdef list outs = [self._empty(i, b) if out is None or self._names[i] not in out
                           else _checked_out(out, self._names[i], (b,) + self._shapes[i], self._dtypes[i])
                           for i in range(self._nfields)]
-        cdef bint wake, bad
+        cdef bint wake, bad, locked
         cdef double deadline = _deadline(timeout)
         for name, _, _, shape, dtype in self._frame_outputs:
             outs.append(np.empty((b,) + shape, dtype=dtype) if out is None or name not in out
@@ -945,8 +945,10 @@ cdef class Ring:
             if ntorn == 0:
                 break
             rounds += 1
-            if rounds > MAX_REDRAW_ROUNDS:
-                raise RuntimeError("sample: rows kept being overwritten while copied; is the buffer far too small?")
+            # After a few unlucky rounds (a small ring lapped while this process
+            # was descheduled), copy the redrawn rows under the lock: nobody can
+            # reserve a published slot meanwhile, so they cannot tear.
+            locked = rounds > LOCKED_REDRAW_AFTER
             self._acquire()
             try:
                 self._header[_TORN] += ntorn
@@ -957,8 +959,14 @@ cdef class Ring:
                     sp[tp[j]], vp[tp[j]], gp[tp[j]] = s1, v1, g1
                     if R:
                         rcp[tp[j]] = self._note_reads(s1, rsp + tp[j] * R, rgp + tp[j] * R)
+                if locked:
+                    self._gather(sp, ntorn, outs, tp)
+                    if R:
+                        self._gather_frames(sp, ntorn, outs, tp)
             finally:
                 self._release()
+            if locked:
+                break
             self._gather(sp, ntorn, outs, tp)
             if R:
                 self._gather_frames(sp, ntorn, outs, tp)

@@ -6,6 +6,8 @@ import os
 import pickle
 import signal
 
+import time
+
 import numpy as np
 import pytest
 
@@ -168,26 +170,33 @@ def test_a_torch_state_dict_round_trips_as_tensors():
 TORN_TEMPLATE = {"big": np.zeros(1 << 16), "small": np.zeros(7, np.int32)}  # the big copy makes overlaps likely
 
 
-def publish_versions(store: ParameterStore, count: int) -> None:
-    """Writer: publish versions 1..count, every element of every array equal to its version."""
-    for version in range(1, count + 1):
+def publish_versions(store: ParameterStore, stop) -> None:
+    """Writer: publish versions 1, 2, ... until ``stop`` is set, every element equal to its version."""
+    version = 0
+    while not stop.is_set():
+        version += 1
         store.publish({key: np.full(array.shape, version, array.dtype) for key, array in TORN_TEMPLATE.items()})
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("method", METHODS)
 def test_a_reader_never_sees_a_torn_update_while_another_process_publishes(method):
+    ctx = multiprocessing.get_context(method)
     with ParameterStore(TORN_TEMPLATE) as store:
-        writer = multiprocessing.get_context(method).Process(target=publish_versions, args=(store, 3000))
+        stop = ctx.Event()
+        writer = ctx.Process(target=publish_versions, args=(store, stop))
         writer.start()
         seen, torn, last = set(), [], 0
-        while writer.exitcode is None:
+        deadline = time.monotonic() + 30
+        # Read until many versions went by mid-publish (or time is up): the reads overlap the writes.
+        while len(seen) < 200 and time.monotonic() < deadline:
             got, version = store.read()
             seen.add(version)
             torn += [version for array in got.values() if not (array == version).all()]
             assert version >= last
             last = version
-        writer.join()
+        stop.set()
+        writer.join(30)
     assert writer.exitcode == 0
     assert torn == []
     assert len(seen - {0}) > 1, "the reads never overlapped the publishing"
