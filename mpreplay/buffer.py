@@ -221,7 +221,11 @@ class ReplayBuffer:
             if slot >= 0:
                 return slot
         k, rows = convert_batch(self._specs, fields)
-        return self._write(k, rows, None if priorities is None else self._priorities(priorities, k), timeout)
+        if priorities is not None:
+            # Checked before anything is written (Ring.update checks its own input).
+            priorities = self._priorities(priorities, k)
+            self._ring.check_priorities(priorities)
+        return self._write(k, rows, priorities, timeout)
 
     def _write(self, k: int, rows: dict[str, np.ndarray], priorities: np.ndarray | None,
                timeout: float | None, end_episode: bool = False) -> int | None:
@@ -418,6 +422,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         return 1.0 if m == -np.inf else float(m)
 
     def _priorities(self, priorities: Any, k: int) -> np.ndarray:
+        """``priorities`` as ``k`` contiguous float64 values (their range is the ring's to check)."""
         p = priorities
         if not (type(p) is np.ndarray and p.dtype == np.float64 and p.ndim == 1 and p.flags.c_contiguous):
             try:
@@ -429,7 +434,6 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             p = p.reshape(-1)
         if len(p) != k:
             raise ValueError(f"priorities: expected {k} values (one per transition), got {len(p)}")
-        self._ring.check_priorities(p)
         return p
 
     def add(self, *, priorities: Any = None, timeout: float | None = None, **fields: Any) -> int:

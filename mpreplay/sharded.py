@@ -79,7 +79,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .buffer import BufferClosed, PrioritizedReplayBuffer
+from .buffer import BufferClosed, PrioritizedReplayBuffer, _batch_size, _positive
 
 __all__ = ["SHARD_NAME_PREFIX", "LoopbackRayCluster", "ShardLostWarning", "ShardServer", "ShardUnavailable",
            "ShardedReplay", "node_buffer", "split_indexes", "start_shard_servers"]
@@ -488,14 +488,7 @@ class ShardedReplay:
         Returns the fields plus ``indexes`` (see :func:`split_indexes`) and
         importance ``weights`` = (N·P(i))^-β / max_j (N·P(j))^-β over all shards.
         """
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size!r}")
-        try:
-            beta = float(beta)
-        except (TypeError, ValueError):
-            raise TypeError(f"beta: expected a number, got {type(beta).__name__}") from None
-        if not (np.isfinite(beta) and beta >= 0):
-            raise ValueError(f"beta: expected a finite number >= 0, got {beta!r}")
+        batch_size, beta = _batch_size(batch_size), _positive("beta", beta)  # the buffers' own checks
         if batch_size != self._batch_size:
             self._discard_prefetched()
             self._batch_size = int(batch_size)
