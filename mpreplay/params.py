@@ -99,7 +99,8 @@ def _writable_view(value: Any, what: str) -> np.ndarray:
 
 def _pause(attempt: int) -> None:
     # Spin briefly (a publish takes microseconds), then back off to at most 1 ms.
-    time.sleep(0 if attempt < 16 else min(1e-3, 1e-6 * 2 ** (attempt - 16)))
+    # (The exponent is capped: 2 ** attempt would overflow a float after ~1,000 tries.)
+    time.sleep(0 if attempt < 16 else 1e-6 * 2.0 ** min(attempt - 16, 10))
 
 
 def _check_timeout(timeout: Any) -> float:
