@@ -6,7 +6,7 @@ every process that maps the segment shares the lock.  It holds a
 ``pthread_mutex_t`` set up as process-shared, error-checking and -- where the
 platform has them -- robust, plus a few words of state::
 
-    [ pthread_mutex_t | magic | recoveries | pending ]   (LOCK_NBYTES, a multiple of 64)
+    [ pthread_mutex_t | magic | recoveries | pending | holder | since ]   (LOCK_NBYTES, a multiple of 64)
 
 Ownership
     Like any pthread mutex the lock belongs to the *thread* that acquired it:
@@ -54,6 +54,16 @@ cdef extern from *:
     #include <errno.h>
     #include <pthread.h>
     #include <time.h>
+    #include <unistd.h>
+
+    /* This process's pid, kept by a fork handler: the holder word is written on
+       every acquisition, and getpid() is a system call. */
+    static long long mpr_pid = 0;
+    static void mpr_refresh_pid(void) { mpr_pid = (long long)getpid(); }
+    static int mpr_track_pid(void) {
+        mpr_refresh_pid();
+        return pthread_atfork(NULL, NULL, mpr_refresh_pid);
+    }
 
     #if defined(__linux__) || defined(__FreeBSD__)
     #define MPR_ROBUST 1
@@ -122,6 +132,8 @@ cdef extern from *:
     int pthread_mutex_unlock(pthread_mutex_t* m)
     int mpr_mutex_consistent(pthread_mutex_t* m)
     int mpr_mutex_lock_within(pthread_mutex_t* m, long long ns) nogil
+    long long mpr_pid
+    int mpr_track_pid()
 
 
 cdef struct _Shared:
@@ -129,6 +141,8 @@ cdef struct _Shared:
     uint64_t magic       # written last by the creator; attachers check it
     uint64_t recoveries  # owner deaths survived, all processes together
     uint64_t pending     # nonzero: an owner died and no on_recover has succeeded since
+    int64_t holder       # pid of the process holding the lock, 0: free (advisory, for diagnostics)
+    int64_t since        # CLOCK_MONOTONIC ns at which the holder took it
 
 
 cdef uint64_t _MAGIC = 0x6d707265706c6b31  # "mpreplk1"
@@ -139,7 +153,9 @@ cdef int64_t _SLICE_NS = 50_000_000
 # the nanosecond arithmetic far from int64 overflow.
 cdef double _FOREVER_S = 9e9
 
-LOCK_NBYTES = -(-<Py_ssize_t>sizeof(_Shared) // 64) * 64
+_check_rc(mpr_track_pid(), "pthread_atfork")
+
+LOCK_NBYTES = (<Py_ssize_t>sizeof(_Shared) + 63) // 64 * 64  # whole cache lines
 ROBUST = bool(MPR_ROBUST)
 
 
@@ -226,6 +242,17 @@ cdef class SharedLock:
         """How many times an owner died holding the lock and a successor took over."""
         return self._sh.recoveries
 
+    def holder(self):
+        """``(pid, seconds)``: the process holding the lock now and for how long, or None when free.
+
+        Advisory: read without the lock, for diagnostics (a holder that died
+        stays named until the next process takes the lock over).
+        """
+        cdef int64_t pid = self._sh.holder, since = self._sh.since
+        if pid == 0:
+            return None
+        return int(pid), max(0.0, (_now_ns() - since) * 1e-9)
+
     def acquire(self, timeout: float | None = None) -> bool:
         """Take the lock; wait at most ``timeout`` seconds (None: no limit).
 
@@ -252,6 +279,8 @@ cdef class SharedLock:
         if self._counters is not None:
             self._counters[0] += waited
             self._counters[1] += 1
+        self._sh.since = _now_ns()
+        self._sh.holder = mpr_pid
         if self._sh.pending:
             self._recover()
         return 1
@@ -300,8 +329,13 @@ cdef class SharedLock:
         self._release()
 
     cdef int _release(self) except -1:
-        cdef int rc = pthread_mutex_unlock(&self._sh.mutex)
+        cdef int64_t holder = self._sh.holder
+        cdef int rc
+        self._sh.holder = 0
+        rc = pthread_mutex_unlock(&self._sh.mutex)
         if rc == EPERM:
+            self._sh.holder = holder  # not ours to clear
+
             raise RuntimeError("release: this thread does not hold the lock")
         return _check_rc(rc, "release: pthread_mutex_unlock")
 
@@ -318,8 +352,10 @@ cdef class SharedLock:
         # while held, the C library would later write through a dangling
         # pointer.  Let go before the region can go; unlocking a mutex this
         # thread does not hold is a harmless EPERM.
-        if self._sh != NULL:
-            pthread_mutex_unlock(&self._sh.mutex)
+        if self._sh != NULL and self._sh.holder == mpr_pid:
+            self._sh.holder = 0
+            if pthread_mutex_unlock(&self._sh.mutex) != 0:
+                self._sh.holder = mpr_pid
 
     def __reduce__(self):
         raise TypeError("SharedLock cannot be pickled: pass the segment's name and attach with create=False")

@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The slot protocol of a replay ring (see DESIGN.md, "Concurrency protocol").
+"""The slot protocol of a replay ring (see docs/architecture.md, "Concurrency protocol").
 
 Every slot has a generation: even = published, odd = being written.  A
 writer reserves slots under the lock (generation made odd, leaf zeroed so the
@@ -40,11 +40,23 @@ from mpreplay.errors import BufferClosed
 
 cnp.import_array()
 
+cdef extern from "<signal.h>" nogil:
+    enum: SIGKILL
+    int raise_signal "raise"(int sig)
+
 cdef extern from *:
     """
     #define _mpreplay_acquire_fence() __atomic_thread_fence(__ATOMIC_ACQUIRE)
+    #define _atomic_add(p, v) ((void)__atomic_add_fetch((p), (v), __ATOMIC_SEQ_CST))
+    #define _atomic_add32(p, v) ((void)__atomic_add_fetch((p), (v), __ATOMIC_SEQ_CST))
+    #define _atomic_load(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+    #define _atomic_store(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
     """
     void _mpreplay_acquire_fence() nogil
+    void _atomic_add(int64_t* p, int64_t v) nogil
+    void _atomic_add32(int32_t* p, int32_t v) nogil
+    int64_t _atomic_load(int64_t* p) nogil
+    void _atomic_store(int64_t* p, int64_t v) nogil
 
 cdef extern from *:
     """
@@ -78,7 +90,12 @@ cdef extern from *:
     void _mpreplay_futex_wake(int32_t* word) nogil
 
 
-WRITERS = 64  # processes whose start time a buffer remembers (see Ring._alive)
+# Writers are named by a token, never by a bare pid: pids wrap around within
+# minutes on a busy machine, so a dead writer's pid may belong to a stranger.
+# A token packs the pid with the process's start time (clock ticks since boot),
+# which no later process with the same pid shares.
+cdef int _PID_BITS = 22  # pid_max is at most 2**22 on Linux
+cdef int64_t _PID_MASK = (1 << _PID_BITS) - 1
 
 
 def _process_stat(int pid):
@@ -89,6 +106,71 @@ def _process_stat(int pid):
         return fields[0], int(fields[19])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def process_token(int pid):
+    """The token of the running process ``pid``: its pid and start time (just the pid without /proc)."""
+    stat = _process_stat(pid)
+    return pid if stat is None else (stat[1] << _PID_BITS) | pid
+
+
+def token_pid(int64_t token):
+    """The pid a writer token names."""
+    return token & _PID_MASK
+
+
+def token_alive(int64_t token):
+    """Whether the process a token names still runs: not gone, not a zombie, not a newer process with its pid."""
+    cdef int64_t pid = token & _PID_MASK, start = token >> _PID_BITS
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    stat = _process_stat(pid)
+    if stat is None:
+        return True  # exists, but /proc cannot tell more
+    return stat[0] not in (b"Z", b"X") and (start == 0 or stat[1] == start)
+
+
+_STATES = {b"R": "running", b"S": "sleeping", b"D": "in uninterruptible sleep", b"T": "stopped",
+           b"t": "stopped by a debugger", b"Z": "a zombie", b"X": "dead", b"I": "idle"}
+
+
+def describe_process(int pid):
+    """``"process 123 (stopped)"``: a pid with its state from /proc, for error messages."""
+    stat = _process_stat(pid)
+    state = "gone" if stat is None else _STATES.get(stat[0], stat[0].decode(errors="replace"))
+    return f"process {pid} ({state})"
+
+
+# Fault injection for the crash tests: arm_fault(site, n) makes this process
+# SIGKILL itself the n-th time it passes `site` -- inside a critical section,
+# with the lock held.  Disarmed, a site costs one load and a predictable branch.
+FAULT_SITES = ("reserve", "publish", "complete", "retire", "update", "draw")
+cdef enum:
+    _F_NONE, _F_RESERVE, _F_PUBLISH, _F_COMPLETE, _F_RETIRE, _F_UPDATE, _F_DRAW
+cdef int _fault_site = _F_NONE
+cdef int _fault_countdown = 0
+
+
+def arm_fault(str site, int after=1):
+    """Test hook: SIGKILL this process the ``after``-th time it reaches ``site`` (one of FAULT_SITES)."""
+    global _fault_site, _fault_countdown
+    if site not in FAULT_SITES or after < 1:
+        raise ValueError(f"site: expected one of {FAULT_SITES} and after >= 1, got {site!r}, {after}")
+    _fault_countdown = after
+    _fault_site = FAULT_SITES.index(site) + 1
+
+
+cdef inline void _fault(int site) noexcept nogil:
+    global _fault_countdown
+    if _fault_site == site:
+        _fault_countdown -= 1
+        if _fault_countdown == 0:
+            raise_signal(SIGKILL)
+
 
 # Counters at the start of every buffer's memory (an int64 array).
 (STORED, INSERTS, SAMPLES, STALE, TORN, LOCK_WAIT_NS, LOCK_HOLDS, CLOSED,
@@ -107,6 +189,11 @@ cdef enum:
     _L_ON, _L_SPI, _L_MIN_SIZE, _L_MIN_DIFF, _L_MAX_DIFF
 
 cdef double _WAIT_SLICE_S = 0.05  # blocked callers look at signals and deadlines this often
+# The lock is held for microseconds at a time: even timeout=0 waits this long
+# for it, so that "do not wait for the rate limiter" does not fail on every
+# brush with another process.  A frozen holder is given up on after it.
+cdef double _LOCK_GRACE_S = 0.002
+cdef double _CLOSE_WAIT_S = 1.0  # close() sets the closed flag without the lock after this
 
 # A lane is a ring of slots one writer fills in order (a row of the int64
 # "lanes" array).  Uncompressed buffers have one lane that every writer
@@ -186,12 +273,44 @@ cdef double _deadline(object timeout) except? -1.0:
     return time.monotonic() + t
 
 
+def deadline(timeout):
+    """The ``time.monotonic()`` moment a ``timeout`` in seconds ends (None: never, inf)."""
+    return _deadline(timeout)
+
+
 cdef object _checked_out(dict out, str name, tuple shape, object dtype):
     arr = out[name]
     if not (isinstance(arr, np.ndarray) and arr.shape == shape and arr.dtype == dtype
             and arr.flags.c_contiguous and arr.flags.writeable):
         raise ValueError(f"out[{name!r}]: expected a writable C-contiguous {dtype} array of shape {shape}")
     return arr
+
+
+def recover(uint64_t[::1] generation not None, uint8_t[::1] state not None, int64_t[::1] header not None,
+            PriorityTree tree not None):
+    """With the lock held, after its previous holder died: make everything derived agree
+    with the slots again (the lock's ``on_recover``).
+
+    A holder killed inside a critical section may have left a slot half
+    reserved or half published, the stored count a step behind the slot
+    states, and inner tree nodes stale.  Rows whose generation is odd were
+    being written: they become unsampleable.  Then every leaf that may not be
+    drawn is zeroed, the inner nodes are rebuilt from the leaves, and the
+    stored count -- which the rate limiter reads -- is recounted.  The
+    cumulative counters (inserts, samples, reservations) change by single
+    stores and cannot be torn.  See docs/architecture.md, "Crash handling".
+    """
+    cdef Py_ssize_t s, stored = 0
+    with nogil:
+        for s in range(generation.shape[0]):
+            if generation[s] & 1:
+                state[s] = _EMPTY
+            if state[s] == _COMPLETE:
+                stored += 1
+            else:
+                tree._write_leaf(s, 0.0, 0.0)
+        header[_STORED] = stored
+    tree.rebuild()
 
 
 cdef class Ring:
@@ -201,9 +320,9 @@ cdef class Ring:
     ----------
     header : int64 array of ``HEADER_LEN`` counters
     limits : float64 array of ``LIMITS_LEN`` rate limiter settings (``limits[0] == 0``: none)
-    lanes : int64 array (nlanes, 4): start, end, cursor and owning pid of each lane
+    lanes : int64 array (nlanes, 4): start, end, cursor and owning writer's token of each lane
     generation : uint64 array, one per slot
-    owner : int32 array, one per slot: pid of the process writing it (0: none)
+    owner : int64 array, one per slot: token of the process writing it (0: none)
     state : uint8 array, one per slot: EMPTY, COMPLETE or WAITING
     tree : PriorityTree over the slots
     fields : list of ``(name, array)``; each array is ``(size,) + shape``, C-contiguous
@@ -211,7 +330,6 @@ cdef class Ring:
         (``alpha = 0`` gives uniform replay)
     lock : object with ``acquire()``/``release()``, or None for a single-process buffer
     rng : numpy Generator the draws come from
-    writers : int64 array (WRITERS, 2): pid and start time of processes that reserved slots
     frames : Frames of the compressed keys, or None
     frame_outputs : list of ``(name, key, next, shape, dtype)``: sample output ``name`` is key
         ``key``'s observation (``next``: of the next slot) with per-row ``shape``
@@ -224,8 +342,9 @@ cdef class Ring:
     cdef double[::1] _limits
     cdef int32_t* _epoch
     cdef uint64_t[::1] _gen
-    cdef int32_t[::1] _owner
-    cdef int32_t _pid
+    cdef int64_t[::1] _owner
+    cdef int64_t _token           # this process as a writer (see process_token)
+    cdef bint _held               # this handle holds the lock now
     cdef PriorityTree _tree
     cdef object _lock
     cdef readonly Py_ssize_t size
@@ -243,8 +362,6 @@ cdef class Ring:
     cdef bitgen_t* _bitgen
     cdef object _sampled
     cdef object _fields_keepalive
-    cdef int64_t[:, ::1] _writers
-    cdef bint _registered
 
     def __cinit__(self):
         self._dst = NULL
@@ -256,13 +373,11 @@ cdef class Ring:
 
     def __init__(self, int64_t[::1] header not None, double[::1] limits not None,
                  int64_t[:, ::1] lanes not None, uint64_t[::1] generation not None,
-                 int32_t[::1] owner not None, uint8_t[::1] state not None,
+                 int64_t[::1] owner not None, uint8_t[::1] state not None,
                  PriorityTree tree not None, list fields not None,
                  double alpha, double eps, object lock, object rng,
-                 int64_t[:, ::1] writers not None, Frames frames=None, list frame_outputs=None):
+                 Frames frames=None, list frame_outputs=None):
         cdef Py_ssize_t i, n = len(fields)
-        self._writers = writers
-        self._registered = False
         self._header = header
         self._lanes = lanes
         self._state = state
@@ -272,7 +387,8 @@ cdef class Ring:
         self._epoch = <int32_t*>&header[_EPOCH]
         self._gen = generation
         self._owner = owner
-        self._pid = os.getpid()
+        self._token = process_token(os.getpid())
+        self._held = False
         self._tree = tree
         self.size = generation.shape[0]
         self.alpha = alpha
@@ -324,30 +440,44 @@ cdef class Ring:
         self._bitgen_owner = bitgen
 
     def after_fork(self, object rng):
-        """Become the forked child's handle: its own pid, random stream and record of samples."""
-        self._pid = os.getpid()
-        self._registered = False
+        """Become the forked child's handle: its own token, random stream and record of samples."""
+        self._token = process_token(os.getpid())
+        self._held = False
         self.set_rng(rng)
         self._sampled = None
 
     # -- locking and blocking ------------------------------------------------
-    cdef inline void _acquire(self) except *:
-        # Raises BufferClosed, without holding the lock, once the owner closed the buffer.
-        if self._lock is not None:
+    cdef int _acquire(self, double deadline=INFINITY) except -1:
+        # Take the lock by `deadline` (monotonic seconds), or raise TimeoutError
+        # naming its holder.  Raises BufferClosed, without holding the lock, once
+        # the owner closed the buffer.
+        if self._lock is None:
+            return 0
+        if deadline == INFINITY:
             self._lock.acquire()
-            if self._header[_CLOSED]:
-                self._lock.release()
-                raise BufferClosed("the replay buffer was closed by its owner")
+        elif not self._lock.acquire(max(deadline - time.monotonic(), _LOCK_GRACE_S)):
+            holder = self._lock.holder()
+            who = "another process" if holder is None else f"{describe_process(holder[0])}, for {holder[1]:.1f} s"
+            raise TimeoutError(f"timed out waiting for the buffer's lock, held by {who}")
+        self._held = True
+        if self._header[_CLOSED]:
+            self._release()
+            raise BufferClosed("the replay buffer was closed by its owner")
+        return 0
 
-    cdef inline void _release(self) except *:
-        if self._lock is not None:
+    cdef int _release(self) except -1:
+        # A no-op unless this handle holds the lock: a wait that timed out
+        # while taking it back leaves it free.
+        if self._held:
+            self._held = False
             self._lock.release()
+        return 0
 
     cdef inline bint _progress(self) noexcept nogil:
         # Lock held, after a change that may let a blocked caller proceed.
         # True: call _wake() once the lock is released.
-        if self._header[_WAITERS] > 0:
-            self._epoch[0] += 1
+        if _atomic_load(&self._header[_WAITERS]) > 0:
+            _atomic_add32(self._epoch, 1)
             return True
         return False
 
@@ -356,38 +486,39 @@ cdef class Ring:
 
     def close(self):
         """Mark the buffer closed for every process and wake all blocked callers:
-        they raise BufferClosed."""
+        they raise BufferClosed.  Never hangs: if the lock's holder is frozen, the
+        flag is set without it (a single store)."""
         if self._lock is None:
             return
-        self._lock.acquire()
+        held = self._lock.acquire(_CLOSE_WAIT_S)
         try:
             self._header[_CLOSED] = 1
-            self._epoch[0] += 1
+            _atomic_add32(self._epoch, 1)
         finally:
-            self._lock.release()
+            if held:
+                self._lock.release()
         self._wake()
 
     cdef int _block(self, double deadline, str why) except -1:
-        # Lock held on entry and on return.  Sleeps until another process
-        # makes progress, a signal arrives or `deadline` (monotonic) passes.
+        # Lock held on entry.  Sleeps until another process makes progress, a
+        # signal arrives or `deadline` (monotonic) passes; then takes the lock
+        # back by the deadline (else TimeoutError, the lock not held).
         cdef int32_t seen = self._epoch[0]
         cdef double remaining = deadline - time.monotonic()
         if self._lock is None:
             raise TimeoutError(f"{why}; a local buffer has no other process to wait for")
         if remaining <= 0.0:
             raise TimeoutError(f"{why}; timed out")
-        self._header[_WAITERS] += 1
+        # Atomic: a waiter that cannot take the lock back must still sign off.
+        _atomic_add(&self._header[_WAITERS], 1)
         self._release()
         try:
             with nogil:
                 _mpreplay_futex_wait(self._epoch, seen, min(remaining, _WAIT_SLICE_S))
             PyErr_CheckSignals()
         finally:
-            # Back under the lock whatever happened: the caller releases it.
-            self._lock.acquire()
-            self._header[_WAITERS] -= 1
-        if self._header[_CLOSED]:
-            raise BufferClosed("the replay buffer was closed while waiting")
+            _atomic_add(&self._header[_WAITERS], -1)
+        self._acquire(deadline)
         return 0
 
     cdef inline bint _can_insert(self, Py_ssize_t k) noexcept nogil:
@@ -407,59 +538,20 @@ cdef class Ring:
                 - self._header[_SAMPLES] - b) >= self._limits[_L_MIN_DIFF]
 
     # -- writers ----------------------------------------------------------------
-    cdef void _register(self) except *:
-        # Lock held.  Note this process's start time, so that a later process
-        # that reuses its pid is not taken for it (pids wrap around quickly).
-        cdef Py_ssize_t w, free = -1
-        if self._registered or self._lock is None:
-            return
-        self._registered = True
-        stat = _process_stat(self._pid)
-        if stat is None:
-            return
-        for w in range(self._writers.shape[0]):
-            if self._writers[w, 0] == self._pid:
-                free = w
-                break
-            if free < 0 and (self._writers[w, 0] == 0 or not self._alive(self._writers[w, 0])):
-                free = w
-        if free >= 0:
-            self._writers[free, 0], self._writers[free, 1] = self._pid, stat[1]
-
-    cdef bint _alive(self, int64_t pid) except -1:
-        # Lock held.  Whether the process that wrote `pid` still runs: not
-        # gone, not a zombie, and not a newer process that got the same pid.
-        cdef Py_ssize_t w
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        stat = _process_stat(pid)
-        if stat is None:
-            return True
-        if stat[0] in (b"Z", b"X"):
-            return False
-        for w in range(self._writers.shape[0]):
-            if self._writers[w, 0] == pid:
-                return self._writers[w, 1] == stat[1]
-        return True
-
     cdef inline Py_ssize_t _slot(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t j) noexcept nogil:
         # The slot j places after `start` in `lane`.
         cdef Py_ssize_t lo = self._lanes[lane, _L_START], n = self._lanes[lane, _L_END] - lo
         return lo + ((start - lo + j) % n + n) % n
 
-    cdef int _busy_owner(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
-        # Lock held.  The pid of another process still writing one of the
+    cdef int64_t _busy_owner(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
+        # Lock held.  The token of another process still writing one of the
         # next k slots of the lane (it was lapped), or 0.  Its copy cannot be
         # stopped, so the slots are not handed out again until it publishes
         # -- or dies.
         cdef Py_ssize_t cursor = self._lanes[lane, _L_CURSOR], j, s
         for j in range(k):
             s = self._slot(lane, cursor, j)
-            if (self._gen[s] & 1) and self._owner[s] != 0 and self._owner[s] != self._pid:
+            if (self._gen[s] & 1) and self._owner[s] != 0 and self._owner[s] != self._token:
                 return self._owner[s]
         return 0
 
@@ -467,6 +559,7 @@ cdef class Ring:
         # Lock held.  The transition at s stops being sampleable (no fix_up).
         if self._state[s] == _COMPLETE:
             self._header[_STORED] -= 1
+            _fault(_F_RETIRE)
         self._state[s] = _EMPTY
         self._tree._write_leaf(s, 0.0, 0.0)
 
@@ -493,7 +586,8 @@ cdef class Ring:
             g = self._gen[s]
             g = g + 1 + (g & 1)
             self._gen[s] = g
-            self._owner[s] = self._pid
+            _fault(_F_RESERVE)
+            self._owner[s] = self._token
             reserved[j] = g
             self._retire(s)
         for j in range(k):
@@ -506,23 +600,22 @@ cdef class Ring:
                                      double deadline, Py_ssize_t lane) except -1:
         # Reserve k slots once no live process still writes one of them and
         # (for inserts) the rate limiter allows it.
-        cdef int blocker
+        cdef int64_t blocker
         cdef Py_ssize_t s
         if insert and self._limits[_L_ON] != 0.0 and k * self._limits[_L_SPI] > self._limits[_L_MAX_DIFF] - self._limits[_L_MIN_DIFF]:
             raise ValueError(f"add: {k} rows at once exceed the rate limiter's error buffer; add fewer per call")
-        self._acquire()
+        self._acquire(deadline)
         try:
-            self._register()
             while True:
                 blocker = self._busy_owner(k, lane)
-                if blocker != 0 and not self._alive(blocker):
+                if blocker != 0 and not token_alive(blocker):
                     for s in range(self.size):
                         if self._owner[s] == blocker:
                             self._owner[s] = 0
                     continue
                 if blocker == 0 and (not insert or self._can_insert(k)):
                     return self._reserve(k, reserved, insert, lane)
-                self._block(deadline, f"add: process {blocker} is still writing the next slots"
+                self._block(deadline, f"add: {describe_process(token_pid(blocker))} is still writing the next slots"
                             if blocker else "add: the rate limiter holds inserts back until more is sampled")
         finally:
             self._release()
@@ -551,6 +644,7 @@ cdef class Ring:
                     p = priorities[j]
                 if st == _COMPLETE:
                     self._tree._write_leaf(s, pow(p + self.eps, self.alpha), p)
+                    _fault(_F_PUBLISH)
                     self._header[_STORED] += 1
                     self._header[_INSERTS] += 1
                 elif st == _WAITING:
@@ -563,42 +657,98 @@ cdef class Ring:
             self._tree._fix_up(self._slot(lane, start, j))
         return lost
 
-    def reserve(self, Py_ssize_t k, timeout=None, bint insert=True, Py_ssize_t lane=0):
+    cdef Py_ssize_t _complete(self, const int64_t* slots, const uint64_t* generations, const double* priorities,
+                              Py_ssize_t n) noexcept nogil:
+        # Lock held.  WAITING transitions whose next frame is stored now become
+        # COMPLETE; a slot rewritten or retired meanwhile is skipped.
+        cdef Py_ssize_t j, s, done = 0
+        cdef double p, default = self._tree._nodes[1].max
+        if default == -INFINITY:
+            default = 1.0
+        for j in range(n):
+            s = slots[j]
+            if self._gen[s] == generations[j] and self._state[s] == _WAITING:
+                p = priorities[j] if priorities != NULL and priorities[j] == priorities[j] else default
+                self._state[s] = _COMPLETE
+                _fault(_F_COMPLETE)
+                self._header[_STORED] += 1
+                self._tree._write_leaf(s, pow(p + self.eps, self.alpha), p)
+                self._tree._fix_up(s)
+                done += 1
+        return done
+
+    cdef void _disown(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved) noexcept nogil:
+        # Without the lock: give up this process's reservation.  The slots stay
+        # unsampleable (odd generation, EMPTY) and free for the next writer; no
+        # other process writes the owner of a slot a live writer holds.
+        cdef Py_ssize_t j, s
+        for j in range(k):
+            s = self._slot(lane, start, j)
+            if self._gen[s] == reserved[j] and self._owner[s] == self._token:
+                _atomic_store(&self._owner[s], 0)
+
+    def reserve(self, Py_ssize_t k, double deadline=INFINITY, bint insert=True, Py_ssize_t lane=0):
         """Reserve the next ``k`` slots of ``lane`` for writing; returns ``(start, reserved_generations)``.
 
         Waits while another live process is still writing one of them, and
-        (``insert``) while the rate limiter holds inserts back -- at most
-        ``timeout`` seconds (None: no limit), then raises TimeoutError.
+        (``insert``) while the rate limiter holds inserts back -- until
+        ``deadline`` (``time.monotonic()`` seconds, see :func:`deadline`), then
+        raises TimeoutError.
         """
         cdef cnp.ndarray reserved = np.empty(k, dtype=np.uint64)
         cdef Py_ssize_t n = self._lanes[lane, _L_END] - self._lanes[lane, _L_START]
         if not 0 <= k <= n:
             raise ValueError(f"k: expected 0 <= k <= {n} (the lane's length), got {k}")
-        start = self._reserve_waiting(k, <uint64_t*>cnp.PyArray_DATA(reserved), insert, _deadline(timeout), lane)
+        start = self._reserve_waiting(k, <uint64_t*>cnp.PyArray_DATA(reserved), insert, deadline, lane)
         return start, reserved
 
     def publish(self, Py_ssize_t start, const uint64_t[::1] reserved not None, const double[::1] priorities=None,
-                const uint8_t[::1] states=None, Py_ssize_t lane=0):
+                const uint8_t[::1] states=None, Py_ssize_t lane=0, double deadline=INFINITY,
+                const int64_t[::1] complete=None, const uint64_t[::1] complete_generations=None,
+                const double[::1] complete_priorities=None):
         """Make slots reserved by :meth:`reserve` readable: ``states`` (default all COMPLETE)
         says which hold complete transitions; those become sampleable with ``priorities``
-        (default: the stored maximum)."""
-        cdef Py_ssize_t k = reserved.shape[0], lost
+        (default: the stored maximum).  Returns how many slots were lost to a writer that
+        took them over.
+
+        ``complete`` names WAITING transitions (with the generations they were published
+        with) whose next frame these slots store: they become COMPLETE in the same
+        critical section, with ``complete_priorities`` (NaN: the stored maximum).  When
+        the lock cannot be had by ``deadline`` the reservation is given up -- nothing is
+        stored -- and TimeoutError raised.
+        """
+        cdef Py_ssize_t k = reserved.shape[0], nc = 0 if complete is None else complete.shape[0], lost
         cdef const double* prio = NULL
         cdef const uint8_t* st = NULL
+        cdef const double* cprio = NULL
         cdef bint wake
-        if k == 0:
-            return 0
         if priorities is not None:
             if priorities.shape[0] != k:
                 raise ValueError("priorities: expected one per reserved slot")
-            prio = &priorities[0]
+            prio = &priorities[0] if k else NULL
         if states is not None:
             if states.shape[0] != k:
                 raise ValueError("states: expected one per reserved slot")
-            st = &states[0]
-        self._acquire()
+            st = &states[0] if k else NULL
+        if nc:
+            if complete_generations is None or complete_generations.shape[0] != nc:
+                raise ValueError("complete_generations: expected one per slot to complete")
+            if complete_priorities is not None:
+                if complete_priorities.shape[0] != nc:
+                    raise ValueError("complete_priorities: expected one per slot to complete")
+                cprio = &complete_priorities[0]
+        if k == 0 and nc == 0:
+            return 0
         try:
-            lost = self._publish(lane, start, k, &reserved[0], prio, st)
+            self._acquire(deadline)
+        except TimeoutError:
+            if k:
+                self._disown(lane, start, k, &reserved[0])
+            raise
+        try:
+            lost = self._publish(lane, start, k, &reserved[0], prio, st) if k else 0
+            if nc:
+                self._complete(&complete[0], &complete_generations[0], cprio, nc)
             wake = self._progress()
         finally:
             self._release()
@@ -606,59 +756,21 @@ cdef class Ring:
             self._wake()
         return lost
 
-    def complete(self, const int64_t[::1] slots not None, const uint64_t[::1] generations not None,
-                 const double[::1] priorities=None):
-        """Make WAITING transitions COMPLETE (their next frame is stored now) and sampleable
-        with ``priorities`` (default: the stored maximum).  A slot rewritten or retired
-        meanwhile is skipped; returns how many were completed."""
-        cdef Py_ssize_t j, s, done = 0
-        cdef double p
-        cdef bint wake
-        self._acquire()
-        try:
-            p = self._tree._nodes[1].max
-            if p == -INFINITY:
-                p = 1.0
-            for j in range(slots.shape[0]):
-                s = slots[j]
-                if self._gen[s] == generations[j] and self._state[s] == _WAITING:
-                    if priorities is not None:
-                        p = priorities[j]
-                    self._state[s] = _COMPLETE
-                    self._header[_STORED] += 1
-                    self._tree._write_leaf(s, pow(p + self.eps, self.alpha), p)
-                    self._tree._fix_up(s)
-                    done += 1
-            wake = self._progress()
-        finally:
-            self._release()
-        if wake:
-            self._wake()
-        return done
-
     def abandon(self, Py_ssize_t start, const uint64_t[::1] reserved not None, Py_ssize_t lane=0):
         """Give up slots reserved by :meth:`reserve`: they stay unsampleable, free for the next writer."""
-        cdef Py_ssize_t j, s
-        self._acquire()
-        try:
-            for j in range(reserved.shape[0]):
-                s = self._slot(lane, start, j)
-                if self._gen[s] == reserved[j]:
-                    self._owner[s] = 0
-        finally:
-            self._release()
+        if reserved.shape[0]:
+            self._disown(lane, start, reserved.shape[0], &reserved[0])
 
-    def claim_lane(self):
+    def claim_lane(self, double deadline=INFINITY):
         """Take a lane for this process's writes: a free one, or one whose writer died."""
         cdef Py_ssize_t l
-        cdef int64_t pid
-        self._acquire()
+        cdef int64_t token
+        self._acquire(deadline)
         try:
-            self._register()
             for l in range(self._lanes.shape[0]):
-                pid = self._lanes[l, _L_OWNER]
-                if pid == self._pid or pid == 0 or not self._alive(pid):
-                    self._lanes[l, _L_OWNER] = self._pid
+                token = self._lanes[l, _L_OWNER]
+                if token == self._token or token == 0 or not token_alive(token):
+                    self._lanes[l, _L_OWNER] = self._token
                     return l
         finally:
             self._release()
@@ -669,7 +781,7 @@ cdef class Ring:
         """Give a lane back (its rows stay)."""
         self._acquire()
         try:
-            if self._lanes[lane, _L_OWNER] == self._pid:
+            if self._lanes[lane, _L_OWNER] == self._token:
                 self._lanes[lane, _L_OWNER] = 0
         finally:
             self._release()
@@ -693,6 +805,71 @@ cdef class Ring:
                 self._lanes[l, _L_CURSOR] = self._lanes[l, _L_START]
         finally:
             self._release()
+
+    def snapshot(self, bint priorities=False):
+        """Every complete transition now, oldest first (lane by lane), taken under the lock.
+
+        Returns ``(slots, guards, raw)``: ``guards`` is what :meth:`unchanged` needs to tell,
+        once the rows were copied without the lock, which of them were overwritten
+        meanwhile; ``raw`` holds the raw priorities when ``priorities`` (else None).
+        """
+        cdef Py_ssize_t l, j, n, lo, cursor, s, count = 0, c, t, o, age, best
+        cdef int64_t reads[2 * MAX_STACK]
+        cdef cnp.ndarray slots = np.empty(self.size, dtype=np.int64)
+        cdef cnp.ndarray oldest = np.empty(self.size, dtype=np.int64)
+        cdef cnp.ndarray gens = np.empty((self.size, 2), dtype=np.uint64)
+        cdef int64_t* sp = <int64_t*>cnp.PyArray_DATA(slots)
+        cdef int64_t* op = <int64_t*>cnp.PyArray_DATA(oldest)
+        cdef uint64_t* gp = <uint64_t*>cnp.PyArray_DATA(gens)
+        cdef bint compressed = self._frames is not None
+        self._acquire()
+        try:
+            with nogil:
+                for l in range(self._lanes.shape[0]):
+                    lo = self._lanes[l, _L_START]
+                    n = self._lanes[l, _L_END] - lo
+                    cursor = self._lanes[l, _L_CURSOR]
+                    for j in range(n):
+                        s = lo + (cursor - lo + j) % n
+                        if self._state[s] != _COMPLETE or (self._gen[s] & 1):
+                            continue
+                        # A lane is overwritten from its cursor on, oldest first: a
+                        # row stays whole while the oldest slot it reads does.
+                        o = s
+                        if compressed:
+                            c = self._frames.read_set(s, reads)
+                            best = n
+                            for t in range(c):
+                                age = ((reads[t] - cursor) % n + n) % n
+                                if age < best:
+                                    best, o = age, reads[t]
+                        sp[count], op[count] = s, o
+                        gp[2 * count], gp[2 * count + 1] = self._gen[s], self._gen[o]
+                        count += 1
+            raw = None
+            if priorities:
+                raw = np.empty(count)
+                self._tree.get(slots[:count], np.empty(count), raw)
+        finally:
+            self._release()
+        if raw is not None:
+            # A leaf of weight zero keeps -inf as its raw priority: priority 0 with eps 0.
+            raw[np.isneginf(raw)] = 0.0
+        return slots[:count], (oldest[:count], gens[:count]), raw
+
+    def unchanged(self, const int64_t[::1] slots not None, tuple guards not None):
+        """Which rows of a :meth:`snapshot` were not overwritten since (call after copying them)."""
+        cdef const int64_t[::1] oldest = guards[0]
+        cdef const uint64_t[:, ::1] gens = guards[1]
+        cdef Py_ssize_t j, n = slots.shape[0]
+        cdef cnp.ndarray keep = np.empty(n, dtype=np.bool_)
+        cdef uint8_t* kp = <uint8_t*>cnp.PyArray_DATA(keep)
+        with nogil:
+            # The generations must be read after the rows were copied.
+            _mpreplay_acquire_fence()
+            for j in range(n):
+                kp[j] = self._gen[slots[j]] == gens[j, 0] and self._gen[oldest[j]] == gens[j, 1]
+        return keep
 
     cdef bint _stage_value(self, Py_ssize_t i, object value) except -1:
         """Convert ``value`` into field i's staging row; False = not a fast-path case."""
@@ -748,6 +925,7 @@ cdef class Ring:
         cdef PyObject* item
         cdef uint64_t reserved
         cdef bint wake
+        cdef double deadline
         if PyDict_Size(values) != self._nfields:
             return -1
         for i in range(self._nfields):
@@ -756,10 +934,15 @@ cdef class Ring:
                 return -1
         if self._frames is not None:
             return -1
-        slot = self._reserve_waiting(1, &reserved, True, _deadline(timeout), 0)
+        deadline = _deadline(timeout)
+        slot = self._reserve_waiting(1, &reserved, True, deadline, 0)
         for i in range(self._nfields):
             memcpy(self._dst[i] + slot * self._rowbytes[i], self._src[i], self._rowbytes[i])
-        self._acquire()
+        try:
+            self._acquire(deadline)
+        except TimeoutError:
+            self._disown(0, slot, 1, &reserved)
+            raise
         try:
             self._publish(0, slot, 1, &reserved, &priority if priority >= 0.0 else NULL, NULL)
             wake = self._progress()
@@ -796,6 +979,7 @@ cdef class Ring:
                 else:
                     values[j] -= left
                     slots[j] = n + 1
+        _fault(_F_DRAW)
         for j in range(k):
             slots[j] -= cap
             while (self._gen[slots[j]] & 1) or self._state[slots[j]] != _COMPLETE:
@@ -909,7 +1093,7 @@ cdef class Ring:
                         else _checked_out(out, name, (b,) + shape, dtype))
         if self._limits[_L_ON] != 0.0 and b > self._limits[_L_MAX_DIFF] - self._limits[_L_MIN_DIFF]:
             raise ValueError(f"batch_size: {b} exceeds the rate limiter's error buffer; sample fewer per call")
-        self._acquire()
+        self._acquire(deadline)
         try:
             while not (self._tree._nodes[1].sum > 0.0 and self._can_sample(b)):
                 if self._limits[_L_ON] == 0.0:
@@ -949,7 +1133,7 @@ cdef class Ring:
             # was descheduled), copy the redrawn rows under the lock: nobody can
             # reserve a published slot meanwhile, so they cannot tear.
             locked = rounds > LOCKED_REDRAW_AFTER
-            self._acquire()
+            self._acquire(deadline)
             try:
                 self._header[_TORN] += ntorn
                 for j in range(ntorn):
@@ -1032,6 +1216,7 @@ cdef class Ring:
                     rec = record[s] if record != NULL else NOT_SAMPLED
                     if self._state[s] == _COMPLETE and (rec == NOT_SAMPLED or rec == g):
                         self._tree._write_leaf(s, pow(priorities[j] + self.eps, self.alpha), priorities[j])
+                        _fault(_F_UPDATE)
                     else:
                         stale += 1
                 for j in range(k):

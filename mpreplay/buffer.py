@@ -4,7 +4,7 @@ Every buffer keeps its state in the arrays of a :mod:`mpreplay.memory`
 block: a header of counters, one generation per slot, the priority trees and
 the fields.  A local buffer puts the block on the heap and uses a no-op lock;
 the shared twins put it in a shared-memory segment behind a process-shared
-lock.  The protocol (see DESIGN.md) is the same for both:
+lock.  The protocol (see docs/architecture.md) is the same for both:
 
 * **add** -- convert the whole batch first; under the lock reserve slots,
   make their generation odd and their leaves zero; copy the rows unlocked;
@@ -16,6 +16,7 @@ lock.  The protocol (see DESIGN.md) is the same for both:
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import weakref
@@ -25,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from ._ext.lock import LOCK_NBYTES, SharedLock
-from ._ext.ring import COMPLETE, HEADER_LEN, LANE_CURSOR, LIMITS_LEN, LOCK_HOLDS, LOCK_WAIT_NS, STORED, Ring
-from ._ext.ring import INSERTS, SAMPLES, STALE, TORN, WRITERS
+from ._ext.ring import HEADER_LEN, LANE_CURSOR, LIMITS_LEN, LOCK_HOLDS, LOCK_WAIT_NS, STORED, Ring, deadline, recover
+from ._ext.ring import INSERTS, SAMPLES, STALE, TORN
 from ._ext.sumtree import PriorityTree, tree_buffer_size
 from .errors import BufferClosed
 from .limiter import RateLimiter
@@ -39,7 +40,7 @@ __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrior
 
 
 # Attributes that view a buffer's memory: close() drops them.
-_VIEWS = ("_header", "_generation", "_tree", "_fields", "_ring", "_lock", "_frames", "_writer")
+_VIEWS = ("_header", "_generation", "_tree", "_fields", "_ring", "_lock", "_frames", "_writer", "_lanes")
 
 
 class ReplayBuffer:
@@ -119,8 +120,7 @@ class ReplayBuffer:
         c = self._compression
         layout.add("lanes", (1 if c is None else c.lanes, 4), np.int64)
         layout.add("generation", (self._size,), np.uint64)
-        layout.add("owner", (self._size,), np.int32)
-        layout.add("writers", (WRITERS, 2), np.int64)
+        layout.add("owner", (self._size,), np.int64)
         layout.add("state", (self._size,), np.uint8)
         layout.add("tree", (tree_buffer_size(self._size),), np.float64)
         for name in self._specs if c is None else c.stored_fields(self._specs):
@@ -137,6 +137,7 @@ class ReplayBuffer:
         return HeapMemory(layout)
 
     def _make_lock(self, create: bool) -> Any:
+        self._lock = None  # one process: nothing to lock
         return None
 
     def _bind(self, create: bool, rng: np.random.Generator) -> None:
@@ -147,14 +148,14 @@ class ReplayBuffer:
         self._tree = PriorityTree(arrays["tree"], self._size, reset=create)
         c = self._compression
         self._fields = {name: arrays[f"field:{name}"] for name in self._specs if f"field:{name}" in arrays}
+        self._lanes = arrays["lanes"]
         if create:
-            arrays["lanes"][:] = (0, self._size, 0, 0) if c is None else c.lane_bounds(self._size)
+            self._lanes[:] = (0, self._size, 0, 0) if c is None else c.lane_bounds(self._size)
         self._frames, outputs = (None, None) if c is None else c.make_frames(self._specs, arrays)
         self._writer = None if c is None else FrameWriter(c, self._specs, self)
         self._ring = Ring(self._header, arrays["limits"], arrays["lanes"], self._generation, arrays["owner"],
                           arrays["state"], self._tree, list(self._fields.items()),
-                          self._alpha, self._eps, self._make_lock(create), rng, arrays["writers"],
-                          self._frames, outputs)
+                          self._alpha, self._eps, self._make_lock(create), rng, self._frames, outputs)
 
     def close(self) -> None:
         """Release the buffer's memory; later calls raise :class:`BufferClosed`.
@@ -168,6 +169,11 @@ class ReplayBuffer:
         for name in _VIEWS:
             self.__dict__.pop(name, None)
         self._memory.close()
+
+    def _check_open(self) -> None:
+        """Raise BufferClosed after close(), as every method does."""
+        if "_ring" not in self.__dict__:
+            raise BufferClosed("the replay buffer is closed")
 
     def __getattr__(self, name: str) -> Any:
         # Reached only when normal lookup fails: after close(), for the views.
@@ -184,7 +190,7 @@ class ReplayBuffer:
     # -- cpprb API ------------------------------------------------------------
     def get_buffer_size(self) -> int:
         """Capacity in transitions."""
-        return self._size
+        return self._ring.size
 
     def get_stored_size(self) -> int:
         """Number of transitions stored (at most the capacity)."""
@@ -192,10 +198,11 @@ class ReplayBuffer:
 
     def get_next_index(self) -> int:
         """Slot the next added transition goes to."""
-        return int(self._memory.arrays["lanes"][0, LANE_CURSOR])
+        return int(self._lanes[0, LANE_CURSOR])
 
     def get_env_dict(self) -> dict[str, dict[str, Any]]:
         """The normalised field specs."""
+        self._check_open()
         return {n: {"shape": s.shape, "dtype": s.dtype} for n, s in self._specs.items()}
 
     def add(self, *, timeout: float | None = None, **fields: Any) -> int:
@@ -243,6 +250,7 @@ class ReplayBuffer:
                timeout: float | None) -> int:
         """Write ``k`` converted rows through the ring protocol."""
         size = self._size
+        until = deadline(timeout)
         first = self.get_next_index()
         if k > size:
             # Only the newest `size` rows would survive: skip the others.  The
@@ -251,9 +259,9 @@ class ReplayBuffer:
             skip = k - size
             rows = {n: r[skip:] for n, r in rows.items()}
             priorities = None if priorities is None else priorities[skip:]
-            self._ring.abandon(*self._ring.reserve(skip % size, None, False))
+            self._ring.abandon(*self._ring.reserve(skip % size, until, False))
             k = size
-        start, reserved = self._ring.reserve(k, timeout)
+        start, reserved = self._ring.reserve(k, until)
         try:
             head = min(k, size - start)
             for name, dst in self._fields.items():
@@ -263,7 +271,7 @@ class ReplayBuffer:
         except BaseException:
             self._ring.abandon(start, reserved)
             raise
-        self._ring.publish(start, reserved, priorities)
+        self._ring.publish(start, reserved, priorities, deadline=until)
         return first
 
     def sample(self, batch_size: int, *, timeout: float | None = None,
@@ -278,31 +286,34 @@ class ReplayBuffer:
         return self._ring.sample(_batch_size(batch_size), False, -1.0, timeout, out)
 
     def get_all_transitions(self) -> dict[str, np.ndarray]:
-        """Copies of every stored transition, oldest first."""
-        return self._gather_stored()[1]
+        """Copies of every stored transition, oldest first (lane by lane).
 
-    def _gather_stored(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """``(slots, rows)`` of every complete transition, oldest first (lane by lane).
-
-        Rows other processes were writing, or wrote while they were copied,
-        are left out.
+        Safe while other processes write: it holds every transition that was
+        complete when it started and was not overwritten before it finished,
+        and never a row that is being written.
         """
-        arrays = self._memory.arrays
-        order = np.concatenate([np.roll(np.arange(lo, hi), lo - cursor) for lo, hi, cursor, _ in arrays["lanes"]])
-        generations = self._generation[order]
-        order = order[(arrays["state"][order] == COMPLETE) & (generations % 2 == 0)]
-        generations = self._generation[order]
-        rows = {name: arr[order] for name, arr in self._fields.items()}
+        return self._snapshot()[0]
+
+    def _snapshot(self, priorities: bool = False) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        """``(rows, raw priorities or None)`` of every complete transition, oldest first.
+
+        The set of transitions is taken under the lock, the rows are copied
+        without it, and rows overwritten meanwhile are left out.
+        """
+        slots, guards, raw = self._ring.snapshot(priorities)
+        rows = {name: arr[slots] for name, arr in self._fields.items()}
         if self._compression is not None:
+            arrays = self._memory.arrays
             for name, key, nxt, shape, dtype in self._compression.make_frames(self._specs, arrays)[1]:
-                out = np.empty((len(order),) + shape, dtype=dtype)
-                self._frames.rebuild_into(key, arrays["nxt"][order] if nxt else order, out)
+                out = np.empty((len(slots),) + shape, dtype=dtype)
+                self._frames.rebuild_into(key, arrays["nxt"][slots] if nxt else slots, out)
                 rows[name] = out
             rows = {name: rows[name] for name in self._specs}
-        keep = self._generation[order] == generations
-        if keep.all():
-            return order, rows
-        return order[keep], {name: r[keep] for name, r in rows.items()}
+        keep = self._ring.unchanged(slots, guards)
+        if not keep.all():
+            rows = {name: r[keep] for name, r in rows.items()}
+            raw = None if raw is None else raw[keep]
+        return rows, raw
 
     def clear(self) -> None:
         """Forget every transition, and the steps an n-step folder holds (the capacity stays)."""
@@ -335,10 +346,13 @@ class ReplayBuffer:
 
         return io.load_transitions(self, file)
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, float | None]:
         """Counters since creation: stored, inserts, samples, stale updates dropped,
-        torn rows resampled, lock wait seconds and lock acquisitions."""
+        torn rows resampled, lock wait seconds and lock acquisitions; and who holds
+        the lock now: ``lock_holder_pid`` and ``lock_held_seconds`` (None when free,
+        and for a local buffer), so a call waiting with ``timeout=None`` can be explained."""
         h = self._header
+        holder = self._lock.holder() if self._lock is not None else None
         return {
             "stored": int(h[STORED]),
             "inserts": int(h[INSERTS]),
@@ -347,6 +361,8 @@ class ReplayBuffer:
             "torn_rows_resampled": int(h[TORN]),
             "lock_wait_seconds": int(h[LOCK_WAIT_NS]) * 1e-9,
             "lock_acquisitions": int(h[LOCK_HOLDS]),
+            "lock_holder_pid": None if holder is None else holder[0],
+            "lock_held_seconds": None if holder is None else holder[1],
         }
 
 
@@ -501,9 +517,12 @@ class _Shared:
         return SharedMemory(layout)
 
     def _make_lock(self, create: bool) -> SharedLock:
-        # A holder that died may have left inner tree nodes half updated:
-        # the next owner rebuilds them from the leaves.
-        self._lock = SharedLock(self._memory.arrays["lock"], create, on_recover=self._tree.rebuild,
+        # A holder that died may have left slots, counters and tree nodes half
+        # updated: the next owner makes them agree with the slot states again.
+        arrays = self._memory.arrays
+        self._lock = SharedLock(arrays["lock"], create,
+                                on_recover=functools.partial(recover, self._generation, arrays["state"], self._header,
+                                                             self._tree),
                                 counters=self._header[LOCK_WAIT_NS:LOCK_HOLDS + 1])
         return self._lock
 

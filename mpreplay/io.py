@@ -114,16 +114,18 @@ def save_transitions(buffer: ReplayBuffer, file: File, *, safe: bool = True, com
     priorities : bool
         Also store each transition's priority (prioritized buffers only).
 
-    Other processes may keep writing a shared buffer meanwhile: rows being
-    written are left out, as in ``get_all_transitions``, and a saved priority
-    may be that of the slot's newer occupant.
+    Other processes may keep writing a shared buffer meanwhile: as in
+    ``get_all_transitions``, the file holds every transition complete when the
+    call started and not overwritten before its rows were copied, oldest first,
+    with the priority each had when the call started.
     """
     for name, flag in (("safe", safe), ("compress", compress), ("priorities", priorities)):
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
     if priorities and not _is_prioritized(buffer):
         raise ValueError(f"priorities: a {type(buffer).__name__} has no priorities to save; pass priorities=False")
-    slots, rows = buffer._gather_stored()
+    rows, raw = buffer._snapshot(priorities=bool(priorities))
+    count = len(next(iter(rows.values())))
     record = {
         "format_version": FORMAT_VERSION,
         "mpreplay_version": __version__,
@@ -131,13 +133,13 @@ def save_transitions(buffer: ReplayBuffer, file: File, *, safe: bool = True, com
         "nstep": _nstep_json(_nstep_of(buffer)),
         "compression": None,
         "safe": bool(safe),
-        "count": len(slots),
+        "count": count,
         "priorities": bool(priorities),
     }
     arrays = {METADATA: np.frombuffer(json.dumps(record, allow_nan=False).encode(), dtype=np.uint8)}
     arrays.update((name, rows[name]) for name in buffer._specs)
     if priorities:
-        arrays[PRIORITIES] = _raw_priorities(buffer, slots)
+        arrays[PRIORITIES] = raw
 
     def write(f: IO[bytes]) -> None:
         _write_archive(f, arrays, bool(compress))
@@ -221,16 +223,6 @@ def _nstep_of(buffer: Any) -> tuple[int, float] | None:
 
 def _nstep_json(nstep: tuple[int, float] | None) -> dict[str, Any] | None:
     return None if nstep is None else {"size": nstep[0], "gamma": nstep[1]}
-
-
-def _raw_priorities(buffer: Any, slots: np.ndarray) -> np.ndarray:
-    slots = np.ascontiguousarray(slots, dtype=np.int64)
-    weights, raw = np.empty(len(slots)), np.empty(len(slots))
-    buffer._tree.get(slots, weights, raw)
-    # A leaf of weight zero keeps -inf as its raw priority: that is priority 0
-    # with eps 0 (or a slot another process is rewriting right now).
-    raw[np.isneginf(raw)] = 0.0
-    return raw
 
 
 def _write_archive(f: IO[bytes], arrays: dict[str, np.ndarray], compress: bool) -> None:

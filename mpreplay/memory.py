@@ -10,10 +10,13 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import signal
 import sys
+import threading
 import weakref
 from dataclasses import dataclass, field
 from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import util as mp_util
 from typing import Any
 
 import numpy as np
@@ -139,7 +142,15 @@ class SharedMemory:
         self.arrays = layout.views(self._shm.buf)
         # A forked child inherits this object but not the ownership.
         self._owner_pid = os.getpid() if self.owner else None
-        self._finalizer = weakref.finalize(self, SharedMemory._release, self._shm, self._owner_pid)
+        if self.owner:
+            # multiprocessing's exit hook also runs in its child processes, which
+            # leave through os._exit (no atexit): a segment a child created is
+            # unlinked however the child's target returns or raises.
+            self._finalizer = mp_util.Finalize(self, SharedMemory._release, (self._shm, self._owner_pid),
+                                               exitpriority=0)
+            _unlink_on_termination(self)
+        else:
+            self._finalizer = weakref.finalize(self, SharedMemory._release, self._shm, None)
 
     @property
     def is_owner(self) -> bool:
@@ -166,3 +177,38 @@ class SharedMemory:
         """Unmap, and unlink when this process created the segment (idempotent)."""
         self.arrays = {}
         self._finalizer()
+
+
+# Segments this process created, for the termination handler below.
+_OWNED: "weakref.WeakSet[SharedMemory]" = weakref.WeakSet()
+_TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _unlink_owned_and_die(signum: int, frame: Any) -> None:
+    for memory in list(_OWNED):
+        if memory.is_owner:
+            try:
+                memory._shm.unlink()
+            except FileNotFoundError:
+                pass
+    # Then the default action, as if nothing had been installed: the exit
+    # status still says "killed by SIGTERM".
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _unlink_on_termination(memory: SharedMemory) -> None:
+    """Unlink ``memory`` also when this process is terminated by SIGTERM or SIGHUP.
+
+    Their default action ends a process without running exit handlers.  Where
+    the program left them at the default (and from the main thread, the only
+    one that may install handlers), a handler unlinks this process's segments
+    first and then lets the default action happen.  Handlers a program sets
+    itself are left alone: it decides how it ends.
+    """
+    _OWNED.add(memory)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in _TERMINATING:
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _unlink_owned_and_die)

@@ -91,6 +91,7 @@ _SLOT_MASK = (1 << _SLOT_BITS) - 1
 _TAG_MASK = (1 << _TAG_BITS) - 1
 _KEY_BITS = _SLOT_BITS + _TAG_BITS  # what a shard sees of an index: tag and slot
 _KEY_MASK = (1 << _KEY_BITS) - 1
+_PER_SHARD_ONLY = ("lock_holder_pid", "lock_held_seconds")  # stats() entries that do not add up across shards
 _MAX_SHARD_IDS = 1 << _SHARD_BITS
 
 
@@ -676,12 +677,12 @@ class ShardedReplay:
     def stats(self) -> dict[str, Any]:
         """Counters summed over the live shards (after waiting for pending updates),
         plus ``shards`` (live), ``shards_lost``, ``updates_to_lost_shards``
-        and ``per_shard`` (each live shard's own counters, by id)."""
+        and ``per_shard`` (each live shard's own counters and lock holder, by id)."""
         self.flush()
         per_shard = self._gather("stats")
         out: dict[str, Any] = collections.Counter()
         for counters in per_shard.values():
-            out.update(counters)
+            out.update({k: v for k, v in counters.items() if k not in _PER_SHARD_ONLY})
         out = dict(out)
         out.update(shards=len(self._shards), shards_lost=self._lost, updates_to_lost_shards=self._lost_updates,
                    per_shard=per_shard)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ._ext.frames import Frames
-from ._ext.ring import COMPLETE, EMPTY, WAITING
+from ._ext.ring import COMPLETE, EMPTY, WAITING, deadline
 from .spec import FieldSpec
 
 __all__ = ["Compression", "FrameWriter", "with_next_fields"]
@@ -276,14 +276,15 @@ class FrameWriter:
         """Store ``k`` converted rows; returns the slot of the first, or None."""
         items, resolved, still_waiting, state = self.plan(k, rows, priorities, end_episode)
         ring = self._buffer._ring
+        until = deadline(timeout)
         if self._lane is None:
-            self._lane = ring.claim_lane()
+            self._lane = ring.claim_lane(until)
         lo, hi = self._buffer._memory.arrays["lanes"][self._lane, :2]
         if len(items) > hi - lo:
             raise ValueError(f"add: {len(items)} slots at once exceed the lane's {hi - lo}; add fewer rows per call")
         first = None
         if items:
-            start, reserved = ring.reserve(len(items), timeout, True, self._lane)
+            start, reserved = ring.reserve(len(items), until, True, self._lane)
             slots = lo + (start - lo + np.arange(len(items))) % (hi - lo)
             self._copy(items, slots, rows)
             for w, m in resolved:
@@ -295,8 +296,12 @@ class FrameWriter:
             prio = None
             if priorities is not None:
                 prio = np.array([priorities[it.row] if it.row >= 0 else 0.0 for it in items])
-            ring.publish(start, reserved, prio, states, self._lane)
-            self._complete([w for w, _ in resolved if w.item < 0])
+            # Transitions published WAITING by earlier calls complete with this publication.
+            earlier = [w for w, _ in resolved if w.item < 0]
+            ring.publish(start, reserved, prio, states, self._lane, until,
+                         np.array([w.slot for w in earlier], dtype=np.int64),
+                         np.array([w.generation for w in earlier], dtype=np.uint64),
+                         np.array([np.nan if w.priority is None else w.priority for w in earlier]))
             for w in still_waiting:
                 if w.item >= 0:
                     w.slot, w.generation, w.item = int(slots[w.item]), int(reserved[w.item]) + 1, -1
@@ -320,15 +325,6 @@ class FrameWriter:
                     frames[slots[m]] = it.frames[key]
         arrays["depth"][slots] = [it.depth for it in items]
         arrays["nxt"][slots] = -1
-
-    def _complete(self, resolved: list[_Waiting]) -> None:
-        ring = self._buffer._ring
-        for given in (True, False):
-            batch = [w for w in resolved if (w.priority is not None) == given]
-            if batch:
-                ring.complete(np.array([w.slot for w in batch], dtype=np.int64),
-                              np.array([w.generation for w in batch], dtype=np.uint64),
-                              np.array([w.priority for w in batch]) if given else None)
 
     def reset(self) -> None:
         """Forget the episode in progress and this process's lane (after a fork or clear)."""

@@ -48,10 +48,7 @@ def _assert_holds(buffer: ReplayBuffer, numbers) -> None:
 
 def _priorities(buffer: PrioritizedReplayBuffer) -> np.ndarray:
     """Raw priority of every stored transition, oldest first."""
-    slots = np.ascontiguousarray(buffer._gather_stored()[0], dtype=np.int64)
-    weights, raw = np.empty(len(slots)), np.empty(len(slots))
-    buffer._tree.get(slots, weights, raw)
-    return raw
+    return buffer._snapshot(priorities=True)[1]
 
 
 def _saved(buffer: ReplayBuffer, **kwargs: Any) -> bytes:

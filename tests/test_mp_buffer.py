@@ -1,6 +1,7 @@
 """Shared-memory buffers: many writer processes, one learner, crashes and cleanup."""
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import os
 import pickle
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -345,3 +347,81 @@ def test_local_and_shared_buffers_store_the_same_bytes(no_leak):
                 continue
             assert other.tobytes() == array.tobytes(), name
         assert local.sample(16)["id"].tolist() == shared.sample(16)["id"].tolist()
+
+
+def _own_a_buffer(queue, wait: bool) -> None:
+    buffer = MPReplayBuffer(8, {"obs": {}})
+    buffer.add(obs=1.0)
+    queue.put(buffer.name)
+    if wait:
+        time.sleep(60)
+    # returns without close(): the child's exit must unlink the segment
+
+
+@METHODS
+@pytest.mark.timeout(60)
+def test_a_buffer_created_in_a_child_is_unlinked_when_the_child_returns(method):
+    ctx = mp.get_context(method)
+    queue = ctx.Queue()
+    child = ctx.Process(target=_own_a_buffer, args=(queue, False))
+    child.start()
+    name = queue.get(timeout=30)
+    child.join(30)
+    assert child.exitcode == 0
+    assert not os.path.exists(f"/dev/shm/{name}")
+
+
+@METHODS
+@pytest.mark.timeout(60)
+def test_a_buffer_created_in_a_child_is_unlinked_when_the_child_is_terminated(method):
+    ctx = mp.get_context(method)
+    queue = ctx.Queue()
+    child = ctx.Process(target=_own_a_buffer, args=(queue, True))
+    child.start()
+    name = queue.get(timeout=30)
+    child.terminate()
+    child.join(30)
+    assert child.exitcode == -signal.SIGTERM, "the child still ends as killed by SIGTERM"
+    assert not os.path.exists(f"/dev/shm/{name}")
+
+
+def _call_every_method(buffer) -> dict[str, Any]:
+    rows = _rows(np.arange(2))
+    return {
+        "add": lambda: buffer.add(**rows),
+        "sample": lambda: buffer.sample(2),
+        "update_priorities": lambda: buffer.update_priorities(np.arange(2), np.ones(2)),
+        "get_all_transitions": buffer.get_all_transitions,
+        "save_transitions": lambda: buffer.save_transitions(io.BytesIO()),
+        "load_transitions": lambda: buffer.load_transitions(_saved_rows()),
+        "get_next_index": buffer.get_next_index,
+        "get_stored_size": buffer.get_stored_size,
+        "get_buffer_size": buffer.get_buffer_size,
+        "get_env_dict": buffer.get_env_dict,
+        "get_max_priority": buffer.get_max_priority,
+        "clear": buffer.clear,
+        "on_episode_end": buffer.on_episode_end,
+        "stats": buffer.stats,
+    }
+
+
+def _saved_rows() -> io.BytesIO:
+    f = io.BytesIO()
+    source = PrioritizedReplayBuffer(4, ENV)
+    source.add(**_rows(np.arange(2)))
+    source.save_transitions(f)
+    f.seek(0)
+    return f
+
+
+def test_every_method_of_a_closed_buffer_raises_buffer_closed(no_leak):
+    buffer = MPPrioritizedReplayBuffer(16, ENV)
+    buffer.add(**_rows(np.arange(3)))
+    calls = _call_every_method(buffer)
+    public = {n for n in dir(buffer) if not n.startswith("_") and callable(getattr(buffer, n))} - {"close"}
+    assert public == set(calls), "a public method is missing from this test"
+    buffer.close()
+    for name, call in calls.items():
+        with pytest.raises(BufferClosed):
+            call()
+            pytest.fail(f"{name}() worked on a closed buffer")

@@ -1,0 +1,107 @@
+"""A process killed inside each critical section of the shared buffer, on purpose.
+
+``arm_fault(site)`` makes a child SIGKILL itself at a chosen instruction while
+it holds the lock.  The next process to take the lock must find the buffer
+consistent: the stored count equal to the transitions stored, the priority
+tree equal to the sum of its leaves, the rate limiter counting right.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from mpreplay import MinSize, MPPrioritizedReplayBuffer
+from mpreplay._ext.ring import FAULT_SITES, arm_fault
+
+METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
+ENV = {"obs": {"shape": (4,), "dtype": np.int64}, "id": {"dtype": np.int64}}
+CAPACITY = 64
+ALPHA, EPS = 0.6, 1e-4
+
+
+def _rows(ids) -> dict[str, np.ndarray]:
+    ids = np.asarray(ids, dtype=np.int64)
+    return {"obs": np.repeat(ids[:, None], 4, axis=1), "id": ids}
+
+
+# What the child does once armed: each reaches its site with the lock held.
+def _add(buffer) -> None:
+    buffer.add(**_rows(np.arange(1000, 1008)), priorities=np.full(8, 2.0))
+
+
+def _update(buffer) -> None:
+    batch = buffer.sample(8)
+    buffer.update_priorities(batch["indexes"], np.full(8, 5.0))
+
+
+def _sample(buffer) -> None:
+    buffer.sample(8)
+
+
+ACTIONS = {"reserve": _add, "publish": _add, "retire": _add, "update": _update, "draw": _sample}
+
+
+def _die_at(buffer, site: str) -> None:
+    arm_fault(site)
+    ACTIONS[site](buffer)
+    os._exit(3)  # not reached: the armed site kills the process
+
+
+def _kill_child_at(method: str, buffer, site: str, target=_die_at) -> None:
+    child = mp.get_context(method).Process(target=target, args=(buffer, site))
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL, f"the child did not die at {site!r}: exit code {child.exitcode}"
+
+
+def _assert_consistent(buffer) -> None:
+    rows, raw = buffer._snapshot(priorities=True)
+    assert buffer.get_stored_size() == len(rows["id"])
+    assert (rows["obs"] == rows["id"][:, None]).all()
+    expected_total = float(np.sum((raw + EPS) ** ALPHA))
+    assert buffer._tree.total() == pytest.approx(expected_total, rel=1e-12)
+
+
+def test_every_fault_site_is_exercised():
+    assert set(ACTIONS) | {"complete"} == set(FAULT_SITES)
+
+
+@METHODS
+@pytest.mark.parametrize("site", sorted(ACTIONS))
+@pytest.mark.timeout(120)
+def test_a_holder_killed_at_each_site_leaves_counts_and_tree_consistent(method, site):
+    with MPPrioritizedReplayBuffer(CAPACITY, ENV, alpha=ALPHA, eps=EPS, rate_limiter=MinSize(CAPACITY)) as buffer:
+        buffer.add(**_rows(np.arange(CAPACITY)))
+        _kill_child_at(method, buffer, site)
+        _assert_consistent(buffer)  # its lock acquisition recovers
+        assert buffer._lock.recoveries == 1
+        # A full lap later the buffer is full again, and the limiter knows it.
+        buffer.add(**_rows(np.arange(2000, 2000 + CAPACITY)))
+        assert buffer.get_stored_size() == CAPACITY
+        batch = buffer.sample(16, timeout=10)
+        assert set(batch["id"].tolist()) <= set(range(2000, 2000 + CAPACITY))
+        _assert_consistent(buffer)
+
+
+def _complete_then_die(buffer, site: str) -> None:
+    buffer.add(obs=np.arange(4), id=1, next_obs=np.arange(4) + 1)  # waits for its next frame
+    arm_fault(site)
+    buffer.add(obs=np.arange(4) + 1, id=2, next_obs=np.arange(4) + 2)  # stores it: the first completes
+    os._exit(3)
+
+
+@METHODS
+@pytest.mark.timeout(120)
+def test_a_writer_killed_completing_a_compressed_transition_leaves_counts_consistent(method):
+    with MPPrioritizedReplayBuffer(CAPACITY, ENV, alpha=ALPHA, eps=EPS, next_of="obs", lanes=2) as buffer:
+        _kill_child_at(method, buffer, "complete", _complete_then_die)
+        stored = buffer.get_all_transitions()
+        assert buffer.get_stored_size() == len(stored["id"])
+        assert buffer._lock.recoveries == 1
+        buffer.add(obs=np.full(4, 7), id=7, next_obs=np.full(4, 8))
+        buffer.on_episode_end()
+        assert buffer.get_stored_size() == len(buffer.get_all_transitions()["id"])

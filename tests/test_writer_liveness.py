@@ -1,0 +1,70 @@
+"""Dead writers are recognised however pids were reused."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from mpreplay import MPReplayBuffer
+from mpreplay._ext.ring import process_token, token_alive
+
+METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
+ENV = {"obs": {"shape": (4,)}}
+_LAST_PID = "/proc/sys/kernel/ns_last_pid"
+
+
+def _reserve_and_die(buffer) -> None:
+    buffer._ring.reserve(4)  # as if killed while copying its rows
+    os._exit(0)
+
+
+def _add(buffer) -> None:
+    buffer.add(obs=np.full((4, 4), 5.0), timeout=10)
+
+
+def _start_with_pid(pid: int) -> subprocess.Popen | None:
+    """A stranger process that gets ``pid`` (Linux, with the right to set the next pid), or None."""
+    for _ in range(20):
+        try:
+            with open(_LAST_PID, "w") as f:
+                f.write(str(pid - 1))
+        except OSError:
+            return None
+        proc = subprocess.Popen(["sleep", "60"])
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    return None
+
+
+def test_a_token_tells_a_process_from_a_later_one_with_its_pid():
+    me = process_token(os.getpid())
+    assert token_alive(me)
+    assert not token_alive(me + (1 << 22))  # same pid, another start time
+
+
+@METHODS
+@pytest.mark.timeout(120)
+def test_a_stranger_reusing_a_dead_writers_pid_does_not_block_writers(method):
+    ctx = mp.get_context(method)
+    with MPReplayBuffer(4, ENV) as buffer:
+        dead = ctx.Process(target=_reserve_and_die, args=(buffer,))
+        dead.start()
+        dead.join(30)
+        assert dead.exitcode == 0
+        stranger = _start_with_pid(dead.pid)
+        if stranger is None:
+            pytest.skip(f"cannot choose the next pid here (writing {_LAST_PID} needs CAP_SYS_ADMIN)")
+        try:
+            writer = ctx.Process(target=_add, args=(buffer,))
+            writer.start()
+            writer.join(60)
+            assert writer.exitcode == 0, "the writer waited for the stranger holding the dead writer's pid"
+        finally:
+            stranger.kill()
+            stranger.wait()
+        assert (buffer.get_all_transitions()["obs"] == 5.0).all()
