@@ -58,6 +58,12 @@ cdef extern from *:
 
     /* This process's pid, kept by a fork handler: the holder word is written on
        every acquisition, and getpid() is a system call. */
+    #ifdef CLOCK_MONOTONIC_COARSE
+    #define MPR_CLOCK_COARSE CLOCK_MONOTONIC_COARSE
+    #else
+    #define MPR_CLOCK_COARSE CLOCK_MONOTONIC
+    #endif
+
     static long long mpr_pid = 0;
     static void mpr_refresh_pid(void) { mpr_pid = (long long)getpid(); }
     static int mpr_track_pid(void) {
@@ -134,6 +140,7 @@ cdef extern from *:
     int mpr_mutex_lock_within(pthread_mutex_t* m, long long ns) nogil
     long long mpr_pid
     int mpr_track_pid()
+    int MPR_CLOCK_COARSE
 
 
 cdef struct _Shared:
@@ -142,7 +149,7 @@ cdef struct _Shared:
     uint64_t recoveries  # owner deaths survived, all processes together
     uint64_t pending     # nonzero: an owner died and no on_recover has succeeded since
     int64_t holder       # pid of the process holding the lock, 0: free (advisory, for diagnostics)
-    int64_t since        # CLOCK_MONOTONIC ns at which the holder took it
+    int64_t since        # when the holder took it: coarse monotonic ns (see _coarse_ns)
 
 
 cdef uint64_t _MAGIC = 0x6d707265706c6b31  # "mpreplk1"
@@ -157,6 +164,15 @@ _check_rc(mpr_track_pid(), "pthread_atfork")
 
 LOCK_NBYTES = (<Py_ssize_t>sizeof(_Shared) + 63) // 64 * 64  # whole cache lines
 ROBUST = bool(MPR_ROBUST)
+
+
+cdef inline int64_t _coarse_ns() noexcept nogil:
+    # Stamped on every acquisition, inside the critical section: the coarse
+    # clock costs a memory read where the precise one costs a clock read, and
+    # a millisecond is precise enough to say how long a holder has held on.
+    cdef timespec t
+    clock_gettime(MPR_CLOCK_COARSE, &t)
+    return <int64_t>t.tv_sec * 1_000_000_000 + t.tv_nsec
 
 
 cdef inline int64_t _now_ns() noexcept:
@@ -251,7 +267,7 @@ cdef class SharedLock:
         cdef int64_t pid = self._sh.holder, since = self._sh.since
         if pid == 0:
             return None
-        return int(pid), max(0.0, (_now_ns() - since) * 1e-9)
+        return int(pid), max(0.0, (_coarse_ns() - since) * 1e-9)
 
     def acquire(self, timeout: float | None = None) -> bool:
         """Take the lock; wait at most ``timeout`` seconds (None: no limit).
@@ -279,7 +295,7 @@ cdef class SharedLock:
         if self._counters is not None:
             self._counters[0] += waited
             self._counters[1] += 1
-        self._sh.since = _now_ns()
+        self._sh.since = _coarse_ns()
         self._sh.holder = mpr_pid
         if self._sh.pending:
             self._recover()

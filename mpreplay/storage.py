@@ -267,6 +267,12 @@ class FrameWriter:
             for h in history.values():
                 h.clear()
             t = 0
+        # What outlives this call is copied: the frames planned above are views of
+        # the caller's arrays, which it may reuse and mutate once add() returns.
+        history = {key: deque((np.array(f) for f in h), maxlen=h.maxlen) for key, h in history.items()}
+        for w in waiting:
+            if w.item >= 0:
+                w.next = {key: np.array(v) for key, v in w.next.items()}
         state = {"history": history, "t": t}
         return items, resolved, list(waiting), state
 
