@@ -3,7 +3,7 @@ import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-_KERNELS = ["sumtree", "frames", "ring", "lock", "discount"]
+_KERNELS = ["schema", "sumtree", "frames", "ring", "lock", "discount"]
 
 extensions = [
     Extension(

@@ -20,6 +20,8 @@ from libc.string cimport memcpy
 
 cimport numpy as cnp
 
+from mpreplay._ext.schema cimport LANE_END, LANE_LEN, LANE_START
+
 import numpy as np
 
 cnp.import_array()
@@ -31,7 +33,7 @@ cdef class Frames:
     Parameters
     ----------
     nxt, depth : per-slot metadata (int64, uint8)
-    lanes : int64 array (nlanes, 4) of start, end, cursor, owner
+    lanes : int64 array (nlanes, LANE_LEN): the lanes of schema.pxd
     stores : list of ``(frames, stack, has_next)``: ``frames`` is ``(size,) + frame_shape``,
         ``stack`` the frames per observation (1: not stacked), ``has_next`` whether the key's
         next observation is rebuilt too
@@ -86,9 +88,9 @@ cdef class Frames:
     cdef void _bounds(self, Py_ssize_t u, Py_ssize_t* lo, Py_ssize_t* hi) noexcept nogil:
         cdef Py_ssize_t l
         for l in range(self._nlanes):
-            if self._lanes[4 * l] <= u < self._lanes[4 * l + 1]:
-                lo[0] = self._lanes[4 * l]
-                hi[0] = self._lanes[4 * l + 1]
+            if self._lanes[LANE_LEN * l + LANE_START] <= u < self._lanes[LANE_LEN * l + LANE_END]:
+                lo[0] = self._lanes[LANE_LEN * l + LANE_START]
+                hi[0] = self._lanes[LANE_LEN * l + LANE_END]
                 return
         lo[0], hi[0] = 0, self.size
 

@@ -28,6 +28,10 @@ cimport numpy as cnp
 from numpy.random cimport bitgen_t
 
 from mpreplay._ext.frames cimport MAX_STACK, Frames
+from mpreplay._ext.schema cimport (
+    CLOSED, COMPLETE, EMPTY, EPOCH, INSERTS, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, LIMIT_MAX_DIFF,
+    LIMIT_MIN_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI, RESERVED, SAMPLES, STALE, STORED, TORN, WAITERS,
+    WAITING, being_written, next_reservation)
 from mpreplay._ext.sumtree cimport Node, PriorityTree
 
 import math
@@ -172,42 +176,12 @@ cdef inline void _fault(int site) noexcept nogil:
             raise_signal(SIGKILL)
 
 
-# Counters at the start of every buffer's memory (an int64 array).
-(STORED, INSERTS, SAMPLES, STALE, TORN, LOCK_WAIT_NS, LOCK_HOLDS, CLOSED,
- RESERVED, EPOCH, WAITERS) = range(11)
-HEADER_LEN = 16
-cdef enum:
-    _STORED    # complete transitions stored now
-    _INSERTS, _SAMPLES, _STALE, _TORN, _LOCK_WAIT_NS, _LOCK_HOLDS, _CLOSED
-    _RESERVED  # rows reserved by writers: the inserts a rate limiter counts
-    _EPOCH     # bumped (low 32 bits) whenever a blocked caller may proceed: the futex word
-    _WAITERS   # callers blocked on _EPOCH
-
-# Rate limiter settings (a float64 array beside the header); see mpreplay.limiter.
-LIMITS_LEN = 5
-cdef enum:
-    _L_ON, _L_SPI, _L_MIN_SIZE, _L_MIN_DIFF, _L_MAX_DIFF
-
 cdef double _WAIT_SLICE_S = 0.05  # blocked callers look at signals and deadlines this often
 # The lock is held for microseconds at a time: even timeout=0 waits this long
 # for it, so that "do not wait for the rate limiter" does not fail on every
 # brush with another process.  A frozen holder is given up on after it.
 cdef double _LOCK_GRACE_S = 0.002
 cdef double _CLOSE_WAIT_S = 1.0  # close() sets the closed flag without the lock after this
-
-# A lane is a ring of slots one writer fills in order (a row of the int64
-# "lanes" array).  Uncompressed buffers have one lane that every writer
-# shares; compressed ones give each writer process its own.
-LANE_START, LANE_END, LANE_CURSOR, LANE_OWNER = range(4)
-cdef enum:
-    _L_START, _L_END, _L_CURSOR, _L_OWNER
-
-# What a slot holds (the uint8 "state" array).
-EMPTY, COMPLETE, WAITING = range(3)
-cdef enum:
-    _EMPTY      # nothing sampleable: never written, being written, a lone frame, or broken
-    _COMPLETE   # a transition every frame of which is stored
-    _WAITING    # a transition whose next observation is not stored yet
 
 cdef uint64_t NOT_SAMPLED = 0xFFFFFFFFFFFFFFFFULL
 cdef int LOCKED_REDRAW_AFTER = 4  # rounds of torn rows before redrawn rows are copied under the lock
@@ -303,13 +277,13 @@ def recover(uint64_t[::1] generation not None, uint8_t[::1] state not None, int6
     cdef Py_ssize_t s, stored = 0
     with nogil:
         for s in range(generation.shape[0]):
-            if generation[s] & 1:
-                state[s] = _EMPTY
-            if state[s] == _COMPLETE:
+            if being_written(generation[s]):
+                state[s] = EMPTY
+            if state[s] == COMPLETE:
                 stored += 1
             else:
                 tree._write_leaf(s, 0.0, 0.0)
-        header[_STORED] = stored
+        header[STORED] = stored
     tree.rebuild()
 
 
@@ -318,8 +292,7 @@ cdef class Ring:
 
     Parameters
     ----------
-    header : int64 array of ``HEADER_LEN`` counters
-    limits : float64 array of ``LIMITS_LEN`` rate limiter settings (``limits[0] == 0``: none)
+    header, limits : the int64 counters and float64 rate limiter settings of schema.pxd
     lanes : int64 array (nlanes, 4): start, end, cursor and owning writer's token of each lane
     generation : uint64 array, one per slot
     owner : int64 array, one per slot: token of the process writing it (0: none)
@@ -384,7 +357,7 @@ cdef class Ring:
         self._frames = frames
         self._frame_outputs = frame_outputs or []
         self._limits = limits
-        self._epoch = <int32_t*>&header[_EPOCH]
+        self._epoch = <int32_t*>&header[EPOCH]
         self._gen = generation
         self._owner = owner
         self._token = process_token(os.getpid())
@@ -460,7 +433,7 @@ cdef class Ring:
             who = "another process" if holder is None else f"{describe_process(holder[0])}, for {holder[1]:.1f} s"
             raise TimeoutError(f"timed out waiting for the buffer's lock, held by {who}")
         self._held = True
-        if self._header[_CLOSED]:
+        if self._header[CLOSED]:
             self._release()
             raise BufferClosed("the replay buffer was closed by its owner")
         return 0
@@ -476,7 +449,7 @@ cdef class Ring:
     cdef inline bint _progress(self) noexcept nogil:
         # Lock held, after a change that may let a blocked caller proceed.
         # True: call _wake() once the lock is released.
-        if _atomic_load(&self._header[_WAITERS]) > 0:
+        if _atomic_load(&self._header[WAITERS]) > 0:
             _atomic_add32(self._epoch, 1)
             return True
         return False
@@ -492,7 +465,7 @@ cdef class Ring:
             return
         held = self._lock.acquire(_CLOSE_WAIT_S)
         try:
-            self._header[_CLOSED] = 1
+            self._header[CLOSED] = 1
             _atomic_add32(self._epoch, 1)
         finally:
             if held:
@@ -510,37 +483,37 @@ cdef class Ring:
         if remaining <= 0.0:
             raise TimeoutError(f"{why}; timed out")
         # Atomic: a waiter that cannot take the lock back must still sign off.
-        _atomic_add(&self._header[_WAITERS], 1)
+        _atomic_add(&self._header[WAITERS], 1)
         self._release()
         try:
             with nogil:
                 _mpreplay_futex_wait(self._epoch, seen, min(remaining, _WAIT_SLICE_S))
             PyErr_CheckSignals()
         finally:
-            _atomic_add(&self._header[_WAITERS], -1)
+            _atomic_add(&self._header[WAITERS], -1)
         self._acquire(deadline)
         return 0
 
     cdef inline bint _can_insert(self, Py_ssize_t k) noexcept nogil:
         # Reverb's rule: below min_size inserts always go; above, the
         # cursor inserts * spi - samples may not pass max_diff.
-        if self._limits[_L_ON] == 0.0 or self._header[_STORED] + k <= self._limits[_L_MIN_SIZE]:
+        if self._limits[LIMIT_ON] == 0.0 or self._header[STORED] + k <= self._limits[LIMIT_MIN_SIZE]:
             return True
-        return ((self._header[_RESERVED] + k) * self._limits[_L_SPI]
-                - self._header[_SAMPLES]) <= self._limits[_L_MAX_DIFF]
+        return ((self._header[RESERVED] + k) * self._limits[LIMIT_SPI]
+                - self._header[SAMPLES]) <= self._limits[LIMIT_MAX_DIFF]
 
     cdef inline bint _can_sample(self, Py_ssize_t b) noexcept nogil:
-        if self._limits[_L_ON] == 0.0:
+        if self._limits[LIMIT_ON] == 0.0:
             return True
-        if self._header[_STORED] < self._limits[_L_MIN_SIZE]:
+        if self._header[STORED] < self._limits[LIMIT_MIN_SIZE]:
             return False
-        return (self._header[_RESERVED] * self._limits[_L_SPI]
-                - self._header[_SAMPLES] - b) >= self._limits[_L_MIN_DIFF]
+        return (self._header[RESERVED] * self._limits[LIMIT_SPI]
+                - self._header[SAMPLES] - b) >= self._limits[LIMIT_MIN_DIFF]
 
     # -- writers ----------------------------------------------------------------
     cdef inline Py_ssize_t _slot(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t j) noexcept nogil:
         # The slot j places after `start` in `lane`.
-        cdef Py_ssize_t lo = self._lanes[lane, _L_START], n = self._lanes[lane, _L_END] - lo
+        cdef Py_ssize_t lo = self._lanes[lane, LANE_START], n = self._lanes[lane, LANE_END] - lo
         return lo + ((start - lo + j) % n + n) % n
 
     cdef int64_t _busy_owner(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
@@ -548,19 +521,19 @@ cdef class Ring:
         # next k slots of the lane (it was lapped), or 0.  Its copy cannot be
         # stopped, so the slots are not handed out again until it publishes
         # -- or dies.
-        cdef Py_ssize_t cursor = self._lanes[lane, _L_CURSOR], j, s
+        cdef Py_ssize_t cursor = self._lanes[lane, LANE_CURSOR], j, s
         for j in range(k):
             s = self._slot(lane, cursor, j)
-            if (self._gen[s] & 1) and self._owner[s] != 0 and self._owner[s] != self._token:
+            if being_written(self._gen[s]) and self._owner[s] != 0 and self._owner[s] != self._token:
                 return self._owner[s]
         return 0
 
     cdef void _retire(self, Py_ssize_t s) noexcept nogil:
         # Lock held.  The transition at s stops being sampleable (no fix_up).
-        if self._state[s] == _COMPLETE:
-            self._header[_STORED] -= 1
+        if self._state[s] == COMPLETE:
+            self._header[STORED] -= 1
             _fault(_F_RETIRE)
-        self._state[s] = _EMPTY
+        self._state[s] = EMPTY
         self._tree._write_leaf(s, 0.0, 0.0)
 
     cdef void _retire_readers(self, Py_ssize_t lane, Py_ssize_t s) noexcept nogil:
@@ -570,21 +543,21 @@ cdef class Ring:
         cdef Py_ssize_t j, r
         for j in range(-self._frames.max_next - self._frames.max_stack, self._frames.max_stack):
             r = self._slot(lane, s, j)
-            if r != s and self._state[r] != _EMPTY and self._frames.reads(r, s):
+            if r != s and self._state[r] != EMPTY and self._frames.reads(r, s):
                 self._retire(r)
                 self._tree._fix_up(r)
 
     cdef Py_ssize_t _reserve(self, Py_ssize_t k, uint64_t* reserved, bint insert, Py_ssize_t lane) noexcept nogil:
         # Lock held, no busy owner.  Odd generation + zero leaf: nobody samples the slot now.
-        cdef Py_ssize_t start = self._lanes[lane, _L_CURSOR], j, s
+        cdef Py_ssize_t start = self._lanes[lane, LANE_CURSOR], j, s
         cdef uint64_t g
-        self._lanes[lane, _L_CURSOR] = self._slot(lane, start, k)
+        self._lanes[lane, LANE_CURSOR] = self._slot(lane, start, k)
         for j in range(k):
             s = self._slot(lane, start, j)
             if self._frames is not None:
                 self._retire_readers(lane, s)
             g = self._gen[s]
-            g = g + 1 + (g & 1)
+            g = next_reservation(g)
             self._gen[s] = g
             _fault(_F_RESERVE)
             self._owner[s] = self._token
@@ -593,7 +566,7 @@ cdef class Ring:
         for j in range(k):
             self._tree._fix_up(self._slot(lane, start, j))
         if insert:
-            self._header[_RESERVED] += k
+            self._header[RESERVED] += k
         return start
 
     cdef Py_ssize_t _reserve_waiting(self, Py_ssize_t k, uint64_t* reserved, bint insert,
@@ -602,7 +575,7 @@ cdef class Ring:
         # (for inserts) the rate limiter allows it.
         cdef int64_t blocker
         cdef Py_ssize_t s
-        if insert and self._limits[_L_ON] != 0.0 and k * self._limits[_L_SPI] > self._limits[_L_MAX_DIFF] - self._limits[_L_MIN_DIFF]:
+        if insert and self._limits[LIMIT_ON] != 0.0 and k * self._limits[LIMIT_SPI] > self._limits[LIMIT_MAX_DIFF] - self._limits[LIMIT_MIN_DIFF]:
             raise ValueError(f"add: {k} rows at once exceed the rate limiter's error buffer; add fewer per call")
         self._acquire(deadline)
         try:
@@ -635,22 +608,22 @@ cdef class Ring:
         for j in range(k):
             s = self._slot(lane, start, j)
             g = self._gen[s]
-            st = _COMPLETE if states == NULL else states[j]
+            st = COMPLETE if states == NULL else states[j]
             if g == reserved[j]:
                 self._gen[s] = g + 1
                 self._owner[s] = 0
                 self._state[s] = st
                 if priorities != NULL:
                     p = priorities[j]
-                if st == _COMPLETE:
+                if st == COMPLETE:
                     self._tree._write_leaf(s, pow(p + self.eps, self.alpha), p)
                     _fault(_F_PUBLISH)
-                    self._header[_STORED] += 1
-                    self._header[_INSERTS] += 1
-                elif st == _WAITING:
-                    self._header[_INSERTS] += 1
+                    self._header[STORED] += 1
+                    self._header[INSERTS] += 1
+                elif st == WAITING:
+                    self._header[INSERTS] += 1
             else:
-                self._gen[s] = g + 1 + (g & 1)
+                self._gen[s] = next_reservation(g)
                 self._retire(s)
                 lost += 1
         for j in range(k):
@@ -667,11 +640,11 @@ cdef class Ring:
             default = 1.0
         for j in range(n):
             s = slots[j]
-            if self._gen[s] == generations[j] and self._state[s] == _WAITING:
+            if self._gen[s] == generations[j] and self._state[s] == WAITING:
                 p = priorities[j] if priorities != NULL and priorities[j] == priorities[j] else default
-                self._state[s] = _COMPLETE
+                self._state[s] = COMPLETE
                 _fault(_F_COMPLETE)
-                self._header[_STORED] += 1
+                self._header[STORED] += 1
                 self._tree._write_leaf(s, pow(p + self.eps, self.alpha), p)
                 self._tree._fix_up(s)
                 done += 1
@@ -696,7 +669,7 @@ cdef class Ring:
         raises TimeoutError.
         """
         cdef cnp.ndarray reserved = np.empty(k, dtype=np.uint64)
-        cdef Py_ssize_t n = self._lanes[lane, _L_END] - self._lanes[lane, _L_START]
+        cdef Py_ssize_t n = self._lanes[lane, LANE_END] - self._lanes[lane, LANE_START]
         if not 0 <= k <= n:
             raise ValueError(f"k: expected 0 <= k <= {n} (the lane's length), got {k}")
         start = self._reserve_waiting(k, <uint64_t*>cnp.PyArray_DATA(reserved), insert, deadline, lane)
@@ -768,9 +741,9 @@ cdef class Ring:
         self._acquire(deadline)
         try:
             for l in range(self._lanes.shape[0]):
-                token = self._lanes[l, _L_OWNER]
+                token = self._lanes[l, LANE_OWNER]
                 if token == self._token or token == 0 or not token_alive(token):
-                    self._lanes[l, _L_OWNER] = self._token
+                    self._lanes[l, LANE_OWNER] = self._token
                     return l
         finally:
             self._release()
@@ -781,8 +754,8 @@ cdef class Ring:
         """Give a lane back (its rows stay)."""
         self._acquire()
         try:
-            if self._lanes[lane, _L_OWNER] == self._token:
-                self._lanes[lane, _L_OWNER] = 0
+            if self._lanes[lane, LANE_OWNER] == self._token:
+                self._lanes[lane, LANE_OWNER] = 0
         finally:
             self._release()
 
@@ -795,14 +768,14 @@ cdef class Ring:
         cdef cnp.ndarray reserved = np.empty(self.size, dtype=np.uint64)
         cdef Py_ssize_t s, l
         for l in range(self._lanes.shape[0]):
-            self._reserve_waiting(self._lanes[l, _L_END] - self._lanes[l, _L_START],
+            self._reserve_waiting(self._lanes[l, LANE_END] - self._lanes[l, LANE_START],
                                   <uint64_t*>cnp.PyArray_DATA(reserved), False, INFINITY, l)
         self._acquire()
         try:
             for s in range(self.size):
                 self._owner[s] = 0
             for l in range(self._lanes.shape[0]):
-                self._lanes[l, _L_CURSOR] = self._lanes[l, _L_START]
+                self._lanes[l, LANE_CURSOR] = self._lanes[l, LANE_START]
         finally:
             self._release()
 
@@ -826,12 +799,12 @@ cdef class Ring:
         try:
             with nogil:
                 for l in range(self._lanes.shape[0]):
-                    lo = self._lanes[l, _L_START]
-                    n = self._lanes[l, _L_END] - lo
-                    cursor = self._lanes[l, _L_CURSOR]
+                    lo = self._lanes[l, LANE_START]
+                    n = self._lanes[l, LANE_END] - lo
+                    cursor = self._lanes[l, LANE_CURSOR]
                     for j in range(n):
                         s = lo + (cursor - lo + j) % n
-                        if self._state[s] != _COMPLETE or (self._gen[s] & 1):
+                        if self._state[s] != COMPLETE or being_written(self._gen[s]):
                             continue
                         # A lane is overwritten from its cursor on, oldest first: a
                         # row stays whole while the oldest slot it reads does.
@@ -982,7 +955,7 @@ cdef class Ring:
         _fault(_F_DRAW)
         for j in range(k):
             slots[j] -= cap
-            while (self._gen[slots[j]] & 1) or self._state[slots[j]] != _COMPLETE:
+            while being_written(self._gen[slots[j]]) or self._state[slots[j]] != COMPLETE:
                 # A sampleable slot that is being written or holds no complete
                 # transition: a writer died inside its reservation.  Nobody can
                 # vouch for the row: retire it and draw again.
@@ -1042,11 +1015,14 @@ cdef class Ring:
                     u = self._frames._nxt[slots[r]] if nxt else slots[r]
                     self._frames.rebuild(key, u, dst + r * rb)
 
-    def sample(self, Py_ssize_t batch_size, bint stratified, double beta=-1.0, timeout=None, dict out=None):
+    def sample(self, Py_ssize_t batch_size, bint stratified, double beta=-1.0, timeout=None, dict out=None,
+               bint leaves=False):
         """Draw ``batch_size`` rows.
 
         Returns a dict of field arrays plus ``indexes`` and, when
-        ``beta >= 0``, importance ``weights`` (v_i / v_min) ** -beta.  Field
+        ``beta >= 0``, importance ``weights`` (v_i / v_min) ** -beta; with
+        ``leaves``, instead, each row's ``leaf`` weight v_i and slot ``tags``
+        (how many times the slot was published: a rewrite changes it).  Field
         arrays are fresh, or the ones ``out`` holds under the field's name
         (reusing memory spares the page faults of fresh allocations).
         Waits at most ``timeout`` seconds (None: no limit) while the rate
@@ -1091,12 +1067,12 @@ cdef class Ring:
         for name, _, _, shape, dtype in self._frame_outputs:
             outs.append(np.empty((b,) + shape, dtype=dtype) if out is None or name not in out
                         else _checked_out(out, name, (b,) + shape, dtype))
-        if self._limits[_L_ON] != 0.0 and b > self._limits[_L_MAX_DIFF] - self._limits[_L_MIN_DIFF]:
+        if self._limits[LIMIT_ON] != 0.0 and b > self._limits[LIMIT_MAX_DIFF] - self._limits[LIMIT_MIN_DIFF]:
             raise ValueError(f"batch_size: {b} exceeds the rate limiter's error buffer; sample fewer per call")
         self._acquire(deadline)
         try:
             while not (self._tree._nodes[1].sum > 0.0 and self._can_sample(b)):
-                if self._limits[_L_ON] == 0.0:
+                if self._limits[LIMIT_ON] == 0.0:
                     raise ValueError("sample: the buffer holds no transition yet")
                 self._block(deadline, "sample: the rate limiter holds samples back until more is inserted")
             vmin = self._draw(sp, vp, gp, b, b if stratified else 1)
@@ -1105,7 +1081,7 @@ cdef class Ring:
             if R:
                 for j in range(b):
                     rcp[j] = self._note_reads(sp[j], rsp + j * R, rgp + j * R)
-            self._header[_SAMPLES] += b
+            self._header[SAMPLES] += b
             wake = self._progress()
         finally:
             self._release()
@@ -1135,7 +1111,7 @@ cdef class Ring:
             locked = rounds > LOCKED_REDRAW_AFTER
             self._acquire(deadline)
             try:
-                self._header[_TORN] += ntorn
+                self._header[TORN] += ntorn
                 for j in range(ntorn):
                     vmin = self._draw(&s1, &v1, &g1, 1, 1)
                     if vmin != vmin:
@@ -1163,7 +1139,10 @@ cdef class Ring:
         for o in range(len(self._frame_outputs)):
             out[self._frame_outputs[o][0]] = outs[self._nfields + o]
         out["indexes"] = slots
-        if beta >= 0.0:
+        if leaves:
+            out["leaf"] = values
+            out["tags"] = (gens >> np.uint64(1)).astype(np.int64)
+        elif beta >= 0.0:
             for j in range(b):
                 vp[j] = _weight(vmin, vp[j], beta)
             out["weights"] = values
@@ -1183,6 +1162,19 @@ cdef class Ring:
         if bad >= 0:
             raise ValueError(f"priorities: expected finite values in [0, {self._max_priority:.3g}], "
                              f"got {priorities[bad]!r} at position {bad}")
+
+    def tags(self, const int64_t[::1] slots not None):
+        """The slot tags of ``slots`` now (see :meth:`sample`), -1 where a writer holds the slot."""
+        cdef Py_ssize_t j, n = slots.shape[0]
+        cdef cnp.ndarray out = np.empty(n, dtype=np.int64)
+        cdef int64_t* op = <int64_t*>cnp.PyArray_DATA(out)
+        cdef uint64_t g
+        for j in range(n):
+            if not 0 <= slots[j] < self.size:
+                raise ValueError(f"indexes: expected slots in [0, {self.size}), got {slots[j]} at position {j}")
+            g = self._gen[slots[j]]
+            op[j] = -1 if being_written(g) else <int64_t>(g >> 1)
+        return out
 
     def update(self, const int64_t[::1] slots not None, const double[::1] priorities not None):
         """Set priorities of sampled slots; returns how many updates were dropped as stale.
@@ -1214,14 +1206,14 @@ cdef class Ring:
                     s = slots[j]
                     g = self._gen[s]
                     rec = record[s] if record != NULL else NOT_SAMPLED
-                    if self._state[s] == _COMPLETE and (rec == NOT_SAMPLED or rec == g):
+                    if self._state[s] == COMPLETE and (rec == NOT_SAMPLED or rec == g):
                         self._tree._write_leaf(s, pow(priorities[j] + self.eps, self.alpha), priorities[j])
                         _fault(_F_UPDATE)
                     else:
                         stale += 1
                 for j in range(k):
                     self._tree._fix_up(slots[j])
-                self._header[_STALE] += stale
+                self._header[STALE] += stale
         finally:
             self._release()
         return stale

@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from ._ext.lock import LOCK_NBYTES, SharedLock
-from ._ext.ring import HEADER_LEN, LANE_CURSOR, LIMITS_LEN, LOCK_HOLDS, LOCK_WAIT_NS, STORED, Ring, deadline, recover
-from ._ext.ring import INSERTS, SAMPLES, STALE, TORN
+from ._ext.ring import Ring, deadline, recover
+from ._ext.schema import INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED
+from ._ext.schema import TORN, field_array, segment_arrays
 from ._ext.sumtree import PriorityTree, tree_buffer_size
 from .errors import BufferClosed
 from .limiter import RateLimiter
@@ -86,6 +87,7 @@ class ReplayBuffer:
     _CONFIG: tuple[str, ...] = ("_size", "_specs", "_nstep_args", "_compression")  # what a shared handle carries
     _alpha = 0.0  # leaf weight (p + eps) ** alpha == 1: uniform
     _eps = 0.0
+    _LOCK_NBYTES = 0  # a local buffer has no lock
 
     def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *,
                  default_dtype: Any = None, seed: int | None = None, rate_limiter: RateLimiter | None = None,
@@ -114,23 +116,15 @@ class ReplayBuffer:
 
     # -- memory -------------------------------------------------------------
     def _layout(self) -> Layout:
-        layout = Layout()
-        layout.add("header", (HEADER_LEN,), np.int64)
-        layout.add("limits", (LIMITS_LEN,), np.float64)
         c = self._compression
-        layout.add("lanes", (1 if c is None else c.lanes, 4), np.int64)
-        layout.add("generation", (self._size,), np.uint64)
-        layout.add("owner", (self._size,), np.int64)
-        layout.add("state", (self._size,), np.uint8)
-        layout.add("tree", (tree_buffer_size(self._size),), np.float64)
-        for name in self._specs if c is None else c.stored_fields(self._specs):
-            spec = self._specs[name]
-            layout.add(f"field:{name}", (self._size,) + spec.shape, spec.dtype)
-        if c is not None:
-            layout.add("nxt", (self._size,), np.int64)
-            layout.add("depth", (self._size,), np.uint8)
-            for key in c.keys:
-                layout.add(f"frames:{key}", (self._size,) + c.frame_shape(key, self._specs), self._specs[key].dtype)
+        stored = self._specs if c is None else c.stored_fields(self._specs)
+        layout = Layout()
+        for name, shape, dtype in segment_arrays(
+                self._size, 1 if c is None else c.lanes,
+                [(name, self._specs[name].shape, self._specs[name].dtype) for name in stored],
+                None if c is None else [(key, c.frame_shape(key, self._specs), self._specs[key].dtype) for key in c.keys],
+                tree_buffer_size(self._size), self._LOCK_NBYTES):
+            layout.add(name, shape, dtype)
         return layout
 
     def _allocate(self, layout: Layout) -> HeapMemory | SharedMemory:
@@ -147,10 +141,13 @@ class ReplayBuffer:
         self._generation = arrays["generation"]
         self._tree = PriorityTree(arrays["tree"], self._size, reset=create)
         c = self._compression
-        self._fields = {name: arrays[f"field:{name}"] for name in self._specs if f"field:{name}" in arrays}
+        self._fields = {name: arrays[field_array(name)] for name in self._specs if field_array(name) in arrays}
         self._lanes = arrays["lanes"]
         if create:
-            self._lanes[:] = (0, self._size, 0, 0) if c is None else c.lane_bounds(self._size)
+            if c is None:
+                self._lanes[0, [LANE_START, LANE_CURSOR, LANE_END]] = 0, 0, self._size
+            else:
+                c.lane_bounds(self._size, self._lanes)
         self._frames, outputs = (None, None) if c is None else c.make_frames(self._specs, arrays)
         self._writer = None if c is None else FrameWriter(c, self._specs, self)
         self._ring = Ring(self._header, arrays["limits"], arrays["lanes"], self._generation, arrays["owner"],
@@ -432,6 +429,21 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._alpha, self._eps = _positive("alpha", alpha), _positive("eps", eps)
         super().__init__(size, env_dict, **options)
 
+    @property
+    def alpha(self) -> float:
+        """Prioritisation exponent."""
+        return self._alpha
+
+    @property
+    def eps(self) -> float:
+        """Added to every priority."""
+        return self._eps
+
+    def leaf_mass(self) -> tuple[float, float]:
+        """``(total, smallest)``: the sum of the leaf weights (p + eps) ** alpha of the stored
+        transitions and the smallest positive one (inf when none)."""
+        return float(self._tree.total()), float(self._tree.min())
+
     def get_max_priority(self) -> float:
         """Largest priority stored now (1.0 when the buffer is empty)."""
         m = self._tree.max()
@@ -465,6 +477,21 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         ``timeout`` and ``out`` as for :meth:`ReplayBuffer.sample`.
         """
         return self._ring.sample(_batch_size(batch_size), True, _positive("beta", beta), timeout, out)
+
+    def sample_leaves(self, batch_size: int, *, timeout: float | None = None) -> dict[str, np.ndarray]:
+        """Draw as :meth:`sample` does, but give each row's ``leaf`` weight (p + eps) ** alpha and
+        slot ``tags`` instead of importance weights.
+
+        For a client that draws from several buffers and weighs the rows across all of
+        them (:mod:`mpreplay.sharded`).  A slot's tag changes whenever the slot is
+        rewritten: :meth:`slot_tags` tells whether a sampled row is still there.
+        """
+        return self._ring.sample(_batch_size(batch_size), True, -1.0, timeout, None, True)
+
+    def slot_tags(self, indexes: Any) -> np.ndarray:
+        """The current tag of each slot in ``indexes`` (see :meth:`sample_leaves`); -1 while
+        a writer holds the slot."""
+        return self._ring.tags(np.ascontiguousarray(indexes, dtype=np.int64))
 
     def update_priorities(self, indexes: Any, priorities: Any) -> None:
         """Set new priorities of sampled transitions.
@@ -507,11 +534,7 @@ class _Shared:
     """
 
     _memory: SharedMemory
-
-    def _layout(self) -> Layout:
-        layout = super()._layout()
-        layout.add("lock", (LOCK_NBYTES,), np.uint8)
-        return layout
+    _LOCK_NBYTES = LOCK_NBYTES
 
     def _allocate(self, layout: Layout) -> SharedMemory:
         return SharedMemory(layout)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._ext.schema import LIMIT_MAX_DIFF, LIMIT_MIN_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI, LIMITS_LEN
+
 __all__ = ["RateLimiter", "MinSize", "SampleToInsertRatio"]
 
 
@@ -66,8 +68,11 @@ class RateLimiter:
                 "other forever; widen error_buffer")
 
     def to_array(self) -> np.ndarray:
-        """The settings as the buffer stores them."""
-        return np.array([1.0, self.samples_per_insert, self.min_size_to_sample, self.min_diff, self.max_diff])
+        """The settings as the buffer stores them (the "limits" array of the segment schema)."""
+        limits = np.zeros(LIMITS_LEN)
+        limits[[LIMIT_ON, LIMIT_SPI, LIMIT_MIN_SIZE, LIMIT_MIN_DIFF, LIMIT_MAX_DIFF]] = (
+            1.0, self.samples_per_insert, self.min_size_to_sample, self.min_diff, self.max_diff)
+        return limits
 
 
 class MinSize(RateLimiter):

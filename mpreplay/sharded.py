@@ -153,12 +153,12 @@ class ShardServer:
     def describe(self) -> dict[str, Any]:
         """What a client checks before it samples: field specs, alpha, eps, capacity and the current mass."""
         b = self._buffer
-        return {"env_dict": b.get_env_dict(), "alpha": b._alpha, "eps": b._eps,
+        return {"env_dict": b.get_env_dict(), "alpha": b.alpha, "eps": b.eps,
                 "capacity": b.get_buffer_size(), **self._mass()}
 
     def _mass(self) -> dict[str, Any]:
-        tree = self._buffer._tree
-        return {"total": float(tree.total()), "min": float(tree.min()), "stored": self._buffer.get_stored_size()}
+        total, smallest = self._buffer.leaf_mass()
+        return {"total": total, "min": smallest, "stored": self._buffer.get_stored_size()}
 
     def sample(self, counts: Sequence[int], keys: np.ndarray | None = None,
                priorities: np.ndarray | None = None) -> dict[str, Any]:
@@ -174,19 +174,14 @@ class ShardServer:
         if keys is not None:
             self.update_priorities(keys, priorities)
         b = self._buffer
-        tree = b._tree
         batches: list[dict[str, np.ndarray] | None] = []
         for count in counts:
-            if count < 1 or not tree.total() > 0.0:
+            if count < 1 or not b.leaf_mass()[0] > 0.0:
                 batches.append(None)
                 continue
-            # With beta = 1 the weights are v_min / v_i, v_min taken under
-            # the draw's lock: the leaf weights follow exactly.
-            batch = b.sample(int(count), 1.0)
+            batch = b.sample_leaves(int(count))
             slots = batch.pop("indexes")
-            batch["leaf"] = tree.min() / batch.pop("weights")
-            tags = (b._generation[slots] >> np.uint64(1)) & np.uint64(_TAG_MASK)
-            batch["keys"] = (tags.astype(np.int64) << _SLOT_BITS) | slots
+            batch["keys"] = ((batch.pop("tags") & _TAG_MASK) << _SLOT_BITS) | slots
             batches.append(batch)
         return {"batches": batches, **self._mass()}
 
@@ -201,9 +196,8 @@ class ShardServer:
         bad = np.flatnonzero((keys < 0) | (keys > _KEY_MASK) | (slots >= self._buffer.get_buffer_size()))
         if bad.size:
             raise ValueError(f"keys: expected keys from this shard's sample(), got {keys[bad[0]]} at position {bad[0]}")
-        generations = self._buffer._generation[slots]
-        live = ((generations & np.uint64(1)) == 0) & (
-            ((generations >> np.uint64(1)) & np.uint64(_TAG_MASK)).astype(np.int64) == keys >> _SLOT_BITS)
+        tags = self._buffer.slot_tags(slots)
+        live = (tags >= 0) & ((tags & _TAG_MASK) == keys >> _SLOT_BITS)
         dropped = int(live.size - np.count_nonzero(live))
         self._stale += dropped
         self._buffer.update_priorities(slots[live], np.asarray(priorities, dtype=np.float64)[live])

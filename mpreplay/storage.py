@@ -28,7 +28,9 @@ from typing import Any
 import numpy as np
 
 from ._ext.frames import Frames
-from ._ext.ring import COMPLETE, EMPTY, WAITING, deadline
+from ._ext.ring import deadline
+from ._ext.schema import COMPLETE, EMPTY, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, WAITING
+from ._ext.schema import field_array, frames_array
 from .spec import FieldSpec
 
 __all__ = ["Compression", "FrameWriter", "with_next_fields"]
@@ -107,21 +109,22 @@ class Compression:
     def frame_shape(self, key: str, specs: Mapping[str, FieldSpec]) -> tuple[int, ...]:
         return specs[key].shape[:-1] if key in self.stack else specs[key].shape
 
-    def lane_bounds(self, size: int) -> np.ndarray:
-        """``(lanes, 4)`` rows of start, end, cursor, owner: equal lanes, the last takes the rest."""
+    def lane_bounds(self, size: int, lanes: np.ndarray) -> None:
+        """Lay ``size`` slots out as equal lanes in ``lanes`` (the last takes the rest), each empty."""
         width = size // self.lanes
         if width < 2 * _MAX_NEXT:
             raise ValueError(f"lanes: {self.lanes} lanes leave {width} slots each; "
                              f"a compressed buffer needs at least {2 * _MAX_NEXT} per lane")
         starts = np.arange(self.lanes) * width
-        ends = np.append(starts[1:], size)
-        return np.stack([starts, ends, starts, np.zeros(self.lanes, np.int64)], axis=1)
+        lanes[:, LANE_START] = lanes[:, LANE_CURSOR] = starts
+        lanes[:, LANE_END] = np.append(starts[1:], size)
+        lanes[:, LANE_OWNER] = 0
 
     def make_frames(self, specs: Mapping[str, FieldSpec], arrays: Mapping[str, np.ndarray]) -> tuple[Frames, list]:
         """The Frames kernel over ``arrays`` and the sample outputs it rebuilds."""
         stores, outputs = [], []
         for i, key in enumerate(self.keys):
-            stores.append((arrays[f"frames:{key}"], self.stack_of(key, specs), key in self.next_of))
+            stores.append((arrays[frames_array(key)], self.stack_of(key, specs), key in self.next_of))
             outputs.append((key, i, False, specs[key].shape, specs[key].dtype))
             if key in self.next_of:
                 outputs.append((f"next_{key}", i, True, specs[key].shape, specs[key].dtype))
@@ -285,7 +288,7 @@ class FrameWriter:
         until = deadline(timeout)
         if self._lane is None:
             self._lane = ring.claim_lane(until)
-        lo, hi = self._buffer._memory.arrays["lanes"][self._lane, :2]
+        lo, hi = self._buffer._memory.arrays["lanes"][self._lane, [LANE_START, LANE_END]]
         if len(items) > hi - lo:
             raise ValueError(f"add: {len(items)} slots at once exceed the lane's {hi - lo}; add fewer rows per call")
         first = None
@@ -323,9 +326,9 @@ class FrameWriter:
         row_index = np.array([items[m].row for m in row_items], dtype=np.int64)
         if len(row_items):
             for name in self._c.stored_fields(self._specs):
-                arrays[f"field:{name}"][slots[row_items]] = rows[name][row_index]
+                arrays[field_array(name)][slots[row_items]] = rows[name][row_index]
         for key in self._c.keys:
-            frames = arrays[f"frames:{key}"]
+            frames = arrays[frames_array(key)]
             for m, it in enumerate(items):
                 if key in it.frames:
                     frames[slots[m]] = it.frames[key]

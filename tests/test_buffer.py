@@ -569,3 +569,35 @@ def test_sample_rejects_an_out_array_of_the_wrong_shape(cls):
     buffer = _filled(cls)
     with pytest.raises(ValueError, match=r"out\['obs'\]"):
         buffer.sample(4, out={"obs": np.zeros((3, 3), np.float32)})
+
+
+# -- what a sharded client reads ------------------------------------------------------------------
+
+def test_sample_leaves_gives_each_rows_leaf_weight():
+    buffer = PrioritizedReplayBuffer(8, {"obs": {}}, alpha=0.5, eps=0.25)
+    buffer.add(obs=np.arange(8.0), priorities=np.arange(8.0))
+    batch = buffer.sample_leaves(32)
+    np.testing.assert_allclose(batch["leaf"], (batch["obs"] + 0.25) ** 0.5)
+    assert "weights" not in batch
+
+
+def test_a_slot_tag_changes_when_the_slot_is_rewritten():
+    buffer = PrioritizedReplayBuffer(4, {"obs": {}})
+    buffer.add(obs=np.arange(4.0))
+    batch = buffer.sample_leaves(16)
+    np.testing.assert_array_equal(buffer.slot_tags(batch["indexes"]), batch["tags"])
+    buffer.add(obs=np.arange(4.0))
+    assert (buffer.slot_tags(batch["indexes"]) != batch["tags"]).all()
+
+
+def test_a_slot_held_by_a_writer_has_no_tag():
+    buffer = PrioritizedReplayBuffer(4, {"obs": {}})
+    buffer.add(obs=np.arange(4.0))
+    start, _ = buffer._ring.reserve(1)
+    assert buffer.slot_tags([start]).tolist() == [-1]
+
+
+def test_leaf_mass_is_the_total_and_the_smallest_leaf():
+    buffer = PrioritizedReplayBuffer(4, {"obs": {}}, alpha=1.0, eps=0.0)
+    buffer.add(obs=np.arange(3.0), priorities=np.array([1.0, 2.0, 4.0]))
+    assert buffer.leaf_mass() == (7.0, 1.0)

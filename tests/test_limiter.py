@@ -13,7 +13,7 @@ import pytest
 
 from mpreplay import (BufferClosed, MinSize, MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer,
                       RateLimiter, ReplayBuffer, SampleToInsertRatio)
-from mpreplay._ext.ring import RESERVED, SAMPLES
+from mpreplay._ext.schema import RESERVED, SAMPLES
 
 METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 ENV = {"obs": {"shape": (2,)}, "id": {"dtype": np.int64}}

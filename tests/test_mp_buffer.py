@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from mpreplay import MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer
-from mpreplay._ext.ring import LOCK_WAIT_NS
+from mpreplay._ext.schema import LOCK_WAIT_NS
 from mpreplay.buffer import BufferClosed
 from mpreplay.memory import SEGMENT_PREFIX, SharedMemoryError
 
@@ -399,6 +399,9 @@ def _call_every_method(buffer) -> dict[str, Any]:
         "get_buffer_size": buffer.get_buffer_size,
         "get_env_dict": buffer.get_env_dict,
         "get_max_priority": buffer.get_max_priority,
+        "sample_leaves": lambda: buffer.sample_leaves(2),
+        "slot_tags": lambda: buffer.slot_tags(np.arange(2)),
+        "leaf_mass": buffer.leaf_mass,
         "clear": buffer.clear,
         "on_episode_end": buffer.on_episode_end,
         "stats": buffer.stats,

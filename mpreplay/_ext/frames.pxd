@@ -12,7 +12,7 @@ cdef class Frames:
     cdef Py_ssize_t _nkeys
     cdef int64_t* _nxt        # per slot: slot of the next observation's newest frame, -1: none
     cdef uint8_t* _depth      # per slot: earlier frames of the same episode, at most stack - 1
-    cdef int64_t* _lanes      # (nlanes, 4): start, end, cursor, owner
+    cdef int64_t* _lanes      # (nlanes, LANE_LEN): see schema.pxd
     cdef Py_ssize_t _nlanes
     cdef uint8_t** _frames    # per key: (size, frame_bytes)
     cdef Py_ssize_t* _frame_bytes

@@ -1,0 +1,49 @@
+# cython: language_level=3
+"""The shared segment's schema for Python: the names of schema.pxd and the list of arrays.
+
+A buffer's memory (heap or shared segment) is these arrays, in this order,
+each at a 64-byte aligned offset (mpreplay.memory.Layout places them).
+See docs/architecture.md, "Segment schema".
+"""
+from libc.stdint cimport uint64_t
+
+import numpy as np
+
+
+def field_array(str name):
+    """The array holding uncompressed field ``name``."""
+    return f"field:{name}"
+
+
+def frames_array(str key):
+    """The array holding the frames of compressed observation ``key``."""
+    return f"frames:{key}"
+
+
+def segment_arrays(Py_ssize_t size, Py_ssize_t lanes, list fields, list frames, Py_ssize_t tree_len,
+                   Py_ssize_t lock_nbytes):
+    """``(name, shape, dtype)`` of every array of a buffer, in layout order.
+
+    ``fields``: ``(name, shape, dtype)`` of the uncompressed fields; ``frames``:
+    ``(key, frame_shape, dtype)`` of the compressed observations, or None for an
+    uncompressed buffer; ``lock_nbytes``: 0 for a buffer without a lock.
+    """
+    out = [("header", (HEADER_LEN,), np.int64),
+           ("limits", (LIMITS_LEN,), np.float64),
+           ("lanes", (lanes, LANE_LEN), np.int64),
+           ("generation", (size,), np.uint64),
+           ("owner", (size,), np.int64),
+           ("state", (size,), np.uint8),
+           ("tree", (tree_len,), np.float64)]
+    out += [(field_array(name), (size,) + tuple(shape), dtype) for name, shape, dtype in fields]
+    if frames is not None:
+        out += [("nxt", (size,), np.int64), ("depth", (size,), np.uint8)]
+        out += [(frames_array(key), (size,) + tuple(shape), dtype) for key, shape, dtype in frames]
+    if lock_nbytes:
+        out.append(("lock", (lock_nbytes,), np.uint8))
+    return out
+
+
+def publications(const uint64_t[::1] generations not None):
+    """How many times each slot was published: a tag that changes whenever the slot is rewritten."""
+    return np.asarray(generations) >> np.uint64(1)

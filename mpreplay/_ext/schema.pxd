@@ -1,0 +1,52 @@
+# The shared segment's schema, the one place that says where everything lives.
+# Kernels cimport it; Python imports the same names from mpreplay._ext.schema,
+# which also lists the segment's arrays.  See docs/architecture.md, "Segment schema".
+from libc.stdint cimport uint64_t
+
+# "header": int64 counters.
+cpdef enum:
+    STORED           # complete transitions stored now
+    INSERTS          # transitions published, ever
+    SAMPLES          # rows drawn, ever (what a rate limiter counts)
+    STALE            # priority updates dropped as stale
+    TORN             # rows redrawn because they were overwritten while copied
+    LOCK_WAIT_NS     # nanoseconds spent waiting for the lock
+    LOCK_HOLDS       # lock acquisitions
+    CLOSED           # nonzero once the owner closed the buffer
+    RESERVED         # rows reserved by writers, ever (the inserts a rate limiter counts)
+    EPOCH            # bumped (low 32 bits) whenever a blocked caller may proceed: the futex word
+    WAITERS          # callers blocked on EPOCH
+    HEADER_LEN = 16
+
+# "limits": float64 rate limiter settings (see mpreplay.limiter).
+cpdef enum:
+    LIMIT_ON         # 0: no rate limiter
+    LIMIT_SPI        # samples per insert
+    LIMIT_MIN_SIZE   # stored transitions before sampling may start
+    LIMIT_MIN_DIFF   # the cursor inserts * spi - samples stays within [min_diff, max_diff]
+    LIMIT_MAX_DIFF
+    LIMITS_LEN
+
+# "lanes": int64 rows, one per lane (a ring of slots one writer fills in order).
+cpdef enum:
+    LANE_START
+    LANE_END
+    LANE_CURSOR      # the next slot to reserve: the oldest one
+    LANE_OWNER       # token of the writer process that claimed the lane, 0: none
+    LANE_LEN
+
+# "state": uint8, one per slot.
+cpdef enum:
+    EMPTY            # nothing sampleable: never written, being written, a lone frame, or broken
+    COMPLETE         # a transition every frame of which is stored
+    WAITING          # a transition whose next observation is not stored yet
+
+
+# "generation": uint64, one per slot; odd while a writer holds the slot.
+cdef inline bint being_written(uint64_t generation) noexcept nogil:
+    return generation & 1
+
+
+cdef inline uint64_t next_reservation(uint64_t generation) noexcept nogil:
+    # The odd generation a new reservation gives the slot.
+    return generation + 1 + (generation & 1)
