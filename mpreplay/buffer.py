@@ -30,12 +30,13 @@ from ._ext.ring import Ring, deadline, recover
 from ._ext.schema import INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED
 from ._ext.schema import TORN, field_array, segment_arrays
 from ._ext.sumtree import PriorityTree, tree_buffer_size
+from . import fileformat
 from .errors import BufferClosed
 from .limiter import RateLimiter
 from .memory import HeapMemory, Layout, SharedMemory
 from .nstep import NstepBuffer
 from .spec import convert_batch, parse_env_dict
-from .storage import Compression, FrameWriter, with_next_fields
+from .compression import Compression, FrameWriter, with_next_fields
 
 __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer", "BufferClosed"]
 
@@ -330,18 +331,67 @@ class ReplayBuffer:
 
     def save_transitions(self, file: Any, *, safe: bool = True, compress: bool = True,
                          priorities: bool = False) -> None:
-        """Write every stored transition, oldest first, to ``file`` (a path or a binary
-        file object) in mpreplay's file format; see :mod:`mpreplay.io`."""
-        from . import io
+        """Write every stored transition, oldest first, to ``file`` in mpreplay's file format
+        (:mod:`mpreplay.fileformat`).
 
-        io.save_transitions(self, file, safe=safe, compress=compress, priorities=priorities)
+        Parameters
+        ----------
+        file : path or binary file object
+            A path is written atomically: the archive goes to a temporary file in
+            the same folder, is flushed to disk, then renamed over ``file`` (no
+            ``.npz`` suffix is added).  A file object is written in place.
+        safe : bool
+            cpprb's flag, recorded in the file: mpreplay always writes plain
+            transitions any numpy can read.
+        compress : bool
+            Deflate the arrays (as ``np.savez_compressed``); else store them (as ``np.savez``).
+        priorities : bool
+            Also store each transition's priority (prioritized buffers only).
+
+        Other processes may keep writing a shared buffer meanwhile: as in
+        ``get_all_transitions``, the file holds every transition complete when the
+        call started and not overwritten before its rows were copied, oldest first,
+        with the priority each had when the call started.
+        """
+        if not isinstance(priorities, (bool, np.bool_)):
+            raise TypeError(f"priorities: expected a bool, got {type(priorities).__name__}")
+        if priorities and not isinstance(self, PrioritizedReplayBuffer):
+            raise ValueError(f"priorities: a {type(self).__name__} has no priorities to save; pass priorities=False")
+        rows, raw = self._snapshot(priorities=bool(priorities))
+        fileformat.write_transitions(file, rows, self._specs, nstep=self._nstep_settings(), priorities=raw,
+                                     safe=safe, compress=compress)
 
     def load_transitions(self, file: Any) -> int:
-        """Append the transitions of a file written by :meth:`save_transitions`; returns
-        how many.  Raises ValueError, changing nothing, unless the whole file fits."""
-        from . import io
+        """Append the transitions of a file written by :meth:`save_transitions`; returns how many.
 
-        return io.load_transitions(self, file)
+        The whole file is read and checked first; if anything is wrong the buffer
+        is left exactly as it was and :class:`~mpreplay.fileformat.TransitionFileError`
+        (a ValueError) is raised.  Saved priorities are restored into a prioritized
+        buffer and ignored by a uniform one; a prioritized buffer gives the
+        transitions its default priority when the file has none.  Transitions saved
+        by a buffer that folds n steps load, as they are, into one with the same
+        ``size`` and ``gamma`` only.  The loaded transitions end an episode: a
+        compressed buffer (``next_of``, ``stack_compress``) stores them as
+        consecutive steps, and raises ValueError, changing nothing, if it cannot
+        (a stack whose older frames were not saved, more slots than a lane holds).
+        """
+        self._check_open()
+        rows, priorities = fileformat.read_transitions(file, self._specs, nstep=self._nstep_settings())
+        if not isinstance(self, PrioritizedReplayBuffer):
+            priorities = None
+        k, rows = convert_batch(self._specs, rows)
+        if k == 0:
+            return 0
+        # What add() does, minus two things: n-step rows were folded before they
+        # were saved and must not be folded again, and the rows end an episode so
+        # that a compressed buffer publishes the last one rather than waiting for
+        # a successor that is not in the file.
+        self._write(k, rows, priorities, None, end_episode=True)
+        return k
+
+    def _nstep_settings(self) -> tuple[int, float] | None:
+        """``(size, gamma)`` of the n-step folding of the stored rows, or None."""
+        return None if self._nstep is None else (int(self._nstep.size), float(self._nstep.gamma))
 
     def stats(self) -> dict[str, float | None]:
         """Counters since creation: stored, inserts, samples, stale updates dropped,

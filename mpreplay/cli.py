@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo(rest)
     if args.command == "inspect":
-        from .io import inspect as describe
+        from .fileformat import inspect as describe
 
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")

@@ -1,4 +1,4 @@
-"""Specification of save_transitions / load_transitions (file format version 1)."""
+"""Specification of save_transitions / load_transitions and the file format (version 1)."""
 from __future__ import annotations
 
 import io
@@ -17,7 +17,15 @@ from hypothesis import strategies as st
 import mpreplay
 from mpreplay import MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
 from mpreplay.cli import main as cli
-from mpreplay.io import TransitionFileError, inspect, load_transitions, read_metadata, save_transitions
+from mpreplay.fileformat import TransitionFileError, inspect, read_metadata
+
+
+def save_transitions(buffer: ReplayBuffer, file: Any, **kwargs: Any) -> None:
+    buffer.save_transitions(file, **kwargs)
+
+
+def load_transitions(buffer: ReplayBuffer, file: Any) -> int:
+    return buffer.load_transitions(file)
 
 ENV = {"obs": {"shape": (3,)}, "act": {"dtype": np.int64}, "rew": {}, "done": {"dtype": np.uint8}}
 CLASSES = [ReplayBuffer, PrioritizedReplayBuffer, MPReplayBuffer, MPPrioritizedReplayBuffer]

@@ -39,7 +39,6 @@ import numpy as np
 
 import mpreplay
 from mpreplay import ReplayBuffer
-from mpreplay.io import load_transitions, save_transitions
 
 FRAME = (84, 84)
 ENV = {"obs": {"shape": FRAME, "dtype": np.uint8}, "act": {"dtype": np.int64}, "rew": {"dtype": np.float32},
@@ -126,9 +125,10 @@ def _measure(source: ReplayBuffer, target: ReplayBuffer, folder: str, compress: 
     """Save and load timings of every contender, one compression setting."""
     method = "deflated" if compress else "stored"
     contenders: list[tuple[str, Callable[[ReplayBuffer, str], None], Callable[[ReplayBuffer, str], Any]]] = [
-        (f"mpreplay safe, {method}", lambda b, p: save_transitions(b, p, compress=compress), load_transitions),
-        (f"mpreplay unsafe, {method}", lambda b, p: save_transitions(b, p, safe=False, compress=compress),
-         load_transitions),
+        (f"mpreplay safe, {method}", lambda b, p: b.save_transitions(p, compress=compress),
+         lambda b, p: b.load_transitions(p)),
+        (f"mpreplay unsafe, {method}", lambda b, p: b.save_transitions(p, safe=False, compress=compress),
+         lambda b, p: b.load_transitions(p)),
         (f"np.savez{'_compressed' if compress else ''} + fsync", _numpy_save(compress, True), _numpy_load),
         (f"np.savez{'_compressed' if compress else ''}", _numpy_save(compress, False), _numpy_load),
     ]

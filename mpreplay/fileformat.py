@@ -1,4 +1,7 @@
-"""Saving a buffer's transitions to a file and loading them back (file format version 1).
+"""The transitions file format (version 1): rows of transitions <-> a file.
+
+The buffers' ``save_transitions`` / ``load_transitions`` use it; this module
+knows rows, field specs and files, and nothing of the buffers.
 
 File format
 -----------
@@ -61,17 +64,14 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from io import BytesIO, TextIOBase
-from typing import IO, TYPE_CHECKING, Any, Union
+from typing import IO, Any, Union
 
 import numpy as np
 
 from ._version import __version__
-from .spec import FieldSpec, convert_batch, parse_env_dict
+from .spec import FieldSpec, parse_env_dict
 
-if TYPE_CHECKING:
-    from .buffer import ReplayBuffer
-
-__all__ = ["FORMAT_VERSION", "TransitionFileError", "inspect", "load_transitions", "read_metadata", "save_transitions"]
+__all__ = ["FORMAT_VERSION", "TransitionFileError", "inspect", "read_metadata", "read_transitions", "write_transitions"]
 
 FORMAT_VERSION = 1
 METADATA = "metadata.json"  # not an identifier, so no field can take the name
@@ -94,52 +94,34 @@ class TransitionFileError(ValueError):
 # -- public API --------------------------------------------------------------------------------
 
 
-def save_transitions(buffer: ReplayBuffer, file: File, *, safe: bool = True, compress: bool = True,
-                     priorities: bool = False) -> None:
-    """Write every stored transition of ``buffer``, oldest first, to ``file``.
+def write_transitions(file: File, rows: dict[str, np.ndarray], specs: dict[str, FieldSpec], *,
+                      nstep: tuple[int, float] | None = None, priorities: np.ndarray | None = None,
+                      safe: bool = True, compress: bool = True) -> None:
+    """Write ``rows`` (fields of the same length, oldest first) to ``file`` (a path or a binary file object).
 
-    Parameters
-    ----------
-    buffer : ReplayBuffer or any of its subclasses
-    file : path or binary file object
-        A path is written atomically: the archive goes to a temporary file in
-        the same folder, is flushed to disk, then renamed over ``file`` (no
-        ``.npz`` suffix is added).  A file object is written in place.
-    safe : bool
-        Store plain transitions any numpy can read.  ``False`` records that
-        the caller accepts the internal layout, which is the plain one in
-        this version; both load alike.
-    compress : bool
-        Deflate the arrays (as ``np.savez_compressed``); else store them (as ``np.savez``).
-    priorities : bool
-        Also store each transition's priority (prioritized buffers only).
-
-    Other processes may keep writing a shared buffer meanwhile: as in
-    ``get_all_transitions``, the file holds every transition complete when the
-    call started and not overwritten before its rows were copied, oldest first,
-    with the priority each had when the call started.
+    ``specs`` are the fields' specs, ``nstep`` the ``(size, gamma)`` the rows were
+    folded with, ``priorities`` their raw priorities, if any.  ``compress`` deflates
+    the arrays (as ``np.savez_compressed``), else stores them (as ``np.savez``);
+    ``safe`` is recorded.  A path is written atomically: a temporary file in the
+    same folder, flushed to disk, then renamed over ``file``.
     """
-    for name, flag in (("safe", safe), ("compress", compress), ("priorities", priorities)):
+    for name, flag in (("safe", safe), ("compress", compress)):
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
-    if priorities and not _is_prioritized(buffer):
-        raise ValueError(f"priorities: a {type(buffer).__name__} has no priorities to save; pass priorities=False")
-    rows, raw = buffer._snapshot(priorities=bool(priorities))
-    count = len(next(iter(rows.values())))
     record = {
         "format_version": FORMAT_VERSION,
         "mpreplay_version": __version__,
-        "fields": [spec.to_json() for spec in buffer._specs.values()],
-        "nstep": _nstep_json(_nstep_of(buffer)),
+        "fields": [spec.to_json() for spec in specs.values()],
+        "nstep": _nstep_json(nstep),
         "compression": None,
         "safe": bool(safe),
-        "count": count,
-        "priorities": bool(priorities),
+        "count": len(next(iter(rows.values()))),
+        "priorities": priorities is not None,
     }
     arrays = {METADATA: np.frombuffer(json.dumps(record, allow_nan=False).encode(), dtype=np.uint8)}
-    arrays.update((name, rows[name]) for name in buffer._specs)
-    if priorities:
-        arrays[PRIORITIES] = raw
+    arrays.update((name, rows[name]) for name in specs)
+    if priorities is not None:
+        arrays[PRIORITIES] = priorities
 
     def write(f: IO[bytes]) -> None:
         _write_archive(f, arrays, bool(compress))
@@ -151,36 +133,19 @@ def save_transitions(buffer: ReplayBuffer, file: File, *, safe: bool = True, com
         write(file)
 
 
-def load_transitions(buffer: ReplayBuffer, file: File) -> int:
-    """Append the transitions saved in ``file`` to ``buffer``, as ``add`` would; returns how many.
+def read_transitions(file: File, specs: dict[str, FieldSpec], *,
+                     nstep: tuple[int, float] | None = None) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    """``(rows, priorities or None)`` saved in ``file``, checked to be transitions of ``specs``
+    folded with ``nstep`` (as :func:`write_transitions` takes them).
 
-    The whole file is read and checked first; if anything is wrong the buffer
-    is left exactly as it was and :class:`TransitionFileError` is raised.
-    Saved priorities are restored into a prioritized buffer and ignored by a
-    uniform one; a prioritized buffer gives the transitions its default
-    priority when the file has none.  Transitions saved by a buffer that
-    folds n steps load, as they are, into one with the same ``size`` and
-    ``gamma`` only.  The loaded transitions end an episode: a compressed
-    buffer (``next_of``, ``stack_compress``) stores them as consecutive steps,
-    and raises ValueError, changing nothing, if it cannot (a stack whose older
-    frames were not saved, more slots than a lane holds).
+    The whole file is read and checked first; anything wrong raises
+    :class:`TransitionFileError`.
     """
     with _open_archive(file) as archive:
         meta = _read_metadata(archive)
-        _check_fits(meta, buffer)
+        _check_fits(meta, specs, nstep)
         arrays = _read_arrays(archive, meta)
-    priorities = arrays.pop(PRIORITIES, None)
-    if not _is_prioritized(buffer):
-        priorities = None
-    if meta.count == 0:
-        return 0
-    # What add() does, minus two things: n-step rows were folded before they
-    # were saved and must not be folded again, and the rows end an episode so
-    # that a compressed buffer publishes the last one rather than waiting for
-    # a successor that is not in the file.
-    k, rows = convert_batch(buffer._specs, arrays)
-    buffer._write(k, rows, priorities, None, end_episode=True)
-    return meta.count
+    return arrays, arrays.pop(PRIORITIES, None)
 
 
 def read_metadata(file: File) -> dict[str, Any]:
@@ -208,17 +173,6 @@ def inspect(file: File) -> str:
 
 
 # -- writing -----------------------------------------------------------------------------------
-
-
-def _is_prioritized(buffer: Any) -> bool:
-    from .buffer import PrioritizedReplayBuffer  # buffer.py imports this module
-
-    return isinstance(buffer, PrioritizedReplayBuffer)
-
-
-def _nstep_of(buffer: Any) -> tuple[int, float] | None:
-    nstep = getattr(buffer, "_nstep", None)
-    return None if nstep is None else (int(nstep.size), float(nstep.gamma))
 
 
 def _nstep_json(nstep: tuple[int, float] | None) -> dict[str, Any] | None:
@@ -415,13 +369,12 @@ def _parse_nstep(nstep: Any) -> tuple[int, float] | None:
                               f"'gamma': number in [0, 1]}}, got {_short(nstep)}")
 
 
-def _check_fits(meta: _Metadata, buffer: Any) -> None:
-    """Raise unless the file's transitions are what ``buffer`` stores."""
-    wanted = _nstep_of(buffer)
-    if meta.nstep != wanted:
+def _check_fits(meta: _Metadata, ours: dict[str, FieldSpec], nstep: tuple[int, float] | None) -> None:
+    """Raise unless the file's transitions are transitions of ``ours`` folded with ``nstep``."""
+    if meta.nstep != nstep:
         raise TransitionFileError(f"nstep: the file holds {_describe_nstep(meta.nstep)} but the buffer stores "
-                                  f"{_describe_nstep(wanted)}; loading would fold rewards twice or not at all")
-    ours, theirs = buffer._specs, meta.specs
+                                  f"{_describe_nstep(nstep)}; loading would fold rewards twice or not at all")
+    theirs = meta.specs
     missing, extra = [n for n in ours if n not in theirs], [n for n in theirs if n not in ours]
     if missing or extra:
         raise TransitionFileError(f"file: its fields {list(theirs)} differ from the buffer's {list(ours)} "
