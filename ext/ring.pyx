@@ -55,12 +55,14 @@ cdef extern from *:
     #define _atomic_add32(p, v) ((void)__atomic_add_fetch((p), (v), __ATOMIC_SEQ_CST))
     #define _atomic_load(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
     #define _atomic_store(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
+    #define _atomic_cas(p, expected, v) __atomic_compare_exchange_n((p), (expected), (v), 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)
     """
     void _mpreplay_acquire_fence() nogil
     void _atomic_add(int64_t* p, int64_t v) nogil
     void _atomic_add32(int32_t* p, int32_t v) nogil
     int64_t _atomic_load(int64_t* p) nogil
     void _atomic_store(int64_t* p, int64_t v) nogil
+    bint _atomic_cas(int64_t* p, int64_t* expected, int64_t v) nogil
 
 cdef extern from *:
     """
@@ -751,13 +753,12 @@ cdef class Ring:
                          "create the buffer with lanes= at least the number of writer processes")
 
     def release_lane(self, Py_ssize_t lane):
-        """Give a lane back (its rows stay)."""
-        self._acquire()
-        try:
-            if self._lanes[lane, LANE_OWNER] == self._token:
-                self._lanes[lane, LANE_OWNER] = 0
-        finally:
-            self._release()
+        """Give this process's lane back (its rows stay).  Without the lock, so that
+        close() never waits: only the owner clears its own claim."""
+        cdef int64_t mine = self._token
+        if not 0 <= lane < self._lanes.shape[0]:
+            raise ValueError(f"lane: expected 0 <= lane < {self._lanes.shape[0]}, got {lane}")
+        _atomic_cas(&self._lanes[lane, LANE_OWNER], &mine, 0)
 
     def clear(self):
         """Make every slot unsampleable and restart every lane at its start.

@@ -150,10 +150,10 @@ class ReplayBuffer:
             else:
                 c.lane_bounds(self._size, self._lanes)
         self._frames, outputs = (None, None) if c is None else c.make_frames(self._specs, arrays)
-        self._writer = None if c is None else FrameWriter(c, self._specs, self)
         self._ring = Ring(self._header, arrays["limits"], arrays["lanes"], self._generation, arrays["owner"],
                           arrays["state"], self._tree, list(self._fields.items()),
                           self._alpha, self._eps, self._make_lock(create), rng, self._frames, outputs)
+        self._writer = None if c is None else FrameWriter(c, self._specs, self._ring, arrays)
 
     def close(self) -> None:
         """Release the buffer's memory; later calls raise :class:`BufferClosed`.
@@ -161,8 +161,11 @@ class ReplayBuffer:
         For a shared buffer, the creating process also unlinks the segment, and
         callers blocked in other processes wake up with :class:`BufferClosed`.
         """
-        if "_ring" in self.__dict__ and self._memory.is_owner:
-            self._ring.close()
+        if "_ring" in self.__dict__:
+            if self._writer is not None:
+                self._writer.release_lane()
+            if self._memory.is_owner:
+                self._ring.close()
         _FORK_SENSITIVE.discard(self)
         for name in _VIEWS:
             self.__dict__.pop(name, None)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ._ext.frames import Frames
-from ._ext.ring import deadline
+from ._ext.ring import Ring, deadline
 from ._ext.schema import COMPLETE, EMPTY, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, WAITING
 from ._ext.schema import field_array, frames_array
 from .spec import FieldSpec
@@ -161,10 +161,12 @@ class FrameWriter:
     the ring in one reservation.
     """
 
-    def __init__(self, compression: Compression, specs: Mapping[str, FieldSpec], buffer: Any):
+    def __init__(self, compression: Compression, specs: Mapping[str, FieldSpec], ring: Ring,
+                 arrays: Mapping[str, np.ndarray]):
         self._c = compression
         self._specs = specs
-        self._buffer = buffer
+        self._ring = ring
+        self._arrays = arrays  # the buffer's memory: lanes, nxt, depth, frames and the stored fields
         self._lane: int | None = None
         self._written = 0                       # items this writer has reserved in its lane
         self._waiting: deque[_Waiting] = deque()
@@ -284,11 +286,11 @@ class FrameWriter:
               timeout: float | None, end_episode: bool = False) -> int | None:
         """Store ``k`` converted rows; returns the slot of the first, or None."""
         items, resolved, still_waiting, state = self.plan(k, rows, priorities, end_episode)
-        ring = self._buffer._ring
+        ring = self._ring
         until = deadline(timeout)
         if self._lane is None:
             self._lane = ring.claim_lane(until)
-        lo, hi = self._buffer._memory.arrays["lanes"][self._lane, [LANE_START, LANE_END]]
+        lo, hi = self._arrays["lanes"][self._lane, [LANE_START, LANE_END]]
         if len(items) > hi - lo:
             raise ValueError(f"add: {len(items)} slots at once exceed the lane's {hi - lo}; add fewer rows per call")
         first = None
@@ -298,7 +300,7 @@ class FrameWriter:
             self._copy(items, slots, rows)
             for w, m in resolved:
                 # WAITING transitions are published, but nobody reads their nxt yet.
-                self._buffer._memory.arrays["nxt"][w.slot if w.item < 0 else slots[w.item]] = slots[m]
+                self._arrays["nxt"][w.slot if w.item < 0 else slots[w.item]] = slots[m]
             waits = {w.item for w in still_waiting if w.item >= 0}
             states = np.array([EMPTY if it.row < 0 else WAITING if m in waits else COMPLETE
                                for m, it in enumerate(items)], dtype=np.uint8)
@@ -321,7 +323,7 @@ class FrameWriter:
         return first
 
     def _copy(self, items: list[_Item], slots: np.ndarray, rows: Mapping[str, np.ndarray]) -> None:
-        arrays = self._buffer._memory.arrays
+        arrays = self._arrays
         row_items = np.array([m for m, it in enumerate(items) if it.row >= 0], dtype=np.int64)
         row_index = np.array([items[m].row for m in row_items], dtype=np.int64)
         if len(row_items):
@@ -337,4 +339,10 @@ class FrameWriter:
 
     def reset(self) -> None:
         """Forget the episode in progress and this process's lane (after a fork or clear)."""
-        self.__init__(self._c, self._specs, self._buffer)
+        self.__init__(self._c, self._specs, self._ring, self._arrays)
+
+    def release_lane(self) -> None:
+        """Give this process's lane back, for another writer (its rows stay)."""
+        if self._lane is not None:
+            self._ring.release_lane(self._lane)
+            self._lane = None

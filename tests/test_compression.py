@@ -3,6 +3,7 @@ uncompressed buffer's, locally and with several writer processes."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import pickle
 
 import numpy as np
 import pytest
@@ -257,3 +258,19 @@ def _try_to_write(buffer, queue) -> None:
         queue.put("wrote")
     except ValueError as exc:
         queue.put(str(exc))
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+@pytest.mark.timeout(60)
+def test_a_writer_that_closes_its_handle_gives_its_lane_to_the_next_writer(method):
+    ctx = mp.get_context(method)
+    env = _env(False)
+    with MPPrioritizedReplayBuffer(64, env, next_of="obs") as buffer:
+        writer = pickle.loads(pickle.dumps(buffer))  # this live process's own writing handle
+        writer.add(**_episode(0, 1, "done")[0])
+        writer.close()
+        queue = ctx.Queue()
+        child = ctx.Process(target=_try_to_write, args=(buffer, queue))
+        child.start()
+        assert queue.get(timeout=30) == "wrote"
+        child.join(10)
