@@ -780,7 +780,8 @@ class LoopbackRayCluster:
     For tests, benchmarks and trying sharded replay out.  Token
     authentication is on with a fresh token kept in the environment (no file
     in the home folder), usage statistics are off, there is no dashboard,
-    and Ray's session files go to a temporary folder removed on exit::
+    and Ray's session files (and its "current cluster" address file) go to a
+    temporary folder removed on exit::
 
         with LoopbackRayCluster(3) as cluster:
             servers = start_shard_servers(make_buffer)   # one per node
@@ -809,7 +810,7 @@ class LoopbackRayCluster:
 
     def __enter__(self) -> LoopbackRayCluster:
         # Ray reads some of these at import: set them first.
-        self._saved_env = {k: os.environ.get(k) for k in (*self._ENV, "RAY_AUTH_TOKEN")}
+        self._saved_env = {k: os.environ.get(k) for k in (*self._ENV, "RAY_AUTH_TOKEN", "RAY_TMPDIR")}
         os.environ.update(self._ENV)
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
         import ray
@@ -827,6 +828,12 @@ class LoopbackRayCluster:
         # A short path: Ray's unix sockets live under it.
         self._tmp = tempfile.mkdtemp(prefix="mpr-ray-")
         self._node_args["temp_dir"] = self._tmp
+        # Ray also keeps the address of "the current cluster" in a folder of its
+        # own ($RAY_TMPDIR/ray, by default under $TMPDIR or /tmp), which a fresh
+        # machine does not have: point it into ours, so that nothing lands there
+        # and a later ray.init() elsewhere does not find this cluster.
+        os.environ["RAY_TMPDIR"] = self._tmp
+        os.makedirs(os.path.join(self._tmp, "ray"))
         try:
             self._cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args={
                 **self._node_args, "include_dashboard": False, "_system_config": self._system_config})

@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,10 +33,8 @@ class Run:
 
 
 def _start(method: str) -> subprocess.Popen:
-    # cwd: `-m` puts it on sys.path, and the checkout's own mpreplay/ has no compiled kernels.
     return subprocess.Popen([sys.executable, "-m", "mpreplay", "bench", "mp", "--quick", "--start-method", method],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            cwd=tempfile.gettempdir())
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def _segments(pid: int) -> list[str]:

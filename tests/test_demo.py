@@ -48,9 +48,7 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """``main(["--seconds", "20", "--out", DIR])`` in a subprocess, once for the tests below."""
     out = tmp_path_factory.mktemp("demo")
     code = f"from mpreplay.demo import main; raise SystemExit(main(['--seconds', '20', '--out', {str(out)!r}]))"
-    # cwd: `python -c` puts it on sys.path, and the checkout's own mpreplay/ has no compiled kernels.
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=out)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=150)
     finally:
@@ -84,8 +82,7 @@ def test_a_timed_run_leaves_no_segment_behind(smoke_run: Run):
 @pytest.mark.timeout(180)
 def test_ctrl_c_stops_the_run_and_still_writes_the_summary(tmp_path: Path):
     proc = subprocess.Popen([sys.executable, "-m", "mpreplay", "demo", "--seconds", "120", "--plain",
-                             "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path)  # not the checkout: `-m` puts the cwd on sys.path
+                             "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in proc.stdout:  # one line per second once the processes run
             if "weights published" in line and not line.rstrip().endswith("published 0"):

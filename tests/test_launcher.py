@@ -416,12 +416,10 @@ SCRIPT = textwrap.dedent("""
 def start_script(tmp_path: Path, method: str, scenario: str) -> subprocess.Popen:
     script = tmp_path / "run.py"
     script.write_text(SCRIPT)
-    # No empty PYTHONPATH entry: it would put the checkout (whose mpreplay/ has no compiled
-    # kernels) on the children's sys.path.
-    paths = [str(Path(__file__).parent), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env = dict(os.environ, SCENARIO=scenario, PYTHONPATH=os.pathsep.join(paths))
+    env = dict(os.environ, SCENARIO=scenario,
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
     return subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True, cwd=tmp_path)
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
 
 
 @pytest.mark.timeout(60)

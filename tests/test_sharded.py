@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import multiprocessing as mp
-import os
 import pickle
 import warnings
 
@@ -393,20 +392,13 @@ def test_saving_several_shards_to_one_path_is_refused():
 
 # -- over Ray ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster():
     """Three Ray nodes on loopback, shared by the module's Ray tests."""
     pytest.importorskip("ray")
     from mpreplay.sharded import LoopbackRayCluster
 
-    # Ray puts the driver's working directory on its workers' sys.path: not the
-    # checkout, whose mpreplay/ has no compiled kernels, but an empty folder.
-    here = os.getcwd()
-    os.chdir(tmp_path_factory.mktemp("ray-cwd"))
-    try:
-        with LoopbackRayCluster(3) as c:
-            yield c
-    finally:
-        os.chdir(here)
+    with LoopbackRayCluster(3) as c:
+        yield c
 
 
 @pytest.fixture

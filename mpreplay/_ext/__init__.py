@@ -1,1 +1,26 @@
-"""Compiled kernels (built from ext/)."""
+"""Compiled kernels (built from ext/).
+
+Importing this package checks that they are here: a checkout of the source
+that was never built (or was built for another Python) has the Python files
+of mpreplay but none of its kernels, and must say so -- in every process,
+launched children included -- rather than fail later on some ``_ext`` module.
+"""
+import importlib.machinery
+import os
+
+KERNELS = ("schema", "sumtree", "frames", "ring", "lock", "discount")
+
+
+def _missing() -> list[str]:
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [name for name in KERNELS
+            if not any(os.path.exists(os.path.join(here, name + suffix))
+                       for suffix in importlib.machinery.EXTENSION_SUFFIXES)]
+
+
+if _missing():
+    _root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    raise ImportError(
+        f"mpreplay's compiled kernels ({', '.join(_missing())}) are missing from "
+        f"{os.path.dirname(os.path.abspath(__file__))}: this is a source checkout that was not built "
+        f"(or was built for another Python). Run: pip install -e {_root}")
