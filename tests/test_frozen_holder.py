@@ -99,10 +99,10 @@ def test_a_call_in_another_process_honours_its_timeout(frozen):
 @pytest.mark.timeout(60)
 def test_stats_name_the_holder_and_how_long_it_has_held_the_lock(frozen):
     buffer, pid, _ = frozen
-    time.sleep(0.2)
+    time.sleep(0.3)
     stats = buffer.stats()
     assert stats["lock_holder_pid"] == pid
-    assert stats["lock_held_seconds"] >= 0.2
+    assert stats["lock_held_seconds"] >= 0.2  # the holder's stamp comes from a coarse (ms) clock
 
 
 @FROZEN
