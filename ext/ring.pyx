@@ -1030,7 +1030,7 @@ cdef class Ring:
         limiter holds samples back, then raises TimeoutError.
         """
         cdef Py_ssize_t b = batch_size, i, j, t, ntorn, rounds = 0
-        cdef Py_ssize_t R = 2 * MAX_STACK if self._frames is not None else 0
+        cdef Py_ssize_t R = 2 * self._frames.max_stack if self._frames is not None else 0  # frames a row reads, at most
         cdef cnp.npy_intp n = b
         if b < 1:
             raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size}")

@@ -395,7 +395,7 @@ def test_saving_several_shards_to_one_path_is_refused():
 def cluster():
     """Three Ray nodes on loopback, shared by the module's Ray tests."""
     pytest.importorskip("ray")
-    from mpreplay.sharded import LoopbackRayCluster
+    from mpreplay.testing import LoopbackRayCluster
 
     with LoopbackRayCluster(3) as c:
         yield c

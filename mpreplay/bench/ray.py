@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 
 import mpreplay
-from mpreplay.sharded import LoopbackRayCluster, ShardedReplay, ShardServer, start_shard_servers
+from mpreplay.sharded import ShardedReplay, ShardServer, start_shard_servers
+from mpreplay.testing import LoopbackRayCluster
 from mpreplay.bench._report import positive_int, print_table
 
 OBS_SHAPE = (84, 84)

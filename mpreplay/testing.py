@@ -1,0 +1,140 @@
+"""Helpers for tests, benchmarks and trying things out: not used by the library itself.
+
+:class:`LoopbackRayCluster` starts a Ray cluster of several nodes on this
+machine (every socket on 127.0.0.1) to try sharded replay without a cluster.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+__all__ = ["LoopbackRayCluster"]
+
+
+def _reload_ray_auth() -> None:
+    # Ray reads RAY_AUTH_MODE and the token once per process: make it read them again.
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+    except ImportError:  # a Ray without token authentication
+        return
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+class LoopbackRayCluster:
+    """A Ray cluster of ``nodes`` nodes on this machine, every socket on 127.0.0.1, this process its driver.
+
+    For tests, benchmarks and trying sharded replay out.  Token
+    authentication is on with a fresh token kept in the environment (no file
+    in the home folder), usage statistics are off, there is no dashboard,
+    and Ray's session files (and its "current cluster" address file) go to a
+    temporary folder removed on exit::
+
+        with LoopbackRayCluster(3) as cluster:
+            servers = start_shard_servers(make_buffer)   # one per node
+            replay = ShardedReplay(servers.values())
+
+    ``system_config`` overrides Ray's internal settings cluster-wide (e.g.
+    ``{"max_direct_call_object_size": 64 << 20}``).  Never connects to a
+    cluster it finds: refuses to start if Ray is already initialised in this process.
+    """
+
+    _ENV: ClassVar[dict[str, str]] = {"RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+    def __init__(self, nodes: int = 3, *, cpus_per_node: int = 1, object_store_mb: int = 128,
+                 namespace: str | None = None, system_config: Mapping[str, Any] | None = None):
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+            raise ValueError(f"nodes: expected an integer >= 1, got {nodes!r}")
+        self._count, self._namespace = nodes, namespace
+        # Notice a removed node within about a second, not half a minute.
+        self._system_config = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 200,
+                               "health_check_failure_threshold": 5, **(system_config or {})}
+        self._node_args = {"node_ip_address": "127.0.0.1", "num_cpus": cpus_per_node,
+                           "object_store_memory": object_store_mb * 2**20}
+        self._nodes: dict[str, Any] = {}
+        self._cluster: Any = None
+        self._tmp: str | None = None
+
+    def __enter__(self) -> LoopbackRayCluster:
+        # Ray reads some of these at import: set them first.
+        self._saved_env = {k: os.environ.get(k) for k in (*self._ENV, "RAY_AUTH_TOKEN", "RAY_TMPDIR")}
+        os.environ.update(self._ENV)
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+        import ray
+        from ray._private import ray_constants
+        from ray.cluster_utils import Cluster
+
+        # Where Ray was imported earlier it still resolves "127.0.0.1" to the
+        # machine's public address.
+        self._saved_cluster_flag = ray_constants.ENABLE_RAY_CLUSTER
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        _reload_ray_auth()
+        if ray.is_initialized():
+            self.__exit__()
+            raise RuntimeError("LoopbackRayCluster: Ray is already initialised in this process")
+        # A short path: Ray's unix sockets live under it.
+        self._tmp = tempfile.mkdtemp(prefix="mpr-ray-")
+        self._node_args["temp_dir"] = self._tmp
+        # Ray also keeps the address of "the current cluster" in a folder of its
+        # own ($RAY_TMPDIR/ray, by default under $TMPDIR or /tmp), which a fresh
+        # machine does not have: point it into ours, so that nothing lands there
+        # and a later ray.init() elsewhere does not find this cluster.
+        os.environ["RAY_TMPDIR"] = self._tmp
+        os.makedirs(os.path.join(self._tmp, "ray"))
+        try:
+            self._cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args={
+                **self._node_args, "include_dashboard": False, "_system_config": self._system_config})
+            self._nodes[self._cluster.head_node.node_id] = self._cluster.head_node
+            for _ in range(self._count - 1):
+                self.add_node()
+            ray.init(address=self._cluster.address, _node_ip_address="127.0.0.1", namespace=self._namespace,
+                     log_to_driver=False)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import ray
+        from ray._private import ray_constants
+
+        if self._cluster is not None:
+            ray.shutdown()
+            self._cluster.shutdown()
+            self._cluster = None
+        self._nodes.clear()
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        _reload_ray_auth()
+        ray_constants.ENABLE_RAY_CLUSTER = self._saved_cluster_flag
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    @property
+    def address(self) -> str:
+        """Address of the head node (for ``ray.init(address=...)`` in another process)."""
+        return self._cluster.address
+
+    @property
+    def node_ids(self) -> list[str]:
+        """Ids of the live nodes, the head (this driver's node) first."""
+        return list(self._nodes)
+
+    def add_node(self) -> str:
+        """Start one more node; returns its id."""
+        node = self._cluster.add_node(**self._node_args)
+        self._nodes[node.node_id] = node
+        return node.node_id
+
+    def remove_node(self, node_id: str) -> None:
+        """Kill every process of a node (not the head): its actors die as on a lost machine."""
+        if node_id == self._cluster.head_node.node_id:
+            raise ValueError("node_id: the head node runs this driver and cannot be removed")
+        self._cluster.remove_node(self._nodes.pop(node_id), allow_graceful=False)
