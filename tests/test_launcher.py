@@ -386,7 +386,7 @@ def test_actor_exception_is_not_retried_even_with_restarts(method):
     ({"learner": "fn"}, TypeError, "learner: expected a function"),
     ({}, ValueError, "nothing to run"),
     ({"learner": print, "max_restarts": -1}, ValueError, "max_restarts: expected an integer >= 0"),
-    ({"learner": print, "timeout": -1}, ValueError, r"timeout: expected None \(no limit\) or a finite number of seconds"),
+    ({"learner": print, "timeout": -1}, ValueError, r"timeout: expected None \(no limit\) or a finite number"),
     ({"learner": print, "timeout": float("nan")}, ValueError, "timeout: expected None"),
     ({"learner": print, "grace": -1.0}, ValueError, "grace: expected a finite number of seconds >= 0"),
     ({"learner": print, "grace": None}, TypeError, "grace: expected a finite number of seconds >= 0"),
