@@ -65,6 +65,7 @@ from typing import IO, TYPE_CHECKING, Any, Union
 
 import numpy as np
 
+from . import checks
 from ._version import __version__
 from .spec import FieldSpec, convert_batch, parse_env_dict
 
@@ -119,12 +120,11 @@ def save_transitions(buffer: ReplayBuffer, file: File, *, safe: bool = True, com
     call started and not overwritten before its rows were copied, oldest first,
     with the priority each had when the call started.
     """
-    for name, flag in (("safe", safe), ("compress", compress), ("priorities", priorities)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
+    safe, compress = checks.flag("safe", safe), checks.flag("compress", compress)
+    priorities = checks.flag("priorities", priorities)
     if priorities and not _is_prioritized(buffer):
         raise ValueError(f"priorities: a {type(buffer).__name__} has no priorities to save; pass priorities=False")
-    rows, raw = buffer._snapshot(priorities=bool(priorities))
+    rows, raw = buffer._snapshot(priorities=priorities)
     count = len(next(iter(rows.values())))
     record = {
         "format_version": FORMAT_VERSION,
@@ -132,7 +132,7 @@ def save_transitions(buffer: ReplayBuffer, file: File, *, safe: bool = True, com
         "fields": [spec.to_json() for spec in buffer._specs.values()],
         "nstep": _nstep_json(_nstep_of(buffer)),
         "compression": None,
-        "safe": bool(safe),
+        "safe": safe,
         "count": count,
         "priorities": bool(priorities),
     }
@@ -142,7 +142,7 @@ def save_transitions(buffer: ReplayBuffer, file: File, *, safe: bool = True, com
         arrays[PRIORITIES] = raw
 
     def write(f: IO[bytes]) -> None:
-        _write_archive(f, arrays, bool(compress))
+        _write_archive(f, arrays, compress)
 
     if _is_path(file):
         _write_atomically(os.fsdecode(file), write)
