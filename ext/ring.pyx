@@ -1149,6 +1149,11 @@ cdef class Ring:
             out["weights"] = values
         return out
 
+    @property
+    def max_priority(self):
+        """The largest priority :meth:`check_priorities` and :meth:`update` accept."""
+        return self._max_priority
+
     def check_priorities(self, const double[::1] priorities not None):
         """Raise ValueError unless every priority is finite, >= 0 and small
         enough that no sum of leaf weights can overflow."""

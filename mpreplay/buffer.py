@@ -17,7 +17,6 @@ lock.  The protocol (see docs/architecture.md) is the same for both:
 from __future__ import annotations
 
 import functools
-import math
 import os
 import weakref
 from collections.abc import Mapping
@@ -25,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from . import checks
 from ._ext.lock import LOCK_NBYTES, SharedLock
 from ._ext.ring import Ring, deadline, recover
 from ._ext.schema import INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED
@@ -95,14 +95,13 @@ class ReplayBuffer:
                  nstep: Mapping[str, Any] | None = None, Nstep: Mapping[str, Any] | None = None,
                  next_of: str | list[str] | None = None, stack_compress: str | list[str] | None = None,
                  lanes: int = 1):
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-            raise ValueError(f"size: expected an integer >= 1, got {size!r}")
+        size = checks.integer("size", size, low=1)
         if rate_limiter is not None:
             if not isinstance(rate_limiter, RateLimiter):
                 raise TypeError(f"rate_limiter: expected MinSize, SampleToInsertRatio or RateLimiter, "
                                 f"got {type(rate_limiter).__name__}")
-            rate_limiter.check(int(size))
-        self._size = int(size)
+            rate_limiter.check(size)
+        self._size = size
         self._nstep_args = _nstep_args(env_dict, default_dtype, nstep if Nstep is None else Nstep, nstep, Nstep)
         self._nstep = _make_nstep(self._nstep_args)
         self._specs = parse_env_dict(self._nstep.output_env_dict() if self._nstep else env_dict, default_dtype)
@@ -219,6 +218,8 @@ class ReplayBuffer:
         return self._add(fields, None, timeout)
 
     def _add(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int | None:
+        if timeout is not None:
+            timeout = checks.seconds("timeout", timeout)
         if self._nstep is not None:
             if priorities is not None:
                 raise TypeError("priorities: a buffer that folds n steps stores new transitions "
@@ -231,7 +232,7 @@ class ReplayBuffer:
         k, rows = convert_batch(self._specs, fields)
         if priorities is not None:
             # Checked before anything is written (Ring.update checks its own input).
-            priorities = self._priorities(priorities, k)
+            priorities = checks.priorities("priorities", priorities, k, max_priority=None)
             self._ring.check_priorities(priorities)
         return self._write(k, rows, priorities, timeout)
 
@@ -284,7 +285,8 @@ class ReplayBuffer:
         may hold arrays to fill instead of fresh ones (e.g. the previous batch):
         for large observations that spares the page faults of new memory.
         """
-        return self._ring.sample(_batch_size(batch_size), False, -1.0, timeout, out)
+        return self._ring.sample(checks.integer("batch_size", batch_size, low=1), False, -1.0,
+                                 checks.seconds("timeout", timeout), out)
 
     def get_all_transitions(self) -> dict[str, np.ndarray]:
         """Copies of every stored transition, oldest first (lane by lane).
@@ -356,11 +358,10 @@ class ReplayBuffer:
         call started and not overwritten before its rows were copied, oldest first,
         with the priority each had when the call started.
         """
-        if not isinstance(priorities, (bool, np.bool_)):
-            raise TypeError(f"priorities: expected a bool, got {type(priorities).__name__}")
+        priorities = checks.flag("priorities", priorities)
         if priorities and not isinstance(self, PrioritizedReplayBuffer):
             raise ValueError(f"priorities: a {type(self).__name__} has no priorities to save; pass priorities=False")
-        rows, raw = self._snapshot(priorities=bool(priorities))
+        rows, raw = self._snapshot(priorities=priorities)
         fileformat.write_transitions(file, rows, self._specs, nstep=self._nstep_settings(), priorities=raw,
                                      safe=safe, compress=compress)
 
@@ -442,22 +443,6 @@ def _make_nstep(args: tuple | None) -> NstepBuffer | None:
     return NstepBuffer(env_dict, settings.pop("size"), settings.pop("gamma"), default_dtype=default_dtype, **settings)
 
 
-def _batch_size(batch_size: Any) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size!r}")
-    return int(batch_size)
-
-
-def _positive(name: str, value: Any) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name}: expected a number, got {type(value).__name__}") from None
-    if not (math.isfinite(v) and v >= 0):
-        raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
-    return v
-
-
 class PrioritizedReplayBuffer(ReplayBuffer):
     """Proportional prioritized replay (Schaul et al. 2016), stratified as in Ape-X.
 
@@ -479,7 +464,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *, alpha: float = 0.6,
                  eps: float = 1e-4, **options: Any):
-        self._alpha, self._eps = _positive("alpha", alpha), _positive("eps", eps)
+        self._alpha, self._eps = checks.number("alpha", alpha, low=0.0), checks.number("eps", eps, low=0.0)
         super().__init__(size, env_dict, **options)
 
     @property
@@ -502,20 +487,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         m = self._tree.max()
         return 1.0 if m == -np.inf else float(m)
 
-    def _priorities(self, priorities: Any, k: int) -> np.ndarray:
-        """``priorities`` as ``k`` contiguous float64 values (their range is the ring's to check)."""
-        p = priorities
-        if not (type(p) is np.ndarray and p.dtype == np.float64 and p.ndim == 1 and p.flags.c_contiguous):
-            try:
-                p = np.ascontiguousarray(priorities, dtype=np.float64)
-            except (TypeError, ValueError):
-                raise TypeError(f"priorities: expected numbers, got {type(priorities).__name__}") from None
-            if p.ndim > 1:
-                raise ValueError(f"priorities: expected a 1-D array, got shape {p.shape}")
-            p = p.reshape(-1)
-        if len(p) != k:
-            raise ValueError(f"priorities: expected {k} values (one per transition), got {len(p)}")
-        return p
+    @property
+    def max_priority(self) -> float:
+        """The largest priority this buffer accepts (``get_max_priority()`` is the largest stored):
+        no sum of leaf weights can overflow below it.  It depends on the capacity, alpha and eps."""
+        return self._ring.max_priority
 
     def add(self, *, priorities: Any = None, timeout: float | None = None, **fields: Any) -> int:
         """Store one transition or a batch; ``priorities`` (one per transition)
@@ -529,7 +505,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Adds ``indexes`` and importance ``weights`` = (N·P(i))^-β / max_j (N·P(j))^-β.
         ``timeout`` and ``out`` as for :meth:`ReplayBuffer.sample`.
         """
-        return self._ring.sample(_batch_size(batch_size), True, _positive("beta", beta), timeout, out)
+        return self._ring.sample(checks.integer("batch_size", batch_size, low=1), True,
+                                 checks.number("beta", beta, low=0.0), checks.seconds("timeout", timeout), out)
 
     def sample_leaves(self, batch_size: int, *, timeout: float | None = None) -> dict[str, np.ndarray]:
         """Draw as :meth:`sample` does, but give each row's ``leaf`` weight (p + eps) ** alpha and
@@ -539,12 +516,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         them (:mod:`mpreplay.sharded`).  A slot's tag changes whenever the slot is
         rewritten: :meth:`slot_tags` tells whether a sampled row is still there.
         """
-        return self._ring.sample(_batch_size(batch_size), True, -1.0, timeout, None, True)
+        return self._ring.sample(checks.integer("batch_size", batch_size, low=1), True, -1.0,
+                                 checks.seconds("timeout", timeout), None, True)
 
     def slot_tags(self, indexes: Any) -> np.ndarray:
         """The current tag of each slot in ``indexes`` (see :meth:`sample_leaves`); -1 while
         a writer holds the slot."""
-        return self._ring.tags(np.ascontiguousarray(indexes, dtype=np.int64))
+        return self._ring.tags(checks.indexes("indexes", indexes))
 
     def update_priorities(self, indexes: Any, priorities: Any) -> None:
         """Set new priorities of sampled transitions.
@@ -552,19 +530,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         An update whose slot was overwritten since this process sampled it is
         dropped (counted in ``stats()["stale_updates_dropped"]``).
         """
-        idx = indexes
-        if not (type(idx) is np.ndarray and idx.dtype == np.int64 and idx.ndim == 1 and idx.flags.c_contiguous):
-            try:
-                idx = np.asarray(indexes)
-            except (TypeError, ValueError):
-                raise TypeError(f"indexes: expected integers, got {type(indexes).__name__}") from None
-            if idx.size and idx.dtype.kind not in "iu":
-                raise TypeError(f"indexes: expected integers, got dtype {idx.dtype}")
-            if idx.ndim > 1:
-                raise ValueError(f"indexes: expected a 1-D array, got shape {idx.shape}")
-            idx = np.ascontiguousarray(idx.reshape(-1), dtype=np.int64)
-        p = self._priorities(priorities, len(idx))
-        self._ring.update(idx, p)
+        idx = checks.indexes("indexes", indexes)
+        self._ring.update(idx, checks.priorities("priorities", priorities, len(idx), max_priority=None))
 
 
 def _attach(cls: type, config: dict[str, Any], name: str) -> "ReplayBuffer":

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from . import checks
 from ._ext.frames import Frames
 from ._ext.ring import Ring, deadline
 from ._ext.schema import COMPLETE, EMPTY, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, WAITING
@@ -72,8 +73,7 @@ class Compression:
               done: str | None, truncated: str | None) -> "Compression | None":
         """Check the options against the field specs (``specs`` includes ``next_<key>``)."""
         next_keys, stack_keys = _keys("next_of", next_of), _keys("stack_compress", stack_compress)
-        if isinstance(lanes, bool) or not isinstance(lanes, (int, np.integer)) or lanes < 1:
-            raise ValueError(f"lanes: expected an integer >= 1, got {lanes!r}")
+        lanes = checks.integer("lanes", lanes, low=1)
         if not next_keys and not stack_keys:
             if lanes != 1:
                 raise ValueError("lanes: only compressed buffers (next_of, stack_compress) have several lanes")

@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from . import checks
 from .buffer import MPPrioritizedReplayBuffer, MPReplayBuffer
 from .errors import BufferClosed
 from .launcher import Context, launch
@@ -113,10 +114,8 @@ def epsilon(rank: int, num_actors: int, base: float = 0.4, alpha: float = 7.0) -
     ``base ** (1 + alpha * rank / (num_actors - 1))``: from ``base`` (0.4) for
     actor 0 down to ``base ** 8`` for the last; a lone actor gets ``base``.
     """
-    if isinstance(num_actors, bool) or not isinstance(num_actors, int) or num_actors < 1:
-        raise ValueError(f"num_actors: expected an integer >= 1, got {num_actors!r}")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < num_actors:
-        raise ValueError(f"rank: expected an integer in [0, {num_actors}), got {rank!r}")
+    num_actors = checks.integer("num_actors", num_actors, low=1)
+    rank = checks.integer("rank", rank, low=0, high=num_actors - 1)
     if num_actors == 1:
         return base
     return base ** (1 + alpha * rank / (num_actors - 1))

@@ -68,6 +68,7 @@ from typing import IO, Any, Union
 
 import numpy as np
 
+from . import checks
 from ._version import __version__
 from .spec import FieldSpec, parse_env_dict
 
@@ -105,16 +106,14 @@ def write_transitions(file: File, rows: dict[str, np.ndarray], specs: dict[str, 
     ``safe`` is recorded.  A path is written atomically: a temporary file in the
     same folder, flushed to disk, then renamed over ``file``.
     """
-    for name, flag in (("safe", safe), ("compress", compress)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
+    safe, compress = checks.flag("safe", safe), checks.flag("compress", compress)
     record = {
         "format_version": FORMAT_VERSION,
         "mpreplay_version": __version__,
         "fields": [spec.to_json() for spec in specs.values()],
         "nstep": _nstep_json(nstep),
         "compression": None,
-        "safe": bool(safe),
+        "safe": safe,
         "count": len(next(iter(rows.values()))),
         "priorities": priorities is not None,
     }
@@ -124,7 +123,7 @@ def write_transitions(file: File, rows: dict[str, np.ndarray], specs: dict[str, 
         arrays[PRIORITIES] = priorities
 
     def write(f: IO[bytes]) -> None:
-        _write_archive(f, arrays, bool(compress))
+        _write_archive(f, arrays, compress)
 
     if _is_path(file):
         _write_atomically(os.fsdecode(file), write)

@@ -65,6 +65,8 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 
+from . import checks
+
 __all__ = ["launch", "Context", "RunResult", "ChildFailed", "StopFlag"]
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -95,7 +97,9 @@ class StopFlag:
         self._flag.value = True
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Sleep until the flag is set or ``timeout`` seconds pass; return whether it is set."""
+        """Sleep until the flag is set or ``timeout`` seconds pass (None: no limit, 0: do not
+        wait); return whether it is set."""
+        timeout = checks.seconds("timeout", timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.is_set():
             if deadline is not None and time.monotonic() >= deadline:
@@ -448,13 +452,6 @@ def _dumps(obj: Any, what: str) -> bytes:
         raise TypeError(f"{what}: cannot be pickled for the child processes: {exc}") from exc
 
 
-def _check_seconds(value: Any, what: str, *, allow_zero: bool) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < math.inf) \
-            or (value == 0 and not allow_zero):
-        expected = "a number of seconds >= 0" if allow_zero else "a positive number of seconds"
-        raise ValueError(f"{what}: expected {expected}, got {value!r}")
-
-
 def _closeables(buffer: Any, params: Any) -> list[Any]:
     if isinstance(buffer, dict):
         resources = list(buffer.values())
@@ -489,7 +486,8 @@ def launch(buffer: Any, actors: Any = None, learner: Callable[..., Any] | None =
         How many times each actor rank may be started again after dying
         without an exception (killed by a signal, non-zero exit).
     timeout : float, optional
-        Seconds after which the run is stopped (``RunResult.reason == "timeout"``).
+        Seconds after which the run is stopped (``RunResult.reason == "timeout"``);
+        None: no limit, 0: stop at once (the processes started get ``grace``).
     grace : float
         Seconds the processes have to return once ``stop`` is set, before
         they are terminated (SIGTERM) and, a second later, killed (SIGKILL).
@@ -512,11 +510,9 @@ def launch(buffer: Any, actors: Any = None, learner: Callable[..., Any] | None =
         raise TypeError(f"learner: expected a function or None, got {learner!r}")
     if not actor_functions and learner is None:
         raise ValueError("actors, learner: nothing to run; give at least one actor or a learner")
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise ValueError(f"max_restarts: expected an integer >= 0, got {max_restarts!r}")
-    if timeout is not None:
-        _check_seconds(timeout, "timeout", allow_zero=False)
-    _check_seconds(grace, "grace", allow_zero=True)
+    max_restarts = checks.integer("max_restarts", max_restarts, low=0)
+    timeout = checks.seconds("timeout", timeout)
+    grace = checks.seconds("grace", grace, allow_none=False)
     if not isinstance(args, tuple):
         raise TypeError(f"args: expected a tuple, got {type(args).__name__}")
     try:

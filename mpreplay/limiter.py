@@ -20,19 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import checks
 from ._ext.schema import LIMIT_MAX_DIFF, LIMIT_MIN_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI, LIMITS_LEN
 
 __all__ = ["RateLimiter", "MinSize", "SampleToInsertRatio"]
-
-
-def _number(name: str, value: object, low: float = -math.inf) -> float:
-    try:
-        v = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise TypeError(f"{name}: expected a number, got {type(value).__name__}") from None
-    if math.isnan(v) or v < low:
-        raise ValueError(f"{name}: expected a number >= {low}, got {value!r}")
-    return v
 
 
 @dataclass(frozen=True)
@@ -46,11 +37,10 @@ class RateLimiter:
     max_diff: float
 
     def __post_init__(self) -> None:
-        _number("samples_per_insert", self.samples_per_insert, 0.0)
-        if isinstance(self.min_size_to_sample, bool) or not isinstance(self.min_size_to_sample, (int, np.integer)) \
-                or self.min_size_to_sample < 1:
-            raise ValueError(f"min_size_to_sample: expected an integer >= 1, got {self.min_size_to_sample!r}")
-        lo, hi = _number("min_diff", self.min_diff), _number("max_diff", self.max_diff)
+        checks.number("samples_per_insert", self.samples_per_insert, low=0.0)
+        checks.integer("min_size_to_sample", self.min_size_to_sample, low=1)
+        lo = checks.number("min_diff", self.min_diff, finite=False)
+        hi = checks.number("max_diff", self.max_diff, finite=False)
         if lo > hi:
             raise ValueError(f"min_diff ({lo}) > max_diff ({hi}): nothing could ever be inserted and sampled")
 
@@ -99,15 +89,13 @@ class SampleToInsertRatio(RateLimiter):
 
     def __init__(self, samples_per_insert: float, min_size_to_sample: int,
                  error_buffer: float | tuple[float, float]):
-        spi = _number("samples_per_insert", samples_per_insert, 0.0)
-        if spi <= 0:
-            raise ValueError(f"samples_per_insert: expected a number > 0, got {samples_per_insert!r}")
+        spi = checks.number("samples_per_insert", samples_per_insert, low=0.0, low_open=True)
+        min_size = checks.integer("min_size_to_sample", min_size_to_sample, low=1)
         if isinstance(error_buffer, tuple):
-            lo, hi = (_number("error_buffer", e) for e in error_buffer)
+            lo, hi = (checks.number("error_buffer", e, finite=False) for e in error_buffer)
         else:
-            e = _number("error_buffer", error_buffer, 0.0)
-            offset = spi * float(min_size_to_sample) if isinstance(min_size_to_sample, (int, np.integer)) else 0.0
-            lo, hi = offset - e, offset + e
+            e = checks.number("error_buffer", error_buffer, low=0.0, finite=False)
+            lo, hi = spi * min_size - e, spi * min_size + e
         super().__init__(spi, min_size_to_sample, lo, hi)
 
     def __repr__(self) -> str:

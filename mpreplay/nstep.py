@@ -21,11 +21,11 @@ and truncated is terminal.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
 
+from . import checks
 from .spec import FieldSpec, convert_batch, parse_env_dict
 
 __all__ = ["NstepBuffer"]
@@ -83,19 +83,15 @@ class NstepBuffer:
     def __init__(self, env_dict: Mapping[str, Mapping[str, Any]], size: int, gamma: float = 0.99, *,
                  rew: str = "rew", next: str = "next_obs", done: str = "done", truncated: str | None = None,
                  num_envs: int | None = None, default_dtype: Any = None):
-        if isinstance(size, bool) or not isinstance(size, Integral) or size < 1:
-            raise ValueError(f"size: expected an integer >= 1, got {size!r}")
-        if isinstance(gamma, bool) or not isinstance(gamma, Real) or not 0.0 <= gamma <= 1.0:
-            raise ValueError(f"gamma: expected a number in [0, 1], got {gamma!r}")
-        if num_envs is not None and (isinstance(num_envs, bool) or not isinstance(num_envs, Integral) or num_envs < 1):
-            raise ValueError(f"num_envs: expected None or an integer >= 1, got {num_envs!r}")
-        self._n, self._gamma, self._num_envs = int(size), float(gamma), num_envs
+        self._n = checks.integer("size", size, low=1)
+        self._gamma = checks.number("gamma", gamma, low=0.0, high=1.0)
+        self._num_envs = None if num_envs is None else checks.integer("num_envs", num_envs, low=1)
         specs = parse_env_dict(env_dict, default_dtype)
         self._out_specs = self._output_specs(specs)
         self._specs = {name: s for name, s in specs.items() if name != _DISCOUNT}
         self._rew, self._next, self._done, self._truncated = self._check_keys(rew, next, done, truncated)
         self._last_step_fields = {self._next, self._done, self._truncated} - {None}
-        self._init_arrays(1 if num_envs is None else int(num_envs))
+        self._init_arrays(1 if self._num_envs is None else self._num_envs)
 
     # -- construction -------------------------------------------------------
     @staticmethod
@@ -226,9 +222,7 @@ class NstepBuffer:
         self._steady = bool((count == self._n - 1).all())
 
     def _env_index(self, env: Any) -> int:
-        if isinstance(env, bool) or not isinstance(env, Integral) or not 0 <= env < len(self._count):
-            raise ValueError(f"env: expected an environment index in [0, {len(self._count)}), got {env!r}")
-        return int(env)
+        return checks.integer("env", env, low=0, high=len(self._count) - 1)
 
     def _flush(self, emit: np.ndarray, count: np.ndarray, *, truncate: bool) -> dict[str, np.ndarray]:
         """Emit the ``emit[e]`` oldest of the ``count[e]`` pending steps of each environment ``e``."""

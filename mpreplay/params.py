@@ -49,14 +49,13 @@ tensors for the keys whose template value was a tensor.
 """
 from __future__ import annotations
 
-import math
-import sys
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from . import checks
 from .memory import Layout, SharedMemory
 
 __all__ = ["ParameterStore", "ParameterStoreTimeout"]
@@ -72,13 +71,8 @@ class ParameterStoreTimeout(TimeoutError):
     """
 
 
-def _is_tensor(value: Any) -> bool:
-    torch = sys.modules.get("torch")  # a tensor cannot exist unless torch was imported
-    return torch is not None and isinstance(value, torch.Tensor)
-
-
 def _as_array(value: Any, what: str) -> np.ndarray:
-    if _is_tensor(value):
+    if checks.is_tensor(value):
         value = value.detach().cpu().numpy()
     array = np.asarray(value)
     if array.dtype.kind not in "biufc":
@@ -88,7 +82,7 @@ def _as_array(value: Any, what: str) -> np.ndarray:
 
 def _writable_view(value: Any, what: str) -> np.ndarray:
     """The memory of ``value`` (a numpy array or CPU tensor) as a numpy array, to copy into."""
-    if _is_tensor(value):
+    if checks.is_tensor(value):
         value = value.detach().numpy()  # shares the tensor's storage
     if not isinstance(value, np.ndarray):
         raise TypeError(f"{what}: expected a numpy array or CPU tensor to copy into, got {type(value).__name__}")
@@ -103,12 +97,6 @@ def _pause(attempt: int) -> None:
     time.sleep(0 if attempt < 16 else 1e-6 * 2.0 ** min(attempt - 16, 10))
 
 
-def _check_timeout(timeout: Any) -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
-        raise ValueError(f"timeout: expected a positive number of seconds, got {timeout!r}")
-    return float(timeout)
-
-
 class ParameterStore:
     """Named arrays in shared memory, published as a whole under a version number.
 
@@ -118,11 +106,12 @@ class ParameterStore:
         Names, shapes and dtypes of the parameters (a torch ``state_dict`` works).
         Its values are the initial contents, version 0.
     timeout : float
-        Seconds a read keeps retrying before it raises :class:`ParameterStoreTimeout`.
+        Seconds a read keeps retrying before it raises :class:`ParameterStoreTimeout`
+        (0: a read tries once).
     """
 
     def __init__(self, template: Mapping[str, Any], *, timeout: float = 5.0):
-        timeout = _check_timeout(timeout)
+        timeout = checks.seconds("timeout", timeout, allow_none=False)
         if not isinstance(template, Mapping) or not template:
             raise ValueError(f"template: expected a non-empty mapping of names to arrays, got {template!r}")
         arrays = {}
@@ -130,7 +119,7 @@ class ParameterStore:
             if not isinstance(key, str):
                 raise TypeError(f"template: keys must be str, got {key!r}")
             arrays[key] = _as_array(value, f"template[{key!r}]")
-        spec = [(key, array.shape, array.dtype.str, _is_tensor(template[key])) for key, array in arrays.items()]
+        spec = [(key, array.shape, array.dtype.str, checks.is_tensor(template[key])) for key, array in arrays.items()]
         self._bind(SharedMemory(self._layout(spec)), spec, timeout)
         for key, array in arrays.items():
             self._arrays[key][...] = array
@@ -233,9 +222,9 @@ class ParameterStore:
                     np.copyto(dest[key], src)
                 if int(seq[0]) == before:
                     break
-            if deadline is None:
+            if deadline is None:  # set at the first failed try: a read that succeeds never reads the clock
                 deadline = time.monotonic() + self.timeout
-            elif time.monotonic() > deadline:
+            if time.monotonic() >= deadline:
                 raise ParameterStoreTimeout(
                     f"no consistent read of parameter store {self.name!r} within {self.timeout} s: "
                     f"a publish is stuck (counter {before}); did the writer die mid-publish?"

@@ -19,11 +19,11 @@ Conventions shared by every function:
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import checks
 from ._ext import discount as _kernel
 
 __all__ = [
@@ -94,16 +94,15 @@ def n_step_returns(rewards, dones, gamma: float, n: int, *, axis: int = -1) -> N
     torch tensors, ``returns`` is differentiable with respect to ``rewards``;
     ``discounts`` and ``steps`` are constant tensors.  Costs O(n) per step.
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n: expected an integer >= 1, got {n!r}")
+    n = checks.integer("n", n, low=1)
     gamma = _check_scalar_gamma(gamma, "gamma")
-    if _is_tensor(rewards):
-        return _torch_n_step(rewards, dones, gamma, int(n), axis)
+    if checks.is_tensor(rewards):
+        return _torch_n_step(rewards, dones, gamma, n, axis)
     r = _as_float_array(rewards, "rewards")
     ax = _check_axis(axis, r.ndim, "rewards")
     d = _as_dones(dones, r.shape)
     result = NStepReturns(np.empty_like(r), np.empty_like(r), np.empty(r.shape, np.int64))
-    longest = min(int(n), max(r.shape[ax], 1))  # no window reaches past the array
+    longest = min(n, max(r.shape[ax], 1))  # no window reaches past the array
     _kernel.n_step_fold(
         _time_last(r, ax), _time_last(d, ax), gamma, longest, *(_time_last(a, ax) for a in result)
     )
@@ -127,7 +126,7 @@ def gae(rewards, values, dones, gamma: float, lam: float, *, axis: int = -1):
     """
     gamma = _check_scalar_gamma(gamma, "gamma")
     lam = _check_scalar_gamma(lam, "lam")
-    if _is_tensor(rewards) or _is_tensor(values):
+    if checks.is_tensor(rewards) or checks.is_tensor(values):
         return _torch_gae(rewards, values, dones, gamma, lam, axis)
     r = _as_float_array(rewards, "rewards")
     v = _as_float_array(values, "values")
@@ -147,7 +146,7 @@ def gae(rewards, values, dones, gamma: float, lam: float, *, axis: int = -1):
 
 
 def _cumsum(x, gamma, dones, axis, out, right: bool):
-    if _is_tensor(x) or _is_tensor(gamma):
+    if checks.is_tensor(x) or checks.is_tensor(gamma):
         if out is not None:
             raise TypeError("out: not supported with torch tensors")
         return _torch_cumsum(x, gamma, dones, axis, right)
@@ -176,9 +175,7 @@ def _as_float_array(a, name: str) -> np.ndarray:
 
 
 def _check_axis(axis, ndim: int, name: str) -> int:
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -ndim <= axis < ndim:
-        raise ValueError(f"axis: expected an integer in [{-ndim}, {ndim}) for {ndim}-D {name}, got {axis!r}")
-    return int(axis) % ndim
+    return checks.integer(f"axis (of {ndim}-D {name})", axis, low=-ndim, high=ndim - 1) % ndim
 
 
 def _check_values_shape(rewards_shape: tuple, values_shape: tuple, axis) -> int:
@@ -229,7 +226,7 @@ def _as_dones(dones, shape: tuple) -> np.ndarray | None:
     """``dones`` as a uint8 view of booleans shaped like the data, or None."""
     if dones is None:
         return None
-    if _is_tensor(dones):
+    if checks.is_tensor(dones):
         dones = dones.detach().cpu().numpy()
     d = np.asarray(dones)
     if d.shape != shape:
@@ -272,12 +269,6 @@ def _time_last(a: np.ndarray | None, ax: int) -> np.ndarray | None:
 
 
 # --- torch path ---------------------------------------------------------------------------------
-
-
-def _is_tensor(a) -> bool:
-    # A caller holding a tensor has imported torch already; never import it here.
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(a, torch.Tensor)
 
 
 def _torch_cumsum(x, gamma, dones, axis, right: bool):

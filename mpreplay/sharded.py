@@ -76,7 +76,8 @@ from typing import Any
 
 import numpy as np
 
-from .buffer import BufferClosed, PrioritizedReplayBuffer, _batch_size, _positive
+from . import checks
+from .buffer import BufferClosed, PrioritizedReplayBuffer
 
 __all__ = ["SHARD_NAME_PREFIX", "ShardLostWarning", "ShardServer", "ShardUnavailable",
            "ShardedReplay", "node_buffer", "split_indexes", "start_shard_servers"]
@@ -148,10 +149,11 @@ class ShardServer:
         return self._buffer
 
     def describe(self) -> dict[str, Any]:
-        """What a client checks before it samples: field specs, alpha, eps, capacity and the current mass."""
+        """What a client checks before it samples: field specs, alpha, eps, capacity, the largest
+        priority the buffer accepts and the current mass."""
         b = self._buffer
         return {"env_dict": b.get_env_dict(), "alpha": b.alpha, "eps": b.eps,
-                "capacity": b.get_buffer_size(), **self._mass()}
+                "capacity": b.get_buffer_size(), "max_priority": b.max_priority, **self._mass()}
 
     def _mass(self) -> dict[str, Any]:
         total, smallest = self._buffer.leaf_mass()
@@ -301,6 +303,7 @@ class _Shard:
     min: float
     stored: int
     capacity: int
+    max_priority: float  # the largest priority its buffer accepts
     updates: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # not sent yet
 
     def take_updates(self) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -366,7 +369,8 @@ class ShardedReplay:
         Calls carrying only priority updates that may be outstanding before ``update_priorities`` waits.
     timeout : float, optional
         A shard that does not answer within this many seconds is dropped
-        (None: only when Ray reports it dead).
+        (None: only when Ray reports it dead; 0: one whose answer is not
+        there yet when the client looks).
     discover : str, optional
         Name prefix of Ray shard servers to add by name (e.g. :data:`SHARD_NAME_PREFIX`),
         at start and every ``rediscover_every`` seconds during ``sample``.
@@ -384,17 +388,14 @@ class ShardedReplay:
     def __init__(self, shards: Iterable[Any] = (), *, prefetch: int = 2, batches_per_call: int = 8,
                  max_updates_in_flight: int = 16, timeout: float | None = None, discover: str | None = None,
                  namespace: str | None = None, rediscover_every: float = 10.0, seed: int | None = None):
-        for name, value, low in (("prefetch", prefetch, 0), ("batches_per_call", batches_per_call, 1),
-                                 ("max_updates_in_flight", max_updates_in_flight, 1)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-                raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout: expected a number of seconds > 0 or None, got {timeout!r}")
+        self._prefetch = checks.integer("prefetch", prefetch, low=0)
+        self._per_call = checks.integer("batches_per_call", batches_per_call, low=1)
+        self._max_updates = checks.integer("max_updates_in_flight", max_updates_in_flight, low=1)
+        self._timeout = checks.seconds("timeout", timeout)
         if discover is not None and not isinstance(discover, str):
             raise TypeError(f"discover: expected a name prefix (str), got {type(discover).__name__}")
-        self._prefetch, self._per_call = int(prefetch), int(batches_per_call)
-        self._max_updates, self._timeout = int(max_updates_in_flight), timeout
-        self._discover, self._namespace, self._rediscover_every = discover, namespace, float(rediscover_every)
+        self._discover, self._namespace = discover, namespace
+        self._rediscover_every = checks.seconds("rediscover_every", rediscover_every, allow_none=False)
         self._rng = np.random.default_rng(seed)
         self._shards: dict[int, _Shard] = {}
         self._next_id = 0
@@ -432,7 +433,8 @@ class ShardedReplay:
         elif spec != self._spec:
             raise ValueError(f"shard: its buffer has {spec}, the other shards' have {self._spec}")
         sid, self._next_id = self._next_id, self._next_id + 1
-        self._shards[sid] = _Shard(sid, link, info["total"], info["min"], info["stored"], info["capacity"])
+        self._shards[sid] = _Shard(sid, link, info["total"], info["min"], info["stored"], info["capacity"],
+                                   info["max_priority"])
         self._discard_prefetched()  # they were split without the new shard
         return sid
 
@@ -480,10 +482,10 @@ class ShardedReplay:
         Returns the fields plus ``indexes`` (see :func:`split_indexes`) and
         importance ``weights`` = (N·P(i))^-β / max_j (N·P(j))^-β over all shards.
         """
-        batch_size, beta = _batch_size(batch_size), _positive("beta", beta)  # the buffers' own checks
+        batch_size, beta = checks.integer("batch_size", batch_size, low=1), checks.number("beta", beta, low=0.0)
         if batch_size != self._batch_size:
             self._discard_prefetched()
-            self._batch_size = int(batch_size)
+            self._batch_size = batch_size
         if self._discover is not None and time.monotonic() - self._last_discovery >= self._rediscover_every:
             self.discover()
         while not self._ready:
@@ -586,28 +588,19 @@ class ShardedReplay:
         (they ride with the shards' next sample calls).
 
         An update whose slot was overwritten since it was sampled, or whose
-        shard is gone, is dropped (see :meth:`stats`).
+        shard is gone, is dropped (see :meth:`stats`).  Bad input raises here,
+        queuing nothing: a priority above what its shard's buffer accepts too.
         """
-        idx = np.asarray(indexes)
-        if idx.size and idx.dtype.kind not in "iu":
-            raise TypeError(f"indexes: expected integers, got dtype {idx.dtype}")
-        if idx.ndim > 1:
-            raise ValueError(f"indexes: expected a 1-D array, got shape {idx.shape}")
-        idx = idx.reshape(-1).astype(np.int64, copy=False)
-        try:
-            p = np.asarray(priorities, dtype=np.float64).reshape(-1)
-        except (TypeError, ValueError):
-            raise TypeError(f"priorities: expected numbers, got {type(priorities).__name__}") from None
-        if len(p) != len(idx):
-            raise ValueError(f"priorities: expected {len(idx)} values (one per index), got {len(p)}")
-        bad = np.flatnonzero(~(np.isfinite(p) & (p >= 0)))
-        if bad.size:
-            raise ValueError(f"priorities: expected finite values >= 0, got {p[bad[0]]!r} at position {bad[0]}")
+        idx = checks.indexes("indexes", indexes)
         ids = idx >> _KEY_BITS
         bad = np.flatnonzero((idx < 0) | (ids >= self._next_id))
         if bad.size:
             raise ValueError(f"indexes: expected indexes this client's sample() returned, "
                              f"got {idx[bad[0]]} at position {bad[0]}")
+        limits = np.full(self._next_id, np.inf)  # a gone shard's updates are dropped: any finite value does
+        for sid, shard in self._shards.items():
+            limits[sid] = shard.max_priority
+        p = checks.priorities("priorities", priorities, len(idx), max_priority=limits[ids])
         for sid in np.unique(ids).tolist():
             mine = ids == sid
             shard = self._shards.get(sid)

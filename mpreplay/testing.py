@@ -12,6 +12,8 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from . import checks
+
 __all__ = ["LoopbackRayCluster"]
 
 
@@ -47,8 +49,7 @@ class LoopbackRayCluster:
 
     def __init__(self, nodes: int = 3, *, cpus_per_node: int = 1, object_store_mb: int = 128,
                  namespace: str | None = None, system_config: Mapping[str, Any] | None = None):
-        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-            raise ValueError(f"nodes: expected an integer >= 1, got {nodes!r}")
+        nodes = checks.integer("nodes", nodes, low=1)
         self._count, self._namespace = nodes, namespace
         # Notice a removed node within about a second, not half a minute.
         self._system_config = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 200,

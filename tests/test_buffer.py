@@ -451,6 +451,10 @@ _BAD_FOR_ANY_BUFFER = [
     pytest.param(lambda b: b.sample(2.5), ValueError, "batch_size", id="sample-batch-size-float"),
     pytest.param(lambda b: b.sample(True), ValueError, "batch_size", id="sample-batch-size-bool"),
     pytest.param(lambda b: b.sample(None), ValueError, "batch_size", id="sample-batch-size-none"),
+    pytest.param(lambda b: b.sample(2, timeout=-1.0), ValueError, "timeout", id="sample-timeout-negative"),
+    pytest.param(lambda b: b.sample(2, timeout=math.inf), ValueError, "timeout", id="sample-timeout-inf"),
+    pytest.param(lambda b: b.add(**_row(0), timeout=math.nan), ValueError, "timeout", id="add-timeout-nan"),
+    pytest.param(lambda b: b.add(**_row(0), timeout="1"), TypeError, "timeout", id="add-timeout-string"),
 ]
 
 
@@ -504,6 +508,27 @@ def test_bad_input_to_a_prioritized_buffer_raises_naming_the_argument_and_change
     buffer = _filled(PrioritizedReplayBuffer)
     with unchanged(buffer), pytest.raises(error, match=field):
         call(buffer)
+
+
+def test_max_priority_is_the_largest_priority_the_buffer_accepts(unchanged):
+    buffer = _filled(PrioritizedReplayBuffer)
+    assert 1e200 < buffer.max_priority <= 1e300
+    buffer.update_priorities([0], [buffer.max_priority])
+    assert buffer.get_max_priority() == buffer.max_priority
+    with unchanged(buffer), pytest.raises(ValueError, match="priorities: expected finite values in"):
+        buffer.update_priorities([0], [np.nextafter(buffer.max_priority, math.inf)])
+
+
+def test_max_priority_falls_with_the_capacity_when_alpha_is_large():
+    small, large = (PrioritizedReplayBuffer(size, ENV, alpha=2.0) for size in (8, 8192))
+    assert large.max_priority < small.max_priority < 1e300
+
+
+@BOTH
+def test_timeout_0_means_do_not_wait(cls):
+    buffer = _filled(cls)
+    assert buffer.add(**_row(0), timeout=0) >= 0
+    assert len(buffer.sample(2, timeout=0)["indexes"]) == 2
 
 
 def test_update_of_a_slot_not_stored_yet_raises_and_changes_nothing(unchanged):

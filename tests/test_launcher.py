@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpreplay.launcher import ChildFailed, launch
+from mpreplay.launcher import ChildFailed, StopFlag, launch
 from mpreplay.memory import SEGMENT_PREFIX, Layout, SharedMemory
 from mpreplay.params import ParameterStore
 
@@ -174,6 +174,33 @@ def test_timeout_stops_the_run_and_keeps_what_the_learner_returns_in_the_grace_p
     result = launch(Board(1), learner=learner, timeout=0.3, start_method=method)
     assert result.reason == "timeout"
     assert result.value == "returned after stop"
+
+
+@pytest.mark.timeout(30)
+def test_timeout_0_stops_the_run_at_once():
+    def learner(ctx):
+        ctx.stop.wait()
+        return "returned after stop"
+
+    started = time.monotonic()
+    result = launch(Board(1), learner=learner, timeout=0, start_method="fork")
+    assert result.reason == "timeout"
+    assert result.value == "returned after stop"
+    assert time.monotonic() - started < 5.0  # well inside the grace period: nobody was killed
+
+
+def test_stop_wait_with_timeout_0_does_not_wait():
+    flag = StopFlag(multiprocessing.get_context("fork"))
+    started = time.monotonic()
+    assert flag.wait(0) is False
+    assert time.monotonic() - started < 0.5
+    flag.set()
+    assert flag.wait(0) is True
+
+
+def test_stop_wait_refuses_a_negative_timeout():
+    with pytest.raises(ValueError, match="timeout: expected None"):
+        StopFlag(multiprocessing.get_context("fork")).wait(-1)
 
 
 @pytest.mark.timeout(30)
@@ -359,8 +386,10 @@ def test_actor_exception_is_not_retried_even_with_restarts(method):
     ({"learner": "fn"}, TypeError, "learner: expected a function"),
     ({}, ValueError, "nothing to run"),
     ({"learner": print, "max_restarts": -1}, ValueError, "max_restarts: expected an integer >= 0"),
-    ({"learner": print, "timeout": 0}, ValueError, "timeout: expected a positive number of seconds"),
-    ({"learner": print, "grace": -1.0}, ValueError, "grace: expected a number of seconds >= 0"),
+    ({"learner": print, "timeout": -1}, ValueError, r"timeout: expected None \(no limit\) or a finite number"),
+    ({"learner": print, "timeout": float("nan")}, ValueError, "timeout: expected None"),
+    ({"learner": print, "grace": -1.0}, ValueError, "grace: expected a finite number of seconds >= 0"),
+    ({"learner": print, "grace": None}, TypeError, "grace: expected a finite number of seconds >= 0"),
     ({"learner": print, "args": [1]}, TypeError, "args: expected a tuple"),
     ({"learner": print, "start_method": "thread"}, ValueError, "start_method: expected one of"),
     ({"learner": print, "params": threading.Lock()}, TypeError, "buffer, params, args: cannot be pickled"),

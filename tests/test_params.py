@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from mpreplay import params as params_module
 from mpreplay.params import ParameterStore, ParameterStoreTimeout
 
 METHODS = ["spawn", "fork"]
@@ -106,7 +107,8 @@ def test_bad_publish_raises_and_changes_nothing(store, bad, error, match):
     ([np.zeros(2)], {}, ValueError, "template: expected a non-empty mapping"),
     ({1: np.zeros(2)}, {}, TypeError, "template: keys must be str"),
     ({"w": np.array([object()])}, {}, TypeError, r"template\['w'\]: expected a numeric array"),
-    ({"w": np.zeros(2)}, {"timeout": 0}, ValueError, "timeout: expected a positive number of seconds"),
+    ({"w": np.zeros(2)}, {"timeout": -1}, ValueError, "timeout: expected a finite number of seconds >= 0"),
+    ({"w": np.zeros(2)}, {"timeout": None}, TypeError, "timeout: expected a finite number of seconds >= 0"),
 ])
 def test_bad_template_is_rejected(bad, kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -228,6 +230,18 @@ def test_a_writer_dead_mid_publish_makes_reads_time_out_instead_of_hanging(metho
         kill_a_writer_mid_publish(store, method)
         with pytest.raises(ParameterStoreTimeout, match="did the writer die mid-publish"):
             store.read()
+
+
+def test_timeout_0_reads_once_and_does_not_wait(monkeypatch):
+    pauses = []
+    monkeypatch.setattr(params_module, "_pause", pauses.append)
+    with ParameterStore(template(), timeout=0) as store:
+        store.publish(params(2))
+        assert store.read()[1] == 1
+        store._seq[0] += 1  # a publish that never ends: the counter stays odd
+        with pytest.raises(ParameterStoreTimeout, match="within 0.0 s"):
+            store.read()
+    assert pauses == []  # one try, no retry
 
 
 @pytest.mark.timeout(60)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import multiprocessing as mp
 import pickle
+import sys
+import types
 import warnings
 
 import numpy as np
@@ -230,6 +232,62 @@ def test_bad_updates_raise_and_change_nothing(indexes, priorities, error, match)
     assert [_max_priority(b) for b in buffers] == [PRIORITY[ids].max() for ids in IDS]
 
 
+def test_a_priority_above_what_its_shard_accepts_raises_at_the_call_and_sampling_goes_on():
+    buffers = _buffers()
+    client = _client(buffers, prefetch=0, batches_per_call=1)
+    batch = client.sample(8)
+    with pytest.raises(ValueError, match="priorities: expected finite values in"):
+        client.update_priorities(batch["indexes"], np.full(8, 1e301))
+    assert len(client.sample(8)["indexes"]) == 8
+    assert client.stats()["stale_updates_dropped"] == 0
+    assert [_max_priority(b) for b in buffers] == [PRIORITY[ids].max() for ids in IDS]
+
+
+def test_each_update_is_held_to_the_largest_priority_of_its_own_shard():
+    # With alpha = 2 the largest priority accepted falls with the capacity.
+    small, large = (_fill(PrioritizedReplayBuffer(capacity, ENV, alpha=2.0, eps=EPS), [0], [1.0])
+                    for capacity in (2, 4096))
+    assert small.max_priority > large.max_priority
+    client = ShardedReplay([ShardServer(small), ShardServer(large)], prefetch=0, batches_per_call=1, seed=1)
+    between = (small.max_priority + large.max_priority) / 2
+    drawn = client.sample(8)["indexes"]  # the two shards weigh the same: 4 rows each
+    indexes = {int(sid): index for sid, index in zip(split_indexes(drawn)[0], drawn)}
+    with pytest.raises(ValueError, match="priorities: expected finite values in"):
+        client.update_priorities([indexes[1]], [between])
+    client.update_priorities([indexes[0]], [between])
+    client.flush()
+    assert _max_priority(small) == between
+
+
+def test_a_shard_describes_the_largest_priority_its_buffer_accepts():
+    buffer = _buffers()[0]
+    assert ShardServer(buffer).describe()["max_priority"] == buffer.max_priority
+
+
+def test_timeout_0_samples_and_updates_through_local_shards():
+    buffers = _buffers()
+    client = _client(buffers, timeout=0)
+    batch = client.sample(16)
+    client.update_priorities(batch["indexes"], np.full(16, 0.5))
+    client.flush()
+    assert client.stats()["shards"] == len(buffers)
+
+
+def test_timeout_0_asks_ray_for_a_reply_without_waiting(monkeypatch):
+    from mpreplay.sharded import _RayLink
+
+    asked = []
+    ray = types.ModuleType("ray")
+    ray.get = lambda pending, timeout: asked.append(timeout) or "reply"
+    exceptions = types.ModuleType("ray.exceptions")
+    exceptions.GetTimeoutError = exceptions.RayActorError = type("RayError", (Exception,), {})
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.exceptions", exceptions)
+    link = _RayLink.__new__(_RayLink)  # the handle is not needed to wait
+    assert link.wait("ref", 0.0) == "reply"
+    assert asked == [0.0]
+
+
 # -- shards that come and go ------------------------------------------------------------------------
 def test_a_lost_shard_is_dropped_with_a_warning_and_sampling_goes_on():
     buffers = _buffers()
@@ -325,7 +383,9 @@ def test_add_shard_refuses_what_is_not_a_server(shard, error, match):
     ({"prefetch": -1}, "prefetch: expected an integer >= 0"),
     ({"batches_per_call": 0}, "batches_per_call: expected an integer >= 1"),
     ({"max_updates_in_flight": 0}, "max_updates_in_flight: expected an integer >= 1"),
-    ({"timeout": 0}, "timeout: expected a number of seconds"),
+    ({"timeout": -1.0}, "timeout: expected None \\(no limit\\) or a finite number of seconds >= 0"),
+    ({"timeout": float("nan")}, "timeout: expected None \\(no limit\\) or a finite number of seconds >= 0"),
+    ({"rediscover_every": -1.0}, "rediscover_every: expected a finite number of seconds >= 0"),
 ])
 def test_bad_options_raise(options, match):
     with pytest.raises(ValueError, match=match):

@@ -1,0 +1,173 @@
+"""Argument checks of every public entry point, with one meaning everywhere.
+
+Each check returns the value in the form its caller uses (an ``int``, a
+``float``, an array) or raises with the message ``"name: expected <what>,
+got <value>"``.
+
+Which error:
+
+* :func:`integer` raises ValueError for whatever is not an integer in range:
+  a bool, a float (even ``2.0``), None, a string.  A count given as ``2.0``
+  or ``True`` is a wrong value, as the buffers have always said.
+* :func:`number` and :func:`seconds` raise TypeError for what is not a
+  number at all (a string, None, a bool) and ValueError for a number out of
+  range (NaN, and the infinities unless allowed, are out of every range).
+
+Timeouts (:func:`seconds`): None is no limit, 0 is "do not wait" (try
+once), a finite number > 0 is "wait at most that long".
+
+Nothing here imports torch: a tensor can only exist once its caller has
+imported it (:func:`is_tensor`).
+"""
+from __future__ import annotations
+
+import math
+import reprlib
+import sys
+from typing import Any
+
+import numpy as np
+
+__all__ = ["flag", "indexes", "integer", "is_tensor", "number", "priorities", "seconds"]
+
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 40
+
+
+def _show(value: Any) -> str:
+    """A short repr of a refused value (an array passed by mistake stays one line)."""
+    return _repr.repr(value)
+
+
+def _bound(value: float) -> str:
+    return f"{value:g}"
+
+
+def integer(name: str, value: Any, *, low: int, high: int | None = None) -> int:
+    """``value`` as an ``int`` in ``[low, high]`` (``high`` None: no upper bound).
+
+    Python and numpy integers are integers; bools and floats are not.
+    """
+    if (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+            and low <= value and (high is None or value <= high)):
+        return int(value)
+    what = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+    raise ValueError(f"{name}: expected {what}, got {_show(value)}")
+
+
+def _real(value: Any) -> float | None:
+    """``value`` as a float if it is one real number, else None.
+
+    Python and numpy numbers, 0-d arrays and one-element tensors are numbers;
+    bools and strings (even "1.5") are not.
+    """
+    if (isinstance(value, (bool, np.bool_, str, bytes)) or not hasattr(type(value), "__float__")
+            or (isinstance(value, np.ndarray) and value.ndim)):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):  # complex, a tensor of several values
+        return None
+
+
+def number(name: str, value: Any, *, low: float = -math.inf, high: float = math.inf,
+           low_open: bool = False, high_open: bool = False, finite: bool = True) -> float:
+    """``value`` as a ``float`` between ``low`` and ``high`` (included unless ``low_open`` /
+    ``high_open``), finite unless ``finite=False`` (which lets the infinities through, never NaN)."""
+    v = _real(value)
+    if v is None:
+        raise TypeError(f"{name}: expected a number, got {_show(value)}")
+    if ((finite and not math.isfinite(v)) or not (low < v if low_open else low <= v)
+            or not (v < high if high_open else v <= high)):
+        if low > -math.inf and high < math.inf:
+            span = f" in {'(' if low_open else '['}{_bound(low)}, {_bound(high)}{')' if high_open else ']'}"
+        elif low > -math.inf:
+            span = f" {'>' if low_open else '>='} {_bound(low)}"
+        elif high < math.inf:
+            span = f" {'<' if high_open else '<='} {_bound(high)}"
+        else:
+            span = ""
+        raise ValueError(f"{name}: expected {'a finite' if finite else 'a'} number{span}, got {_show(value)}")
+    return v
+
+
+def seconds(name: str, value: Any, *, allow_none: bool = True) -> float | None:
+    """A time in seconds: a finite number >= 0, or None (no limit) when ``allow_none``.
+
+    For a timeout, 0 means "do not wait": try once.
+    """
+    if value is None and allow_none:
+        return None
+    what = "None (no limit) or a finite number of seconds >= 0" if allow_none else "a finite number of seconds >= 0"
+    v = _real(value)
+    if v is None:
+        raise TypeError(f"{name}: expected {what}, got {_show(value)}")
+    if not 0.0 <= v < math.inf:
+        raise ValueError(f"{name}: expected {what}, got {_show(value)}")
+    return v
+
+
+def flag(name: str, value: Any) -> bool:
+    """``value`` as a ``bool``; only Python and numpy bools are flags."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a bool, got {_show(value)}")
+    return bool(value)
+
+
+def is_tensor(value: Any) -> bool:
+    """Whether ``value`` is a torch tensor (never imports torch)."""
+    torch = sys.modules.get("torch")  # a tensor cannot exist unless torch was imported
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _numpy(value: Any) -> Any:
+    return value.detach().cpu().numpy() if is_tensor(value) else value
+
+
+def indexes(name: str, values: Any) -> np.ndarray:
+    """``values`` (a list, an array, a tensor or one integer) as a 1-D contiguous int64 array.
+
+    Their range is the caller's to check.
+    """
+    idx = values
+    if type(idx) is np.ndarray and idx.dtype == np.int64 and idx.ndim == 1 and idx.flags.c_contiguous:
+        return idx
+    try:
+        idx = np.asarray(_numpy(values))
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected integers, got {type(values).__name__}") from None
+    if idx.size and idx.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected integers, got dtype {idx.dtype}")
+    if idx.ndim > 1:
+        raise ValueError(f"{name}: expected a 1-D array, got shape {idx.shape}")
+    return np.ascontiguousarray(idx.reshape(-1), dtype=np.int64)
+
+
+def priorities(name: str, values: Any, count: int, *, max_priority: float | np.ndarray | None) -> np.ndarray:
+    """``values`` (numbers, an array, a tensor) as ``count`` contiguous float64 priorities.
+
+    Each must be finite, >= 0 and <= ``max_priority`` (one number, or one
+    maximum per value: what the buffer that stores it accepts, see
+    ``PrioritizedReplayBuffer.max_priority``).  ``max_priority=None`` leaves
+    the range to the ring kernel that takes the priorities next
+    (``Ring.check_priorities`` and ``Ring.update`` check it, with the same message).
+    """
+    p = values
+    if not (type(p) is np.ndarray and p.dtype == np.float64 and p.ndim == 1 and p.flags.c_contiguous):
+        try:
+            p = np.ascontiguousarray(_numpy(values), dtype=np.float64)
+        except (TypeError, ValueError):
+            raise TypeError(f"{name}: expected numbers, got {type(values).__name__}") from None
+        if p.ndim > 1:
+            raise ValueError(f"{name}: expected a 1-D array, got shape {p.shape}")
+        p = p.reshape(-1)
+    if len(p) != count:
+        raise ValueError(f"{name}: expected {count} values (one per transition), got {len(p)}")
+    if max_priority is not None:
+        limit = np.asarray(max_priority, dtype=np.float64)
+        bad = np.flatnonzero(~(np.isfinite(p) & (p >= 0.0) & (p <= limit)))
+        if bad.size:
+            j = int(bad[0])
+            top = float(limit if limit.ndim == 0 else limit[j])
+            raise ValueError(f"{name}: expected finite values in [0, {top:.3g}], got {float(p[j])!r} at position {j}")
+    return p
