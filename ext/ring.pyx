@@ -14,7 +14,7 @@ every array it touches belongs to the caller's memory (heap or segment).
 """
 from libc.float cimport DBL_MAX, DBL_MIN, FLT_MAX
 from libc.math cimport INFINITY, NAN, exp, log, pow
-from libc.stdint cimport int32_t, int64_t, uint64_t, uint8_t
+from libc.stdint cimport int64_t, uint64_t, uint8_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 from cpython.pycapsule cimport PyCapsule_GetPointer
@@ -22,134 +22,29 @@ from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.dict cimport PyDict_GetItem, PyDict_Size
 from cpython.ref cimport PyObject
-from cpython.exc cimport PyErr_CheckSignals
 
 cimport numpy as cnp
 from numpy.random cimport bitgen_t
 
+from mpreplay._ext.atomics cimport _atomic_cas, _atomic_store, _mpreplay_acquire_fence
 from mpreplay._ext.frames cimport MAX_STACK, Frames
+from mpreplay._ext.gate cimport Gate, deadline_of
 from mpreplay._ext.schema cimport (
-    CLOSED, COMPLETE, EMPTY, EPOCH, INSERTS, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, LIMIT_MAX_DIFF,
-    LIMIT_MIN_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI, RESERVED, SAMPLES, STALE, STORED, TORN, WAITERS,
+    COMPLETE, EMPTY, INSERTS, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, RESERVED, SAMPLES, STALE, STORED, TORN,
     WAITING, being_written, next_reservation)
 from mpreplay._ext.sumtree cimport Node, PriorityTree
 
-import math
 import os
-import time
 
 import numpy as np
 
-from mpreplay.errors import BufferClosed
+from mpreplay._ext.processes import describe_process, process_token, token_alive, token_pid
 
 cnp.import_array()
 
 cdef extern from "<signal.h>" nogil:
     enum: SIGKILL
     int raise_signal "raise"(int sig)
-
-cdef extern from *:
-    """
-    #define _mpreplay_acquire_fence() __atomic_thread_fence(__ATOMIC_ACQUIRE)
-    #define _atomic_add(p, v) ((void)__atomic_add_fetch((p), (v), __ATOMIC_SEQ_CST))
-    #define _atomic_add32(p, v) ((void)__atomic_add_fetch((p), (v), __ATOMIC_SEQ_CST))
-    #define _atomic_load(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
-    #define _atomic_store(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
-    #define _atomic_cas(p, expected, v) __atomic_compare_exchange_n((p), (expected), (v), 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)
-    """
-    void _mpreplay_acquire_fence() nogil
-    void _atomic_add(int64_t* p, int64_t v) nogil
-    void _atomic_add32(int32_t* p, int32_t v) nogil
-    int64_t _atomic_load(int64_t* p) nogil
-    void _atomic_store(int64_t* p, int64_t v) nogil
-    bint _atomic_cas(int64_t* p, int64_t* expected, int64_t v) nogil
-
-cdef extern from *:
-    """
-    #include <time.h>
-    #ifdef __linux__
-    #include <limits.h>
-    #include <linux/futex.h>
-    #include <sys/syscall.h>
-    #include <unistd.h>
-    /* Sleep until *word != seen, a wake, or `seconds` pass (a shared-memory futex). */
-    static void _mpreplay_futex_wait(int32_t* word, int32_t seen, double seconds) {
-        struct timespec ts;
-        ts.tv_sec = (time_t)seconds;
-        ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
-        syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0);
-    }
-    static void _mpreplay_futex_wake(int32_t* word) {
-        syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-    }
-    #else
-    /* Without futexes blocked callers poll: a short sleep, never a spinning core. */
-    static void _mpreplay_futex_wait(int32_t* word, int32_t seen, double seconds) {
-        struct timespec ts = {0, 500000};
-        if (seconds < 0.0005) { ts.tv_nsec = (long)(seconds * 1e9); }
-        nanosleep(&ts, NULL);
-    }
-    static void _mpreplay_futex_wake(int32_t* word) {}
-    #endif
-    """
-    void _mpreplay_futex_wait(int32_t* word, int32_t seen, double seconds) nogil
-    void _mpreplay_futex_wake(int32_t* word) nogil
-
-
-# Writers are named by a token, never by a bare pid: pids wrap around within
-# minutes on a busy machine, so a dead writer's pid may belong to a stranger.
-# A token packs the pid with the process's start time (clock ticks since boot),
-# which no later process with the same pid shares.
-cdef int _PID_BITS = 22  # pid_max is at most 2**22 on Linux
-cdef int64_t _PID_MASK = (1 << _PID_BITS) - 1
-
-
-def _process_stat(int pid):
-    """``(state, start_time)`` of process ``pid`` from /proc, or None when unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return fields[0], int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def process_token(int pid):
-    """The token of the running process ``pid``: its pid and start time (just the pid without /proc)."""
-    stat = _process_stat(pid)
-    return pid if stat is None else (stat[1] << _PID_BITS) | pid
-
-
-def token_pid(int64_t token):
-    """The pid a writer token names."""
-    return token & _PID_MASK
-
-
-def token_alive(int64_t token):
-    """Whether the process a token names still runs: not gone, not a zombie, not a newer process with its pid."""
-    cdef int64_t pid = token & _PID_MASK, start = token >> _PID_BITS
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    stat = _process_stat(pid)
-    if stat is None:
-        return True  # exists, but /proc cannot tell more
-    return stat[0] not in (b"Z", b"X") and (start == 0 or stat[1] == start)
-
-
-_STATES = {b"R": "running", b"S": "sleeping", b"D": "in uninterruptible sleep", b"T": "stopped",
-           b"t": "stopped by a debugger", b"Z": "a zombie", b"X": "dead", b"I": "idle"}
-
-
-def describe_process(int pid):
-    """``"process 123 (stopped)"``: a pid with its state from /proc, for error messages."""
-    stat = _process_stat(pid)
-    state = "gone" if stat is None else _STATES.get(stat[0], stat[0].decode(errors="replace"))
-    return f"process {pid} ({state})"
-
 
 # Fault injection for the crash tests: arm_fault(site, n) makes this process
 # SIGKILL itself the n-th time it passes `site` -- inside a critical section,
@@ -177,13 +72,6 @@ cdef inline void _fault(int site) noexcept nogil:
         if _fault_countdown == 0:
             raise_signal(SIGKILL)
 
-
-cdef double _WAIT_SLICE_S = 0.05  # blocked callers look at signals and deadlines this often
-# The lock is held for microseconds at a time: even timeout=0 waits this long
-# for it, so that "do not wait for the rate limiter" does not fail on every
-# brush with another process.  A frozen holder is given up on after it.
-cdef double _LOCK_GRACE_S = 0.002
-cdef double _CLOSE_WAIT_S = 1.0  # close() sets the closed flag without the lock after this
 
 cdef uint64_t NOT_SAMPLED = 0xFFFFFFFFFFFFFFFFULL
 cdef int LOCKED_REDRAW_AFTER = 4  # rounds of torn rows before redrawn rows are copied under the lock
@@ -239,21 +127,6 @@ cdef inline double _weight(double vmin, double v, double beta) noexcept nogil:
     return exp(beta * (log(vmin) - log(v)))
 
 
-cdef double _deadline(object timeout) except? -1.0:
-    """Monotonic deadline of a ``timeout`` in seconds (None: never)."""
-    if timeout is None:
-        return INFINITY
-    t = float(timeout)
-    if not t >= 0.0:
-        raise ValueError(f"timeout: expected None or a number >= 0, got {timeout!r}")
-    return time.monotonic() + t
-
-
-def deadline(timeout):
-    """The ``time.monotonic()`` moment a ``timeout`` in seconds ends (None: never, inf)."""
-    return _deadline(timeout)
-
-
 cdef object _checked_out(dict out, str name, tuple shape, object dtype):
     arr = out[name]
     if not (isinstance(arr, np.ndarray) and arr.shape == shape and arr.dtype == dtype
@@ -294,7 +167,8 @@ cdef class Ring:
 
     Parameters
     ----------
-    header, limits : the int64 counters and float64 rate limiter settings of schema.pxd
+    header : the int64 counters of schema.pxd
+    gate : the Gate of the table: its lock and rate limiter
     lanes : int64 array (nlanes, 4): start, end, cursor and owning writer's token of each lane
     generation : uint64 array, one per slot
     owner : int64 array, one per slot: token of the process writing it (0: none)
@@ -303,7 +177,6 @@ cdef class Ring:
     fields : list of ``(name, array)``; each array is ``(size,) + shape``, C-contiguous
     alpha, eps : leaf weight of priority ``p`` is ``(p + eps) ** alpha``
         (``alpha = 0`` gives uniform replay)
-    lock : object with ``acquire()``/``release()``, or None for a single-process buffer
     rng : numpy Generator the draws come from
     frames : Frames of the compressed keys, or None
     frame_outputs : list of ``(name, key, next, shape, dtype)``: sample output ``name`` is key
@@ -314,14 +187,11 @@ cdef class Ring:
     cdef uint8_t[::1] _state
     cdef Frames _frames
     cdef list _frame_outputs
-    cdef double[::1] _limits
-    cdef int32_t* _epoch
+    cdef Gate _gate
     cdef uint64_t[::1] _gen
     cdef int64_t[::1] _owner
-    cdef int64_t _token           # this process as a writer (see process_token)
-    cdef bint _held               # this handle holds the lock now
+    cdef int64_t _token           # this process as a writer (see processes.process_token)
     cdef PriorityTree _tree
-    cdef object _lock
     cdef readonly Py_ssize_t size
     cdef readonly double alpha, eps
     cdef double _max_priority
@@ -346,11 +216,11 @@ cdef class Ring:
         self._kinds = NULL
         self._typenums = NULL
 
-    def __init__(self, int64_t[::1] header not None, double[::1] limits not None,
+    def __init__(self, int64_t[::1] header not None, Gate gate not None,
                  int64_t[:, ::1] lanes not None, uint64_t[::1] generation not None,
                  int64_t[::1] owner not None, uint8_t[::1] state not None,
                  PriorityTree tree not None, list fields not None,
-                 double alpha, double eps, object lock, object rng,
+                 double alpha, double eps, object rng,
                  Frames frames=None, list frame_outputs=None):
         cdef Py_ssize_t i, n = len(fields)
         self._header = header
@@ -358,12 +228,10 @@ cdef class Ring:
         self._state = state
         self._frames = frames
         self._frame_outputs = frame_outputs or []
-        self._limits = limits
-        self._epoch = <int32_t*>&header[EPOCH]
+        self._gate = gate
         self._gen = generation
         self._owner = owner
         self._token = process_token(os.getpid())
-        self._held = False
         self._tree = tree
         self.size = generation.shape[0]
         self.alpha = alpha
@@ -372,7 +240,6 @@ cdef class Ring:
         # leaves can overflow; that bounds the priorities accepted.
         self._max_priority = (min(1e300, pow(DBL_MAX / (2.0 * self.size + 2.0), 1.0 / alpha) - eps)
                               if alpha > 0.0 else 1e300)
-        self._lock = lock
         self._nfields = n
         self._names, self._shapes, self._dtypes, self._stages = [], [], [], []
         self._dst = <uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
@@ -417,100 +284,13 @@ cdef class Ring:
     def after_fork(self, object rng):
         """Become the forked child's handle: its own token, random stream and record of samples."""
         self._token = process_token(os.getpid())
-        self._held = False
+        self._gate.forget_lock()
         self.set_rng(rng)
         self._sampled = None
 
-    # -- locking and blocking ------------------------------------------------
-    cdef int _acquire(self, double deadline=INFINITY) except -1:
-        # Take the lock by `deadline` (monotonic seconds), or raise TimeoutError
-        # naming its holder.  Raises BufferClosed, without holding the lock, once
-        # the owner closed the buffer.
-        if self._lock is None:
-            return 0
-        if deadline == INFINITY:
-            self._lock.acquire()
-        elif not self._lock.acquire(max(deadline - time.monotonic(), _LOCK_GRACE_S)):
-            holder = self._lock.holder()
-            who = "another process" if holder is None else f"{describe_process(holder[0])}, for {holder[1]:.1f} s"
-            raise TimeoutError(f"timed out waiting for the buffer's lock, held by {who}")
-        self._held = True
-        if self._header[CLOSED]:
-            self._release()
-            raise BufferClosed("the replay buffer was closed by its owner")
-        return 0
-
-    cdef int _release(self) except -1:
-        # A no-op unless this handle holds the lock: a wait that timed out
-        # while taking it back leaves it free.
-        if self._held:
-            self._held = False
-            self._lock.release()
-        return 0
-
-    cdef inline bint _progress(self) noexcept nogil:
-        # Lock held, after a change that may let a blocked caller proceed.
-        # True: call _wake() once the lock is released.
-        if _atomic_load(&self._header[WAITERS]) > 0:
-            _atomic_add32(self._epoch, 1)
-            return True
-        return False
-
-    cdef inline void _wake(self) noexcept nogil:
-        _mpreplay_futex_wake(self._epoch)
-
     def close(self):
-        """Mark the buffer closed for every process and wake all blocked callers:
-        they raise BufferClosed.  Never hangs: if the lock's holder is frozen, the
-        flag is set without it (a single store)."""
-        if self._lock is None:
-            return
-        held = self._lock.acquire(_CLOSE_WAIT_S)
-        try:
-            self._header[CLOSED] = 1
-            _atomic_add32(self._epoch, 1)
-        finally:
-            if held:
-                self._lock.release()
-        self._wake()
-
-    cdef int _block(self, double deadline, str why) except -1:
-        # Lock held on entry.  Sleeps until another process makes progress, a
-        # signal arrives or `deadline` (monotonic) passes; then takes the lock
-        # back by the deadline (else TimeoutError, the lock not held).
-        cdef int32_t seen = self._epoch[0]
-        cdef double remaining = deadline - time.monotonic()
-        if self._lock is None:
-            raise TimeoutError(f"{why}; a local buffer has no other process to wait for")
-        if remaining <= 0.0:
-            raise TimeoutError(f"{why}; timed out")
-        # Atomic: a waiter that cannot take the lock back must still sign off.
-        _atomic_add(&self._header[WAITERS], 1)
-        self._release()
-        try:
-            with nogil:
-                _mpreplay_futex_wait(self._epoch, seen, min(remaining, _WAIT_SLICE_S))
-            PyErr_CheckSignals()
-        finally:
-            _atomic_add(&self._header[WAITERS], -1)
-        self._acquire(deadline)
-        return 0
-
-    cdef inline bint _can_insert(self, Py_ssize_t k) noexcept nogil:
-        # Reverb's rule: below min_size inserts always go; above, the
-        # cursor inserts * spi - samples may not pass max_diff.
-        if self._limits[LIMIT_ON] == 0.0 or self._header[STORED] + k <= self._limits[LIMIT_MIN_SIZE]:
-            return True
-        return ((self._header[RESERVED] + k) * self._limits[LIMIT_SPI]
-                - self._header[SAMPLES]) <= self._limits[LIMIT_MAX_DIFF]
-
-    cdef inline bint _can_sample(self, Py_ssize_t b) noexcept nogil:
-        if self._limits[LIMIT_ON] == 0.0:
-            return True
-        if self._header[STORED] < self._limits[LIMIT_MIN_SIZE]:
-            return False
-        return (self._header[RESERVED] * self._limits[LIMIT_SPI]
-                - self._header[SAMPLES] - b) >= self._limits[LIMIT_MIN_DIFF]
+        """Mark the buffer closed for every process and wake all blocked callers (see Gate.close)."""
+        self._gate.close()
 
     # -- writers ----------------------------------------------------------------
     cdef inline Py_ssize_t _slot(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t j) noexcept nogil:
@@ -577,9 +357,9 @@ cdef class Ring:
         # (for inserts) the rate limiter allows it.
         cdef int64_t blocker
         cdef Py_ssize_t s
-        if insert and self._limits[LIMIT_ON] != 0.0 and k * self._limits[LIMIT_SPI] > self._limits[LIMIT_MAX_DIFF] - self._limits[LIMIT_MIN_DIFF]:
-            raise ValueError(f"add: {k} rows at once exceed the rate limiter's error buffer; add fewer per call")
-        self._acquire(deadline)
+        if insert:
+            self._gate.check_insert(k)
+        self._gate.acquire(deadline)
         try:
             while True:
                 blocker = self._busy_owner(k, lane)
@@ -588,12 +368,12 @@ cdef class Ring:
                         if self._owner[s] == blocker:
                             self._owner[s] = 0
                     continue
-                if blocker == 0 and (not insert or self._can_insert(k)):
+                if blocker == 0 and (not insert or self._gate.can_insert(k)):
                     return self._reserve(k, reserved, insert, lane)
-                self._block(deadline, f"add: {describe_process(token_pid(blocker))} is still writing the next slots"
+                self._gate.block(deadline, f"add: {describe_process(token_pid(blocker))} is still writing the next slots"
                             if blocker else "add: the rate limiter holds inserts back until more is sampled")
         finally:
-            self._release()
+            self._gate.release()
 
     cdef Py_ssize_t _publish(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved,
                              const double* priorities, const uint8_t* states) noexcept nogil:
@@ -667,7 +447,7 @@ cdef class Ring:
 
         Waits while another live process is still writing one of them, and
         (``insert``) while the rate limiter holds inserts back -- until
-        ``deadline`` (``time.monotonic()`` seconds, see :func:`deadline`), then
+        ``deadline`` (``time.monotonic()`` seconds, see :func:`mpreplay._ext.gate.deadline`), then
         raises TimeoutError.
         """
         cdef cnp.ndarray reserved = np.empty(k, dtype=np.uint64)
@@ -715,7 +495,7 @@ cdef class Ring:
         if k == 0 and nc == 0:
             return 0
         try:
-            self._acquire(deadline)
+            self._gate.acquire(deadline)
         except TimeoutError:
             if k:
                 self._disown(lane, start, k, &reserved[0])
@@ -724,11 +504,11 @@ cdef class Ring:
             lost = self._publish(lane, start, k, &reserved[0], prio, st) if k else 0
             if nc:
                 self._complete(&complete[0], &complete_generations[0], cprio, nc)
-            wake = self._progress()
+            wake = self._gate.progress()
         finally:
-            self._release()
+            self._gate.release()
         if wake:
-            self._wake()
+            self._gate.wake()
         return lost
 
     def abandon(self, Py_ssize_t start, const uint64_t[::1] reserved not None, Py_ssize_t lane=0):
@@ -740,7 +520,7 @@ cdef class Ring:
         """Take a lane for this process's writes: a free one, or one whose writer died."""
         cdef Py_ssize_t l
         cdef int64_t token
-        self._acquire(deadline)
+        self._gate.acquire(deadline)
         try:
             for l in range(self._lanes.shape[0]):
                 token = self._lanes[l, LANE_OWNER]
@@ -748,7 +528,7 @@ cdef class Ring:
                     self._lanes[l, LANE_OWNER] = self._token
                     return l
         finally:
-            self._release()
+            self._gate.release()
         raise ValueError(f"every one of the buffer's {self._lanes.shape[0]} lanes has a live writer: "
                          "create the buffer with lanes= at least the number of writer processes")
 
@@ -771,14 +551,14 @@ cdef class Ring:
         for l in range(self._lanes.shape[0]):
             self._reserve_waiting(self._lanes[l, LANE_END] - self._lanes[l, LANE_START],
                                   <uint64_t*>cnp.PyArray_DATA(reserved), False, INFINITY, l)
-        self._acquire()
+        self._gate.acquire()
         try:
             for s in range(self.size):
                 self._owner[s] = 0
             for l in range(self._lanes.shape[0]):
                 self._lanes[l, LANE_CURSOR] = self._lanes[l, LANE_START]
         finally:
-            self._release()
+            self._gate.release()
 
     def snapshot(self, bint priorities=False):
         """Every complete transition now, oldest first (lane by lane), taken under the lock.
@@ -796,7 +576,7 @@ cdef class Ring:
         cdef int64_t* op = <int64_t*>cnp.PyArray_DATA(oldest)
         cdef uint64_t* gp = <uint64_t*>cnp.PyArray_DATA(gens)
         cdef bint compressed = self._frames is not None
-        self._acquire()
+        self._gate.acquire()
         try:
             with nogil:
                 for l in range(self._lanes.shape[0]):
@@ -825,7 +605,7 @@ cdef class Ring:
                 raw = np.empty(count)
                 self._tree.get(slots[:count], np.empty(count), raw)
         finally:
-            self._release()
+            self._gate.release()
         if raw is not None:
             # A leaf of weight zero keeps -inf as its raw priority: priority 0 with eps 0.
             raw[np.isneginf(raw)] = 0.0
@@ -908,22 +688,22 @@ cdef class Ring:
                 return -1
         if self._frames is not None:
             return -1
-        deadline = _deadline(timeout)
+        deadline = deadline_of(timeout)
         slot = self._reserve_waiting(1, &reserved, True, deadline, 0)
         for i in range(self._nfields):
             memcpy(self._dst[i] + slot * self._rowbytes[i], self._src[i], self._rowbytes[i])
         try:
-            self._acquire(deadline)
+            self._gate.acquire(deadline)
         except TimeoutError:
             self._disown(0, slot, 1, &reserved)
             raise
         try:
             self._publish(0, slot, 1, &reserved, &priority if priority >= 0.0 else NULL, NULL)
-            wake = self._progress()
+            wake = self._gate.progress()
         finally:
-            self._release()
+            self._gate.release()
         if wake:
-            self._wake()
+            self._gate.wake()
         return slot
 
     # -- readers ----------------------------------------------------------------
@@ -1064,18 +844,17 @@ cdef class Ring:
                           else _checked_out(out, self._names[i], (b,) + self._shapes[i], self._dtypes[i])
                           for i in range(self._nfields)]
         cdef bint wake, bad, locked
-        cdef double deadline = _deadline(timeout)
+        cdef double deadline = deadline_of(timeout)
         for name, _, _, shape, dtype in self._frame_outputs:
             outs.append(np.empty((b,) + shape, dtype=dtype) if out is None or name not in out
                         else _checked_out(out, name, (b,) + shape, dtype))
-        if self._limits[LIMIT_ON] != 0.0 and b > self._limits[LIMIT_MAX_DIFF] - self._limits[LIMIT_MIN_DIFF]:
-            raise ValueError(f"batch_size: {b} exceeds the rate limiter's error buffer; sample fewer per call")
-        self._acquire(deadline)
+        self._gate.check_sample(b)
+        self._gate.acquire(deadline)
         try:
-            while not (self._tree._nodes[1].sum > 0.0 and self._can_sample(b)):
-                if self._limits[LIMIT_ON] == 0.0:
+            while not (self._tree._nodes[1].sum > 0.0 and self._gate.can_sample(b)):
+                if not self._gate.limited():
                     raise ValueError("sample: the buffer holds no transition yet")
-                self._block(deadline, "sample: the rate limiter holds samples back until more is inserted")
+                self._gate.block(deadline, "sample: the rate limiter holds samples back until more is inserted")
             vmin = self._draw(sp, vp, gp, b, b if stratified else 1)
             if vmin != vmin:
                 raise ValueError("sample: the buffer holds no transition yet")
@@ -1083,11 +862,11 @@ cdef class Ring:
                 for j in range(b):
                     rcp[j] = self._note_reads(sp[j], rsp + j * R, rgp + j * R)
             self._header[SAMPLES] += b
-            wake = self._progress()
+            wake = self._gate.progress()
         finally:
-            self._release()
+            self._gate.release()
         if wake:
-            self._wake()
+            self._gate.wake()
         self._gather(sp, b, outs, NULL)
         if R:
             self._gather_frames(sp, b, outs, NULL)
@@ -1110,7 +889,7 @@ cdef class Ring:
             # was descheduled), copy the redrawn rows under the lock: nobody can
             # reserve a published slot meanwhile, so they cannot tear.
             locked = rounds > LOCKED_REDRAW_AFTER
-            self._acquire(deadline)
+            self._gate.acquire(deadline)
             try:
                 self._header[TORN] += ntorn
                 for j in range(ntorn):
@@ -1125,7 +904,7 @@ cdef class Ring:
                     if R:
                         self._gather_frames(sp, ntorn, outs, tp)
             finally:
-                self._release()
+                self._gate.release()
             if locked:
                 break
             self._gather(sp, ntorn, outs, tp)
@@ -1205,7 +984,7 @@ cdef class Ring:
         self.check_priorities(priorities)
         if self._sampled is not None:
             record = <uint64_t*>cnp.PyArray_DATA(<cnp.ndarray>self._sampled)
-        self._acquire()
+        self._gate.acquire()
         try:
             with nogil:
                 for j in range(k):
@@ -1221,5 +1000,5 @@ cdef class Ring:
                     self._tree._fix_up(slots[j])
                 self._header[STALE] += stale
         finally:
-            self._release()
+            self._gate.release()
         return stale

@@ -26,7 +26,8 @@ import numpy as np
 
 from . import checks
 from ._ext.lock import LOCK_NBYTES, SharedLock
-from ._ext.ring import Ring, deadline, recover
+from ._ext.gate import Gate, deadline
+from ._ext.ring import Ring, recover
 from ._ext.schema import INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED
 from ._ext.schema import TORN, field_array, segment_arrays
 from ._ext.sumtree import PriorityTree, tree_buffer_size
@@ -149,9 +150,10 @@ class ReplayBuffer:
             else:
                 c.lane_bounds(self._size, self._lanes)
         self._frames, outputs = (None, None) if c is None else c.make_frames(self._specs, arrays)
-        self._ring = Ring(self._header, arrays["limits"], arrays["lanes"], self._generation, arrays["owner"],
+        gate = Gate(self._header, arrays["limits"], self._make_lock(create))
+        self._ring = Ring(self._header, gate, arrays["lanes"], self._generation, arrays["owner"],
                           arrays["state"], self._tree, list(self._fields.items()),
-                          self._alpha, self._eps, self._make_lock(create), rng, self._frames, outputs)
+                          self._alpha, self._eps, rng, self._frames, outputs)
         self._writer = None if c is None else FrameWriter(c, self._specs, self._ring, arrays)
 
     def close(self) -> None:

@@ -29,7 +29,8 @@ import numpy as np
 
 from . import checks
 from ._ext.frames import Frames
-from ._ext.ring import Ring, deadline
+from ._ext.gate import deadline
+from ._ext.ring import Ring
 from ._ext.schema import COMPLETE, EMPTY, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, WAITING
 from ._ext.schema import field_array, frames_array
 from .spec import FieldSpec

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mpreplay import MPReplayBuffer
-from mpreplay._ext.ring import process_token, token_alive
+from mpreplay._ext.processes import process_token, token_alive
 
 METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 ENV = {"obs": {"shape": (4,)}}

@@ -1,0 +1,203 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The gate of a replay table: the lock, the rate limiter, and blocked callers.
+
+Every call that changes or reads the table's shared state passes the gate:
+it takes the lock by the call's deadline (:meth:`Gate.acquire`), asks the
+rate limiter whether an insert or a sample may go (Reverb's rule, settings
+in the "limits" array of the segment schema), and sleeps on a futex in the
+segment while it may not (:meth:`Gate.block`).  A local buffer's gate has
+no lock: nothing can unblock its caller, so a wait raises at once.  See
+docs/architecture.md, "Concurrency protocol".
+"""
+from libc.math cimport INFINITY
+from libc.stdint cimport int32_t, int64_t
+from cpython.exc cimport PyErr_CheckSignals
+
+from mpreplay._ext.atomics cimport _atomic_add, _atomic_add32, _atomic_load
+from mpreplay._ext.schema cimport (CLOSED, EPOCH, LIMIT_MAX_DIFF, LIMIT_MIN_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI,
+                                   RESERVED, SAMPLES, STORED, WAITERS)
+
+import time
+
+from mpreplay._ext.processes import describe_process
+from mpreplay.errors import BufferClosed
+
+cdef extern from *:
+    """
+    #include <time.h>
+    #ifdef __linux__
+    #include <limits.h>
+    #include <linux/futex.h>
+    #include <sys/syscall.h>
+    #include <unistd.h>
+    /* Sleep until *word != seen, a wake, or `seconds` pass (a shared-memory futex). */
+    static void _mpreplay_futex_wait(int32_t* word, int32_t seen, double seconds) {
+        struct timespec ts;
+        ts.tv_sec = (time_t)seconds;
+        ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
+        syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0);
+    }
+    static void _mpreplay_futex_wake(int32_t* word) {
+        syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
+    #else
+    /* Without futexes blocked callers poll: a short sleep, never a spinning core. */
+    static void _mpreplay_futex_wait(int32_t* word, int32_t seen, double seconds) {
+        struct timespec ts = {0, 500000};
+        if (seconds < 0.0005) { ts.tv_nsec = (long)(seconds * 1e9); }
+        nanosleep(&ts, NULL);
+    }
+    static void _mpreplay_futex_wake(int32_t* word) {}
+    #endif
+    """
+    void _mpreplay_futex_wait(int32_t* word, int32_t seen, double seconds) nogil
+    void _mpreplay_futex_wake(int32_t* word) nogil
+
+
+cdef double _WAIT_SLICE_S = 0.05  # blocked callers look at signals and deadlines this often
+# The lock is held for microseconds at a time: even timeout=0 waits this long
+# for it, so that "do not wait for the rate limiter" does not fail on every
+# brush with another process.  A frozen holder is given up on after it.
+cdef double _LOCK_GRACE_S = 0.002
+cdef double _CLOSE_WAIT_S = 1.0  # close() sets the closed flag without the lock after this
+
+
+cdef double deadline_of(object timeout) except? -1.0:
+    """Monotonic deadline of a ``timeout`` in seconds (None: never)."""
+    if timeout is None:
+        return INFINITY
+    t = float(timeout)
+    if not t >= 0.0:
+        raise ValueError(f"timeout: expected None or a number >= 0, got {timeout!r}")
+    return time.monotonic() + t
+
+
+def deadline(timeout):
+    """The ``time.monotonic()`` moment a ``timeout`` in seconds ends (None: never, inf)."""
+    return deadline_of(timeout)
+
+
+
+cdef class Gate:
+    """The lock of ``header``'s table (None: a local table) and the rate limiter set in ``limits``.
+
+    Parameters
+    ----------
+    header, limits : the int64 counters and float64 rate limiter settings of the segment schema
+    lock : a SharedLock, or None for a single-process table
+    """
+
+    def __init__(self, int64_t[::1] header not None, double[::1] limits not None, object lock):
+        self._header = header
+        self._limits = limits
+        self._epoch = <int32_t*>&header[EPOCH]
+        self._lock = lock
+        self._held = False
+
+    def forget_lock(self):
+        """In a forked child: the parent's hold on the lock is not this process's."""
+        self._held = False
+
+    cdef int acquire(self, double deadline=INFINITY) except -1:
+        # Take the lock by `deadline` (monotonic seconds), or raise TimeoutError
+        # naming its holder.  Raises BufferClosed, without holding the lock, once
+        # the owner closed the buffer.
+        if self._lock is None:
+            return 0
+        if deadline == INFINITY:
+            self._lock.acquire()
+        elif not self._lock.acquire(max(deadline - time.monotonic(), _LOCK_GRACE_S)):
+            holder = self._lock.holder()
+            who = "another process" if holder is None else f"{describe_process(holder[0])}, for {holder[1]:.1f} s"
+            raise TimeoutError(f"timed out waiting for the buffer's lock, held by {who}")
+        self._held = True
+        if self._header[CLOSED]:
+            self.release()
+            raise BufferClosed("the replay buffer was closed by its owner")
+        return 0
+
+    cdef int release(self) except -1:
+        # A no-op unless this handle holds the lock: a wait that timed out
+        # while taking it back leaves it free.
+        if self._held:
+            self._held = False
+            self._lock.release()
+        return 0
+
+    cdef bint progress(self) noexcept nogil:
+        # Lock held, after a change that may let a blocked caller proceed.
+        # True: call wake() once the lock is released.
+        if _atomic_load(&self._header[WAITERS]) > 0:
+            _atomic_add32(self._epoch, 1)
+            return True
+        return False
+
+    cdef void wake(self) noexcept nogil:
+        _mpreplay_futex_wake(self._epoch)
+
+    def close(self):
+        """Mark the table closed for every process and wake all blocked callers:
+        they raise BufferClosed.  Never hangs: if the lock's holder is frozen, the
+        flag is set without it (a single store)."""
+        if self._lock is None:
+            return
+        held = self._lock.acquire(_CLOSE_WAIT_S)
+        try:
+            self._header[CLOSED] = 1
+            _atomic_add32(self._epoch, 1)
+        finally:
+            if held:
+                self._lock.release()
+        self.wake()
+
+    cdef int block(self, double deadline, str why) except -1:
+        # Lock held on entry.  Sleeps until another process makes progress, a
+        # signal arrives or `deadline` (monotonic) passes; then takes the lock
+        # back by the deadline (else TimeoutError, the lock not held).
+        cdef int32_t seen = self._epoch[0]
+        cdef double remaining = deadline - time.monotonic()
+        if self._lock is None:
+            raise TimeoutError(f"{why}; a local buffer has no other process to wait for")
+        if remaining <= 0.0:
+            raise TimeoutError(f"{why}; timed out")
+        # Atomic: a waiter that cannot take the lock back must still sign off.
+        _atomic_add(&self._header[WAITERS], 1)
+        self.release()
+        try:
+            with nogil:
+                _mpreplay_futex_wait(self._epoch, seen, min(remaining, _WAIT_SLICE_S))
+            PyErr_CheckSignals()
+        finally:
+            _atomic_add(&self._header[WAITERS], -1)
+        self.acquire(deadline)
+        return 0
+
+    cdef bint limited(self) noexcept nogil:
+        return self._limits[LIMIT_ON] != 0.0
+
+    cdef bint can_insert(self, Py_ssize_t k) noexcept nogil:
+        # Reverb's rule: below min_size inserts always go; above, the
+        # cursor inserts * spi - samples may not pass max_diff.
+        if self._limits[LIMIT_ON] == 0.0 or self._header[STORED] + k <= self._limits[LIMIT_MIN_SIZE]:
+            return True
+        return ((self._header[RESERVED] + k) * self._limits[LIMIT_SPI]
+                - self._header[SAMPLES]) <= self._limits[LIMIT_MAX_DIFF]
+
+    cdef bint can_sample(self, Py_ssize_t b) noexcept nogil:
+        if self._limits[LIMIT_ON] == 0.0:
+            return True
+        if self._header[STORED] < self._limits[LIMIT_MIN_SIZE]:
+            return False
+        return (self._header[RESERVED] * self._limits[LIMIT_SPI]
+                - self._header[SAMPLES] - b) >= self._limits[LIMIT_MIN_DIFF]
+
+    cdef int check_insert(self, Py_ssize_t k) except -1:
+        # A batch the limiter could never let through would wait forever.
+        if self.limited() and k * self._limits[LIMIT_SPI] > self._limits[LIMIT_MAX_DIFF] - self._limits[LIMIT_MIN_DIFF]:
+            raise ValueError(f"add: {k} rows at once exceed the rate limiter's error buffer; add fewer per call")
+        return 0
+
+    cdef int check_sample(self, Py_ssize_t b) except -1:
+        if self.limited() and b > self._limits[LIMIT_MAX_DIFF] - self._limits[LIMIT_MIN_DIFF]:
+            raise ValueError(f"batch_size: {b} exceeds the rate limiter's error buffer; sample fewer per call")
+        return 0

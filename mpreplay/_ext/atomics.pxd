@@ -1,0 +1,20 @@
+# Atomic operations on words of the shared segment (GCC/Clang builtins), for kernels that touch
+# a word without the lock or beside it.  A header only: cimport it.
+from libc.stdint cimport int32_t, int64_t
+
+cdef extern from *:
+    """
+    #define _mpreplay_acquire_fence() __atomic_thread_fence(__ATOMIC_ACQUIRE)
+    #define _atomic_add(p, v) ((void)__atomic_add_fetch((p), (v), __ATOMIC_SEQ_CST))
+    #define _atomic_add32(p, v) ((void)__atomic_add_fetch((p), (v), __ATOMIC_SEQ_CST))
+    #define _atomic_load(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+    #define _atomic_store(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
+    #define _atomic_cas(p, expected, v) __atomic_compare_exchange_n((p), (expected), (v), 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)
+    """
+    void _mpreplay_acquire_fence() noexcept nogil
+    void _atomic_add(int64_t* p, int64_t v) noexcept nogil
+    void _atomic_add32(int32_t* p, int32_t v) noexcept nogil
+    int64_t _atomic_load(int64_t* p) noexcept nogil
+    void _atomic_store(int64_t* p, int64_t v) noexcept nogil
+    bint _atomic_cas(int64_t* p, int64_t* expected, int64_t v) noexcept nogil
+

@@ -1,0 +1,25 @@
+# The gate every call of a replay table passes: the lock, the rate limiter's rule, and the
+# waits and wake-ups around them.  ext/ring.pyx holds one; see ext/gate.pyx.
+from libc.stdint cimport int32_t, int64_t
+
+
+cdef class Gate:
+    cdef int64_t[::1] _header
+    cdef double[::1] _limits
+    cdef int32_t* _epoch
+    cdef object _lock
+    cdef bint _held               # this handle holds the lock now
+
+    cdef int acquire(self, double deadline=*) except -1
+    cdef int release(self) except -1
+    cdef int block(self, double deadline, str why) except -1
+    cdef bint limited(self) noexcept nogil
+    cdef bint can_insert(self, Py_ssize_t k) noexcept nogil
+    cdef bint can_sample(self, Py_ssize_t b) noexcept nogil
+    cdef int check_insert(self, Py_ssize_t k) except -1
+    cdef int check_sample(self, Py_ssize_t b) except -1
+    cdef bint progress(self) noexcept nogil
+    cdef void wake(self) noexcept nogil
+
+
+cdef double deadline_of(object timeout) except? -1.0
