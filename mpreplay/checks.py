@@ -48,6 +48,8 @@ def integer(name: str, value: Any, *, low: int, high: int | None = None) -> int:
 
     Python and numpy integers are integers; bools and floats are not.
     """
+    if type(value) is int and low <= value and (high is None or value <= high):
+        return value  # the common case, first: these checks run on every call
     if (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
             and low <= value and (high is None or value <= high)):
         return int(value)
@@ -61,6 +63,8 @@ def _real(value: Any) -> float | None:
     Python and numpy numbers, 0-d arrays and one-element tensors are numbers;
     bools and strings (even "1.5") are not.
     """
+    if type(value) is float:
+        return value
     if (isinstance(value, (bool, np.bool_, str, bytes)) or not hasattr(type(value), "__float__")
             or (isinstance(value, np.ndarray) and value.ndim)):
         return None
