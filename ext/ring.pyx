@@ -12,8 +12,8 @@ where the generation is still the one that was sampled.
 The same code serves the local buffers (``lock=None``) and the shared ones;
 every array it touches belongs to the caller's memory (heap or segment).
 """
-from libc.float cimport DBL_MAX, DBL_MIN, FLT_MAX
-from libc.math cimport INFINITY, NAN, exp, log, pow
+from libc.float cimport FLT_MAX
+from libc.math cimport INFINITY, NAN
 from libc.stdint cimport int64_t, uint64_t, uint8_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
@@ -32,7 +32,7 @@ from mpreplay._ext.gate cimport Gate, deadline_of
 from mpreplay._ext.schema cimport (
     COMPLETE, EMPTY, INSERTS, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, RESERVED, SAMPLES, STALE, STORED, TORN,
     WAITING, being_written, next_reservation)
-from mpreplay._ext.sumtree cimport Node, PriorityTree
+from mpreplay._ext.selector cimport Selector, importance_weight
 
 import os
 
@@ -118,15 +118,6 @@ cdef bint _store_int(Kind kind, long long x, uint8_t* dst) noexcept nogil:
     return True
 
 
-cdef inline double _weight(double vmin, double v, double beta) noexcept nogil:
-    # (v / vmin) ** -beta; through logs when the ratio leaves the float range
-    # (priorities 1e300 and 1e-300 side by side still get exact weights).
-    cdef double r = vmin / v
-    if r >= DBL_MIN:
-        return pow(r, beta)
-    return exp(beta * (log(vmin) - log(v)))
-
-
 cdef object _checked_out(dict out, str name, tuple shape, object dtype):
     arr = out[name]
     if not (isinstance(arr, np.ndarray) and arr.shape == shape and arr.dtype == dtype
@@ -136,16 +127,16 @@ cdef object _checked_out(dict out, str name, tuple shape, object dtype):
 
 
 def recover(uint64_t[::1] generation not None, uint8_t[::1] state not None, int64_t[::1] header not None,
-            PriorityTree tree not None):
+            Selector selector not None):
     """With the lock held, after its previous holder died: make everything derived agree
     with the slots again (the lock's ``on_recover``).
 
     A holder killed inside a critical section may have left a slot half
     reserved or half published, the stored count a step behind the slot
-    states, and inner tree nodes stale.  Rows whose generation is odd were
-    being written: they become unsampleable.  Then every leaf that may not be
-    drawn is zeroed, the inner nodes are rebuilt from the leaves, and the
-    stored count -- which the rate limiter reads -- is recounted.  The
+    states, and the selector's sums stale.  Rows whose generation is odd were
+    being written: they become unsampleable.  Then every item that may not be
+    drawn is cleared from the selector, which rebuilds what it derives, and
+    the stored count -- which the rate limiter reads -- is recounted.  The
     cumulative counters (inserts, samples, reservations) change by single
     stores and cannot be torn.  See docs/architecture.md, "Crash handling".
     """
@@ -157,9 +148,9 @@ def recover(uint64_t[::1] generation not None, uint8_t[::1] state not None, int6
             if state[s] == COMPLETE:
                 stored += 1
             else:
-                tree._write_leaf(s, 0.0, 0.0)
+                selector.clear(s)
         header[STORED] = stored
-    tree.rebuild()
+        selector.rebuild()
 
 
 cdef class Ring:
@@ -169,14 +160,12 @@ cdef class Ring:
     ----------
     header : the int64 counters of schema.pxd
     gate : the Gate of the table: its lock and rate limiter
-    lanes : int64 array (nlanes, 4): start, end, cursor and owning writer's token of each lane
+    lanes : int64 array (nlanes, LANE_LEN): start, end, cursor and owning writer's token of each lane
     generation : uint64 array, one per slot
     owner : int64 array, one per slot: token of the process writing it (0: none)
     state : uint8 array, one per slot: EMPTY, COMPLETE or WAITING
-    tree : PriorityTree over the slots
+    selector : the Selector that draws slots (PrioritizedSelector; alpha = 0 for uniform replay)
     fields : list of ``(name, array)``; each array is ``(size,) + shape``, C-contiguous
-    alpha, eps : leaf weight of priority ``p`` is ``(p + eps) ** alpha``
-        (``alpha = 0`` gives uniform replay)
     rng : numpy Generator the draws come from
     frames : Frames of the compressed keys, or None
     frame_outputs : list of ``(name, key, next, shape, dtype)``: sample output ``name`` is key
@@ -191,10 +180,8 @@ cdef class Ring:
     cdef uint64_t[::1] _gen
     cdef int64_t[::1] _owner
     cdef int64_t _token           # this process as a writer (see processes.process_token)
-    cdef PriorityTree _tree
+    cdef Selector _selector
     cdef readonly Py_ssize_t size
-    cdef readonly double alpha, eps
-    cdef double _max_priority
     cdef list _names, _shapes, _dtypes, _stages
     cdef Py_ssize_t _nfields
     cdef uint8_t** _dst
@@ -219,8 +206,7 @@ cdef class Ring:
     def __init__(self, int64_t[::1] header not None, Gate gate not None,
                  int64_t[:, ::1] lanes not None, uint64_t[::1] generation not None,
                  int64_t[::1] owner not None, uint8_t[::1] state not None,
-                 PriorityTree tree not None, list fields not None,
-                 double alpha, double eps, object rng,
+                 Selector selector not None, list fields not None, object rng,
                  Frames frames=None, list frame_outputs=None):
         cdef Py_ssize_t i, n = len(fields)
         self._header = header
@@ -232,14 +218,8 @@ cdef class Ring:
         self._gen = generation
         self._owner = owner
         self._token = process_token(os.getpid())
-        self._tree = tree
+        self._selector = selector
         self.size = generation.shape[0]
-        self.alpha = alpha
-        self.eps = eps
-        # No leaf weight may exceed DBL_MAX / (2 * capacity), so no sum of
-        # leaves can overflow; that bounds the priorities accepted.
-        self._max_priority = (min(1e300, pow(DBL_MAX / (2.0 * self.size + 2.0), 1.0 / alpha) - eps)
-                              if alpha > 0.0 else 1e300)
         self._nfields = n
         self._names, self._shapes, self._dtypes, self._stages = [], [], [], []
         self._dst = <uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
@@ -316,7 +296,7 @@ cdef class Ring:
             self._header[STORED] -= 1
             _fault(_F_RETIRE)
         self._state[s] = EMPTY
-        self._tree._write_leaf(s, 0.0, 0.0)
+        self._selector.clear(s)
 
     cdef void _retire_readers(self, Py_ssize_t lane, Py_ssize_t s) noexcept nogil:
         # Lock held, slot s about to be overwritten: retire every row whose
@@ -327,7 +307,7 @@ cdef class Ring:
             r = self._slot(lane, s, j)
             if r != s and self._state[r] != EMPTY and self._frames.reads(r, s):
                 self._retire(r)
-                self._tree._fix_up(r)
+                self._selector.fix(r)
 
     cdef Py_ssize_t _reserve(self, Py_ssize_t k, uint64_t* reserved, bint insert, Py_ssize_t lane) noexcept nogil:
         # Lock held, no busy owner.  Odd generation + zero leaf: nobody samples the slot now.
@@ -346,7 +326,7 @@ cdef class Ring:
             reserved[j] = g
             self._retire(s)
         for j in range(k):
-            self._tree._fix_up(self._slot(lane, start, j))
+            self._selector.fix(self._slot(lane, start, j))
         if insert:
             self._header[RESERVED] += k
         return start
@@ -384,9 +364,7 @@ cdef class Ring:
         cdef Py_ssize_t j, s, lost = 0
         cdef uint64_t g
         cdef uint8_t st
-        cdef double p = self._tree._nodes[1].max
-        if p == -INFINITY:
-            p = 1.0
+        cdef double p = self._selector.default_priority()
         for j in range(k):
             s = self._slot(lane, start, j)
             g = self._gen[s]
@@ -398,7 +376,7 @@ cdef class Ring:
                 if priorities != NULL:
                     p = priorities[j]
                 if st == COMPLETE:
-                    self._tree._write_leaf(s, pow(p + self.eps, self.alpha), p)
+                    self._selector.set(s, p)
                     _fault(_F_PUBLISH)
                     self._header[STORED] += 1
                     self._header[INSERTS] += 1
@@ -409,7 +387,7 @@ cdef class Ring:
                 self._retire(s)
                 lost += 1
         for j in range(k):
-            self._tree._fix_up(self._slot(lane, start, j))
+            self._selector.fix(self._slot(lane, start, j))
         return lost
 
     cdef Py_ssize_t _complete(self, const int64_t* slots, const uint64_t* generations, const double* priorities,
@@ -417,9 +395,7 @@ cdef class Ring:
         # Lock held.  WAITING transitions whose next frame is stored now become
         # COMPLETE; a slot rewritten or retired meanwhile is skipped.
         cdef Py_ssize_t j, s, done = 0
-        cdef double p, default = self._tree._nodes[1].max
-        if default == -INFINITY:
-            default = 1.0
+        cdef double p, default = self._selector.default_priority()
         for j in range(n):
             s = slots[j]
             if self._gen[s] == generations[j] and self._state[s] == WAITING:
@@ -427,8 +403,8 @@ cdef class Ring:
                 self._state[s] = COMPLETE
                 _fault(_F_COMPLETE)
                 self._header[STORED] += 1
-                self._tree._write_leaf(s, pow(p + self.eps, self.alpha), p)
-                self._tree._fix_up(s)
+                self._selector.set(s, p)
+                self._selector.fix(s)
                 done += 1
         return done
 
@@ -603,12 +579,10 @@ cdef class Ring:
             raw = None
             if priorities:
                 raw = np.empty(count)
-                self._tree.get(slots[:count], np.empty(count), raw)
+                for j in range(count):
+                    raw[j] = self._selector.priority(sp[j])
         finally:
             self._gate.release()
-        if raw is not None:
-            # A leaf of weight zero keeps -inf as its raw priority: priority 0 with eps 0.
-            raw[np.isneginf(raw)] = 0.0
         return slots[:count], (oldest[:count], gens[:count]), raw
 
     def unchanged(self, const int64_t[::1] slots not None, tuple guards not None):
@@ -710,45 +684,26 @@ cdef class Ring:
     cdef double _draw(self, int64_t* slots, double* values, uint64_t* gens, Py_ssize_t k,
                       Py_ssize_t nstrata) noexcept nogil:
         # Lock held.  Draw j lands in stratum j of nstrata (nstrata == 1:
-        # plain draws over the whole mass).  Returns the smallest leaf
-        # weight, or NaN once nothing is sampleable.
-        cdef Py_ssize_t j, n, cap = self._tree._cap
-        cdef double total = self._tree._nodes[1].sum, left
-        cdef Node* nodes = self._tree._nodes
-        if not total > 0.0:
+        # plain draws over the whole mass); `values` gets the drawn weights.
+        # Returns the smallest weight, or NaN once nothing is sampleable.
+        cdef Py_ssize_t j
+        if not self._selector.total() > 0.0:
             return NAN
-        # All draws descend together, one level at a time, so the cache misses
-        # of different draws overlap instead of queueing.  `values` holds the
-        # remaining prefix sums and `slots` the nodes on the way down.  The
-        # rule is PriorityTree._descend's: never enter a child of zero mass.
-        for j in range(k):
-            values[j] = ((j if nstrata > 1 else 0) + self._bitgen.next_double(self._bitgen.state)) * (total / nstrata)
-            slots[j] = 1
-        while slots[0] < cap:
-            for j in range(k):
-                n = 2 * slots[j]
-                left = nodes[n].sum
-                if left > 0.0 and (values[j] < left or nodes[n + 1].sum <= 0.0):
-                    slots[j] = n
-                else:
-                    values[j] -= left
-                    slots[j] = n + 1
+        self._selector.draw(slots, values, k, nstrata, self._bitgen)
         _fault(_F_DRAW)
         for j in range(k):
-            slots[j] -= cap
             while being_written(self._gen[slots[j]]) or self._state[slots[j]] != COMPLETE:
                 # A sampleable slot that is being written or holds no complete
                 # transition: a writer died inside its reservation.  Nobody can
                 # vouch for the row: retire it and draw again.
                 self._retire(slots[j])
-                self._tree._fix_up(slots[j])
-                total = nodes[1].sum
-                if not total > 0.0:
+                self._selector.fix(slots[j])
+                if not self._selector.total() > 0.0:
                     return NAN
-                slots[j] = self._tree._descend(self._bitgen.next_double(self._bitgen.state) * total)
-            values[j] = nodes[slots[j] + cap].sum
+                slots[j] = self._selector.draw_one(self._bitgen)
+            values[j] = self._selector.weight(slots[j])
             gens[j] = self._gen[slots[j]]
-        return nodes[1].min
+        return self._selector.smallest()
 
     cdef void _gather(self, const int64_t* slots, Py_ssize_t k, list outs, const Py_ssize_t* rows) except *:
         # Copy rows (all k, or only rows[0..k) of the batch) without the lock.
@@ -851,7 +806,7 @@ cdef class Ring:
         self._gate.check_sample(b)
         self._gate.acquire(deadline)
         try:
-            while not (self._tree._nodes[1].sum > 0.0 and self._gate.can_sample(b)):
+            while not (self._selector.total() > 0.0 and self._gate.can_sample(b)):
                 if not self._gate.limited():
                     raise ValueError("sample: the buffer holds no transition yet")
                 self._gate.block(deadline, "sample: the rate limiter holds samples back until more is inserted")
@@ -924,14 +879,14 @@ cdef class Ring:
             out["tags"] = (gens >> np.uint64(1)).astype(np.int64)
         elif beta >= 0.0:
             for j in range(b):
-                vp[j] = _weight(vmin, vp[j], beta)
+                vp[j] = importance_weight(vmin, vp[j], beta)
             out["weights"] = values
         return out
 
     @property
     def max_priority(self):
         """The largest priority :meth:`check_priorities` and :meth:`update` accept."""
-        return self._max_priority
+        return self._selector.max_priority
 
     def check_priorities(self, const double[::1] priorities not None):
         """Raise ValueError unless every priority is finite, >= 0 and small
@@ -941,11 +896,11 @@ cdef class Ring:
         with nogil:
             for j in range(priorities.shape[0]):
                 p = priorities[j]
-                if not (p >= 0.0 and p <= self._max_priority):
+                if not (p >= 0.0 and p <= self._selector.max_priority):
                     bad = j
                     break
         if bad >= 0:
-            raise ValueError(f"priorities: expected finite values in [0, {self._max_priority:.3g}], "
+            raise ValueError(f"priorities: expected finite values in [0, {self._selector.max_priority:.3g}], "
                              f"got {priorities[bad]!r} at position {bad}")
 
     def tags(self, const int64_t[::1] slots not None):
@@ -992,12 +947,12 @@ cdef class Ring:
                     g = self._gen[s]
                     rec = record[s] if record != NULL else NOT_SAMPLED
                     if self._state[s] == COMPLETE and (rec == NOT_SAMPLED or rec == g):
-                        self._tree._write_leaf(s, pow(priorities[j] + self.eps, self.alpha), priorities[j])
+                        self._selector.set(s, priorities[j])
                         _fault(_F_UPDATE)
                     else:
                         stale += 1
                 for j in range(k):
-                    self._tree._fix_up(slots[j])
+                    self._selector.fix(slots[j])
                 self._header[STALE] += stale
         finally:
             self._gate.release()

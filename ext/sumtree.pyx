@@ -191,10 +191,13 @@ cdef class PriorityTree:
 
     def rebuild(self):
         """Recompute every inner node from the leaves (after a crash mid-update)."""
-        cdef Py_ssize_t n
         with nogil:
-            for n in range(self._cap - 1, 0, -1):
-                _recompute(self._nodes, n)
+            self._rebuild()
+
+    cdef void _rebuild(self) noexcept nogil:
+        cdef Py_ssize_t n
+        for n in range(self._cap - 1, 0, -1):
+            _recompute(self._nodes, n)
 
     def total(self):
         """Sum of all leaf weights."""

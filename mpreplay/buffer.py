@@ -27,6 +27,7 @@ import numpy as np
 from . import checks
 from ._ext.lock import LOCK_NBYTES, SharedLock
 from ._ext.gate import Gate, deadline
+from ._ext.prioritized import PrioritizedSelector
 from ._ext.ring import Ring, recover
 from ._ext.schema import INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED
 from ._ext.schema import TORN, field_array, segment_arrays
@@ -43,7 +44,7 @@ __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrior
 
 
 # Attributes that view a buffer's memory: close() drops them.
-_VIEWS = ("_header", "_generation", "_tree", "_fields", "_ring", "_lock", "_frames", "_writer", "_lanes")
+_VIEWS = ("_header", "_generation", "_tree", "_selector", "_fields", "_ring", "_lock", "_frames", "_writer", "_lanes")
 
 
 class ReplayBuffer:
@@ -141,6 +142,7 @@ class ReplayBuffer:
         self._header = arrays["header"]
         self._generation = arrays["generation"]
         self._tree = PriorityTree(arrays["tree"], self._size, reset=create)
+        self._selector = PrioritizedSelector(self._tree, self._alpha, self._eps)
         c = self._compression
         self._fields = {name: arrays[field_array(name)] for name in self._specs if field_array(name) in arrays}
         self._lanes = arrays["lanes"]
@@ -152,8 +154,7 @@ class ReplayBuffer:
         self._frames, outputs = (None, None) if c is None else c.make_frames(self._specs, arrays)
         gate = Gate(self._header, arrays["limits"], self._make_lock(create))
         self._ring = Ring(self._header, gate, arrays["lanes"], self._generation, arrays["owner"],
-                          arrays["state"], self._tree, list(self._fields.items()),
-                          self._alpha, self._eps, rng, self._frames, outputs)
+                          arrays["state"], self._selector, list(self._fields.items()), rng, self._frames, outputs)
         self._writer = None if c is None else FrameWriter(c, self._specs, self._ring, arrays)
 
     def close(self) -> None:
@@ -567,7 +568,7 @@ class _Shared:
         arrays = self._memory.arrays
         self._lock = SharedLock(arrays["lock"], create,
                                 on_recover=functools.partial(recover, self._generation, arrays["state"], self._header,
-                                                             self._tree),
+                                                             self._selector),
                                 counters=self._header[LOCK_WAIT_NS:LOCK_HOLDS + 1])
         return self._lock
 

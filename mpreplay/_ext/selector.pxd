@@ -1,0 +1,39 @@
+# What a replay table's sample() draws, in proportion to what.  A selector keeps one weight
+# per item (a slot, or a sequence) and draws items by weight; the table tells it which items
+# may be drawn.  A new way of selecting is a new subclass in a file of its own
+# (ext/prioritized.pyx is the one there is).  See docs/architecture.md.
+from libc.float cimport DBL_MIN
+from libc.math cimport exp, log, pow
+from libc.stdint cimport int64_t
+from numpy.random cimport bitgen_t
+
+
+cdef class Selector:
+    cdef readonly Py_ssize_t capacity
+    cdef readonly double alpha, eps
+    cdef readonly double max_priority   # the largest priority whose weights cannot overflow a sum
+
+    # Called with the table's lock held.  set/clear change one item's weight; fix
+    # brings what is derived from the weights up to date again after them.
+    cdef void set(self, Py_ssize_t item, double priority) noexcept nogil
+    cdef void clear(self, Py_ssize_t item) noexcept nogil
+    cdef void fix(self, Py_ssize_t item) noexcept nogil
+    cdef void rebuild(self) noexcept nogil          # after a crash: everything derived, from the weights
+    cdef double default_priority(self) noexcept nogil  # for a new item without one: the largest stored
+    cdef double total(self) noexcept nogil
+    cdef double smallest(self) noexcept nogil       # the smallest positive weight, inf when none
+    cdef double weight(self, Py_ssize_t item) noexcept nogil
+    cdef double priority(self, Py_ssize_t item) noexcept nogil  # as given (0 for an item not drawn)
+    # k draws in proportion to the weights, draw j in stratum j of nstrata (1: unstratified).
+    cdef void draw(self, int64_t* items, double* scratch, Py_ssize_t k, Py_ssize_t nstrata,
+                   bitgen_t* rng) noexcept nogil
+    cdef Py_ssize_t draw_one(self, bitgen_t* rng) noexcept nogil
+
+
+cdef inline double importance_weight(double smallest, double weight, double beta) noexcept nogil:
+    # (weight / smallest) ** -beta; through logs when the ratio leaves the float range
+    # (priorities 1e300 and 1e-300 side by side still get exact weights).
+    cdef double r = smallest / weight
+    if r >= DBL_MIN:
+        return pow(r, beta)
+    return exp(beta * (log(smallest) - log(weight)))
