@@ -153,6 +153,41 @@ def recover(uint64_t[::1] generation not None, uint8_t[::1] state not None, int6
         selector.rebuild()
 
 
+cdef class _Draws:
+    """The scratch of one sample() call: the slots drawn with their weights and
+    generations, the rows found torn, and (compressed buffers) the R frames at
+    most that each row reads, with their generations."""
+    cdef Py_ssize_t b, R
+    cdef cnp.ndarray slots, values, gens, torn, read_slots, read_gens, read_counts
+    cdef int64_t* sp
+    cdef double* vp
+    cdef uint64_t* gp
+    cdef Py_ssize_t* tp
+    cdef int64_t* rsp
+    cdef uint64_t* rgp
+    cdef Py_ssize_t* rcp
+
+    def __cinit__(self, Py_ssize_t b, Py_ssize_t R):
+        cdef cnp.npy_intp n = b, nr = b * R
+        self.b, self.R = b, R
+        self.slots = cnp.PyArray_EMPTY(1, &n, cnp.NPY_INT64, 0)
+        self.values = cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT64, 0)
+        self.gens = cnp.PyArray_EMPTY(1, &n, cnp.NPY_UINT64, 0)
+        self.torn = cnp.PyArray_EMPTY(1, &n, cnp.NPY_INTP, 0)
+        self.sp = <int64_t*>cnp.PyArray_DATA(self.slots)
+        self.vp = <double*>cnp.PyArray_DATA(self.values)
+        self.gp = <uint64_t*>cnp.PyArray_DATA(self.gens)
+        self.tp = <Py_ssize_t*>cnp.PyArray_DATA(self.torn)
+        self.rsp, self.rgp, self.rcp = NULL, NULL, NULL
+        if R:
+            self.read_slots = cnp.PyArray_EMPTY(1, &nr, cnp.NPY_INT64, 0)
+            self.read_gens = cnp.PyArray_EMPTY(1, &nr, cnp.NPY_UINT64, 0)
+            self.read_counts = cnp.PyArray_ZEROS(1, &n, cnp.NPY_INTP, 0)
+            self.rsp = <int64_t*>cnp.PyArray_DATA(self.read_slots)
+            self.rgp = <uint64_t*>cnp.PyArray_DATA(self.read_gens)
+            self.rcp = <Py_ssize_t*>cnp.PyArray_DATA(self.read_counts)
+
+
 cdef class Ring:
     """Slot protocol over caller-owned arrays.
 
@@ -751,6 +786,90 @@ cdef class Ring:
                     u = self._frames._nxt[slots[r]] if nxt else slots[r]
                     self._frames.rebuild(key, u, dst + r * rb)
 
+    cdef list _outputs(self, Py_ssize_t b, dict out):
+        # Arrays to copy a batch of b rows into: fresh ones, or the caller's.
+        cdef Py_ssize_t i
+        cdef list outs = [self._empty(i, b) if out is None or self._names[i] not in out
+                          else _checked_out(out, self._names[i], (b,) + self._shapes[i], self._dtypes[i])
+                          for i in range(self._nfields)]
+        for name, _, _, shape, dtype in self._frame_outputs:
+            outs.append(np.empty((b,) + shape, dtype=dtype) if out is None or name not in out
+                        else _checked_out(out, name, (b,) + shape, dtype))
+        return outs
+
+    cdef double _draw_batch(self, _Draws d, bint stratified, double deadline) except? -1.0:
+        # Under the lock, once the rate limiter lets the sample through: draw
+        # every row, note what each reads.  Returns the smallest weight.
+        cdef Py_ssize_t j
+        cdef double vmin
+        cdef bint wake
+        self._gate.acquire(deadline)
+        try:
+            while not (self._selector.total() > 0.0 and self._gate.can_sample(d.b)):
+                if not self._gate.limited():
+                    raise ValueError("sample: the buffer holds no transition yet")
+                self._gate.block(deadline, "sample: the rate limiter holds samples back until more is inserted")
+            vmin = self._draw(d.sp, d.vp, d.gp, d.b, d.b if stratified else 1)
+            if vmin != vmin:
+                raise ValueError("sample: the buffer holds no transition yet")
+            for j in range(d.b):
+                self._note_row(d, j)
+            self._header[SAMPLES] += d.b
+            wake = self._gate.progress()
+        finally:
+            self._gate.release()
+        if wake:
+            self._gate.wake()
+        return vmin
+
+    cdef inline void _note_row(self, _Draws d, Py_ssize_t j) noexcept nogil:
+        # Lock held: the frames row j reads, with their generations now.
+        if d.R:
+            d.rcp[j] = self._note_reads(d.sp[j], d.rsp + j * d.R, d.rgp + j * d.R)
+
+    cdef Py_ssize_t _find_torn(self, _Draws d) noexcept nogil:
+        # After copying: the rows whose slot (or a frame they read) was rewritten
+        # meanwhile go to d.tp; returns how many.
+        cdef Py_ssize_t j, t, ntorn = 0
+        cdef bint bad
+        _mpreplay_acquire_fence()  # the generations must be read after the rows were copied
+        for j in range(d.b):
+            bad = self._gen[d.sp[j]] != d.gp[j]
+            for t in range(d.rcp[j] if d.R else 0):
+                bad = bad or self._gen[d.rsp[j * d.R + t]] != d.rgp[j * d.R + t]
+            if bad:
+                d.tp[ntorn] = j
+                ntorn += 1
+        return ntorn
+
+    cdef double _redraw(self, _Draws d, Py_ssize_t ntorn, list outs, double deadline, bint locked) except? -1.0:
+        # Draw the torn rows again; with `locked`, also copy them under the lock.
+        # Returns the smallest weight now.
+        cdef Py_ssize_t j
+        cdef int64_t s1
+        cdef double v1, vmin
+        cdef uint64_t g1
+        self._gate.acquire(deadline)
+        try:
+            self._header[TORN] += ntorn
+            for j in range(ntorn):
+                vmin = self._draw(&s1, &v1, &g1, 1, 1)
+                if vmin != vmin:
+                    raise ValueError("sample: the buffer holds no transition any more")
+                d.sp[d.tp[j]], d.vp[d.tp[j]], d.gp[d.tp[j]] = s1, v1, g1
+                self._note_row(d, d.tp[j])
+            if locked:
+                self._copy_rows(d.sp, ntorn, outs, d.tp)
+        finally:
+            self._gate.release()
+        return vmin
+
+    cdef int _copy_rows(self, const int64_t* slots, Py_ssize_t k, list outs, const Py_ssize_t* rows) except -1:
+        self._gather(slots, k, outs, rows)
+        if self._frames is not None:
+            self._gather_frames(slots, k, outs, rows)
+        return 0
+
     def sample(self, Py_ssize_t batch_size, bint stratified, double beta=-1.0, timeout=None, dict out=None,
                bint leaves=False):
         """Draw ``batch_size`` rows.
@@ -764,124 +883,45 @@ cdef class Ring:
         Waits at most ``timeout`` seconds (None: no limit) while the rate
         limiter holds samples back, then raises TimeoutError.
         """
-        cdef Py_ssize_t b = batch_size, i, j, t, ntorn, rounds = 0
-        cdef Py_ssize_t R = 2 * self._frames.max_stack if self._frames is not None else 0  # frames a row reads, at most
-        cdef cnp.npy_intp n = b
+        cdef Py_ssize_t b = batch_size, j, ntorn, rounds = 0
+        cdef double vmin, deadline = deadline_of(timeout)
+        cdef uint64_t* record
         if b < 1:
             raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size}")
-        cdef cnp.ndarray slots = cnp.PyArray_EMPTY(1, &n, cnp.NPY_INT64, 0)
-        cdef cnp.ndarray values = cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT64, 0)
-        cdef cnp.ndarray gens = cnp.PyArray_EMPTY(1, &n, cnp.NPY_UINT64, 0)
-        cdef cnp.ndarray torn = cnp.PyArray_EMPTY(1, &n, cnp.NPY_INTP, 0)
-        cdef int64_t* sp = <int64_t*>cnp.PyArray_DATA(slots)
-        cdef double* vp = <double*>cnp.PyArray_DATA(values)
-        cdef uint64_t* gp = <uint64_t*>cnp.PyArray_DATA(gens)
-        cdef Py_ssize_t* tp = <Py_ssize_t*>cnp.PyArray_DATA(torn)
-        # The frames each row reads, with their generations (compressed buffers only).
-        cdef cnp.npy_intp nr = b * R
-        cdef cnp.ndarray read_slots, read_gens, read_counts
-        cdef int64_t* rsp = NULL
-        cdef uint64_t* rgp = NULL
-        cdef Py_ssize_t* rcp = NULL
-        if R:
-            read_slots = cnp.PyArray_EMPTY(1, &nr, cnp.NPY_INT64, 0)
-            read_gens = cnp.PyArray_EMPTY(1, &nr, cnp.NPY_UINT64, 0)
-            read_counts = cnp.PyArray_ZEROS(1, &n, cnp.NPY_INTP, 0)
-            rsp = <int64_t*>cnp.PyArray_DATA(read_slots)
-            rgp = <uint64_t*>cnp.PyArray_DATA(read_gens)
-            rcp = <Py_ssize_t*>cnp.PyArray_DATA(read_counts)
-        cdef uint64_t* record
-        cdef double vmin
-        cdef int64_t s1
-        cdef double v1
-        cdef uint64_t g1
-        cdef list outs = [self._empty(i, b) if out is None or self._names[i] not in out
-                          else _checked_out(out, self._names[i], (b,) + self._shapes[i], self._dtypes[i])
-                          for i in range(self._nfields)]
-        cdef bint wake, bad, locked
-        cdef double deadline = deadline_of(timeout)
-        for name, _, _, shape, dtype in self._frame_outputs:
-            outs.append(np.empty((b,) + shape, dtype=dtype) if out is None or name not in out
-                        else _checked_out(out, name, (b,) + shape, dtype))
+        cdef _Draws d = _Draws(b, 2 * self._frames.max_stack if self._frames is not None else 0)
+        cdef list outs = self._outputs(b, out)
         self._gate.check_sample(b)
-        self._gate.acquire(deadline)
-        try:
-            while not (self._selector.total() > 0.0 and self._gate.can_sample(b)):
-                if not self._gate.limited():
-                    raise ValueError("sample: the buffer holds no transition yet")
-                self._gate.block(deadline, "sample: the rate limiter holds samples back until more is inserted")
-            vmin = self._draw(sp, vp, gp, b, b if stratified else 1)
-            if vmin != vmin:
-                raise ValueError("sample: the buffer holds no transition yet")
-            if R:
-                for j in range(b):
-                    rcp[j] = self._note_reads(sp[j], rsp + j * R, rgp + j * R)
-            self._header[SAMPLES] += b
-            wake = self._gate.progress()
-        finally:
-            self._gate.release()
-        if wake:
-            self._gate.wake()
-        self._gather(sp, b, outs, NULL)
-        if R:
-            self._gather_frames(sp, b, outs, NULL)
+        vmin = self._draw_batch(d, stratified, deadline)
+        self._copy_rows(d.sp, b, outs, NULL)
         while True:
-            # The generations must be read after the rows were copied.
-            _mpreplay_acquire_fence()
-            ntorn = 0
-            for j in range(b):
-                bad = self._gen[sp[j]] != gp[j]
-                if R:
-                    for t in range(rcp[j]):
-                        bad = bad or self._gen[rsp[j * R + t]] != rgp[j * R + t]
-                if bad:
-                    tp[ntorn] = j
-                    ntorn += 1
+            ntorn = self._find_torn(d)
             if ntorn == 0:
                 break
             rounds += 1
             # After a few unlucky rounds (a small ring lapped while this process
             # was descheduled), copy the redrawn rows under the lock: nobody can
             # reserve a published slot meanwhile, so they cannot tear.
-            locked = rounds > LOCKED_REDRAW_AFTER
-            self._gate.acquire(deadline)
-            try:
-                self._header[TORN] += ntorn
-                for j in range(ntorn):
-                    vmin = self._draw(&s1, &v1, &g1, 1, 1)
-                    if vmin != vmin:
-                        raise ValueError("sample: the buffer holds no transition any more")
-                    sp[tp[j]], vp[tp[j]], gp[tp[j]] = s1, v1, g1
-                    if R:
-                        rcp[tp[j]] = self._note_reads(s1, rsp + tp[j] * R, rgp + tp[j] * R)
-                if locked:
-                    self._gather(sp, ntorn, outs, tp)
-                    if R:
-                        self._gather_frames(sp, ntorn, outs, tp)
-            finally:
-                self._gate.release()
-            if locked:
+            vmin = self._redraw(d, ntorn, outs, deadline, rounds > LOCKED_REDRAW_AFTER)
+            if rounds > LOCKED_REDRAW_AFTER:
                 break
-            self._gather(sp, ntorn, outs, tp)
-            if R:
-                self._gather_frames(sp, ntorn, outs, tp)
+            self._copy_rows(d.sp, ntorn, outs, d.tp)
         if self._sampled is None:
             self._sampled = np.full(self.size, NOT_SAMPLED, dtype=np.uint64)
         record = <uint64_t*>cnp.PyArray_DATA(<cnp.ndarray>self._sampled)
         for j in range(b):
-            record[sp[j]] = gp[j]
-        out = dict(zip(self._names, outs))
+            record[d.sp[j]] = d.gp[j]
+        result = dict(zip(self._names, outs))
         for o in range(len(self._frame_outputs)):
-            out[self._frame_outputs[o][0]] = outs[self._nfields + o]
-        out["indexes"] = slots
+            result[self._frame_outputs[o][0]] = outs[self._nfields + o]
+        result["indexes"] = d.slots
         if leaves:
-            out["leaf"] = values
-            out["tags"] = (gens >> np.uint64(1)).astype(np.int64)
+            result["leaf"] = d.values
+            result["tags"] = (d.gens >> np.uint64(1)).astype(np.int64)
         elif beta >= 0.0:
             for j in range(b):
-                vp[j] = importance_weight(vmin, vp[j], beta)
-            out["weights"] = values
-        return out
+                d.vp[j] = importance_weight(vmin, d.vp[j], beta)
+            result["weights"] = d.values
+        return result
 
     @property
     def max_priority(self):
