@@ -20,7 +20,10 @@ from mpreplay._ext.schema cimport (CLOSED, EPOCH, LIMIT_MAX_DIFF, LIMIT_MIN_DIFF
 import time
 
 from mpreplay._ext.processes import describe_process
-from mpreplay.errors import BufferClosed
+
+
+class BufferClosed(RuntimeError):
+    """The buffer was closed: its memory is gone, or its owner closed it."""
 
 cdef extern from *:
     """

@@ -1,5 +1,4 @@
 """Exceptions of mpreplay."""
+from ._ext.gate import BufferClosed  # raised by the kernels too: defined where they can reach it
 
-
-class BufferClosed(RuntimeError):
-    """The buffer was closed: its memory is gone, or its owner closed it."""
+__all__ = ["BufferClosed"]
