@@ -1,16 +1,16 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The slot protocol of a replay ring (see docs/architecture.md, "Concurrency protocol").
+"""A replay table: a gate, a slot table and a selector, with the rows they govern.
 
-Every slot has a generation: even = published, odd = being written.  A
-writer reserves slots under the lock (generation made odd, leaf zeroed so the
-slot cannot be drawn), copies its rows without the lock, and publishes under
-the lock (generation made even, leaf set).  A reader draws slots and notes
-their generations under the lock, gathers rows without it, and redraws any
-row whose generation moved meanwhile (torn).  Priority updates apply only
-where the generation is still the one that was sampled.
+A writer reserves slots under the lock (generation made odd, weight cleared
+so the slot cannot be drawn), copies its rows without the lock, and
+publishes under the lock (generation made even, weight set).  A reader draws
+slots and notes their generations under the lock, gathers rows without it,
+and redraws any row whose generation moved meanwhile (torn).  Priority
+updates apply only where the generation is still the one that was sampled.
+See docs/architecture.md, "Concurrency protocol".
 
-The same code serves the local buffers (``lock=None``) and the shared ones;
-every array it touches belongs to the caller's memory (heap or segment).
+The same code serves the local buffers (no lock) and the shared ones; every
+array it touches belongs to the caller's memory (heap or segment).
 """
 from libc.float cimport FLT_MAX
 from libc.math cimport INFINITY, NAN
@@ -26,52 +26,21 @@ from cpython.ref cimport PyObject
 cimport numpy as cnp
 from numpy.random cimport bitgen_t
 
-from mpreplay._ext.atomics cimport _atomic_cas, _atomic_store, _mpreplay_acquire_fence
+from mpreplay._ext.atomics cimport _atomic_cas, _mpreplay_acquire_fence
 from mpreplay._ext.frames cimport MAX_STACK, Frames
 from mpreplay._ext.gate cimport Gate, deadline_of
-from mpreplay._ext.schema cimport (
-    COMPLETE, EMPTY, INSERTS, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, RESERVED, SAMPLES, STALE, STORED, TORN,
-    WAITING, being_written, next_reservation)
+from mpreplay._ext.schema cimport (COMPLETE, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, SAMPLES, STALE, TORN,
+                                   WAITING, being_written)
 from mpreplay._ext.selector cimport Selector, importance_weight
+from mpreplay._ext.slots cimport F_DRAW, F_UPDATE, Slots, fault
 
 import os
 
 import numpy as np
 
-from mpreplay._ext.processes import describe_process, process_token, token_alive, token_pid
+from mpreplay._ext.processes import describe_process, token_alive, token_pid
 
 cnp.import_array()
-
-cdef extern from "<signal.h>" nogil:
-    enum: SIGKILL
-    int raise_signal "raise"(int sig)
-
-# Fault injection for the crash tests: arm_fault(site, n) makes this process
-# SIGKILL itself the n-th time it passes `site` -- inside a critical section,
-# with the lock held.  Disarmed, a site costs one load and a predictable branch.
-FAULT_SITES = ("reserve", "publish", "complete", "retire", "update", "draw")
-cdef enum:
-    _F_NONE, _F_RESERVE, _F_PUBLISH, _F_COMPLETE, _F_RETIRE, _F_UPDATE, _F_DRAW
-cdef int _fault_site = _F_NONE
-cdef int _fault_countdown = 0
-
-
-def arm_fault(str site, int after=1):
-    """Test hook: SIGKILL this process the ``after``-th time it reaches ``site`` (one of FAULT_SITES)."""
-    global _fault_site, _fault_countdown
-    if site not in FAULT_SITES or after < 1:
-        raise ValueError(f"site: expected one of {FAULT_SITES} and after >= 1, got {site!r}, {after}")
-    _fault_countdown = after
-    _fault_site = FAULT_SITES.index(site) + 1
-
-
-cdef inline void _fault(int site) noexcept nogil:
-    global _fault_countdown
-    if _fault_site == site:
-        _fault_countdown -= 1
-        if _fault_countdown == 0:
-            raise_signal(SIGKILL)
-
 
 cdef uint64_t NOT_SAMPLED = 0xFFFFFFFFFFFFFFFFULL
 cdef int LOCKED_REDRAW_AFTER = 4  # rounds of torn rows before redrawn rows are copied under the lock
@@ -126,33 +95,6 @@ cdef object _checked_out(dict out, str name, tuple shape, object dtype):
     return arr
 
 
-def recover(uint64_t[::1] generation not None, uint8_t[::1] state not None, int64_t[::1] header not None,
-            Selector selector not None):
-    """With the lock held, after its previous holder died: make everything derived agree
-    with the slots again (the lock's ``on_recover``).
-
-    A holder killed inside a critical section may have left a slot half
-    reserved or half published, the stored count a step behind the slot
-    states, and the selector's sums stale.  Rows whose generation is odd were
-    being written: they become unsampleable.  Then every item that may not be
-    drawn is cleared from the selector, which rebuilds what it derives, and
-    the stored count -- which the rate limiter reads -- is recounted.  The
-    cumulative counters (inserts, samples, reservations) change by single
-    stores and cannot be torn.  See docs/architecture.md, "Crash handling".
-    """
-    cdef Py_ssize_t s, stored = 0
-    with nogil:
-        for s in range(generation.shape[0]):
-            if being_written(generation[s]):
-                state[s] = EMPTY
-            if state[s] == COMPLETE:
-                stored += 1
-            else:
-                selector.clear(s)
-        header[STORED] = stored
-        selector.rebuild()
-
-
 cdef class _Draws:
     """The scratch of one sample() call: the slots drawn with their weights and
     generations, the rows found torn, and (compressed buffers) the R frames at
@@ -189,16 +131,13 @@ cdef class _Draws:
 
 
 cdef class Ring:
-    """Slot protocol over caller-owned arrays.
+    """A replay table composed of a gate, a slot table and a selector, over caller-owned arrays.
 
     Parameters
     ----------
     header : the int64 counters of schema.pxd
     gate : the Gate of the table: its lock and rate limiter
-    lanes : int64 array (nlanes, LANE_LEN): start, end, cursor and owning writer's token of each lane
-    generation : uint64 array, one per slot
-    owner : int64 array, one per slot: token of the process writing it (0: none)
-    state : uint8 array, one per slot: EMPTY, COMPLETE or WAITING
+    slots : the Slots of the table: generations, owners, states and lanes
     selector : the Selector that draws slots (PrioritizedSelector; alpha = 0 for uniform replay)
     fields : list of ``(name, array)``; each array is ``(size,) + shape``, C-contiguous
     rng : numpy Generator the draws come from
@@ -207,14 +146,10 @@ cdef class Ring:
         ``key``'s observation (``next``: of the next slot) with per-row ``shape``
     """
     cdef int64_t[::1] _header
-    cdef int64_t[:, ::1] _lanes
-    cdef uint8_t[::1] _state
     cdef Frames _frames
     cdef list _frame_outputs
     cdef Gate _gate
-    cdef uint64_t[::1] _gen
-    cdef int64_t[::1] _owner
-    cdef int64_t _token           # this process as a writer (see processes.process_token)
+    cdef Slots _slots
     cdef Selector _selector
     cdef readonly Py_ssize_t size
     cdef list _names, _shapes, _dtypes, _stages
@@ -238,23 +173,17 @@ cdef class Ring:
         self._kinds = NULL
         self._typenums = NULL
 
-    def __init__(self, int64_t[::1] header not None, Gate gate not None,
-                 int64_t[:, ::1] lanes not None, uint64_t[::1] generation not None,
-                 int64_t[::1] owner not None, uint8_t[::1] state not None,
+    def __init__(self, int64_t[::1] header not None, Gate gate not None, Slots slots not None,
                  Selector selector not None, list fields not None, object rng,
                  Frames frames=None, list frame_outputs=None):
         cdef Py_ssize_t i, n = len(fields)
         self._header = header
-        self._lanes = lanes
-        self._state = state
         self._frames = frames
         self._frame_outputs = frame_outputs or []
         self._gate = gate
-        self._gen = generation
-        self._owner = owner
-        self._token = process_token(os.getpid())
+        self._slots = slots
         self._selector = selector
-        self.size = generation.shape[0]
+        self.size = slots.size
         self._nfields = n
         self._names, self._shapes, self._dtypes, self._stages = [], [], [], []
         self._dst = <uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
@@ -298,7 +227,7 @@ cdef class Ring:
 
     def after_fork(self, object rng):
         """Become the forked child's handle: its own token, random stream and record of samples."""
-        self._token = process_token(os.getpid())
+        self._slots.after_fork()
         self._gate.forget_lock()
         self.set_rng(rng)
         self._sampled = None
@@ -308,64 +237,6 @@ cdef class Ring:
         self._gate.close()
 
     # -- writers ----------------------------------------------------------------
-    cdef inline Py_ssize_t _slot(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t j) noexcept nogil:
-        # The slot j places after `start` in `lane`.
-        cdef Py_ssize_t lo = self._lanes[lane, LANE_START], n = self._lanes[lane, LANE_END] - lo
-        return lo + ((start - lo + j) % n + n) % n
-
-    cdef int64_t _busy_owner(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
-        # Lock held.  The token of another process still writing one of the
-        # next k slots of the lane (it was lapped), or 0.  Its copy cannot be
-        # stopped, so the slots are not handed out again until it publishes
-        # -- or dies.
-        cdef Py_ssize_t cursor = self._lanes[lane, LANE_CURSOR], j, s
-        for j in range(k):
-            s = self._slot(lane, cursor, j)
-            if being_written(self._gen[s]) and self._owner[s] != 0 and self._owner[s] != self._token:
-                return self._owner[s]
-        return 0
-
-    cdef void _retire(self, Py_ssize_t s) noexcept nogil:
-        # Lock held.  The transition at s stops being sampleable (no fix_up).
-        if self._state[s] == COMPLETE:
-            self._header[STORED] -= 1
-            _fault(_F_RETIRE)
-        self._state[s] = EMPTY
-        self._selector.clear(s)
-
-    cdef void _retire_readers(self, Py_ssize_t lane, Py_ssize_t s) noexcept nogil:
-        # Lock held, slot s about to be overwritten: retire every row whose
-        # rebuilt observations read its frame.  They lie within the next
-        # offsets before s and the stack after it in the lane.
-        cdef Py_ssize_t j, r
-        for j in range(-self._frames.max_next - self._frames.max_stack, self._frames.max_stack):
-            r = self._slot(lane, s, j)
-            if r != s and self._state[r] != EMPTY and self._frames.reads(r, s):
-                self._retire(r)
-                self._selector.fix(r)
-
-    cdef Py_ssize_t _reserve(self, Py_ssize_t k, uint64_t* reserved, bint insert, Py_ssize_t lane) noexcept nogil:
-        # Lock held, no busy owner.  Odd generation + zero leaf: nobody samples the slot now.
-        cdef Py_ssize_t start = self._lanes[lane, LANE_CURSOR], j, s
-        cdef uint64_t g
-        self._lanes[lane, LANE_CURSOR] = self._slot(lane, start, k)
-        for j in range(k):
-            s = self._slot(lane, start, j)
-            if self._frames is not None:
-                self._retire_readers(lane, s)
-            g = self._gen[s]
-            g = next_reservation(g)
-            self._gen[s] = g
-            _fault(_F_RESERVE)
-            self._owner[s] = self._token
-            reserved[j] = g
-            self._retire(s)
-        for j in range(k):
-            self._selector.fix(self._slot(lane, start, j))
-        if insert:
-            self._header[RESERVED] += k
-        return start
-
     cdef Py_ssize_t _reserve_waiting(self, Py_ssize_t k, uint64_t* reserved, bint insert,
                                      double deadline, Py_ssize_t lane) except -1:
         # Reserve k slots once no live process still writes one of them and
@@ -377,81 +248,18 @@ cdef class Ring:
         self._gate.acquire(deadline)
         try:
             while True:
-                blocker = self._busy_owner(k, lane)
+                blocker = self._slots.busy_owner(k, lane)
                 if blocker != 0 and not token_alive(blocker):
                     for s in range(self.size):
-                        if self._owner[s] == blocker:
-                            self._owner[s] = 0
+                        if self._slots.owner[s] == blocker:
+                            self._slots.owner[s] = 0
                     continue
                 if blocker == 0 and (not insert or self._gate.can_insert(k)):
-                    return self._reserve(k, reserved, insert, lane)
+                    return self._slots.reserve(k, reserved, insert, lane)
                 self._gate.block(deadline, f"add: {describe_process(token_pid(blocker))} is still writing the next slots"
                             if blocker else "add: the rate limiter holds inserts back until more is sampled")
         finally:
             self._gate.release()
-
-    cdef Py_ssize_t _publish(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved,
-                             const double* priorities, const uint8_t* states) noexcept nogil:
-        # Lock held.  Slot j becomes states[j] (all COMPLETE when NULL); only
-        # complete ones get a leaf.  Returns how many slots were lost to a
-        # writer that took them over meanwhile (only after judging this one
-        # dead): their rows may be mixed, so they stay unsampleable.
-        cdef Py_ssize_t j, s, lost = 0
-        cdef uint64_t g
-        cdef uint8_t st
-        cdef double p = self._selector.default_priority()
-        for j in range(k):
-            s = self._slot(lane, start, j)
-            g = self._gen[s]
-            st = COMPLETE if states == NULL else states[j]
-            if g == reserved[j]:
-                self._gen[s] = g + 1
-                self._owner[s] = 0
-                self._state[s] = st
-                if priorities != NULL:
-                    p = priorities[j]
-                if st == COMPLETE:
-                    self._selector.set(s, p)
-                    _fault(_F_PUBLISH)
-                    self._header[STORED] += 1
-                    self._header[INSERTS] += 1
-                elif st == WAITING:
-                    self._header[INSERTS] += 1
-            else:
-                self._gen[s] = next_reservation(g)
-                self._retire(s)
-                lost += 1
-        for j in range(k):
-            self._selector.fix(self._slot(lane, start, j))
-        return lost
-
-    cdef Py_ssize_t _complete(self, const int64_t* slots, const uint64_t* generations, const double* priorities,
-                              Py_ssize_t n) noexcept nogil:
-        # Lock held.  WAITING transitions whose next frame is stored now become
-        # COMPLETE; a slot rewritten or retired meanwhile is skipped.
-        cdef Py_ssize_t j, s, done = 0
-        cdef double p, default = self._selector.default_priority()
-        for j in range(n):
-            s = slots[j]
-            if self._gen[s] == generations[j] and self._state[s] == WAITING:
-                p = priorities[j] if priorities != NULL and priorities[j] == priorities[j] else default
-                self._state[s] = COMPLETE
-                _fault(_F_COMPLETE)
-                self._header[STORED] += 1
-                self._selector.set(s, p)
-                self._selector.fix(s)
-                done += 1
-        return done
-
-    cdef void _disown(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved) noexcept nogil:
-        # Without the lock: give up this process's reservation.  The slots stay
-        # unsampleable (odd generation, EMPTY) and free for the next writer; no
-        # other process writes the owner of a slot a live writer holds.
-        cdef Py_ssize_t j, s
-        for j in range(k):
-            s = self._slot(lane, start, j)
-            if self._gen[s] == reserved[j] and self._owner[s] == self._token:
-                _atomic_store(&self._owner[s], 0)
 
     def reserve(self, Py_ssize_t k, double deadline=INFINITY, bint insert=True, Py_ssize_t lane=0):
         """Reserve the next ``k`` slots of ``lane`` for writing; returns ``(start, reserved_generations)``.
@@ -462,7 +270,7 @@ cdef class Ring:
         raises TimeoutError.
         """
         cdef cnp.ndarray reserved = np.empty(k, dtype=np.uint64)
-        cdef Py_ssize_t n = self._lanes[lane, LANE_END] - self._lanes[lane, LANE_START]
+        cdef Py_ssize_t n = self._slots.lanes[lane, LANE_END] - self._slots.lanes[lane, LANE_START]
         if not 0 <= k <= n:
             raise ValueError(f"k: expected 0 <= k <= {n} (the lane's length), got {k}")
         start = self._reserve_waiting(k, <uint64_t*>cnp.PyArray_DATA(reserved), insert, deadline, lane)
@@ -509,12 +317,12 @@ cdef class Ring:
             self._gate.acquire(deadline)
         except TimeoutError:
             if k:
-                self._disown(lane, start, k, &reserved[0])
+                self._slots.disown(lane, start, k, &reserved[0])
             raise
         try:
-            lost = self._publish(lane, start, k, &reserved[0], prio, st) if k else 0
+            lost = self._slots.publish(lane, start, k, &reserved[0], prio, st) if k else 0
             if nc:
-                self._complete(&complete[0], &complete_generations[0], cprio, nc)
+                self._slots.complete(&complete[0], &complete_generations[0], cprio, nc)
             wake = self._gate.progress()
         finally:
             self._gate.release()
@@ -525,7 +333,7 @@ cdef class Ring:
     def abandon(self, Py_ssize_t start, const uint64_t[::1] reserved not None, Py_ssize_t lane=0):
         """Give up slots reserved by :meth:`reserve`: they stay unsampleable, free for the next writer."""
         if reserved.shape[0]:
-            self._disown(lane, start, reserved.shape[0], &reserved[0])
+            self._slots.disown(lane, start, reserved.shape[0], &reserved[0])
 
     def claim_lane(self, double deadline=INFINITY):
         """Take a lane for this process's writes: a free one, or one whose writer died."""
@@ -533,23 +341,23 @@ cdef class Ring:
         cdef int64_t token
         self._gate.acquire(deadline)
         try:
-            for l in range(self._lanes.shape[0]):
-                token = self._lanes[l, LANE_OWNER]
-                if token == self._token or token == 0 or not token_alive(token):
-                    self._lanes[l, LANE_OWNER] = self._token
+            for l in range(self._slots.lanes.shape[0]):
+                token = self._slots.lanes[l, LANE_OWNER]
+                if token == self._slots.token or token == 0 or not token_alive(token):
+                    self._slots.lanes[l, LANE_OWNER] = self._slots.token
                     return l
         finally:
             self._gate.release()
-        raise ValueError(f"every one of the buffer's {self._lanes.shape[0]} lanes has a live writer: "
+        raise ValueError(f"every one of the buffer's {self._slots.lanes.shape[0]} lanes has a live writer: "
                          "create the buffer with lanes= at least the number of writer processes")
 
     def release_lane(self, Py_ssize_t lane):
         """Give this process's lane back (its rows stay).  Without the lock, so that
         close() never waits: only the owner clears its own claim."""
-        cdef int64_t mine = self._token
-        if not 0 <= lane < self._lanes.shape[0]:
-            raise ValueError(f"lane: expected 0 <= lane < {self._lanes.shape[0]}, got {lane}")
-        _atomic_cas(&self._lanes[lane, LANE_OWNER], &mine, 0)
+        cdef int64_t mine = self._slots.token
+        if not 0 <= lane < self._slots.lanes.shape[0]:
+            raise ValueError(f"lane: expected 0 <= lane < {self._slots.lanes.shape[0]}, got {lane}")
+        _atomic_cas(&self._slots.lanes[lane, LANE_OWNER], &mine, 0)
 
     def clear(self):
         """Make every slot unsampleable and restart every lane at its start.
@@ -559,15 +367,15 @@ cdef class Ring:
         """
         cdef cnp.ndarray reserved = np.empty(self.size, dtype=np.uint64)
         cdef Py_ssize_t s, l
-        for l in range(self._lanes.shape[0]):
-            self._reserve_waiting(self._lanes[l, LANE_END] - self._lanes[l, LANE_START],
+        for l in range(self._slots.lanes.shape[0]):
+            self._reserve_waiting(self._slots.lanes[l, LANE_END] - self._slots.lanes[l, LANE_START],
                                   <uint64_t*>cnp.PyArray_DATA(reserved), False, INFINITY, l)
         self._gate.acquire()
         try:
             for s in range(self.size):
-                self._owner[s] = 0
-            for l in range(self._lanes.shape[0]):
-                self._lanes[l, LANE_CURSOR] = self._lanes[l, LANE_START]
+                self._slots.owner[s] = 0
+            for l in range(self._slots.lanes.shape[0]):
+                self._slots.lanes[l, LANE_CURSOR] = self._slots.lanes[l, LANE_START]
         finally:
             self._gate.release()
 
@@ -590,13 +398,13 @@ cdef class Ring:
         self._gate.acquire()
         try:
             with nogil:
-                for l in range(self._lanes.shape[0]):
-                    lo = self._lanes[l, LANE_START]
-                    n = self._lanes[l, LANE_END] - lo
-                    cursor = self._lanes[l, LANE_CURSOR]
+                for l in range(self._slots.lanes.shape[0]):
+                    lo = self._slots.lanes[l, LANE_START]
+                    n = self._slots.lanes[l, LANE_END] - lo
+                    cursor = self._slots.lanes[l, LANE_CURSOR]
                     for j in range(n):
                         s = lo + (cursor - lo + j) % n
-                        if self._state[s] != COMPLETE or being_written(self._gen[s]):
+                        if self._slots.state[s] != COMPLETE or being_written(self._slots.gen[s]):
                             continue
                         # A lane is overwritten from its cursor on, oldest first: a
                         # row stays whole while the oldest slot it reads does.
@@ -609,7 +417,7 @@ cdef class Ring:
                                 if age < best:
                                     best, o = age, reads[t]
                         sp[count], op[count] = s, o
-                        gp[2 * count], gp[2 * count + 1] = self._gen[s], self._gen[o]
+                        gp[2 * count], gp[2 * count + 1] = self._slots.gen[s], self._slots.gen[o]
                         count += 1
             raw = None
             if priorities:
@@ -631,7 +439,7 @@ cdef class Ring:
             # The generations must be read after the rows were copied.
             _mpreplay_acquire_fence()
             for j in range(n):
-                kp[j] = self._gen[slots[j]] == gens[j, 0] and self._gen[oldest[j]] == gens[j, 1]
+                kp[j] = self._slots.gen[slots[j]] == gens[j, 0] and self._slots.gen[oldest[j]] == gens[j, 1]
         return keep
 
     cdef bint _stage_value(self, Py_ssize_t i, object value) except -1:
@@ -704,10 +512,10 @@ cdef class Ring:
         try:
             self._gate.acquire(deadline)
         except TimeoutError:
-            self._disown(0, slot, 1, &reserved)
+            self._slots.disown(0, slot, 1, &reserved)
             raise
         try:
-            self._publish(0, slot, 1, &reserved, &priority if priority >= 0.0 else NULL, NULL)
+            self._slots.publish(0, slot, 1, &reserved, &priority if priority >= 0.0 else NULL, NULL)
             wake = self._gate.progress()
         finally:
             self._gate.release()
@@ -725,19 +533,19 @@ cdef class Ring:
         if not self._selector.total() > 0.0:
             return NAN
         self._selector.draw(slots, values, k, nstrata, self._bitgen)
-        _fault(_F_DRAW)
+        fault(F_DRAW)
         for j in range(k):
-            while being_written(self._gen[slots[j]]) or self._state[slots[j]] != COMPLETE:
+            while being_written(self._slots.gen[slots[j]]) or self._slots.state[slots[j]] != COMPLETE:
                 # A sampleable slot that is being written or holds no complete
                 # transition: a writer died inside its reservation.  Nobody can
                 # vouch for the row: retire it and draw again.
-                self._retire(slots[j])
+                self._slots.retire(slots[j])
                 self._selector.fix(slots[j])
                 if not self._selector.total() > 0.0:
                     return NAN
                 slots[j] = self._selector.draw_one(self._bitgen)
             values[j] = self._selector.weight(slots[j])
-            gens[j] = self._gen[slots[j]]
+            gens[j] = self._slots.gen[slots[j]]
         return self._selector.smallest()
 
     cdef void _gather(self, const int64_t* slots, Py_ssize_t k, list outs, const Py_ssize_t* rows) except *:
@@ -767,7 +575,7 @@ cdef class Ring:
         # Lock held: the frames row s reads and their generations now.
         cdef Py_ssize_t j, c = self._frames.read_set(s, slots)
         for j in range(c):
-            gens[j] = self._gen[slots[j]]
+            gens[j] = self._slots.gen[slots[j]]
         return c
 
     cdef void _gather_frames(self, const int64_t* slots, Py_ssize_t k, list outs, const Py_ssize_t* rows) except *:
@@ -834,9 +642,9 @@ cdef class Ring:
         cdef bint bad
         _mpreplay_acquire_fence()  # the generations must be read after the rows were copied
         for j in range(d.b):
-            bad = self._gen[d.sp[j]] != d.gp[j]
+            bad = self._slots.gen[d.sp[j]] != d.gp[j]
             for t in range(d.rcp[j] if d.R else 0):
-                bad = bad or self._gen[d.rsp[j * d.R + t]] != d.rgp[j * d.R + t]
+                bad = bad or self._slots.gen[d.rsp[j * d.R + t]] != d.rgp[j * d.R + t]
             if bad:
                 d.tp[ntorn] = j
                 ntorn += 1
@@ -952,7 +760,7 @@ cdef class Ring:
         for j in range(n):
             if not 0 <= slots[j] < self.size:
                 raise ValueError(f"indexes: expected slots in [0, {self.size}), got {slots[j]} at position {j}")
-            g = self._gen[slots[j]]
+            g = self._slots.gen[slots[j]]
             op[j] = -1 if being_written(g) else <int64_t>(g >> 1)
         return out
 
@@ -970,7 +778,7 @@ cdef class Ring:
             raise ValueError(f"priorities: expected {k} values (one per index), got {priorities.shape[0]}")
         with nogil:
             for j in range(k):
-                if not (0 <= slots[j] < self.size and self._gen[slots[j]] != 0):
+                if not (0 <= slots[j] < self.size and self._slots.gen[slots[j]] != 0):
                     bad = j
                     break
         if bad >= 0:
@@ -984,11 +792,11 @@ cdef class Ring:
             with nogil:
                 for j in range(k):
                     s = slots[j]
-                    g = self._gen[s]
+                    g = self._slots.gen[s]
                     rec = record[s] if record != NULL else NOT_SAMPLED
-                    if self._state[s] == COMPLETE and (rec == NOT_SAMPLED or rec == g):
+                    if self._slots.state[s] == COMPLETE and (rec == NOT_SAMPLED or rec == g):
                         self._selector.set(s, priorities[j])
-                        _fault(_F_UPDATE)
+                        fault(F_UPDATE)
                     else:
                         stale += 1
                 for j in range(k):

@@ -28,7 +28,8 @@ from . import checks
 from ._ext.lock import LOCK_NBYTES, SharedLock
 from ._ext.gate import Gate, deadline
 from ._ext.prioritized import PrioritizedSelector
-from ._ext.ring import Ring, recover
+from ._ext.ring import Ring
+from ._ext.slots import Slots, recover
 from ._ext.schema import INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED
 from ._ext.schema import TORN, field_array, segment_arrays
 from ._ext.sumtree import PriorityTree, tree_buffer_size
@@ -153,8 +154,10 @@ class ReplayBuffer:
                 c.lane_bounds(self._size, self._lanes)
         self._frames, outputs = (None, None) if c is None else c.make_frames(self._specs, arrays)
         gate = Gate(self._header, arrays["limits"], self._make_lock(create))
-        self._ring = Ring(self._header, gate, arrays["lanes"], self._generation, arrays["owner"],
-                          arrays["state"], self._selector, list(self._fields.items()), rng, self._frames, outputs)
+        slots = Slots(self._header, self._lanes, self._generation, arrays["owner"], arrays["state"], self._selector,
+                      self._frames)
+        self._ring = Ring(self._header, gate, slots, self._selector, list(self._fields.items()), rng, self._frames,
+                          outputs)
         self._writer = None if c is None else FrameWriter(c, self._specs, self._ring, arrays)
 
     def close(self) -> None:

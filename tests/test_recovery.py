@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mpreplay import MinSize, MPPrioritizedReplayBuffer
-from mpreplay._ext.ring import FAULT_SITES, arm_fault
+from mpreplay._ext.slots import FAULT_SITES, arm_fault
 
 METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 ENV = {"obs": {"shape": (4,), "dtype": np.int64}, "id": {"dtype": np.int64}}

@@ -8,7 +8,8 @@ launched children included -- rather than fail later on some ``_ext`` module.
 import importlib.machinery
 import os
 
-KERNELS = ("schema", "processes", "sumtree", "selector", "prioritized", "frames", "gate", "ring", "lock", "discount")
+KERNELS = ("schema", "processes", "sumtree", "selector", "prioritized", "frames", "gate", "slots", "ring", "lock",
+           "discount")
 
 
 def _missing() -> list[str]:

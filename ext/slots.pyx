@@ -1,0 +1,224 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The slot table of a replay table: the lock-held steps of the slot protocol.
+
+Every slot has a generation (even: published, odd: being written), an owner
+(the token of the writer holding its reservation) and a state (EMPTY,
+COMPLETE, WAITING); slots form lanes, rings a writer fills in order.  The
+table (ext/ring.pyx) takes the lock through its gate and calls these steps;
+they keep the stored count and the selector's weights in step with the slot
+states, and :func:`recover` makes them agree again after a holder died.  See
+docs/architecture.md, "Concurrency protocol" and "Crash handling".
+"""
+from mpreplay._ext.atomics cimport _atomic_store
+from mpreplay._ext.schema cimport (COMPLETE, EMPTY, INSERTS, LANE_CURSOR, LANE_END, LANE_START, RESERVED, STORED,
+                                   WAITING, being_written, next_reservation)
+
+import os
+
+from mpreplay._ext.processes import process_token
+
+
+cdef extern from "<signal.h>" nogil:
+    enum: SIGKILL
+    int raise_signal "raise"(int sig)
+
+# Fault injection for the crash tests: arm_fault(site, n) makes this process
+# SIGKILL itself the n-th time it passes `site` -- inside a critical section,
+# with the lock held.  Disarmed, a site costs one load and a predictable branch.
+FAULT_SITES = ("reserve", "publish", "complete", "retire", "update", "draw")
+cdef int _fault_site = F_NONE
+cdef int _fault_countdown = 0
+
+
+def arm_fault(str site, int after=1):
+    """Test hook: SIGKILL this process the ``after``-th time it reaches ``site`` (one of FAULT_SITES)."""
+    global _fault_site, _fault_countdown
+    if site not in FAULT_SITES or after < 1:
+        raise ValueError(f"site: expected one of {FAULT_SITES} and after >= 1, got {site!r}, {after}")
+    _fault_countdown = after
+    _fault_site = FAULT_SITES.index(site) + 1
+
+
+cdef void fault(int site) noexcept nogil:
+    global _fault_countdown
+    if _fault_site == site:
+        _fault_countdown -= 1
+        if _fault_countdown == 0:
+            raise_signal(SIGKILL)
+
+
+def recover(uint64_t[::1] generation not None, uint8_t[::1] state not None, int64_t[::1] header not None,
+            Selector selector not None):
+    """With the lock held, after its previous holder died: make everything derived agree
+    with the slots again (the lock's ``on_recover``).
+
+    A holder killed inside a critical section may have left a slot half
+    reserved or half published, the stored count a step behind the slot
+    states, and the selector's sums stale.  Rows whose generation is odd were
+    being written: they become unsampleable.  Then every item that may not be
+    drawn is cleared from the selector, which rebuilds what it derives, and
+    the stored count -- which the rate limiter reads -- is recounted.  The
+    cumulative counters (inserts, samples, reservations) change by single
+    stores and cannot be torn.  See docs/architecture.md, "Crash handling".
+    """
+    cdef Py_ssize_t s, stored = 0
+    with nogil:
+        for s in range(generation.shape[0]):
+            if being_written(generation[s]):
+                state[s] = EMPTY
+            if state[s] == COMPLETE:
+                stored += 1
+            else:
+                selector.clear(s)
+        header[STORED] = stored
+        selector.rebuild()
+
+
+cdef class Slots:
+    """The slots of a table over caller-owned arrays (see the segment schema).
+
+    Parameters
+    ----------
+    header : int64 counters; lanes : (nlanes, LANE_LEN) int64; generation : uint64 per slot;
+    owner : int64 per slot (writer token, 0: none); state : uint8 per slot
+    selector : the table's Selector (its weights follow the slot states)
+    frames : the Frames of a compressed table, or None
+    """
+
+    def __init__(self, int64_t[::1] header not None, int64_t[:, ::1] lanes not None,
+                 uint64_t[::1] generation not None, int64_t[::1] owner not None, uint8_t[::1] state not None,
+                 Selector selector not None, Frames frames=None):
+        self.header = header
+        self.lanes = lanes
+        self.gen = generation
+        self.owner = owner
+        self.state = state
+        self.selector = selector
+        self.frames = frames
+        self.size = generation.shape[0]
+        self.token = process_token(os.getpid())
+
+    def after_fork(self):
+        """In a forked child: write as this process."""
+        self.token = process_token(os.getpid())
+
+    cdef Py_ssize_t slot(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t j) noexcept nogil:
+        # The slot j places after `start` in `lane`.
+        cdef Py_ssize_t lo = self.lanes[lane, LANE_START], n = self.lanes[lane, LANE_END] - lo
+        return lo + ((start - lo + j) % n + n) % n
+
+    cdef int64_t busy_owner(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
+        # Lock held.  The token of another process still writing one of the
+        # next k slots of the lane (it was lapped), or 0.  Its copy cannot be
+        # stopped, so the slots are not handed out again until it publishes
+        # -- or dies.
+        cdef Py_ssize_t cursor = self.lanes[lane, LANE_CURSOR], j, s
+        for j in range(k):
+            s = self.slot(lane, cursor, j)
+            if being_written(self.gen[s]) and self.owner[s] != 0 and self.owner[s] != self.token:
+                return self.owner[s]
+        return 0
+
+    cdef void retire(self, Py_ssize_t s) noexcept nogil:
+        # Lock held.  The transition at s stops being sampleable (no fix_up).
+        if self.state[s] == COMPLETE:
+            self.header[STORED] -= 1
+            fault(F_RETIRE)
+        self.state[s] = EMPTY
+        self.selector.clear(s)
+
+    cdef void retire_readers(self, Py_ssize_t lane, Py_ssize_t s) noexcept nogil:
+        # Lock held, slot s about to be overwritten: retire every row whose
+        # rebuilt observations read its frame.  They lie within the next
+        # offsets before s and the stack after it in the lane.
+        cdef Py_ssize_t j, r
+        for j in range(-self.frames.max_next - self.frames.max_stack, self.frames.max_stack):
+            r = self.slot(lane, s, j)
+            if r != s and self.state[r] != EMPTY and self.frames.reads(r, s):
+                self.retire(r)
+                self.selector.fix(r)
+
+    cdef Py_ssize_t reserve(self, Py_ssize_t k, uint64_t* reserved, bint insert, Py_ssize_t lane) noexcept nogil:
+        # Lock held, no busy owner.  Odd generation + zero leaf: nobody samples the slot now.
+        cdef Py_ssize_t start = self.lanes[lane, LANE_CURSOR], j, s
+        cdef uint64_t g
+        self.lanes[lane, LANE_CURSOR] = self.slot(lane, start, k)
+        for j in range(k):
+            s = self.slot(lane, start, j)
+            if self.frames is not None:
+                self.retire_readers(lane, s)
+            g = self.gen[s]
+            g = next_reservation(g)
+            self.gen[s] = g
+            fault(F_RESERVE)
+            self.owner[s] = self.token
+            reserved[j] = g
+            self.retire(s)
+        for j in range(k):
+            self.selector.fix(self.slot(lane, start, j))
+        if insert:
+            self.header[RESERVED] += k
+        return start
+
+    cdef Py_ssize_t publish(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved,
+                             const double* priorities, const uint8_t* states) noexcept nogil:
+        # Lock held.  Slot j becomes states[j] (all COMPLETE when NULL); only
+        # complete ones get a leaf.  Returns how many slots were lost to a
+        # writer that took them over meanwhile (only after judging this one
+        # dead): their rows may be mixed, so they stay unsampleable.
+        cdef Py_ssize_t j, s, lost = 0
+        cdef uint64_t g
+        cdef uint8_t st
+        cdef double p = self.selector.default_priority()
+        for j in range(k):
+            s = self.slot(lane, start, j)
+            g = self.gen[s]
+            st = COMPLETE if states == NULL else states[j]
+            if g == reserved[j]:
+                self.gen[s] = g + 1
+                self.owner[s] = 0
+                self.state[s] = st
+                if priorities != NULL:
+                    p = priorities[j]
+                if st == COMPLETE:
+                    self.selector.set(s, p)
+                    fault(F_PUBLISH)
+                    self.header[STORED] += 1
+                    self.header[INSERTS] += 1
+                elif st == WAITING:
+                    self.header[INSERTS] += 1
+            else:
+                self.gen[s] = next_reservation(g)
+                self.retire(s)
+                lost += 1
+        for j in range(k):
+            self.selector.fix(self.slot(lane, start, j))
+        return lost
+
+    cdef Py_ssize_t complete(self, const int64_t* slots, const uint64_t* generations, const double* priorities,
+                              Py_ssize_t n) noexcept nogil:
+        # Lock held.  WAITING transitions whose next frame is stored now become
+        # COMPLETE; a slot rewritten or retired meanwhile is skipped.
+        cdef Py_ssize_t j, s, done = 0
+        cdef double p, default = self.selector.default_priority()
+        for j in range(n):
+            s = slots[j]
+            if self.gen[s] == generations[j] and self.state[s] == WAITING:
+                p = priorities[j] if priorities != NULL and priorities[j] == priorities[j] else default
+                self.state[s] = COMPLETE
+                fault(F_COMPLETE)
+                self.header[STORED] += 1
+                self.selector.set(s, p)
+                self.selector.fix(s)
+                done += 1
+        return done
+
+    cdef void disown(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved) noexcept nogil:
+        # Without the lock: give up this process's reservation.  The slots stay
+        # unsampleable (odd generation, EMPTY) and free for the next writer; no
+        # other process writes the owner of a slot a live writer holds.
+        cdef Py_ssize_t j, s
+        for j in range(k):
+            s = self.slot(lane, start, j)
+            if self.gen[s] == reserved[j] and self.owner[s] == self.token:
+                _atomic_store(&self.owner[s], 0)

@@ -1,0 +1,34 @@
+# The slot table (ext/slots.pyx): what the table kernel calls with the lock held.
+from libc.stdint cimport int64_t, uint64_t, uint8_t
+
+from mpreplay._ext.frames cimport Frames
+from mpreplay._ext.selector cimport Selector
+
+# Fault injection sites for the crash tests (arm_fault).
+cdef enum:
+    F_NONE, F_RESERVE, F_PUBLISH, F_COMPLETE, F_RETIRE, F_UPDATE, F_DRAW
+
+cdef void fault(int site) noexcept nogil
+
+
+cdef class Slots:
+    cdef int64_t[::1] header
+    cdef int64_t[:, ::1] lanes
+    cdef uint64_t[::1] gen
+    cdef int64_t[::1] owner
+    cdef uint8_t[::1] state
+    cdef Selector selector
+    cdef Frames frames
+    cdef int64_t token                 # this process as a writer (see processes.process_token)
+    cdef readonly Py_ssize_t size
+
+    cdef Py_ssize_t slot(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t j) noexcept nogil
+    cdef int64_t busy_owner(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil
+    cdef void retire(self, Py_ssize_t s) noexcept nogil
+    cdef void retire_readers(self, Py_ssize_t lane, Py_ssize_t s) noexcept nogil
+    cdef Py_ssize_t reserve(self, Py_ssize_t k, uint64_t* reserved, bint insert, Py_ssize_t lane) noexcept nogil
+    cdef Py_ssize_t publish(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved,
+                            const double* priorities, const uint8_t* states) noexcept nogil
+    cdef Py_ssize_t complete(self, const int64_t* slots, const uint64_t* generations, const double* priorities,
+                             Py_ssize_t n) noexcept nogil
+    cdef void disown(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved) noexcept nogil
