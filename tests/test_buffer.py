@@ -448,6 +448,8 @@ _BAD_FOR_ANY_BUFFER = [
     pytest.param(lambda b: b.add(**_with(_row(0), act=np.uint64(2**63))), ValueError, "'act'",
                  id="add-uint64-above-int64-range"),
     pytest.param(lambda b: b.add(**_with(_row(0), rew=1e300)), ValueError, "'rew'", id="add-float-overflowing-float32"),
+    pytest.param(lambda b: b.add(**_with(_row(0), obs=np.array([0.0, 1e300, 2.0]))), ValueError, "'obs'",
+                 id="add-float64-row-overflowing-float32"),
     pytest.param(lambda b: b.add(**_with(_row(0), rew="high")), TypeError, "'rew'", id="add-string-value"),
     pytest.param(lambda b: b.add(**_with(_row(0), rew=None)), TypeError, "'rew'", id="add-none-value"),
     pytest.param(lambda b: b.add(**_with(_rows(0, 2), act=np.arange(3))), ValueError, "'act'",
@@ -473,6 +475,14 @@ def test_bad_input_raises_naming_the_field_and_changes_nothing(cls, call, error,
     buffer = _filled(cls)
     with unchanged(buffer), pytest.raises(error, match=field):
         call(buffer)
+
+
+@BOTH
+def test_a_float64_row_into_a_float32_field_is_stored_rounded_to_float32(cls):
+    buffer = cls(4, ENV)
+    obs = np.array([0.1, -np.inf, np.nan])
+    buffer.add(**_with(_row(0), obs=obs))
+    assert buffer.get_all_transitions()["obs"][0].tobytes() == obs.astype(np.float32).tobytes()
 
 
 def test_uniform_buffer_refuses_priorities(unchanged):
