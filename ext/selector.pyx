@@ -76,6 +76,11 @@ cdef class Selector:
     cdef void fix(self, Py_ssize_t item) noexcept nogil:
         pass
 
+    cdef void fix_range(self, Py_ssize_t first, Py_ssize_t last) noexcept nogil:
+        cdef Py_ssize_t item
+        for item in range(first, last + 1):
+            self.fix(item)
+
     cdef void rebuild(self) noexcept nogil:
         pass
 

@@ -72,6 +72,9 @@ cdef class UniformSelector(Selector):
     cdef void fix(self, Py_ssize_t item) noexcept nogil:
         pass  # nothing is derived from one item's weight
 
+    cdef void fix_range(self, Py_ssize_t first, Py_ssize_t last) noexcept nogil:
+        pass
+
     cdef void rebuild(self) noexcept nogil:
         cdef Py_ssize_t i
         cdef int64_t n = 0

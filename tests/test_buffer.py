@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import pytest
 
 from mpreplay import PrioritizedReplayBuffer, ReplayBuffer
@@ -165,6 +167,21 @@ def test_batched_and_one_by_one_adds_give_identical_contents(cls, lengths):
     assert (batched.get_stored_size(), batched.get_next_index()) == (single.get_stored_size(), single.get_next_index())
     for name in ENV:
         assert batched._fields[name].tobytes() == single._fields[name].tobytes(), name
+    assert _selectable(batched) == _selectable(single)
+
+
+@given(capacity=st.integers(1, 40), lengths=st.lists(st.integers(1, 90), min_size=1, max_size=6))
+@settings(max_examples=60, deadline=None)
+def test_a_batch_fixes_the_tree_exactly_as_its_rows_one_by_one(capacity, lengths):
+    # A batch recomputes each ancestor of its run of leaves once (two runs where the ring wraps).
+    batched, single = PrioritizedReplayBuffer(capacity, ENV), PrioritizedReplayBuffer(capacity, ENV)
+    start = 0
+    for k in lengths:
+        p = (np.arange(start, start + k) * 0.37) % 5 + 0.1
+        batched.add(**_rows(start, k), priorities=p)
+        for j in range(k):
+            single.add(**_row(start + j), priorities=p[j])
+        start += k
     assert _selectable(batched) == _selectable(single)
 
 
