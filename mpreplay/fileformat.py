@@ -84,9 +84,11 @@ _MAX_METADATA_BYTES = 1 << 20
 _CHUNK = 1 << 22  # bytes read from a member at a time: no second copy of a large array
 _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 # What zipfile, zlib and numpy's header parser raise on bytes that are not what they claim to be
-# (numpy's parser tokenizes the header: an unclosed bracket is a TokenError).
+# (the parser tokenizes the header, evaluates it as a literal and sorts its keys: an unclosed bracket
+# is a TokenError, keys of mixed types a TypeError).
 _DAMAGE = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, struct.error, EOFError, OSError, KeyError,
-           IndexError, ValueError, OverflowError, NotImplementedError, RuntimeError, tokenize.TokenError)
+           IndexError, ValueError, TypeError, SyntaxError, OverflowError, NotImplementedError, RuntimeError,
+           tokenize.TokenError)
 
 File = Union[str, "os.PathLike[str]", IO[bytes]]
 
