@@ -37,29 +37,41 @@ rows whose stacked frames were overwritten): their entries hold the true
 ``next_<name>`` and stacked values.  Slot order is the buffer's, as
 ``get_all_transitions()`` returns it.
 
-What the unpickler admits
--------------------------
-``numpy.core.multiarray`` (numpy 1.x) or ``numpy._core.multiarray`` (numpy 2.x)
-``_reconstruct`` and ``scalar``, ``numpy.ndarray`` and ``numpy.memmap`` (as the
-type argument of ``_reconstruct`` only: a buffer kept in ``mmap_prefix`` files
-pickles its arrays as memmaps), and ``numpy.dtype`` -- through stand-ins that
-accept only the arguments numpy's own pickles pass: dtypes of kinds bool,
-integer, float and complex, object only for the 0-d arrays that wrap a
-member, unicode only for scalars (cpprb's cache keys its stacked fields by
-``numpy.str_``); states with no fields, sub-arrays or metadata; array data
-exactly as long as its shape and dtype say.  No numpy constructor or
-``__setstate__`` ever runs on the file's values: arrays are built with
-``np.frombuffer`` from checked bytes.  Everything else -- any other global, a
-persistent id, a state set on anything but an array or dtype -- is refused
-before it is called.  The objects the pickle machine builds by itself (dicts,
-lists, tuples, strings, numbers, None) run no code; the structure check then
-accepts only the dicts of arrays described above.
+What the reader admits
+----------------------
+Plain members are read by numpy with pickles disallowed, after their ``.npy``
+header has been checked against the bytes that follow (numpy allocates what a
+header says before it reads).  A pickled member is read twice.  First
+``pickletools`` walks its opcodes, building nothing: only the opcodes of
+numpy's array pickles (protocols 3 and 4: builtins, memo, globals, REDUCE,
+BUILD) pass -- no INST, OBJ, NEWOBJ, EXT, PERSID or out-of-band buffer --,
+every ``GLOBAL`` must be admitted, and every length must fit the bytes that
+follow and every memo index the memo so far (the unpickler allocates both
+before it reads).  Then the unpickler builds it, its ``find_class`` admitting
+``numpy.core.multiarray`` (numpy 1.x) or ``numpy._core.multiarray`` (numpy
+2.x) ``_reconstruct`` and ``scalar``, ``numpy.ndarray`` and ``numpy.memmap``
+(as the type argument of ``_reconstruct`` only: a buffer kept in
+``mmap_prefix`` files pickles its arrays as memmaps), and ``numpy.dtype`` --
+as stand-ins that accept only the arguments numpy's own pickles pass: dtypes
+of kinds bool, integer, float and complex, object only for the 0-d arrays that
+wrap a member, unicode only for scalars (cpprb's cache keys its stacked
+fields by ``numpy.str_``); states with no fields, sub-arrays or metadata;
+array data exactly as long as its shape and dtype say.  No numpy constructor
+or ``__setstate__`` ever runs on the file's values: arrays are views made by
+``np.frombuffer`` over checked bytes, copied into arrays of our own once the
+structure has been checked (peak memory: the transitions plus their largest
+field).  Any other global, a persistent id, or a state set on anything but an
+array or a dtype is refused before it is called.  The objects the pickle
+machine builds by itself (dicts, lists, tuples, strings, numbers, None) run no
+code; the structure check then accepts only the dicts of arrays described
+above.
 """
 from __future__ import annotations
 
 import math
 import os
 import pickle
+import pickletools
 import re
 import zipfile
 from collections.abc import Callable
@@ -77,7 +89,22 @@ _MEMBERS = ("safe", "version", "data", "Nstep", "cache", "next_of")
 _NUMERIC = "biufc"  # dtype kinds: bool, signed, unsigned, float, complex
 _MULTIARRAY = ("numpy.core.multiarray", "numpy._core.multiarray")  # numpy 1.x, numpy 2.x
 _DTYPE_CODE = re.compile(r"[biufcOU][0-9]{1,4}")  # what numpy's dtype pickles name: 'f4', 'O8', 'U3'
+_CHUNK = 1 << 22  # bytes read from a member at a time
 _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+# The globals numpy's pickles of these arrays name.
+_ADMITTED = frozenset({("numpy", "ndarray"), ("numpy", "memmap"), ("numpy", "dtype")}
+                      | {(module, name) for module in _MULTIARRAY for name in ("_reconstruct", "scalar")})
+# The pickle opcodes of those pickles (protocols 3 and 4): builtins, memo, globals, calls.  Left
+# out, among others: INST, OBJ, NEWOBJ (which call classes), EXT (the extension registry), PERSID,
+# and protocol 5's out-of-band buffers.
+_OPCODES = frozenset({
+    "PROTO", "FRAME", "STOP", "MARK", "GLOBAL", "STACK_GLOBAL", "REDUCE", "BUILD",
+    "MEMOIZE", "BINPUT", "LONG_BINPUT", "BINGET", "LONG_BINGET",
+    "NONE", "NEWTRUE", "NEWFALSE", "BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT",
+    "SHORT_BINUNICODE", "BINUNICODE", "SHORT_BINBYTES", "BINBYTES", "BINBYTES8",
+    "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3",
+    "EMPTY_LIST", "APPEND", "APPENDS", "EMPTY_DICT", "SETITEM", "SETITEMS",
+})
 
 
 @dataclass(frozen=True)
@@ -163,18 +190,25 @@ def _header(stream: IO[bytes], member: str, label: str) -> tuple[tuple[int, ...]
 def _member(archive: zipfile.ZipFile, member: str, label: str) -> Any:
     """Member ``member``: a plain ``np.ndarray``, read by numpy with pickles disallowed, or,
     for a 0-d object array, what its pickle holds (never an ``np.ndarray``)."""
+    info = archive.getinfo(f"{member}.npy")
     with damaged(f"member {member!r} is damaged or truncated", label=label):
-        with archive.open(f"{member}.npy") as stream:
+        with archive.open(info) as stream:
             shape, _fortran, dtype = _header(stream, member, label)
             if dtype.hasobject:
                 if dtype != np.dtype(object) or shape != ():
                     raise TransitionFileError(f"{label}: member {member!r} is an object array of shape {shape}, "
                                               f"dtype {dtype}; cpprb writes 0-d object arrays")
+                _scan(stream, member, label)
+            # numpy allocates what the header says before reading: check that the member holds it.
+            elif dtype.itemsize == 0 or math.prod(shape) * dtype.itemsize != info.file_size - stream.tell():
+                raise TransitionFileError(f"{label}: member {member!r} holds {info.file_size - stream.tell()} "
+                                          f"bytes of data; its header says shape {shape} {dtype}")
+        with archive.open(info) as stream:
+            if dtype.hasobject:
+                _header(stream, member, label)
                 return _unpickle(stream, member, label)
-        with archive.open(f"{member}.npy") as stream:
             array = np.lib.format.read_array(stream, allow_pickle=False)
-            if stream.read(1):  # reading to the end also checks the member's CRC
-                raise TransitionFileError(f"{label}: member {member!r} has bytes after its array")
+            stream.read(1)  # reaching the end checks the member's CRC
     return array
 
 
@@ -210,9 +244,17 @@ def _next_of(archive: zipfile.ZipFile, label: str) -> list[str] | None:
             raise TransitionFileError(f"{label}: member 'next_of' holds {_what(held)}; "
                                       "expected None or an array of field names")
         return None
-    if value.ndim != 1 or value.dtype.kind != "U" or not len(value) or len(set(value.tolist())) != len(value):
+    if (value.ndim != 1 or value.dtype.kind != "U" or not len(value) or not _unicode(value)
+            or len(set(value.tolist())) != len(value)):
         raise TransitionFileError(f"{label}: member 'next_of' is {_describe(value)}; expected distinct field names")
     return [str(name) for name in value.tolist()]
+
+
+def _unicode(array: np.ndarray) -> bool:
+    """Whether every character of the unicode ``array`` is a Unicode code point (numpy raises
+    SystemError converting one beyond)."""
+    codes = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("=")).view(np.uint32)
+    return bool((codes <= 0x10FFFF).all())
 
 
 # -- the restricted unpickler ------------------------------------------------------------------
@@ -265,7 +307,8 @@ class _Dtype:
 class _Array:
     """A numpy array being unpickled: ``_reconstruct(ndarray, (0,), b'b')`` then its state.
 
-    ``value`` becomes a numeric array, or an :class:`_Object` for a 0-d object array.
+    ``value`` becomes a read-only numeric array over the pickle's bytes (copied once the
+    structure is checked), or an :class:`_Object` for a 0-d object array.
     """
 
     __slots__ = ("value",)
@@ -288,10 +331,9 @@ class _Array:
                 raise _Refused(f"an object array of shape {shape} (cpprb pickles 0-d ones only)")
             self.value = _Object(data[0])
         elif dtype.kind in _NUMERIC:
-            if type(data) not in (bytes, bytearray) or len(data) != math.prod(shape) * dtype.itemsize:
+            if type(data) is not bytes or len(data) != math.prod(shape) * dtype.itemsize:
                 raise _Refused(f"array data that is not {math.prod(shape)} items of {dtype}")
-            rows = np.frombuffer(data, dtype).reshape(shape, order="F" if fortran else "C")
-            self.value = np.array(rows, dtype=dtype.newbyteorder("="), order="C")
+            self.value = np.frombuffer(data, dtype).reshape(shape, order="F" if fortran else "C")
         else:
             raise _Refused(f"an array of dtype {dtype}")
 
@@ -311,13 +353,10 @@ class _Unpickler(pickle.Unpickler):
     def __init__(self, stream: IO[bytes]) -> None:
         super().__init__(stream)
         # Fresh stand-ins per file: nothing one file does to them reaches another.
-        self._array_types = (_Admitted("numpy.ndarray", None), _Admitted("numpy.memmap", None))
-        admitted = {("numpy", "ndarray"): self._array_types[0], ("numpy", "memmap"): self._array_types[1],
-                    ("numpy", "dtype"): _Admitted("numpy.dtype", self._dtype)}
-        for module in _MULTIARRAY:
-            admitted[module, "_reconstruct"] = _Admitted(f"{module}._reconstruct", self._reconstruct)
-            admitted[module, "scalar"] = _Admitted(f"{module}.scalar", self._scalar)
-        self._admitted = admitted
+        builds = {"ndarray": None, "memmap": None, "dtype": self._dtype, "_reconstruct": self._reconstruct,
+                  "scalar": self._scalar}
+        self._admitted = {(module, name): _Admitted(f"{module}.{name}", builds[name]) for module, name in _ADMITTED}
+        self._array_types = (self._admitted["numpy", "ndarray"], self._admitted["numpy", "memmap"])
 
     def find_class(self, module: str, name: str) -> Any:
         found = self._admitted.get((module, name))
@@ -355,13 +394,71 @@ class _Unpickler(pickle.Unpickler):
             raise _Refused(f"a scalar of dtype {dtype}")
         if type(data) is not bytes or len(data) != dtype.itemsize:
             raise _Refused(f"scalar data that is not one {dtype}")
-        value = np.frombuffer(data, dtype).astype(dtype.newbyteorder("="))[0]
-        return str(value) if dtype.kind == "U" else value
+        value = np.frombuffer(data, dtype).astype(dtype.newbyteorder("="))
+        if dtype.kind != "U":
+            return value[0]
+        if not _unicode(value):
+            raise _Refused("a string scalar beyond Unicode")
+        return str(value[0])
+
+
+def _scan(stream: IO[bytes], member: str, label: str) -> None:
+    """Check the pickle in ``stream`` opcode by opcode, building nothing: only the opcodes and the
+    globals of numpy's array pickles, every length within the bytes that follow.  (The
+    unpickler allocates what a length says before it reads; pickletools reads what is there.)"""
+    memo = 0  # entries in the unpickler's memo: pickle numbers them 0, 1, 2, ...
+    try:
+        for opcode, arg, _ in pickletools.genops(_Chunked(stream)):
+            if opcode.name not in _OPCODES:
+                raise _Refused(f"the pickle opcode {opcode.name}")
+            if opcode.name == "GLOBAL" and tuple(arg.split(" ", 1)) not in _ADMITTED:
+                raise _Refused(f"a reference to {_short(arg.replace(' ', '.'))}")
+            if opcode.name == "MEMOIZE":
+                memo += 1
+            elif opcode.name in ("BINPUT", "LONG_BINPUT"):
+                # The unpickler grows its memo to the largest index it is given.
+                if arg > memo:
+                    raise ValueError(f"memo index {arg} after {memo} entries")
+                memo = max(memo, arg + 1)
+    except _Refused as exc:
+        raise TransitionFileError(f"{label}: member {member!r} holds {exc}, which cpprb never writes; "
+                                  "refused without running it") from None
+    except (ValueError, OverflowError) as exc:  # what pickletools raises on bad bytes
+        raise TransitionFileError(f"{label}: member {member!r} is not a readable pickle "
+                                  f"({type(exc).__name__}: {_short(str(exc))})") from exc
+
+
+class _Chunked:
+    """A member's stream, read at most :data:`_CHUNK` bytes at a time: the pickle readers fetch
+    arrays of any size through it without zipfile building a temporary copy of each."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+
+    def read(self, size: int = -1) -> bytes:
+        if size < 0:
+            return self._stream.read()
+        parts = []
+        while size > 0 and (chunk := self._stream.read(min(size, _CHUNK))):
+            parts.append(chunk)
+            size -= len(chunk)
+        return b"".join(parts)
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        filled = 0
+        while filled < len(view) and (chunk := self._stream.read(min(len(view) - filled, _CHUNK))):
+            view[filled:filled + len(chunk)] = chunk
+            filled += len(chunk)
+        return filled
+
+    def readline(self, size: int = -1) -> bytes:
+        return self._stream.readline(size)
 
 
 def _unpickle(stream: IO[bytes], member: str, label: str) -> Any:
     try:
-        held = _Unpickler(stream).load()
+        held = _Unpickler(_Chunked(stream)).load()
         trailing = stream.read(1)  # reading to the end also checks the member's CRC
     except _Refused as exc:
         raise TransitionFileError(f"{label}: member {member!r} holds {exc}, which cpprb never writes; "
@@ -386,29 +483,40 @@ def _unwrap(held: Any, member: str, label: str) -> Any:
     return held.value.item
 
 
-def _array(value: Any, where: str, label: str) -> np.ndarray:
+def _view(value: Any, where: str, label: str) -> np.ndarray:
+    """The read-only numeric array an unpickled :class:`_Array` holds."""
     if not (isinstance(value, _Array) and isinstance(value.value, np.ndarray)):
         raise TransitionFileError(f"{label}: {where} is {_what(value)}; expected a numeric array")
     return value.value
 
 
+def _native(dtype: np.dtype) -> np.dtype:
+    return dtype.newbyteorder("=")
+
+
 def _fields(value: Any, member: str, label: str) -> dict[str, np.ndarray]:
-    """``value``, checked to be {field: array of rows}, every array as long."""
+    """``value``, checked to be {field: array of rows}, every array as long, as arrays of our own."""
     if not isinstance(value, dict) or not value:
         raise TransitionFileError(f"{label}: member {member!r} holds {_what(value)}; "
                                   "expected a non-empty dict of field name -> array")
-    fields = {}
+    views = {}
     for name, array in value.items():
         if type(name) is not str:
             raise TransitionFileError(f"{label}: member {member!r} has the key {_what(name)}; expected field names")
-        fields[name] = _array(array, f"{member}[{name!r}]", label)
-        if fields[name].ndim == 0:
+        views[name] = _view(array, f"{member}[{name!r}]", label)
+        if views[name].ndim == 0:
             raise TransitionFileError(f"{label}: {member}[{name!r}] is a 0-d array; expected rows")
-    lengths = {name: len(array) for name, array in fields.items()}
+    lengths = {name: len(array) for name, array in views.items()}
     if len(set(lengths.values())) != 1:
         raise TransitionFileError(f"{label}: the fields of member {member!r} differ in length: {_short(lengths)}")
     if len({id(array) for array in value.values()}) != len(value):
         raise TransitionFileError(f"{label}: member {member!r} holds one array under two names")
+    # Copy field by field, letting each view go once copied: the pickle's bytes are freed as we go.
+    value.clear()
+    fields = {}
+    for name in list(views):
+        view = views.pop(name)
+        fields[name] = np.array(view, dtype=_native(view.dtype), order="C")
     return fields
 
 
@@ -439,15 +547,14 @@ def _rebuild(data: dict[str, np.ndarray], cache: Any, next_of: list[str], label:
             if type(key) is not str or base not in data:
                 raise TransitionFileError(f"{label}: cache[{int(slot)}] has the key {_what(key)}, "
                                           f"which is no field of {list(data)}")
-            rows[key] = _array(value, f"cache[{int(slot)}][{key!r}]", label)
-            if rows[key].shape != data[base].shape[1:] or rows[key].dtype != data[base].dtype:
+            rows[key] = _view(value, f"cache[{int(slot)}][{key!r}]", label)
+            if rows[key].shape != data[base].shape[1:] or _native(rows[key].dtype) != data[base].dtype:
                 raise TransitionFileError(f"{label}: cache[{int(slot)}][{key!r}] is {_describe(rows[key])}; "
                                           f"expected one row of {base!r}: {_describe_row(data[base])}")
         entries[int(slot)] = rows
     transitions = dict(data)
-    successor = (np.arange(count) + 1) % max(count, 1)
-    for key, name in bases.items():  # from the stored rows, before the cache corrects stacked ones
-        transitions[key] = data[name][successor]
+    for key, name in bases.items():  # row (i + 1) % count, from the stored rows before the cache corrects them
+        transitions[key] = np.roll(data[name], -1, axis=0)
     for slot, rows in entries.items():
         for key, row in rows.items():
             transitions[key][slot] = row
@@ -482,6 +589,8 @@ def _what(value: Any) -> str:
         return value.name
     if isinstance(value, _Object):
         return "an object array"
-    if value is None or isinstance(value, (bool, int, float, str, np.generic)):
-        return _short(value)
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return _short(repr(value))
     return f"a {type(value).__name__}"
