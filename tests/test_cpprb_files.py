@@ -129,12 +129,12 @@ OPTIONS = {
     "Nstep+stack_compress": {"Nstep": NSTEP, "stack_compress": "obs"},
     "Nstep+next_of": {"Nstep": {**NSTEP, "next": "obs"}, "next_of": "obs"},  # cpprb drops next_of here
 }
-# Episode lengths added to a buffer of 8, each episode ended by on_episode_end; None: left open.
+# What happens to a buffer of 8 before it is saved: k steps added, or "end" (on_episode_end).
 HISTORIES = {
     "empty": [],
-    "partial": [(5, None)],
-    "episodes": [(3, "end"), (4, "end")],
-    "wrapped": [(4, "end"), (6, "end"), (3, None)],
+    "partial": [5],
+    "episodes": [3, "end", 4, "end"],
+    "wrapped": [4, "end", 6, "end", 3],
 }
 
 
@@ -151,15 +151,24 @@ def _steps(rng: np.random.Generator, k: int, options: dict[str, Any]) -> dict[st
     return steps
 
 
-def _cpprb_buffer(cpprb: Any, options: dict[str, Any], history: list[tuple[int, str | None]], *,
-                  size: int = 8, cls: str = "ReplayBuffer", seed: int = 0, **kwargs: Any) -> Any:
+def _cpprb_buffer(cpprb: Any, options: dict[str, Any], history: list[int | str], *, size: int = 8,
+                  cls: str = "ReplayBuffer", seed: int = 0, **kwargs: Any) -> Any:
+    """A cpprb buffer of ``size`` with ``options`` that went through ``history`` (random steps)."""
     buffer = getattr(cpprb, cls)(size, {name: dict(spec) for name, spec in ENV.items()}, **options, **kwargs)
     rng = np.random.default_rng(seed)
-    for k, end in history:
-        buffer.add(**_steps(rng, k, options))
-        if end:
+    for operation in history:
+        if operation == "end":
             buffer.on_episode_end()
+        else:
+            buffer.add(**_steps(rng, operation, options))
     return buffer
+
+
+def _saved(buffer: Any, *, safe: bool) -> io.BytesIO:
+    stream = io.BytesIO()
+    buffer.save_transitions(stream, safe=safe)
+    stream.seek(0)
+    return stream
 
 
 @pytest.mark.parametrize("safe", [True, False], ids=["safe", "unsafe"])
@@ -168,20 +177,14 @@ def _cpprb_buffer(cpprb: Any, options: dict[str, Any], history: list[tuple[int, 
 def test_reads_what_get_all_transitions_of_the_saving_cpprb_buffer_returned(cpprb, options, history, safe):
     buffer = _cpprb_buffer(cpprb, OPTIONS[options], HISTORIES[history])
     expected = buffer.get_all_transitions()
-    stream = io.BytesIO()
-    buffer.save_transitions(stream, safe=safe)
-    stream.seek(0)
-    _assert_same(read_cpprb_transitions(stream), expected)
+    _assert_same(read_cpprb_transitions(_saved(buffer, safe=safe)), expected)
 
 
 def test_reports_the_layout_and_the_nstep_flag_of_a_cpprb_file(cpprb):
     flags = {}
     for name in ("plain", "Nstep", "next_of"):
         for safe in (True, False):
-            stream = io.BytesIO()
-            _cpprb_buffer(cpprb, OPTIONS[name], [(3, None)]).save_transitions(stream, safe=safe)
-            stream.seek(0)
-            read = read_cpprb_file(stream)
+            read = read_cpprb_file(_saved(_cpprb_buffer(cpprb, OPTIONS[name], [3]), safe=safe))
             flags[name, safe] = (read.safe, read.nstep)
     # cpprb writes the safe layout whenever there is nothing to compress.
     assert flags == {("plain", True): (True, False), ("plain", False): (True, False),
@@ -193,10 +196,7 @@ def test_reads_a_file_of_a_prioritized_cpprb_buffer(cpprb):
     buffer = _cpprb_buffer(cpprb, OPTIONS["next_of+stack_compress"], HISTORIES["wrapped"],
                            cls="PrioritizedReplayBuffer")
     expected = buffer.get_all_transitions()
-    stream = io.BytesIO()
-    buffer.save_transitions(stream, safe=False)
-    stream.seek(0)
-    _assert_same(read_cpprb_transitions(stream), expected)
+    _assert_same(read_cpprb_transitions(_saved(buffer, safe=False)), expected)
 
 
 @pytest.mark.parametrize("options", ["next_of", "next_of+stack_compress"])
@@ -208,27 +208,15 @@ def test_reads_a_cpprb_buffer_kept_in_mmap_files(cpprb, tmp_path, options):
     _assert_same(read_cpprb_transitions(tmp_path / "rb.npz"), expected)
 
 
-OPERATIONS = st.lists(st.one_of(st.integers(1, 6), st.just("end")), max_size=12)
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(size=st.integers(1, 6), options=st.sampled_from(list(OPTIONS)), operations=OPERATIONS,
-       safe=st.booleans(), seed=st.integers(0, 2**32 - 1))
-def test_any_history_of_a_cpprb_buffer_reads_back_as_get_all_transitions(cpprb, size, options, operations, safe,
-                                                                        seed):
-    history = [(min(op, size), None) if op != "end" else (0, "end") for op in operations]
-    buffer = cpprb.ReplayBuffer(size, {name: dict(spec) for name, spec in ENV.items()}, **OPTIONS[options])
-    rng = np.random.default_rng(seed)
-    for k, end in history:
-        if end:
-            buffer.on_episode_end()
-        else:
-            buffer.add(**_steps(rng, k, OPTIONS[options]))
+@given(size=st.integers(1, 6), options=st.sampled_from(list(OPTIONS)), safe=st.booleans(),
+       history=st.lists(st.one_of(st.integers(1, 6), st.just("end")), max_size=12), seed=st.integers(0, 2**32 - 1))
+def test_any_history_of_a_cpprb_buffer_reads_back_as_get_all_transitions(cpprb, size, options, safe, history, seed):
+    # cpprb wraps a batch around its ring at most once: no batch exceeds the size.
+    history = [operation if operation == "end" else min(operation, size) for operation in history]
+    buffer = _cpprb_buffer(cpprb, OPTIONS[options], history, size=size, seed=seed)
     expected = buffer.get_all_transitions()
-    stream = io.BytesIO()
-    buffer.save_transitions(stream, safe=safe)
-    stream.seek(0)
-    _assert_same(read_cpprb_transitions(stream), expected)
+    _assert_same(read_cpprb_transitions(_saved(buffer, safe=safe)), expected)
 
 
 # -- files of cpprb 10.1 with numpy 1.x ---------------------------------------------------------

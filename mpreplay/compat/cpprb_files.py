@@ -84,7 +84,7 @@ from ..fileformat import File, TransitionFileError, damaged, open_archive
 
 __all__ = ["CpprbFile", "read_cpprb_file", "read_cpprb_transitions"]
 
-FORMAT_VERSION = 1  # the only version cpprb has written
+_VERSION = 1  # the only format version cpprb has written
 _MEMBERS = ("safe", "version", "data", "Nstep", "cache", "next_of")
 _NUMERIC = "biufc"  # dtype kinds: bool, signed, unsigned, float, complex
 _MULTIARRAY = ("numpy.core.multiarray", "numpy._core.multiarray")  # numpy 1.x, numpy 2.x
@@ -144,9 +144,9 @@ def read_cpprb_file(file: File) -> CpprbFile:
         version = _plain(archive, "version", label)
         if version.shape != () or version.dtype.kind not in "iu":
             raise TransitionFileError(f"{label}: member 'version' is {_describe(version)}; expected an integer")
-        if int(version) != FORMAT_VERSION:
+        if int(version) != _VERSION:
             raise TransitionFileError(f"{label}: unknown cpprb format version {int(version)}; "
-                                      f"cpprb has only written version {FORMAT_VERSION}")
+                                      f"cpprb has only written version {_VERSION}")
         safe, nstep = _flag(archive, "safe", label), _flag(archive, "Nstep", label)
         data = _fields(_pickled(archive, "data", label), "data", label)
         cache = _pickled(archive, "cache", label)
@@ -247,7 +247,7 @@ def _next_of(archive: zipfile.ZipFile, label: str) -> list[str] | None:
     if (value.ndim != 1 or value.dtype.kind != "U" or not len(value) or not _unicode(value)
             or len(set(value.tolist())) != len(value)):
         raise TransitionFileError(f"{label}: member 'next_of' is {_describe(value)}; expected distinct field names")
-    return [str(name) for name in value.tolist()]
+    return value.tolist()
 
 
 def _unicode(array: np.ndarray) -> bool:
