@@ -140,7 +140,11 @@ HISTORIES = {
 
 @pytest.fixture(scope="module")
 def cpprb() -> Any:
-    return pytest.importorskip("cpprb", reason="cpprb is not installed (the 'bench' extra installs it)")
+    try:
+        import cpprb
+    except ImportError as exc:
+        pytest.skip(f"cpprb is not importable ({exc}); the 'bench' extra installs it")
+    return cpprb
 
 
 def _steps(rng: np.random.Generator, k: int, options: dict[str, Any]) -> dict[str, np.ndarray]:
