@@ -1,0 +1,1 @@
+"""Compatibility with other replay-buffer libraries: reading what they wrote, speaking their API."""
