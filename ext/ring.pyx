@@ -45,7 +45,6 @@ cnp.import_array()
 cdef uint64_t NOT_SAMPLED = 0xFFFFFFFFFFFFFFFFULL
 cdef int LOCKED_REDRAW_AFTER = 4  # rounds of torn rows before redrawn rows are copied under the lock
 
-# Element kinds the single-transition fast path converts without numpy.
 cdef bint _narrow_to_float(const double* src, float* dst, Py_ssize_t n) noexcept nogil:
     # False when a finite value would overflow float32: the general path then says so.
     cdef Py_ssize_t j
@@ -58,6 +57,7 @@ cdef bint _narrow_to_float(const double* src, float* dst, Py_ssize_t n) noexcept
     return True
 
 
+# Element kinds the single-transition fast path converts without numpy.
 cdef enum Kind:
     K_OTHER, K_F32, K_F64, K_I8, K_I16, K_I32, K_I64, K_U8, K_U16, K_U32, K_U64, K_BOOL
 
@@ -489,11 +489,8 @@ cdef class Ring:
         if PyFloat_CheckExact(value):
             if kind == K_F32:
                 x64 = PyFloat_AS_DOUBLE(value)
-                if -FLT_MAX <= x64 <= FLT_MAX or x64 != x64 or x64 == INFINITY or x64 == -INFINITY:
-                    (<float*>self._stage[i])[0] = <float>x64
-                else:
-                    return False  # would overflow: let the general path say so
-            elif kind == K_F64:
+                return _narrow_to_float(&x64, <float*>self._stage[i], 1)
+            if kind == K_F64:
                 (<double*>self._stage[i])[0] = PyFloat_AS_DOUBLE(value)
             else:
                 return False

@@ -10,6 +10,11 @@ from libc.stdint cimport uint64_t
 import numpy as np
 
 
+# The selector's one array: a sum tree (prioritized selection) or the packed members (uniform).
+TREE_ARRAY = "tree"
+MEMBERS_ARRAY = "members"
+
+
 def field_array(str name):
     """The array holding uncompressed field ``name``."""
     return f"field:{name}"
@@ -24,8 +29,8 @@ def segment_arrays(Py_ssize_t size, Py_ssize_t lanes, tuple selector, list field
                    Py_ssize_t lock_nbytes):
     """``(name, shape, dtype)`` of every array of a buffer, in layout order.
 
-    ``selector``: ``(name, length, dtype)`` of the selector's one array ("tree" for
-    prioritized selection, "members" for uniform); ``fields``: ``(name, shape, dtype)`` of
+    ``selector``: ``(name, length, dtype)`` of the selector's one array (TREE_ARRAY for
+    prioritized selection, MEMBERS_ARRAY for uniform); ``fields``: ``(name, shape, dtype)`` of
     the uncompressed fields; ``frames``:
     ``(key, frame_shape, dtype)`` of the compressed observations, or None for an
     uncompressed buffer; ``lock_nbytes``: 0 for a buffer without a lock.

@@ -44,6 +44,8 @@ cdef class Selector:
     def sample_items(self, Py_ssize_t k, rng not None, bint stratified=False):
         """``k`` items drawn by weight with the numpy Generator ``rng``; draw ``j`` in
         stratum ``j`` of ``k`` when ``stratified``.  Empty when nothing is drawable."""
+        if k < 1:
+            raise ValueError(f"k: expected an integer >= 1, got {k}")
         cdef int64_t[::1] items = np.empty(k, np.int64)
         cdef double[::1] scratch = np.empty(k, np.float64)
         cdef bitgen_t* bitgen = <bitgen_t*>PyCapsule_GetPointer(rng.bit_generator.capsule, "BitGenerator")

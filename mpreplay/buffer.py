@@ -31,7 +31,7 @@ from ._ext.prioritized import PrioritizedSelector
 from ._ext.ring import Ring
 from ._ext.slots import Slots, recover
 from ._ext.schema import INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED
-from ._ext.schema import TORN, field_array, segment_arrays
+from ._ext.schema import MEMBERS_ARRAY, TORN, TREE_ARRAY, field_array, segment_arrays
 from ._ext.selector import Selector
 from ._ext.sumtree import PriorityTree, tree_buffer_size
 from ._ext.uniform import UniformSelector, uniform_state_size
@@ -132,10 +132,10 @@ class ReplayBuffer:
 
     def _selector_array(self) -> tuple[str, int, type]:
         """Name, length and dtype of the selector's array: uniform selection keeps its members."""
-        return "members", uniform_state_size(self._size), np.int64
+        return MEMBERS_ARRAY, uniform_state_size(self._size), np.int64
 
-    def _make_selector(self, create: bool) -> Selector:
-        return UniformSelector(self._memory.arrays["members"], self._size, reset=create)
+    def _make_selector(self, array: np.ndarray, create: bool) -> Selector:
+        return UniformSelector(array, self._size, reset=create)
 
     def _allocate(self, layout: Layout) -> HeapMemory | SharedMemory:
         return HeapMemory(layout)
@@ -149,7 +149,7 @@ class ReplayBuffer:
         arrays = self._memory.arrays
         self._header = arrays["header"]
         self._generation = arrays["generation"]
-        self._selector = self._make_selector(create)
+        self._selector = self._make_selector(arrays[self._selector_array()[0]], create)
         c = self._compression
         self._fields = {name: arrays[field_array(name)] for name in self._specs if field_array(name) in arrays}
         self._lanes = arrays["lanes"]
@@ -480,10 +480,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         super().__init__(size, env_dict, **options)
 
     def _selector_array(self) -> tuple[str, int, type]:
-        return "tree", tree_buffer_size(self._size), np.float64
+        return TREE_ARRAY, tree_buffer_size(self._size), np.float64
 
-    def _make_selector(self, create: bool) -> Selector:
-        self._tree = PriorityTree(self._memory.arrays["tree"], self._size, reset=create)
+    def _make_selector(self, array: np.ndarray, create: bool) -> Selector:
+        self._tree = PriorityTree(array, self._size, reset=create)
         return PrioritizedSelector(self._tree, self._alpha, self._eps)
 
     @property

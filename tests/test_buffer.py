@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 import pytest
 
 from mpreplay import PrioritizedReplayBuffer, ReplayBuffer
+from mpreplay._ext.schema import MEMBERS_ARRAY, TREE_ARRAY
 
 ENV = {"obs": {"shape": (3,)}, "act": {"dtype": np.int64}, "rew": {}, "done": {"dtype": np.uint8}}
 BOTH = pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer], ids=["uniform", "prioritized"])
@@ -189,8 +190,8 @@ def _selectable(buffer) -> bytes | set:
     """What the selector draws from: the whole tree, or the set of uniform members (whose
     order depends on the order of removals)."""
     if isinstance(buffer, PrioritizedReplayBuffer):
-        return buffer._memory.arrays["tree"].tobytes()
-    state = buffer._memory.arrays["members"]
+        return buffer._memory.arrays[TREE_ARRAY].tobytes()
+    state = buffer._memory.arrays[MEMBERS_ARRAY]
     return set(state[1:1 + state[0]].tolist())
 
 

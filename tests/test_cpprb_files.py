@@ -1,6 +1,6 @@
 """Specification of mpreplay.compat.cpprb_files: files written by cpprb's save_transitions, read without running code.
 
-The tests against the real cpprb skip when it is not installed (the ``bench`` extra installs it).
+The tests against the real cpprb need it installed (the ``test`` extra has it).
 Files in the layout of cpprb 10.1 with numpy 1.x (the oldest cpprb files) are built here by hand: the
 same six members cpprb's ``save_transitions`` passes to ``np.savez_compressed``, pickled with protocol 3
 and numpy 1's module names, which is what the files in cpprb's own ``test/v1`` folder hold.
@@ -140,10 +140,7 @@ HISTORIES = {
 
 @pytest.fixture(scope="module")
 def cpprb() -> Any:
-    try:
-        import cpprb
-    except ImportError as exc:
-        pytest.skip(f"cpprb is not importable ({exc}); the 'bench' extra installs it")
+    import cpprb
     return cpprb
 
 

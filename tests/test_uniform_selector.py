@@ -96,3 +96,8 @@ def test_a_state_array_of_the_wrong_length_is_refused():
 def test_an_item_outside_the_capacity_is_refused():
     with pytest.raises(IndexError, match=r"item: expected an integer in \[0, 8\)"):
         _selector(8).insert(8)
+
+
+def test_a_draw_of_no_items_is_refused():
+    with pytest.raises(ValueError, match="k: expected an integer >= 1"):
+        _selector(8, [1]).sample_items(0, np.random.default_rng(8))
