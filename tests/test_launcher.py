@@ -414,11 +414,16 @@ SCRIPT = textwrap.dedent("""
     if __name__ == "__mp_main__" and os.environ["SCENARIO"] == "ctrl-c-at-import":
         os.killpg(0, signal.SIGINT)  # a spawned child, still importing, presses Ctrl-C for the whole group
 
+    def say(line):
+        # One write: a Ctrl-C between print's text and its newline would glue this line to the next one.
+        sys.stdout.write(line + "\\n")
+        sys.stdout.flush()
+
     def report_and_wait(ctx):
         # Once the actor is up, tell the test which processes to check.
         ctx.buffer.cells[1] = os.getpid()
         wait_until(lambda: ctx.buffer.cells[0] != 0, ctx, "the actor")
-        print(json.dumps({"pids": ctx.buffer.cells.tolist()}), flush=True)
+        say(json.dumps({"pids": ctx.buffer.cells.tolist()}))
         ctx.stop.wait()
 
     def kill_and_finish(ctx):
@@ -435,10 +440,10 @@ SCRIPT = textwrap.dedent("""
             result = launch(board, actors=(actor, 1), learner=learner, params=store, start_method=sys.argv[1],
                             max_restarts=1, grace=grace)
         except KeyboardInterrupt:
-            print("interrupted", flush=True)
+            say("interrupted")
             sys.exit(130)
         pids = board.cells.tolist() + [result.value]
-        print(json.dumps({"pids": pids}), flush=True)
+        say(json.dumps({"pids": pids}))
 """)
 
 
