@@ -98,7 +98,7 @@ class ReplayBuffer:
                  nstep: Mapping[str, Any] | None = None, Nstep: Mapping[str, Any] | None = None,
                  next_of: str | list[str] | None = None, stack_compress: str | list[str] | None = None,
                  lanes: int = 1):
-        size = checks.integer("size", size, low=1)
+        size = checks.capacity("size", size)
         if rate_limiter is not None:
             if not isinstance(rate_limiter, RateLimiter):
                 raise TypeError(f"rate_limiter: expected MinSize, SampleToInsertRatio or RateLimiter, "
@@ -107,6 +107,8 @@ class ReplayBuffer:
         self._size = size
         self._nstep_args = _nstep_args(env_dict, default_dtype, nstep if Nstep is None else Nstep, nstep, Nstep)
         self._nstep = _make_nstep(self._nstep_args)
+        self._priority_folder = (_make_priority_folder(self._nstep_args)
+                                 if isinstance(self, PrioritizedReplayBuffer) else None)
         self._specs = parse_env_dict(self._nstep.output_env_dict() if self._nstep else env_dict, default_dtype)
         self._specs = with_next_fields(self._specs, next_of)
         self._compression = Compression.build(
@@ -227,12 +229,12 @@ class ReplayBuffer:
         if timeout is not None:
             timeout = checks.seconds("timeout", timeout)
         if self._nstep is not None:
-            if priorities is not None:
-                raise TypeError("priorities: a buffer that folds n steps stores new transitions "
-                                "at the largest priority; fold in the actor with NstepBuffer to give priorities")
-            return self._store_folded(self._nstep.add(**fields), timeout)
-        if priorities is None and self._writer is None:
-            slot = self._ring.add_one(fields, -1.0, timeout)
+            return self._add_folded(fields, priorities, timeout)
+        if self._writer is None and (priorities is None or type(priorities) is float):
+            # One transition of Python scalars and exact arrays: the kernel's fast path.
+            priority = -1.0 if priorities is None else checks.number(
+                "priorities", priorities, low=0.0, high=self._ring.max_priority)
+            slot = self._ring.add_one(fields, priority, timeout)
             if slot >= 0:
                 return slot
         k, rows = convert_batch(self._specs, fields)
@@ -248,11 +250,30 @@ class ReplayBuffer:
             return self._writer.write(k, rows, priorities, timeout, end_episode)
         return self._store(k, rows, priorities, timeout)
 
-    def _store_folded(self, rows: dict[str, np.ndarray], timeout: float | None,
+    def _add_folded(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int | None:
+        """Fold the steps of ``fields``, and their ``priorities`` alongside (prioritized buffers)."""
+        if self._priority_folder is None:
+            return self._store_folded(self._nstep.add(**fields), None, timeout)
+        k = self._nstep.check(**fields)  # before either folder changes
+        if priorities is None:
+            # NaN: "the largest priority stored when the folded row is stored".
+            priorities = np.full(k, np.nan)
+        else:
+            priorities = checks.priorities("priorities", priorities, k, max_priority=None)
+            self._ring.check_priorities(priorities)
+        rows = self._nstep.add(**fields)
+        settings = self._nstep_args[2]
+        flags = {settings[f]: fields[settings[f]] for f in ("done", "truncated") if settings[f] is not None}
+        folded = self._priority_folder.add(priority=priorities, **flags)["priority"]
+        return self._store_folded(rows, folded, timeout)
+
+    def _store_folded(self, rows: dict[str, np.ndarray], priorities: np.ndarray | None, timeout: float | None,
                       end_episode: bool = False) -> int | None:
         """Store what the n-step folder emitted; None when it emitted nothing."""
         k, rows = convert_batch(self._specs, rows)
-        return self._write(k, rows, None, timeout, end_episode) if k or end_episode else None
+        if priorities is not None and np.isnan(priorities).any():
+            priorities = np.where(np.isnan(priorities), self.get_max_priority(), priorities)
+        return self._write(k, rows, priorities, timeout, end_episode) if k or end_episode else None
 
     def _store(self, k: int, rows: dict[str, np.ndarray], priorities: np.ndarray | None,
                timeout: float | None) -> int:
@@ -327,8 +348,14 @@ class ReplayBuffer:
     def clear(self) -> None:
         """Forget every transition, and the steps an n-step folder holds (the capacity stays)."""
         self._ring.clear()
+        self._forget_pending()
+
+    def _forget_pending(self) -> None:
+        """Drop the steps the n-step folders hold and the episode a compressed writer is in."""
         if self._nstep is not None:
             self._nstep.clear()
+        if self._priority_folder is not None:
+            self._priority_folder.clear()
         if self._writer is not None:
             self._writer.reset()
 
@@ -336,7 +363,9 @@ class ReplayBuffer:
         """End the current episode (cpprb API): with ``nstep``, store its pending
         steps, folded as if the last one was truncated (they bootstrap)."""
         if self._nstep is not None:
-            self._store_folded(self._nstep.on_episode_end(), None, end_episode=True)
+            priorities = (None if self._priority_folder is None
+                          else self._priority_folder.on_episode_end()["priority"])
+            self._store_folded(self._nstep.on_episode_end(), priorities, None, end_episode=True)
         elif self._writer is not None:
             self._writer.write(0, {}, None, None, end_episode=True)
 
@@ -449,6 +478,20 @@ def _make_nstep(args: tuple | None) -> NstepBuffer | None:
     return NstepBuffer(env_dict, settings.pop("size"), settings.pop("gamma"), default_dtype=default_dtype, **settings)
 
 
+def _make_priority_folder(args: tuple | None) -> NstepBuffer | None:
+    """A folder that moves each step's initial priority to the row that starts at that step:
+    driven by the same flags as the buffer's folder, it emits its rows in the same order."""
+    if args is None:
+        return None
+    env_dict, default_dtype, settings = args
+    flags = {"done": settings["done"], "truncated": settings["truncated"]}
+    spec = {"priority": {"dtype": np.float64}}
+    for flag in flags.values():
+        if flag is not None:
+            spec[flag] = {"dtype": parse_env_dict({flag: env_dict[flag]}, default_dtype)[flag].dtype}
+    return NstepBuffer(spec, settings["size"], settings["gamma"], rew=None, next=None, **flags)
+
+
 class PrioritizedReplayBuffer(ReplayBuffer):
     """Proportional prioritized replay (Schaul et al. 2016), stratified as in Ape-X.
 
@@ -545,6 +588,7 @@ def _attach(cls: type, config: dict[str, Any], name: str) -> "ReplayBuffer":
     obj = cls.__new__(cls)
     obj.__dict__.update(config)
     obj._nstep = _make_nstep(obj._nstep_args)
+    obj._priority_folder = _make_priority_folder(obj._nstep_args) if isinstance(obj, PrioritizedReplayBuffer) else None
     obj._memory = SharedMemory(obj._layout(), name=name)
     obj._bind(create=False, rng=np.random.default_rng())
     return obj
@@ -606,10 +650,7 @@ def _after_fork_in_child() -> None:
     # the ones its parent had pending.
     for buffer in list(_FORK_SENSITIVE):
         buffer._ring.after_fork(np.random.default_rng())
-        if buffer._nstep is not None:
-            buffer._nstep.clear()
-        if buffer._writer is not None:
-            buffer._writer.reset()
+        buffer._forget_pending()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

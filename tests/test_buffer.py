@@ -541,7 +541,8 @@ def test_update_of_a_slot_not_stored_yet_raises_and_changes_nothing(unchanged):
 _BAD_CONSTRUCTION = [
     pytest.param(dict(size=0), "size", id="size-zero"),
     pytest.param(dict(size=-4), "size", id="size-negative"),
-    pytest.param(dict(size=4.0), "size", id="size-float"),
+    pytest.param(dict(size=4.5), "size", id="size-fraction"),
+    pytest.param(dict(size=math.inf), "size", id="size-infinite"),
     pytest.param(dict(size="4"), "size", id="size-string"),
     pytest.param(dict(size=True), "size", id="size-bool"),
     pytest.param(dict(env_dict=None), "env_dict", id="env-dict-none"),
@@ -626,3 +627,54 @@ def test_leaf_mass_is_the_total_and_the_smallest_leaf():
     buffer = PrioritizedReplayBuffer(4, {"obs": {}}, alpha=1.0, eps=0.0)
     buffer.add(obs=np.arange(3.0), priorities=np.array([1.0, 2.0, 4.0]))
     assert buffer.leaf_mass() == (7.0, 1.0)
+
+
+# -- cpprb's conventions the native API accepts -------------------------------------------
+@pytest.mark.parametrize("size", [1e3, 1000.0, np.float64(1000)], ids=["1e3", "float", "numpy-float"])
+def test_an_integral_float_size_is_a_capacity(size):
+    assert ReplayBuffer(size, ENV).get_buffer_size() == 1000
+
+
+def test_the_env_dict_given_is_not_changed():
+    env_dict = {"obs": {"shape": 3}, "rew": {}}
+    copy = {name: dict(options) for name, options in env_dict.items()}
+    ReplayBuffer(8, env_dict).add(obs=np.zeros(3), rew=1.0)
+    assert env_dict == copy
+
+
+def test_an_env_dict_cpprb_has_annotated_with_add_shape_is_accepted():
+    env_dict = {"obs": {"shape": 3, "add_shape": np.array([-1, 3])}, "rew": {"add_shape": np.array([-1, 1])}}
+    buffer = ReplayBuffer(8, env_dict)
+    assert buffer.get_env_dict() == {"obs": {"shape": (3,), "dtype": np.float32},
+                                     "rew": {"shape": (), "dtype": np.float32}}
+
+
+def test_an_add_shape_that_disagrees_with_the_shape_is_refused():
+    with pytest.raises(ValueError, match="add_shape"):
+        ReplayBuffer(8, {"obs": {"shape": 3, "add_shape": [-1, 4]}})
+
+
+def test_a_field_of_shape_one_takes_a_scalar_for_one_transition():
+    buffer = ReplayBuffer(8, {"rew": {"shape": 1}})
+    buffer.add(rew=0.5)
+    np.testing.assert_array_equal(buffer.get_all_transitions()["rew"], [[0.5]])
+
+
+def test_a_field_of_shape_one_takes_one_number_per_transition_in_a_batch():
+    buffer = ReplayBuffer(8, {"obs": {"shape": 2}, "rew": {"shape": 1}})
+    buffer.add(obs=np.zeros((3, 2)), rew=[1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(buffer.get_all_transitions()["rew"], [[1], [2], [3]])
+
+
+def test_a_single_float_priority_takes_the_fast_path_and_is_stored():
+    buffer = PrioritizedReplayBuffer(8, ENV)
+    buffer.add(obs=np.zeros(3, np.float32), act=1, rew=0.5, done=0, priorities=2.5)
+    assert buffer.get_max_priority() == 2.5
+
+
+@pytest.mark.parametrize("priority", [-1.0, math.nan, math.inf], ids=["negative", "nan", "inf"])
+def test_a_bad_single_float_priority_is_refused_and_changes_nothing(priority, unchanged):
+    buffer = PrioritizedReplayBuffer(8, ENV)
+    with unchanged(buffer):
+        with pytest.raises(ValueError, match="priorities"):
+            buffer.add(obs=np.zeros(3, np.float32), act=1, rew=0.5, done=0, priorities=priority)
