@@ -44,6 +44,9 @@ from .compression import Compression, FrameWriter, with_next_fields
 __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer", "BufferClosed"]
 
 
+# Times read() copies rows that writers keep overwriting before it gives up.
+_READ_ATTEMPTS = 100
+
 # Attributes that view a buffer's memory: close() drops them.
 _VIEWS = ("_header", "_generation", "_tree", "_selector", "_fields", "_ring", "_lock", "_frames", "_writer", "_lanes")
 
@@ -238,6 +241,8 @@ class ReplayBuffer:
             if slot >= 0:
                 return slot
         k, rows = convert_batch(self._specs, fields)
+        if type(priorities) is float:
+            priorities = np.full(k, priorities)  # one number for every row
         if priorities is not None:
             # Checked before anything is written (Ring.update checks its own input).
             priorities = checks.priorities("priorities", priorities, k, max_priority=None)
@@ -315,22 +320,38 @@ class ReplayBuffer:
         return self._ring.sample(checks.integer("batch_size", batch_size, low=1), False, -1.0,
                                  checks.seconds("timeout", timeout), out)
 
-    def get_all_transitions(self) -> dict[str, np.ndarray]:
+    def get_all_transitions(self, *, indexes: bool = False) -> dict[str, np.ndarray]:
         """Copies of every stored transition, oldest first (lane by lane).
 
         Safe while other processes write: it holds every transition that was
         complete when it started and was not overwritten before it finished,
-        and never a row that is being written.
+        and never a row that is being written.  With ``indexes``, also the slot
+        of each row (``"indexes"``, as ``sample`` returns them).
         """
-        return self._snapshot()[0]
+        rows, _, slots = self._snapshot(slots=checks.flag("indexes", indexes))
+        if slots is not None:
+            rows["indexes"] = slots
+        return rows
 
-    def _snapshot(self, priorities: bool = False) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
-        """``(rows, raw priorities or None)`` of every complete transition, oldest first.
+    def _snapshot(self, priorities: bool = False, slots: bool = False
+                  ) -> tuple[dict[str, np.ndarray], np.ndarray | None, np.ndarray | None]:
+        """``(rows, raw priorities or None, slots or None)`` of every complete transition,
+        oldest first.
 
         The set of transitions is taken under the lock, the rows are copied
         without it, and rows overwritten meanwhile are left out.
         """
-        slots, guards, raw = self._ring.snapshot(priorities)
+        listed, guards, raw = self._ring.snapshot(priorities)
+        rows = self._copy_rows(listed)
+        keep = self._ring.unchanged(listed, guards)
+        if not keep.all():
+            rows = {name: r[keep] for name, r in rows.items()}
+            raw = None if raw is None else raw[keep]
+            listed = listed[keep]
+        return rows, raw, listed if slots else None
+
+    def _copy_rows(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        """Copies of the rows in ``slots`` (rebuilding compressed fields), without the lock."""
         rows = {name: arr[slots] for name, arr in self._fields.items()}
         if self._compression is not None:
             arrays = self._memory.arrays
@@ -339,11 +360,33 @@ class ReplayBuffer:
                 self._frames.rebuild_into(key, arrays["nxt"][slots] if nxt else slots, out)
                 rows[name] = out
             rows = {name: rows[name] for name in self._specs}
-        keep = self._ring.unchanged(slots, guards)
-        if not keep.all():
-            rows = {name: r[keep] for name, r in rows.items()}
-            raw = None if raw is None else raw[keep]
-        return rows, raw
+        return rows
+
+    def read(self, indexes: Any) -> dict[str, np.ndarray]:
+        """Copies of the transitions in slots ``indexes`` (the ``indexes`` a sample returns).
+
+        Each slot must hold a complete transition (ValueError otherwise, naming the first
+        that does not).  Like :meth:`get_all_transitions` it never returns a torn row: a row
+        overwritten while it was copied is read again.
+        """
+        idx = checks.indexes("indexes", indexes)
+        bad = np.flatnonzero((idx < 0) | (idx >= self._size))
+        if bad.size:
+            raise ValueError(f"indexes: expected slots in [0, {self._size}), got {int(idx[bad[0]])} "
+                             f"at position {int(bad[0])}")
+        for _ in range(_READ_ATTEMPTS):
+            slots, guards, _ = self._ring.snapshot(False)
+            where = np.full(self._size, -1, dtype=np.int64)
+            where[slots] = np.arange(len(slots))
+            found = where[idx]
+            missing = np.flatnonzero(found < 0)
+            if missing.size:
+                j = int(missing[0])
+                raise ValueError(f"indexes: slot {int(idx[j])} (position {j}) holds no complete transition")
+            rows = self._copy_rows(idx)
+            if self._ring.unchanged(idx, (guards[0][found], guards[1][found])).all():
+                return rows
+        raise TimeoutError(f"read: the slots were overwritten while being copied {_READ_ATTEMPTS} times in a row")
 
     def clear(self) -> None:
         """Forget every transition, and the steps an n-step folder holds (the capacity stays)."""
@@ -396,7 +439,7 @@ class ReplayBuffer:
         priorities = checks.flag("priorities", priorities)
         if priorities and not isinstance(self, PrioritizedReplayBuffer):
             raise ValueError(f"priorities: a {type(self).__name__} has no priorities to save; pass priorities=False")
-        rows, raw = self._snapshot(priorities=priorities)
+        rows, raw, _ = self._snapshot(priorities=priorities)
         fileformat.write_transitions(file, rows, self._specs, nstep=self._nstep_settings(), priorities=raw,
                                      safe=safe, compress=compress)
 
@@ -543,8 +586,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         return self._ring.max_priority
 
     def add(self, *, priorities: Any = None, timeout: float | None = None, **fields: Any) -> int:
-        """Store one transition or a batch; ``priorities`` (one per transition)
-        defaults to the largest priority stored now.  See :meth:`ReplayBuffer.add`."""
+        """Store one transition or a batch; ``priorities`` (one per transition, or one
+        float for all) defaults to the largest priority stored now.  See :meth:`ReplayBuffer.add`."""
         return self._add(fields, priorities, timeout)
 
     def sample(self, batch_size: int, beta: float = 0.4, *, timeout: float | None = None,

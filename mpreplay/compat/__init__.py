@@ -1,0 +1,1 @@
+"""Compatibility layers: other replay libraries' APIs over mpreplay's buffers."""
