@@ -36,6 +36,9 @@ cdef class PrioritizedSelector(Selector):
     cdef void fix(self, Py_ssize_t item) noexcept nogil:
         self._tree._fix_up(item)
 
+    cdef void fix_range(self, Py_ssize_t first, Py_ssize_t last) noexcept nogil:
+        self._tree._fix_range(first, last)
+
     cdef void rebuild(self) noexcept nogil:
         self._tree._rebuild()
 

@@ -46,6 +46,18 @@ cdef uint64_t NOT_SAMPLED = 0xFFFFFFFFFFFFFFFFULL
 cdef int LOCKED_REDRAW_AFTER = 4  # rounds of torn rows before redrawn rows are copied under the lock
 
 # Element kinds the single-transition fast path converts without numpy.
+cdef bint _narrow_to_float(const double* src, float* dst, Py_ssize_t n) noexcept nogil:
+    # False when a finite value would overflow float32: the general path then says so.
+    cdef Py_ssize_t j
+    cdef double x
+    for j in range(n):
+        x = src[j]
+        if not (-FLT_MAX <= x <= FLT_MAX or x != x or x == INFINITY or x == -INFINITY):
+            return False
+        dst[j] = <float>x
+    return True
+
+
 cdef enum Kind:
     K_OTHER, K_F32, K_F64, K_I8, K_I16, K_I32, K_I64, K_U8, K_U16, K_U32, K_U64, K_BOOL
 
@@ -454,15 +466,23 @@ cdef class Ring:
         if cnp.PyArray_CheckExact(value):
             arr = <cnp.ndarray>value
             shape = self._shapes[i]
-            if (cnp.PyArray_TYPE(arr) != self._typenums[i] or not cnp.PyArray_ISCARRAY_RO(arr)
-                    or not cnp.PyArray_ISNOTSWAPPED(arr) or cnp.PyArray_NDIM(arr) != len(shape)):
+            if (not cnp.PyArray_ISCARRAY_RO(arr) or not cnp.PyArray_ISNOTSWAPPED(arr)
+                    or cnp.PyArray_NDIM(arr) != len(shape)):
                 return False
             for d in range(len(shape)):
                 if cnp.PyArray_DIM(arr, d) != <Py_ssize_t>shape[d]:
                     return False
-            # Copied straight from the caller's array once the slot is reserved.
-            self._src[i] = <const uint8_t*>cnp.PyArray_DATA(arr)
-            return True
+            if cnp.PyArray_TYPE(arr) == self._typenums[i]:
+                # Copied straight from the caller's array once the slot is reserved.
+                self._src[i] = <const uint8_t*>cnp.PyArray_DATA(arr)
+                return True
+            if kind == K_F32 and cnp.PyArray_TYPE(arr) == cnp.NPY_DOUBLE:
+                # float64 observations into a float32 field: numpy's default dtype
+                # meeting the buffer's, the most common conversion of all.
+                self._src[i] = self._stage[i]
+                return _narrow_to_float(<const double*>cnp.PyArray_DATA(arr), <float*>self._stage[i],
+                                        cnp.PyArray_SIZE(arr))
+            return False
         if len(<tuple>self._shapes[i]) != 0:
             return False
         self._src[i] = self._stage[i]

@@ -20,11 +20,13 @@ def frames_array(str key):
     return f"frames:{key}"
 
 
-def segment_arrays(Py_ssize_t size, Py_ssize_t lanes, list fields, list frames, Py_ssize_t tree_len,
+def segment_arrays(Py_ssize_t size, Py_ssize_t lanes, tuple selector, list fields, list frames,
                    Py_ssize_t lock_nbytes):
     """``(name, shape, dtype)`` of every array of a buffer, in layout order.
 
-    ``fields``: ``(name, shape, dtype)`` of the uncompressed fields; ``frames``:
+    ``selector``: ``(name, length, dtype)`` of the selector's one array ("tree" for
+    prioritized selection, "members" for uniform); ``fields``: ``(name, shape, dtype)`` of
+    the uncompressed fields; ``frames``:
     ``(key, frame_shape, dtype)`` of the compressed observations, or None for an
     uncompressed buffer; ``lock_nbytes``: 0 for a buffer without a lock.
     """
@@ -34,7 +36,7 @@ def segment_arrays(Py_ssize_t size, Py_ssize_t lanes, list fields, list frames, 
            ("generation", (size,), np.uint64),
            ("owner", (size,), np.int64),
            ("state", (size,), np.uint8),
-           ("tree", (tree_len,), np.float64)]
+           (selector[0], (selector[1],), selector[2])]
     out += [(field_array(name), (size,) + tuple(shape), dtype) for name, shape, dtype in fields]
     if frames is not None:
         out += [("nxt", (size,), np.int64), ("depth", (size,), np.uint8)]

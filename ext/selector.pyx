@@ -1,5 +1,21 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""The selector interface (see selector.pxd): what each way of selecting implements."""
+"""The selector interface (see selector.pxd): what each way of selecting implements.
+
+A table calls the ``cdef`` methods with its lock held.  The ``def`` methods below
+drive the same code from Python, one call at a time, for a selector's own tests
+and for tools that own it alone.
+"""
+from libc.stdint cimport int64_t
+from numpy.random cimport bitgen_t
+from cpython.pycapsule cimport PyCapsule_GetPointer
+
+import numpy as np
+
+
+cdef int _check(Py_ssize_t item, Py_ssize_t capacity) except -1:
+    if not 0 <= item < capacity:
+        raise IndexError(f"item: expected an integer in [0, {capacity}), got {item}")
+    return 0
 
 
 cdef class Selector:
@@ -9,6 +25,48 @@ cdef class Selector:
         if type(self) is Selector:
             raise TypeError("Selector is an interface: use a subclass such as PrioritizedSelector")
 
+    def insert(self, Py_ssize_t item, double priority=1.0):
+        """Make ``item`` drawable with ``priority``."""
+        _check(item, self.capacity)
+        self.set(item, priority)
+        self.fix(item)
+
+    def remove(self, Py_ssize_t item):
+        """Make ``item`` not drawable."""
+        _check(item, self.capacity)
+        self.clear(item)
+        self.fix(item)
+
+    def recompute(self):
+        """Recompute everything derived from the items' weights (what crash recovery calls)."""
+        self.rebuild()
+
+    def sample_items(self, Py_ssize_t k, rng not None, bint stratified=False):
+        """``k`` items drawn by weight with the numpy Generator ``rng``; draw ``j`` in
+        stratum ``j`` of ``k`` when ``stratified``.  Empty when nothing is drawable."""
+        cdef int64_t[::1] items = np.empty(k, np.int64)
+        cdef double[::1] scratch = np.empty(k, np.float64)
+        cdef bitgen_t* bitgen = <bitgen_t*>PyCapsule_GetPointer(rng.bit_generator.capsule, "BitGenerator")
+        if not self.total() > 0.0:
+            return np.empty(0, np.int64)
+        self.draw(&items[0], &scratch[0], k, k if stratified else 1, bitgen)
+        return np.asarray(items)
+
+    def item_weight(self, Py_ssize_t item):
+        """The weight ``item`` is drawn with (0: not drawable)."""
+        _check(item, self.capacity)
+        return self.weight(item)
+
+    @property
+    def total_weight(self):
+        """The sum of the weights of the drawable items."""
+        return self.total()
+
+    @property
+    def smallest_weight(self):
+        """The smallest positive weight (inf when nothing is drawable)."""
+        return self.smallest()
+
     cdef void set(self, Py_ssize_t item, double priority) noexcept nogil:
         pass
 
@@ -17,6 +75,11 @@ cdef class Selector:
 
     cdef void fix(self, Py_ssize_t item) noexcept nogil:
         pass
+
+    cdef void fix_range(self, Py_ssize_t first, Py_ssize_t last) noexcept nogil:
+        cdef Py_ssize_t item
+        for item in range(first, last + 1):
+            self.fix(item)
 
     cdef void rebuild(self) noexcept nogil:
         pass

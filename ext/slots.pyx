@@ -107,6 +107,19 @@ cdef class Slots:
         cdef Py_ssize_t lo = self.lanes[lane, LANE_START], n = self.lanes[lane, LANE_END] - lo
         return lo + ((start - lo + j) % n + n) % n
 
+    cdef void fix_run(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k) noexcept nogil:
+        # selector.fix of the k slots after `start` in `lane`: one run, or two where the lane wraps.
+        cdef Py_ssize_t lo = self.lanes[lane, LANE_START], end = self.lanes[lane, LANE_END], head
+        if k <= 0:
+            return
+        if k >= end - lo:
+            self.selector.fix_range(lo, end - 1)
+            return
+        head = min(k, end - start)
+        self.selector.fix_range(start, start + head - 1)
+        if k > head:
+            self.selector.fix_range(lo, lo + k - head - 1)
+
     cdef int64_t busy_owner(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
         # Lock held.  The token of another process still writing one of the
         # next k slots of the lane (it was lapped), or 0.  Its copy cannot be
@@ -154,8 +167,7 @@ cdef class Slots:
             self.owner[s] = self.token
             reserved[j] = g
             self.retire(s)
-        for j in range(k):
-            self.selector.fix(self.slot(lane, start, j))
+        self.fix_run(lane, start, k)
         if insert:
             self.header[RESERVED] += k
         return start
@@ -191,8 +203,7 @@ cdef class Slots:
                 self.gen[s] = next_reservation(g)
                 self.retire(s)
                 lost += 1
-        for j in range(k):
-            self.selector.fix(self.slot(lane, start, j))
+        self.fix_run(lane, start, k)
         return lost
 
     cdef Py_ssize_t complete(self, const int64_t* slots, const uint64_t* generations, const double* priorities,

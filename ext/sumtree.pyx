@@ -89,6 +89,18 @@ cdef class PriorityTree:
             _recompute(self._nodes, n)
             n >>= 1
 
+    cdef void _fix_range(self, Py_ssize_t first, Py_ssize_t last) noexcept nogil:
+        # _fix_up of every slot in [first, last], each ancestor recomputed once:
+        # a run of k leaves costs about k + log2(capacity) recomputes, not k * log2.
+        cdef Py_ssize_t lo = (first + self._cap) >> 1, hi = (last + self._cap) >> 1, n
+        while lo >= 1:
+            n = lo
+            while n <= hi:
+                _recompute(self._nodes, n)
+                n += 1
+            lo >>= 1
+            hi >>= 1
+
     def set(self, const int64_t[::1] slots not None, const double[::1] values not None,
             const double[::1] raw not None):
         """Set leaf weights ``values`` (0 = unsampleable) and raw priorities.

@@ -32,7 +32,9 @@ from ._ext.ring import Ring
 from ._ext.slots import Slots, recover
 from ._ext.schema import INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED
 from ._ext.schema import TORN, field_array, segment_arrays
+from ._ext.selector import Selector
 from ._ext.sumtree import PriorityTree, tree_buffer_size
+from ._ext.uniform import UniformSelector, uniform_state_size
 from . import fileformat
 from .errors import BufferClosed
 from .limiter import RateLimiter
@@ -92,8 +94,6 @@ class ReplayBuffer:
     """
 
     _CONFIG: tuple[str, ...] = ("_size", "_specs", "_nstep_args", "_compression")  # what a shared handle carries
-    _alpha = 0.0  # leaf weight (p + eps) ** alpha == 1: uniform
-    _eps = 0.0
     _LOCK_NBYTES = 0  # a local buffer has no lock
 
     def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *,
@@ -128,12 +128,19 @@ class ReplayBuffer:
         stored = self._specs if c is None else c.stored_fields(self._specs)
         layout = Layout()
         for name, shape, dtype in segment_arrays(
-                self._size, 1 if c is None else c.lanes,
+                self._size, 1 if c is None else c.lanes, self._selector_array(),
                 [(name, self._specs[name].shape, self._specs[name].dtype) for name in stored],
                 None if c is None else [(key, c.frame_shape(key, self._specs), self._specs[key].dtype) for key in c.keys],
-                tree_buffer_size(self._size), self._LOCK_NBYTES):
+                self._LOCK_NBYTES):
             layout.add(name, shape, dtype)
         return layout
+
+    def _selector_array(self) -> tuple[str, int, type]:
+        """Name, length and dtype of the selector's array: uniform selection keeps its members."""
+        return "members", uniform_state_size(self._size), np.int64
+
+    def _make_selector(self, create: bool) -> Selector:
+        return UniformSelector(self._memory.arrays["members"], self._size, reset=create)
 
     def _allocate(self, layout: Layout) -> HeapMemory | SharedMemory:
         return HeapMemory(layout)
@@ -147,8 +154,7 @@ class ReplayBuffer:
         arrays = self._memory.arrays
         self._header = arrays["header"]
         self._generation = arrays["generation"]
-        self._tree = PriorityTree(arrays["tree"], self._size, reset=create)
-        self._selector = PrioritizedSelector(self._tree, self._alpha, self._eps)
+        self._selector = self._make_selector(create)
         c = self._compression
         self._fields = {name: arrays[field_array(name)] for name in self._specs if field_array(name) in arrays}
         self._lanes = arrays["lanes"]
@@ -558,6 +564,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                  eps: float = 1e-4, **options: Any):
         self._alpha, self._eps = checks.number("alpha", alpha, low=0.0), checks.number("eps", eps, low=0.0)
         super().__init__(size, env_dict, **options)
+
+    def _selector_array(self) -> tuple[str, int, type]:
+        return "tree", tree_buffer_size(self._size), np.float64
+
+    def _make_selector(self, create: bool) -> Selector:
+        self._tree = PriorityTree(self._memory.arrays["tree"], self._size, reset=create)
+        return PrioritizedSelector(self._tree, self._alpha, self._eps)
 
     @property
     def alpha(self) -> float:

@@ -59,6 +59,7 @@ import math
 import os
 import secrets
 import struct
+import tokenize
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -72,7 +73,8 @@ from . import checks
 from ._version import __version__
 from .spec import FieldSpec, parse_env_dict
 
-__all__ = ["FORMAT_VERSION", "TransitionFileError", "inspect", "read_metadata", "read_transitions", "write_transitions"]
+__all__ = ["FORMAT_VERSION", "TransitionFileError", "damaged", "inspect", "open_archive", "read_metadata", "read_transitions",
+           "write_transitions"]
 
 FORMAT_VERSION = 1
 METADATA = "metadata.json"  # not an identifier, so no field can take the name
@@ -81,9 +83,12 @@ _KEYS = {"format_version", "mpreplay_version", "fields", "nstep", "compression",
 _MAX_METADATA_BYTES = 1 << 20
 _CHUNK = 1 << 22  # bytes read from a member at a time: no second copy of a large array
 _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-# What zipfile, zlib and numpy's header parser raise on bytes that are not what they claim to be.
+# What zipfile, zlib and numpy's header parser raise on bytes that are not what they claim to be
+# (the parser tokenizes the header, evaluates it as a literal and sorts its keys: an unclosed bracket
+# is a TokenError, keys of mixed types a TypeError).
 _DAMAGE = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, struct.error, EOFError, OSError, KeyError,
-           IndexError, ValueError, OverflowError, NotImplementedError, RuntimeError)
+           IndexError, ValueError, TypeError, SyntaxError, OverflowError, NotImplementedError, RuntimeError,
+           tokenize.TokenError)
 
 File = Union[str, "os.PathLike[str]", IO[bytes]]
 
@@ -140,7 +145,7 @@ def read_transitions(file: File, specs: dict[str, FieldSpec], *,
     The whole file is read and checked first; anything wrong raises
     :class:`TransitionFileError`.
     """
-    with _open_archive(file) as archive:
+    with open_archive(file) as archive:
         meta = _read_metadata(archive)
         _check_fits(meta, specs, nstep)
         arrays = _read_arrays(archive, meta)
@@ -149,14 +154,14 @@ def read_transitions(file: File, specs: dict[str, FieldSpec], *,
 
 def read_metadata(file: File) -> dict[str, Any]:
     """The metadata record of a transitions file (checked, arrays not read)."""
-    with _open_archive(file) as archive:
+    with open_archive(file) as archive:
         return _read_metadata(archive).record
 
 
 def inspect(file: File) -> str:
     """A printable summary of a transitions file: its metadata and, per array,
     count, shape, dtype, min and max.  The whole file is read and checked."""
-    with _open_archive(file) as archive:
+    with open_archive(file) as archive:
         meta = _read_metadata(archive)
         arrays = _read_arrays(archive, meta)
     width = max(len(key) for key in meta.record)
@@ -247,14 +252,16 @@ class _Metadata:
 
 
 @contextlib.contextmanager
-def _damaged(problem: str) -> Iterator[None]:
-    """Report any failure to parse the file as a :class:`TransitionFileError` saying ``problem``."""
+def damaged(problem: str, *, label: str = "file") -> Iterator[None]:
+    """Report any failure to parse an archive inside the block (what zipfile, zlib and
+    numpy's ``.npy`` header parser raise on bad bytes) as a :class:`TransitionFileError`
+    ``"<label>: <problem> (<the error>)"``; other exceptions pass through."""
     try:
         yield
     except TransitionFileError:
         raise
     except _DAMAGE as exc:
-        raise TransitionFileError(f"file: {problem} ({type(exc).__name__}: {exc})") from exc
+        raise TransitionFileError(f"{label}: {problem} ({type(exc).__name__}: {exc})") from exc
 
 
 def _is_path(file: Any) -> bool:
@@ -269,19 +276,25 @@ def _check_binary(file: Any, method: str) -> None:
 
 
 @contextlib.contextmanager
-def _open_archive(file: File) -> Iterator[zipfile.ZipFile]:
+def open_archive(file: File, *, label: str = "file") -> Iterator[zipfile.ZipFile]:
+    """The ``.npz`` archive ``file`` (a path or a binary file object) opened for reading.
+
+    Bytes that are no zip archive raise :class:`TransitionFileError` starting with
+    ``label``; a missing file raises the ``OSError`` of ``open``, an object that is no
+    binary file a ``TypeError``.
+    """
     if _is_path(file):
-        with open(file, "rb") as f, _zip(f) as archive:
+        with open(file, "rb") as f, _zip(f, label) as archive:
             yield archive
     else:
         _check_binary(file, "read")
-        with _zip(file) as archive:
+        with _zip(file, label) as archive:
             yield archive
 
 
 @contextlib.contextmanager
-def _zip(f: IO[bytes]) -> Iterator[zipfile.ZipFile]:
-    with _damaged("not a readable .npz archive: damaged, truncated or another kind of file"):
+def _zip(f: IO[bytes], label: str) -> Iterator[zipfile.ZipFile]:
+    with damaged("not a readable .npz archive: damaged, truncated or another kind of file", label=label):
         # A zip is read from its end: a stream that cannot seek is read whole first.
         seekable = getattr(f, "seekable", None)
         if seekable is None or not seekable():
@@ -400,7 +413,7 @@ def _read_array(archive: zipfile.ZipFile, name: str, shape: tuple[int, ...] | No
     """Read member ``name`` after checking its header says ``shape`` (None: any
     1-D length up to the metadata limit) and ``dtype`` (in either byte order)."""
     info = archive.getinfo(f"{name}.npy")
-    with _damaged(f"array {name!r} is damaged or truncated"), archive.open(info) as member:
+    with damaged(f"array {name!r} is damaged or truncated"), archive.open(info) as member:
         version = np.lib.format.read_magic(member)
         if version not in _NPY_HEADERS:
             raise TransitionFileError(f"file: array {name!r} has .npy format version {version}, expected 1.0 or 2.0")

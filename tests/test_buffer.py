@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import pytest
 
 from mpreplay import PrioritizedReplayBuffer, ReplayBuffer
@@ -165,7 +167,31 @@ def test_batched_and_one_by_one_adds_give_identical_contents(cls, lengths):
     assert (batched.get_stored_size(), batched.get_next_index()) == (single.get_stored_size(), single.get_next_index())
     for name in ENV:
         assert batched._fields[name].tobytes() == single._fields[name].tobytes(), name
-    assert batched._memory.arrays["tree"].tobytes() == single._memory.arrays["tree"].tobytes()
+    assert _selectable(batched) == _selectable(single)
+
+
+@given(capacity=st.integers(1, 40), lengths=st.lists(st.integers(1, 90), min_size=1, max_size=6))
+@settings(max_examples=60, deadline=None)
+def test_a_batch_fixes_the_tree_exactly_as_its_rows_one_by_one(capacity, lengths):
+    # A batch recomputes each ancestor of its run of leaves once (two runs where the ring wraps).
+    batched, single = PrioritizedReplayBuffer(capacity, ENV), PrioritizedReplayBuffer(capacity, ENV)
+    start = 0
+    for k in lengths:
+        p = (np.arange(start, start + k) * 0.37) % 5 + 0.1
+        batched.add(**_rows(start, k), priorities=p)
+        for j in range(k):
+            single.add(**_row(start + j), priorities=p[j])
+        start += k
+    assert _selectable(batched) == _selectable(single)
+
+
+def _selectable(buffer) -> bytes | set:
+    """What the selector draws from: the whole tree, or the set of uniform members (whose
+    order depends on the order of removals)."""
+    if isinstance(buffer, PrioritizedReplayBuffer):
+        return buffer._memory.arrays["tree"].tobytes()
+    state = buffer._memory.arrays["members"]
+    return set(state[1:1 + state[0]].tolist())
 
 
 @BOTH
@@ -439,6 +465,8 @@ _BAD_FOR_ANY_BUFFER = [
     pytest.param(lambda b: b.add(**_with(_row(0), act=np.uint64(2**63))), ValueError, "'act'",
                  id="add-uint64-above-int64-range"),
     pytest.param(lambda b: b.add(**_with(_row(0), rew=1e300)), ValueError, "'rew'", id="add-float-overflowing-float32"),
+    pytest.param(lambda b: b.add(**_with(_row(0), obs=np.array([0.0, 1e300, 2.0]))), ValueError, "'obs'",
+                 id="add-float64-row-overflowing-float32"),
     pytest.param(lambda b: b.add(**_with(_row(0), rew="high")), TypeError, "'rew'", id="add-string-value"),
     pytest.param(lambda b: b.add(**_with(_row(0), rew=None)), TypeError, "'rew'", id="add-none-value"),
     pytest.param(lambda b: b.add(**_with(_rows(0, 2), act=np.arange(3))), ValueError, "'act'",
@@ -464,6 +492,14 @@ def test_bad_input_raises_naming_the_field_and_changes_nothing(cls, call, error,
     buffer = _filled(cls)
     with unchanged(buffer), pytest.raises(error, match=field):
         call(buffer)
+
+
+@BOTH
+def test_a_float64_row_into_a_float32_field_is_stored_rounded_to_float32(cls):
+    buffer = cls(4, ENV)
+    obs = np.array([0.1, -np.inf, np.nan])
+    buffer.add(**_with(_row(0), obs=obs))
+    assert buffer.get_all_transitions()["obs"][0].tobytes() == obs.astype(np.float32).tobytes()
 
 
 def test_uniform_buffer_refuses_priorities(unchanged):

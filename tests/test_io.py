@@ -546,6 +546,25 @@ def test_a_header_claiming_more_data_than_stored_is_refused_before_allocating():
         load_transitions(ReplayBuffer(8, ENV), io.BytesIO(f.getvalue()))
 
 
+@pytest.mark.parametrize(("old", "new"), [(b"), }", b" , }"), (b"'fortran_order'", b"b'fortran_orde'")],
+                         ids=["unclosed bracket", "bytes key"])
+def test_an_array_header_numpy_cannot_parse_is_refused(unchanged, old, new):
+    # numpy's header parser raises TokenError and TypeError (no ValueError) on these.
+    f = io.BytesIO(_valid_file())
+    with zipfile.ZipFile(f) as archive:
+        members = {info.filename: archive.read(info) for info in archive.infolist()}
+    header_end = members["obs.npy"].index(b"\n")
+    assert members["obs.npy"][:header_end].count(old) == 1
+    members["obs.npy"] = members["obs.npy"][:header_end].replace(old, new) + members["obs.npy"][header_end:]
+    damaged = io.BytesIO()
+    with zipfile.ZipFile(damaged, "w") as archive:
+        for name, raw in members.items():
+            archive.writestr(name, raw)
+    target = _filled(ReplayBuffer, 8, [100])
+    with unchanged(target), pytest.raises(ValueError, match="array 'obs' is damaged or truncated"):
+        load_transitions(target, io.BytesIO(damaged.getvalue()))
+
+
 def test_a_pickled_array_is_refused_without_being_unpickled():
     data = _edit(lambda m, meta: m.update(obs=np.array([_Spy()] * 5, dtype=object)))
     with pytest.raises(ValueError, match="array 'obs' is shape"):

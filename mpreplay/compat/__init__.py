@@ -1,1 +1,1 @@
-"""Compatibility layers: other replay libraries' APIs over mpreplay's buffers."""
+"""Compatibility with other replay-buffer libraries: reading what they wrote, speaking their API."""

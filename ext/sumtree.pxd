@@ -15,5 +15,6 @@ cdef class PriorityTree:
 
     cdef void _write_leaf(self, Py_ssize_t slot, double value, double raw) noexcept nogil
     cdef void _fix_up(self, Py_ssize_t slot) noexcept nogil
+    cdef void _fix_range(self, Py_ssize_t first, Py_ssize_t last) noexcept nogil
     cdef Py_ssize_t _descend(self, double u) noexcept nogil
     cdef void _rebuild(self) noexcept nogil

@@ -18,6 +18,7 @@ cdef class Selector:
     cdef void set(self, Py_ssize_t item, double priority) noexcept nogil
     cdef void clear(self, Py_ssize_t item) noexcept nogil
     cdef void fix(self, Py_ssize_t item) noexcept nogil
+    cdef void fix_range(self, Py_ssize_t first, Py_ssize_t last) noexcept nogil  # fix of first..last
     cdef void rebuild(self) noexcept nogil          # after a crash: everything derived, from the weights
     cdef double default_priority(self) noexcept nogil  # for a new item without one: the largest stored
     cdef double total(self) noexcept nogil

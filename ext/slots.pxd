@@ -23,6 +23,7 @@ cdef class Slots:
     cdef readonly Py_ssize_t size
 
     cdef Py_ssize_t slot(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t j) noexcept nogil
+    cdef void fix_run(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k) noexcept nogil
     cdef int64_t busy_owner(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil
     cdef void retire(self, Py_ssize_t s) noexcept nogil
     cdef void retire_readers(self, Py_ssize_t lane, Py_ssize_t s) noexcept nogil
