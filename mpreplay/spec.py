@@ -49,8 +49,8 @@ def _dtype(name: str, dtype: Any) -> np.dtype:
         dt = np.dtype(dtype)
     except TypeError:
         raise TypeError(f"env_dict[{name!r}]['dtype']: {dtype!r} is not a numpy dtype") from None
-    if dt.kind not in "biuf":
-        raise TypeError(f"env_dict[{name!r}]['dtype']: expected a bool, integer or float dtype, got {dt}")
+    if dt.kind not in "biufc":
+        raise TypeError(f"env_dict[{name!r}]['dtype']: expected a bool, integer, float or complex dtype, got {dt}")
     return dt.newbyteorder("=")
 
 
@@ -143,7 +143,7 @@ def convert_batch(specs: Mapping[str, FieldSpec], values: Mapping[str, Any]) -> 
             arr = np.asarray(values[name])
         except ValueError:
             raise ValueError(f"field {name!r}: ragged value, expected shape {spec.shape} or (batch,) + {spec.shape}") from None
-        if arr.dtype.kind not in "biuf":
+        if arr.dtype.kind not in "biufc":
             raise TypeError(f"field {name!r}: expected numbers, got dtype {arr.dtype}")
         nd = len(spec.shape)
         if arr.shape == spec.shape or (spec.shape == (1,) and arr.ndim == 0):

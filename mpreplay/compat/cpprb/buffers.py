@@ -32,6 +32,7 @@ import numpy as np
 
 from ... import buffer as native
 from ... import checks, fileformat
+from ..cpprb_files import read_cpprb_file
 from .fields import Fields, option_names
 from .nstep import NstepBuffer
 
@@ -137,13 +138,19 @@ class _Buffer:
         """Every stored transition in index order (as cpprb: not oldest first once the
         buffer has wrapped), or in a random order (numpy's global generator, as cpprb)
         with ``shuffle``."""
-        rows = self._native.get_all_transitions(indexes=True)
-        slots = rows.pop("indexes")
         if checks.flag("shuffle", shuffle):
-            order = np.random.permutation(len(slots))
+            rows = self._native.get_all_transitions()
+            order = np.random.permutation(len(next(iter(rows.values()))))
+            rows = {name: r[order] for name, r in rows.items()}
         else:
-            order = np.argsort(slots, kind="stable")
-        return self._fields.out({name: r[order] for name, r in rows.items()})
+            rows = self._rows_by_index()
+        return self._fields.out(rows)
+
+    def _rows_by_index(self) -> dict[str, np.ndarray]:
+        """Every stored transition in index order, in mpreplay's shapes."""
+        rows = self._native.get_all_transitions(indexes=True)
+        order = np.argsort(rows.pop("indexes"), kind="stable")
+        return {name: r[order] for name, r in rows.items()}
 
     def _encode_sample(self, idx: Any) -> dict[str, np.ndarray]:
         """The transitions at indexes ``idx`` (cpprb's name); each must hold one."""
@@ -181,10 +188,10 @@ class _Buffer:
 
     # -- files ----------------------------------------------------------------
     def save_transitions(self, file: Any, *, safe: bool = True) -> None:
-        """Write every stored transition to ``file`` in mpreplay's file format (plain numeric
-        arrays; :mod:`mpreplay.fileformat`).  ``safe`` is recorded; the layout is always the
-        plain one."""
-        fileformat.write_transitions(file, self._native.get_all_transitions(), self._fields.specs,
+        """Write every stored transition, in index order as cpprb writes them, to ``file`` in
+        mpreplay's file format (plain numeric arrays; :mod:`mpreplay.fileformat`).  ``safe``
+        is recorded; the layout is always the plain one."""
+        fileformat.write_transitions(file, self._rows_by_index(), self._fields.specs,
                                      nstep=self._file_nstep(), safe=safe)
 
     def load_transitions(self, file: Any) -> None:
@@ -196,18 +203,16 @@ class _Buffer:
             fileformat.read_metadata(file)
         except fileformat.TransitionFileError as own:
             _rewind(file)
-            from ..cpprb_files import read_cpprb_transitions
-
             try:
-                values = read_cpprb_transitions(file)
-            except ValueError as theirs:
-                raise ValueError(f"load_transitions: not a transitions file of mpreplay ({own}) "
-                                 f"nor of cpprb ({theirs})") from None
-            if self._nstep is not None:
-                raise ValueError("load_transitions: a file cpprb wrote does not say how its rewards were "
-                                 "folded; load it into a buffer without Nstep")
+                theirs = read_cpprb_file(file)
+            except ValueError as error:
+                raise ValueError(f"load_transitions: neither a transitions file of mpreplay ({own}) "
+                                 f"nor one of cpprb ({error})") from None
+            if theirs.nstep != self.is_Nstep():
+                raise ValueError(f"load_transitions: the file's rows were {'' if theirs.nstep else 'not '}folded "
+                                 f"over n steps, this buffer's are {'' if self.is_Nstep() else 'not'}")
             try:
-                k, rows = self._fields.rows(self._fields.pick(values))
+                k, rows = self._fields.rows(self._fields.pick(theirs.transitions))
             except KeyError as missing:
                 raise ValueError(f"load_transitions: the file lacks a field: {missing}") from None
         else:

@@ -94,7 +94,7 @@ class Fields:
         if arr.shape == shape or arr.shape[1:] == shape:
             return arr
         width = int(np.prod(shape, dtype=np.int64))
-        if arr.size == 0 or arr.size % width:
+        if arr.size % width:
             return arr  # no whole number of rows: convert_batch names the field and the shapes
         return arr.reshape((-1,) + shape)
 
