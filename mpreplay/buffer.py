@@ -241,8 +241,12 @@ class ReplayBuffer:
             return self._add_folded(fields, priorities, timeout)
         if self._writer is None and (priorities is None or type(priorities) is float):
             # One transition of Python scalars and exact arrays: the kernel's fast path.
-            priority = -1.0 if priorities is None else checks.number(
-                "priorities", priorities, low=0.0, high=self._ring.max_priority)
+            if priorities is None:
+                priority = -1.0
+            elif 0.0 <= priorities <= self._ring.max_priority:  # False for NaN
+                priority = priorities
+            else:
+                priority = checks.number("priorities", priorities, low=0.0, high=self._ring.max_priority)
             slot = self._ring.add_one(fields, priority, timeout)
             if slot >= 0:
                 return slot

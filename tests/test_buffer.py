@@ -729,3 +729,35 @@ def test_complex_values_are_refused_in_a_float_field(unchanged):
     with unchanged(buffer):
         with pytest.raises(TypeError, match="rew"):
             buffer.add(obs=np.zeros(3), act=1, rew=1j, done=0)
+
+
+# -- reading slots --------------------------------------------------------------------------------
+@BOTH
+def test_read_returns_the_transitions_in_the_slots_given(cls):
+    buffer = cls(4, {"a": {}})
+    buffer.add(a=np.arange(6, dtype=np.float32))  # slots 0, 1 hold 4, 5
+    np.testing.assert_array_equal(buffer.read([1, 0, 3])["a"], [5, 4, 3])
+
+
+@BOTH
+def test_read_refuses_a_slot_that_holds_no_transition(cls):
+    buffer = cls(4, {"a": {}})
+    buffer.add(a=1.0)
+    with pytest.raises(ValueError, match="slot 2"):
+        buffer.read([0, 2])
+
+
+@pytest.mark.parametrize("index", [-1, 4])
+def test_read_refuses_a_slot_outside_the_buffer(index):
+    buffer = ReplayBuffer(4, {"a": {}})
+    buffer.add(a=np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="indexes"):
+        buffer.read([index])
+
+
+def test_all_transitions_can_say_their_slots():
+    buffer = ReplayBuffer(4, {"a": {}})
+    buffer.add(a=np.arange(6, dtype=np.float32))
+    rows = buffer.get_all_transitions(indexes=True)
+    np.testing.assert_array_equal(rows["indexes"], [2, 3, 0, 1])
+    np.testing.assert_array_equal(rows["a"], [2, 3, 4, 5])

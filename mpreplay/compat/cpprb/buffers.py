@@ -41,6 +41,7 @@ __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrior
 
 _BACKENDS = ("sharedctypes", "SharedMemory")
 _DEFAULT_MAX_PRIORITY = 1.0  # cpprb's running maximum before any priority is set
+_FLOAT32, _INT64, _UINT64 = np.dtype(np.float32), np.dtype(np.int64), np.dtype(np.uint64)
 
 
 def _refuse_options(cls: str, options: Mapping[str, Any]) -> None:
@@ -53,8 +54,8 @@ def _indexes(indexes: Any) -> Any:
     """cpprb's indexes (any integer dtype, uint64 as sampled, or integral floats) for
     mpreplay's checks, which take integers."""
     if isinstance(indexes, np.ndarray):
-        if indexes.dtype == np.uint64:
-            return indexes.view(np.int64)  # slots < 2**63; anything larger turns negative and is refused
+        if indexes.dtype == _UINT64:
+            return indexes.view(_INT64)  # slots < 2**63; anything larger turns negative and is refused
         if indexes.dtype.kind == "f":
             whole = np.floor(indexes)
             if not np.array_equal(whole, indexes):
@@ -100,39 +101,46 @@ class _Buffer:
     def _bind(self, fields: Fields, buffer: native.ReplayBuffer) -> None:
         self._fields = fields
         self._native = buffer
-        self._names = frozenset(fields.specs)
+        self._columns = fields.columns
+        self._bind_calls()
+
+    def _bind_calls(self) -> None:
+        # Bound once: these run on every call.  (Not pickled: see MPReplayBuffer.__getstate__.)
+        self._native_add_values = self._native.add
+        self._native_sample = self._native.sample
 
     # -- adding ---------------------------------------------------------------
     def add(self, **kwargs: Any) -> int | None:
         """Add one transition, or several with a leading dimension; returns the index of the
         first, or None when an n-step buffer completed none.  Keys of no field are ignored;
         a missing field raises KeyError."""
-        values = kwargs if kwargs.keys() == self._names else self._fields.pick(kwargs)
+        if self._nstep is None:
+            try:
+                return self._native_add_values(**kwargs)  # what mpreplay takes as it is, at its speed
+            except (TypeError, ValueError):
+                pass  # nothing was stored: convert as cpprb does, then mpreplay says what is wrong
+        values = self._fields.pick(kwargs)
         if self._nstep is not None:
-            rows = self._nstep.fold(values)
-            return None if rows is None else self._store(rows, None)
+            values = self._nstep.fold(values)
+            if values is None:
+                return None
         return self._store(values, None)
 
     def _store(self, values: dict[str, Any], priorities: Any) -> int:
-        try:
-            return self._native_add(values, priorities)
-        except ValueError:
-            # A layout mpreplay does not take as it is (cpprb reshapes to (-1, *shape)):
-            # nothing was stored, so convert and try once more.
-            reshaped = {name: self._fields.reshaped(name, v) for name, v in values.items()}
-            if all(reshaped[name] is v for name, v in values.items()):
-                raise
-            return self._native_add(reshaped, priorities)
+        """Store one value per field, laid out as cpprb lays values out."""
+        return self._native_add(self._fields.reshaped_all(values), priorities)
 
     def _native_add(self, values: dict[str, Any], priorities: Any) -> int:
-        return self._native.add(**values)
+        return self._native_add_values(**values)
 
     # -- reading --------------------------------------------------------------
     def sample(self, batch_size: int) -> dict[str, np.ndarray]:
         """Draw ``batch_size`` transitions uniformly, with replacement."""
-        batch = self._native.sample(batch_size)
+        batch = self._native_sample(batch_size)
         del batch["indexes"]  # cpprb's uniform sample has none
-        return self._fields.out(batch)
+        for name in self._columns:
+            batch[name] = batch[name][:, None]
+        return batch
 
     def get_all_transitions(self, shuffle: bool = False) -> dict[str, np.ndarray]:
         """Every stored transition in index order (as cpprb: not oldest first once the
@@ -307,7 +315,6 @@ class _Prioritized:
     _native: native.PrioritizedReplayBuffer
     _fields: Fields
     _nstep: NstepBuffer | None
-    _names: frozenset
 
     def _init_priorities(self, size: int, check_for_update: bool) -> None:
         self._running_max = _DEFAULT_MAX_PRIORITY
@@ -321,15 +328,24 @@ class _Prioritized:
                                                 "done": self._fields.env_dict()["done"]},
                                                {"size": self._nstep.get_Nstep_size()})
 
+    def _bind_calls(self) -> None:
+        super()._bind_calls()
+        self._native_update = self._native.update_priorities
+        self._native_max = self._native.get_max_priority
+
     def add(self, *, priorities: Any = None, **kwargs: Any) -> int | None:
-        """Add transitions with ``priorities`` (one per transition), or the largest priority
-        ever set.  See ``ReplayBuffer.add``."""
-        values = kwargs if kwargs.keys() == self._names else self._fields.pick(kwargs)
+        """Add transitions with ``priorities`` (one per transition, or one for all), or the
+        largest priority ever set.  See ``ReplayBuffer.add``."""
         if priorities is not None and type(priorities) is not float:
             priorities = _priorities(priorities)
         if self._nstep is not None:
-            return self._add_folded(values, priorities)
-        first = self._store(values, priorities)
+            return self._add_folded(self._fields.pick(kwargs), priorities)
+        p = self._new_priority() if priorities is None else priorities
+        try:
+            first = self._native_add_values(priorities=p, **kwargs)  # mpreplay's fast path
+        except (TypeError, ValueError):
+            # Nothing was stored: convert as cpprb does, then mpreplay says what is wrong.
+            first = self._store(self._fields.pick(kwargs), p)
         if priorities is not None:
             self._note_max()
         return first
@@ -360,27 +376,30 @@ class _Prioritized:
         """What the uniform class does at an episode end besides n-step rows."""
 
     def _native_add(self, values: dict[str, Any], priorities: Any) -> int:
-        return self._native.add(priorities=self._new_priority() if priorities is None else priorities, **values)
+        return self._native_add_values(priorities=self._new_priority() if priorities is None else priorities,
+                                       **values)
 
     def _new_priority(self) -> float:
         return self._running_max
 
     def _note_max(self) -> None:
         # Every priority just set is stored now, so the largest stored bounds them all.
-        stored = self._native.get_max_priority()
+        stored = self._native_max()
         if stored > self._running_max:
             self._running_max = stored
 
     def sample(self, batch_size: int, beta: float = 0.4) -> dict[str, np.ndarray]:
         """Draw ``batch_size`` transitions in proportion to their priority, with ``weights``
         (float32) and ``indexes`` (uint64)."""
-        batch = self._native.sample(batch_size, beta)
-        batch["weights"] = batch["weights"].astype(np.float32)
+        batch = self._native_sample(batch_size, beta)
+        batch["weights"] = batch["weights"].astype(_FLOAT32)
         idx = batch["indexes"]
         if self._sampled is not None:
             self._own_sampled()[idx] = True
-        batch["indexes"] = idx.view(np.uint64)
-        return self._fields.out(batch)
+        batch["indexes"] = idx.view(_UINT64)
+        for name in self._columns:
+            batch[name] = batch[name][:, None]
+        return batch
 
     def _own_sampled(self) -> np.ndarray:
         if self._sampled_pid != os.getpid():  # a forked child has sampled nothing yet
@@ -393,6 +412,14 @@ class _Prioritized:
         Updates of slots overwritten since they were sampled are dropped (always), and of
         slots this process has not sampled (with ``check_for_update``, and for shared buffers).
         """
+        if type(indexes) is np.ndarray and indexes.dtype is _UINT64 and type(priorities) is np.ndarray \
+                and self._sampled is None:
+            # What sample() returned, as the learner hands it back: straight through.
+            self._native_update(indexes.view(_INT64), priorities)
+            stored = self._native_max()
+            if stored > self._running_max:
+                self._running_max = stored
+            return
         if priorities is None:
             raise TypeError("priorities: expected numbers, got None")
         idx = checks.indexes("indexes", _indexes(indexes))
@@ -476,14 +503,16 @@ class MPReplayBuffer(_Buffer):
         return native.MPReplayBuffer(size, fields.env_dict())
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
+        # The mpreplay buffer travels as its small handle; what this process bound and
+        # sampled stays here.
+        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_native_")}
         if state.get("_sampled") is not None:
-            state["_sampled"] = np.zeros(0, dtype=bool)  # what this process sampled stays here
-            state["_sampled_pid"] = -1
+            state["_sampled"] = np.zeros(0, dtype=bool)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._bind_calls()
         if self.__dict__.get("_sampled") is not None:
             self._sampled = np.zeros(self.get_buffer_size(), dtype=bool)
             self._sampled_pid = os.getpid()

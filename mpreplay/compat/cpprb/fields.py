@@ -98,6 +98,10 @@ class Fields:
             return arr  # no whole number of rows: convert_batch names the field and the shapes
         return arr.reshape((-1,) + shape)
 
+    def reshaped_all(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Every value (one per field) as :meth:`reshaped` lays it out."""
+        return {name: self.reshaped(name, v) for name, v in values.items()}
+
     def out(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """``batch`` with cpprb's shapes: the columns get their trailing axis back."""
         for name in self.columns:
