@@ -444,6 +444,31 @@ def test_a_shared_buffer_drops_updates_of_slots_this_process_did_not_sample():
     buffer.close()
 
 
+def _write_whole_rows(buffer, start: int, count: int) -> None:
+    for i in range(start, start + count):
+        buffer.add(id=i, obs=np.full(256, i, np.int64))
+
+
+@START_METHODS
+@pytest.mark.timeout(120, method="thread")
+def test_a_shared_buffer_never_hands_out_a_row_being_written(method):
+    ctx = mp.get_context(method)
+    buffer = cpprb.MPPrioritizedReplayBuffer(32, {"id": {"dtype": np.int64}, "obs": {"shape": 256, "dtype": np.int64}})
+    buffer.add(id=-1, obs=np.full(256, -1, np.int64))
+    writers = [ctx.Process(target=_write_whole_rows, args=(buffer, 1000 * w, 3000)) for w in (1, 2)]
+    for w in writers:
+        w.start()
+    while any(w.is_alive() for w in writers):
+        batch = buffer.sample(64)
+        assert (batch["obs"] == batch["id"]).all()  # every element of a row from the same add
+        rows = buffer.get_all_transitions()
+        assert (rows["obs"] == rows["id"]).all()
+    for w in writers:
+        w.join(30)
+        assert w.exitcode == 0
+    buffer.close()
+
+
 @pytest.mark.parametrize("backend", ["sharedctypes", "SharedMemory"])
 def test_cpprbs_backends_are_accepted(backend):
     with cpprb.MPReplayBuffer(4, {"a": {}}, backend=backend) as buffer:
@@ -574,36 +599,7 @@ def test_dict2buffer_lays_stacks_out_as_sliding_windows():
     assert env_dict == {"a": {"shape": (3, 3)}, "b": {}}
 
 
-# -- gymnasium helpers and train ----------------------------------------------------------------
-gym = pytest.importorskip("gymnasium")
-
-
-def _space_env(observation_space, action_space):
-    env = type("SpaceEnv", (), {})()
-    env.observation_space, env.action_space = observation_space, action_space
-    return env
-
-
-@pytest.mark.parametrize("observation_space, action_space", [
-    (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3)),
-    (gym.spaces.Tuple([gym.spaces.Discrete(2), gym.spaces.Box(0, 1, (2,))]), gym.spaces.MultiDiscrete([2, 3])),
-    (gym.spaces.Dict({"pos": gym.spaces.Box(0, 1, (2,))}), gym.spaces.MultiBinary(3)),
-], ids=["box-discrete", "tuple-multidiscrete", "dict-multibinary"])
-def test_create_env_dict_and_before_add_func_make_a_step_a_buffer_takes(observation_space, action_space):
-    env = _space_env(observation_space, action_space)
-    buffer = cpprb.ReplayBuffer(8, cpprb.create_env_dict(env))
-    before_add = cpprb.create_before_add_func(env)
-    obs = observation_space.sample()
-    buffer.add(**before_add(obs, action_space.sample(), observation_space.sample(), 0.5, False))
-    assert buffer.get_stored_size() == 1
-
-
-def test_create_env_dict_gives_discrete_spaces_an_integer_column():
-    env_dict = cpprb.create_env_dict(_space_env(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3)))
-    assert env_dict["act"] == {"dtype": np.int32, "shape": 1}
-    assert env_dict["obs"] == env_dict["next_obs"] == {"dtype": np.float32, "shape": (4,)}
-
-
+# -- train ----------------------------------------------------------------------------------------
 class _Counter:
     """An environment with gym's 4-tuple step: episodes of 3 steps."""
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import checks
-from .buffers import PrioritizedReplayBuffer, _Prioritized
+from .buffers import MPPrioritizedReplayBuffer, PrioritizedReplayBuffer
 
 __all__ = ["train"]
 
@@ -65,7 +65,7 @@ def train(buffer: Any, env: Any, get_action: Callable, update_policy: Callable, 
     max_episodes = _SIZE_T_LIMIT if max_episodes is None else max(int(max_episodes), 0)
     n_warmups = max(int(n_warmups), 0)
     batch_size = checks.integer("batch_size", batch_size, low=1)
-    prioritized = isinstance(buffer, (PrioritizedReplayBuffer, _Prioritized))
+    prioritized = isinstance(buffer, (PrioritizedReplayBuffer, MPPrioritizedReplayBuffer))
 
     episode = episode_step = 0
     episode_reward = 0.0
