@@ -121,7 +121,7 @@ class NstepBuffer:
         applies only when the env_dict has such a field."""
         if value is None:
             return ()
-        if value == default and default not in self._specs:
+        if isinstance(value, str) and value == default and default not in self._specs:
             return ()
         names = (value,) if isinstance(value, str) else value
         if (isinstance(names, (bytes, Mapping)) or not hasattr(names, "__iter__")
