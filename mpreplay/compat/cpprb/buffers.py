@@ -416,7 +416,7 @@ class _Prioritized:
                 and self._sampled is None:
             # What sample() returned, as the learner hands it back: straight through.
             self._native_update(indexes.view(_INT64), priorities)
-            stored = self._native_max()
+            stored = self._native_max()  # _note_max, inlined: this runs at every learner step
             if stored > self._running_max:
                 self._running_max = stored
             return
@@ -468,10 +468,6 @@ class PrioritizedReplayBuffer(_Prioritized, ReplayBuffer):
 
     def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.PrioritizedReplayBuffer:
         return native.PrioritizedReplayBuffer(size, fields.env_dict(), alpha=options["alpha"], eps=options["eps"])
-
-    def on_episode_end(self) -> None:
-        """End the episode: store pending n-step rows with their priorities."""
-        _Prioritized.on_episode_end(self)
 
     def _episode_ended(self) -> None:
         self._episode_start = self._inserted()
