@@ -116,6 +116,13 @@ def test_a_float_size_and_the_env_dict_are_taken_as_cpprb_takes_them():
     assert env_dict == before
 
 
+def test_an_env_dict_cpprb_has_annotated_is_accepted():
+    annotated = {"obs": {"shape": 3, "add_shape": np.array([-1, 3])}, "rew": {"add_shape": np.array([-1, 1])}}
+    buffer = cpprb.ReplayBuffer(8, annotated)
+    buffer.add(obs=np.zeros(3), rew=1.0)
+    assert buffer.sample(1)["rew"].shape == (1, 1)
+
+
 def test_an_unknown_constructor_option_is_refused_by_name():
     with pytest.raises(TypeError, match="obs_shape"):
         cpprb.PrioritizedReplayBuffer(8, ENV, obs_shape=(3,))

@@ -144,3 +144,11 @@ def test_a_file_cpprb_saved_loads_into_the_compat_buffer(tmp_path):
     ours.load_transitions(str(path))
     for name, rows in theirs.get_all_transitions().items():
         np.testing.assert_array_equal(ours.get_all_transitions()[name], rows, err_msg=name)
+
+
+def test_an_env_dict_cpprb_was_given_serves_the_compat_buffer_too():
+    env_dict = {name: dict(options) for name, options in ENV.items()}
+    theirs = real.ReplayBuffer(SIZE, env_dict)  # cpprb writes add_shape into env_dict
+    ours = compat.ReplayBuffer(SIZE, env_dict)
+    _fill([theirs, ours], _transitions(5))
+    _assert_same_layout(ours.get_all_transitions(), theirs.get_all_transitions())

@@ -55,8 +55,7 @@ class Fields:
                 shape = _cpprb_shape(options.get("shape", 1))
                 if shape == (1,):
                     columns.append(name)
-                    options["shape"] = ()
-                    options.pop("add_shape", None)  # [-1, 1]: cpprb's annotation of this very scalar
+                    options["shape"] = ()  # cpprb's add_shape for it, [-1, 1], still agrees
             native[name] = options
         for key in option_names("next_of", next_of):
             if key not in native:
