@@ -338,15 +338,12 @@ class ReplayBuffer:
         and never a row that is being written.  With ``indexes``, also the slot
         of each row (``"indexes"``, as ``sample`` returns them).
         """
-        rows, _, slots = self._snapshot(slots=checks.flag("indexes", indexes))
-        if slots is not None:
-            rows["indexes"] = slots
-        return rows
+        return self._snapshot(slots=checks.flag("indexes", indexes))[0]
 
     def _snapshot(self, priorities: bool = False, slots: bool = False
-                  ) -> tuple[dict[str, np.ndarray], np.ndarray | None, np.ndarray | None]:
-        """``(rows, raw priorities or None, slots or None)`` of every complete transition,
-        oldest first.
+                  ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        """``(rows, raw priorities or None)`` of every complete transition, oldest first;
+        with ``slots``, ``rows["indexes"]`` holds their slots.
 
         The set of transitions is taken under the lock, the rows are copied
         without it, and rows overwritten meanwhile are left out.
@@ -358,7 +355,9 @@ class ReplayBuffer:
             rows = {name: r[keep] for name, r in rows.items()}
             raw = None if raw is None else raw[keep]
             listed = listed[keep]
-        return rows, raw, listed if slots else None
+        if slots:
+            rows["indexes"] = listed
+        return rows, raw
 
     def _copy_rows(self, slots: np.ndarray) -> dict[str, np.ndarray]:
         """Copies of the rows in ``slots`` (rebuilding compressed fields), without the lock."""
@@ -449,7 +448,7 @@ class ReplayBuffer:
         priorities = checks.flag("priorities", priorities)
         if priorities and not isinstance(self, PrioritizedReplayBuffer):
             raise ValueError(f"priorities: a {type(self).__name__} has no priorities to save; pass priorities=False")
-        rows, raw, _ = self._snapshot(priorities=priorities)
+        rows, raw = self._snapshot(priorities=priorities)
         fileformat.write_transitions(file, rows, self._specs, nstep=self._nstep_settings(), priorities=raw,
                                      safe=safe, compress=compress)
 

@@ -50,7 +50,8 @@ def _dtype(name: str, dtype: Any) -> np.dtype:
     except TypeError:
         raise TypeError(f"env_dict[{name!r}]['dtype']: {dtype!r} is not a numpy dtype") from None
     if dt.kind not in "biufc":
-        raise TypeError(f"env_dict[{name!r}]['dtype']: expected a bool, integer, float or complex dtype, got {dt}")
+        raise TypeError(f"env_dict[{name!r}]['dtype']: expected a bool, integer or float dtype, or a complex one, "
+                        f"got {dt}")
     return dt.newbyteorder("=")
 
 
