@@ -46,6 +46,9 @@ from .compression import Compression, FrameWriter, with_next_fields
 __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer", "BufferClosed"]
 
 
+# Times read() copies rows that writers keep overwriting before it gives up.
+_READ_ATTEMPTS = 100
+
 # Attributes that view a buffer's memory: close() drops them.
 _VIEWS = ("_header", "_generation", "_tree", "_selector", "_fields", "_ring", "_lock", "_frames", "_writer", "_lanes")
 
@@ -98,7 +101,7 @@ class ReplayBuffer:
                  nstep: Mapping[str, Any] | None = None, Nstep: Mapping[str, Any] | None = None,
                  next_of: str | list[str] | None = None, stack_compress: str | list[str] | None = None,
                  lanes: int = 1):
-        size = checks.integer("size", size, low=1)
+        size = checks.capacity("size", size)
         if rate_limiter is not None:
             if not isinstance(rate_limiter, RateLimiter):
                 raise TypeError(f"rate_limiter: expected MinSize, SampleToInsertRatio or RateLimiter, "
@@ -107,6 +110,8 @@ class ReplayBuffer:
         self._size = size
         self._nstep_args = _nstep_args(env_dict, default_dtype, nstep if Nstep is None else Nstep, nstep, Nstep)
         self._nstep = _make_nstep(self._nstep_args)
+        self._priority_folder = (_make_priority_folder(self._nstep_args)
+                                 if isinstance(self, PrioritizedReplayBuffer) else None)
         self._specs = parse_env_dict(self._nstep.output_env_dict() if self._nstep else env_dict, default_dtype)
         self._specs = with_next_fields(self._specs, next_of)
         self._compression = Compression.build(
@@ -233,15 +238,21 @@ class ReplayBuffer:
         if timeout is not None:
             timeout = checks.seconds("timeout", timeout)
         if self._nstep is not None:
-            if priorities is not None:
-                raise TypeError("priorities: a buffer that folds n steps stores new transitions "
-                                "at the largest priority; fold in the actor with NstepBuffer to give priorities")
-            return self._store_folded(self._nstep.add(**fields), timeout)
-        if priorities is None and self._writer is None:
-            slot = self._ring.add_one(fields, -1.0, timeout)
+            return self._add_folded(fields, priorities, timeout)
+        if self._writer is None and (priorities is None or type(priorities) is float):
+            # One transition of Python scalars and exact arrays: the kernel's fast path.
+            if priorities is None:
+                priority = -1.0
+            elif 0.0 <= priorities <= self._ring.max_priority:  # False for NaN
+                priority = priorities
+            else:
+                priority = checks.number("priorities", priorities, low=0.0, high=self._ring.max_priority)
+            slot = self._ring.add_one(fields, priority, timeout)
             if slot >= 0:
                 return slot
         k, rows = convert_batch(self._specs, fields)
+        if type(priorities) is float:
+            priorities = np.full(k, priorities)  # one number for every row
         if priorities is not None:
             # Checked before anything is written (Ring.update checks its own input).
             priorities = checks.priorities("priorities", priorities, k, max_priority=None)
@@ -254,11 +265,30 @@ class ReplayBuffer:
             return self._writer.write(k, rows, priorities, timeout, end_episode)
         return self._store(k, rows, priorities, timeout)
 
-    def _store_folded(self, rows: dict[str, np.ndarray], timeout: float | None,
+    def _add_folded(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int | None:
+        """Fold the steps of ``fields``, and their ``priorities`` alongside (prioritized buffers)."""
+        if self._priority_folder is None:
+            return self._store_folded(self._nstep.add(**fields), None, timeout)
+        k = self._nstep.check(**fields)  # before either folder changes
+        if priorities is None:
+            # NaN: "the largest priority stored when the folded row is stored".
+            priorities = np.full(k, np.nan)
+        else:
+            priorities = checks.priorities("priorities", priorities, k, max_priority=None)
+            self._ring.check_priorities(priorities)
+        rows = self._nstep.add(**fields)
+        settings = self._nstep_args[2]
+        flags = {settings[f]: fields[settings[f]] for f in ("done", "truncated") if settings[f] is not None}
+        folded = self._priority_folder.add(priority=priorities, **flags)["priority"]
+        return self._store_folded(rows, folded, timeout)
+
+    def _store_folded(self, rows: dict[str, np.ndarray], priorities: np.ndarray | None, timeout: float | None,
                       end_episode: bool = False) -> int | None:
         """Store what the n-step folder emitted; None when it emitted nothing."""
         k, rows = convert_batch(self._specs, rows)
-        return self._write(k, rows, None, timeout, end_episode) if k or end_episode else None
+        if priorities is not None and np.isnan(priorities).any():
+            priorities = np.where(np.isnan(priorities), self.get_max_priority(), priorities)
+        return self._write(k, rows, priorities, timeout, end_episode) if k or end_episode else None
 
     def _store(self, k: int, rows: dict[str, np.ndarray], priorities: np.ndarray | None,
                timeout: float | None) -> int:
@@ -300,22 +330,37 @@ class ReplayBuffer:
         return self._ring.sample(checks.integer("batch_size", batch_size, low=1), False, -1.0,
                                  checks.seconds("timeout", timeout), out)
 
-    def get_all_transitions(self) -> dict[str, np.ndarray]:
+    def get_all_transitions(self, *, indexes: bool = False) -> dict[str, np.ndarray]:
         """Copies of every stored transition, oldest first (lane by lane).
 
         Safe while other processes write: it holds every transition that was
         complete when it started and was not overwritten before it finished,
-        and never a row that is being written.
+        and never a row that is being written.  With ``indexes``, also the slot
+        of each row (``"indexes"``, as ``sample`` returns them).
         """
-        return self._snapshot()[0]
+        return self._snapshot(slots=checks.flag("indexes", indexes))[0]
 
-    def _snapshot(self, priorities: bool = False) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
-        """``(rows, raw priorities or None)`` of every complete transition, oldest first.
+    def _snapshot(self, priorities: bool = False, slots: bool = False
+                  ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        """``(rows, raw priorities or None)`` of every complete transition, oldest first;
+        with ``slots``, ``rows["indexes"]`` holds their slots.
 
         The set of transitions is taken under the lock, the rows are copied
         without it, and rows overwritten meanwhile are left out.
         """
-        slots, guards, raw = self._ring.snapshot(priorities)
+        listed, guards, raw = self._ring.snapshot(priorities)
+        rows = self._copy_rows(listed)
+        keep = self._ring.unchanged(listed, guards)
+        if not keep.all():
+            rows = {name: r[keep] for name, r in rows.items()}
+            raw = None if raw is None else raw[keep]
+            listed = listed[keep]
+        if slots:
+            rows["indexes"] = listed
+        return rows, raw
+
+    def _copy_rows(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        """Copies of the rows in ``slots`` (rebuilding compressed fields), without the lock."""
         rows = {name: arr[slots] for name, arr in self._fields.items()}
         if self._compression is not None:
             arrays = self._memory.arrays
@@ -324,17 +369,45 @@ class ReplayBuffer:
                 self._frames.rebuild_into(key, arrays["nxt"][slots] if nxt else slots, out)
                 rows[name] = out
             rows = {name: rows[name] for name in self._specs}
-        keep = self._ring.unchanged(slots, guards)
-        if not keep.all():
-            rows = {name: r[keep] for name, r in rows.items()}
-            raw = None if raw is None else raw[keep]
-        return rows, raw
+        return rows
+
+    def read(self, indexes: Any) -> dict[str, np.ndarray]:
+        """Copies of the transitions in slots ``indexes`` (the ``indexes`` a sample returns).
+
+        Each slot must hold a complete transition (ValueError otherwise, naming the first
+        that does not).  Like :meth:`get_all_transitions` it never returns a torn row: a row
+        overwritten while it was copied is read again.
+        """
+        idx = checks.indexes("indexes", indexes)
+        bad = np.flatnonzero((idx < 0) | (idx >= self._size))
+        if bad.size:
+            raise ValueError(f"indexes: expected slots in [0, {self._size}), got {int(idx[bad[0]])} "
+                             f"at position {int(bad[0])}")
+        for _ in range(_READ_ATTEMPTS):
+            slots, guards, _ = self._ring.snapshot(False)
+            where = np.full(self._size, -1, dtype=np.int64)
+            where[slots] = np.arange(len(slots))
+            found = where[idx]
+            missing = np.flatnonzero(found < 0)
+            if missing.size:
+                j = int(missing[0])
+                raise ValueError(f"indexes: slot {int(idx[j])} (position {j}) holds no complete transition")
+            rows = self._copy_rows(idx)
+            if self._ring.unchanged(idx, (guards[0][found], guards[1][found])).all():
+                return rows
+        raise TimeoutError(f"read: the slots were overwritten while being copied {_READ_ATTEMPTS} times in a row")
 
     def clear(self) -> None:
         """Forget every transition, and the steps an n-step folder holds (the capacity stays)."""
         self._ring.clear()
+        self._forget_pending()
+
+    def _forget_pending(self) -> None:
+        """Drop the steps the n-step folders hold and the episode a compressed writer is in."""
         if self._nstep is not None:
             self._nstep.clear()
+        if self._priority_folder is not None:
+            self._priority_folder.clear()
         if self._writer is not None:
             self._writer.reset()
 
@@ -342,7 +415,9 @@ class ReplayBuffer:
         """End the current episode (cpprb API): with ``nstep``, store its pending
         steps, folded as if the last one was truncated (they bootstrap)."""
         if self._nstep is not None:
-            self._store_folded(self._nstep.on_episode_end(), None, end_episode=True)
+            priorities = (None if self._priority_folder is None
+                          else self._priority_folder.on_episode_end()["priority"])
+            self._store_folded(self._nstep.on_episode_end(), priorities, None, end_episode=True)
         elif self._writer is not None:
             self._writer.write(0, {}, None, None, end_episode=True)
 
@@ -455,6 +530,20 @@ def _make_nstep(args: tuple | None) -> NstepBuffer | None:
     return NstepBuffer(env_dict, settings.pop("size"), settings.pop("gamma"), default_dtype=default_dtype, **settings)
 
 
+def _make_priority_folder(args: tuple | None) -> NstepBuffer | None:
+    """A folder that moves each step's initial priority to the row that starts at that step:
+    driven by the same flags as the buffer's folder, it emits its rows in the same order."""
+    if args is None:
+        return None
+    env_dict, default_dtype, settings = args
+    flags = {"done": settings["done"], "truncated": settings["truncated"]}
+    spec = {"priority": {"dtype": np.float64}}
+    for flag in flags.values():
+        if flag is not None:
+            spec[flag] = {"dtype": parse_env_dict({flag: env_dict[flag]}, default_dtype)[flag].dtype}
+    return NstepBuffer(spec, settings["size"], settings["gamma"], rew=None, next=None, **flags)
+
+
 class PrioritizedReplayBuffer(ReplayBuffer):
     """Proportional prioritized replay (Schaul et al. 2016), stratified as in Ape-X.
 
@@ -513,8 +602,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         return self._ring.max_priority
 
     def add(self, *, priorities: Any = None, timeout: float | None = None, **fields: Any) -> int:
-        """Store one transition or a batch; ``priorities`` (one per transition)
-        defaults to the largest priority stored now.  See :meth:`ReplayBuffer.add`."""
+        """Store one transition or a batch; ``priorities`` (one per transition, or one
+        float for all) defaults to the largest priority stored now.  See :meth:`ReplayBuffer.add`."""
         return self._add(fields, priorities, timeout)
 
     def sample(self, batch_size: int, beta: float = 0.4, *, timeout: float | None = None,
@@ -558,6 +647,7 @@ def _attach(cls: type, config: dict[str, Any], name: str) -> "ReplayBuffer":
     obj = cls.__new__(cls)
     obj.__dict__.update(config)
     obj._nstep = _make_nstep(obj._nstep_args)
+    obj._priority_folder = _make_priority_folder(obj._nstep_args) if isinstance(obj, PrioritizedReplayBuffer) else None
     obj._memory = SharedMemory(obj._layout(), name=name)
     obj._bind(create=False, rng=np.random.default_rng())
     return obj
@@ -619,10 +709,7 @@ def _after_fork_in_child() -> None:
     # the ones its parent had pending.
     for buffer in list(_FORK_SENSITIVE):
         buffer._ring.after_fork(np.random.default_rng())
-        if buffer._nstep is not None:
-            buffer._nstep.clear()
-        if buffer._writer is not None:
-            buffer._writer.reset()
+        buffer._forget_pending()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -9,6 +9,8 @@ Which error:
 * :func:`integer` raises ValueError for whatever is not an integer in range:
   a bool, a float (even ``2.0``), None, a string.  A count given as ``2.0``
   or ``True`` is a wrong value, as the buffers have always said.
+  :func:`capacity` is the one exception: a buffer's size may be written
+  ``1e6`` (an integral float), as cpprb's examples write it.
 * :func:`number` and :func:`seconds` raise TypeError for what is not a
   number at all (a string, None, a bool) and ValueError for a number out of
   range (NaN, and the infinities unless allowed, are out of every range).
@@ -28,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["flag", "indexes", "integer", "is_tensor", "number", "priorities", "seconds"]
+__all__ = ["capacity", "flag", "indexes", "integer", "is_tensor", "number", "priorities", "seconds"]
 
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 40
@@ -55,6 +57,21 @@ def integer(name: str, value: Any, *, low: int, high: int | None = None) -> int:
         return int(value)
     what = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
     raise ValueError(f"{name}: expected {what}, got {_show(value)}")
+
+
+def capacity(name: str, value: Any, *, low: int = 1) -> int:
+    """``value`` as an ``int`` >= ``low``: an integer, or a float with an integral value (``1e6``).
+
+    Only capacities take floats: ``size=1e6`` is how cpprb's documentation
+    writes them, and nothing is lost when the float is integral.
+    """
+    if isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
+        value = int(value)
+    try:
+        return integer(name, value, low=low)
+    except ValueError:
+        raise ValueError(f"{name}: expected an integer >= {low} (an integral float such as 1e6 is accepted), "
+                         f"got {_show(value)}") from None
 
 
 def _real(value: Any) -> float | None:

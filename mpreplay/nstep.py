@@ -20,7 +20,7 @@ and truncated is terminal.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,13 @@ from .spec import FieldSpec, convert_batch, parse_env_dict
 __all__ = ["NstepBuffer"]
 
 _DISCOUNT = "discount"
+
+
+def _concat(parts: list[dict[str, np.ndarray]], specs: Mapping[str, FieldSpec]) -> dict[str, np.ndarray]:
+    """The rows of several emitted dicts, in order (no rows when there are none)."""
+    if not parts:
+        return {name: np.empty((0,) + s.shape, s.dtype) for name, s in specs.items()}
+    return {name: np.concatenate([p[name] for p in parts]) for name in specs}
 
 
 def _take(arr: np.ndarray, envs: Any, cols: Any) -> np.ndarray:
@@ -52,9 +59,13 @@ class NstepBuffer:
         ``n``, the number of rewards folded into one transition (1 = no folding).
     gamma : float
         Discount factor in [0, 1].
-    rew, next, done : str
-        Names of the reward, next-observation and terminal-flag fields.  ``rew`` must be a float
-        field (any shape); ``done`` a scalar.
+    rew, next : str, list of str or None
+        The reward fields folded over the steps (float fields, any shape) and the fields taken
+        from the last folded step (next observations).  Each may be one name, a list of names
+        (as cpprb's ``Nstep`` takes them) or None; the defaults ``"rew"`` and ``"next_obs"``
+        apply only when the env_dict has such a field.
+    done : str
+        Name of the terminal-flag field (a scalar).
     truncated : str, optional
         Name of a scalar field flagging a step that ended its episode without reaching a terminal
         state (a time limit).  Without it, end such episodes with :meth:`on_episode_end`.
@@ -81,7 +92,8 @@ class NstepBuffer:
     """
 
     def __init__(self, env_dict: Mapping[str, Mapping[str, Any]], size: int, gamma: float = 0.99, *,
-                 rew: str = "rew", next: str = "next_obs", done: str = "done", truncated: str | None = None,
+                 rew: str | Sequence[str] | None = "rew", next: str | Sequence[str] | None = "next_obs",
+                 done: str = "done", truncated: str | None = None,
                  num_envs: int | None = None, default_dtype: Any = None):
         self._n = checks.integer("size", size, low=1)
         self._gamma = checks.number("gamma", gamma, low=0.0, high=1.0)
@@ -89,8 +101,8 @@ class NstepBuffer:
         specs = parse_env_dict(env_dict, default_dtype)
         self._out_specs = self._output_specs(specs)
         self._specs = {name: s for name, s in specs.items() if name != _DISCOUNT}
-        self._rew, self._next, self._done, self._truncated = self._check_keys(rew, next, done, truncated)
-        self._last_step_fields = {self._next, self._done, self._truncated} - {None}
+        self._rews, nexts, self._done, self._truncated = self._check_keys(rew, next, done, truncated)
+        self._last_step_fields = {*nexts, self._done, self._truncated} - {None}
         self._init_arrays(1 if self._num_envs is None else self._num_envs)
 
     # -- construction -------------------------------------------------------
@@ -104,36 +116,53 @@ class NstepBuffer:
                              f"got shape {declared.shape} and dtype {declared.dtype}")
         return specs
 
-    def _check_keys(self, rew: str, next: str, done: str, truncated: str | None) -> tuple[str, str, str, str | None]:
-        keys = {"rew": rew, "next": next, "done": done}
+    def _names(self, arg: str, value: Any, default: str) -> tuple[str, ...]:
+        """The fields ``rew=`` or ``next=`` names: one, a list, or none.  The default name
+        applies only when the env_dict has such a field."""
+        if value is None:
+            return ()
+        if isinstance(value, str) and value == default and default not in self._specs:
+            return ()
+        names = (value,) if isinstance(value, str) else value
+        if (isinstance(names, (bytes, Mapping)) or not hasattr(names, "__iter__")
+                or not all(isinstance(n, str) for n in names)):
+            raise TypeError(f"{arg}: expected a field name, a list of field names or None, got {value!r}")
+        return tuple(names)
+
+    def _check_keys(self, rew: Any, next: Any, done: str, truncated: str | None) -> tuple[tuple[str, ...], tuple[str, ...], str, str | None]:
+        rews, nexts = self._names("rew", rew, "rew"), self._names("next", next, "next_obs")
+        keys = [("rew", k) for k in rews] + [("next", k) for k in nexts] + [("done", done)]
         if truncated is not None:
-            keys["truncated"] = truncated
-        for arg, key in keys.items():
+            keys.append(("truncated", truncated))
+        for arg, key in keys:
+            if not isinstance(key, str):
+                raise TypeError(f"{arg}: expected a field name, got {key!r}")
             if key not in self._specs:
                 raise ValueError(f"{arg}: field {key!r} is not in env_dict (fields {list(self._specs)})")
-        if len(set(keys.values())) < len(keys):
+        if len({key for _, key in keys}) < len(keys):
             raise ValueError(f"rew, next, done and truncated must name different fields, got {keys}")
-        if self._specs[rew].dtype.kind != "f":
-            raise TypeError(f"rew: field {rew!r} must have a float dtype to hold discounted sums, "
-                            f"got {self._specs[rew].dtype}")
-        for arg in ("done", "truncated"):
-            if arg in keys and self._specs[keys[arg]].shape != ():
-                raise ValueError(f"{arg}: field {keys[arg]!r} must be a scalar flag, got shape {self._specs[keys[arg]].shape}")
-        return rew, next, done, truncated
+        for key in rews:
+            if self._specs[key].dtype.kind != "f":
+                raise TypeError(f"rew: field {key!r} must have a float dtype to hold discounted sums, "
+                                f"got {self._specs[key].dtype}")
+        for arg, key in keys:
+            if arg in ("done", "truncated") and self._specs[key].shape != ():
+                raise ValueError(f"{arg}: field {key!r} must be a scalar flag, got shape {self._specs[key].shape}")
+        return rews, nexts, done, truncated
 
     def _init_arrays(self, num_envs: int) -> None:
-        n, rew = self._n, self._specs[self._rew]
+        n = self._n
         # Column c of every ring holds the step of the add() call whose number is c modulo n, in
         # every environment at once: a write is one slice assignment, and an environment's
         # pending steps are always its newest `count` columns, ending at column self._cur.
         self._ring = {name: np.zeros((num_envs, n) + s.shape, s.dtype)
-                      for name, s in self._specs.items() if name != self._rew}
+                      for name, s in self._specs.items() if name not in self._rews}
         # Running folded reward of the pending step in each column (float64 whatever rew's dtype).
-        self._acc = np.zeros((num_envs, n) + rew.shape, np.float64)
+        self._acc = {name: np.zeros((num_envs, n) + self._specs[name].shape, np.float64) for name in self._rews}
         ages = (np.arange(n)[:, None] - np.arange(n)[None, :]) % n
         powers = [self._gamma ** k for k in range(n + 1)]
         # _weight[c][q]: gamma**(age of column q when column c is written).
-        self._weight = np.array(powers)[ages].reshape((n, n) + (1,) * len(rew.shape))
+        self._weight = np.array(powers)[ages]
         self._discounts = np.array(powers, dtype=self._out_specs[_DISCOUNT].dtype)
         self._full_fold = np.full(num_envs, n)
         self._envs = np.arange(num_envs)
@@ -175,22 +204,40 @@ class NstepBuffer:
     def add(self, **step: Any) -> dict[str, np.ndarray]:
         """Add one step (one per environment with ``num_envs``) and return what it completes.
 
-        ``step`` holds every env_dict field except ``discount``.  The whole step is checked and
-        converted first; on error nothing changes.  The returned rows are the steps this one
-        completed (see the class docstring); the values are copied, so later adds never alter
-        them and the caller may reuse its own arrays.
+        ``step`` holds every env_dict field except ``discount``.  Without ``num_envs`` it may also
+        hold ``k`` consecutive steps of the environment (a leading dimension ``k`` on every
+        field), folded as ``k`` single adds.  The whole call is checked and converted first; on
+        error nothing changes.  The returned rows are the steps this call completed (see the
+        class docstring); the values are copied, so later adds never alter them and the caller
+        may reuse its own arrays.
         """
         k, rows = convert_batch(self._specs, step)
         num_envs = len(self._count)
+        if self._num_envs is None and k != 1:
+            return _concat([self._add_step({name: r[i:i + 1] for name, r in rows.items()}) for i in range(k)],
+                           self._out_specs)
         if k != num_envs:
-            expected = "one step" if self._num_envs is None else f"a leading dimension num_envs={num_envs} on every field"
-            raise ValueError(f"add: expected {expected}, got a batch of {k}")
+            raise ValueError(f"add: expected a leading dimension num_envs={num_envs} on every field, got a batch of {k}")
+        return self._add_step(rows)
+
+    def check(self, **step: Any) -> int:
+        """How many steps ``add(**step)`` would take, raising as it would on bad input;
+        changes nothing."""
+        k, _ = convert_batch(self._specs, step)
+        if self._num_envs is not None and k != self._num_envs:
+            raise ValueError(f"add: expected a leading dimension num_envs={self._num_envs} on every field, "
+                             f"got a batch of {k}")
+        return k
+
+    def _add_step(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Fold one converted step of every environment."""
         n = self._n
         cur = self._cur = (self._cur + 1) % n
         for name, ring in self._ring.items():
             ring[:, cur] = rows[name]
-        self._acc[:, cur] = 0.0
-        self._acc += self._weight[cur] * rows[self._rew][:, None]
+        for name, acc in self._acc.items():
+            acc[:, cur] = 0.0
+            acc += self._weight[cur].reshape((n,) + (1,) * (acc.ndim - 2)) * rows[name][:, None]
         done = rows[self._done]
         trunc = None if self._truncated is None else rows[self._truncated]
         # count_nonzero: the cheapest "any" numpy has for a few flags.
@@ -240,8 +287,8 @@ class NstepBuffer:
         for name, spec in self._out_specs.items():
             if name == _DISCOUNT:
                 out[name] = self._discounts[m]
-            elif name == self._rew:
-                out[name] = self._acc[envs, cols].astype(spec.dtype)
+            elif name in self._acc:
+                out[name] = self._acc[name][envs, cols].astype(spec.dtype)
             elif name == self._truncated and truncate:
                 out[name] = np.ones(len(m), spec.dtype)
             elif name in self._last_step_fields:

@@ -49,19 +49,35 @@ def _dtype(name: str, dtype: Any) -> np.dtype:
         dt = np.dtype(dtype)
     except TypeError:
         raise TypeError(f"env_dict[{name!r}]['dtype']: {dtype!r} is not a numpy dtype") from None
-    if dt.kind not in "biuf":
-        raise TypeError(f"env_dict[{name!r}]['dtype']: expected a bool, integer or float dtype, got {dt}")
+    if dt.kind not in "biufc":
+        raise TypeError(f"env_dict[{name!r}]['dtype']: expected a bool, integer or float dtype, or a complex one, "
+                        f"got {dt}")
     return dt.newbyteorder("=")
 
 
 _RESERVED = {"indexes", "weights", "priorities", "timeout"}
+_OPTIONS = {"shape", "dtype", "add_shape"}
+
+
+def _check_add_shape(name: str, add_shape: Any, shape: tuple[int, ...]) -> None:
+    """cpprb writes ``add_shape`` (``[-1, *shape]``, shape 1 for a scalar) into the env_dict
+    it is given; the same dict is accepted here when that entry agrees with ``shape``."""
+    try:
+        given = [int(d) for d in np.asarray(add_shape).reshape(-1)]
+    except (TypeError, ValueError):
+        given = None
+    if given not in ([-1, *shape], [-1, *(shape or (1,))]):
+        raise ValueError(f"env_dict[{name!r}]['add_shape']: expected [-1, *shape] = {[-1, *(shape or (1,))]} "
+                         f"(cpprb's entry for shape {shape}), got {add_shape!r}")
 
 
 def parse_env_dict(env_dict: Mapping[str, Mapping[str, Any]], default_dtype: Any = None) -> dict[str, FieldSpec]:
     """Normalise a cpprb-style ``env_dict`` into ordered field specs.
 
     A missing ``shape`` means a scalar per transition; a missing ``dtype``
-    means ``default_dtype`` (float32 when that is None too).
+    means ``default_dtype`` (float32 when that is None too).  The
+    ``add_shape`` entry cpprb adds to the dicts it is given is accepted when
+    it agrees with ``shape``.  ``env_dict`` itself is never changed.
     """
     if not isinstance(env_dict, Mapping) or not env_dict:
         raise ValueError("env_dict: expected a non-empty mapping of field name -> {'shape': ..., 'dtype': ...}")
@@ -75,10 +91,13 @@ def parse_env_dict(env_dict: Mapping[str, Mapping[str, Any]], default_dtype: Any
         options = {} if options is None else options
         if not isinstance(options, Mapping):
             raise TypeError(f"env_dict[{name!r}]: expected a mapping, got {type(options).__name__}")
-        unknown = set(options) - {"shape", "dtype"}
+        unknown = set(options) - _OPTIONS
         if unknown:
             raise ValueError(f"env_dict[{name!r}]: unknown options {sorted(unknown)}; expected 'shape' and 'dtype'")
-        specs[name] = FieldSpec(name, _shape(name, options.get("shape")), _dtype(name, options.get("dtype", default)))
+        shape = _shape(name, options.get("shape"))
+        if "add_shape" in options:
+            _check_add_shape(name, options["add_shape"], shape)
+        specs[name] = FieldSpec(name, shape, _dtype(name, options.get("dtype", default)))
     return specs
 
 
@@ -107,7 +126,9 @@ def convert_batch(specs: Mapping[str, FieldSpec], values: Mapping[str, Any]) -> 
 
     Returns ``(k, rows)`` where each ``rows[name]`` has shape ``(k,) + shape``
     in the field's dtype.  A field whose value has exactly the field's shape
-    is one transition; one extra leading dimension makes it a batch.
+    is one transition; one extra leading dimension makes it a batch.  A field
+    of shape ``(1,)`` (cpprb's scalar) also takes one number per transition:
+    a scalar for one, a 1-D array of ``k`` for a batch.
     """
     unknown = [n for n in values if n not in specs]
     if unknown:
@@ -123,11 +144,13 @@ def convert_batch(specs: Mapping[str, FieldSpec], values: Mapping[str, Any]) -> 
             arr = np.asarray(values[name])
         except ValueError:
             raise ValueError(f"field {name!r}: ragged value, expected shape {spec.shape} or (batch,) + {spec.shape}") from None
-        if arr.dtype.kind not in "biuf":
+        if arr.dtype.kind not in "biufc":
             raise TypeError(f"field {name!r}: expected numbers, got dtype {arr.dtype}")
         nd = len(spec.shape)
-        if arr.shape == spec.shape:
+        if arr.shape == spec.shape or (spec.shape == (1,) and arr.ndim == 0):
             arr = arr.reshape((1,) + spec.shape)
+        elif spec.shape == (1,) and arr.ndim == 1:
+            arr = arr.reshape(-1, 1)
         elif arr.ndim != nd + 1 or arr.shape[1:] != spec.shape:
             raise ValueError(f"field {name!r}: expected shape {spec.shape} or (batch,) + {spec.shape}, got {arr.shape}")
         if k is None:

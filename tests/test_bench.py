@@ -61,3 +61,9 @@ def test_sizes_not_above_the_batch_are_refused(capsys):
         per.main(["--sizes", "32"])
     assert exc.value.code == 2
     assert "capacity > 32" in capsys.readouterr().err
+
+
+def test_api_compat_adds_a_row_for_the_compat_layer(capsys):
+    assert per.main(["--sizes", "100", "--repeats", "1", "--api", "compat"]) == 0
+    rows = _table_rows(capsys.readouterr().out)
+    assert {(name, "100", f) for name in ["compat", *_expected_buffers()] for f in ("100", "200")} == rows

@@ -578,7 +578,8 @@ def test_update_of_a_slot_not_stored_yet_raises_and_changes_nothing(unchanged):
 _BAD_CONSTRUCTION = [
     pytest.param(dict(size=0), "size", id="size-zero"),
     pytest.param(dict(size=-4), "size", id="size-negative"),
-    pytest.param(dict(size=4.0), "size", id="size-float"),
+    pytest.param(dict(size=4.5), "size", id="size-fraction"),
+    pytest.param(dict(size=math.inf), "size", id="size-infinite"),
     pytest.param(dict(size="4"), "size", id="size-string"),
     pytest.param(dict(size=True), "size", id="size-bool"),
     pytest.param(dict(env_dict=None), "env_dict", id="env-dict-none"),
@@ -594,7 +595,8 @@ _BAD_CONSTRUCTION = [
     pytest.param(dict(env_dict={"obs": {"shape": (2.5,)}}), "shape", id="env-dict-float-dimension"),
     pytest.param(dict(env_dict={"obs": {"shape": "x"}}), "shape", id="env-dict-string-shape"),
     pytest.param(dict(env_dict={"obs": {"dtype": "nonsense"}}), "dtype", id="env-dict-unknown-dtype"),
-    pytest.param(dict(env_dict={"obs": {"dtype": np.complex64}}), "dtype", id="env-dict-complex-dtype"),
+    pytest.param(dict(env_dict={"obs": {"dtype": "U3"}}), "dtype", id="env-dict-string-dtype"),
+    pytest.param(dict(env_dict={"obs": {"dtype": "M8[s]"}}), "dtype", id="env-dict-datetime-dtype"),
     pytest.param(dict(env_dict={"obs": {"dtype": object}}), "dtype", id="env-dict-object-dtype"),
     pytest.param(dict(default_dtype="nonsense"), "dtype", id="default-dtype-unknown"),
     pytest.param(dict(alpha=-0.5), "alpha", id="alpha-negative"),
@@ -663,3 +665,100 @@ def test_leaf_mass_is_the_total_and_the_smallest_leaf():
     buffer = PrioritizedReplayBuffer(4, {"obs": {}}, alpha=1.0, eps=0.0)
     buffer.add(obs=np.arange(3.0), priorities=np.array([1.0, 2.0, 4.0]))
     assert buffer.leaf_mass() == (7.0, 1.0)
+
+
+# -- cpprb's conventions the native API accepts -------------------------------------------
+@pytest.mark.parametrize("size", [1e3, 1000.0, np.float64(1000)], ids=["1e3", "float", "numpy-float"])
+def test_an_integral_float_size_is_a_capacity(size):
+    assert ReplayBuffer(size, ENV).get_buffer_size() == 1000
+
+
+def test_the_env_dict_given_is_not_changed():
+    env_dict = {"obs": {"shape": 3}, "rew": {}}
+    copy = {name: dict(options) for name, options in env_dict.items()}
+    ReplayBuffer(8, env_dict).add(obs=np.zeros(3), rew=1.0)
+    assert env_dict == copy
+
+
+def test_an_env_dict_cpprb_has_annotated_with_add_shape_is_accepted():
+    env_dict = {"obs": {"shape": 3, "add_shape": np.array([-1, 3])}, "rew": {"add_shape": np.array([-1, 1])}}
+    buffer = ReplayBuffer(8, env_dict)
+    assert buffer.get_env_dict() == {"obs": {"shape": (3,), "dtype": np.float32},
+                                     "rew": {"shape": (), "dtype": np.float32}}
+
+
+def test_an_add_shape_that_disagrees_with_the_shape_is_refused():
+    with pytest.raises(ValueError, match="add_shape"):
+        ReplayBuffer(8, {"obs": {"shape": 3, "add_shape": [-1, 4]}})
+
+
+def test_a_field_of_shape_one_takes_a_scalar_for_one_transition():
+    buffer = ReplayBuffer(8, {"rew": {"shape": 1}})
+    buffer.add(rew=0.5)
+    np.testing.assert_array_equal(buffer.get_all_transitions()["rew"], [[0.5]])
+
+
+def test_a_field_of_shape_one_takes_one_number_per_transition_in_a_batch():
+    buffer = ReplayBuffer(8, {"obs": {"shape": 2}, "rew": {"shape": 1}})
+    buffer.add(obs=np.zeros((3, 2)), rew=[1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(buffer.get_all_transitions()["rew"], [[1], [2], [3]])
+
+
+def test_a_single_float_priority_takes_the_fast_path_and_is_stored():
+    buffer = PrioritizedReplayBuffer(8, ENV)
+    buffer.add(obs=np.zeros(3, np.float32), act=1, rew=0.5, done=0, priorities=2.5)
+    assert buffer.get_max_priority() == 2.5
+
+
+@pytest.mark.parametrize("priority", [-1.0, math.nan, math.inf], ids=["negative", "nan", "inf"])
+def test_a_bad_single_float_priority_is_refused_and_changes_nothing(priority, unchanged):
+    buffer = PrioritizedReplayBuffer(8, ENV)
+    with unchanged(buffer):
+        with pytest.raises(ValueError, match="priorities"):
+            buffer.add(obs=np.zeros(3, np.float32), act=1, rew=0.5, done=0, priorities=priority)
+
+
+def test_a_complex_field_stores_complex_values():
+    buffer = ReplayBuffer(8, {"z": {"dtype": np.complex64}})
+    buffer.add(z=1 + 2j)
+    buffer.add(z=np.array([3, 4j], dtype=np.complex64))
+    np.testing.assert_array_equal(buffer.get_all_transitions()["z"], np.array([1 + 2j, 3, 4j], np.complex64))
+
+
+def test_complex_values_are_refused_in_a_float_field(unchanged):
+    buffer = ReplayBuffer(8, ENV)
+    with unchanged(buffer):
+        with pytest.raises(TypeError, match="rew"):
+            buffer.add(obs=np.zeros(3), act=1, rew=1j, done=0)
+
+
+# -- reading slots --------------------------------------------------------------------------------
+@BOTH
+def test_read_returns_the_transitions_in_the_slots_given(cls):
+    buffer = cls(4, {"a": {}})
+    buffer.add(a=np.arange(6, dtype=np.float32))  # slots 0, 1 hold 4, 5
+    np.testing.assert_array_equal(buffer.read([1, 0, 3])["a"], [5, 4, 3])
+
+
+@BOTH
+def test_read_refuses_a_slot_that_holds_no_transition(cls):
+    buffer = cls(4, {"a": {}})
+    buffer.add(a=1.0)
+    with pytest.raises(ValueError, match="slot 2"):
+        buffer.read([0, 2])
+
+
+@pytest.mark.parametrize("index", [-1, 4])
+def test_read_refuses_a_slot_outside_the_buffer(index):
+    buffer = ReplayBuffer(4, {"a": {}})
+    buffer.add(a=np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="indexes"):
+        buffer.read([index])
+
+
+def test_all_transitions_can_say_their_slots():
+    buffer = ReplayBuffer(4, {"a": {}})
+    buffer.add(a=np.arange(6, dtype=np.float32))
+    rows = buffer.get_all_transitions(indexes=True)
+    np.testing.assert_array_equal(rows["indexes"], [2, 3, 0, 1])
+    np.testing.assert_array_equal(rows["a"], [2, 3, 4, 5])

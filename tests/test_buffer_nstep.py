@@ -1,6 +1,7 @@
 """Buffers that fold n steps themselves (``nstep=``, cpprb's ``Nstep=``)."""
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 
 import numpy as np
@@ -74,10 +75,74 @@ def test_clear_also_drops_pending_steps():
     assert buffer.get_stored_size() == 0
 
 
-def test_given_priorities_are_refused_when_the_buffer_folds():
-    buffer = PrioritizedReplayBuffer(16, ENV, nstep={"size": 3})
-    with pytest.raises(TypeError, match="priorities"):
-        buffer.add(priorities=[1.0], **_episode(1)[0])
+def _stored_priorities(buffer) -> np.ndarray:
+    """Raw priorities of the stored rows, oldest first, as a saved file holds them."""
+    f = io.BytesIO()
+    buffer.save_transitions(f, priorities=True)
+    f.seek(0)
+    return np.load(f, allow_pickle=False)["priorities"]
+
+
+def test_a_folded_row_keeps_the_priority_given_with_its_first_step():
+    buffer = PrioritizedReplayBuffer(16, ENV, nstep={"size": 3, "gamma": 0.9})
+    for t, step in enumerate(_episode(5)):
+        buffer.add(priorities=float(t + 1), **step)
+    np.testing.assert_array_equal(buffer.get_all_transitions()["act"], [0, 1, 2, 3, 4])
+    np.testing.assert_array_equal(_stored_priorities(buffer), [1, 2, 3, 4, 5])
+
+
+def test_a_folded_row_without_priority_gets_the_largest_stored_when_it_is_stored():
+    buffer = PrioritizedReplayBuffer(16, ENV, nstep={"size": 2, "gamma": 0.9})
+    steps = _episode(4)
+    buffer.add(priorities=3.0, **steps[0])
+    buffer.add(**steps[1])
+    buffer.add(priorities=0.5, **steps[2])
+    buffer.add(priorities=0.25, **steps[3])
+    np.testing.assert_array_equal(_stored_priorities(buffer), [3, 3, 0.5, 0.25])
+
+
+def test_a_bad_priority_leaves_the_folders_as_they_were(unchanged):
+    buffer = PrioritizedReplayBuffer(16, ENV, nstep={"size": 2, "gamma": 0.9})
+    steps = _episode(3)
+    buffer.add(**steps[0])
+    with unchanged(buffer):
+        with pytest.raises(ValueError, match="priorities"):
+            buffer.add(priorities=-1.0, **steps[1])
+        with pytest.raises(ValueError, match="priorities"):
+            buffer.add(priorities=[1.0, 2.0], **steps[1])
+    buffer.add(**steps[1])
+    buffer.add(**steps[2])
+    np.testing.assert_array_equal(buffer.get_all_transitions()["act"], [0, 1, 2])
+
+
+def test_consecutive_steps_in_one_add_fold_as_single_adds():
+    steps = _episode(6)
+    one_by_one = ReplayBuffer(16, ENV, nstep={"size": 3, "gamma": 0.9})
+    _play(one_by_one, steps)
+    batched = ReplayBuffer(16, ENV, nstep={"size": 3, "gamma": 0.9})
+    batched.add(**{name: np.stack([np.asarray(s[name]) for s in steps]) for name in ENV})
+    got, want = batched.get_all_transitions(), one_by_one.get_all_transitions()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_cpprbs_nstep_names_may_be_lists():
+    env = {**ENV, "rew2": {}}
+    buffer = ReplayBuffer(16, env, Nstep={"size": 2, "gamma": 0.5, "rew": ["rew", "rew2"], "next": ["next_obs"]})
+    for step in _episode(3):
+        buffer.add(rew2=2 * step["rew"], **step)
+    stored = buffer.get_all_transitions()
+    np.testing.assert_allclose(stored["rew"], [1 + 0.5 * 2, 2 + 0.5 * 3, 3])
+    np.testing.assert_allclose(stored["rew2"], [2 + 0.5 * 4, 4 + 0.5 * 6, 6])
+
+
+def test_without_a_reward_field_only_the_flags_and_next_observations_move():
+    buffer = ReplayBuffer(16, {"obs": {}, "next_obs": {}, "done": {}}, nstep={"size": 2})
+    for t in range(3):
+        buffer.add(obs=t, next_obs=t + 1, done=float(t == 2))
+    stored = buffer.get_all_transitions()
+    np.testing.assert_array_equal(stored["next_obs"], [2, 3, 3])
+    np.testing.assert_array_equal(stored["done"], [0, 1, 1])
 
 
 @pytest.mark.parametrize("options, error", [

@@ -202,3 +202,15 @@ def test_a_tensor_is_a_tensor_and_an_array_is_not():
     torch = pytest.importorskip("torch")
     assert checks.is_tensor(torch.zeros(2))
     assert not checks.is_tensor(np.zeros(2))
+
+
+@pytest.mark.parametrize("value", [8, 8.0, 1e3, np.float32(8), np.int64(8)])
+def test_capacity_takes_integers_and_integral_floats(value):
+    assert checks.capacity("size", value) == int(value)
+    assert type(checks.capacity("size", value)) is int
+
+
+@pytest.mark.parametrize("value", [8.5, math.inf, math.nan, 0, 0.0, True, "8", None])
+def test_capacity_refuses_anything_else_naming_the_argument(value):
+    with pytest.raises(ValueError, match="size: expected an integer >= 1"):
+        checks.capacity("size", value)

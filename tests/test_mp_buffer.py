@@ -405,6 +405,7 @@ def _call_every_method(buffer) -> dict[str, Any]:
         "clear": buffer.clear,
         "on_episode_end": buffer.on_episode_end,
         "stats": buffer.stats,
+        "read": lambda: buffer.read([0]),
     }
 
 

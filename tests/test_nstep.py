@@ -402,3 +402,45 @@ def test_the_constructor_rejects_bad_arguments(case):
 def test_the_constructor_rejects_a_discount_that_is_not_a_float_scalar():
     with pytest.raises(ValueError, match="'discount'"):
         NstepBuffer({**_env_dict(), "discount": {"shape": 2}}, 3, GAMMA)
+
+
+def test_consecutive_steps_in_one_add_emit_what_single_adds_emit():
+    steps = [_step(i, done=(i == 4)) for i in range(7)]
+    single = _folder()
+    want = _concat([single.add(**s) for s in steps])
+    got = _folder().add(**{k: np.array([s[k] for s in steps]) for k in steps[0]})
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_check_counts_the_steps_of_a_call_without_taking_them():
+    folder = _folder()
+    assert folder.check(**{k: np.array([v, v]) for k, v in _step(0).items()}) == 2
+    assert folder.get_pending_count() == 0
+
+
+def test_check_refuses_what_add_refuses():
+    folder = _folder(num_envs=2)
+    with pytest.raises(ValueError, match="num_envs"):
+        folder.check(**{k: np.array([v] * 3) for k, v in _step(0).items()})
+
+
+def test_several_reward_fields_fold_alike():
+    env_dict = {**_env_dict(), "bonus": {"dtype": np.float64}}
+    folder = NstepBuffer(env_dict, 2, GAMMA, rew=["rew", "bonus"])
+    folder.add(**_step(0, rew=1.0), bonus=10.0)
+    out = folder.add(**_step(1, rew=2.0), bonus=20.0)
+    np.testing.assert_allclose(out["rew"], [1 + GAMMA * 2])
+    np.testing.assert_allclose(out["bonus"], [10 + GAMMA * 20])
+
+
+def test_without_reward_fields_nothing_is_folded():
+    folder = NstepBuffer(_env_dict(), 2, GAMMA, rew=None)
+    folder.add(**_step(0, rew=1.0))
+    np.testing.assert_allclose(folder.add(**_step(1, rew=2.0))["rew"], [1.0])
+
+
+@pytest.mark.parametrize("rew", [3, ["rew", 3], {"rew": 1}], ids=["number", "list-with-number", "mapping"])
+def test_reward_names_that_are_no_names_are_refused(rew):
+    with pytest.raises(TypeError, match="rew"):
+        NstepBuffer(_env_dict(), 2, GAMMA, rew=rew)

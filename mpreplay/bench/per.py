@@ -6,6 +6,9 @@ Every frame adds one transition and, once more than 32 are stored, samples
 against every contender:
 
 * ``mpreplay`` -- :class:`mpreplay.PrioritizedReplayBuffer`;
+* ``compat`` -- with ``--api compat``: ``mpreplay.compat.cpprb.PrioritizedReplayBuffer``,
+  cpprb's API over the same buffer, fed the same transitions (what it costs over
+  the native API);
 * ``numpy`` -- the textbook buffer that samples with ``choice(p=...)``,
   O(N) per sample, so it only runs up to a capacity;
 * ``cpprb`` -- cpprb's PrioritizedReplayBuffer, when cpprb is installed;
@@ -127,6 +130,13 @@ def _make_mpreplay(size: int, seed: int) -> mpreplay.PrioritizedReplayBuffer:
     return mpreplay.PrioritizedReplayBuffer(size, _env_dict(None), alpha=ALPHA, eps=EPS, seed=seed)
 
 
+def _make_compat(size: int, seed: int) -> Any:
+    from mpreplay.compat import cpprb
+
+    # cpprb's constructor takes no seed, and neither does its compat layer.
+    return cpprb.PrioritizedReplayBuffer(size, _env_dict((1,)), alpha=ALPHA, eps=EPS)
+
+
 def _make_cpprb(size: int, seed: int) -> Any:
     import cpprb
 
@@ -153,9 +163,11 @@ class _Contender:
     max_capacity: int | None = None
 
 
-def _contenders() -> list[_Contender]:
-    found = [_Contender("mpreplay", _make_mpreplay),
-             _Contender("numpy", _NumpyPER, max_capacity=_NAIVE_MAX_CAPACITY)]
+def _contenders(api: str = "native") -> list[_Contender]:
+    found = [_Contender("mpreplay", _make_mpreplay)]
+    if api == "compat":
+        found.append(_Contender("compat", _make_compat))
+    found.append(_Contender("numpy", _NumpyPER, max_capacity=_NAIVE_MAX_CAPACITY))
     if importlib.util.find_spec("cpprb") is not None:
         found.append(_Contender("cpprb", _make_cpprb, _as_cpprb))
     found.append(_Contender("floor", _Floor))
@@ -223,7 +235,8 @@ def _measure(contenders: Sequence[_Contender], capacity: int, frames: int, repea
 
 
 # -- output -------------------------------------------------------------------
-_COLUMNS = ("buffer", "capacity", "frames", "repeats", "median CPU s", "µs/frame", "÷ floor", "÷ mpreplay")
+_COLUMNS = ("buffer", "capacity", "frames", "repeats", "median CPU s", "µs/frame", "÷ floor", "÷ mpreplay",
+            "÷ compat")
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -234,7 +247,7 @@ def _cells(row: _Row) -> list[list[str]]:
     out = []
     for name, s in row.seconds.items():
         timing = [_SKIPPED, ""] if s is None else [f"{s:.3f}", f"{s / row.frames * 1e6:.2f}"]
-        ratios = [_ratio(s, row.seconds.get("floor")), _ratio(s, row.seconds.get("mpreplay"))]
+        ratios = [_ratio(s, row.seconds.get(base)) for base in ("floor", "mpreplay", "compat")]
         out.append([name, f"{row.capacity:,}", f"{row.frames:,}", str(row.repeats), *timing, *ratios])
     return out
 
@@ -281,6 +294,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
                         help=f"smoke run: capacities {' '.join(f'{s:.0e}' for s in _QUICK_SIZES)}, 1 repeat")
     parser.add_argument("--plot", metavar="FILE.png", help="draw time vs frames (log-log; needs matplotlib)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data, the noise and the buffers")
+    parser.add_argument("--api", choices=("native", "compat"), default="native",
+                        help="compat: also run mpreplay.compat.cpprb's PrioritizedReplayBuffer, cpprb's API "
+                             "over mpreplay (default: native only)")
     return parser.parse_args(list(argv))
 
 
@@ -288,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and print the table; returns the exit status."""
     args = _parse(sys.argv[1:] if argv is None else argv)
     sizes = args.sizes or (_QUICK_SIZES if args.quick else _DEFAULT_SIZES)
-    contenders = _contenders()
+    contenders = _contenders(args.api)
     rows = []
     for capacity in sizes:
         for frames in (capacity, 2 * capacity):

@@ -1,0 +1,573 @@
+"""cpprb's replay buffer classes, each a thin layer over one mpreplay buffer.
+
+What the layer does, and nothing more:
+
+* **shapes** -- cpprb's shape-1 fields are stored as scalars and come back as
+  ``(n, 1)``; ``add`` takes values in any layout cpprb reshapes
+  (:class:`~mpreplay.compat.cpprb.fields.Fields`);
+* **add** -- keys of no field are ignored and a missing field raises KeyError;
+* **priorities** -- new transitions get the largest priority ever set (cpprb's
+  running maximum, which starts at 1.0 and only grows), ``weights`` are float32
+  and ``indexes`` uint64; a single priority is applied to every index;
+* **n-step** -- ``Nstep=`` folds with cpprb's timing
+  (:class:`~mpreplay.compat.cpprb.nstep.NstepBuffer`), priorities alongside;
+* **files** -- ``save_transitions`` writes mpreplay's file format, and
+  ``load_transitions`` also reads the files cpprb writes, without unpickling.
+
+Underneath, every call is mpreplay's: whole rows only, stale priority updates
+dropped, bad input refused with the buffer left as it was.  Where cpprb has a
+plain bug (NaN or negative priorities, sampling an empty buffer, unpickling
+files), mpreplay's refusal stands.
+"""
+from __future__ import annotations
+
+import multiprocessing.context
+import os
+from collections.abc import Mapping
+from multiprocessing import util
+from multiprocessing.managers import SyncManager
+from typing import Any
+
+import numpy as np
+
+from ... import buffer as native
+from ... import checks, fileformat
+from ..cpprb_files import read_cpprb_file
+from .fields import Fields, option_names
+from .nstep import NstepBuffer
+
+__all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer",
+           "ReverseReplayBuffer", "create_buffer"]
+
+_BACKENDS = ("sharedctypes", "SharedMemory")
+_DEFAULT_MAX_PRIORITY = 1.0  # cpprb's running maximum before any priority is set
+_FLOAT32, _INT64, _UINT64 = np.dtype(np.float32), np.dtype(np.int64), np.dtype(np.uint64)
+
+
+def _refuse_options(cls: str, options: Mapping[str, Any]) -> None:
+    # cpprb swallows unknown keyword arguments, so a misspelt option does nothing.
+    if options:
+        raise TypeError(f"{cls}: unknown options {sorted(options)}")
+
+
+def _indexes(indexes: Any) -> Any:
+    """cpprb's indexes (any integer dtype, uint64 as sampled, or integral floats) for
+    mpreplay's checks, which take integers."""
+    if isinstance(indexes, np.ndarray):
+        if indexes.dtype == _UINT64:
+            return indexes.view(_INT64)  # slots < 2**63; anything larger turns negative and is refused
+        if indexes.dtype.kind == "f":
+            whole = np.floor(indexes)
+            if not np.array_equal(whole, indexes):
+                raise ValueError(f"indexes: expected integers, got the fractional {indexes[whole != indexes][0]!r}")
+            return indexes.astype(np.int64)
+    return indexes
+
+
+def _priorities(priorities: Any) -> float | np.ndarray:
+    """cpprb's priorities: one number, or any array of them (flattened)."""
+    try:
+        arr = np.asarray(priorities, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"priorities: expected numbers, got {type(priorities).__name__}") from None
+    return float(arr) if arr.ndim == 0 else arr.reshape(-1)
+
+
+def _check_context(ctx: Any) -> None:
+    """cpprb's ``ctx``: None, a multiprocessing context or a SyncManager.  mpreplay's shared
+    memory needs none of them; a manager that has shut down is refused as cpprb refuses it."""
+    if ctx is None or isinstance(ctx, multiprocessing.context.BaseContext):
+        return
+    if isinstance(ctx, SyncManager):
+        finalizer = getattr(ctx, "shutdown", None)  # a Finalize set by start(), run by shutdown()
+        if isinstance(finalizer, util.Finalize) and not finalizer.still_active():
+            raise multiprocessing.ProcessError("ctx: the SyncManager has shut down")
+        return
+    raise TypeError(f"ctx: expected None, a multiprocessing context or a SyncManager, got {type(ctx).__name__}")
+
+
+def _rewind(file: Any) -> None:
+    if not isinstance(file, (str, bytes, os.PathLike)):
+        file.seek(0)
+
+
+class _Buffer:
+    """What every cpprb buffer class shares: one mpreplay buffer and cpprb's shapes."""
+
+    _fields: Fields
+    _native: native.ReplayBuffer
+    _nstep: NstepBuffer | None = None
+
+    def _bind(self, fields: Fields, buffer: native.ReplayBuffer) -> None:
+        self._fields = fields
+        self._native = buffer
+        self._columns = fields.columns
+        self._bind_calls()
+
+    def _bind_calls(self) -> None:
+        # Bound once: these run on every call.  (Not pickled: see MPReplayBuffer.__getstate__.)
+        self._native_add_values = self._native.add
+        self._native_sample = self._native.sample
+
+    # -- adding ---------------------------------------------------------------
+    def add(self, **kwargs: Any) -> int | None:
+        """Add one transition, or several with a leading dimension; returns the index of the
+        first, or None when an n-step buffer completed none.  Keys of no field are ignored;
+        a missing field raises KeyError."""
+        if self._nstep is None:
+            try:
+                return self._native_add_values(**kwargs)  # what mpreplay takes as it is, at its speed
+            except (TypeError, ValueError):
+                pass  # nothing was stored: convert as cpprb does, then mpreplay says what is wrong
+        values = self._fields.pick(kwargs)
+        if self._nstep is not None:
+            values = self._nstep.fold(values)
+            if values is None:
+                return None
+        return self._store(values, None)
+
+    def _store(self, values: dict[str, Any], priorities: Any) -> int:
+        """Store one value per field, laid out as cpprb lays values out."""
+        return self._native_add(self._fields.reshaped_all(values), priorities)
+
+    def _native_add(self, values: dict[str, Any], priorities: Any) -> int:
+        return self._native_add_values(**values)
+
+    # -- reading --------------------------------------------------------------
+    def sample(self, batch_size: int) -> dict[str, np.ndarray]:
+        """Draw ``batch_size`` transitions uniformly, with replacement."""
+        batch = self._native_sample(batch_size)
+        del batch["indexes"]  # cpprb's uniform sample has none
+        for name in self._columns:
+            batch[name] = batch[name][:, None]
+        return batch
+
+    def get_all_transitions(self, shuffle: bool = False) -> dict[str, np.ndarray]:
+        """Every stored transition in index order (as cpprb: not oldest first once the
+        buffer has wrapped), or in a random order (numpy's global generator, as cpprb)
+        with ``shuffle``."""
+        if checks.flag("shuffle", shuffle):
+            rows = self._native.get_all_transitions()
+            order = np.random.permutation(len(next(iter(rows.values()))))
+            rows = {name: r[order] for name, r in rows.items()}
+        else:
+            rows = self._rows_by_index()
+        return self._fields.out(rows)
+
+    def _rows_by_index(self) -> dict[str, np.ndarray]:
+        """Every stored transition in index order, in mpreplay's shapes."""
+        rows = self._native.get_all_transitions(indexes=True)
+        order = np.argsort(rows.pop("indexes"), kind="stable")
+        return {name: r[order] for name, r in rows.items()}
+
+    def _encode_sample(self, idx: Any) -> dict[str, np.ndarray]:
+        """The transitions at indexes ``idx`` (cpprb's name); each must hold one."""
+        return self._fields.out(self._native.read(np.array(idx, ndmin=1)))
+
+    # -- state ----------------------------------------------------------------
+    def get_buffer_size(self) -> int:
+        """Capacity in transitions."""
+        return self._native.get_buffer_size()
+
+    def get_stored_size(self) -> int:
+        """Number of transitions stored."""
+        return self._native.get_stored_size()
+
+    def get_next_index(self) -> int:
+        """Index the next transition goes to."""
+        return self._native.get_next_index()
+
+    def is_Nstep(self) -> bool:
+        """Whether this buffer folds n steps."""
+        return self._nstep is not None
+
+    def clear(self) -> None:
+        """Forget every transition (and pending n-step steps)."""
+        self._native.clear()
+        if self._nstep is not None:
+            self._nstep.clear()
+
+    def on_episode_end(self) -> None:
+        """End the episode: an n-step buffer stores its pending rows."""
+        if self._nstep is not None:
+            rows = self._nstep.flush()
+            if len(rows["done"]):
+                self._store(rows, None)
+
+    # -- files ----------------------------------------------------------------
+    def save_transitions(self, file: Any, *, safe: bool = True) -> None:
+        """Write every stored transition, in index order as cpprb writes them, to ``file`` in
+        mpreplay's file format (plain numeric arrays; :mod:`mpreplay.fileformat`).  ``safe``
+        is recorded; the layout is always the plain one."""
+        fileformat.write_transitions(file, self._rows_by_index(), self._fields.specs,
+                                     nstep=self._file_nstep(), safe=safe)
+
+    def load_transitions(self, file: Any) -> None:
+        """Add the transitions of ``file``: one written by :meth:`save_transitions` (or by an
+        mpreplay buffer with the same fields), or one written by cpprb's ``save_transitions``,
+        read without unpickling anything.  Raises ValueError, storing nothing, for a file of
+        other fields or n-step settings, or anything else."""
+        try:
+            fileformat.read_metadata(file)
+        except fileformat.TransitionFileError as own:
+            _rewind(file)
+            try:
+                theirs = read_cpprb_file(file)
+            except ValueError as error:
+                raise ValueError(f"load_transitions: neither a transitions file of mpreplay ({own}) "
+                                 f"nor one of cpprb ({error})") from None
+            if theirs.nstep != self.is_Nstep():
+                raise ValueError(f"load_transitions: the file's rows were {'' if theirs.nstep else 'not '}folded "
+                                 f"over n steps, this buffer's are {'' if self.is_Nstep() else 'not'}")
+            try:
+                k, rows = self._fields.rows(self._fields.pick(theirs.transitions))
+            except KeyError as missing:
+                raise ValueError(f"load_transitions: the file lacks a field: {missing}") from None
+        else:
+            _rewind(file)
+            rows, _ = fileformat.read_transitions(file, self._fields.specs, nstep=self._file_nstep())
+            k = len(next(iter(rows.values())))
+        if k:
+            self._store(rows, None)
+
+    def _file_nstep(self) -> tuple[int, float] | None:
+        """``(n, gamma)`` of the rows stored, as a transitions file records them."""
+        return None if self._nstep is None else (self._nstep.get_Nstep_size(), self._nstep.gamma)
+
+    # -- lifetime -------------------------------------------------------------
+    def close(self) -> None:
+        """Release the memory (mpreplay's addition: cpprb buffers live until collected)."""
+        self._native.close()
+
+    def __enter__(self) -> "_Buffer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ReplayBuffer(_Buffer):
+    """cpprb's ``ReplayBuffer``: uniform experience replay.
+
+    Parameters
+    ----------
+    size : int
+        Capacity (``1e6`` is accepted).
+    env_dict : dict of dict
+        cpprb field specs; never changed.
+    next_of : str or list of str, optional
+        Adds ``next_<key>`` fields.  They are stored as given (no memory is saved; the native
+        buffers' ``next_of`` saves it).
+    stack_compress : str or list of str, optional
+        Accepted; stacks are stored as given (the native ``stack_compress`` saves memory).
+    default_dtype : numpy dtype, optional
+        dtype of fields that name none (float32).
+    Nstep : dict, optional
+        ``{"size": n, "gamma": g, "rew": names, "next": names}``: fold n steps as cpprb does.
+    mmap_prefix : None
+        cpprb's disk-mapped buffers are not provided: anything but None is refused.
+    """
+
+    def __init__(self, size: Any, env_dict: Mapping[str, Mapping[str, Any]] | None = None, *,
+                 next_of: Any = None, stack_compress: Any = None, default_dtype: Any = None,
+                 Nstep: Mapping[str, Any] | None = None, mmap_prefix: str | None = None, **kwargs: Any):
+        _refuse_options(type(self).__name__, self._own_options(kwargs))
+        if mmap_prefix is not None:
+            raise ValueError("mmap_prefix: buffers mapped to files are not provided; mpreplay keeps "
+                             "transitions in memory (pass mmap_prefix=None)")
+        fields = Fields.parse(env_dict, default_dtype, next_of)
+        for key in option_names("stack_compress", stack_compress):
+            if key not in fields.specs:
+                raise ValueError(f"stack_compress: {key!r} is not a field of env_dict (fields {list(fields.specs)})")
+        if Nstep is not None:
+            self._nstep = NstepBuffer(env_dict, Nstep, default_dtype=default_dtype, next_of=next_of)
+        self._bind(fields, self._make(checks.capacity("size", size), fields, kwargs))
+        self._episode_start = 0
+
+    def _own_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The keyword arguments no class in the hierarchy takes."""
+        return kwargs
+
+    def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.ReplayBuffer:
+        return native.ReplayBuffer(size, fields.env_dict())
+
+    def _inserted(self) -> int:
+        return int(self._native.stats()["inserts"])
+
+    def get_current_episode_len(self) -> int:
+        """Transitions stored since the episode began."""
+        return self._inserted() - self._episode_start
+
+    def on_episode_end(self) -> None:
+        """End the episode: store pending n-step rows and start counting a new episode."""
+        super().on_episode_end()
+        self._episode_start = self._inserted()
+
+    def clear(self) -> None:
+        """Forget every transition (and pending n-step steps)."""
+        super().clear()
+        self._episode_start = self._inserted()
+
+
+class _Prioritized:
+    """cpprb's prioritized replay on top of an mpreplay prioritized buffer."""
+
+    _native: native.PrioritizedReplayBuffer
+    _fields: Fields
+    _nstep: NstepBuffer | None
+
+    def _init_priorities(self, size: int, check_for_update: bool) -> None:
+        self._running_max = _DEFAULT_MAX_PRIORITY
+        # Which slots this process sampled: updates of others are dropped (cpprb's
+        # check_for_update, and always for shared buffers).  Per process: see __getstate__.
+        self._check_for_update = checks.flag("check_for_update", check_for_update)
+        self._sampled = np.zeros(size, dtype=bool) if self._check_for_update else None
+        self._sampled_pid = os.getpid()
+        if self._nstep is not None:
+            self._priority_nstep = NstepBuffer({"priority": {"dtype": np.float64},
+                                                "done": self._fields.env_dict()["done"]},
+                                               {"size": self._nstep.get_Nstep_size()})
+
+    def _bind_calls(self) -> None:
+        super()._bind_calls()
+        self._native_update = self._native.update_priorities
+        self._native_max = self._native.get_max_priority
+
+    def add(self, *, priorities: Any = None, **kwargs: Any) -> int | None:
+        """Add transitions with ``priorities`` (one per transition, or one for all), or the
+        largest priority ever set.  See ``ReplayBuffer.add``."""
+        if priorities is not None and type(priorities) is not float:
+            priorities = _priorities(priorities)
+        if self._nstep is not None:
+            return self._add_folded(self._fields.pick(kwargs), priorities)
+        p = self._new_priority() if priorities is None else priorities
+        try:
+            first = self._native_add_values(priorities=p, **kwargs)  # mpreplay's fast path
+        except (TypeError, ValueError):
+            # Nothing was stored: convert as cpprb does, then mpreplay says what is wrong.
+            first = self._store(self._fields.pick(kwargs), p)
+        if priorities is not None:
+            self._note_max()
+        return first
+
+    def _add_folded(self, values: dict[str, Any], priorities: Any) -> int | None:
+        k = np.size(values["done"])  # one flag per step
+        p = np.full(k, self._new_priority()) if priorities is None else priorities
+        # Both folders take their steps only once everything is known to be good.
+        p = checks.priorities("priorities", p, k, max_priority=self._native.max_priority)
+        rows = self._nstep.fold(values)
+        folded = self._priority_nstep.fold({"priority": p, "done": values["done"]})
+        if rows is None:
+            return None
+        first = self._store(rows, folded["priority"])
+        self._note_max()
+        return first
+
+    def on_episode_end(self) -> None:
+        """End the episode: an n-step buffer stores its pending rows with their priorities."""
+        if self._nstep is not None:
+            rows, priorities = self._nstep.flush(), self._priority_nstep.flush()["priority"]
+            if len(priorities):
+                self._store(rows, priorities)
+                self._note_max()
+        self._episode_ended()
+
+    def _episode_ended(self) -> None:
+        """What the uniform class does at an episode end besides n-step rows."""
+
+    def _native_add(self, values: dict[str, Any], priorities: Any) -> int:
+        return self._native_add_values(priorities=self._new_priority() if priorities is None else priorities,
+                                       **values)
+
+    def _new_priority(self) -> float:
+        return self._running_max
+
+    def _note_max(self) -> None:
+        # Every priority just set is stored now, so the largest stored bounds them all.
+        stored = self._native_max()
+        if stored > self._running_max:
+            self._running_max = stored
+
+    def sample(self, batch_size: int, beta: float = 0.4) -> dict[str, np.ndarray]:
+        """Draw ``batch_size`` transitions in proportion to their priority, with ``weights``
+        (float32) and ``indexes`` (uint64)."""
+        batch = self._native_sample(batch_size, beta)
+        batch["weights"] = batch["weights"].astype(_FLOAT32)
+        idx = batch["indexes"]
+        if self._sampled is not None:
+            self._own_sampled()[idx] = True
+        batch["indexes"] = idx.view(_UINT64)
+        for name in self._columns:
+            batch[name] = batch[name][:, None]
+        return batch
+
+    def _own_sampled(self) -> np.ndarray:
+        if self._sampled_pid != os.getpid():  # a forked child has sampled nothing yet
+            self._sampled, self._sampled_pid = np.zeros_like(self._sampled), os.getpid()
+        return self._sampled
+
+    def update_priorities(self, indexes: Any, priorities: Any) -> None:
+        """Set the priorities of sampled transitions; one number sets them all.
+
+        Updates of slots overwritten since they were sampled are dropped (always), and of
+        slots this process has not sampled (with ``check_for_update``, and for shared buffers).
+        """
+        if type(indexes) is np.ndarray and indexes.dtype is _UINT64 and type(priorities) is np.ndarray \
+                and self._sampled is None:
+            # What sample() returned, as the learner hands it back: straight through.
+            self._native_update(indexes.view(_INT64), priorities)
+            stored = self._native_max()  # _note_max, inlined: this runs at every learner step
+            if stored > self._running_max:
+                self._running_max = stored
+            return
+        if priorities is None:
+            raise TypeError("priorities: expected numbers, got None")
+        idx = checks.indexes("indexes", _indexes(indexes))
+        if not isinstance(priorities, np.ndarray) and np.ndim(priorities) == 0:
+            priorities = np.full(len(idx), _priorities(priorities))
+        if self._sampled is not None:
+            priorities = checks.priorities("priorities", np.ravel(priorities), len(idx), max_priority=None)
+            seen = self._own_sampled()
+            inside = (idx >= 0) & (idx < len(seen))
+            # Slots outside the buffer are kept so that mpreplay refuses them by name.
+            keep = ~inside | seen[np.where(inside, idx, 0)]
+            idx, priorities = idx[keep], priorities[keep]
+        self._native.update_priorities(idx, priorities)
+        self._note_max()
+
+    def get_max_priority(self) -> float:
+        """The largest priority ever set (1.0 before any), which new transitions get."""
+        self._note_max()
+        return self._running_max
+
+    def clear(self) -> None:
+        """Forget every transition, and the priorities ever set."""
+        super().clear()
+        self._running_max = _DEFAULT_MAX_PRIORITY
+        if self._sampled is not None:
+            self._sampled[:] = False
+        if self._nstep is not None:
+            self._priority_nstep.clear()
+
+
+class PrioritizedReplayBuffer(_Prioritized, ReplayBuffer):
+    """cpprb's ``PrioritizedReplayBuffer``: proportional prioritized replay.
+
+    ``alpha``, ``eps`` and ``check_for_update`` as in cpprb; every other option as
+    for :class:`ReplayBuffer`.
+    """
+
+    def __init__(self, size: Any, env_dict: Mapping[str, Mapping[str, Any]] | None = None, *,
+                 alpha: float = 0.6, Nstep: Mapping[str, Any] | None = None, eps: float = 1e-4,
+                 check_for_update: bool = False, **kwargs: Any):
+        super().__init__(size, env_dict, Nstep=Nstep, alpha=alpha, eps=eps, **kwargs)
+        self._init_priorities(self.get_buffer_size(), check_for_update)
+
+    def _own_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in kwargs.items() if k not in ("alpha", "eps")}
+
+    def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.PrioritizedReplayBuffer:
+        return native.PrioritizedReplayBuffer(size, fields.env_dict(), alpha=options["alpha"], eps=options["eps"])
+
+    def _episode_ended(self) -> None:
+        self._episode_start = self._inserted()
+
+
+class MPReplayBuffer(_Buffer):
+    """cpprb's ``MPReplayBuffer``: uniform replay shared by processes (mpreplay's shared memory).
+
+    ``ctx`` (a multiprocessing context or a SyncManager) and ``backend``
+    (``"sharedctypes"`` or ``"SharedMemory"``) are checked as cpprb checks them and
+    otherwise unused: the buffer lives in one shared-memory segment whatever they are.
+    It pickles to a small handle, so it can be passed to processes of any start method.
+    """
+
+    def __init__(self, size: Any, env_dict: Mapping[str, Mapping[str, Any]] | None = None, *,
+                 default_dtype: Any = None, logger: Any = None, ctx: Any = None,
+                 backend: str = "sharedctypes", **kwargs: Any):
+        _refuse_options(type(self).__name__, self._own_options(kwargs))
+        _check_context(ctx)
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend: expected one of {list(_BACKENDS)}, got {backend!r}")
+        fields = Fields.parse(env_dict, default_dtype)
+        self._bind(fields, self._make(checks.capacity("size", size), fields, kwargs))
+
+    def _own_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return kwargs
+
+    def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.ReplayBuffer:
+        return native.MPReplayBuffer(size, fields.env_dict())
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The mpreplay buffer travels as its small handle; what this process bound and
+        # sampled stays here.
+        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_native_")}
+        if state.get("_sampled") is not None:
+            state["_sampled"] = np.zeros(0, dtype=bool)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._bind_calls()
+        if self.__dict__.get("_sampled") is not None:
+            self._sampled = np.zeros(self.get_buffer_size(), dtype=bool)
+            self._sampled_pid = os.getpid()
+
+
+class MPPrioritizedReplayBuffer(_Prioritized, MPReplayBuffer):
+    """cpprb's ``MPPrioritizedReplayBuffer``: prioritized replay shared by processes.
+
+    As in cpprb, a priority update is dropped unless this process sampled the slot and it
+    was not overwritten since.  New transitions get the largest priority this process has
+    set or seen stored (cpprb shares its running maximum between processes).
+    """
+
+    def __init__(self, size: Any, env_dict: Mapping[str, Mapping[str, Any]] | None = None, *,
+                 alpha: float = 0.6, eps: float = 1e-4, ctx: Any = None, **kwargs: Any):
+        super().__init__(size, env_dict, ctx=ctx, alpha=alpha, eps=eps, **kwargs)
+        self._init_priorities(self.get_buffer_size(), True)
+
+    def _own_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in kwargs.items() if k not in ("alpha", "eps")}
+
+    def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.MPPrioritizedReplayBuffer:
+        return native.MPPrioritizedReplayBuffer(size, fields.env_dict(), alpha=options["alpha"], eps=options["eps"])
+
+    def _new_priority(self) -> float:
+        self._note_max()  # other processes set priorities too
+        return self._running_max
+
+
+class ReverseReplayBuffer(ReplayBuffer):
+    """cpprb's ``ReverseReplayBuffer``: Reverse Experience Replay (Rotinov 2019).
+
+    Each ``sample`` takes ``batch_size`` transitions ``stride`` apart, going back from a
+    start that moves back by one transition per call and returns to the newest once it
+    lags ``2 * stride`` behind it.
+    """
+
+    def __init__(self, size: Any, env_dict: Mapping[str, Mapping[str, Any]] | None = None, *,
+                 stride: int = 300, **kwargs: Any):
+        super().__init__(size, env_dict, **kwargs)
+        self._stride = checks.integer("stride", stride, low=1)
+        self._start = 0
+
+    def sample(self, batch_size: int) -> dict[str, np.ndarray]:
+        """The next ``batch_size`` transitions of the reverse sweep."""
+        batch_size = checks.integer("batch_size", batch_size, low=1)
+        stored, newest_end = self.get_stored_size(), self.get_next_index()
+        if stored == 0:
+            raise ValueError("sample: the buffer holds no transition yet")
+        lag = newest_end - self._start + (stored if newest_end <= self._start else 0)
+        if lag >= 2 * self._stride:
+            self._start = (newest_end or stored) - 1
+        else:
+            self._start = (self._start or stored) - 1
+        return self._encode_sample((self._start - self._stride * np.arange(batch_size)) % stored)
+
+
+def create_buffer(size: Any, env_dict: Mapping[str, Mapping[str, Any]] | None = None, *,
+                  prioritized: bool = False, **kwargs: Any) -> ReplayBuffer:
+    """A :class:`ReplayBuffer`, or a :class:`PrioritizedReplayBuffer` with ``prioritized``."""
+    cls = PrioritizedReplayBuffer if checks.flag("prioritized", prioritized) else ReplayBuffer
+    return cls(size, env_dict, **kwargs)
