@@ -15,8 +15,9 @@ buffer would return.  A transition stays unsampleable (WAITING) until the
 frame of its next observation is stored, and is retired as soon as a frame
 it reads is overwritten.
 
-Each writer process keeps its own :class:`FrameWriter` and fills its own
-lane, so consecutive steps of an episode sit in consecutive slots.
+Each writer -- a process's buffer object, or one of its episode writers
+(``ReplayBuffer.episode_writer``) -- keeps its own :class:`FrameWriter` and
+fills its own lane, so consecutive steps of an episode sit in consecutive slots.
 """
 from __future__ import annotations
 

@@ -423,9 +423,13 @@ class VectorWriter:
     def add(self, batch: TransitionBatch, priorities: Any = None, *, timeout: float | None = None) -> None:
         """Store ``batch`` (with one priority per row, for a prioritized buffer).
 
-        ``timeout`` bounds each ``add`` of the buffer.  When a sub-environment's add times out,
-        the sub-environments before it stay written; ``add`` called again with the same batch
-        writes the others.
+        Priorities and values are checked for the whole batch before anything is stored.
+        ``timeout`` bounds each ``add`` of the buffer.  Through per-sub-environment writers,
+        when a sub-environment's add times out the sub-environments before it stay written, and
+        ``add`` called again with the same batch writes the others; a compressed buffer that
+        cannot rebuild a sub-environment's observations (ValueError: they are not the stacked
+        or next observations of its steps) refuses that sub-environment's rows and the later
+        ones, the earlier stay written.
         """
         if not isinstance(batch, TransitionBatch):
             raise TypeError(f"batch: expected a TransitionBatch, got {type(batch).__name__}")
