@@ -18,7 +18,7 @@ gym = pytest.importorskip("gymnasium")
 from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 
-from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
+from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer, SampleToInsertRatio
 from mpreplay.vector_env import DISABLED, NEXT_STEP, SAME_STEP, VectorTransitions, VectorWriter, env_dict
 
 MODES = [NEXT_STEP, SAME_STEP, DISABLED]
@@ -557,3 +557,26 @@ def test_an_actor_process_writes_a_shared_buffer_as_the_reference_loop_does(meth
     completed = np.array([(_episode_of(stored)[_env_of_toy(stored) == i]).max() for i in range(NUM_ENVS)])
     _assert_same_as_reference(stored, completed, _env_of_toy, functools.partial(
         lambda i, n, **kw: _reference(i, n, **kw), nstep=3, truncated=False, layout=layout))
+
+
+def test_a_batch_a_timeout_interrupted_is_finished_by_adding_it_again():
+    actor, batches = _one_batch()
+    options = dict(stack_compress="obs", lanes=NUM_ENVS)  # rows complete at once: they can be sampled
+    # At most 4 rows ahead of the samples: a batch of several sub-environments stops part way.
+    limiter = SampleToInsertRatio(1.0, 1, (-1e9, 4.0))
+    with ReplayBuffer(NUM_ENVS * 64, actor.env_dict(), rate_limiter=limiter, **options) as limited, \
+            ReplayBuffer(NUM_ENVS * 64, actor.env_dict(), **options) as free, \
+            VectorWriter(limited, NUM_ENVS) as writer, VectorWriter(free, NUM_ENVS) as reference:
+        timeouts = 0
+        for batch in batches:
+            reference.add(batch)
+            while True:
+                try:
+                    writer.add(batch, timeout=0)
+                    break
+                except TimeoutError:
+                    timeouts += 1
+                    limited.sample(8)
+        assert timeouts > 0
+        got, want = limited.get_all_transitions(), free.get_all_transitions()
+    assert {k: v.tobytes() for k, v in got.items()} == {k: v.tobytes() for k, v in want.items()}
