@@ -106,6 +106,9 @@ cdef class Gate:
         # naming its holder.  Raises BufferClosed, without holding the lock, once
         # the owner closed the buffer.
         if self._lock is None:
+            # One process, no lock; its other handles (episode writers) see the close.
+            if self._header[CLOSED]:
+                raise BufferClosed("the replay buffer was closed by its owner")
             return 0
         if deadline == INFINITY:
             self._lock.acquire()
@@ -143,6 +146,7 @@ cdef class Gate:
         they raise BufferClosed.  Never hangs: if the lock's holder is frozen, the
         flag is set without it (a single store)."""
         if self._lock is None:
+            self._header[CLOSED] = 1
             return
         held = self._lock.acquire(_CLOSE_WAIT_S)
         try:

@@ -348,20 +348,24 @@ cdef class Ring:
             self._slots.disown(lane, start, reserved.shape[0], &reserved[0])
 
     def claim_lane(self, double deadline=INFINITY):
-        """Take a lane for this process's writes: a free one, or one whose writer died."""
+        """Take a lane for one writer: a free one, or one whose writer process died.
+
+        A lane this process already holds is not free: each writer object of a
+        process (one per stream of episodes) fills a lane of its own."""
         cdef Py_ssize_t l
         cdef int64_t token
         self._gate.acquire(deadline)
         try:
             for l in range(self._slots.lanes.shape[0]):
                 token = self._slots.lanes[l, LANE_OWNER]
-                if token == self._slots.token or token == 0 or not token_alive(token):
+                if token == 0 or not token_alive(token):
                     self._slots.lanes[l, LANE_OWNER] = self._slots.token
                     return l
         finally:
             self._gate.release()
         raise ValueError(f"every one of the buffer's {self._slots.lanes.shape[0]} lanes has a live writer: "
-                         "create the buffer with lanes= at least the number of writer processes")
+                         "create the buffer with lanes= at least the number of writers (processes, "
+                         "and streams of episodes written from one process)")
 
     def release_lane(self, Py_ssize_t lane):
         """Give this process's lane back (its rows stay).  Without the lock, so that

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import os
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -109,9 +109,7 @@ class ReplayBuffer:
             rate_limiter.check(size)
         self._size = size
         self._nstep_args = _nstep_args(env_dict, default_dtype, nstep if Nstep is None else Nstep, nstep, Nstep)
-        self._nstep = _make_nstep(self._nstep_args)
-        self._priority_folder = (_make_priority_folder(self._nstep_args)
-                                 if isinstance(self, PrioritizedReplayBuffer) else None)
+        self._make_folders()
         self._specs = parse_env_dict(self._nstep.output_env_dict() if self._nstep else env_dict, default_dtype)
         self._specs = with_next_fields(self._specs, next_of)
         self._compression = Compression.build(
@@ -421,6 +419,32 @@ class ReplayBuffer:
         elif self._writer is not None:
             self._writer.write(0, {}, None, None, end_episode=True)
 
+    def _make_folders(self) -> None:
+        """This writer's own n-step folders: the rows', and (prioritized) the initial priorities'."""
+        self._nstep = _make_nstep(self._nstep_args)
+        self._priority_folder = (_make_priority_folder(self._nstep_args)
+                                 if isinstance(self, PrioritizedReplayBuffer) else None)
+
+    def episode_writer(self) -> "ReplayBuffer":
+        """A writer for one more stream of episodes into this buffer, in this process.
+
+        A buffer that keeps state between the steps of an episode -- an n-step folder
+        (``nstep``), compressed observations (``next_of``, ``stack_compress``: an episode's
+        steps sit consecutively in one lane) -- takes one episode at a time from each
+        writer.  Code that writes several episodes interleaved (one per sub-environment of
+        a vector env, see :mod:`mpreplay.vector_env`) writes each stream through a writer
+        of its own: another handle on the same memory, with its own n-step folder and, for
+        a compressed buffer, a lane of its own (so create it with ``lanes=`` at least the
+        number of writers of every process).  The handle has the buffer's whole API; its
+        ``close()`` gives its lane back and never frees the memory.  A buffer without such
+        state takes interleaved episodes as they come: it returns itself.
+        """
+        self._check_open()
+        if self._nstep is None and self._writer is None:
+            return self
+        config = {key: self.__dict__[key] for key in self._CONFIG}
+        return _handle(type(self), config, lambda layout: self._memory.handle())
+
     def save_transitions(self, file: Any, *, safe: bool = True, compress: bool = True,
                          priorities: bool = False) -> None:
         """Write every stored transition, oldest first, to ``file`` in mpreplay's file format
@@ -644,11 +668,15 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
 def _attach(cls: type, config: dict[str, Any], name: str) -> "ReplayBuffer":
     """Unpickle a shared buffer: map the creator's segment (never owning it)."""
+    return _handle(cls, config, lambda layout: SharedMemory(layout, name=name))
+
+
+def _handle(cls: type, config: dict[str, Any], memory: Callable[[Layout], HeapMemory | SharedMemory]) -> "ReplayBuffer":
+    """A buffer object of ``config`` over existing memory (``memory(layout)``), which it does not own."""
     obj = cls.__new__(cls)
     obj.__dict__.update(config)
-    obj._nstep = _make_nstep(obj._nstep_args)
-    obj._priority_folder = _make_priority_folder(obj._nstep_args) if isinstance(obj, PrioritizedReplayBuffer) else None
-    obj._memory = SharedMemory(obj._layout(), name=name)
+    obj._make_folders()
+    obj._memory = memory(obj._layout())
     obj._bind(create=False, rng=np.random.default_rng())
     return obj
 

@@ -15,11 +15,13 @@ buffer would return.  A transition stays unsampleable (WAITING) until the
 frame of its next observation is stored, and is retired as soon as a frame
 it reads is overwritten.
 
-Each writer process keeps its own :class:`FrameWriter` and fills its own
-lane, so consecutive steps of an episode sit in consecutive slots.
+Each writer -- a process's buffer object, or one of its episode writers
+(``ReplayBuffer.episode_writer``) -- keeps its own :class:`FrameWriter` and
+fills its own lane, so consecutive steps of an episode sit in consecutive slots.
 """
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -169,6 +171,7 @@ class FrameWriter:
         self._ring = ring
         self._arrays = arrays  # the buffer's memory: lanes, nxt, depth, frames and the stored fields
         self._lane: int | None = None
+        self._release_lane: weakref.finalize | None = None
         self._written = 0                       # items this writer has reserved in its lane
         self._waiting: deque[_Waiting] = deque()
         self._history: dict[str, deque] = {k: deque(maxlen=self._c.stack_of(k, specs) - 1) for k in self._c.stack}
@@ -291,6 +294,9 @@ class FrameWriter:
         until = deadline(timeout)
         if self._lane is None:
             self._lane = ring.claim_lane(until)
+            # No other writer of this process may take the lane while it is claimed: a
+            # writer dropped without close() gives it back when it is collected.
+            self._release_lane = weakref.finalize(self, ring.release_lane, self._lane)
         lo, hi = self._arrays["lanes"][self._lane, [LANE_START, LANE_END]]
         if len(items) > hi - lo:
             raise ValueError(f"add: {len(items)} slots at once exceed the lane's {hi - lo}; add fewer rows per call")
@@ -339,11 +345,14 @@ class FrameWriter:
         arrays["nxt"][slots] = -1
 
     def reset(self) -> None:
-        """Forget the episode in progress and this process's lane (after a fork or clear)."""
+        """Forget the episode in progress and give the lane back (after a fork or clear).
+
+        In a forked child the lane is the parent's: giving it back changes nothing."""
+        self.release_lane()
         self.__init__(self._c, self._specs, self._ring, self._arrays)
 
     def release_lane(self) -> None:
-        """Give this process's lane back, for another writer (its rows stay)."""
-        if self._lane is not None:
-            self._ring.release_lane(self._lane)
-            self._lane = None
+        """Give this writer's lane back, for another writer (its rows stay)."""
+        if self._release_lane is not None:
+            self._release_lane()
+        self._lane = self._release_lane = None

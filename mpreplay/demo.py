@@ -5,16 +5,18 @@ PyTorch and gymnasium, and shows a live view with rich when rich is installed.
 
 ::
 
-    actors (ε ladder)                                 learner
-    env ─> NstepBuffer ─> |TD| ─add─> replay buffer ─sample─> double DQN step
-                                           ^                      │
-                                           └─update_priorities────┤
-    weights <───── ParameterStore <────── publish every K steps ──┘
+    actors (ε ladder)                                        learner
+    vector env ─> VectorTransitions ─> |TD| ─add─> replay buffer ─sample─> double DQN step
+                                                  ^                      │
+                                                  └─update_priorities────┤
+    weights <──────────── ParameterStore <─────── publish every K steps ──┘
     episode returns ─add─> episode log ─> parent (live view, summary, plot) and learner (solved?)
 
-* Every actor runs its own CartPole with an exploration rate from the Ape-X
-  ladder (:func:`epsilon`), folds its steps over n = 3 with
-  :class:`~mpreplay.NstepBuffer`, computes the initial priorities of a few
+* Every actor steps a vector of ``--envs-per-actor`` CartPoles (gymnasium's
+  SyncVectorEnv), each sub-environment with its own exploration rate from the
+  Ape-X ladder (:func:`epsilon`) over all the sub-environments of all actors;
+  :class:`~mpreplay.vector_env.VectorTransitions` turns the vector's steps into
+  each sub-environment's transitions, folded over n = 3, computes the initial priorities of a few
   dozen folded transitions at once with its copy of the network, and writes
   them into the shared :class:`~mpreplay.MPPrioritizedReplayBuffer` in one
   ``add``.  It picks up the learner's newest weights from the
@@ -28,7 +30,7 @@ PyTorch and gymnasium, and shows a live view with rich when rich is installed.
   append-only log: one row per episode.
 
 CartPole counts as solved when the last 20 episodes of the greedy end of the
-ladder (actors with ε ≤ 0.01: with 2 actors, actor 1 at ε = 0.4 ** 8) average
+ladder (sub-environments with ε ≤ 0.01: with 2 actors of 8, 7 of the 16) average
 475 or more; the run then stops, else it stops after ``--seconds``.
 
 The processes fork from a server that has imported torch once (start method
@@ -59,8 +61,8 @@ from .buffer import MPPrioritizedReplayBuffer, MPReplayBuffer
 from .errors import BufferClosed
 from .launcher import Context, launch
 from .limiter import SampleToInsertRatio
-from .nstep import NstepBuffer
 from .params import ParameterStore
+from .vector_env import VectorTransitions
 
 __all__ = ["Config", "epsilon", "main"]
 
@@ -72,9 +74,8 @@ WINDOW = 20  # episodes in the running mean that decides "solved"
 GREEDY_EPSILON = 0.01
 
 _OBS_DIM, _NUM_ACTIONS = 4, 2
-_STEP_FIELDS = {"obs": {"shape": (_OBS_DIM,)}, "act": {"dtype": np.int64}, "rew": {},
-                "next_obs": {"shape": (_OBS_DIM,)}, "done": {}}
-_REPLAY_FIELDS = {**_STEP_FIELDS, "discount": {}}  # NstepBuffer adds gamma**m to every folded row
+_REPLAY_FIELDS = {"obs": {"shape": (_OBS_DIM,)}, "act": {"dtype": np.int64}, "rew": {},
+                  "next_obs": {"shape": (_OBS_DIM,)}, "done": {}, "discount": {}}  # discount: gamma**m
 _EPISODE_FIELDS = {"rank": {"dtype": np.int64}, "episode": {"dtype": np.int64}, "eps": {"dtype": np.float64},
                    "ret": {"dtype": np.float64}, "steps": {"dtype": np.int64}, "time": {"dtype": np.float64}}
 _EPISODE_LOG_SIZE = 1 << 14  # rows; far more episodes than can end between two reads of the log
@@ -104,6 +105,7 @@ class Config:
     alpha: float = 0.6
     beta: float = 0.4
     actor_batch: int = 32
+    envs_per_actor: int = 8
     grad_clip: float = 10.0
     plain: bool = False
 
@@ -160,52 +162,53 @@ def _td_errors(online: Any, target: Any, batch: Mapping[str, np.ndarray]) -> Any
 # ---------------------------------------------------------------------- actors
 
 def _actor(ctx: Context, config: Config) -> None:
-    """Play CartPole with ε-greedy actions and push prioritized n-step transitions."""
+    """Play CartPole on a vector of sub-environments with ε-greedy actions; push prioritized n-step transitions."""
     import gymnasium as gym
 
     torch = _torch()
     replay, log = ctx.buffer["replay"], ctx.buffer["episodes"]
-    eps = epsilon(ctx.rank, ctx.num_actors)
-    seed = config.seed * 1_000 + ctx.rank * 10 + ctx.restarts
+    num_envs = config.envs_per_actor
+    # The Ape-X ladder runs over every sub-environment of every actor.
+    eps = np.array([epsilon(ctx.rank * num_envs + e, ctx.num_actors * num_envs) for e in range(num_envs)])
+    seed = config.seed * 1_000_000 + ctx.rank * 10_000 + ctx.restarts * 1_000  # sub-environment e: seed + e
     rng = np.random.default_rng(seed)
-    env = gym.make(ENV_ID)
+    # CartPole steps in microseconds: sub-environments in this process beat a process apiece.
+    env = gym.make_vec(ENV_ID, num_envs=num_envs, vectorization_mode="sync")
+    steps = VectorTransitions(env, nstep=config.nstep, gamma=config.gamma)
     net = _q_network(config.hidden)
     weights, version = net.state_dict(), -1  # the state dict's tensors share the network's memory
-    folder = NstepBuffer(_STEP_FIELDS, config.nstep, config.gamma)
     pending: list[dict[str, np.ndarray]] = []
     pending_rows = 0
     obs, _ = env.reset(seed=seed)
-    episode, episode_return, steps = 0, 0.0, 0
+    steps.reset(obs)
+    episode, env_steps = 0, 0
+    returns = np.zeros(num_envs)
+    resetting = np.zeros(num_envs, bool)  # NextStep autoreset: these sub-environments' next step is a reset
     while not ctx.stop.is_set():
         newer = ctx.params.read_if_newer(version, out=weights)
         if newer is not None:
             version = newer[1]
-        if rng.random() < eps:
-            act = int(rng.integers(_NUM_ACTIONS))
-        else:
-            with torch.inference_mode():
-                act = int(net(torch.from_numpy(obs)).argmax())
-        next_obs, rew, terminated, truncated, _ = env.step(act)
-        # numpy scalars of the stored dtypes: the folder converts them at half the cost of Python ones
-        folded = folder.add(obs=obs, act=np.int64(act), rew=np.float32(rew), next_obs=next_obs,
-                            done=np.float32(terminated))
-        if truncated and not terminated:  # the time limit: the last steps still bootstrap
-            folded = _concat([folded, folder.on_episode_end()])
-        pending.append(folded)
-        pending_rows += len(folded["rew"])
-        episode_return += rew
-        steps += 1
-        obs = next_obs
-        if terminated or truncated:
-            log.add(rank=ctx.rank, episode=episode, eps=eps, ret=episode_return, steps=steps, time=time.time())
-            episode, episode_return = episode + 1, 0.0
-            obs, _ = env.reset()
+        with torch.inference_mode():
+            act = net(torch.from_numpy(obs)).argmax(1).numpy()
+        explore = rng.random(num_envs) < eps
+        act = np.where(explore, rng.integers(_NUM_ACTIONS, size=num_envs), act)
+        obs, rew, terminated, truncated, info = env.step(act)
+        batch = steps.step(act, obs, rew, terminated, truncated, info)
+        # The replay buffer neither folds nor compresses: rows of interleaved episodes go in as they come.
+        pending.append(batch.rows)
+        pending_rows += len(batch)
+        env_steps += int(num_envs - resetting.sum())
+        returns += rew
+        resetting = terminated | truncated
+        for e in np.flatnonzero(resetting):
+            log.add(rank=ctx.rank, episode=episode, eps=eps[e], ret=returns[e], steps=env_steps, time=time.time())
+            episode, returns[e] = episode + 1, 0.0
         if pending_rows >= config.actor_batch:
-            batch = _concat(pending)
+            rows = _concat(pending)
             pending, pending_rows = [], 0
             with torch.inference_mode():
-                priorities = _td_errors(net, net, batch).abs().numpy()
-            if not _add_until_stopped(ctx, replay, priorities, batch):
+                priorities = _td_errors(net, net, rows).abs().numpy()
+            if not _add_until_stopped(ctx, replay, priorities, rows):
                 return
 
 
@@ -524,11 +527,13 @@ def _parse(argv: Sequence[str] | None) -> Config:
     p.add_argument("--beta", type=float, default=d.beta, help="importance-sampling exponent")
     p.add_argument("--actor-batch", type=int, default=d.actor_batch,
                    help="folded transitions an actor prioritises and adds at once")
+    p.add_argument("--envs-per-actor", type=int, default=d.envs_per_actor,
+                   help="CartPole sub-environments each actor steps as one vector env")
     p.add_argument("--grad-clip", type=float, default=d.grad_clip, help="gradient norm limit")
     p.add_argument("--plain", action="store_true", help="print one line per second instead of a rich table")
     args = p.parse_args(argv)
     for name in ("actors", "capacity", "batch_size", "nstep", "hidden", "target_update", "publish_every",
-                 "learning_starts", "actor_batch"):
+                 "learning_starts", "actor_batch", "envs_per_actor"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(args, name)}")
     if not args.seconds > 0:
@@ -547,9 +552,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as exc:
         print(f"mpreplay demo needs PyTorch and gymnasium (the 'examples' extra): {exc}", file=sys.stderr)
         return 1
-    if epsilon(config.actors - 1, config.actors) > GREEDY_EPSILON:
-        print(f"note: no actor explores with ε ≤ {GREEDY_EPSILON:g} (that takes 2 actors or more), so the run "
-              "cannot be judged solved; it ends at --seconds", file=sys.stderr)
+    ladder = config.actors * config.envs_per_actor
+    if epsilon(ladder - 1, ladder) > GREEDY_EPSILON:
+        print(f"note: no sub-environment explores with ε ≤ {GREEDY_EPSILON:g} (that takes 2 or more, over all "
+              "actors), so the run cannot be judged solved; it ends at --seconds", file=sys.stderr)
     os.makedirs(config.out, exist_ok=True)
     summary, episodes = _run(config)
     with open(os.path.join(config.out, "summary.json"), "w") as f:

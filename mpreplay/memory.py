@@ -54,15 +54,19 @@ class Layout:
 
 
 class HeapMemory:
-    """A zeroed block on the process heap."""
+    """A zeroed block on the process heap (or, from :meth:`handle`, another view of one)."""
 
     shared = False
-    is_owner = True
 
-    def __init__(self, layout: Layout):
+    def __init__(self, layout: Layout, *, block: np.ndarray | None = None):
         self.layout = layout
-        self._block = np.zeros(max(layout.nbytes, 1), dtype=np.uint8)
+        self.is_owner = block is None
+        self._block = np.zeros(max(layout.nbytes, 1), dtype=np.uint8) if block is None else block
         self.arrays = layout.views(memoryview(self._block))
+
+    def handle(self) -> "HeapMemory":
+        """Another view of the same block, which does not own it."""
+        return HeapMemory(self.layout, block=self._block)
 
     def close(self) -> None:
         pass
@@ -156,6 +160,10 @@ class SharedMemory:
     def is_owner(self) -> bool:
         """Whether this process created the segment (and will unlink it)."""
         return self._owner_pid == os.getpid()
+
+    def handle(self) -> "SharedMemory":
+        """Another mapping of the same segment, which does not own it."""
+        return SharedMemory(self.layout, name=self.name)
 
     @staticmethod
     def _release(shm: shared_memory.SharedMemory, owner_pid: int | None) -> None:

@@ -404,6 +404,7 @@ def _call_every_method(buffer) -> dict[str, Any]:
         "leaf_mass": buffer.leaf_mass,
         "clear": buffer.clear,
         "on_episode_end": buffer.on_episode_end,
+        "episode_writer": buffer.episode_writer,
         "stats": buffer.stats,
         "read": lambda: buffer.read([0]),
     }
