@@ -487,7 +487,8 @@ cdef class Ring:
                 return _narrow_to_float(<const double*>cnp.PyArray_DATA(arr), <float*>self._stage[i],
                                         cnp.PyArray_SIZE(arr))
             return False
-        if len(<tuple>self._shapes[i]) != 0:
+        shape = self._shapes[i]
+        if len(shape) != 0 and shape != (1,):  # a number fills a field of one element, e.g. cpprb's (1,) scalars
             return False
         self._src[i] = self._stage[i]
         if PyFloat_CheckExact(value):

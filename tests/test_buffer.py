@@ -698,6 +698,17 @@ def test_a_field_of_shape_one_takes_a_scalar_for_one_transition():
     np.testing.assert_array_equal(buffer.get_all_transitions()["rew"], [[0.5]])
 
 
+@pytest.mark.parametrize("value, error", [(256, ValueError), (-1, ValueError), (1.5, TypeError)],
+                         ids=["too-large", "negative", "fractional"])
+def test_a_number_that_does_not_fit_a_field_of_shape_one_is_refused_and_changes_nothing(value, error, unchanged):
+    buffer = ReplayBuffer(8, {"act": {"shape": 1, "dtype": np.uint8}})
+    buffer.add(act=3)
+    with unchanged(buffer):
+        with pytest.raises(error, match="act"):
+            buffer.add(act=value)
+    np.testing.assert_array_equal(buffer.get_all_transitions()["act"], [[3]])
+
+
 def test_a_field_of_shape_one_takes_one_number_per_transition_in_a_batch():
     buffer = ReplayBuffer(8, {"obs": {"shape": 2}, "rew": {"shape": 1}})
     buffer.add(obs=np.zeros((3, 2)), rew=[1.0, 2.0, 3.0])
