@@ -639,11 +639,13 @@ cdef class Ring:
                 if not self._gate.limited():
                     raise ValueError("sample: the buffer holds no transition yet")
                 self._gate.block(deadline, "sample: the rate limiter holds samples back until more is inserted")
-            vmin = self._draw(d.sp, d.vp, d.gp, d.b, d.b if stratified else 1)
+            with nogil:  # the descent waits on cache misses: let the caller's other threads run
+                vmin = self._draw(d.sp, d.vp, d.gp, d.b, d.b if stratified else 1)
+                if vmin == vmin:
+                    for j in range(d.b):
+                        self._note_row(d, j)
             if vmin != vmin:
                 raise ValueError("sample: the buffer holds no transition yet")
-            for j in range(d.b):
-                self._note_row(d, j)
             self._header[SAMPLES] += d.b
             wake = self._gate.progress()
         finally:

@@ -40,6 +40,7 @@ from .errors import BufferClosed
 from .limiter import RateLimiter
 from .memory import HeapMemory, Layout, SharedMemory
 from .nstep import NstepBuffer
+from .prefetch import Prefetcher
 from .spec import convert_batch, parse_env_dict
 from .compression import Compression, FrameWriter, with_next_fields
 
@@ -327,6 +328,26 @@ class ReplayBuffer:
         """
         return self._ring.sample(checks.integer("batch_size", batch_size, low=1), False, -1.0,
                                  checks.seconds("timeout", timeout), out)
+
+    def batches(self, batch_size: int, *, prefetch: int = 2, timeout: float | None = None,
+                as_torch: bool = False) -> Prefetcher:
+        """An endless iterator of ``sample(batch_size)`` batches drawn ``prefetch`` ahead on a
+        background thread while the caller trains (see :mod:`mpreplay.prefetch`).
+
+        Each batch's arrays are refilled once the next batch is asked for.  ``timeout``
+        bounds each wait for the rate limiter (then ``next()`` raises TimeoutError);
+        ``as_torch`` hands out CPU tensors over the same memory.  Close it (or use ``with``)
+        to stop the thread.
+        """
+        batch_size = checks.integer("batch_size", batch_size, low=1)
+        return self._prefetcher(lambda out, t: self.sample(batch_size, timeout=t, out=out),
+                                prefetch, timeout, as_torch)
+
+    def _prefetcher(self, draw: Callable[[dict[str, np.ndarray] | None, float | None], dict[str, np.ndarray]],
+                    prefetch: int, timeout: float | None, as_torch: bool) -> Prefetcher:
+        self._check_open()
+        return Prefetcher(draw, checks.integer("prefetch", prefetch, low=1), checks.seconds("timeout", timeout),
+                          checks.flag("as_torch", as_torch))
 
     def get_all_transitions(self, *, indexes: bool = False) -> dict[str, np.ndarray]:
         """Copies of every stored transition, oldest first (lane by lane).
@@ -639,6 +660,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """
         return self._ring.sample(checks.integer("batch_size", batch_size, low=1), True,
                                  checks.number("beta", beta, low=0.0), checks.seconds("timeout", timeout), out)
+
+    def batches(self, batch_size: int, beta: float = 0.4, *, prefetch: int = 2, timeout: float | None = None,
+                as_torch: bool = False) -> Prefetcher:
+        """An endless iterator of ``sample(batch_size, beta)`` batches drawn ``prefetch`` ahead
+        on a background thread; see :meth:`ReplayBuffer.batches`.  Priorities may be updated
+        from the caller's thread meanwhile."""
+        batch_size = checks.integer("batch_size", batch_size, low=1)
+        beta = checks.number("beta", beta, low=0.0)
+        return self._prefetcher(lambda out, t: self.sample(batch_size, beta, timeout=t, out=out),
+                                prefetch, timeout, as_torch)
 
     def sample_leaves(self, batch_size: int, *, timeout: float | None = None) -> dict[str, np.ndarray]:
         """Draw as :meth:`sample` does, but give each row's ``leaf`` weight (p + eps) ** alpha and

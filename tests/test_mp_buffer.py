@@ -407,6 +407,7 @@ def _call_every_method(buffer) -> dict[str, Any]:
         "episode_writer": buffer.episode_writer,
         "stats": buffer.stats,
         "read": lambda: buffer.read([0]),
+        "batches": lambda: buffer.batches(2),
     }
 
 

@@ -1,0 +1,138 @@
+"""``mpreplay bench learner``: a learner step with and without batches prefetched on a thread.
+
+``mpreplay bench learner [--quick] [--capacity N] [--batch-size B] [--train-ms T] [--steps S] [--rounds R]``
+
+A prioritized buffer holds ``N`` (default 20,000) Atari transitions: ``obs`` and ``next_obs``
+(84, 84, 4) uint8, ``act``, ``rew``, ``done``.  A learner step samples ``B`` (256) of them,
+"trains" and updates their priorities.  The training step is synthetic: PyTorch matrix
+products on one thread, sized to take ``T`` ms (5) -- like a real step, it computes without
+holding the GIL.  The learner runs four ways, each for ``S`` steps:
+
+* ``train`` -- the training step alone;
+* ``sample`` -- ``sample(B, out=...)`` alone, into reused arrays;
+* ``in turn`` -- sample, then train, then update: the usual loop;
+* ``prefetched`` -- ``for batch in buffer.batches(B, prefetch=2)``: train and update while a
+  background thread draws the next batches.
+
+Figures are median wall-clock milliseconds per step (the overlap is what is measured, so
+CPU time would not show it), over ``R`` rounds that alternate the four ways.  Target
+(issue: a learner that never waits): prefetched <= 1.1 x max(train, sample).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+import mpreplay
+from mpreplay.bench._report import positive_int, print_table
+
+FRAME = (84, 84, 4)
+TARGET = 1.1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mpreplay bench learner", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="capacity 2,000, 30 steps, 2 rounds")
+    parser.add_argument("--capacity", type=positive_int, default=None, help="transitions stored (default 20,000)")
+    parser.add_argument("--batch-size", type=positive_int, default=256)
+    parser.add_argument("--train-ms", type=float, default=5.0, help="length of the synthetic training step")
+    parser.add_argument("--steps", type=positive_int, default=None, help="steps per way and round (default 200)")
+    parser.add_argument("--rounds", type=positive_int, default=None, help="rounds alternating the ways (default 5)")
+    args = parser.parse_args(argv)
+    capacity = args.capacity or (2_000 if args.quick else 20_000)
+    steps = args.steps or (30 if args.quick else 200)
+    rounds = args.rounds or (2 if args.quick else 5)
+    torch.set_num_threads(1)  # the training step takes one core; sampling may use the other
+
+    buffer = _filled(capacity)
+    train = _synthetic_step(args.train_ms / 1e3)
+    ways = _ways(buffer, args.batch_size, train)
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(rounds):
+        for name, run in ways.items():
+            times[name].append(run(steps) / steps)
+    buffer.close()
+
+    median = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    floor = max(median["train"], median["sample"])
+    rows = [[name, f"{ms:.2f}", f"{ms / floor:.2f}"] for name, ms in median.items()]
+    print_table(f"learner step, batch {args.batch_size} of {FRAME} uint8 stacks, capacity {capacity:,}, "
+                f"{rounds} rounds x {steps} steps (median wall ms per step)", ["way", "ms / step", "÷ max(train, sample)"],
+                rows)
+    ratio = median["prefetched"] / floor
+    print(f"prefetched / max(train, sample) = {ratio:.2f} (target <= {TARGET}: {'met' if ratio <= TARGET else 'not met'}); "
+          f"in turn / prefetched = {median['in turn'] / median['prefetched']:.2f}")
+    return 0
+
+
+def _filled(capacity: int) -> mpreplay.PrioritizedReplayBuffer:
+    frame = {"shape": FRAME, "dtype": np.uint8}
+    buffer = mpreplay.PrioritizedReplayBuffer(capacity, {"obs": frame, "next_obs": frame, "act": {"dtype": np.int64},
+                                                         "rew": {}, "done": {}}, seed=0)
+    rng = np.random.default_rng(0)
+    chunk = 500
+    for start in range(0, capacity, chunk):
+        k = min(chunk, capacity - start)
+        obs = rng.integers(0, 256, (k,) + FRAME, dtype=np.uint8)
+        buffer.add(obs=obs, next_obs=obs, act=rng.integers(0, 6, k), rew=rng.random(k), done=np.zeros(k),
+                   priorities=rng.random(k) + 0.1)
+    return buffer
+
+
+def _synthetic_step(seconds: float) -> Callable[[], None]:
+    """A function that computes for about ``seconds`` (matrix products, calibrated here)."""
+    a = torch.randn(256, 256)
+
+    def products(n: int) -> None:
+        x = a
+        for _ in range(n):
+            x = torch.tanh(x @ a)
+
+    products(10)
+    start = time.perf_counter()
+    products(200)
+    n = max(1, round(seconds / ((time.perf_counter() - start) / 200)))
+    return lambda: products(n)
+
+
+def _ways(buffer: mpreplay.PrioritizedReplayBuffer, batch_size: int,
+          train: Callable[[], None]) -> dict[str, Callable[[int], float]]:
+    rng = np.random.default_rng(1)
+    out = {name: a for name, a in buffer.sample(batch_size).items() if name not in ("indexes", "weights")}
+
+    def new_priorities() -> np.ndarray:
+        return rng.random(batch_size) + 0.1
+
+    def timed(step: Callable[[], None]) -> Callable[[int], float]:
+        def run(steps: int) -> float:
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            return time.perf_counter() - start
+        return run
+
+    def in_turn() -> None:
+        batch = buffer.sample(batch_size, out=out)
+        train()
+        buffer.update_priorities(batch["indexes"], new_priorities())
+
+    def prefetched(steps: int) -> float:
+        with buffer.batches(batch_size, prefetch=2) as batches:
+            next(batches)  # the thread's start and first batches are not a step
+            start = time.perf_counter()
+            for _, batch in zip(range(steps), batches):
+                train()
+                buffer.update_priorities(batch["indexes"], new_priorities())
+            return time.perf_counter() - start
+
+    return {"train": timed(train), "sample": timed(lambda: buffer.sample(batch_size, out=out)),
+            "in turn": timed(in_turn), "prefetched": prefetched}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
