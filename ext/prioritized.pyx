@@ -65,8 +65,10 @@ cdef class PrioritizedSelector(Selector):
         # All draws descend together, one level at a time, so the cache misses
         # of different draws overlap instead of queueing.  `scratch` holds the
         # remaining prefix sums and `items` the nodes on the way down.  The
-        # rule is PriorityTree._descend's: never enter a child of zero mass.
-        cdef Py_ssize_t j, n, cap = self._tree._cap
+        # rule is PriorityTree._descend's: never enter a child of zero mass.  The way
+        # down is random, so a branch per level would be mispredicted half the time:
+        # the step is computed without one.
+        cdef Py_ssize_t j, n, right, cap = self._tree._cap
         cdef double total = self._tree._nodes[1].sum, left
         cdef Node* nodes = self._tree._nodes
         for j in range(k):
@@ -76,11 +78,9 @@ cdef class PrioritizedSelector(Selector):
             for j in range(k):
                 n = 2 * items[j]
                 left = nodes[n].sum
-                if left > 0.0 and (scratch[j] < left or nodes[n + 1].sum <= 0.0):
-                    items[j] = n
-                else:
-                    scratch[j] -= left
-                    items[j] = n + 1
+                right = not ((left > 0.0) & ((scratch[j] < left) | (nodes[n + 1].sum <= 0.0)))
+                scratch[j] -= left * right
+                items[j] = n + right
         for j in range(k):
             items[j] -= cap
 
