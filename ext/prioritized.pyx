@@ -39,6 +39,9 @@ cdef class PrioritizedSelector(Selector):
     cdef void fix_range(self, Py_ssize_t first, Py_ssize_t last) noexcept nogil:
         self._tree._fix_range(first, last)
 
+    cdef void fix_each(self, const int64_t* items, Py_ssize_t k) noexcept nogil:
+        self._tree._fix_each(items, k)
+
     cdef void rebuild(self) noexcept nogil:
         self._tree._rebuild()
 

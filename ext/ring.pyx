@@ -823,8 +823,8 @@ cdef class Ring:
                         fault(F_UPDATE)
                     else:
                         stale += 1
-                for j in range(k):
-                    self._selector.fix(slots[j])
+                if k:
+                    self._selector.fix_each(&slots[0], k)
                 self._header[STALE] += stale
         finally:
             self._gate.release()

@@ -83,6 +83,11 @@ cdef class Selector:
         for item in range(first, last + 1):
             self.fix(item)
 
+    cdef void fix_each(self, const int64_t* items, Py_ssize_t k) noexcept nogil:
+        cdef Py_ssize_t j
+        for j in range(k):
+            self.fix(items[j])
+
     cdef void rebuild(self) noexcept nogil:
         pass
 

@@ -101,6 +101,23 @@ cdef class PriorityTree:
             lo >>= 1
             hi >>= 1
 
+    cdef void _fix_each(self, const int64_t* slots, Py_ssize_t k) noexcept nogil:
+        # _fix_up of each slot, the paths walked together one level at a time: one
+        # path is a chain of dependent recomputes, several side by side are not.  Every
+        # path is as long as the others, so a level's nodes are recomputed after all
+        # the nodes below them; a later chunk of paths recomputes the ancestors it
+        # shares with an earlier one after its own lower levels.
+        cdef Py_ssize_t path[64]
+        cdef Py_ssize_t start, j, m
+        for start in range(0, k, 64):
+            m = min(64, k - start)
+            for j in range(m):
+                path[j] = (slots[start + j] + self._cap) >> 1
+            while path[0] >= 1:
+                for j in range(m):
+                    _recompute(self._nodes, path[j])
+                    path[j] >>= 1
+
     def set(self, const int64_t[::1] slots not None, const double[::1] values not None,
             const double[::1] raw not None):
         """Set leaf weights ``values`` (0 = unsampleable) and raw priorities.
@@ -117,8 +134,8 @@ cdef class PriorityTree:
             # ancestors come out right.
             for j in range(k):
                 self._write_leaf(slots[j], values[j], raw[j])
-            for j in range(k):
-                self._fix_up(slots[j])
+            if k:
+                self._fix_each(&slots[0], k)
 
     def set_priorities(self, const int64_t[::1] slots not None, const double[::1] priorities not None,
                        double alpha, double eps):

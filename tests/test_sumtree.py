@@ -205,6 +205,21 @@ def test_set_with_duplicate_slots_keeps_the_last_value():
     assert tree.max() == 5.0
 
 
+@settings(max_examples=40, deadline=None)
+@given(capacity=st.integers(1, 600), count=st.integers(1, 300), seed=st.integers(0, 2**32 - 1))
+def test_setting_many_slots_at_once_builds_the_tree_setting_them_one_by_one_builds(capacity, count, seed):
+    rng = np.random.default_rng(seed)
+    slots = rng.integers(0, capacity, count)  # repeats included: the last value wins either way
+    values = np.where(rng.random(count) < 0.2, 0.0, rng.random(count) * 10)
+    raw = rng.random(count)
+    batched, batched_buf = _tree(capacity)
+    batched.set(slots, values, raw)
+    single, single_buf = _tree(capacity)
+    for s, v, r in zip(slots, values, raw):
+        single.set(_slots(int(s)), _f64(v), _f64(r))
+    assert batched_buf.tobytes() == single_buf.tobytes()
+
+
 def test_set_rejects_arrays_of_different_lengths():
     tree, _ = _tree(4)
     with pytest.raises(ValueError, match="same length"):
