@@ -193,6 +193,24 @@ cdef double _timeout_seconds(double t) except -2.0:
     return -1.0 if t > _FOREVER_S else t
 
 
+cdef object _holder(const _Shared* sh):
+    cdef int64_t pid = sh.holder, since = sh.since
+    if pid == 0:
+        return None
+    return int(pid), max(0.0, (_coarse_ns() - since) * 1e-9)
+
+
+def read_holder(const unsigned char[::1] region not None):
+    """What :meth:`SharedLock.holder` says of the lock in ``region``, read from a mapping
+    that may be read-only (a monitor's); None when free or when ``region`` holds no lock."""
+    if region.shape[0] < LOCK_NBYTES or <uintptr_t>&region[0] % 8:
+        raise ValueError(f"region: expected at least LOCK_NBYTES={LOCK_NBYTES} bytes aligned to 8")
+    cdef const _Shared* sh = <const _Shared*>&region[0]
+    if sh.magic != _MAGIC:
+        return None
+    return _holder(sh)
+
+
 cdef class SharedLock:
     """A lock shared by every process that maps ``region``.
 
@@ -264,10 +282,7 @@ cdef class SharedLock:
         Advisory: read without the lock, for diagnostics (a holder that died
         stays named until the next process takes the lock over).
         """
-        cdef int64_t pid = self._sh.holder, since = self._sh.since
-        if pid == 0:
-            return None
-        return int(pid), max(0.0, (_coarse_ns() - since) * 1e-9)
+        return _holder(self._sh)
 
     def acquire(self, timeout: float | None = None) -> bool:
         """Take the lock; wait at most ``timeout`` seconds (None: no limit).

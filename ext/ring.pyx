@@ -332,6 +332,7 @@ cdef class Ring:
                 self._slots.disown(lane, start, k, &reserved[0])
             raise
         try:
+            self._slots.note_writer()
             lost = self._slots.publish(lane, start, k, &reserved[0], prio, st) if k else 0
             if nc:
                 self._slots.complete(&complete[0], &complete_generations[0], cprio, nc)
@@ -350,17 +351,25 @@ cdef class Ring:
     def claim_lane(self, double deadline=INFINITY):
         """Take a lane for one writer: a free one, or one whose writer process died.
 
-        A lane this process already holds is not free: each writer object of a
-        process (one per stream of episodes) fills a lane of its own."""
-        cdef Py_ssize_t l
+        A lane never written comes first, so the rows of a writer that finished stay
+        until every lane has been used.  A lane this process already holds is not
+        free: each writer object of a process (one per stream of episodes) fills a
+        lane of its own."""
+        cdef Py_ssize_t l, free = -1
         cdef int64_t token
         self._gate.acquire(deadline)
         try:
             for l in range(self._slots.lanes.shape[0]):
                 token = self._slots.lanes[l, LANE_OWNER]
                 if token == 0 or not token_alive(token):
-                    self._slots.lanes[l, LANE_OWNER] = self._slots.token
-                    return l
+                    if self._slots.gen[self._slots.lanes[l, LANE_START]] == 0:
+                        free = l
+                        break
+                    if free < 0:
+                        free = l
+            if free >= 0:
+                self._slots.lanes[free, LANE_OWNER] = self._slots.token
+                return free
         finally:
             self._gate.release()
         raise ValueError(f"every one of the buffer's {self._slots.lanes.shape[0]} lanes has a live writer: "
@@ -537,6 +546,7 @@ cdef class Ring:
             self._slots.disown(0, slot, 1, &reserved)
             raise
         try:
+            self._slots.note_writer()
             self._slots.publish(0, slot, 1, &reserved, &priority if priority >= 0.0 else NULL, NULL)
             wake = self._gate.progress()
         finally:

@@ -35,6 +35,13 @@ cpdef enum:
     LANE_OWNER       # token of the writer process that claimed the lane, 0: none
     LANE_LEN
 
+# "writers": int64 rows, one per writer process that has published (what `mpreplay top` shows).
+cpdef enum:
+    WRITER_TOKEN     # the writer's process token (see processes.process_token), 0: a free row
+    WRITER_INSERTS   # transitions it published, ever
+    WRITER_LEN
+    MAX_WRITERS = 64  # writers beyond these store as usual and are not counted apart
+
 # "state": uint8, one per slot.
 cpdef enum:
     EMPTY            # nothing sampleable: never written, being written, a lone frame, or broken

@@ -10,6 +10,12 @@ from libc.stdint cimport uint64_t
 import numpy as np
 
 
+# The first array of every segment: its manifest (mpreplay.monitor), a JSON document that lets
+# another process read the segment without the buffer's configuration.
+MANIFEST_ARRAY = "manifest"
+MANIFEST_NBYTES = 16384
+WRITERS_ARRAY = "writers"
+
 # The selector's one array: a sum tree (prioritized selection) or the packed members (uniform).
 TREE_ARRAY = "tree"
 MEMBERS_ARRAY = "members"
@@ -35,9 +41,11 @@ def segment_arrays(Py_ssize_t size, Py_ssize_t lanes, tuple selector, list field
     ``(key, frame_shape, dtype)`` of the compressed observations, or None for an
     uncompressed buffer; ``lock_nbytes``: 0 for a buffer without a lock.
     """
-    out = [("header", (HEADER_LEN,), np.int64),
+    out = [(MANIFEST_ARRAY, (MANIFEST_NBYTES,), np.uint8),
+           ("header", (HEADER_LEN,), np.int64),
            ("limits", (LIMITS_LEN,), np.float64),
            ("lanes", (lanes, LANE_LEN), np.int64),
+           (WRITERS_ARRAY, (MAX_WRITERS, WRITER_LEN), np.int64),
            ("generation", (size,), np.uint64),
            ("owner", (size,), np.int64),
            ("state", (size,), np.uint8),

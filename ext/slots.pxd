@@ -19,6 +19,8 @@ cdef class Slots:
     cdef uint8_t[::1] state
     cdef Selector selector
     cdef Frames frames
+    cdef int64_t[:, ::1] writers
+    cdef Py_ssize_t writer_row         # this process's row of `writers`; -1: none yet, -2: none left
     cdef int64_t token                 # this process as a writer (see processes.process_token)
     cdef readonly Py_ssize_t size
 
@@ -28,6 +30,7 @@ cdef class Slots:
     cdef void retire(self, Py_ssize_t s) noexcept nogil
     cdef void retire_readers(self, Py_ssize_t lane, Py_ssize_t s) noexcept nogil
     cdef Py_ssize_t reserve(self, Py_ssize_t k, uint64_t* reserved, bint insert, Py_ssize_t lane) noexcept nogil
+    cdef int note_writer(self) except -1
     cdef Py_ssize_t publish(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved,
                             const double* priorities, const uint8_t* states) noexcept nogil
     cdef Py_ssize_t complete(self, const int64_t* slots, const uint64_t* generations, const double* priorities,

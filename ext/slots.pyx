@@ -10,12 +10,13 @@ states, and :func:`recover` makes them agree again after a holder died.  See
 docs/architecture.md, "Concurrency protocol" and "Crash handling".
 """
 from mpreplay._ext.atomics cimport _atomic_store
-from mpreplay._ext.schema cimport (COMPLETE, EMPTY, INSERTS, LANE_CURSOR, LANE_END, LANE_START, RESERVED, STORED,
-                                   WAITING, being_written, next_reservation)
+from mpreplay._ext.schema cimport (COMPLETE, EMPTY, INSERTS, LANE_CURSOR, LANE_END, LANE_START, MAX_WRITERS,
+                                   RESERVED, STORED, WAITING, WRITER_INSERTS, WRITER_TOKEN, being_written,
+                                   next_reservation)
 
 import os
 
-from mpreplay._ext.processes import process_token
+from mpreplay._ext.processes import process_token, token_alive
 
 
 cdef extern from "<signal.h>" nogil:
@@ -80,15 +81,18 @@ cdef class Slots:
     Parameters
     ----------
     header : int64 counters; lanes : (nlanes, LANE_LEN) int64; generation : uint64 per slot;
-    owner : int64 per slot (writer token, 0: none); state : uint8 per slot
+    owner : int64 per slot (writer token, 0: none); state : uint8 per slot;
+    writers : (MAX_WRITERS, WRITER_LEN) int64, the inserts of each writer process
     selector : the table's Selector (its weights follow the slot states)
     frames : the Frames of a compressed table, or None
     """
 
     def __init__(self, int64_t[::1] header not None, int64_t[:, ::1] lanes not None,
                  uint64_t[::1] generation not None, int64_t[::1] owner not None, uint8_t[::1] state not None,
-                 Selector selector not None, Frames frames=None):
+                 int64_t[:, ::1] writers not None, Selector selector not None, Frames frames=None):
         self.header = header
+        self.writers = writers
+        self.writer_row = -1
         self.lanes = lanes
         self.gen = generation
         self.owner = owner
@@ -101,6 +105,29 @@ cdef class Slots:
     def after_fork(self):
         """In a forked child: write as this process."""
         self.token = process_token(os.getpid())
+        self.writer_row = -1
+
+    cdef int note_writer(self) except -1:
+        # Lock held, before a publish: find this process's row of `writers`, or take a free
+        # one (never used, or whose writer is gone).  Once per writer process: the
+        # liveness checks read /proc.
+        cdef Py_ssize_t r, free = -1
+        cdef int64_t t
+        if self.writer_row == -2 or (self.writer_row >= 0
+                                     and self.writers[self.writer_row, WRITER_TOKEN] == self.token):
+            return 0
+        for r in range(MAX_WRITERS):
+            t = self.writers[r, WRITER_TOKEN]
+            if t == self.token:
+                self.writer_row = r
+                return 0
+            if free < 0 and (t == 0 or not token_alive(t)):
+                free = r
+        if free >= 0:
+            self.writers[free, WRITER_INSERTS] = 0
+            self.writers[free, WRITER_TOKEN] = self.token
+        self.writer_row = free if free >= 0 else -2
+        return 0
 
     cdef Py_ssize_t slot(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t j) noexcept nogil:
         # The slot j places after `start` in `lane`.
@@ -178,7 +205,7 @@ cdef class Slots:
         # complete ones get a leaf.  Returns how many slots were lost to a
         # writer that took them over meanwhile (only after judging this one
         # dead): their rows may be mixed, so they stay unsampleable.
-        cdef Py_ssize_t j, s, lost = 0
+        cdef Py_ssize_t j, s, lost = 0, inserted = 0
         cdef uint64_t g
         cdef uint8_t st
         cdef double p = self.selector.default_priority()
@@ -197,13 +224,17 @@ cdef class Slots:
                     fault(F_PUBLISH)
                     self.header[STORED] += 1
                     self.header[INSERTS] += 1
+                    inserted += 1
                 elif st == WAITING:
                     self.header[INSERTS] += 1
+                    inserted += 1
             else:
                 self.gen[s] = next_reservation(g)
                 self.retire(s)
                 lost += 1
         self.fix_run(lane, start, k)
+        if self.writer_row >= 0:
+            self.writers[self.writer_row, WRITER_INSERTS] += inserted
         return lost
 
     cdef Py_ssize_t complete(self, const int64_t* slots, const uint64_t* generations, const double* priorities,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -31,11 +32,12 @@ from ._ext.prioritized import PrioritizedSelector
 from ._ext.ring import Ring
 from ._ext.slots import Slots, recover
 from ._ext.schema import INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED
-from ._ext.schema import MEMBERS_ARRAY, TORN, TREE_ARRAY, field_array, segment_arrays
+from ._ext.processes import process_token
+from ._ext.schema import MANIFEST_ARRAY, MEMBERS_ARRAY, TORN, TREE_ARRAY, WRITERS_ARRAY, field_array, segment_arrays
 from ._ext.selector import Selector
 from ._ext.sumtree import PriorityTree, tree_buffer_size
 from ._ext.uniform import UniformSelector, uniform_state_size
-from . import fileformat
+from . import fileformat, manifest
 from .errors import BufferClosed
 from .limiter import RateLimiter
 from .memory import HeapMemory, Layout, SharedMemory
@@ -162,13 +164,30 @@ class ReplayBuffer:
                 self._lanes[0, [LANE_START, LANE_CURSOR, LANE_END]] = 0, 0, self._size
             else:
                 c.lane_bounds(self._size, self._lanes)
+        if create:
+            manifest.encode(self._manifest(), arrays[MANIFEST_ARRAY])
         self._frames, outputs = (None, None) if c is None else c.make_frames(self._specs, arrays)
         gate = Gate(self._header, arrays["limits"], self._make_lock(create))
-        slots = Slots(self._header, self._lanes, self._generation, arrays["owner"], arrays["state"], self._selector,
-                      self._frames)
+        slots = Slots(self._header, self._lanes, self._generation, arrays["owner"], arrays["state"],
+                      arrays[WRITERS_ARRAY], self._selector, self._frames)
         self._ring = Ring(self._header, gate, slots, self._selector, list(self._fields.items()), rng, self._frames,
                           outputs)
         self._writer = None if c is None else FrameWriter(c, self._specs, self._ring, arrays)
+
+    def _manifest(self) -> dict[str, Any]:
+        """What another process needs to read this buffer's memory (see :mod:`mpreplay.manifest`)."""
+        c = self._compression
+        return {
+            "class": type(self).__name__,
+            "capacity": self._size,
+            "fields": {name: {"shape": list(s.shape), "dtype": s.dtype.str} for name, s in self._specs.items()},
+            "next_of": [] if c is None else list(c.next_of),
+            "stack_compress": [] if c is None else list(c.stack),
+            "selector": self._selector_array()[0],
+            "owner": process_token(os.getpid()),
+            "created": time.time(),
+            "arrays": [[name, list(shape), dtype, offset] for name, shape, dtype, offset in self._memory.layout.entries],
+        }
 
     def close(self) -> None:
         """Release the buffer's memory; later calls raise :class:`BufferClosed`.

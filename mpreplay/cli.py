@@ -1,9 +1,14 @@
-"""Command line: ``mpreplay bench NAME``, ``mpreplay demo``, ``mpreplay inspect FILE``."""
+"""Command line: ``mpreplay bench NAME``, ``demo``, ``inspect FILE``, and ``ls``, ``top``, ``rm``
+(the buffers of this machine, seen from outside: :mod:`mpreplay.monitor`)."""
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib
+import json
 import sys
+import time
+from collections.abc import Sequence
 
 _BENCHMARKS = {
     "memory": "bytes per transition with next_of / stack_compress vs one frame per step; cost of rebuilding stacks",
@@ -25,6 +30,17 @@ def main(argv: list[str] | None = None) -> int:
     inspect_cmd = sub.add_parser("inspect", help="print a saved transitions file's metadata and a per-array summary")
     inspect_cmd.add_argument("file", help="a file written by save_transitions")
     sub.add_parser("demo", help="Ape-X DQN on CartPole with a live view (mpreplay demo --help)", add_help=False)
+    ls = sub.add_parser("ls", help="one line per replay buffer segment on this machine")
+    ls.add_argument("--json", action="store_true", help="a JSON list, for scripts")
+    top = sub.add_parser("top", help="live figures of one buffer, read-only (never takes its lock)")
+    top.add_argument("name", nargs="?", help="the segment (default: the newest buffer whose owner is alive)")
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between frames (default 1)")
+    top.add_argument("--plain", action="store_true", help="plain text even when rich is installed")
+    rm = sub.add_parser("rm", help="unlink segments whose owner is gone (--dead), or the ones named")
+    rm.add_argument("names", nargs="*", help="segments to unlink")
+    rm.add_argument("--dead", action="store_true", help="every segment whose owner process is gone")
+    rm.add_argument("--force", action="store_true", help="also segments whose owner is alive")
     args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
         from .demo import main as demo
@@ -43,8 +59,115 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         module = importlib.import_module(f"mpreplay.bench.{args.name}")
         return int(module.main(rest) or 0)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "ls":
+        return _ls(args.json)
+    if args.command == "top":
+        if not args.interval > 0:
+            parser.error(f"--interval: expected seconds > 0, got {args.interval}")
+        return _top(args.name, args.once, args.interval, args.plain)
+    if args.command == "rm":
+        if bool(args.names) == args.dead:
+            parser.error("rm: name segments, or give --dead (not both)")
+        return _rm(args.names, args.dead, args.force)
     parser.error(f"unknown command {args.command!r}")
     return 2
+
+
+def _ls(as_json: bool) -> int:
+    from .monitor import list_segments, summary
+
+    rows = [row for row in map(summary, list_segments()) if row is not None]
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    if not rows:
+        print("no mpreplay segment in /dev/shm")
+        return 0
+    _print_columns(["name", "owner", "size", "kind", "fill", "writers", "created"], [
+        [r["name"], f"{r['owner_pid']} ({'alive' if r['owner_alive'] else 'gone'})", _mib(r["bytes"]), r["kind"],
+         "–" if r["capacity"] is None else f"{r['stored']:,} / {r['capacity']:,}",
+         "–" if r["writers_alive"] is None else str(r["writers_alive"]),
+         "–" if r["created"] is None else f"{datetime.datetime.fromtimestamp(r['created']):%Y-%m-%d %H:%M:%S}"]
+        for r in rows])
+    return 0
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:,.1f} MiB"
+
+
+def _print_columns(header: Sequence[str] | None, rows: Sequence[Sequence[str]]) -> None:
+    lines = rows if header is None else [header, *rows]
+    widths = [max(len(str(r[i])) for r in lines) for i in range(len(lines[0]))]
+    for cells in lines:
+        print("  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip())
+
+
+def _top(name: str | None, once: bool, interval: float, plain: bool) -> int:
+    from .monitor import BufferView, frame, list_segments
+
+    if name is None:
+        live = [s for s in list_segments() if s.document is not None and s.owner_alive]
+        if not live:
+            print("mpreplay top: no replay buffer whose owner is alive (mpreplay ls lists them all)", file=sys.stderr)
+            return 1
+        name = live[-1].name
+    try:
+        view = BufferView(name)
+    except (OSError, ValueError) as exc:
+        print(f"mpreplay top: {exc}", file=sys.stderr)
+        return 1
+    rich = None if plain else _rich()
+    with view:
+        before = view.read()
+        try:
+            while True:
+                time.sleep(interval)
+                after = view.read()
+                rows = frame(view, before, after)
+                if rich is None:
+                    print(f"mpreplay top  {datetime.datetime.now():%H:%M:%S}")
+                    _print_columns(None, rows)
+                    print(flush=True)
+                else:
+                    rich.print(_rich_table(rows))
+                if once:
+                    return 0
+                before = after
+        except KeyboardInterrupt:
+            return 0
+
+
+def _rich():
+    try:
+        from rich.console import Console
+    except ImportError:
+        return None
+    return Console()
+
+
+def _rich_table(rows: Sequence[tuple[str, str]]):
+    from rich.table import Table
+
+    table = Table(title=f"mpreplay top  {datetime.datetime.now():%H:%M:%S}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for label, value in rows:
+        table.add_row(label, value)
+    return table
+
+
+def _rm(names: list[str], dead: bool, force: bool) -> int:
+    from .monitor import remove_segments
+
+    done = remove_segments(names, dead=dead, force=force)
+    freed = sum(r.nbytes for r in done if r.removed)
+    for r in done:
+        print(f"removed {r.name} ({_mib(r.nbytes)})" if r.removed else f"kept {r.name}: {r.reason}")
+    print(f"{sum(r.removed for r in done)} removed, {_mib(freed)} returned")
+    return 0 if all(r.removed for r in done) else 1
 
 
 if __name__ == "__main__":

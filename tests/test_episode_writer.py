@@ -94,6 +94,21 @@ def test_closing_a_writer_gives_its_lane_back_and_leaves_the_buffer_open(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_a_new_writer_takes_a_lane_never_written_before_one_a_closed_writer_filled(kind):
+    with kind(64, ENV, next_of="obs", lanes=2) as buffer:
+        first = buffer.episode_writer()
+        for step in _episodes(0)[0]:
+            first.add(**step)
+        first.close()
+        second = buffer.episode_writer()
+        for step in _episodes(1)[0]:
+            second.add(**step)
+        rows = buffer.get_all_transitions(indexes=True)
+        by_stream = {stream: set(rows["indexes"][rows["rew"] // 10 == stream] // 32) for stream in (0, 1)}
+        assert by_stream == {0: {0}, 1: {1}}  # one lane each: the second did not write after the first's rows
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_writer_collected_without_close_gives_its_lane_back(kind):
     with kind(64, ENV, next_of="obs") as buffer:
         first = buffer.episode_writer()

@@ -343,7 +343,7 @@ def test_local_and_shared_buffers_store_the_same_bytes(no_leak):
             other = shared._memory.arrays[name]
             if name == "header":  # the shared lock counts its acquisitions there
                 array, other = array[:LOCK_WAIT_NS], other[:LOCK_WAIT_NS]
-            if name in ("writers", "lock"):  # who wrote, for telling dead writers apart
+            if name in ("manifest", "writers", "lock"):  # which class, who made it and who wrote
                 continue
             assert other.tobytes() == array.tobytes(), name
         assert local.sample(16)["id"].tolist() == shared.sample(16)["id"].tolist()

@@ -1,0 +1,287 @@
+"""The replay buffers of this machine, seen from outside: what ``mpreplay ls``, ``top`` and ``rm`` show.
+
+Every buffer segment in ``/dev/shm`` starts with its manifest (:mod:`mpreplay.manifest`), so any
+process can map it and read it.  Everything here maps segments read-only and never takes their
+lock: the counters are read as they are (each an aligned 8-byte word, so none is half-written),
+which is what lets ``top`` watch a buffer while its writers and learner run, freeze or die,
+and never slow them down.  The figures of one reading may be a few operations apart.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import manifest
+from ._ext.lock import read_holder
+from ._ext.processes import describe_process, token_alive, token_pid
+from ._ext.schema import (CLOSED, INSERTS, LANE_OWNER, LIMIT_MAX_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI, LOCK_HOLDS, LOCK_WAIT_NS,
+                          MANIFEST_NBYTES, SAMPLES, STALE, STORED, TORN, TREE_ARRAY, WRITER_INSERTS, WRITER_TOKEN)
+from .memory import SEGMENT_PREFIX
+
+__all__ = ["SHM_DIR", "BufferView", "Reading", "Removal", "Segment", "frame", "list_segments", "remove_segments",
+           "summary"]
+
+SHM_DIR = "/dev/shm"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One ``mpreplay-*`` segment: a buffer's (``document`` is its manifest) or another's
+    (a ``ParameterStore``'s, or one this version cannot read: ``document`` None)."""
+
+    name: str
+    nbytes: int            # space it takes in /dev/shm
+    owner_pid: int | None  # the creator, from the manifest or the name
+    owner_alive: bool
+    document: dict[str, Any] | None = field(repr=False)
+
+    @property
+    def kind(self) -> str:
+        """``"prioritized"``, ``"uniform"`` (``", compressed"`` appended), or ``"other"``."""
+        if self.document is None:
+            return "other"
+        kind = "prioritized" if self.document.get("selector") == TREE_ARRAY else "uniform"
+        return kind + (", compressed" if self.document.get("next_of") or self.document.get("stack_compress") else "")
+
+
+def list_segments(shm_dir: str = SHM_DIR) -> list[Segment]:
+    """Every ``mpreplay-*`` segment in ``shm_dir``, oldest first."""
+    found = []
+    for name in os.listdir(shm_dir):
+        if not name.startswith(SEGMENT_PREFIX):
+            continue
+        path = os.path.join(shm_dir, name)
+        try:
+            st = os.stat(path)
+            with open(path, "rb") as f:
+                head = f.read(MANIFEST_NBYTES)
+        except OSError:  # unlinked meanwhile, or not ours to read
+            continue
+        document = manifest.decode(head)
+        owner = _owner(name, document)
+        found.append((st.st_mtime, Segment(name, st.st_blocks * 512, owner, _alive(name, document), document)))
+    return [segment for _, segment in sorted(found, key=lambda item: item[0])]
+
+
+def _owner(name: str, document: dict[str, Any] | None) -> int | None:
+    if document is not None:
+        return token_pid(document["owner"])
+    pid = name[len(SEGMENT_PREFIX):].split("-", 1)[0]
+    return int(pid) if pid.isdigit() else None
+
+
+def _alive(name: str, document: dict[str, Any] | None) -> bool:
+    if document is not None:
+        return token_alive(document["owner"])  # pid and start time: a reused pid is not the owner
+    pid = _owner(name, document)
+    return pid is not None and os.path.exists(f"/proc/{pid}")  # no start time known: the safe answer
+
+
+def summary(segment: Segment, shm_dir: str = SHM_DIR) -> dict[str, Any] | None:
+    """``ls``'s figures of ``segment``: name, owner, size, kind, capacity and fill, writers
+    alive, creation time; None when it was unlinked meanwhile."""
+    row = {"name": segment.name, "owner_pid": segment.owner_pid, "owner_alive": segment.owner_alive,
+           "bytes": segment.nbytes, "kind": segment.kind, "capacity": None, "stored": None,
+           "writers_alive": None, "created": None}
+    if segment.document is None:
+        return row
+    try:
+        with BufferView(segment.name, shm_dir) as view:
+            reading = view.read()
+    except (OSError, ValueError):
+        return None
+    row.update(capacity=view.capacity, stored=int(reading.header[STORED]), created=segment.document["created"],
+               writers_alive=sum(token_alive(token) for token in reading.writers))
+    return row
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The counters of a buffer at one instant (``time.monotonic()``)."""
+
+    at: float
+    header: np.ndarray
+    writers: dict[int, int]  # writer token -> transitions it published
+
+
+class BufferView:
+    """A read-only mapping of the buffer segment ``name`` (never its lock, never a write)."""
+
+    def __init__(self, name: str, shm_dir: str = SHM_DIR):
+        path = os.path.join(shm_dir, name)
+        with open(path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        document = manifest.decode(self._map[:MANIFEST_NBYTES])
+        if document is None:
+            self._map.close()
+            raise ValueError(f"{name}: not a replay buffer segment this version of mpreplay can read")
+        self.name = name
+        self.document = document
+        self.capacity: int = document["capacity"]
+        self.arrays = {entry[0]: np.frombuffer(self._map, np.dtype(entry[2]), int(np.prod(entry[1], dtype=np.int64)),
+                                               entry[3]).reshape(entry[1]) for entry in document["arrays"]}
+
+    def read(self) -> Reading:
+        """The counters now."""
+        writers = self.arrays["writers"]
+        return Reading(time.monotonic(), self.arrays["header"].copy(),
+                       {int(t): int(n) for t, n in zip(writers[:, WRITER_TOKEN], writers[:, WRITER_INSERTS]) if t})
+
+    def limiter(self) -> dict[str, float | None] | None:
+        """The rate limiter's settings, or None: ``samples_per_insert`` (None for a limiter that
+        only waits for ``min_size``, whose sample/insert bounds are infinite) and ``min_size``."""
+        limits = self.arrays["limits"]
+        if not limits[LIMIT_ON]:
+            return None
+        ratio = float(limits[LIMIT_SPI]) if np.isfinite(limits[LIMIT_MAX_DIFF]) else None
+        return {"samples_per_insert": ratio, "min_size": float(limits[LIMIT_MIN_SIZE])}
+
+    def lock_holder(self) -> tuple[int, float] | None:
+        """``(pid, seconds)`` of the process holding the lock now, or None."""
+        return read_holder(self.arrays["lock"]) if "lock" in self.arrays else None
+
+    def lanes(self) -> dict[int, int]:
+        """Writer token -> the lane it fills, for buffers whose writers have lanes (compressed)."""
+        owners = self.arrays["lanes"][:, LANE_OWNER]
+        return {int(t): lane for lane, t in enumerate(owners) if t} if len(owners) > 1 else {}
+
+    def priorities(self) -> np.ndarray | None:
+        """The priorities of the transitions that may be drawn now (None: uniform selection)."""
+        if TREE_ARRAY not in self.arrays:
+            return None
+        nodes = self.arrays[TREE_ARRAY].reshape(-1, 3)  # (sum, min, max); leaves in the second half
+        # Copied first: writers change leaves meanwhile, and the mask must judge the values returned.
+        leaves = nodes[len(nodes) // 2:len(nodes) // 2 + self.capacity].copy()
+        return leaves[(leaves[:, 0] > 0) & (leaves[:, 2] > -np.inf), 2]
+
+    @property
+    def closed(self) -> bool:
+        """Whether the owner closed the buffer."""
+        return bool(self.arrays["header"][CLOSED])
+
+    def close(self) -> None:
+        self.arrays = {}
+        try:
+            self._map.close()
+        except BufferError:  # a caller still holds an array over the mapping: it unmaps with them
+            pass
+
+    def __enter__(self) -> "BufferView":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def frame(view: BufferView, before: Reading, after: Reading) -> list[tuple[str, str]]:
+    """``top``'s rows for the interval between two readings of ``view``: (label, value)."""
+    dt = max(after.at - before.at, 1e-9)
+    h0, h1 = before.header, after.header
+
+    def rate(index: int) -> float:
+        return (int(h1[index]) - int(h0[index])) / dt
+
+    inserts, samples = rate(INSERTS), rate(SAMPLES)
+    doc = view.document
+    owner = token_pid(doc["owner"])
+    rows = [
+        ("buffer", f"{view.name}  {doc['class']}, capacity {view.capacity:,}"),
+        ("owner", f"{describe_process(owner)}" + ("" if token_alive(doc["owner"]) else ": gone")
+         + ("; closed" if view.closed else "")),
+        ("fill", f"{int(h1[STORED]):,} / {view.capacity:,} ({int(h1[STORED]) / view.capacity:.1%})"),
+        ("inserts/s", f"{inserts:,.0f}"),
+        ("samples/s", f"{samples:,.0f}"),
+    ]
+    limiter = view.limiter()
+    ratio = f"{samples / inserts:.2f}" if inserts > 0 else "–"
+    if limiter is None:
+        target = "no rate limiter"
+    elif limiter["samples_per_insert"] is None:
+        target = f"no target; sampling waits for {limiter['min_size']:,.0f} stored"
+    else:
+        target = f"target {limiter['samples_per_insert']:g}, min size {limiter['min_size']:,.0f}"
+    rows.append(("samples per insert", f"{ratio} ({target})"))
+    holds = rate(LOCK_HOLDS)
+    # Summed over the waiters: three processes each waiting half the time make 1.5 s per s.
+    rows.append(("lock wait", f"{rate(LOCK_WAIT_NS) / 1e9:.2f} s per s (all waiters), {holds:,.0f} holds/s"))
+    holder = view.lock_holder()
+    rows.append(("lock holder", "free" if holder is None
+                 else f"{describe_process(holder[0])} for {holder[1] * 1e3:,.1f} ms"))
+    rows.append(("stale updates/s", f"{rate(STALE):,.0f}"))
+    rows.append(("torn rows/s", f"{rate(TORN):,.0f}"))
+    lanes = view.lanes()
+    for token, count in sorted(after.writers.items()):
+        per_s = (count - before.writers.get(token, 0)) / dt  # a writer new since `before` counts from 0
+        lane = f", lane {lanes[token]}" if token in lanes else ""
+        state = "" if token_alive(token) else ", gone"
+        rows.append(("writer", f"pid {token_pid(token)}{lane}: {per_s:,.0f} inserts/s ({count:,} in all{state})"))
+    priorities = view.priorities()
+    if priorities is not None and len(priorities):
+        rows.append(("priorities", f"min {priorities.min():.3g}  median {np.median(priorities):.3g}  "
+                                   f"max {priorities.max():.3g}"))
+        rows.append(("histogram", _histogram(priorities)))
+    return rows
+
+
+_BARS = " ▁▂▃▄▅▆▇█"
+
+
+def _histogram(values: np.ndarray, bins: int = 16) -> str:
+    """A one-line histogram of ``values`` over log-spaced bins (priorities span decades)."""
+    positive = values[values > 0]
+    zeros = len(values) - len(positive)
+    if not len(positive):
+        return f"all {zeros:,} zero"
+    lo, hi = np.log10(positive.min()), np.log10(positive.max())
+    counts, _ = np.histogram(np.log10(positive), bins=bins, range=(lo, hi if hi > lo else lo + 1))
+    bars = "".join(_BARS[int(np.ceil(c / counts.max() * (len(_BARS) - 1)))] for c in counts)
+    return f"{10 ** lo:.2g} |{bars}| {10 ** hi:.2g}" + (f"  (+{zeros:,} zero)" if zeros else "")
+
+
+@dataclass(frozen=True)
+class Removal:
+    """What ``remove_segments`` did with one segment."""
+
+    name: str
+    nbytes: int
+    removed: bool
+    reason: str = ""
+
+
+def remove_segments(names: list[str] | None, *, dead: bool = False, force: bool = False,
+                    shm_dir: str = SHM_DIR) -> list[Removal]:
+    """Unlink the segments ``names`` (or, with ``dead``, every one whose owner is gone).
+
+    A segment whose owner is alive is refused unless ``force``: its owner would lose its
+    buffer's name (attached processes keep their mapping, new ones cannot attach).
+    """
+    segments = {s.name: s for s in list_segments(shm_dir)}
+    if dead:
+        chosen = [s for s in segments.values() if not s.owner_alive]
+    else:
+        chosen = []
+        for name in names or []:
+            if name not in segments:
+                chosen.append(Removal(name, 0, False, f"no mpreplay segment named {name!r} in {shm_dir}"))
+            else:
+                chosen.append(segments[name])
+    done = []
+    for s in chosen:
+        if isinstance(s, Removal):
+            done.append(s)
+        elif s.owner_alive and not force:
+            done.append(Removal(s.name, s.nbytes, False,
+                                f"its owner, {describe_process(s.owner_pid)}, is alive (--force removes it anyway)"))
+        else:
+            try:
+                os.unlink(os.path.join(shm_dir, s.name))
+            except FileNotFoundError:
+                done.append(Removal(s.name, 0, False, "already gone"))
+            else:
+                done.append(Removal(s.name, s.nbytes, True))
+    return done

@@ -1,0 +1,231 @@
+"""``mpreplay ls``, ``top`` and ``rm``: the buffers of this machine, seen from another process."""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import re
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from mpreplay import MPPrioritizedReplayBuffer, MPReplayBuffer, SampleToInsertRatio, manifest
+from mpreplay.cli import main
+from mpreplay.monitor import SHM_DIR, BufferView, list_segments, remove_segments
+
+METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
+ENV = {"obs": {"shape": (4,)}}
+pytestmark = pytest.mark.timeout(120, method="thread")
+
+
+def _own(queue, stop, rows: int) -> None:
+    buffer = MPPrioritizedReplayBuffer(1000, ENV, rate_limiter=SampleToInsertRatio(4.0, 10, 1e8))
+    buffer.add(obs=np.ones((rows, 4)), priorities=np.linspace(0.5, 2.0, rows))
+    queue.put(buffer)
+    stop.wait(60)
+    buffer.close()
+
+
+@pytest.fixture
+def owned(request):
+    """``(buffer handle, owner process)``: a buffer a child created (spawn or fork) and wrote
+    100 rows into, attached here."""
+    ctx = mp.get_context(request.param)
+    queue, stop = ctx.Queue(), ctx.Event()
+    owner = ctx.Process(target=_own, args=(queue, stop, 100))
+    owner.start()
+    buffer = queue.get(timeout=60)
+    try:
+        yield buffer, owner
+    finally:
+        buffer.close()
+        stop.set()
+        owner.join(30)
+        if owner.exitcode is None:
+            owner.kill()
+
+
+OWNED = pytest.mark.parametrize("owned", ["spawn", "fork"], indirect=True)
+
+
+def _ls(capsys) -> list[dict]:
+    assert main(["ls", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _row(rows: list[dict], name: str) -> dict:
+    (row,) = [r for r in rows if r["name"] == name]
+    return row
+
+
+@OWNED
+def test_ls_lists_a_buffer_another_process_made_with_its_figures(owned, capsys):
+    buffer, owner = owned
+    buffer.add(obs=np.zeros((50, 4)), priorities=np.ones(50))  # this process writes too
+    row = _row(_ls(capsys), buffer.name)
+    assert (row["owner_pid"], row["owner_alive"], row["kind"]) == (owner.pid, True, "prioritized")
+    assert (row["capacity"], row["stored"], row["writers_alive"]) == (1000, 150, 2)
+    assert row["bytes"] >= os.stat(os.path.join(SHM_DIR, buffer.name)).st_size
+
+
+@OWNED
+def test_ls_prints_one_line_per_segment(owned, capsys):
+    buffer, owner = owned
+    assert main(["ls"]) == 0
+    (line,) = [l for l in capsys.readouterr().out.splitlines() if l.startswith(buffer.name)]
+    assert re.search(rf"{owner.pid} \(alive\)\s+[\d.]+ MiB\s+prioritized\s+100 / 1,000\s+1\s", line)
+
+
+def test_ls_names_a_compressed_uniform_buffer_as_such(capsys):
+    with MPReplayBuffer(1000, {"obs": {"shape": (4, 2)}, "next_obs": {"shape": (4, 2)}},
+                        next_of="obs", stack_compress="obs") as buffer:
+        assert _row(_ls(capsys), buffer.name)["kind"] == "uniform, compressed"
+
+
+def _write_forever(buffer, stop) -> None:
+    while not stop.is_set():
+        buffer.add(obs=np.ones((8, 4)), priorities=np.linspace(0.5, 2.0, 8))
+
+
+@OWNED
+def test_top_once_shows_rates_fill_limiter_writers_and_priorities(owned, capsys):
+    buffer, owner = owned
+    ctx = mp.get_context("fork")
+    stop = ctx.Event()
+    writer = ctx.Process(target=_write_forever, args=(buffer, stop))
+    writer.start()
+    try:
+        assert main(["top", buffer.name, "--once", "--interval", "0.5", "--plain"]) == 0
+    finally:
+        stop.set()
+        writer.join(30)
+    out = capsys.readouterr().out
+    assert re.search(r"inserts/s\s+[1-9][\d,]*\n", out)
+    assert re.search(r"fill\s+[\d,]+ / 1,000", out)
+    assert "target 4, min size 10" in out
+    assert re.search(rf"writer\s+pid {writer.pid}: [1-9][\d,]* inserts/s", out)
+    assert re.search(rf"writer\s+pid {owner.pid}: 0 inserts/s \(100 in all\)", out)
+    assert re.search(r"priorities\s+min 0\.5\s+median [\d.]+\s+max 2\n", out)
+
+
+def test_top_without_a_name_watches_the_newest_live_buffer(capsys):
+    with MPPrioritizedReplayBuffer(64, ENV) as buffer:
+        assert main(["top", "--once", "--interval", "0.1", "--plain"]) == 0
+        assert buffer.name in capsys.readouterr().out
+
+
+def test_top_of_a_segment_that_is_not_there_fails_with_a_message(capsys):
+    assert main(["top", "mpreplay-0-00000000", "--once", "--plain"]) == 1
+    assert "mpreplay-0-00000000" in capsys.readouterr().err
+
+
+def _hold_lock(buffer, held) -> None:
+    buffer._lock.acquire()
+    held.set()
+    time.sleep(120)
+
+
+@METHODS
+def test_top_reads_a_buffer_whose_lock_a_stopped_process_holds_and_names_it(method, capsys):
+    ctx = mp.get_context(method)
+    with MPPrioritizedReplayBuffer(64, ENV) as buffer:
+        held = ctx.Event()
+        holder = ctx.Process(target=_hold_lock, args=(buffer, held))
+        holder.start()
+        try:
+            assert held.wait(60)
+            os.kill(holder.pid, signal.SIGSTOP)
+            assert main(["top", buffer.name, "--once", "--interval", "0.1", "--plain"]) == 0
+        finally:
+            os.kill(holder.pid, signal.SIGKILL)
+            holder.join(30)
+        assert re.search(rf"lock holder\s+process {holder.pid} \(stopped\) for [\d,.]+ ms", capsys.readouterr().out)
+
+
+def _segment_bytes(name: str) -> bytes:
+    with open(os.path.join(SHM_DIR, name), "rb") as f:
+        return f.read()
+
+
+def test_ls_and_top_change_no_byte_of_the_segment_and_never_take_its_lock(capsys):
+    with MPPrioritizedReplayBuffer(64, ENV) as buffer:
+        buffer.add(obs=np.ones((8, 4)))
+        before = _segment_bytes(buffer.name)
+        main(["ls"])
+        main(["top", buffer.name, "--once", "--interval", "0.1", "--plain"])
+        assert _segment_bytes(buffer.name) == before  # the lock's hold counter included
+
+
+def _own_and_die(queue) -> None:
+    buffer = MPReplayBuffer(64, ENV)
+    queue.put(buffer.name)
+    time.sleep(120)
+
+
+@METHODS
+def test_rm_dead_removes_the_segment_of_a_killed_owner_and_keeps_a_live_one(method, capsys):
+    ctx = mp.get_context(method)
+    queue = ctx.Queue()
+    owner = ctx.Process(target=_own_and_die, args=(queue,))
+    owner.start()
+    dead = queue.get(timeout=60)
+    os.kill(owner.pid, signal.SIGKILL)
+    owner.join(30)
+    with MPReplayBuffer(64, ENV) as live:
+        assert _row(_ls(capsys), dead)["owner_alive"] is False
+        assert main(["rm", "--dead"]) == 0
+        out = capsys.readouterr().out
+        assert f"removed {dead}" in out and re.search(r"[1-9]\d* removed, [\d.]+ MiB returned", out)
+        names = {s.name for s in list_segments()}
+        assert dead not in names and live.name in names
+
+
+def test_rm_refuses_a_segment_whose_owner_is_alive_and_says_why(capsys):
+    with MPReplayBuffer(64, ENV) as buffer:
+        assert main(["rm", buffer.name]) == 1
+        assert re.search(rf"kept {buffer.name}: its owner, process {os.getpid()} \(\w+\), is alive", capsys.readouterr().out)
+        assert buffer.name in {s.name for s in list_segments()}
+
+
+def test_rm_force_removes_a_live_owners_segment():
+    buffer = MPReplayBuffer(64, ENV)
+    (done,) = remove_segments([buffer.name], force=True)
+    assert done.removed and done.nbytes > 0
+    assert not os.path.exists(os.path.join(SHM_DIR, buffer.name))
+    buffer.close()  # the owner finds its segment gone and carries on
+
+
+def test_rm_of_an_unknown_name_reports_it_and_fails(capsys):
+    assert main(["rm", "mpreplay-0-00000000"]) == 1
+    assert "no mpreplay segment named 'mpreplay-0-00000000'" in capsys.readouterr().out
+
+
+def test_rm_wants_names_or_dead_but_not_both():
+    with pytest.raises(SystemExit):
+        main(["rm"])
+    with pytest.raises(SystemExit):
+        main(["rm", "--dead", "mpreplay-0-00000000"])
+
+
+def test_a_segment_without_a_manifest_is_listed_as_other_and_cannot_be_watched(tmp_path):
+    name = "mpreplay-1-deadbeef"
+    (tmp_path / name).write_bytes(bytes(64))
+    (segment,) = list_segments(str(tmp_path))
+    assert (segment.name, segment.kind, segment.owner_pid) == (name, "other", 1)
+    with pytest.raises(ValueError, match="not a replay buffer"):
+        BufferView(name, str(tmp_path))
+
+
+def test_a_manifest_reads_back_what_was_written():
+    out = np.zeros(16384, np.uint8)
+    manifest.encode({"capacity": 5, "arrays": [["header", [16], "<i8", 0]]}, out)
+    assert manifest.decode(out.tobytes()) == {"version": manifest.VERSION, "capacity": 5,
+                                              "arrays": [["header", [16], "<i8", 0]]}
+
+
+@pytest.mark.parametrize("head", [b"", b"mpreplay", b"x" * 64, b"mpreplay" + (10**9).to_bytes(8, "little")],
+                         ids=["empty", "magic-only", "no-magic", "length-past-the-end"])
+def test_bytes_that_hold_no_manifest_decode_to_none(head):
+    assert manifest.decode(head) is None
