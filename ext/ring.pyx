@@ -57,6 +57,11 @@ cdef bint _narrow_to_float(const double* src, float* dst, Py_ssize_t n) noexcept
     return True
 
 
+# Compressed observations a row may have (obs and next_obs of each compressed key).
+cdef enum:
+    MAX_FRAME_OUTPUTS = 64
+
+
 # Element kinds the single-transition fast path converts without numpy.
 cdef enum Kind:
     K_OTHER, K_F32, K_F64, K_I8, K_I16, K_I32, K_I64, K_U8, K_U16, K_U32, K_U64, K_BOOL
@@ -192,6 +197,9 @@ cdef class Ring:
         self._header = header
         self._frames = frames
         self._frame_outputs = frame_outputs or []
+        if len(self._frame_outputs) > MAX_FRAME_OUTPUTS:
+            raise ValueError(f"next_of/stack_compress: at most {MAX_FRAME_OUTPUTS} compressed observations "
+                             f"per row, got {len(self._frame_outputs)}")
         self._gate = gate
         self._slots = slots
         self._selector = selector
@@ -612,19 +620,24 @@ cdef class Ring:
 
     cdef void _gather_frames(self, const int64_t* slots, Py_ssize_t k, list outs, const Py_ssize_t* rows) except *:
         # Rebuild the compressed observations of rows (all k, or rows[0..k)) without the lock.
-        cdef Py_ssize_t o, j, r, u, key, rb
-        cdef bint nxt
-        cdef uint8_t* dst
-        for o in range(len(self._frame_outputs)):
-            key, nxt = self._frame_outputs[o][1], self._frame_outputs[o][2]
+        # Row by row, every output of the row together: obs and next_obs share all frames but
+        # one, so the second rebuild reads them from cache instead of memory.
+        cdef Py_ssize_t o, j, r, u, n = len(self._frame_outputs)
+        cdef Py_ssize_t keys[MAX_FRAME_OUTPUTS]
+        cdef Py_ssize_t rbs[MAX_FRAME_OUTPUTS]
+        cdef bint nxts[MAX_FRAME_OUTPUTS]
+        cdef uint8_t* dsts[MAX_FRAME_OUTPUTS]
+        for o in range(n):
+            keys[o], nxts[o] = self._frame_outputs[o][1], self._frame_outputs[o][2]
             out = <cnp.ndarray>outs[self._nfields + o]
-            rb = out.nbytes // out.shape[0]
-            dst = <uint8_t*>cnp.PyArray_DATA(out)
-            with nogil:
-                for j in range(k):
-                    r = rows[j] if rows != NULL else j
-                    u = self._frames._nxt[slots[r]] if nxt else slots[r]
-                    self._frames.rebuild(key, u, dst + r * rb)
+            rbs[o] = out.nbytes // out.shape[0]
+            dsts[o] = <uint8_t*>cnp.PyArray_DATA(out)
+        with nogil:
+            for j in range(k):
+                r = rows[j] if rows != NULL else j
+                for o in range(n):
+                    u = self._frames._nxt[slots[r]] if nxts[o] else slots[r]
+                    self._frames.rebuild(keys[o], u, dsts[o] + r * rbs[o])
 
     cdef list _outputs(self, Py_ssize_t b, dict out):
         # Arrays to copy a batch of b rows into: fresh ones, or the caller's.
