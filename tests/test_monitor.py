@@ -6,6 +6,7 @@ import multiprocessing as mp
 import os
 import re
 import signal
+import sys
 import time
 
 import numpy as np
@@ -119,6 +120,33 @@ def test_top_without_a_name_watches_the_newest_live_buffer(capsys):
 def test_top_of_a_segment_that_is_not_there_fails_with_a_message(capsys):
     assert main(["top", "mpreplay-0-00000000", "--once", "--plain"]) == 1
     assert "mpreplay-0-00000000" in capsys.readouterr().err
+
+
+def test_top_falls_back_to_plain_text_when_rich_is_missing(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "rich", None)  # import rich... raises ImportError
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+    with MPPrioritizedReplayBuffer(64, ENV) as buffer:
+        assert main(["top", buffer.name, "--once", "--interval", "0.1"]) == 0
+        assert re.search(rf"buffer\s+{buffer.name}  MPPrioritizedReplayBuffer", capsys.readouterr().out)
+
+
+@METHODS
+def test_top_goes_on_when_a_writer_is_killed_mid_run_and_shows_it_gone(method, capsys):
+    ctx = mp.get_context(method)
+    with MPPrioritizedReplayBuffer(1000, ENV) as buffer:
+        stop = ctx.Event()
+        writer = ctx.Process(target=_write_forever, args=(buffer, stop))
+        writer.start()
+        try:
+            while buffer.get_stored_size() < 64 and writer.is_alive():
+                time.sleep(0.01)
+            os.kill(writer.pid, signal.SIGKILL)  # perhaps inside its reservation, perhaps holding the lock
+            writer.join(30)
+            assert main(["top", buffer.name, "--once", "--interval", "0.2", "--plain"]) == 0
+        finally:
+            stop.set()
+        assert re.search(rf"writer\s+pid {writer.pid}: 0 inserts/s \([\d,]+ in all, gone\)", capsys.readouterr().out)
+        buffer.add(obs=np.ones(4))  # the buffer goes on too
 
 
 def _hold_lock(buffer, held) -> None:
