@@ -160,6 +160,11 @@ cdef class Ring:
     cdef int64_t[::1] _header
     cdef Frames _frames
     cdef list _frame_outputs
+    cdef Py_ssize_t _nframe_outputs
+    cdef Py_ssize_t* _fo_key      # per frame output: its key in Frames
+    cdef bint* _fo_next           # per frame output: the next observation (else the observation)
+    cdef uint8_t** _fo_dst        # per frame output, during a gather: the output array's data
+    cdef Py_ssize_t* _fo_rowbytes # per frame output, during a gather: bytes per output row
     cdef Gate _gate
     cdef Slots _slots
     cdef Selector _selector
@@ -184,14 +189,29 @@ cdef class Ring:
         self._rowbytes = NULL
         self._kinds = NULL
         self._typenums = NULL
+        self._fo_key = NULL
+        self._fo_next = NULL
+        self._fo_dst = NULL
+        self._fo_rowbytes = NULL
 
     def __init__(self, int64_t[::1] header not None, Gate gate not None, Slots slots not None,
                  Selector selector not None, list fields not None, object rng,
                  Frames frames=None, list frame_outputs=None):
-        cdef Py_ssize_t i, n = len(fields)
+        cdef Py_ssize_t i, n = len(fields), nfo
         self._header = header
         self._frames = frames
         self._frame_outputs = frame_outputs or []
+        nfo = len(self._frame_outputs)
+        self._nframe_outputs = nfo
+        self._fo_key = <Py_ssize_t*>malloc(nfo * sizeof(Py_ssize_t) + 1)
+        self._fo_next = <bint*>malloc(nfo * sizeof(bint) + 1)
+        self._fo_dst = <uint8_t**>malloc(nfo * sizeof(uint8_t*) + 1)
+        self._fo_rowbytes = <Py_ssize_t*>malloc(nfo * sizeof(Py_ssize_t) + 1)
+        if not (self._fo_key and self._fo_next and self._fo_dst and self._fo_rowbytes):
+            raise MemoryError()
+        for i in range(nfo):
+            self._fo_key[i] = self._frame_outputs[i][1]
+            self._fo_next[i] = self._frame_outputs[i][2]
         self._gate = gate
         self._slots = slots
         self._selector = selector
@@ -230,6 +250,10 @@ cdef class Ring:
         free(self._rowbytes)
         free(self._kinds)
         free(self._typenums)
+        free(self._fo_key)
+        free(self._fo_next)
+        free(self._fo_dst)
+        free(self._fo_rowbytes)
 
     def set_rng(self, object rng):
         """Draw from ``rng`` (a numpy Generator) from now on."""
@@ -601,19 +625,21 @@ cdef class Ring:
 
     cdef void _gather_frames(self, const int64_t* slots, Py_ssize_t k, list outs, const Py_ssize_t* rows) except *:
         # Rebuild the compressed observations of rows (all k, or rows[0..k)) without the lock.
-        cdef Py_ssize_t o, j, r, u, key, rb
-        cdef bint nxt
-        cdef uint8_t* dst
-        for o in range(len(self._frame_outputs)):
-            key, nxt = self._frame_outputs[o][1], self._frame_outputs[o][2]
+        # Row by row, every output of a row in turn: a row's observation and next
+        # observation share all but one frame, so the second rebuild reads them
+        # from cache instead of from memory again.
+        cdef Py_ssize_t o, j, r, u, nfo = self._nframe_outputs
+        cdef cnp.ndarray out
+        for o in range(nfo):
             out = <cnp.ndarray>outs[self._nfields + o]
-            rb = out.nbytes // out.shape[0]
-            dst = <uint8_t*>cnp.PyArray_DATA(out)
-            with nogil:
-                for j in range(k):
-                    r = rows[j] if rows != NULL else j
-                    u = self._frames._nxt[slots[r]] if nxt else slots[r]
-                    self._frames.rebuild(key, u, dst + r * rb)
+            self._fo_dst[o] = <uint8_t*>cnp.PyArray_DATA(out)
+            self._fo_rowbytes[o] = out.nbytes // out.shape[0]
+        with nogil:
+            for j in range(k):
+                r = rows[j] if rows != NULL else j
+                for o in range(nfo):
+                    u = self._frames._nxt[slots[r]] if self._fo_next[o] else slots[r]
+                    self._frames.rebuild(self._fo_key[o], u, self._fo_dst[o] + r * self._fo_rowbytes[o])
 
     cdef list _outputs(self, Py_ssize_t b, dict out):
         # Arrays to copy a batch of b rows into: fresh ones, or the caller's.
