@@ -92,7 +92,7 @@ def test_an_uncompressed_buffer_stores_what_was_passed_although_the_arrays_chang
 
 @METHODS
 @pytest.mark.parametrize("feed", [_add_reusing_one_step, _add_reusing_a_batch], ids=["one step", "batch"])
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120, method="thread")
 def test_actor_processes_reusing_their_arrays_fill_a_shared_compressed_buffer(method, feed):
     ctx = mp.get_context(method)
     with MPReplayBuffer(1024, ENV, lanes=2, **COMPRESSED) as buffer:
