@@ -257,31 +257,31 @@ def remove_segments(names: list[str] | None, *, dead: bool = False, force: bool 
                     shm_dir: str = SHM_DIR) -> list[Removal]:
     """Unlink the segments ``names`` (or, with ``dead``, every one whose owner is gone).
 
-    A segment whose owner is alive is refused unless ``force``: its owner would lose its
-    buffer's name (attached processes keep their mapping, new ones cannot attach).
+    Every name is checked before any segment is removed: one that names no mpreplay segment, or
+    (without ``force``) a segment whose owner is alive, keeps them all.  ``force`` removes live
+    owners' segments too: their owner loses the buffer's name (attached processes keep their
+    mapping, new ones cannot attach).
     """
     segments = {s.name: s for s in list_segments(shm_dir)}
     if dead:
-        chosen = [s for s in segments.values() if not s.owner_alive]
-    else:
-        chosen = []
-        for name in names or []:
-            if name not in segments:
-                chosen.append(Removal(name, 0, False, f"no mpreplay segment named {name!r} in {shm_dir}"))
-            else:
-                chosen.append(segments[name])
-    done = []
-    for s in chosen:
-        if isinstance(s, Removal):
-            done.append(s)
-        elif s.owner_alive and not force:
-            done.append(Removal(s.name, s.nbytes, False,
-                                f"its owner, {describe_process(s.owner_pid)}, is alive (--force removes it anyway)"))
-        else:
-            try:
-                os.unlink(os.path.join(shm_dir, s.name))
-            except FileNotFoundError:
-                done.append(Removal(s.name, 0, False, "already gone"))
-            else:
-                done.append(Removal(s.name, s.nbytes, True))
-    return done
+        return [_unlink(s, shm_dir) for s in segments.values() if not s.owner_alive]
+    refused = {}
+    for name in names or []:
+        if name not in segments:
+            refused[name] = f"no mpreplay segment named {name!r} in {shm_dir}"
+        elif segments[name].owner_alive and not force:
+            refused[name] = (f"its owner, {describe_process(segments[name].owner_pid)}, is alive "
+                             "(--force removes it anyway)")
+    if refused:
+        return [Removal(name, segments[name].nbytes if name in segments else 0, False,
+                        refused.get(name, "another name was refused, so nothing was removed"))
+                for name in names or []]
+    return [_unlink(segments[name], shm_dir) for name in names or []]
+
+
+def _unlink(segment: Segment, shm_dir: str) -> Removal:
+    try:
+        os.unlink(os.path.join(shm_dir, segment.name))
+    except FileNotFoundError:
+        return Removal(segment.name, 0, False, "already gone")
+    return Removal(segment.name, segment.nbytes, True)

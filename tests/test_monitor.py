@@ -230,6 +230,16 @@ def test_rm_of_an_unknown_name_reports_it_and_fails(capsys):
     assert "no mpreplay segment named 'mpreplay-0-00000000'" in capsys.readouterr().out
 
 
+def test_rm_removes_nothing_when_one_of_the_names_is_refused(capsys):
+    with MPReplayBuffer(64, ENV) as live:
+        dead = MPReplayBuffer(64, ENV)
+        assert main(["rm", "--force", dead.name, "mpreplay-0-00000000"]) == 1
+        out = capsys.readouterr().out
+        assert f"kept {dead.name}: another name was refused, so nothing was removed" in out
+        assert {dead.name, live.name} <= {s.name for s in list_segments()}
+        dead.close()
+
+
 def test_rm_wants_names_or_dead_but_not_both():
     with pytest.raises(SystemExit):
         main(["rm"])
