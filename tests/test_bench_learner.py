@@ -10,4 +10,6 @@ def test_a_short_run_reports_every_way_and_the_ratio_to_the_target(capsys):
     out = capsys.readouterr().out
     for way in ("train", "sample", "in turn", "prefetched"):
         assert re.search(rf"{way}\s*[│ ]\s*\d+\.\d\d", out), way
-    assert re.search(r"prefetched / max\(train, sample\) = \d+\.\d\d \(target <= 1.1: (met|not met)\)", out)
+    for what in ("uncompressed", r"compressed \(next_of \+ stack_compress\)"):
+        assert re.search(rf"\n{what}: prefetched / max\(train, sample\) = \d+\.\d\d \(target <= 1.1: (met|not met)\)",
+                         out), what

@@ -3,7 +3,8 @@
 ``mpreplay bench learner [--quick] [--capacity N] [--batch-size B] [--train-ms T] [--steps S] [--rounds R]``
 
 A prioritized buffer holds ``N`` (default 20,000) Atari transitions: ``obs`` and ``next_obs``
-(84, 84, 4) uint8, ``act``, ``rew``, ``done``.  A learner step samples ``B`` (256) of them,
+(84, 84, 4) uint8, ``act``, ``rew``, ``done``; once stored as they are, once compressed
+(``next_of`` + ``stack_compress``, each frame stored once).  A learner step samples ``B`` (256) of them,
 "trains" and updates their priorities.  The training step is synthetic: PyTorch matrix
 products on one thread, sized to take ``T`` ms (5) -- like a real step, it computes without
 holding the GIL.  The learner runs four ways, each for ``S`` steps:
@@ -33,6 +34,7 @@ from mpreplay.bench._report import positive_int, print_table
 
 FRAME = (84, 84, 4)
 TARGET = 1.1
+_EPISODE = 500  # steps per filled episode (a quarter of the capacity at most)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,38 +51,49 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (2 if args.quick else 5)
     torch.set_num_threads(1)  # the training step takes one core; sampling may use the other
 
-    buffer = _filled(capacity)
     train = _synthetic_step(args.train_ms / 1e3)
-    ways = _ways(buffer, args.batch_size, train)
-    times: dict[str, list[float]] = {name: [] for name in ways}
-    for _ in range(rounds):
-        for name, run in ways.items():
-            times[name].append(run(steps) / steps)
-    buffer.close()
-
-    median = {name: statistics.median(t) * 1e3 for name, t in times.items()}
-    floor = max(median["train"], median["sample"])
-    rows = [[name, f"{ms:.2f}", f"{ms / floor:.2f}"] for name, ms in median.items()]
-    print_table(f"learner step, batch {args.batch_size} of {FRAME} uint8 stacks, capacity {capacity:,}, "
-                f"{rounds} rounds x {steps} steps (median wall ms per step)", ["way", "ms / step", "÷ max(train, sample)"],
-                rows)
-    ratio = median["prefetched"] / floor
-    print(f"prefetched / max(train, sample) = {ratio:.2f} (target <= {TARGET}: {'met' if ratio <= TARGET else 'not met'}); "
-          f"in turn / prefetched = {median['in turn'] / median['prefetched']:.2f}")
+    for compressed in (False, True):
+        buffer = _filled(capacity, compressed)
+        ways = _ways(buffer, args.batch_size, train)
+        times: dict[str, list[float]] = {name: [] for name in ways}
+        for _ in range(rounds):
+            for name, run in ways.items():
+                times[name].append(run(steps) / steps)
+        buffer.close()
+        median = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+        floor = max(median["train"], median["sample"])
+        what = "compressed (next_of + stack_compress)" if compressed else "uncompressed"
+        print_table(f"learner step, {what}: batch {args.batch_size} of {FRAME} uint8 stacks, capacity {capacity:,}, "
+                    f"{rounds} rounds x {steps} steps (median wall ms per step)",
+                    ["way", "ms / step", "÷ max(train, sample)"],
+                    [[name, f"{ms:.2f}", f"{ms / floor:.2f}"] for name, ms in median.items()])
+        ratio = median["prefetched"] / floor
+        print(f"{what}: prefetched / max(train, sample) = {ratio:.2f} "
+              f"(target <= {TARGET}: {'met' if ratio <= TARGET else 'not met'}); "
+              f"in turn / prefetched = {median['in turn'] / median['prefetched']:.2f}")
     return 0
 
 
-def _filled(capacity: int) -> mpreplay.PrioritizedReplayBuffer:
+def _filled(capacity: int, compressed: bool) -> mpreplay.PrioritizedReplayBuffer:
+    """A full buffer of Atari-like episodes: random frames, stacked 4 deep (the first frame of an
+    episode repeated), each row with its next stack; compressed with next_of + stack_compress."""
     frame = {"shape": FRAME, "dtype": np.uint8}
+    options = {"next_of": "obs", "stack_compress": "obs"} if compressed else {}
     buffer = mpreplay.PrioritizedReplayBuffer(capacity, {"obs": frame, "next_obs": frame, "act": {"dtype": np.int64},
-                                                         "rew": {}, "done": {}}, seed=0)
+                                                         "rew": {}, "done": {}}, seed=0, **options)
     rng = np.random.default_rng(0)
-    chunk = 500
-    for start in range(0, capacity, chunk):
-        k = min(chunk, capacity - start)
-        obs = rng.integers(0, 256, (k,) + FRAME, dtype=np.uint8)
-        buffer.add(obs=obs, next_obs=obs, act=rng.integers(0, 6, k), rew=rng.random(k), done=np.zeros(k),
-                   priorities=rng.random(k) + 0.1)
+    stack, episode = FRAME[-1], min(_EPISODE, capacity // 4)
+    while buffer.get_stored_size() < capacity - episode:
+        frames = rng.integers(0, 256, (episode + 1,) + FRAME[:-1], dtype=np.uint8)
+        # Stack t holds frames t-3..t, the episode's first frame standing in before it.
+        stacks = np.stack([frames[np.clip(np.arange(episode + 1) - (stack - 1) + j, 0, None)]
+                           for j in range(stack)], axis=-1)
+        for start in range(0, episode, 32):
+            k = min(32, episode - start)
+            done = np.zeros(k)
+            done[-1] = start + k == episode
+            buffer.add(obs=stacks[start:start + k], next_obs=stacks[start + 1:start + k + 1],
+                       act=rng.integers(0, 6, k), rew=rng.random(k), done=done, priorities=rng.random(k) + 0.1)
     return buffer
 
 
