@@ -56,6 +56,19 @@ def decode(head: bytes) -> dict[str, Any] | None:
         document = json.loads(bytes(head[_HEAD.size:_HEAD.size + length]))
     except ValueError:
         return None
-    if not isinstance(document, dict) or document.get("version") != VERSION:
+    if not isinstance(document, dict) or document.get("version") != VERSION or not _well_formed(document):
         return None
     return document
+
+
+def _well_formed(document: dict[str, Any]) -> bool:
+    """Whether the entries a reader relies on are there, with their types."""
+    def whole(x: Any) -> bool:
+        return type(x) is int and x >= 0
+
+    arrays = document.get("arrays")
+    return (whole(document.get("capacity")) and whole(document.get("owner"))
+            and isinstance(document.get("created"), (int, float)) and isinstance(document.get("class"), str)
+            and isinstance(document.get("selector"), str) and isinstance(arrays, list)
+            and all(isinstance(a, list) and len(a) == 4 and isinstance(a[0], str) and isinstance(a[2], str)
+                    and isinstance(a[1], list) and all(whole(d) for d in a[1]) and whole(a[3]) for a in arrays))

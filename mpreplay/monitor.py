@@ -19,8 +19,9 @@ import numpy as np
 from . import manifest
 from ._ext.lock import read_holder
 from ._ext.processes import describe_process, token_alive, token_pid
-from ._ext.schema import (CLOSED, INSERTS, LANE_OWNER, LIMIT_MAX_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI, LOCK_HOLDS, LOCK_WAIT_NS,
-                          MANIFEST_NBYTES, SAMPLES, STALE, STORED, TORN, TREE_ARRAY, WRITER_INSERTS, WRITER_TOKEN)
+from ._ext.schema import (CLOSED, INSERTS, LANE_OWNER, LIMIT_MAX_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI,
+                          LOCK_HOLDS, LOCK_WAIT_NS, MANIFEST_NBYTES, SAMPLES, STALE, STORED, TORN, TREE_ARRAY,
+                          WRITER_INSERTS, WRITER_TOKEN)
 from .memory import SEGMENT_PREFIX
 
 __all__ = ["SHM_DIR", "BufferView", "Reading", "Removal", "Segment", "frame", "list_segments", "remove_segments",
@@ -84,7 +85,7 @@ def _alive(name: str, document: dict[str, Any] | None) -> bool:
 
 def summary(segment: Segment, shm_dir: str = SHM_DIR) -> dict[str, Any] | None:
     """``ls``'s figures of ``segment``: name, owner, size, kind, capacity and fill, writers
-    alive, creation time; None when it was unlinked meanwhile."""
+    alive, creation time (None where the segment cannot tell); None when it was unlinked meanwhile."""
     row = {"name": segment.name, "owner_pid": segment.owner_pid, "owner_alive": segment.owner_alive,
            "bytes": segment.nbytes, "kind": segment.kind, "capacity": None, "stored": None,
            "writers_alive": None, "created": None}
@@ -93,8 +94,10 @@ def summary(segment: Segment, shm_dir: str = SHM_DIR) -> dict[str, Any] | None:
     try:
         with BufferView(segment.name, shm_dir) as view:
             reading = view.read()
-    except (OSError, ValueError):
+    except OSError:  # unlinked meanwhile
         return None
+    except ValueError:  # a manifest that does not describe the segment: listed without figures
+        return row
     row.update(capacity=view.capacity, stored=int(reading.header[STORED]), created=segment.document["created"],
                writers_alive=sum(token_alive(token) for token in reading.writers))
     return row
@@ -123,8 +126,17 @@ class BufferView:
         self.name = name
         self.document = document
         self.capacity: int = document["capacity"]
-        self.arrays = {entry[0]: np.frombuffer(self._map, np.dtype(entry[2]), int(np.prod(entry[1], dtype=np.int64)),
-                                               entry[3]).reshape(entry[1]) for entry in document["arrays"]}
+        try:
+            self.arrays = {entry[0]: np.frombuffer(self._map, np.dtype(entry[2]),
+                                                   int(np.prod(entry[1], dtype=np.int64)), entry[3]).reshape(entry[1])
+                           for entry in document["arrays"]}
+            missing = {"header", "limits", "lanes", "writers"} - set(self.arrays)
+            if missing:
+                raise ValueError(f"no {sorted(missing)} array")
+        except (TypeError, ValueError) as exc:
+            self.arrays = {}
+            self._map.close()
+            raise ValueError(f"{name}: its manifest does not describe the segment ({exc})") from None
 
     def read(self) -> Reading:
         """The counters now."""
