@@ -80,7 +80,8 @@ def _alive(name: str, document: dict[str, Any] | None) -> bool:
     if document is not None:
         return token_alive(document["owner"])  # pid and start time: a reused pid is not the owner
     pid = _owner(name, document)
-    return pid is not None and os.path.exists(f"/proc/{pid}")  # no start time known: the safe answer
+    # A bare pid is a token without a start time: alive while some process has that pid (the safe answer).
+    return pid is not None and token_alive(pid)
 
 
 def summary(segment: Segment, shm_dir: str = SHM_DIR) -> dict[str, Any] | None:

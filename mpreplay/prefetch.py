@@ -30,7 +30,7 @@ __all__ = ["Prefetcher"]
 # How long one wait of the drawing thread lasts before it looks whether it was stopped.
 _POLL_S = 0.05
 # Arrays the buffer allocates for every batch: they are never handed back for refilling.
-_FRESH = ("indexes", "weights", "leaf", "tags")
+_FRESH = ("indexes", "weights")
 
 
 class _Failure:
