@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["capacity", "flag", "indexes", "integer", "is_tensor", "number", "priorities", "seconds"]
+__all__ = ["capacity", "flag", "indexes", "integer", "is_tensor", "matrix", "number", "priorities", "seconds"]
 
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 40
@@ -162,6 +162,31 @@ def indexes(name: str, values: Any) -> np.ndarray:
     if idx.ndim > 1:
         raise ValueError(f"{name}: expected a 1-D array, got shape {idx.shape}")
     return np.ascontiguousarray(idx.reshape(-1), dtype=np.int64)
+
+
+def matrix(name: str, values: Any, *, kind: str) -> np.ndarray:
+    """``values`` (nested lists, an array, a tensor) as a 2-D contiguous array.
+
+    ``kind`` is ``"b"`` (bools only, as a bool array) or ``"f"`` (bool-free
+    integers or floats, as float64, every value finite).
+    """
+    try:
+        m = np.asarray(_numpy(values))
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected a 2-D array, got {type(values).__name__}") from None
+    if kind == "b" and m.dtype != np.bool_:
+        raise TypeError(f"{name}: expected bools, got dtype {m.dtype}")
+    if kind == "f" and m.dtype.kind not in "iuf":
+        raise TypeError(f"{name}: expected numbers, got dtype {m.dtype}")
+    if m.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D array, got shape {m.shape}")
+    if kind == "b":
+        return np.ascontiguousarray(m)
+    m = np.ascontiguousarray(m, dtype=np.float64)
+    bad = np.argwhere(~np.isfinite(m))
+    if bad.size:
+        raise ValueError(f"{name}: expected finite numbers, got {float(m[tuple(bad[0])])!r} at {tuple(int(i) for i in bad[0])}")
+    return m
 
 
 def priorities(name: str, values: Any, count: int, *, max_priority: float | np.ndarray | None) -> np.ndarray:

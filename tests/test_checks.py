@@ -214,3 +214,39 @@ def test_capacity_takes_integers_and_integral_floats(value):
 def test_capacity_refuses_anything_else_naming_the_argument(value):
     with pytest.raises(ValueError, match="size: expected an integer >= 1"):
         checks.capacity("size", value)
+
+
+# -- matrix -----------------------------------------------------------------------------------------
+def test_matrix_of_numbers_is_a_contiguous_float64_array():
+    m = checks.matrix("td", [[1, 2], [3, 4]], kind="f")
+    assert m.dtype == np.float64 and m.flags.c_contiguous and m.tolist() == [[1.0, 2.0], [3.0, 4.0]]
+
+
+def test_matrix_of_bools_keeps_bools():
+    m = checks.matrix("mask", np.array([[True, False]]), kind="b")
+    assert m.dtype == np.bool_ and m.tolist() == [[True, False]]
+
+
+def test_matrix_of_bools_refuses_integers():
+    with pytest.raises(TypeError, match="mask: expected bools, got dtype int64"):
+        checks.matrix("mask", np.array([[1, 0]], dtype=np.int64), kind="b")
+
+
+def test_matrix_of_numbers_refuses_bools():
+    with pytest.raises(TypeError, match="td: expected numbers, got dtype bool"):
+        checks.matrix("td", [[True]], kind="f")
+
+
+def test_matrix_refuses_other_dimensions():
+    with pytest.raises(ValueError, match=r"td: expected a 2-D array, got shape \(3,\)"):
+        checks.matrix("td", [1.0, 2.0, 3.0], kind="f")
+
+
+def test_matrix_of_numbers_refuses_nan_and_names_where():
+    with pytest.raises(ValueError, match=r"td: expected finite numbers, got nan at \(1, 0\)"):
+        checks.matrix("td", [[1.0], [math.nan]], kind="f")
+
+
+def test_matrix_takes_a_tensor():
+    torch = pytest.importorskip("torch")
+    assert checks.matrix("td", torch.ones(2, 3), kind="f").shape == (2, 3)
