@@ -16,7 +16,7 @@ from libc.float cimport FLT_MAX
 from libc.math cimport INFINITY, NAN
 from libc.stdint cimport int64_t, uint64_t, uint8_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
@@ -32,6 +32,7 @@ from mpreplay._ext.gate cimport Gate, deadline_of
 from mpreplay._ext.schema cimport (COMPLETE, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, SAMPLES, STALE, TORN,
                                    WAITING, being_written)
 from mpreplay._ext.selector cimport Selector, importance_weight
+from mpreplay._ext.sequences cimport Sequences
 from mpreplay._ext.slots cimport F_DRAW, F_UPDATE, Slots, fault
 
 import os
@@ -114,11 +115,13 @@ cdef object _checked_out(dict out, str name, tuple shape, object dtype):
 
 cdef class _Draws:
     """The scratch of one sample() call: the slots drawn with their weights and
-    generations, the rows found torn, and (compressed buffers) the R frames at
-    most that each row reads, with their generations."""
+    generations, the rows found torn, (compressed buffers) the R frames at
+    most that each row reads, with their generations, and (sequence tables) the
+    real steps of each sequence drawn."""
     cdef Py_ssize_t b, R
-    cdef cnp.ndarray slots, values, gens, torn, read_slots, read_gens, read_counts
+    cdef cnp.ndarray slots, values, gens, torn, read_slots, read_gens, read_counts, steps
     cdef int64_t* sp
+    cdef int64_t* stp
     cdef double* vp
     cdef uint64_t* gp
     cdef Py_ssize_t* tp
@@ -137,6 +140,8 @@ cdef class _Draws:
         self.vp = <double*>cnp.PyArray_DATA(self.values)
         self.gp = <uint64_t*>cnp.PyArray_DATA(self.gens)
         self.tp = <Py_ssize_t*>cnp.PyArray_DATA(self.torn)
+        self.steps = cnp.PyArray_ZEROS(1, &n, cnp.NPY_INT64, 0)
+        self.stp = <int64_t*>cnp.PyArray_DATA(self.steps)
         self.rsp, self.rgp, self.rcp = NULL, NULL, NULL
         if R:
             self.read_slots = cnp.PyArray_EMPTY(1, &nr, cnp.NPY_INT64, 0)
@@ -161,9 +166,14 @@ cdef class Ring:
     frames : Frames of the compressed keys, or None
     frame_outputs : list of ``(name, key, next, shape, dtype)``: sample output ``name`` is key
         ``key``'s observation (``next``: of the next slot) with per-row ``shape``
+    sequences : the Sequences of a sequence table, or None.  A sequence table stores
+        steps and samples sequences of them: every output gets a second axis of
+        ``sequences.length`` steps, and a ``mask`` says which are real (padding is zeros).
     """
     cdef int64_t[::1] _header
     cdef Frames _frames
+    cdef Sequences _sequences
+    cdef Py_ssize_t _length      # steps per sampled item: 1, or a sequence's length
     cdef list _frame_outputs
     cdef Gate _gate
     cdef Slots _slots
@@ -192,10 +202,12 @@ cdef class Ring:
 
     def __init__(self, int64_t[::1] header not None, Gate gate not None, Slots slots not None,
                  Selector selector not None, list fields not None, object rng,
-                 Frames frames=None, list frame_outputs=None):
+                 Frames frames=None, list frame_outputs=None, Sequences sequences=None):
         cdef Py_ssize_t i, n = len(fields)
         self._header = header
         self._frames = frames
+        self._sequences = sequences
+        self._length = 1 if sequences is None else sequences.length
         self._frame_outputs = frame_outputs or []
         if len(self._frame_outputs) > MAX_FRAME_OUTPUTS:
             raise ValueError(f"next_of/stack_compress: at most {MAX_FRAME_OUTPUTS} compressed observations "
@@ -542,7 +554,7 @@ cdef class Ring:
             item = PyDict_GetItem(values, self._names[i])
             if item == NULL or not self._stage_value(i, <object>item):
                 return -1
-        if self._frames is not None:
+        if self._frames is not None or self._sequences is not None:
             return -1
         deadline = deadline_of(timeout)
         slot = self._reserve_waiting(1, &reserved, True, deadline, 0)
@@ -575,7 +587,8 @@ cdef class Ring:
         self._selector.draw(slots, values, k, nstrata, self._bitgen)
         fault(F_DRAW)
         for j in range(k):
-            while being_written(self._slots.gen[slots[j]]) or self._slots.state[slots[j]] != COMPLETE:
+            while (being_written(self._slots.gen[slots[j]]) or self._slots.state[slots[j]] != COMPLETE
+                   or (self._sequences is not None and self._sequences.steps(slots[j]) == 0)):
                 # A sampleable slot that is being written or holds no complete
                 # transition: a writer died inside its reservation.  Nobody can
                 # vouch for the row: retire it and draw again.
@@ -603,13 +616,19 @@ cdef class Ring:
                     memcpy(dst + r * rb, src + slots[r] * rb, rb)
 
     cdef cnp.ndarray _empty(self, Py_ssize_t i, Py_ssize_t b):
-        cdef cnp.npy_intp dims[32]
+        cdef cnp.npy_intp dims[34]
         cdef tuple shape = self._shapes[i]
-        cdef Py_ssize_t d, nd = len(shape)
-        dims[0] = b
+        cdef Py_ssize_t d, nd = len(shape), lead = 1 if self._sequences is None else 2
+        dims[0], dims[1] = b, self._length
         for d in range(nd):
-            dims[d + 1] = shape[d]
-        return cnp.PyArray_EMPTY(nd + 1, dims, self._typenums[i], 0)
+            dims[d + lead] = shape[d]
+        return cnp.PyArray_EMPTY(nd + lead, dims, self._typenums[i], 0)
+
+    cdef tuple _lead(self, Py_ssize_t b):
+        # The leading axes of a batch's outputs: rows, or sequences and their steps.
+        if self._sequences is None:
+            return (b,)
+        return (b, self._length)
 
     cdef Py_ssize_t _note_reads(self, Py_ssize_t s, int64_t* slots, uint64_t* gens) noexcept nogil:
         # Lock held: the frames row s reads and their generations now.
@@ -640,14 +659,19 @@ cdef class Ring:
                     self._frames.rebuild(keys[o], u, dsts[o] + r * rbs[o])
 
     cdef list _outputs(self, Py_ssize_t b, dict out):
-        # Arrays to copy a batch of b rows into: fresh ones, or the caller's.
+        # Arrays to copy a batch of b rows into: fresh ones, or the caller's; a
+        # sequence table's last one is the mask.
         cdef Py_ssize_t i
+        cdef tuple lead = self._lead(b)
         cdef list outs = [self._empty(i, b) if out is None or self._names[i] not in out
-                          else _checked_out(out, self._names[i], (b,) + self._shapes[i], self._dtypes[i])
+                          else _checked_out(out, self._names[i], lead + self._shapes[i], self._dtypes[i])
                           for i in range(self._nfields)]
         for name, _, _, shape, dtype in self._frame_outputs:
-            outs.append(np.empty((b,) + shape, dtype=dtype) if out is None or name not in out
-                        else _checked_out(out, name, (b,) + shape, dtype))
+            outs.append(np.empty(lead + shape, dtype=dtype) if out is None or name not in out
+                        else _checked_out(out, name, lead + shape, dtype))
+        if self._sequences is not None:
+            outs.append(np.empty(lead, dtype=np.bool_) if out is None or "mask" not in out
+                        else _checked_out(out, "mask", lead, np.dtype(np.bool_)))
         return outs
 
     cdef double _draw_batch(self, _Draws d, bint stratified, double deadline) except? -1.0:
@@ -678,9 +702,13 @@ cdef class Ring:
         return vmin
 
     cdef inline void _note_row(self, _Draws d, Py_ssize_t j) noexcept nogil:
-        # Lock held: the frames row j reads, with their generations now.
+        # Lock held: the frames row j reads, with their generations now, and the
+        # steps of a sequence.  The frames a sequence's first step reads are the
+        # oldest it reads: guarding them guards every step (see ext/sequences.pyx).
         if d.R:
             d.rcp[j] = self._note_reads(d.sp[j], d.rsp + j * d.R, d.rgp + j * d.R)
+        if self._sequences is not None:
+            d.stp[j] = self._sequences.steps(d.sp[j])
 
     cdef Py_ssize_t _find_torn(self, _Draws d) noexcept nogil:
         # After copying: the rows whose slot (or a frame they read) was rewritten
@@ -714,15 +742,65 @@ cdef class Ring:
                 d.sp[d.tp[j]], d.vp[d.tp[j]], d.gp[d.tp[j]] = s1, v1, g1
                 self._note_row(d, d.tp[j])
             if locked:
-                self._copy_rows(d.sp, ntorn, outs, d.tp)
+                self._copy_rows(d, ntorn, outs, d.tp)
         finally:
             self._gate.release()
         return vmin
 
-    cdef int _copy_rows(self, const int64_t* slots, Py_ssize_t k, list outs, const Py_ssize_t* rows) except -1:
-        self._gather(slots, k, outs, rows)
+    cdef int _copy_rows(self, _Draws d, Py_ssize_t k, list outs, const Py_ssize_t* rows) except -1:
+        if self._sequences is not None:
+            self._gather_sequences(d, k, outs, rows)
+            return 0
+        self._gather(d.sp, k, outs, rows)
         if self._frames is not None:
-            self._gather_frames(slots, k, outs, rows)
+            self._gather_frames(d.sp, k, outs, rows)
+        return 0
+
+    cdef int _gather_sequences(self, _Draws d, Py_ssize_t k, list outs, const Py_ssize_t* rows) except -1:
+        # Copy the steps of sequences (all k, or rows[0..k)) without the lock, step
+        # by step every output together; padding steps become zeros, the mask says so.
+        cdef Py_ssize_t L = self._length, nf = self._nfields, no = len(self._frame_outputs)
+        cdef Py_ssize_t i, o, j, r, t, n, u, at
+        cdef Py_ssize_t n_out = nf + no
+        cdef uint8_t** dsts = <uint8_t**>malloc(n_out * sizeof(uint8_t*) + 1)
+        cdef Py_ssize_t* rbs = <Py_ssize_t*>malloc(n_out * sizeof(Py_ssize_t) + 1)
+        cdef Py_ssize_t* keys = <Py_ssize_t*>malloc(no * sizeof(Py_ssize_t) + 1)
+        cdef bint* nxts = <bint*>malloc(no * sizeof(bint) + 1)
+        cdef int64_t* window = <int64_t*>malloc(L * sizeof(int64_t))
+        cdef uint8_t* mask = <uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>outs[n_out])
+        try:
+            if not (dsts and rbs and keys and nxts and window):
+                raise MemoryError()
+            for i in range(n_out):
+                out = <cnp.ndarray>outs[i]
+                dsts[i] = <uint8_t*>cnp.PyArray_DATA(out)
+                rbs[i] = out.nbytes // (out.shape[0] * L)
+            for o in range(no):
+                keys[o], nxts[o] = self._frame_outputs[o][1], self._frame_outputs[o][2]
+            with nogil:
+                for j in range(k):
+                    r = rows[j] if rows != NULL else j
+                    n = d.stp[r]
+                    self._sequences.window(d.sp[r], n, window)
+                    for t in range(L):
+                        at = r * L + t
+                        mask[at] = t < n
+                        if t >= n:
+                            for i in range(n_out):
+                                memset(dsts[i] + at * rbs[i], 0, rbs[i])
+                            continue
+                        u = window[t]
+                        for i in range(nf):
+                            memcpy(dsts[i] + at * rbs[i], self._dst[i] + u * rbs[i], rbs[i])
+                        for o in range(no):
+                            self._frames.rebuild(keys[o], self._frames._nxt[u] if nxts[o] else u,
+                                                 dsts[nf + o] + at * rbs[nf + o])
+        finally:
+            free(dsts)
+            free(rbs)
+            free(keys)
+            free(nxts)
+            free(window)
         return 0
 
     def sample(self, Py_ssize_t batch_size, bint stratified, double beta=-1.0, timeout=None, dict out=None,
@@ -747,7 +825,7 @@ cdef class Ring:
         cdef list outs = self._outputs(b, out)
         self._gate.check_sample(b)
         vmin = self._draw_batch(d, stratified, deadline)
-        self._copy_rows(d.sp, b, outs, NULL)
+        self._copy_rows(d, b, outs, NULL)
         while True:
             ntorn = self._find_torn(d)
             if ntorn == 0:
@@ -759,7 +837,7 @@ cdef class Ring:
             vmin = self._redraw(d, ntorn, outs, deadline, rounds > LOCKED_REDRAW_AFTER)
             if rounds > LOCKED_REDRAW_AFTER:
                 break
-            self._copy_rows(d.sp, ntorn, outs, d.tp)
+            self._copy_rows(d, ntorn, outs, d.tp)
         if self._sampled is None:
             self._sampled = np.full(self.size, NOT_SAMPLED, dtype=np.uint64)
         record = <uint64_t*>cnp.PyArray_DATA(<cnp.ndarray>self._sampled)
@@ -768,6 +846,8 @@ cdef class Ring:
         result = dict(zip(self._names, outs))
         for o in range(len(self._frame_outputs)):
             result[self._frame_outputs[o][0]] = outs[self._nfields + o]
+        if self._sequences is not None:
+            result["mask"] = outs[len(outs) - 1]
         result["indexes"] = d.slots
         if leaves:
             result["leaf"] = d.values
@@ -841,7 +921,8 @@ cdef class Ring:
                     s = slots[j]
                     g = self._slots.gen[s]
                     rec = record[s] if record != NULL else NOT_SAMPLED
-                    if self._slots.state[s] == COMPLETE and (rec == NOT_SAMPLED or rec == g):
+                    if (self._slots.state[s] == COMPLETE and (rec == NOT_SAMPLED or rec == g)
+                            and (self._sequences is None or self._sequences.steps(s) > 0)):
                         self._selector.set(s, priorities[j])
                         fault(F_UPDATE)
                     else:
@@ -852,3 +933,36 @@ cdef class Ring:
         finally:
             self._gate.release()
         return stale
+
+    def open_sequences(self, const int64_t[::1] slots not None, const uint64_t[::1] generations not None,
+                       const int64_t[::1] steps not None, const double[::1] priorities=None,
+                       double deadline=INFINITY):
+        """Make sequences sampleable (a sequence table's writer, once their last step is stored):
+        the one starting at ``slots[j]``, whose first step was published with ``generations[j]``,
+        has ``steps[j]`` real steps, every one stored COMPLETE and consecutive in its lane.
+        ``priorities`` (NaN or None: the largest stored).  Returns how many were opened; one
+        whose first slot was rewritten meanwhile is skipped."""
+        cdef Py_ssize_t n = slots.shape[0], j, opened
+        cdef const double* prio = NULL
+        cdef bint wake
+        if self._sequences is None:
+            raise ValueError("open_sequences: this table stores transitions, not sequences")
+        if generations.shape[0] != n or steps.shape[0] != n or (priorities is not None and priorities.shape[0] != n):
+            raise ValueError("generations, steps, priorities: expected one per slot")
+        for j in range(n):
+            if not (0 <= slots[j] < self.size and 1 <= steps[j] <= self._length):
+                raise ValueError(f"slots, steps: expected a slot in [0, {self.size}) and 1 to {self._length} "
+                                 f"steps, got {slots[j]} and {steps[j]} at position {j}")
+        if n == 0:
+            return 0
+        if priorities is not None:
+            prio = &priorities[0]
+        self._gate.acquire(deadline)
+        try:
+            opened = self._slots.open_sequences(&slots[0], &generations[0], &steps[0], prio, n)
+            wake = self._gate.progress()
+        finally:
+            self._gate.release()
+        if wake:
+            self._gate.wake()
+        return opened

@@ -20,6 +20,11 @@ WRITERS_ARRAY = "writers"
 TREE_ARRAY = "tree"
 MEMBERS_ARRAY = "members"
 
+# Sequence tables: per slot, the real steps of the sequence starting there (ext/sequences.pyx), and
+# the step's index in its episode (what a saved buffer needs to cut the same sequences again).
+SEQUENCE_STEPS_ARRAY = "sequence_steps"
+EPISODE_STEP_ARRAY = "episode_step"
+
 
 def field_array(str name):
     """The array holding uncompressed field ``name``."""
@@ -32,14 +37,15 @@ def frames_array(str key):
 
 
 def segment_arrays(Py_ssize_t size, Py_ssize_t lanes, tuple selector, list fields, list frames,
-                   Py_ssize_t lock_nbytes):
+                   Py_ssize_t lock_nbytes, bint sequences=False):
     """``(name, shape, dtype)`` of every array of a buffer, in layout order.
 
     ``selector``: ``(name, length, dtype)`` of the selector's one array (TREE_ARRAY for
     prioritized selection, MEMBERS_ARRAY for uniform); ``fields``: ``(name, shape, dtype)`` of
     the uncompressed fields; ``frames``:
     ``(key, frame_shape, dtype)`` of the compressed observations, or None for an
-    uncompressed buffer; ``lock_nbytes``: 0 for a buffer without a lock.
+    uncompressed buffer; ``lock_nbytes``: 0 for a buffer without a lock; ``sequences``:
+    whether the table samples sequences of steps.
     """
     out = [(MANIFEST_ARRAY, (MANIFEST_NBYTES,), np.uint8),
            ("header", (HEADER_LEN,), np.int64),
@@ -54,6 +60,8 @@ def segment_arrays(Py_ssize_t size, Py_ssize_t lanes, tuple selector, list field
     if frames is not None:
         out += [("nxt", (size,), np.int64), ("depth", (size,), np.uint8)]
         out += [(frames_array(key), (size,) + tuple(shape), dtype) for key, shape, dtype in frames]
+    if sequences:
+        out += [(SEQUENCE_STEPS_ARRAY, (size,), np.int32), (EPISODE_STEP_ARRAY, (size,), np.int64)]
     if lock_nbytes:
         out.append(("lock", (lock_nbytes,), np.uint8))
     return out

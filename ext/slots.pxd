@@ -3,6 +3,7 @@ from libc.stdint cimport int64_t, uint64_t, uint8_t
 
 from mpreplay._ext.frames cimport Frames
 from mpreplay._ext.selector cimport Selector
+from mpreplay._ext.sequences cimport Sequences
 
 # Fault injection sites for the crash tests (arm_fault).
 cdef enum:
@@ -19,6 +20,7 @@ cdef class Slots:
     cdef uint8_t[::1] state
     cdef Selector selector
     cdef Frames frames
+    cdef Sequences sequences           # a sequence table's index (items are sequences), or None (items are slots)
     cdef int64_t[:, ::1] writers
     cdef Py_ssize_t writer_row         # this process's row of `writers`; -1: none yet, -2: none left
     cdef int64_t token                 # this process as a writer (see processes.process_token)
@@ -35,4 +37,6 @@ cdef class Slots:
                             const double* priorities, const uint8_t* states) noexcept nogil
     cdef Py_ssize_t complete(self, const int64_t* slots, const uint64_t* generations, const double* priorities,
                              Py_ssize_t n) noexcept nogil
+    cdef Py_ssize_t open_sequences(self, const int64_t* slots, const uint64_t* generations, const int64_t* steps,
+                                   const double* priorities, Py_ssize_t n) noexcept nogil
     cdef void disown(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved) noexcept nogil

@@ -10,6 +10,7 @@ states, and :func:`recover` makes them agree again after a holder died.  See
 docs/architecture.md, "Concurrency protocol" and "Crash handling".
 """
 from mpreplay._ext.atomics cimport _atomic_store
+from mpreplay._ext.sequences cimport Sequences
 from mpreplay._ext.schema cimport (COMPLETE, EMPTY, INSERTS, LANE_CURSOR, LANE_END, LANE_START, MAX_WRITERS,
                                    RESERVED, STORED, WAITING, WRITER_INSERTS, WRITER_TOKEN, being_written,
                                    next_reservation)
@@ -49,7 +50,7 @@ cdef void fault(int site) noexcept nogil:
 
 
 def recover(uint64_t[::1] generation not None, uint8_t[::1] state not None, int64_t[::1] header not None,
-            Selector selector not None):
+            Selector selector not None, Sequences sequences=None):
     """With the lock held, after its previous holder died: make everything derived agree
     with the slots again (the lock's ``on_recover``).
 
@@ -60,7 +61,9 @@ def recover(uint64_t[::1] generation not None, uint8_t[::1] state not None, int6
     drawn is cleared from the selector, which rebuilds what it derives, and
     the stored count -- which the rate limiter reads -- is recounted.  The
     cumulative counters (inserts, samples, reservations) change by single
-    stores and cannot be torn.  See docs/architecture.md, "Crash handling".
+    stores and cannot be torn.  In a sequence table an item is a sequence:
+    only slots where one starts (``sequences``) may keep their weight.  See
+    docs/architecture.md, "Crash handling".
     """
     cdef Py_ssize_t s, stored = 0
     with nogil:
@@ -69,8 +72,10 @@ def recover(uint64_t[::1] generation not None, uint8_t[::1] state not None, int6
                 state[s] = EMPTY
             if state[s] == COMPLETE:
                 stored += 1
-            else:
+            if state[s] != COMPLETE or (sequences is not None and sequences.steps(s) == 0):
                 selector.clear(s)
+                if sequences is not None:
+                    sequences.close(s)
         header[STORED] = stored
         selector.rebuild()
 
@@ -85,11 +90,14 @@ cdef class Slots:
     writers : (MAX_WRITERS, WRITER_LEN) int64, the inserts of each writer process
     selector : the table's Selector (its weights follow the slot states)
     frames : the Frames of a compressed table, or None
+    sequences : the Sequences of a sequence table (the selector's items are sequences,
+        weighed by :meth:`open_sequences`), or None (its items are the slots, weighed on publication)
     """
 
     def __init__(self, int64_t[::1] header not None, int64_t[:, ::1] lanes not None,
                  uint64_t[::1] generation not None, int64_t[::1] owner not None, uint8_t[::1] state not None,
-                 int64_t[:, ::1] writers not None, Selector selector not None, Frames frames=None):
+                 int64_t[:, ::1] writers not None, Selector selector not None, Frames frames=None,
+                 Sequences sequences=None):
         self.header = header
         self.writers = writers
         self.writer_row = -1
@@ -99,6 +107,7 @@ cdef class Slots:
         self.state = state
         self.selector = selector
         self.frames = frames
+        self.sequences = sequences
         self.size = generation.shape[0]
         self.token = process_token(os.getpid())
 
@@ -160,12 +169,15 @@ cdef class Slots:
         return 0
 
     cdef void retire(self, Py_ssize_t s) noexcept nogil:
-        # Lock held.  The transition at s stops being sampleable (no fix_up).
+        # Lock held.  The transition at s (or the sequence starting there) stops
+        # being sampleable (no fix_up).
         if self.state[s] == COMPLETE:
             self.header[STORED] -= 1
             fault(F_RETIRE)
         self.state[s] = EMPTY
         self.selector.clear(s)
+        if self.sequences is not None:
+            self.sequences.close(s)
 
     cdef void retire_readers(self, Py_ssize_t lane, Py_ssize_t s) noexcept nogil:
         # Lock held, slot s about to be overwritten: retire every row whose
@@ -220,7 +232,8 @@ cdef class Slots:
                 if priorities != NULL:
                     p = priorities[j]
                 if st == COMPLETE:
-                    self.selector.set(s, p)
+                    if self.sequences is None:
+                        self.selector.set(s, p)
                     fault(F_PUBLISH)
                     self.header[STORED] += 1
                     self.header[INSERTS] += 1
@@ -250,10 +263,29 @@ cdef class Slots:
                 self.state[s] = COMPLETE
                 fault(F_COMPLETE)
                 self.header[STORED] += 1
-                self.selector.set(s, p)
-                self.selector.fix(s)
+                if self.sequences is None:
+                    self.selector.set(s, p)
+                    self.selector.fix(s)
                 done += 1
         return done
+
+    cdef Py_ssize_t open_sequences(self, const int64_t* slots, const uint64_t* generations, const int64_t* steps,
+                                   const double* priorities, Py_ssize_t n) noexcept nogil:
+        # Lock held.  Sequences whose last step is stored become sampleable: the one
+        # starting at slots[j] has steps[j] real steps, all COMPLETE (its writer, the only
+        # one of its lane, checked that).  One whose first slot was rewritten or retired
+        # meanwhile is skipped.  NaN priority: the largest stored.
+        cdef Py_ssize_t j, s, opened = 0
+        cdef double p, default = self.selector.default_priority()
+        for j in range(n):
+            s = slots[j]
+            if self.gen[s] == generations[j] and self.state[s] == COMPLETE:
+                p = priorities[j] if priorities != NULL and priorities[j] == priorities[j] else default
+                self.sequences.open(s, steps[j])
+                self.selector.set(s, p)
+                self.selector.fix(s)
+                opened += 1
+        return opened
 
     cdef void disown(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved) noexcept nogil:
         # Without the lock: give up this process's reservation.  The slots stay

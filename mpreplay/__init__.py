@@ -8,6 +8,9 @@ from .memory import SharedMemoryError
 from .nstep import NstepBuffer
 from .params import ParameterStore, ParameterStoreTimeout
 from .returns import NStepReturns, discounted_cumsum_left, discounted_cumsum_right, gae, n_step_returns
+from .sequence_buffer import (MPPrioritizedSequenceReplayBuffer, MPSequenceReplayBuffer,
+                              PrioritizedSequenceReplayBuffer, SequenceReplayBuffer)
+from .sequences import sequence_priority
 
 __all__ = [
     "__version__",
@@ -15,6 +18,11 @@ __all__ = [
     "PrioritizedReplayBuffer",
     "MPReplayBuffer",
     "MPPrioritizedReplayBuffer",
+    "SequenceReplayBuffer",
+    "PrioritizedSequenceReplayBuffer",
+    "MPSequenceReplayBuffer",
+    "MPPrioritizedSequenceReplayBuffer",
+    "sequence_priority",
     "BufferClosed",
     "SharedMemoryError",
     "RateLimiter",

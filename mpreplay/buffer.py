@@ -34,6 +34,8 @@ from ._ext.slots import Slots, recover
 from ._ext.schema import INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED
 from ._ext.processes import process_token
 from ._ext.schema import MANIFEST_ARRAY, MEMBERS_ARRAY, TORN, TREE_ARRAY, WRITERS_ARRAY, field_array, segment_arrays
+from ._ext.schema import SEQUENCE_STEPS_ARRAY
+from ._ext.sequences import Sequences
 from ._ext.selector import Selector
 from ._ext.sumtree import PriorityTree, tree_buffer_size
 from ._ext.uniform import UniformSelector, uniform_state_size
@@ -45,6 +47,7 @@ from .nstep import NstepBuffer
 from .prefetch import Prefetcher
 from .spec import convert_batch, parse_env_dict
 from .compression import Compression, FrameWriter, with_next_fields
+from .sequences import SequenceWriter
 
 __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer", "BufferClosed"]
 
@@ -53,7 +56,8 @@ __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrior
 _READ_ATTEMPTS = 100
 
 # Attributes that view a buffer's memory: close() drops them.
-_VIEWS = ("_header", "_generation", "_tree", "_selector", "_fields", "_ring", "_lock", "_frames", "_writer", "_lanes")
+_VIEWS = ("_header", "_generation", "_tree", "_selector", "_fields", "_ring", "_lock", "_frames", "_writer", "_lanes",
+          "_sequences")
 
 
 class ReplayBuffer:
@@ -98,6 +102,7 @@ class ReplayBuffer:
 
     _CONFIG: tuple[str, ...] = ("_size", "_specs", "_nstep_args", "_compression")  # what a shared handle carries
     _LOCK_NBYTES = 0  # a local buffer has no lock
+    _sequence: Any = None  # a sequence buffer's SequenceSpec (mpreplay.sequence_buffer)
 
     def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *,
                  default_dtype: Any = None, seed: int | None = None, rate_limiter: RateLimiter | None = None,
@@ -117,7 +122,8 @@ class ReplayBuffer:
         self._specs = with_next_fields(self._specs, next_of)
         self._compression = Compression.build(
             self._specs, next_of, stack_compress, lanes,
-            "done" if "done" in self._specs else None, "truncated" if "truncated" in self._specs else None)
+            "done" if "done" in self._specs else None, "truncated" if "truncated" in self._specs else None,
+            in_lanes=self._sequence is not None)
         self._memory = self._allocate(self._layout())
         if rate_limiter is not None:
             self._memory.arrays["limits"][:] = rate_limiter.to_array()
@@ -132,7 +138,7 @@ class ReplayBuffer:
                 self._size, 1 if c is None else c.lanes, self._selector_array(),
                 [(name, self._specs[name].shape, self._specs[name].dtype) for name in stored],
                 None if c is None else [(key, c.frame_shape(key, self._specs), self._specs[key].dtype) for key in c.keys],
-                self._LOCK_NBYTES):
+                self._LOCK_NBYTES, self._sequence is not None):
             layout.add(name, shape, dtype)
         return layout
 
@@ -167,12 +173,17 @@ class ReplayBuffer:
         if create:
             manifest.encode(self._manifest(), arrays[MANIFEST_ARRAY])
         self._frames, outputs = (None, None) if c is None else c.make_frames(self._specs, arrays)
+        self._sequences = (None if self._sequence is None
+                           else Sequences(arrays[SEQUENCE_STEPS_ARRAY], self._lanes, self._sequence.length))
         gate = Gate(self._header, arrays["limits"], self._make_lock(create))
         slots = Slots(self._header, self._lanes, self._generation, arrays["owner"], arrays["state"],
-                      arrays[WRITERS_ARRAY], self._selector, self._frames)
+                      arrays[WRITERS_ARRAY], self._selector, self._frames, self._sequences)
         self._ring = Ring(self._header, gate, slots, self._selector, list(self._fields.items()), rng, self._frames,
-                          outputs)
+                          outputs, self._sequences)
         self._writer = None if c is None else FrameWriter(c, self._specs, self._ring, arrays)
+        if self._sequence is not None:
+            self._writer = SequenceWriter(self._sequence, self._writer, self._ring,
+                                          [flag for flag in (c.done, c.truncated) if flag is not None])
 
     def _manifest(self) -> dict[str, Any]:
         """What another process needs to read this buffer's memory (see :mod:`mpreplay.manifest`)."""
@@ -513,7 +524,7 @@ class ReplayBuffer:
         if priorities and not isinstance(self, PrioritizedReplayBuffer):
             raise ValueError(f"priorities: a {type(self).__name__} has no priorities to save; pass priorities=False")
         rows, raw = self._snapshot(priorities=priorities)
-        fileformat.write_transitions(file, rows, self._specs, nstep=self._nstep_settings(), priorities=raw,
+        fileformat.write_transitions(file, rows, self._file_specs(), nstep=self._nstep_settings(), priorities=raw,
                                      safe=safe, compress=compress)
 
     def load_transitions(self, file: Any) -> int:
@@ -543,6 +554,10 @@ class ReplayBuffer:
         # a successor that is not in the file.
         self._write(k, rows, priorities, None, end_episode=True)
         return k
+
+    def _file_specs(self) -> dict[str, Any]:
+        """The fields a file of this buffer's rows holds."""
+        return self._specs
 
     def _nstep_settings(self) -> tuple[int, float] | None:
         """``(size, gamma)`` of the n-step folding of the stored rows, or None."""
@@ -731,7 +746,7 @@ def _handle(cls: type, config: dict[str, Any], memory: Callable[[Layout], HeapMe
     return obj
 
 
-class _Shared:
+class SharedMemoryBuffer:
     """The memory of a buffer is a shared-memory segment behind a process-shared lock.
 
     Pickling sends a small handle (the segment's name and the buffer's
@@ -752,7 +767,7 @@ class _Shared:
         arrays = self._memory.arrays
         self._lock = SharedLock(arrays["lock"], create,
                                 on_recover=functools.partial(recover, self._generation, arrays["state"], self._header,
-                                                             self._selector),
+                                                             self._selector, self._sequences),
                                 counters=self._header[LOCK_WAIT_NS:LOCK_HOLDS + 1])
         return self._lock
 
@@ -770,11 +785,11 @@ class _Shared:
         return self._memory.name
 
 
-class MPReplayBuffer(_Shared, ReplayBuffer):
+class MPReplayBuffer(SharedMemoryBuffer, ReplayBuffer):
     """:class:`ReplayBuffer` in shared memory, written and sampled by many processes."""
 
 
-class MPPrioritizedReplayBuffer(_Shared, PrioritizedReplayBuffer):
+class MPPrioritizedReplayBuffer(SharedMemoryBuffer, PrioritizedReplayBuffer):
     """:class:`PrioritizedReplayBuffer` in shared memory, written and sampled by many processes."""
 
 

@@ -73,11 +73,14 @@ class Compression:
 
     @classmethod
     def build(cls, specs: Mapping[str, FieldSpec], next_of: Any, stack_compress: Any, lanes: Any,
-              done: str | None, truncated: str | None) -> "Compression | None":
-        """Check the options against the field specs (``specs`` includes ``next_<key>``)."""
+              done: str | None, truncated: str | None, *, in_lanes: bool = False) -> "Compression | None":
+        """Check the options against the field specs (``specs`` includes ``next_<key>``).
+
+        ``in_lanes``: the buffer keeps each writer's episodes in a lane of its own even
+        without compressed keys (a sequence buffer's steps must be consecutive)."""
         next_keys, stack_keys = _keys("next_of", next_of), _keys("stack_compress", stack_compress)
         lanes = checks.integer("lanes", lanes, low=1)
-        if not next_keys and not stack_keys:
+        if not next_keys and not stack_keys and not in_lanes:
             if lanes != 1:
                 raise ValueError("lanes: only compressed buffers (next_of, stack_compress) have several lanes")
             return None
@@ -115,7 +118,7 @@ class Compression:
     def lane_bounds(self, size: int, lanes: np.ndarray) -> None:
         """Lay ``size`` slots out as equal lanes in ``lanes`` (the last takes the rest), each empty."""
         width = size // self.lanes
-        if width < 2 * _MAX_NEXT:
+        if self.keys and width < 2 * _MAX_NEXT:
             raise ValueError(f"lanes: {self.lanes} lanes leave {width} slots each; "
                              f"a compressed buffer needs at least {2 * _MAX_NEXT} per lane")
         starts = np.arange(self.lanes) * width
@@ -286,9 +289,23 @@ class FrameWriter:
         return items, resolved, list(waiting), state
 
     # -- writing ----------------------------------------------------------------
+    @property
+    def waiting(self) -> int:
+        """The newest rows written that wait for the frame of their next observation."""
+        return len(self._waiting)
+
     def write(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
               timeout: float | None, end_episode: bool = False) -> int | None:
         """Store ``k`` converted rows; returns the slot of the first, or None."""
+        slots, _ = self.write_rows(k, rows, priorities, timeout, end_episode)
+        return int(slots[0]) if len(slots) else None
+
+    def write_rows(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
+                   timeout: float | None, end_episode: bool = False,
+                   meta: Mapping[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Store ``k`` converted rows; returns the slot of each row and the generation it
+        was published with.  ``meta`` maps per-slot arrays of the buffer's memory to a
+        value per row, written with the rows (before they are published)."""
         items, resolved, still_waiting, state = self.plan(k, rows, priorities, end_episode)
         ring = self._ring
         until = deadline(timeout)
@@ -300,11 +317,15 @@ class FrameWriter:
         lo, hi = self._arrays["lanes"][self._lane, [LANE_START, LANE_END]]
         if len(items) > hi - lo:
             raise ValueError(f"add: {len(items)} slots at once exceed the lane's {hi - lo}; add fewer rows per call")
-        first = None
+        row_slots, row_generations = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
         if items:
             start, reserved = ring.reserve(len(items), until, True, self._lane)
             slots = lo + (start - lo + np.arange(len(items))) % (hi - lo)
             self._copy(items, slots, rows)
+            row_items = np.array([m for m, it in enumerate(items) if it.row >= 0], dtype=np.int64)
+            row_slots, row_generations = slots[row_items], reserved[row_items] + np.uint64(1)
+            for name, values in (meta or {}).items():
+                self._arrays[name][row_slots] = values
             for w, m in resolved:
                 # WAITING transitions are published, but nobody reads their nxt yet.
                 self._arrays["nxt"][w.slot if w.item < 0 else slots[w.item]] = slots[m]
@@ -324,10 +345,9 @@ class FrameWriter:
                 if w.item >= 0:
                     w.slot, w.generation, w.item = int(slots[w.item]), int(reserved[w.item]) + 1, -1
             self._written += len(items)
-            first = int(slots[0])
         self._waiting = deque(still_waiting)
         self._history, self._t = state["history"], state["t"]
-        return first
+        return row_slots, row_generations
 
     def _copy(self, items: list[_Item], slots: np.ndarray, rows: Mapping[str, np.ndarray]) -> None:
         arrays = self._arrays

@@ -1,23 +1,46 @@
-"""Sequences of recurrent replay (R2D2): where an episode's sequences start, their steps, their priorities.
+"""Sequences of recurrent replay (R2D2): how a writer cuts its episodes into sequences.
 
 A sequence is a window of ``length`` consecutive steps of one episode.  Starts
 are ``period`` steps apart (R2D2: length 80, period 40, so neighbours share 40
 steps).  :class:`SequenceCutter` decides them as a writer stores an episode's
-steps; :func:`sequence_steps` turns a sequence's first slot into the slots of
-its steps inside the writer's lane; :func:`sequence_priority` is R2D2's
+steps; :class:`SequenceWriter` is the writing side of a sequence buffer (see
+:mod:`mpreplay.sequence_buffer`): it stores steps in its lane and opens each
+sequence once its last step is stored; :func:`sequence_priority` is R2D2's
 priority of a sequence from its TD errors.
-
-These are the parts a sequence buffer is built from; no buffer class uses them yet.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from . import checks
+from ._ext.gate import deadline
+from ._ext.ring import Ring
+from ._ext.schema import EPISODE_STEP_ARRAY
+from .compression import FrameWriter
 
-__all__ = ["SequenceCutter", "sequence_priority", "sequence_steps"]
+__all__ = ["SequenceCutter", "SequenceSpec", "SequenceWriter", "sequence_priority"]
+
+
+@dataclass(frozen=True)
+class SequenceSpec:
+    """How a sequence buffer cuts episodes: ``length`` steps per sequence, one starting
+    every ``period`` steps, a padded final one with ``pad_end``; ``eta`` weighs the
+    largest per-step priority in a sequence's initial priority (R2D2's rule)."""
+
+    length: int
+    period: int
+    pad_end: bool
+    eta: float
+
+    @classmethod
+    def build(cls, length: Any, period: Any, pad_end: Any, eta: Any) -> "SequenceSpec":
+        length = checks.integer("length", length, low=1)
+        period = length if period is None else checks.integer("period", period, low=1)
+        return cls(length, period, checks.flag("pad_end", pad_end), checks.number("eta", eta, low=0.0, high=1.0))
 
 
 class SequenceCutter:
@@ -32,17 +55,25 @@ class SequenceCutter:
     Offsets count steps from the episode's first step.
     """
 
-    def __init__(self, length: int, period: int, *, pad_end: bool = True) -> None:
+    def __init__(self, length: int, period: int, *, pad_end: bool = True, first: int = 0) -> None:
         self.length = checks.integer("length", length, low=1)
         self.period = checks.integer("period", period, low=1)
         self.pad_end = checks.flag("pad_end", pad_end)
-        self._stored = 0  # steps of the current episode
-        self._next = 0  # offset of the next sequence not announced yet
+        # An episode whose steps before offset `first` are gone (a saved buffer's oldest):
+        # its sequences start where they started when it was whole.
+        first = checks.integer("first", first, low=0)
+        self._stored = first  # steps of the current episode
+        self._next = -(-first // self.period) * self.period  # offset of the next sequence not announced yet
 
     @property
     def stored(self) -> int:
         """Steps of the current episode stored so far."""
         return self._stored
+
+    @property
+    def next_start(self) -> int:
+        """Offset of the next sequence not announced yet: no earlier step is needed any more."""
+        return self._next
 
     def add(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
         """Count ``steps`` more steps of the current episode.
@@ -75,40 +106,6 @@ class SequenceCutter:
         return np.array([start], dtype=np.int64), np.array([stored - start], dtype=np.int64)
 
 
-def sequence_steps(first: Any, valid: Any, length: int, *, lane_start: int, lane_end: int) -> tuple[np.ndarray, np.ndarray]:
-    """The slots of each sequence's steps, and which of them are real.
-
-    ``first[i]`` is the slot of sequence i's first step inside the lane
-    ``[lane_start, lane_end)``, where an episode's steps are consecutive and
-    wrap around at the lane's end; ``valid[i]`` its number of real steps.
-    Returns ``slots`` and ``mask``, both ``(len(first), length)``.  A padded
-    step (``mask`` False) repeats the slot of its sequence's last real step,
-    so a gather reads only the sequence's own rows; its values are the
-    caller's to blank.
-    """
-    length = checks.integer("length", length, low=1)
-    lane_start = checks.integer("lane_start", lane_start, low=0)
-    lane_end = checks.integer("lane_end", lane_end, low=lane_start + 1)
-    first = checks.indexes("first", first)
-    valid = checks.indexes("valid", valid)
-    if len(valid) != len(first):
-        raise ValueError(f"valid: expected {len(first)} values (one per sequence), got {len(valid)}")
-    outside = np.flatnonzero((first < lane_start) | (first >= lane_end))
-    if outside.size:
-        j = int(outside[0])
-        raise ValueError(f"first: expected slots in [{lane_start}, {lane_end}), got {int(first[j])} at position {j}")
-    top = min(length, lane_end - lane_start)  # a sequence never holds more steps than its lane
-    wrong = np.flatnonzero((valid < 1) | (valid > top))
-    if wrong.size:
-        j = int(wrong[0])
-        raise ValueError(f"valid: expected counts in [1, {top}], got {int(valid[j])} at position {j}")
-    step = np.arange(length, dtype=np.int64)
-    mask = step[None, :] < valid[:, None]
-    held = np.minimum(step[None, :], valid[:, None] - 1)
-    slots = lane_start + (first[:, None] - lane_start + held) % (lane_end - lane_start)
-    return slots, mask
-
-
 def sequence_priority(td_errors: Any, mask: Any = None, *, eta: float = 0.9) -> np.ndarray:
     """R2D2's priority of each sequence: ``eta * max|td| + (1 - eta) * mean|td|`` over its real steps.
 
@@ -131,3 +128,112 @@ def sequence_priority(td_errors: Any, mask: Any = None, *, eta: float = 0.9) -> 
         raise ValueError(f"mask: expected at least one True per sequence, row {int(empty[0])} has none")
     kept = np.where(real, td, 0.0)  # |td| >= 0, so 0 never raises a maximum
     return eta * kept.max(axis=1) + (1.0 - eta) * kept.sum(axis=1) / counts
+
+
+class SequenceWriter:
+    """The writing side of a sequence buffer, private to one writer (a buffer object
+    or one of its episode writers).
+
+    Steps go through the writer's :class:`~mpreplay.compression.FrameWriter`, which
+    keeps them consecutive in a lane of their own (and compresses frames); each
+    step's index in its episode is stored with it.  Once a sequence's last step is
+    stored -- complete: with ``next_of``, its next observation too -- the sequence is
+    opened in the table with its initial priority: R2D2's rule over the per-step
+    priorities given with its steps, or the largest stored.  A flagged step (done or
+    truncated) ends its episode.
+    """
+
+    def __init__(self, spec: SequenceSpec, frames: FrameWriter, ring: Ring, flags: list[str]):
+        self._spec = spec
+        self._frames = frames
+        self._ring = ring
+        self._flags = flags
+        self._begin(0)
+
+    def _begin(self, first: int) -> None:
+        """Start an episode at step ``first`` (0, or where a saved one's oldest kept step was)."""
+        self._cutter = SequenceCutter(self._spec.length, self._spec.period, pad_end=self._spec.pad_end, first=first)
+        self._first = first      # episode offset of the oldest step still listed below
+        self._slots: list[int] = []
+        self._generations: list[int] = []
+        self._priorities: list[float] = []
+
+    def write(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
+              timeout: float | None, end_episode: bool = False, start_priorities: bool = False) -> int | None:
+        """Store ``k`` converted steps (as :meth:`FrameWriter.write`); returns the slot of the first.
+
+        ``start_priorities``: ``priorities`` are those of the sequences starting at each
+        step (a saved buffer's), not per-step ones to fold."""
+        until = deadline(timeout)
+        flagged = np.zeros(k, dtype=bool)
+        for flag in self._flags if k else ():
+            flagged |= rows[flag].reshape(k) != 0
+        ends = np.flatnonzero(flagged)
+        # Each step's index in its episode: counting on in the open episode, from 0 after a flag.
+        episode_first = np.zeros(k, dtype=np.int64)
+        episode_first[ends[ends + 1 < k] + 1] = ends[ends + 1 < k] + 1
+        np.maximum.accumulate(episode_first, out=episode_first)
+        steps = np.arange(k, dtype=np.int64) - episode_first
+        steps[episode_first == 0] += self._first + len(self._slots)
+        slots, generations = self._frames.write_rows(k, rows, priorities, timeout, end_episode,
+                                                     {EPISODE_STEP_ARRAY: steps})
+        prio = np.full(k, np.nan) if priorities is None else np.asarray(priorities, dtype=np.float64)
+        opened: list[tuple[int, int, int, float]] = []
+        bounds = sorted({*(ends + 1).tolist(), k})
+        a = 0
+        for b in bounds:
+            # Steps a..b-1: one episode's, ended by a flag, by end_episode, or still open.
+            self._slots += slots[a:b].tolist()
+            self._generations += generations[a:b].tolist()
+            self._priorities += prio[a:b].tolist()
+            ended = (b > a and flagged[b - 1]) or (b == k and end_episode)
+            complete = self._first + len(self._slots) - (0 if ended else self._frames.waiting)
+            self._open(*self._cutter.add(complete - self._cutter.stored), opened, start_priorities)
+            if ended:
+                self._open(*self._cutter.end_episode(), opened, start_priorities)
+                self._begin(0)
+            a = b
+        if opened:
+            columns = list(zip(*opened))
+            self._ring.open_sequences(np.array(columns[0], dtype=np.int64), np.array(columns[1], dtype=np.uint64),
+                                      np.array(columns[2], dtype=np.int64), np.array(columns[3]), until)
+        return int(slots[0]) if len(slots) else None
+
+    def _open(self, offsets: np.ndarray, steps: np.ndarray, opened: list, start_priorities: bool) -> None:
+        """List the sequences at episode ``offsets`` for opening, then forget the steps
+        no later sequence starts at or before."""
+        for offset, n in zip(offsets.tolist(), steps.tolist()):
+            i = offset - self._first
+            step_priorities = np.array(self._priorities[i:i + n])
+            if start_priorities:
+                p = step_priorities[0]
+            elif np.isnan(step_priorities).any():
+                p = np.nan
+            else:
+                p = float(sequence_priority(step_priorities[None, :], eta=self._spec.eta)[0])
+            opened.append((self._slots[i], self._generations[i], n, p))
+        drop = min(len(self._slots), max(0, self._cutter.next_start - self._first))
+        if drop:
+            del self._slots[:drop], self._generations[:drop], self._priorities[:drop]
+            self._first += drop
+
+    def load(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
+             episode_steps: np.ndarray) -> None:
+        """Store saved steps: runs of consecutive ``episode_steps`` are (what was kept of)
+        one episode each, and end it; their sequences are cut where they were."""
+        self.write(0, {}, None, None, end_episode=True)
+        cut = np.flatnonzero(np.diff(episode_steps) != 1) + 1
+        for a, b in zip([0, *cut.tolist()], [*cut.tolist(), k]):
+            self._begin(int(episode_steps[a]))
+            self.write(b - a, {name: r[a:b] for name, r in rows.items()},
+                       None if priorities is None else priorities[a:b], None, end_episode=True,
+                       start_priorities=priorities is not None)
+
+    def reset(self) -> None:
+        """Forget the episode in progress and give the lane back (after a fork or clear)."""
+        self._frames.reset()
+        self._begin(0)
+
+    def release_lane(self) -> None:
+        """Give this writer's lane back, for another writer (its steps stay)."""
+        self._frames.release_lane()

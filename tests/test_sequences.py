@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpreplay.sequences import SequenceCutter, sequence_priority, sequence_steps
+from mpreplay.sequences import SequenceCutter, sequence_priority
 
 
 def cut_episode(cutter: SequenceCutter, steps: int) -> list[tuple[int, int]]:
@@ -94,50 +94,18 @@ def test_pad_end_must_be_a_bool():
         SequenceCutter(4, 2, pad_end=1)
 
 
+def test_an_episode_kept_from_a_later_step_on_starts_its_sequences_where_they_started():
+    cutter = SequenceCutter(4, 2, first=3)
+    offsets, steps = cutter.add(5)
+    assert offsets.tolist() == [4] and steps.tolist() == [4]
+
+
 def test_a_negative_step_count_is_refused_and_changes_nothing():
     cutter = SequenceCutter(4, 2)
     cutter.add(3)
     with pytest.raises(ValueError, match="steps: expected an integer >= 0, got -1"):
         cutter.add(-1)
     assert cutter.stored == 3 and cutter.add(1)[0].tolist() == [0]
-
-
-# -- sequence_steps ---------------------------------------------------------------------------------
-def test_steps_are_consecutive_slots_of_the_lane():
-    slots, mask = sequence_steps([12], [4], 4, lane_start=10, lane_end=20)
-    assert slots.tolist() == [[12, 13, 14, 15]] and mask.all()
-
-
-def test_steps_wrap_around_at_the_lanes_end():
-    slots, _ = sequence_steps([18], [4], 4, lane_start=10, lane_end=20)
-    assert slots.tolist() == [[18, 19, 10, 11]]
-
-
-def test_padded_steps_are_masked_and_repeat_the_last_real_slot():
-    slots, mask = sequence_steps([10, 19], [2, 4], 4, lane_start=10, lane_end=20)
-    assert slots.tolist() == [[10, 11, 11, 11], [19, 10, 11, 12]]
-    assert mask.tolist() == [[True, True, False, False], [True, True, True, True]]
-
-
-def test_a_first_slot_outside_the_lane_is_refused():
-    with pytest.raises(ValueError, match=r"first: expected slots in \[10, 20\), got 20 at position 1"):
-        sequence_steps([10, 20], [1, 1], 4, lane_start=10, lane_end=20)
-
-
-@pytest.mark.parametrize("valid", [0, 5])
-def test_a_valid_count_outside_one_to_length_is_refused(valid):
-    with pytest.raises(ValueError, match=rf"valid: expected counts in \[1, 4\], got {valid} at position 0"):
-        sequence_steps([10], [valid], 4, lane_start=10, lane_end=20)
-
-
-def test_a_sequence_longer_than_its_lane_is_refused():
-    with pytest.raises(ValueError, match=r"valid: expected counts in \[1, 3\], got 4"):
-        sequence_steps([0], [4], 4, lane_start=0, lane_end=3)
-
-
-def test_one_valid_count_per_sequence_is_required():
-    with pytest.raises(ValueError, match="valid: expected 2 values"):
-        sequence_steps([10, 11], [1], 4, lane_start=10, lane_end=20)
 
 
 # -- sequence_priority ------------------------------------------------------------------------------
