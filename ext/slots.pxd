@@ -7,7 +7,7 @@ from mpreplay._ext.sequences cimport Sequences
 
 # Fault injection sites for the crash tests (arm_fault).
 cdef enum:
-    F_NONE, F_RESERVE, F_PUBLISH, F_COMPLETE, F_RETIRE, F_UPDATE, F_DRAW
+    F_NONE, F_RESERVE, F_PUBLISH, F_COMPLETE, F_RETIRE, F_UPDATE, F_DRAW, F_OPEN
 
 cdef void fault(int site) noexcept nogil
 

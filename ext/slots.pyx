@@ -27,7 +27,7 @@ cdef extern from "<signal.h>" nogil:
 # Fault injection for the crash tests: arm_fault(site, n) makes this process
 # SIGKILL itself the n-th time it passes `site` -- inside a critical section,
 # with the lock held.  Disarmed, a site costs one load and a predictable branch.
-FAULT_SITES = ("reserve", "publish", "complete", "retire", "update", "draw")
+FAULT_SITES = ("reserve", "publish", "complete", "retire", "update", "draw", "open")
 cdef int _fault_site = F_NONE
 cdef int _fault_countdown = 0
 
@@ -282,6 +282,7 @@ cdef class Slots:
             if self.gen[s] == generations[j] and self.state[s] == COMPLETE:
                 p = priorities[j] if priorities != NULL and priorities[j] == priorities[j] else default
                 self.sequences.open(s, steps[j])
+                fault(F_OPEN)
                 self.selector.set(s, p)
                 self.selector.fix(s)
                 opened += 1

@@ -14,7 +14,7 @@ import signal
 import numpy as np
 import pytest
 
-from mpreplay import MinSize, MPPrioritizedReplayBuffer
+from mpreplay import MinSize, MPPrioritizedReplayBuffer, MPPrioritizedSequenceReplayBuffer
 from mpreplay._ext.slots import FAULT_SITES, arm_fault
 
 METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
@@ -67,7 +67,7 @@ def _assert_consistent(buffer) -> None:
 
 
 def test_every_fault_site_is_exercised():
-    assert set(ACTIONS) | {"complete"} == set(FAULT_SITES)
+    assert set(ACTIONS) | {"complete", "open"} == set(FAULT_SITES)
 
 
 @METHODS
@@ -105,3 +105,26 @@ def test_a_writer_killed_completing_a_compressed_transition_leaves_counts_consis
         buffer.add(obs=np.full(4, 7), id=7, next_obs=np.full(4, 8))
         buffer.on_episode_end()
         assert buffer.get_stored_size() == len(buffer.get_all_transitions()["id"])
+
+
+def _open_then_die(buffer, site: str) -> None:
+    buffer.add(obs=np.zeros((3, 4), np.int64), id=np.arange(3), done=np.zeros(3))
+    arm_fault(site)
+    buffer.add(obs=np.zeros(4, np.int64), id=3, done=0.0)  # the sequence's last step: it opens
+    os._exit(3)
+
+
+@METHODS
+@pytest.mark.timeout(120)
+def test_a_writer_killed_opening_a_sequence_leaves_counts_and_tree_consistent(method):
+    env = {**ENV, "done": {}}
+    with MPPrioritizedSequenceReplayBuffer(CAPACITY, env, length=4, alpha=ALPHA, eps=EPS, lanes=2) as buffer:
+        _kill_child_at(method, buffer, "open", _open_then_die)
+        assert buffer.get_stored_size() == 4
+        assert buffer._lock.recoveries == 0  # nothing yet: the next acquisition recovers
+        buffer.add(obs=np.ones((4, 4), np.int64), id=np.arange(10, 14), done=np.array([0, 0, 0, 1.0]))
+        assert buffer._lock.recoveries == 1
+        batch = buffer.sample(32)
+        assert set(batch["id"][:, 0].tolist()) == {10}
+        total = float(np.sum((buffer.get_max_priority() + EPS) ** ALPHA))
+        assert buffer._tree.total() == pytest.approx(total, rel=1e-12)

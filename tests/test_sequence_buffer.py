@@ -411,3 +411,57 @@ def test_a_uniform_shared_buffer_samples_sequences_written_by_other_processes(me
         assert {int(o[0, 0]) // 1000 for o in batch["obs"]} == {1, 2}
     finally:
         rb.close()
+
+
+def test_sample_fills_the_arrays_given_as_out():
+    rb = SequenceReplayBuffer(64, ENV, length=4)
+    _fill(rb, [6])
+    out = {"obs": np.full((3, 4, 2), -1, np.float32), "mask": np.zeros((3, 4), bool)}
+    b = rb.sample(3, out=out)
+    assert b["obs"] is out["obs"] and b["mask"] is out["mask"] and out["mask"].any()
+    _check_sequences(b)
+
+
+def test_an_out_array_of_the_wrong_shape_is_refused_by_name():
+    rb = SequenceReplayBuffer(64, ENV, length=4)
+    _fill(rb, [6])
+    with pytest.raises(ValueError, match=r"out\['mask'\]: expected a writable C-contiguous bool array of shape \(3, 4\)"):
+        rb.sample(3, out={"mask": np.zeros(3, bool)})
+
+
+def test_a_sharded_client_samples_sequences_from_every_shard():
+    from mpreplay.sharded import ShardedReplay, ShardServer
+
+    shards = [PrioritizedSequenceReplayBuffer(200, ENV, length=4, period=2) for _ in range(2)]
+    _fill(shards[0], [9, 5])
+    _fill(shards[1], [7], first_episode=10)
+    client = ShardedReplay([ShardServer(b) for b in shards], prefetch=0, seed=1)
+    batch = client.sample(400)
+    assert batch["obs"].shape == (400, 4, 2) and batch["mask"].shape == (400, 4)
+    _check_sequences(batch)
+    assert {int(o[0, 0]) for o in batch["obs"]} == {0, 1, 10}
+    client.update_priorities(batch["indexes"], np.full(400, 3.0))
+    client.flush()
+    assert max(b.get_max_priority() for b in shards) == 3.0
+
+
+def _launched_actor(ctx) -> None:
+    _actor(ctx.buffer, ctx.rank + 1, 10)
+
+
+def _launched_learner(ctx) -> int:
+    while ctx.buffer.stats()["sequences"] < 5:
+        time.sleep(0.01)
+    batch = ctx.buffer.sample(32)
+    _check_sequences(batch)
+    return int(batch["mask"].sum())
+
+
+@METHODS
+@pytest.mark.timeout(120, method="thread")
+def test_launched_actors_and_learner_share_a_sequence_buffer(method):
+    from mpreplay import launch
+
+    with MPSequenceReplayBuffer(2000, ENV, length=4, lanes=2) as rb:
+        result = launch(rb, actors=(_launched_actor, 2), learner=_launched_learner, start_method=method)
+        assert result.reason == "learner" and result.value > 0
