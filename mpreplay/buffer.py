@@ -195,6 +195,8 @@ class ReplayBuffer:
             "next_of": [] if c is None else list(c.next_of),
             "stack_compress": [] if c is None else list(c.stack),
             "selector": self._selector_array()[0],
+            "sequence": None if self._sequence is None else {"length": self._sequence.length,
+                                                             "period": self._sequence.period},
             "owner": process_token(os.getpid()),
             "created": time.time(),
             "arrays": [[name, list(shape), dtype, offset] for name, shape, dtype, offset in self._memory.layout.entries],

@@ -43,10 +43,13 @@ class Segment:
 
     @property
     def kind(self) -> str:
-        """``"prioritized"``, ``"uniform"`` (``", compressed"`` appended), or ``"other"``."""
+        """``"prioritized"``, ``"uniform"`` (``", sequences of N"``, ``", compressed"`` appended), or ``"other"``."""
         if self.document is None:
             return "other"
         kind = "prioritized" if self.document.get("selector") == TREE_ARRAY else "uniform"
+        sequence = self.document.get("sequence")
+        if isinstance(sequence, dict) and isinstance(sequence.get("length"), int):
+            kind += f", sequences of {sequence['length']}"
         return kind + (", compressed" if self.document.get("next_of") or self.document.get("stack_compress") else "")
 
 

@@ -12,7 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from mpreplay import MPPrioritizedReplayBuffer, MPReplayBuffer, SampleToInsertRatio, manifest
+from mpreplay import (MPPrioritizedReplayBuffer, MPPrioritizedSequenceReplayBuffer, MPReplayBuffer, SampleToInsertRatio,
+                      manifest)
 from mpreplay.cli import main
 from mpreplay.monitor import SHM_DIR, BufferView, list_segments, remove_segments
 
@@ -83,6 +84,11 @@ def test_ls_names_a_compressed_uniform_buffer_as_such(capsys):
     with MPReplayBuffer(1000, {"obs": {"shape": (4, 2)}, "next_obs": {"shape": (4, 2)}},
                         next_of="obs", stack_compress="obs") as buffer:
         assert _row(_ls(capsys), buffer.name)["kind"] == "uniform, compressed"
+
+
+def test_ls_names_a_sequence_buffer_and_its_length(capsys):
+    with MPPrioritizedSequenceReplayBuffer(1000, {"obs": {"shape": (2,)}, "done": {}}, length=8) as buffer:
+        assert _row(_ls(capsys), buffer.name)["kind"] == "prioritized, sequences of 8"
 
 
 def _write_forever(buffer, stop) -> None:
