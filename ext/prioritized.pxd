@@ -4,3 +4,4 @@ from mpreplay._ext.sumtree cimport PriorityTree
 
 cdef class PrioritizedSelector(Selector):
     cdef PriorityTree _tree
+    cdef bint _max_ever        # new items get the largest priority ever set (cpprb's rule), not the largest stored

@@ -15,10 +15,15 @@ from mpreplay._ext.sumtree cimport Node, PriorityTree
 
 
 cdef class PrioritizedSelector(Selector):
-    """Selects items of ``tree`` in proportion to ``(priority + eps) ** alpha``."""
+    """Selects items of ``tree`` in proportion to ``(priority + eps) ** alpha``.
 
-    def __init__(self, PriorityTree tree not None, double alpha, double eps):
+    A new item without a priority gets the largest stored now, or with ``max_ever``
+    the largest ever set, at least 1.0 (cpprb's running maximum, which never falls).
+    """
+
+    def __init__(self, PriorityTree tree not None, double alpha, double eps, bint max_ever=False):
         self._tree = tree
+        self._max_ever = max_ever
         self.capacity = tree.capacity
         self.alpha = alpha
         self.eps = eps
@@ -46,7 +51,11 @@ cdef class PrioritizedSelector(Selector):
         self._tree._rebuild()
 
     cdef double default_priority(self) noexcept nogil:
-        cdef double p = self._tree._nodes[1].max
+        cdef double p
+        if self._max_ever:
+            p = self._tree._nodes[0].max
+            return p if p > 1.0 else 1.0
+        p = self._tree._nodes[1].max
         return 1.0 if p == -INFINITY else p
 
     cdef double total(self) noexcept nogil:

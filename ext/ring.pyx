@@ -186,6 +186,7 @@ cdef class Ring:
     cdef const uint8_t** _src    # per field, during add_one: the row to copy (a caller's array or the stage)
     cdef Py_ssize_t* _rowbytes
     cdef Kind* _kinds
+    cdef bint* _one              # per field: shape (1,), which a number or a 0-d array fills
     cdef int* _typenums
     cdef object _bitgen_owner
     cdef bitgen_t* _bitgen
@@ -198,6 +199,7 @@ cdef class Ring:
         self._src = NULL
         self._rowbytes = NULL
         self._kinds = NULL
+        self._one = NULL
         self._typenums = NULL
 
     def __init__(self, int64_t[::1] header not None, Gate gate not None, Slots slots not None,
@@ -224,7 +226,9 @@ cdef class Ring:
         self._rowbytes = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
         self._kinds = <Kind*>malloc(n * sizeof(Kind) + 1)
         self._typenums = <int*>malloc(n * sizeof(int) + 1)
-        if not (self._dst and self._stage and self._src and self._rowbytes and self._kinds and self._typenums):
+        self._one = <bint*>malloc(n * sizeof(bint) + 1)
+        if not (self._dst and self._stage and self._src and self._rowbytes and self._kinds and self._typenums
+                and self._one):
             raise MemoryError()
         for i, (name, arr) in enumerate(fields):
             if not (isinstance(arr, np.ndarray) and arr.flags.c_contiguous and arr.shape[0] == self.size):
@@ -238,6 +242,7 @@ cdef class Ring:
             self._stage[i] = <uint8_t*>cnp.PyArray_DATA(stage)
             self._rowbytes[i] = stage.nbytes
             self._kinds[i] = _kind_of(arr.dtype)
+            self._one[i] = arr.shape[1:] == (1,)
             self._typenums[i] = arr.dtype.num
         self._fields_keepalive = [arr for _, arr in fields]
         self.set_rng(rng)
@@ -250,6 +255,7 @@ cdef class Ring:
         free(self._rowbytes)
         free(self._kinds)
         free(self._typenums)
+        free(self._one)
 
     def set_rng(self, object rng):
         """Draw from ``rng`` (a numpy Generator) from now on."""
@@ -499,12 +505,14 @@ cdef class Ring:
         if cnp.PyArray_CheckExact(value):
             arr = <cnp.ndarray>value
             shape = self._shapes[i]
-            if (not cnp.PyArray_ISCARRAY_RO(arr) or not cnp.PyArray_ISNOTSWAPPED(arr)
-                    or cnp.PyArray_NDIM(arr) != len(shape)):
+            if not cnp.PyArray_ISCARRAY_RO(arr) or not cnp.PyArray_ISNOTSWAPPED(arr):
                 return False
-            for d in range(len(shape)):
-                if cnp.PyArray_DIM(arr, d) != <Py_ssize_t>shape[d]:
+            if not (cnp.PyArray_NDIM(arr) == 0 and self._one[i]):  # a 0-d array fills a (1,) field
+                if cnp.PyArray_NDIM(arr) != len(shape):
                     return False
+                for d in range(len(shape)):
+                    if cnp.PyArray_DIM(arr, d) != <Py_ssize_t>shape[d]:
+                        return False
             if cnp.PyArray_TYPE(arr) == self._typenums[i]:
                 # Copied straight from the caller's array once the slot is reserved.
                 self._src[i] = <const uint8_t*>cnp.PyArray_DATA(arr)
@@ -516,8 +524,7 @@ cdef class Ring:
                 return _narrow_to_float(<const double*>cnp.PyArray_DATA(arr), <float*>self._stage[i],
                                         cnp.PyArray_SIZE(arr))
             return False
-        shape = self._shapes[i]
-        if len(shape) != 0 and shape != (1,):  # a number fills a field of one element, e.g. cpprb's (1,) scalars
+        if not (self._one[i] or len(<tuple>self._shapes[i]) == 0):  # a number fills a field of one element
             return False
         self._src[i] = self._stage[i]
         if PyFloat_CheckExact(value):
@@ -804,7 +811,7 @@ cdef class Ring:
         return 0
 
     def sample(self, Py_ssize_t batch_size, bint stratified, double beta=-1.0, timeout=None, dict out=None,
-               bint leaves=False):
+               bint leaves=False, bint float32_weights=False):
         """Draw ``batch_size`` rows.
 
         Returns a dict of field arrays plus ``indexes`` and, when
@@ -812,13 +819,15 @@ cdef class Ring:
         ``leaves``, instead, each row's ``leaf`` weight v_i and slot ``tags``
         (how many times the slot was published: a rewrite changes it).  Field
         arrays are fresh, or the ones ``out`` holds under the field's name
-        (reusing memory spares the page faults of fresh allocations).
-        Waits at most ``timeout`` seconds (None: no limit) while the rate
+        (reusing memory spares the page faults of fresh allocations);
+        ``float32_weights`` hands the weights out as float32.  Waits at most ``timeout`` seconds (None: no limit) while the rate
         limiter holds samples back, then raises TimeoutError.
         """
         cdef Py_ssize_t b = batch_size, j, ntorn, rounds = 0
         cdef double vmin, deadline = deadline_of(timeout)
         cdef uint64_t* record
+        cdef float* w32
+        cdef cnp.npy_intp nb = batch_size
         if b < 1:
             raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size}")
         cdef _Draws d = _Draws(b, 2 * self._frames.max_stack if self._frames is not None else 0)
@@ -853,9 +862,16 @@ cdef class Ring:
             result["leaf"] = d.values
             result["tags"] = (d.gens >> np.uint64(1)).astype(np.int64)
         elif beta >= 0.0:
-            for j in range(b):
-                d.vp[j] = importance_weight(vmin, d.vp[j], beta)
-            result["weights"] = d.values
+            if float32_weights:
+                weights = cnp.PyArray_EMPTY(1, &nb, cnp.NPY_FLOAT32, 0)
+                w32 = <float*>cnp.PyArray_DATA(<cnp.ndarray>weights)
+                for j in range(b):
+                    w32[j] = <float>importance_weight(vmin, d.vp[j], beta)
+                result["weights"] = weights
+            else:
+                for j in range(b):
+                    d.vp[j] = importance_weight(vmin, d.vp[j], beta)
+                result["weights"] = d.values
         return result
 
     @property

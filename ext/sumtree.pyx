@@ -14,7 +14,9 @@ cannot drift however many updates are made.
 Leaf semantics: the sum and min trees hold the sampling weight ``v`` of a slot
 (``v == 0`` means "not sampleable", and the min leaf is then +inf); the max
 tree holds the *raw* priority of the slot (-inf when not sampleable), so
-``max()`` answers "largest priority stored now" exactly.
+``max()`` answers "largest priority stored now" exactly.  Node 0, outside the
+tree, keeps in its max the largest raw priority ever given a sampleable leaf
+(``max_ever()``; -inf until one is, and again after ``forget_max_ever()``).
 """
 from libc.math cimport INFINITY, pow
 from libc.stdint cimport int64_t
@@ -79,6 +81,8 @@ cdef class PriorityTree:
 
     cdef void _write_leaf(self, Py_ssize_t slot, double value, double raw) noexcept nogil:
         cdef Py_ssize_t n = slot + self._cap
+        if value > 0.0 and raw > self._nodes[0].max:
+            self._nodes[0].max = raw
         self._nodes[n].sum = value
         self._nodes[n].min = value if value > 0.0 else INFINITY
         self._nodes[n].max = raw if value > 0.0 else -INFINITY
@@ -239,3 +243,11 @@ cdef class PriorityTree:
     def max(self):
         """Largest raw priority among sampleable slots (-inf when none)."""
         return self._nodes[1].max
+
+    def max_ever(self):
+        """Largest raw priority ever written to a leaf (-inf when none)."""
+        return self._nodes[0].max
+
+    def forget_max_ever(self):
+        """Start :meth:`max_ever` afresh (a buffer's ``clear``)."""
+        self._nodes[0].max = -INFINITY

@@ -318,7 +318,7 @@ class ReplayBuffer:
         """Store what the n-step folder emitted; None when it emitted nothing."""
         k, rows = convert_batch(self._specs, rows)
         if priorities is not None and np.isnan(priorities).any():
-            priorities = np.where(np.isnan(priorities), self.get_max_priority(), priorities)
+            priorities = np.where(np.isnan(priorities), self.default_priority(), priorities)
         return self._write(k, rows, priorities, timeout, end_episode) if k or end_episode else None
 
     def _store(self, k: int, rows: dict[str, np.ndarray], priorities: np.ndarray | None,
@@ -638,15 +638,31 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Prioritisation exponent (0 = uniform).
     eps : float
         Added to every priority so none has zero probability.
+    new_priority : {"max_stored", "max_ever"}
+        What a transition added without a priority gets: the largest priority stored
+        now, or the largest ever set (at least 1.0, never falling until ``clear()``:
+        cpprb's rule, shared by every process of a shared buffer).
+    weights_dtype : numpy dtype
+        dtype of ``sample``'s importance ``weights``: float64, or float32 (what a float32
+        loss takes without a cast).
     **options
         As for :class:`ReplayBuffer`.
     """
 
-    _CONFIG = ReplayBuffer._CONFIG + ("_alpha", "_eps")
+    _CONFIG = ReplayBuffer._CONFIG + ("_alpha", "_eps", "_new_priority", "_float32_weights")
 
     def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *, alpha: float = 0.6,
-                 eps: float = 1e-4, **options: Any):
+                 eps: float = 1e-4, new_priority: str = "max_stored", weights_dtype: Any = np.float64,
+                 **options: Any):
         self._alpha, self._eps = checks.number("alpha", alpha, low=0.0), checks.number("eps", eps, low=0.0)
+        self._new_priority = checks.choice("new_priority", new_priority, ("max_stored", "max_ever"))
+        try:
+            weights = np.dtype(weights_dtype)
+        except TypeError:
+            weights = None
+        if weights not in (np.float64, np.float32):
+            raise ValueError(f"weights_dtype: expected float64 or float32, got {weights_dtype!r}")
+        self._float32_weights = weights == np.float32
         super().__init__(size, env_dict, **options)
 
     def _selector_array(self) -> tuple[str, int, type]:
@@ -654,7 +670,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def _make_selector(self, array: np.ndarray, create: bool) -> Selector:
         self._tree = PriorityTree(array, self._size, reset=create)
-        return PrioritizedSelector(self._tree, self._alpha, self._eps)
+        return PrioritizedSelector(self._tree, self._alpha, self._eps, self._new_priority == "max_ever")
 
     @property
     def alpha(self) -> float:
@@ -676,6 +692,18 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         m = self._tree.max()
         return 1.0 if m == -np.inf else float(m)
 
+    def default_priority(self) -> float:
+        """The priority a transition added now without one gets (see ``new_priority``)."""
+        if self._new_priority == "max_ever":
+            return max(1.0, float(self._tree.max_ever()))
+        return self.get_max_priority()
+
+    def clear(self) -> None:
+        """Forget every transition (and, with ``new_priority="max_ever"``, the priorities ever set)."""
+        super().clear()
+        if self._new_priority == "max_ever":
+            self._tree.forget_max_ever()
+
     @property
     def max_priority(self) -> float:
         """The largest priority this buffer accepts (``get_max_priority()`` is the largest stored):
@@ -695,7 +723,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         ``timeout`` and ``out`` as for :meth:`ReplayBuffer.sample`.
         """
         return self._ring.sample(checks.integer("batch_size", batch_size, low=1), True,
-                                 checks.number("beta", beta, low=0.0), checks.seconds("timeout", timeout), out)
+                                 checks.number("beta", beta, low=0.0), checks.seconds("timeout", timeout), out,
+                                 False, self._float32_weights)
 
     def batches(self, batch_size: int, beta: float = 0.4, *, prefetch: int = 2, timeout: float | None = None,
                 as_torch: bool = False) -> Prefetcher:

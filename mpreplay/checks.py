@@ -32,6 +32,9 @@ import numpy as np
 
 __all__ = ["capacity", "flag", "indexes", "integer", "is_tensor", "matrix", "number", "priorities", "seconds"]
 
+# numpy's own dtype instances: `is` tells them apart faster than `==` (the hot paths check them).
+_INT64, _FLOAT64 = np.dtype(np.int64), np.dtype(np.float64)
+
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 40
 
@@ -112,6 +115,13 @@ def number(name: str, value: Any, *, low: float = -math.inf, high: float = math.
     return v
 
 
+def choice(name: str, value: Any, options: tuple[str, ...]) -> str:
+    """``value`` when it is one of ``options`` (strings)."""
+    if not (isinstance(value, str) and value in options):
+        raise ValueError(f"{name}: expected one of {', '.join(map(repr, options))}, got {_show(value)}")
+    return value
+
+
 def seconds(name: str, value: Any, *, allow_none: bool = True) -> float | None:
     """A time in seconds: a finite number >= 0, or None (no limit) when ``allow_none``.
 
@@ -151,7 +161,7 @@ def indexes(name: str, values: Any) -> np.ndarray:
     Their range is the caller's to check.
     """
     idx = values
-    if type(idx) is np.ndarray and idx.dtype == np.int64 and idx.ndim == 1 and idx.flags.c_contiguous:
+    if type(idx) is np.ndarray and idx.dtype is _INT64 and idx.ndim == 1 and idx.flags.c_contiguous:
         return idx
     try:
         idx = np.asarray(_numpy(values))
@@ -199,7 +209,7 @@ def priorities(name: str, values: Any, count: int, *, max_priority: float | np.n
     (``Ring.check_priorities`` and ``Ring.update`` check it, with the same message).
     """
     p = values
-    if not (type(p) is np.ndarray and p.dtype == np.float64 and p.ndim == 1 and p.flags.c_contiguous):
+    if not (type(p) is np.ndarray and p.dtype is _FLOAT64 and p.ndim == 1 and p.flags.c_contiguous):
         try:
             p = np.ascontiguousarray(_numpy(values), dtype=np.float64)
         except (TypeError, ValueError):

@@ -95,7 +95,7 @@ class Compression:
             if not specs[key].shape or specs[key].shape[-1] < 2:
                 raise ValueError(f"stack_compress: field {key!r} needs a stack axis (last) of at least 2 frames")
         for flag in (done, truncated):
-            if flag is not None and (flag not in specs or specs[flag].shape != ()):
+            if flag is not None and (flag not in specs or specs[flag].shape not in ((), (1,))):
                 raise ValueError(f"episode flag {flag!r}: expected a scalar field of the env_dict")
         return cls(next_keys, stack_keys, int(lanes), done, truncated)
 

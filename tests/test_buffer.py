@@ -187,10 +187,11 @@ def test_a_batch_fixes_the_tree_exactly_as_its_rows_one_by_one(capacity, lengths
 
 
 def _selectable(buffer) -> bytes | set:
-    """What the selector draws from: the whole tree, or the set of uniform members (whose
+    """What the selector draws from: the whole tree (but node 0, the largest priority ever
+    set, which rows skipped by a batch never reach), or the set of uniform members (whose
     order depends on the order of removals)."""
     if isinstance(buffer, PrioritizedReplayBuffer):
-        return buffer._memory.arrays[TREE_ARRAY].tobytes()
+        return buffer._memory.arrays[TREE_ARRAY][3:].tobytes()
     state = buffer._memory.arrays[MEMBERS_ARRAY]
     return set(state[1:1 + state[0]].tolist())
 
@@ -773,3 +774,34 @@ def test_all_transitions_can_say_their_slots():
     rows = buffer.get_all_transitions(indexes=True)
     np.testing.assert_array_equal(rows["indexes"], [2, 3, 0, 1])
     np.testing.assert_array_equal(rows["a"], [2, 3, 4, 5])
+
+
+def test_with_max_ever_new_rows_get_the_largest_priority_ever_set_even_once_it_is_gone():
+    rb = PrioritizedReplayBuffer(2, {"x": {}}, alpha=1.0, eps=0.0, new_priority="max_ever")
+    rb.add(x=1.0, priorities=5.0)
+    rb.add(x=2.0, priorities=0.5)
+    rb.add(x=3.0, priorities=0.5)  # overwrites the row of priority 5
+    rb.add(x=4.0)
+    assert rb.get_max_priority() == 5.0 and rb.default_priority() == 5.0
+
+
+def test_with_max_ever_the_default_starts_at_one_and_clear_forgets_the_past():
+    rb = PrioritizedReplayBuffer(4, {"x": {}}, new_priority="max_ever")
+    rb.add(x=1.0, priorities=0.25)
+    assert rb.default_priority() == 1.0
+    rb.update_priorities(rb.sample(1)["indexes"], [9.0])
+    assert rb.default_priority() == 9.0
+    rb.clear()
+    assert rb.default_priority() == 1.0
+
+
+def test_by_default_new_rows_get_the_largest_priority_stored_now():
+    rb = PrioritizedReplayBuffer(1, {"x": {}}, alpha=1.0, eps=0.0)
+    rb.add(x=1.0, priorities=5.0)
+    rb.add(x=2.0, priorities=0.5)
+    assert rb.default_priority() == 0.5
+
+
+def test_an_unknown_new_priority_rule_is_refused_by_name():
+    with pytest.raises(ValueError, match="new_priority: expected one of 'max_stored', 'max_ever', got 'max'"):
+        PrioritizedReplayBuffer(4, {"x": {}}, new_priority="max")

@@ -2,12 +2,14 @@
 
 What the layer does, and nothing more:
 
-* **shapes** -- cpprb's shape-1 fields are stored as scalars and come back as
-  ``(n, 1)``; ``add`` takes values in any layout cpprb reshapes
-  (:class:`~mpreplay.compat.cpprb.fields.Fields`);
+* **shapes** -- fields are stored in cpprb's shapes (``(1,)`` where none is
+  named), so samples come back as cpprb's; ``add`` takes values in any layout
+  cpprb reshapes (:class:`~mpreplay.compat.cpprb.fields.Fields`);
 * **add** -- keys of no field are ignored and a missing field raises KeyError;
 * **priorities** -- new transitions get the largest priority ever set (cpprb's
-  running maximum, which starts at 1.0 and only grows), ``weights`` are float32
+  running maximum, which starts at 1.0 and only grows: the native buffer's
+  ``new_priority="max_ever"``, shared by every process), ``weights`` are float32
+  (``weights_dtype=np.float32``)
   and ``indexes`` uint64; a single priority is applied to every index;
 * **n-step** -- ``Nstep=`` folds with cpprb's timing
   (:class:`~mpreplay.compat.cpprb.nstep.NstepBuffer`), priorities alongside;
@@ -40,8 +42,7 @@ __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrior
            "ReverseReplayBuffer", "create_buffer"]
 
 _BACKENDS = ("sharedctypes", "SharedMemory")
-_DEFAULT_MAX_PRIORITY = 1.0  # cpprb's running maximum before any priority is set
-_FLOAT32, _INT64, _UINT64 = np.dtype(np.float32), np.dtype(np.int64), np.dtype(np.uint64)
+_INT64, _UINT64 = np.dtype(np.int64), np.dtype(np.uint64)
 
 
 def _refuse_options(cls: str, options: Mapping[str, Any]) -> None:
@@ -101,7 +102,6 @@ class _Buffer:
     def _bind(self, fields: Fields, buffer: native.ReplayBuffer) -> None:
         self._fields = fields
         self._native = buffer
-        self._columns = fields.columns
         self._bind_calls()
 
     def _bind_calls(self) -> None:
@@ -138,8 +138,6 @@ class _Buffer:
         """Draw ``batch_size`` transitions uniformly, with replacement."""
         batch = self._native_sample(batch_size)
         del batch["indexes"]  # cpprb's uniform sample has none
-        for name in self._columns:
-            batch[name] = batch[name][:, None]
         return batch
 
     def get_all_transitions(self, shuffle: bool = False) -> dict[str, np.ndarray]:
@@ -152,7 +150,7 @@ class _Buffer:
             rows = {name: r[order] for name, r in rows.items()}
         else:
             rows = self._rows_by_index()
-        return self._fields.out(rows)
+        return rows
 
     def _rows_by_index(self) -> dict[str, np.ndarray]:
         """Every stored transition in index order, in mpreplay's shapes."""
@@ -162,7 +160,7 @@ class _Buffer:
 
     def _encode_sample(self, idx: Any) -> dict[str, np.ndarray]:
         """The transitions at indexes ``idx`` (cpprb's name); each must hold one."""
-        return self._fields.out(self._native.read(np.array(idx, ndmin=1)))
+        return self._native.read(np.array(idx, ndmin=1))
 
     # -- state ----------------------------------------------------------------
     def get_buffer_size(self) -> int:
@@ -317,21 +315,19 @@ class _Prioritized:
     _nstep: NstepBuffer | None
 
     def _init_priorities(self, size: int, check_for_update: bool) -> None:
-        self._running_max = _DEFAULT_MAX_PRIORITY
         # Which slots this process sampled: updates of others are dropped (cpprb's
         # check_for_update, and always for shared buffers).  Per process: see __getstate__.
         self._check_for_update = checks.flag("check_for_update", check_for_update)
         self._sampled = np.zeros(size, dtype=bool) if self._check_for_update else None
         self._sampled_pid = os.getpid()
         if self._nstep is not None:
-            self._priority_nstep = NstepBuffer({"priority": {"dtype": np.float64},
+            self._priority_nstep = NstepBuffer({"priority": {"shape": (), "dtype": np.float64},
                                                 "done": self._fields.env_dict()["done"]},
                                                {"size": self._nstep.get_Nstep_size()})
 
     def _bind_calls(self) -> None:
         super()._bind_calls()
         self._native_update = self._native.update_priorities
-        self._native_max = self._native.get_max_priority
 
     def add(self, *, priorities: Any = None, **kwargs: Any) -> int | None:
         """Add transitions with ``priorities`` (one per transition, or one for all), or the
@@ -340,28 +336,22 @@ class _Prioritized:
             priorities = _priorities(priorities)
         if self._nstep is not None:
             return self._add_folded(self._fields.pick(kwargs), priorities)
-        p = self._new_priority() if priorities is None else priorities
         try:
-            first = self._native_add_values(priorities=p, **kwargs)  # mpreplay's fast path
+            return self._native_add_values(priorities=priorities, **kwargs)  # mpreplay's fast path
         except (TypeError, ValueError):
             # Nothing was stored: convert as cpprb does, then mpreplay says what is wrong.
-            first = self._store(self._fields.pick(kwargs), p)
-        if priorities is not None:
-            self._note_max()
-        return first
+            return self._store(self._fields.pick(kwargs), priorities)
 
     def _add_folded(self, values: dict[str, Any], priorities: Any) -> int | None:
         k = np.size(values["done"])  # one flag per step
-        p = np.full(k, self._new_priority()) if priorities is None else priorities
+        p = np.full(k, self._native.default_priority()) if priorities is None else priorities
         # Both folders take their steps only once everything is known to be good.
         p = checks.priorities("priorities", p, k, max_priority=self._native.max_priority)
         rows = self._nstep.fold(values)
         folded = self._priority_nstep.fold({"priority": p, "done": values["done"]})
         if rows is None:
             return None
-        first = self._store(rows, folded["priority"])
-        self._note_max()
-        return first
+        return self._store(rows, folded["priority"])
 
     def on_episode_end(self) -> None:
         """End the episode: an n-step buffer stores its pending rows with their priorities."""
@@ -369,36 +359,22 @@ class _Prioritized:
             rows, priorities = self._nstep.flush(), self._priority_nstep.flush()["priority"]
             if len(priorities):
                 self._store(rows, priorities)
-                self._note_max()
         self._episode_ended()
 
     def _episode_ended(self) -> None:
         """What the uniform class does at an episode end besides n-step rows."""
 
     def _native_add(self, values: dict[str, Any], priorities: Any) -> int:
-        return self._native_add_values(priorities=self._new_priority() if priorities is None else priorities,
-                                       **values)
-
-    def _new_priority(self) -> float:
-        return self._running_max
-
-    def _note_max(self) -> None:
-        # Every priority just set is stored now, so the largest stored bounds them all.
-        stored = self._native_max()
-        if stored > self._running_max:
-            self._running_max = stored
+        return self._native_add_values(priorities=priorities, **values)
 
     def sample(self, batch_size: int, beta: float = 0.4) -> dict[str, np.ndarray]:
         """Draw ``batch_size`` transitions in proportion to their priority, with ``weights``
         (float32) and ``indexes`` (uint64)."""
         batch = self._native_sample(batch_size, beta)
-        batch["weights"] = batch["weights"].astype(_FLOAT32)
         idx = batch["indexes"]
         if self._sampled is not None:
             self._own_sampled()[idx] = True
         batch["indexes"] = idx.view(_UINT64)
-        for name in self._columns:
-            batch[name] = batch[name][:, None]
         return batch
 
     def _own_sampled(self) -> np.ndarray:
@@ -416,9 +392,6 @@ class _Prioritized:
                 and self._sampled is None:
             # What sample() returned, as the learner hands it back: straight through.
             self._native_update(indexes.view(_INT64), priorities)
-            stored = self._native_max()  # _note_max, inlined: this runs at every learner step
-            if stored > self._running_max:
-                self._running_max = stored
             return
         if priorities is None:
             raise TypeError("priorities: expected numbers, got None")
@@ -433,17 +406,14 @@ class _Prioritized:
             keep = ~inside | seen[np.where(inside, idx, 0)]
             idx, priorities = idx[keep], priorities[keep]
         self._native.update_priorities(idx, priorities)
-        self._note_max()
 
     def get_max_priority(self) -> float:
         """The largest priority ever set (1.0 before any), which new transitions get."""
-        self._note_max()
-        return self._running_max
+        return self._native.default_priority()
 
     def clear(self) -> None:
         """Forget every transition, and the priorities ever set."""
         super().clear()
-        self._running_max = _DEFAULT_MAX_PRIORITY
         if self._sampled is not None:
             self._sampled[:] = False
         if self._nstep is not None:
@@ -467,7 +437,8 @@ class PrioritizedReplayBuffer(_Prioritized, ReplayBuffer):
         return {k: v for k, v in kwargs.items() if k not in ("alpha", "eps")}
 
     def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.PrioritizedReplayBuffer:
-        return native.PrioritizedReplayBuffer(size, fields.env_dict(), alpha=options["alpha"], eps=options["eps"])
+        return native.PrioritizedReplayBuffer(size, fields.env_dict(), alpha=options["alpha"], eps=options["eps"],
+                                              new_priority="max_ever", weights_dtype=np.float32)
 
     def _episode_ended(self) -> None:
         self._episode_start = self._inserted()
@@ -518,8 +489,8 @@ class MPPrioritizedReplayBuffer(_Prioritized, MPReplayBuffer):
     """cpprb's ``MPPrioritizedReplayBuffer``: prioritized replay shared by processes.
 
     As in cpprb, a priority update is dropped unless this process sampled the slot and it
-    was not overwritten since.  New transitions get the largest priority this process has
-    set or seen stored (cpprb shares its running maximum between processes).
+    was not overwritten since.  New transitions get the largest priority any process has
+    set (the running maximum lives in the shared segment, as cpprb shares its own).
     """
 
     def __init__(self, size: Any, env_dict: Mapping[str, Mapping[str, Any]] | None = None, *,
@@ -531,11 +502,8 @@ class MPPrioritizedReplayBuffer(_Prioritized, MPReplayBuffer):
         return {k: v for k, v in kwargs.items() if k not in ("alpha", "eps")}
 
     def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.MPPrioritizedReplayBuffer:
-        return native.MPPrioritizedReplayBuffer(size, fields.env_dict(), alpha=options["alpha"], eps=options["eps"])
-
-    def _new_priority(self) -> float:
-        self._note_max()  # other processes set priorities too
-        return self._running_max
+        return native.MPPrioritizedReplayBuffer(size, fields.env_dict(), alpha=options["alpha"],
+                                                eps=options["eps"], new_priority="max_ever", weights_dtype=np.float32)
 
 
 class ReverseReplayBuffer(ReplayBuffer):

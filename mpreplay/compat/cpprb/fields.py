@@ -2,9 +2,9 @@
 
 cpprb gives every field a shape, ``1`` when none is named, so a scalar field
 comes back from ``sample`` with shape ``(batch, 1)``; and it reshapes whatever
-``add`` receives to ``(-1, *shape)``.  mpreplay stores such a field as a
-true scalar (shape ``()``, which its kernels write fastest) and this module
-puts the trailing axis back on the way out.
+``add`` receives to ``(-1, *shape)``.  The native buffers store such a field
+with that shape, ``(1,)`` (their fast path takes a number or a 0-d array for it),
+so samples come out in cpprb's shapes as they are.
 """
 from __future__ import annotations
 
@@ -33,11 +33,9 @@ def _cpprb_shape(shape: Any) -> tuple[int, ...] | None:
 
 @dataclass(frozen=True)
 class Fields:
-    """The fields of a cpprb ``env_dict``: ``specs`` as mpreplay stores them, and the
-    ``columns`` (cpprb's shape-1 fields) stored as scalars and handed out as ``(n, 1)``."""
+    """The fields of a cpprb ``env_dict``, in cpprb's shapes (``(1,)`` where none is named)."""
 
     specs: dict[str, FieldSpec]
-    columns: tuple[str, ...]
 
     @classmethod
     def parse(cls, env_dict: Mapping[str, Mapping[str, Any]] | None, default_dtype: Any = None,
@@ -48,22 +46,18 @@ class Fields:
             raise ValueError("env_dict: expected a non-empty mapping of field name -> "
                              "{'shape': ..., 'dtype': ...} (a buffer without fields stores nothing)")
         native: dict[str, dict[str, Any]] = {}
-        columns = []
         for name, options in env_dict.items():
             options = dict(options) if isinstance(options, Mapping) else options
             if isinstance(options, dict):
                 shape = _cpprb_shape(options.get("shape", 1))
-                if shape == (1,):
-                    columns.append(name)
-                    options["shape"] = ()  # cpprb's add_shape for it, [-1, 1], still agrees
+                if shape is not None:
+                    options["shape"] = shape
             native[name] = options
         for key in option_names("next_of", next_of):
             if key not in native:
                 raise ValueError(f"next_of: {key!r} is not a field of env_dict (fields {list(native)})")
             native.setdefault(f"next_{key}", native[key])
-            if key in columns and f"next_{key}" not in columns:
-                columns.append(f"next_{key}")
-        return cls(parse_env_dict(native, default_dtype), tuple(columns))
+        return cls(parse_env_dict(native, default_dtype))
 
     def env_dict(self) -> dict[str, dict[str, Any]]:
         """The native env_dict of these fields."""
@@ -100,12 +94,6 @@ class Fields:
     def reshaped_all(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """Every value (one per field) as :meth:`reshaped` lays it out."""
         return {name: self.reshaped(name, v) for name, v in values.items()}
-
-    def out(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """``batch`` with cpprb's shapes: the columns get their trailing axis back."""
-        for name in self.columns:
-            batch[name] = batch[name].reshape(-1, 1)
-        return batch
 
 
 def option_names(option: str, value: Any) -> tuple[str, ...]:

@@ -62,7 +62,7 @@ class NstepBuffer:
         self._fields = Fields.parse(env_dict, default_dtype, next_of)
         option_names("stack_compress", stack_compress)
         specs = self._fields.specs
-        if "done" not in specs or specs["done"].shape != ():
+        if "done" not in specs or specs["done"].shape not in ((), (1,)):
             raise ValueError(f"env_dict: Nstep needs a scalar 'done' field (fields {list(specs)})")
         self._n = checks.integer("Nstep['size']", Nstep["size"], low=1)
         self._gamma = checks.number("Nstep['gamma']", Nstep.get("gamma", 0.99), low=0.0, high=1.0)
@@ -95,10 +95,10 @@ class NstepBuffer:
         """Add one step or consecutive steps; returns the rows they complete (cpprb's shapes),
         or None when none is complete yet."""
         rows = self.fold(self._fields.pick(kwargs))
-        return None if rows is None else self._fields.out(rows)
+        return rows
 
     def fold(self, values: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
-        """As :meth:`add`, for one value per field, returning rows in mpreplay's shapes."""
+        """As :meth:`add`, for one value per field (the fields picked already)."""
         k, steps = self._fields.rows(values)
         emitted = []
         for i in range(k):
@@ -108,12 +108,12 @@ class NstepBuffer:
         return self._stack(emitted) if emitted else None
 
     def _push(self, step: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
-        done = float(step["done"])
+        done = float(step["done"].reshape(-1)[0])
         for row in self._pending:
             for name in self._rews:
                 row[1][name] += row[2] * step[name]
             row[2] *= self._gamma * (1.0 - done)
-            row[3] = max(row[3], step["done"])
+            row[3] = np.maximum(row[3], step["done"])
         self._pending.append([step, {name: step[name].astype(np.float64) for name in self._rews},
                               self._gamma * (1.0 - done), step["done"]])
         if len(self._pending) < self._n:
@@ -136,10 +136,10 @@ class NstepBuffer:
 
     def on_episode_end(self) -> dict[str, np.ndarray]:
         """Emit every pending row, folded up to the last step added (cpprb's shapes)."""
-        return self._fields.out(self.flush())
+        return self.flush()
 
     def flush(self) -> dict[str, np.ndarray]:
-        """As :meth:`on_episode_end`, in mpreplay's shapes."""
+        """Emit every pending row (what :meth:`on_episode_end` returns)."""
         if not self._pending:
             return {name: np.empty((0,) + s.shape, s.dtype) for name, s in self._fields.specs.items()}
         last = self._pending[-1][0]
