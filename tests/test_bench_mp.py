@@ -135,3 +135,29 @@ def test_ctrl_c_stops_every_process_and_unlinks_every_segment(method):
     assert _wait_until(lambda: not _group_members(proc.pid)), _group_members(proc.pid)
     assert _segments(proc.pid) == []
     assert "leaked" not in stderr  # the resource tracker had nothing left to unlink
+
+
+@pytest.fixture(scope="module")
+def atari_scale_run() -> Run:
+    proc = subprocess.Popen([sys.executable, "-m", "mpreplay", "bench", "mp", "--atari-scale", "--quick"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=150)
+    finally:
+        proc.kill()
+        proc.wait()
+    return Run(proc.pid, proc.returncode, stdout, stderr)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("rows", ["1", "32"])
+def test_atari_scale_run_reports_eight_compressed_writers_beside_a_learner(atari_scale_run, rows):
+    assert atari_scale_run.returncode == 0, atari_scale_run.stderr
+    assert "8 writers + learner" in atari_scale_run.stdout
+    line = next(c for c in _cells(atari_scale_run.stdout) if c[:3] == ["mpreplay, compressed", "8,000", rows])
+    assert len(line) == 11 and all(cell for cell in line)
+
+
+@pytest.mark.timeout(180)
+def test_atari_scale_run_leaves_no_segment_behind(atari_scale_run):
+    assert _segments(atari_scale_run.pid) == []

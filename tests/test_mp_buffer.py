@@ -399,6 +399,7 @@ def _call_every_method(buffer) -> dict[str, Any]:
         "get_buffer_size": buffer.get_buffer_size,
         "get_env_dict": buffer.get_env_dict,
         "get_max_priority": buffer.get_max_priority,
+        "default_priority": buffer.default_priority,
         "sample_leaves": lambda: buffer.sample_leaves(2),
         "slot_tags": lambda: buffer.slot_tags(np.arange(2)),
         "leaf_mass": buffer.leaf_mass,

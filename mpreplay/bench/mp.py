@@ -15,6 +15,13 @@ two observations, each stored with its next_obs: (4,) float32 at capacity
   shared-memory segment like the buffer's.
 
 A final sweep runs the learner alone over capacities 1e4, 1e5 and 1e6.
+
+``--atari-scale`` runs instead the case of a user at Atari scale: (84, 84, 4)
+uint8 stacks stored compressed (``next_of`` + ``stack_compress``), capacity
+1e6 (6.65 GiB), 8 writers adding episodes of consecutive frame stacks (1 or
+32 steps per add) beside a learner; reported per CPU second, with the share
+of time spent waiting for the lock and the learner's page faults per sample,
+beside cpprb's uncompressed buffer at the largest capacity that fits in memory.
 Rates are medians over slices of the window; stale updates, lock waits
 (mpreplay's ``stats()``) and CPU are totals over the window.  The targets
 table compares figures of this same run.  Other work on the machine skews
@@ -55,19 +62,27 @@ _REPLY_TIMEOUT = 120.0  # seconds a process may take to get ready or to report
 
 @dataclass(frozen=True)
 class _Obs:
-    """An observation and the capacity it is benchmarked at."""
+    """An observation and the capacity it is benchmarked at; ``lanes`` > 0: stored
+    compressed (next_of + stack_compress), one lane per writer."""
 
     label: str
     shape: tuple[int, ...]
     dtype: str
     capacity: int
+    lanes: int = 0
 
     def resized(self, capacity: int) -> "_Obs":
+        return _Obs(self.label, self.shape, self.dtype, capacity, self.lanes)
+
+    def uncompressed(self, capacity: int) -> "_Obs":
         return _Obs(self.label, self.shape, self.dtype, capacity)
 
 
 _SMALL = _Obs("(4,) float32", (4,), "float32", 100_000)
 _ATARI = _Obs("(84, 84, 4) uint8", (84, 84, 4), "uint8", 20_000)
+_ATARI_SCALE_WRITERS = 8
+_ATARI_SCALE = _Obs("(84, 84, 4) uint8", (84, 84, 4), "uint8", 1_000_000, lanes=_ATARI_SCALE_WRITERS)
+_CPPRB_ATARI_CAPACITY = 100_000  # uncompressed (84, 84, 4) obs + next_obs: 5.6 GB; 1e6 would need 56 GB
 _SWEEP = (10_000, 100_000, 1_000_000)
 _QUICK_CAPACITY = {_SMALL.label: 2_000, _ATARI.label: 500}
 _QUICK_SWEEP = (1_000, 10_000)
@@ -115,6 +130,39 @@ def _transitions(obs: _Obs, k: int, scalar_shape: tuple[int, ...], seed: int) ->
     return pool
 
 
+def _episode(obs: _Obs, k: int, scalar_shape: tuple[int, ...], seed: int) -> list[dict[str, Any]]:
+    """Adds of ``k`` consecutive steps of one episode of frame stacks (at least 256 steps),
+    the last step done: cycling through them replays the episode, so every stack is the
+    one before shifted by a new frame, as a compressed buffer checks."""
+    rng = np.random.default_rng(seed)
+    adds = max(_POOL, -(-256 // k))
+    steps = adds * k
+    frames = rng.integers(0, 255, (steps + 1,) + obs.shape[:-1]).astype(obs.dtype)
+    depth = obs.shape[-1]
+    # Stack t holds frames t-depth+1 .. t, the first frame repeated before the episode began.
+    order = np.maximum(np.arange(steps + 1)[:, None] - np.arange(depth - 1, -1, -1)[None, :], 0)
+    stacks = np.moveaxis(frames[order], 1, -1)
+    act, rew = rng.integers(0, 4, steps).astype(np.int64), rng.standard_normal(steps).astype(np.float32)
+    done = (np.arange(steps) == steps - 1).astype(np.float32)
+    scalar = (k,) + scalar_shape
+    pool = []
+    for a in range(adds):
+        t = slice(a * k, (a + 1) * k)
+        if k == 1:
+            i = a
+            pool.append({"obs": stacks[i], "act": int(act[i]), "rew": float(rew[i]), "next_obs": stacks[i + 1],
+                         "done": float(done[i])})
+        else:
+            pool.append({"obs": stacks[t], "act": act[t].reshape(scalar), "rew": rew[t].reshape(scalar),
+                         "next_obs": stacks[a * k + 1:(a + 1) * k + 1], "done": done[t].reshape(scalar)})
+    return pool
+
+
+def _adds(obs: _Obs, k: int, scalar_shape: tuple[int, ...], seed: int) -> list[dict[str, Any]]:
+    """What a writer cycles through: random transitions, or an episode for a compressed buffer."""
+    return (_episode if obs.lanes else _transitions)(obs, k, scalar_shape, seed)
+
+
 @dataclass(frozen=True)
 class _Contender:
     """A multi-process prioritized buffer: how to make one, and its scalar field shape."""
@@ -126,7 +174,9 @@ class _Contender:
 
 @contextmanager
 def _mpreplay_buffer(obs: _Obs, ctx: Any) -> Iterator[Any]:
-    with mpreplay.MPPrioritizedReplayBuffer(obs.capacity, _env_dict(obs, ()), alpha=ALPHA, eps=EPS) as buffer:
+    compression = {"next_of": "obs", "stack_compress": "obs", "lanes": obs.lanes} if obs.lanes else {}
+    with mpreplay.MPPrioritizedReplayBuffer(obs.capacity, _env_dict(obs, ()), alpha=ALPHA, eps=EPS,
+                                            **compression) as buffer:
         yield buffer
 
 
@@ -189,12 +239,13 @@ class _Role:
     obs: _Obs
     scalar_shape: tuple[int, ...]
     seed: int
+    reuse: bool = False  # the learner samples into its previous batch (mpreplay's out=)
 
 
 def _operation(role: _Role, buffer: Any) -> tuple[Callable[[], None], int]:
     """The role's unit of work and how many calls to make between clock reads."""
     if role.kind == "writer":
-        items = itertools.cycle(_transitions(role.obs, role.rows, role.scalar_shape, role.seed))
+        items = itertools.cycle(_adds(role.obs, role.rows, role.scalar_shape, role.seed))
         add = buffer.add
 
         def write() -> None:
@@ -203,10 +254,12 @@ def _operation(role: _Role, buffer: Any) -> tuple[Callable[[], None], int]:
         return write, 16 if role.rows == 1 else 1
     priorities = itertools.cycle(list(np.random.default_rng(role.seed).uniform(0.01, 2.0, (_POOL, role.rows))))
     sample, update = buffer.sample, buffer.update_priorities
+    last: list[Any] = [None]
 
     def learn() -> None:
-        batch = sample(role.rows, BETA)
+        batch = sample(role.rows, BETA, out=last[0]) if role.reuse else sample(role.rows, BETA)
         update(batch["indexes"], next(priorities))
+        last[0] = batch
 
     return learn, 1
 
@@ -221,8 +274,8 @@ def _child(role: _Role, buffer: Any, conn: Connection) -> None:
         if role.kind == "writer":
             # A process faults on the first write to every page of the
             # segment, a cost a long-running actor pays once: one lap of the
-            # ring before the window leaves only the steady state in it.
-            for _ in range(-(-role.obs.capacity // role.rows)):
+            # ring (of its lane, compressed) before the window leaves only the steady state in it.
+            for _ in range(-(-role.obs.capacity // (max(1, role.obs.lanes) * role.rows))):
                 op()
         conn.send("ready")
         marks = conn.recv()
@@ -254,6 +307,7 @@ class _Result:
     learner_cpu: float | None = None  # the learner's (or the gather's) share of `cpu`
     faults: float | None = None  # minor page faults per second, all processes of the case
     others: float | None = None  # cores busy with other work meanwhile
+    learner_faults: float | None = None  # the learner's minor page faults per sample call
 
 
 def _case_label(writers: int, learner: bool) -> str:
@@ -330,9 +384,9 @@ def _slice_rates(counts: Sequence[int], marks: Sequence[float], rows: int) -> np
 
 
 def _run_case(ctx: Any, buffer: Any, contender: _Contender, obs: _Obs, writers: int, learner: bool,
-              rows: int, timing: _Timing) -> _Result:
+              rows: int, timing: _Timing, reuse: bool = False) -> _Result:
     roles = [_Role("writer", rows, obs, contender.scalar_shape, seed=10 + i) for i in range(writers)]
-    roles += [_Role("learner", BATCH, obs, contender.scalar_shape, seed=99)] * learner
+    roles += [_Role("learner", BATCH, obs, contender.scalar_shape, seed=99, reuse=reuse)] * learner
     procs, conns = [], []
     try:
         for i, role in enumerate(roles):
@@ -365,6 +419,7 @@ def _run_case(ctx: Any, buffer: Any, contender: _Contender, obs: _Obs, writers: 
     if learner:
         result.learner_cpu = reports[-1].cpu / window
         counts = reports[-1].counts
+        result.learner_faults = reports[-1].faults / max(1, counts[-1] - counts[0])
         result.sampled = float(np.median(_slice_rates(counts, marks, BATCH)))
         submitted = (counts[-1] - counts[0]) * BATCH
         if before.stats is not None:
@@ -428,6 +483,21 @@ def _cases(ctx: Any, contender: _Contender, obs: _Obs, timing: _Timing) -> list[
             for writers, learner in ((1, False), (2, False), (1, True), (2, True)):
                 results.append(_run_case(ctx, buffer, contender, obs, writers, learner, rows, timing))
         return results
+
+
+def _atari_scale(ctx: Any, contenders: Sequence[_Contender], obs: _Obs, timing: _Timing) -> list[_Result]:
+    """8 writers (1 and 32 steps per add) beside a learner: mpreplay compressed at ``obs``'s capacity,
+    cpprb uncompressed at the largest capacity that fits."""
+    results = []
+    for contender in contenders:
+        shown = obs if contender is _MPREPLAY else obs.uncompressed(min(obs.capacity, _CPPRB_ATARI_CAPACITY))
+        with contender.make(shown, ctx) as buffer:
+            if not shown.lanes:
+                _fill(buffer, shown, contender)
+            for rows in ROWS_PER_ADD:
+                results.append(_run_case(ctx, buffer, contender, shown, _ATARI_SCALE_WRITERS, True, rows, timing,
+                                         reuse=contender is _MPREPLAY))
+    return results
 
 
 def _sweep(ctx: Any, capacities: Sequence[int], timing: _Timing) -> list[_Result]:
@@ -540,6 +610,18 @@ def _cells(r: _Result) -> list[str]:
             _cores(r.others)]
 
 
+_ATARI_COLUMNS = ("buffer", "capacity", "rows/add", "inserts/s", "per writer CPU s", "sampled/s",
+                  "per learner CPU s", "lock wait", "faults/sample", "cores", "others")
+
+
+def _atari_cells(r: _Result) -> list[str]:
+    compressed = ", compressed" if r.buffer == "mpreplay" else ", uncompressed"
+    faults = "" if r.learner_faults is None else f"{r.learner_faults:.1f}"
+    return [r.buffer + compressed, f"{r.capacity:,}", str(r.rows_per_add), _num(r.inserts),
+            _num(_inserts_per_cpu(r)), _num(r.sampled), _num(_sampled_per_cpu(r)),
+            "" if r.lock_wait is None else f"{100 * r.lock_wait:.1f}%", faults, _cores(r.cpu), _cores(r.others)]
+
+
 def _target_cells(t: _Target) -> list[str]:
     per_cpu = "" if t.per_cpu is None else f"{t.per_cpu:.2f}"
     if t.ratio is None:
@@ -571,6 +653,10 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
                         help="how writer and learner processes start (default fork)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: short windows, small capacities, cpprb skipped")
+    parser.add_argument("--atari-scale", action="store_true",
+                        help="run only the Atari-scale case: compressed (84, 84, 4) stacks, 8 writers + learner")
+    parser.add_argument("--capacity", type=float, default=_ATARI_SCALE.capacity,
+                        help="capacity of the --atari-scale buffer (default 1e6; --quick: 8000)")
     return parser.parse_args(list(argv))
 
 
@@ -604,6 +690,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         observations = [o.resized(_QUICK_CAPACITY[o.label]) for o in observations]
     results: list[_Result] = []
+    if args.atari_scale:
+        capacity = 8_000 if args.quick else int(args.capacity)
+        return _main_atari_scale(ctx, contenders, _ATARI_SCALE.resized(capacity), timing, args)
     try:
         with _sigterm_unwinds():
             for obs in observations:
@@ -614,6 +703,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: every process was stopped and every segment unlinked", file=sys.stderr)
         return 128 + signal.SIGINT
+    _print_setting(timing, args, contenders, 3)
+    print(_LEGEND)
+    _mp_table(f"Shared prioritized buffer: writers add, the learner samples {BATCH} + updates {BATCH}",
+              _COLUMNS, [_cells(r) for r in results], group=0)
+    _mp_table("Sample cost vs capacity: learner alone, (4,) float32", _COLUMNS, [_cells(r) for r in sweep],
+              group=2)
+    _mp_table("Targets (ratios from this run)", _TARGET_COLUMNS,
+              [_target_cells(t) for t in _targets(results, sweep)], group=0)
+    return 0
+
+
+def _print_setting(timing: _Timing, args: argparse.Namespace, contenders: Sequence[_Contender], processes: int) -> None:
     versions = [f"mpreplay {mpreplay.__version__}", f"numpy {np.__version__}"]
     if _CPPRB in contenders:
         from importlib.metadata import version
@@ -622,14 +723,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         versions.append("cpprb " + ("skipped (--quick)" if args.quick else "not installed"))
     cores = len(os.sched_getaffinity(0))
-    crowded = " (2 writers + learner oversubscribe them)" if cores < 3 else ""
+    crowded = f" ({processes} processes per case oversubscribe them)" if cores < processes else ""
     print(f"{timing.seconds:g} s window per case after {timing.warmup:.2g} s warm-up, rates are medians of "
           f"{timing.slices} slices; start method {args.start_method}; {cores} cores{crowded}; {', '.join(versions)}")
-    print(_LEGEND)
-    _mp_table(f"Shared prioritized buffer: writers add, the learner samples {BATCH} + updates {BATCH}",
-              _COLUMNS, [_cells(r) for r in results], group=0)
-    _mp_table("Sample cost vs capacity: learner alone, (4,) float32", _COLUMNS, [_cells(r) for r in sweep],
-              group=2)
-    _mp_table("Targets (ratios from this run)", _TARGET_COLUMNS,
-              [_target_cells(t) for t in _targets(results, sweep)], group=0)
+
+
+def _main_atari_scale(ctx: Any, contenders: Sequence[_Contender], obs: _Obs, timing: _Timing,
+                      args: argparse.Namespace) -> int:
+    try:
+        with _sigterm_unwinds():
+            results = _atari_scale(ctx, contenders, obs, timing)
+    except KeyboardInterrupt:
+        print("interrupted: every process was stopped and every segment unlinked", file=sys.stderr)
+        return 128 + signal.SIGINT
+    _print_setting(timing, args, contenders, _ATARI_SCALE_WRITERS + 1)
+    print("Writers add episodes of consecutive frame stacks; the learner samples 256 + updates 256. Per CPU s: rows "
+          "per CPU second of the processes doing them;\nlock wait: share of window x processes spent waiting for "
+          "the lock; faults/sample: the learner's minor page faults per sample call (mpreplay samples into its previous "
+          "batch: out=).")
+    _mp_table(f"Atari scale: (84, 84, 4) uint8, {_ATARI_SCALE_WRITERS} writers + learner", _ATARI_COLUMNS,
+              [_atari_cells(r) for r in results], group=0)
     return 0
