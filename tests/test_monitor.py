@@ -92,7 +92,8 @@ def test_ls_names_a_sequence_buffer_and_its_length(capsys):
 
 
 def _write_forever(buffer, stop) -> None:
-    while not stop.is_set():
+    # `stop` is a lock-free flag: a writer killed while reading it leaves nothing held.
+    while not stop.value:
         buffer.add(obs=np.ones((8, 4)), priorities=np.linspace(0.5, 2.0, 8))
 
 
@@ -100,13 +101,13 @@ def _write_forever(buffer, stop) -> None:
 def test_top_once_shows_rates_fill_limiter_writers_and_priorities(owned, capsys):
     buffer, owner = owned
     ctx = mp.get_context("fork")
-    stop = ctx.Event()
+    stop = ctx.Value("b", 0, lock=False)
     writer = ctx.Process(target=_write_forever, args=(buffer, stop))
     writer.start()
     try:
         assert main(["top", buffer.name, "--once", "--interval", "0.5", "--plain"]) == 0
     finally:
-        stop.set()
+        stop.value = 1
         writer.join(30)
     out = capsys.readouterr().out
     assert re.search(r"inserts/s\s+[1-9][\d,]*\n", out)
@@ -140,7 +141,7 @@ def test_top_falls_back_to_plain_text_when_rich_is_missing(monkeypatch, capsys):
 def test_top_goes_on_when_a_writer_is_killed_mid_run_and_shows_it_gone(method, capsys):
     ctx = mp.get_context(method)
     with MPPrioritizedReplayBuffer(1000, ENV) as buffer:
-        stop = ctx.Event()
+        stop = ctx.Value("b", 0, lock=False)
         writer = ctx.Process(target=_write_forever, args=(buffer, stop))
         writer.start()
         try:
@@ -150,7 +151,7 @@ def test_top_goes_on_when_a_writer_is_killed_mid_run_and_shows_it_gone(method, c
             writer.join(30)
             assert main(["top", buffer.name, "--once", "--interval", "0.2", "--plain"]) == 0
         finally:
-            stop.set()
+            stop.value = 1
         assert re.search(rf"writer\s+pid {writer.pid}: 0 inserts/s \([\d,]+ in all, gone\)", capsys.readouterr().out)
         buffer.add(obs=np.ones(4))  # the buffer goes on too
 

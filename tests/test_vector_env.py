@@ -18,7 +18,7 @@ gym = pytest.importorskip("gymnasium")
 from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 
-from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer, SampleToInsertRatio
+from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer, SampleToInsertRatio, SequenceReplayBuffer
 from mpreplay.vector_env import DISABLED, NEXT_STEP, SAME_STEP, VectorTransitions, VectorWriter, env_dict
 
 MODES = [NEXT_STEP, SAME_STEP, DISABLED]
@@ -580,3 +580,28 @@ def test_a_batch_a_timeout_interrupted_is_finished_by_adding_it_again():
         assert timeouts > 0
         got, want = limited.get_all_transitions(), free.get_all_transitions()
     assert {k: v.tobytes() for k, v in got.items()} == {k: v.tobytes() for k, v in want.items()}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.timeout(120, method="thread")
+def test_a_sequence_buffer_fed_by_a_vector_env_samples_steps_of_one_episode(mode):
+    env = SyncVectorEnv([_cartpole] * CARTPOLE_ENVS, autoreset_mode=mode)
+    actor = VectorTransitions(env)
+    with SequenceReplayBuffer(20_000, actor.env_dict(), length=8, period=4, lanes=CARTPOLE_ENVS) as buffer, \
+            VectorWriter(buffer, CARTPOLE_ENVS) as writer:
+        obs, _ = env.reset(seed=100)
+        actor.reset(obs)
+        for _ in range(200):
+            act = _cartpole_policy(obs)
+            obs, rew, term, trunc, info = env.step(act)
+            writer.add(actor.step(act, obs, rew, term, trunc, info))
+            if mode == DISABLED and actor.needs_reset.any():
+                mask = actor.needs_reset
+                obs, _ = env.reset(options={"reset_mask": mask})
+                actor.reset(obs, mask=mask)
+        batch = buffer.sample(2000)
+    # Each step of a sequence follows the one before in its episode: its obs is that one's next_obs.
+    real = batch["mask"][:, 1:]
+    assert real.any() and (~real).any()
+    assert np.array_equal(batch["next_obs"][:, :-1][real], batch["obs"][:, 1:][real])
+    assert not batch["done"][:, :-1][real].any()
