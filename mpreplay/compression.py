@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from . import checks
+from ._ext.frame_plan import FramePlan, FramePlanner
 from ._ext.frames import Frames
 from ._ext.gate import deadline
 from ._ext.ring import Ring
@@ -138,25 +139,23 @@ class Compression:
         return frames, outputs
 
 
-@dataclass
+@dataclass(slots=True)
 class _Waiting:
     """A transition stored WAITING for the frame of its next observation."""
 
     slot: int              # -1 until published
     item: int              # its item in the batch being planned, -1 for earlier batches
     position: int          # items this writer had written before it, in its lane
-    next: dict[str, np.ndarray]
+    next: dict[str, np.ndarray]  # copies, once it outlives the call that added it
     priority: float | None
     generation: int = 0    # once published
 
 
-@dataclass
+@dataclass(slots=True)
 class _Item:
-    """One slot to write: a transition (``row`` >= 0) or a lone frame."""
+    """One slot to write: a transition (``row`` >= 0) or an episode's last next frame."""
 
     row: int
-    frames: dict[str, np.ndarray]
-    depth: int
 
 
 class FrameWriter:
@@ -177,21 +176,26 @@ class FrameWriter:
         self._release_lane: weakref.finalize | None = None
         self._written = 0                       # items this writer has reserved in its lane
         self._waiting: deque[_Waiting] = deque()
-        self._history: dict[str, deque] = {k: deque(maxlen=self._c.stack_of(k, specs) - 1) for k in self._c.stack}
+        self._last: list[np.ndarray | None] = [None] * len(compression.keys)  # the episode's newest stacks
         self._t = 0                             # steps of the current episode stored so far
+        self._planner = FramePlanner(
+            [(key, specs[key].row_nbytes, specs[key].dtype.itemsize, compression.stack_of(key, specs),
+              key in compression.next_of) for key in compression.keys], _MAX_NEXT)
 
     # -- planning ---------------------------------------------------------------
-    def _newest(self, key: str, obs: np.ndarray) -> np.ndarray:
-        return obs[..., -1] if key in self._c.stack else obs
+    def _rows(self, k: int, rows: Mapping[str, np.ndarray], name: str) -> np.ndarray:
+        """Field ``name`` of the rows as one C-contiguous block (``rows`` may be empty when k == 0)."""
+        if k == 0:
+            return np.empty((0,) + self._specs[name].shape, dtype=self._specs[name].dtype)
+        return np.ascontiguousarray(rows[name])
 
-    def _expected_stack(self, key: str, newest: np.ndarray, t: int, history: deque) -> np.ndarray:
-        k = self._c.stack_of(key, self._specs)
-        d = min(t, k - 1)
-        frames = [newest if min(k - 1 - i, d) == 0 else history[-min(k - 1 - i, d)] for i in range(k)]
-        return np.stack(frames, axis=-1)
-
-    def _flag(self, rows: Mapping[str, np.ndarray], name: str | None, i: int) -> bool:
-        return name is not None and bool(rows[name][i])
+    def _flags(self, k: int, rows: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Per row, 1 if its done or truncated flag is set."""
+        flags = np.zeros(k, dtype=np.uint8)
+        for name in (self._c.done, self._c.truncated):
+            if name is not None and k:
+                flags |= rows[name].reshape(k) != 0
+        return flags
 
     def plan(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
              end_episode: bool) -> tuple[list[_Item], list[tuple[_Waiting, int]], list[_Waiting], dict]:
@@ -200,93 +204,40 @@ class FrameWriter:
         A flagged row (done or truncated) ends its episode, together with the
         flagged rows right after it that share its next observation.  Returns
         the items to write, the (waiting transition, item) pairs resolved, the
-        transitions left waiting, and the episode state after the batch.  Raises ValueError, changing nothing, when a stack or
-        next observation cannot be rebuilt bit for bit.
+        transitions left waiting, and the episode state after the batch with
+        the kernel's plan of the frames (for :meth:`_copy`).  Raises ValueError,
+        changing nothing, when a stack or next observation cannot be rebuilt
+        bit for bit (the checks run in ``ext/frame_plan.pyx``).
         """
-        items: list[_Item] = []
-        resolved: list[tuple[_Waiting, int]] = []
-        waiting = deque(self._waiting)
-        history = {key: deque(h, maxlen=h.maxlen) for key, h in self._history.items()}
-        t, ending, base = self._t, None, self._written
-
-        def add_item(item: _Item) -> int:
-            items.append(item)
-            return len(items) - 1
-
-        def finish_episode(last_next: dict[str, np.ndarray]) -> None:
-            # The episode's last next observation gets a frame of its own; every
-            # transition still waiting must be rebuilt from it.
-            nonlocal t
-            if self._c.next_of:
-                term = {}
-                for key in self._c.next_of:
-                    newest = self._newest(key, last_next[key])
-                    if key in self._c.stack and not np.array_equal(
-                            self._expected_stack(key, newest, t, history[key]), last_next[key]):
-                        raise ValueError(f"field 'next_{key}': the episode's last next observation is not its "
-                                         "last observation shifted by one frame (stack_compress)")
-                    term[key] = newest
-                m = add_item(_Item(-1, term, min(t, 255)))
-                while waiting:
-                    w = waiting.popleft()
-                    if not all(np.array_equal(w.next[key], last_next[key]) for key in self._c.next_of):
-                        raise ValueError(f"field 'next_{self._c.next_of[0]}': a next observation of this episode "
-                                         "is neither a later observation nor its last one (next_of)")
-                    resolved.append((w, m))
-            for h in history.values():
-                h.clear()
-            t = 0
-
-        for i in range(k):
-            obs = {key: rows[key][i] for key in self._c.keys}
-            nxt = {key: rows[f"next_{key}"][i] for key in self._c.next_of}
-            flagged = self._flag(rows, self._c.done, i) or self._flag(rows, self._c.truncated, i)
-            if ending is not None:
-                # After a flagged step, flagged steps of the same call with the
-                # same last next observation are the tail of the same episode
-                # (the rows an n-step folder flushes at once).
-                tail = flagged and all(np.array_equal(nxt[key], ending[key]) for key in self._c.next_of) \
-                    and all(np.array_equal(self._expected_stack(key, obs[key][..., -1], t, history[key]), obs[key])
-                            for key in self._c.stack)
-                if not tail:
-                    finish_episode(ending)
-                    ending = None
-            for key in self._c.stack:
-                if not np.array_equal(self._expected_stack(key, obs[key][..., -1], t, history[key]), obs[key]):
-                    raise ValueError(
-                        f"field {key!r}: row {i} is not the previous observation shifted by one frame, nor the "
-                        "first frame of an episode repeated (stack_compress); end episodes with done flags "
-                        "or on_episode_end()")
-            m = add_item(_Item(i, {key: self._newest(key, obs[key]) for key in self._c.keys}, min(t, 255)))
-            # The oldest waiting transitions whose next observation this is.
-            while waiting and all(np.array_equal(waiting[0].next[key], obs[key]) for key in self._c.next_of):
-                resolved.append((waiting.popleft(), m))
-            if waiting and base + m - waiting[0].position >= _MAX_NEXT:
-                raise ValueError(f"field 'next_{self._c.next_of[0]}': no observation within {_MAX_NEXT} steps "
-                                 "equals this next observation (next_of needs next_obs[t] == obs[t + n])")
-            for key in self._c.stack:
-                history[key].append(obs[key][..., -1])
-            t += 1
-            if self._c.next_of:
-                waiting.append(_Waiting(-1, m, base + m, nxt, None if priorities is None else float(priorities[i])))
-            if flagged:
-                ending = nxt
-        if end_episode and ending is None and waiting:
-            ending = waiting[-1].next
-        if ending is not None:
-            finish_episode(ending)
-        elif end_episode:
-            for h in history.values():
-                h.clear()
-            t = 0
-        # What outlives this call is copied: the frames planned above are views of
-        # the caller's arrays, which it may reuse and mutate once add() returns.
-        history = {key: deque((np.array(f) for f in h), maxlen=h.maxlen) for key, h in history.items()}
-        for w in waiting:
+        c = self._c
+        obs = [self._rows(k, rows, key) for key in c.keys]
+        nexts = [self._rows(k, rows, f"next_{key}") if key in c.next_of else None for key in c.keys]
+        earlier = list(self._waiting)
+        plan = self._planner.plan(k, obs, nexts, self._flags(k, rows), self._t, self._last,
+                                  [w.next for w in earlier], np.array([w.position for w in earlier], dtype=np.int64),
+                                  self._written, end_episode)
+        item_rows = plan.item_row[:plan.items].tolist()
+        items = [_Item(row) for row in item_rows]
+        pending = earlier
+        if c.next_of:
+            row_items = plan.row_item.tolist()
+            prio = [None] * k if priorities is None else [float(p) for p in priorities]
+            base = self._written
+            pending = earlier + [_Waiting(-1, m, base + m, {}, prio[i]) for i, m in enumerate(row_items)]
+        resolved = list(zip(pending[:plan.head], plan.resolved_item[:plan.head].tolist()))
+        still_waiting = pending[plan.head:]
+        # What outlives this call is copied: the caller may reuse and mutate its arrays once add() returns.
+        for w in still_waiting:
             if w.item >= 0:
-                w.next = {key: np.array(v) for key, v in w.next.items()}
-        state = {"history": history, "t": t}
-        return items, resolved, list(waiting), state
+                row = item_rows[w.item]
+                w.next = {key: nexts[q][row].copy() for q, key in enumerate(c.keys) if key in c.next_of}
+        last = [None] * len(c.keys)
+        if plan.t > 0:
+            last = [None if c.stack_of(key, self._specs) == 1 else
+                    self._last[q] if plan.last_row < 0 else obs[q][plan.last_row].copy()
+                    for q, key in enumerate(c.keys)]
+        state = {"last": last, "t": plan.t, "frames": plan}
+        return items, resolved, still_waiting, state
 
     # -- writing ----------------------------------------------------------------
     @property
@@ -321,7 +272,7 @@ class FrameWriter:
         if items:
             start, reserved = ring.reserve(len(items), until, True, self._lane)
             slots = lo + (start - lo + np.arange(len(items))) % (hi - lo)
-            self._copy(items, slots, rows)
+            self._copy(items, slots, rows, state["frames"])
             row_items = np.array([m for m, it in enumerate(items) if it.row >= 0], dtype=np.int64)
             row_slots, row_generations = slots[row_items], reserved[row_items] + np.uint64(1)
             for name, values in (meta or {}).items():
@@ -346,22 +297,19 @@ class FrameWriter:
                     w.slot, w.generation, w.item = int(slots[w.item]), int(reserved[w.item]) + 1, -1
             self._written += len(items)
         self._waiting = deque(still_waiting)
-        self._history, self._t = state["history"], state["t"]
+        self._last, self._t = state["last"], state["t"]
         return row_slots, row_generations
 
-    def _copy(self, items: list[_Item], slots: np.ndarray, rows: Mapping[str, np.ndarray]) -> None:
+    def _copy(self, items: list[_Item], slots: np.ndarray, rows: Mapping[str, np.ndarray], plan: FramePlan) -> None:
         arrays = self._arrays
         row_items = np.array([m for m, it in enumerate(items) if it.row >= 0], dtype=np.int64)
         row_index = np.array([items[m].row for m in row_items], dtype=np.int64)
         if len(row_items):
             for name in self._c.stored_fields(self._specs):
                 arrays[field_array(name)][slots[row_items]] = rows[name][row_index]
-        for key in self._c.keys:
-            frames = arrays[frames_array(key)]
-            for m, it in enumerate(items):
-                if key in it.frames:
-                    frames[slots[m]] = it.frames[key]
-        arrays["depth"][slots] = [it.depth for it in items]
+        self._planner.copy_frames(plan, [arrays[frames_array(key)] for key in self._c.keys],
+                                  np.ascontiguousarray(slots, dtype=np.int64))
+        arrays["depth"][slots] = plan.item_depth[:len(items)]
         arrays["nxt"][slots] = -1
 
     def reset(self) -> None:

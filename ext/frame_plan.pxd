@@ -1,0 +1,49 @@
+# The planner of compressed writes (see frame_plan.pyx); declared here so its
+# attributes are C fields, not Python ones.
+from libc.stdint cimport int64_t, uint8_t, uint64_t
+
+
+cdef class FramePlan
+
+
+cdef class FramePlanner:
+    cdef Py_ssize_t _nkeys
+    cdef Py_ssize_t _max_next
+    cdef tuple _names           # per key: its field name
+    cdef Py_ssize_t* _row_bytes  # per key: bytes of one observation
+    cdef Py_ssize_t* _elem_bytes
+    cdef Py_ssize_t* _stack      # per key: frames per observation (1: not stacked)
+    cdef bint* _has_next         # per key: its next observation is stored by reference (next_of)
+    cdef uint64_t** _masks       # per stacked key: which bytes of 8 are older frames than the newest
+    cdef Py_ssize_t* _nmasks
+    cdef bint _any_next
+    cdef Py_ssize_t _first_next  # the first next_of key, named in errors about next observations
+
+    cdef bint _stack_ok(self, Py_ssize_t q, const uint8_t* obs, const uint8_t* before, Py_ssize_t t) noexcept nogil
+    cdef tuple _finish(self, FramePlan p, Py_ssize_t ending, Py_ssize_t items, Py_ssize_t head, Py_ssize_t tail,
+                       Py_ssize_t t, const uint8_t** before)
+    cdef bint _equals_next(self, FramePlan p, Py_ssize_t o, Py_ssize_t i) noexcept nogil
+    cdef int64_t _position(self, FramePlan p, Py_ssize_t o, const int64_t[::1] pending_positions,
+                           const int64_t[::1] row_item, int64_t base) noexcept
+
+
+cdef class FramePlan:
+    cdef readonly object item_row      # int64 per item: its row, -1 for an episode's last next frame
+    cdef readonly object item_depth    # uint8 per item: earlier frames of its episode (at most 255)
+    cdef readonly object item_source   # int64 per item: for a last next frame, the pending ordinal it is taken from
+    cdef readonly object row_item      # int64 per row: its item
+    cdef readonly object resolved_item  # int64 per pending ordinal < head: the item holding its next frame
+    cdef readonly Py_ssize_t items
+    cdef readonly Py_ssize_t head      # pending ordinals resolved (the oldest ones)
+    cdef readonly Py_ssize_t t         # steps of the episode in progress after the batch
+    cdef readonly Py_ssize_t last_row  # row whose observation is the episode's newest, -1: an earlier call's
+    cdef FramePlanner _planner
+    cdef Py_ssize_t _rows
+    cdef Py_ssize_t _earlier
+    cdef const uint8_t** _obs      # per key: the rows' observations
+    cdef const uint8_t** _next     # per key: the rows' next observations (NULL without next_of)
+    cdef const uint8_t** _pending  # (earlier, nkeys): next observations of earlier calls' pending rows
+    cdef object _keep
+
+    cdef _init(self, FramePlanner planner, Py_ssize_t rows, Py_ssize_t earlier)
+    cdef const uint8_t* _next_of(self, Py_ssize_t o, Py_ssize_t q) noexcept nogil

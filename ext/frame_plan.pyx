@@ -1,0 +1,368 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Planning compressed writes: every stack and next observation checked byte for byte.
+
+A batch of rows of a compressed buffer becomes a list of *items*, one slot
+each: a row's own frame, or the lone frame of an episode's last next
+observation.  Before anything is written, each row is checked against what
+the sampler will rebuild (see frames.pyx), over the raw bytes:
+
+* a stacked observation (last axis = stack) at step t >= 1 of its episode
+  must hold, in stack positions 0 .. s-2, positions 1 .. s-1 of the step
+  before -- which was itself checked, so this is exactly "the frames it will
+  be rebuilt from" -- and at t = 0 its newest frame in every position;
+* a next observation (``next_of``) must equal, byte for byte, a later
+  observation of the same episode within ``max_next`` items, or the
+  episode's last next observation, whose frame then takes an item of its own.
+
+The pending rows (waiting for the frame of their next observation) form one
+queue across calls: ordinals ``0 .. earlier-1`` are the earlier calls'
+pending rows, ordinal ``earlier + i`` row ``i`` of this batch.
+"""
+from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcmp, memcpy, memset
+
+cimport numpy as cnp
+
+import numpy as np
+
+cnp.import_array()
+
+
+cdef bint _shifted_equal(const uint8_t* a, const uint8_t* b, Py_ssize_t nbytes, Py_ssize_t shift,
+                         const uint64_t* masks, Py_ssize_t nmasks) noexcept nogil:
+    """Whether a[p] == b[p + shift] for every byte p of ``a`` the masks keep.
+
+    ``masks`` repeat every ``8 * nmasks`` bytes; bytes past ``nbytes - shift`` belong to the
+    newest frame of the last element, which the masks never keep.
+    """
+    cdef Py_ssize_t c = 0, m = 0, end = nbytes - shift, period = 8 * nmasks
+    cdef uint64_t x, y, diff = 0, mask = masks[0]
+    cdef const uint8_t* mask_bytes = <const uint8_t*>masks
+    if nmasks == 1:
+        # The usual case (uint8 frames, stack 2, 4 or 8): one mask, a loop the compiler vectorizes.
+        while c + 8 <= end:
+            memcpy(&x, a + c, 8)
+            memcpy(&y, b + c + shift, 8)
+            diff |= (x ^ y) & mask
+            c += 8
+    else:
+        while c + 8 <= end:
+            memcpy(&x, a + c, 8)
+            memcpy(&y, b + c + shift, 8)
+            diff |= (x ^ y) & masks[m]
+            m += 1
+            if m == nmasks:
+                m = 0
+            c += 8
+    while c < end:
+        if mask_bytes[c % period] and a[c] != b[c + shift]:
+            return False
+        c += 1
+    return diff == 0
+
+
+cdef Py_ssize_t _gcd(Py_ssize_t a, Py_ssize_t b) noexcept:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+cdef const uint8_t* _data(object array, Py_ssize_t nbytes, str what) except? NULL:
+    """The bytes of ``array``, a C-contiguous ndarray of ``nbytes`` bytes."""
+    if not isinstance(array, cnp.ndarray) or not (<cnp.ndarray>array).flags.c_contiguous \
+            or (<cnp.ndarray>array).nbytes != nbytes:
+        raise ValueError(f"{what}: expected a C-contiguous array of {nbytes} bytes")
+    return <const uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>array)
+
+
+cdef class FramePlanner:
+    """Plans batches of one writer's rows of a compressed buffer.
+
+    Parameters
+    ----------
+    keys : list of ``(name, row_bytes, elem_bytes, stack, has_next)`` per compressed key:
+        ``row_bytes`` the bytes of one observation, ``stack`` its frames (last axis; 1: not
+        stacked), ``has_next`` whether its next observation is stored by reference (``next_of``)
+    max_next : largest item distance from a row to the observation equal to its next one
+    """
+
+    def __cinit__(self):
+        self._row_bytes = self._elem_bytes = self._stack = self._nmasks = NULL
+        self._has_next = NULL
+        self._masks = NULL
+        self._nkeys = 0
+
+    def __init__(self, list keys not None, Py_ssize_t max_next):
+        cdef Py_ssize_t q, p, n = len(keys), period, nmasks
+        cdef uint8_t* mask_bytes
+        self._row_bytes = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
+        self._elem_bytes = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
+        self._stack = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
+        self._nmasks = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
+        self._has_next = <bint*>malloc(n * sizeof(bint) + 1)
+        self._masks = <uint64_t**>malloc(n * sizeof(uint64_t*) + 1)
+        if not (self._row_bytes and self._elem_bytes and self._stack and self._nmasks and self._has_next
+                and self._masks):
+            raise MemoryError()
+        self._max_next = max_next
+        self._names = tuple(name for name, *_ in keys)
+        self._any_next = False
+        self._first_next = -1
+        for q in range(n):
+            self._masks[q] = NULL
+        self._nkeys = n
+        for q, (name, row_bytes, elem_bytes, stack, has_next) in enumerate(keys):
+            if not (stack >= 1 and elem_bytes >= 1 and row_bytes >= 0 and row_bytes % (stack * elem_bytes) == 0):
+                raise ValueError(f"keys: {name!r} needs row_bytes a multiple of stack * elem_bytes")
+            self._row_bytes[q], self._elem_bytes[q], self._stack[q] = row_bytes, elem_bytes, stack
+            self._has_next[q] = has_next
+            if has_next:
+                self._any_next = True
+                if self._first_next < 0:
+                    self._first_next = q
+            if stack > 1:
+                # A byte of an element of `stack` frames belongs to an older frame unless it is in
+                # the newest's `elem_bytes`; the pattern repeats every lcm(stack * elem_bytes, 8) bytes.
+                period = stack * elem_bytes
+                nmasks = period // _gcd(period, 8)
+                self._nmasks[q] = nmasks
+                self._masks[q] = <uint64_t*>malloc(nmasks * sizeof(uint64_t))
+                if not self._masks[q]:
+                    raise MemoryError()
+                mask_bytes = <uint8_t*>self._masks[q]
+                for p in range(8 * nmasks):
+                    mask_bytes[p] = 0 if (p % period) // elem_bytes == stack - 1 else 0xFF
+
+    def __dealloc__(self):
+        cdef Py_ssize_t q
+        if self._masks:
+            for q in range(self._nkeys):
+                free(self._masks[q])
+        free(self._masks)
+        free(self._row_bytes)
+        free(self._elem_bytes)
+        free(self._stack)
+        free(self._nmasks)
+        free(self._has_next)
+
+    cdef bint _stack_ok(self, Py_ssize_t q, const uint8_t* obs, const uint8_t* before, Py_ssize_t t) noexcept nogil:
+        # At t = 0 every frame is the newest: each position equals the next one of the same element.
+        return _shifted_equal(obs, obs if t == 0 else before, self._row_bytes[q], self._elem_bytes[q],
+                              self._masks[q], self._nmasks[q])
+
+    def plan(self, Py_ssize_t k, list obs not None, list nexts not None, const uint8_t[::1] flags not None,
+             Py_ssize_t t, list last not None, list pending not None, const int64_t[::1] pending_positions not None,
+             int64_t base, bint end_episode):
+        """Plan ``k`` rows; returns a :class:`FramePlan`, or raises ValueError naming the field.
+
+        obs, nexts : per key, the rows' observations and next observations (``(k, ...)``
+            C-contiguous; ``nexts[q]`` None without next_of)
+        flags : per row, nonzero if the row ends its episode (done or truncated)
+        t : steps of the episode in progress stored so far
+        last : per key, the newest observation of that episode (None if t == 0 or not stacked)
+        pending : per earlier pending row (oldest first), a dict of its next observations by field
+        pending_positions : per earlier pending row, the items this writer had written before it
+        base : the items this writer has written
+        end_episode : the episode ends after the rows, as with a flagged last row
+        """
+        cdef Py_ssize_t q, i, m, nk = self._nkeys, earlier = len(pending)
+        cdef Py_ssize_t head = 0, tail = earlier, ending = -1, items = 0, last_row = -1
+        cdef bint flagged, tail_ok
+        cdef const uint8_t* row
+        if len(obs) != nk or len(nexts) != nk or len(last) != nk or flags.shape[0] != k \
+                or pending_positions.shape[0] != earlier:
+            raise ValueError("plan: expected one entry per key, one flag per row and one position per pending row")
+        cdef FramePlan p = FramePlan.__new__(FramePlan)
+        p._init(self, k, earlier)
+        for q in range(nk):
+            p._obs[q] = _data(obs[q], k * self._row_bytes[q], self._names[q])
+            p._next[q] = NULL
+            if self._has_next[q]:
+                p._next[q] = _data(nexts[q], k * self._row_bytes[q], f"next_{self._names[q]}")
+                for i in range(earlier):
+                    p._pending[i * nk + q] = _data(pending[i][self._names[q]], self._row_bytes[q],
+                                                   f"next_{self._names[q]}")
+        cdef const uint8_t** before = <const uint8_t**>malloc(nk * sizeof(uint8_t*) + 1)
+        if not before:
+            raise MemoryError()
+        p._keep = (obs, nexts, pending, last)
+        cdef int64_t[::1] item_row = p.item_row, item_source = p.item_source, row_item = p.row_item
+        cdef int64_t[::1] resolved_item = p.resolved_item
+        cdef uint8_t[::1] item_depth = p.item_depth
+        try:
+            for q in range(nk):
+                before[q] = NULL
+                if self._stack[q] > 1 and t > 0:
+                    before[q] = _data(last[q], self._row_bytes[q], self._names[q])
+            for i in range(k):
+                flagged = flags[i] != 0
+                if ending >= 0:
+                    # After a flagged row, flagged rows of the same call with the same last next
+                    # observation are the tail of the same episode (what an n-step folder flushes).
+                    tail_ok = flagged
+                    for q in range(nk):
+                        if not tail_ok:
+                            break
+                        row = p._obs[q] + i * self._row_bytes[q]
+                        if self._has_next[q] and memcmp(p._next[q] + i * self._row_bytes[q], p._next_of(ending, q),
+                                                        self._row_bytes[q]) != 0:
+                            tail_ok = False
+                        elif self._stack[q] > 1 and not self._stack_ok(q, row, before[q], t):
+                            tail_ok = False
+                    if not tail_ok:
+                        items, head, t = self._finish(p, ending, items, head, tail, t, before)
+                        ending = -1
+                for q in range(nk):
+                    if self._stack[q] > 1 and not self._stack_ok(q, p._obs[q] + i * self._row_bytes[q], before[q], t):
+                        raise ValueError(
+                            f"field {self._names[q]!r}: row {i} is not the previous observation shifted by one frame, "
+                            "nor the first frame of an episode repeated (stack_compress); end episodes with done "
+                            "flags or on_episode_end()")
+                m = items
+                item_row[m], item_depth[m], item_source[m] = i, min(t, 255), -1
+                items += 1
+                row_item[i] = m
+                # The oldest pending rows whose next observation this is.
+                while self._any_next and head < tail and self._equals_next(p, head, i):
+                    resolved_item[head] = m
+                    head += 1
+                if head < tail and base + m - self._position(p, head, pending_positions, row_item, base) >= self._max_next:
+                    raise ValueError(f"field 'next_{self._names[self._first_next]}': no observation within "
+                                     f"{self._max_next} steps equals this next observation "
+                                     "(next_of needs next_obs[t] == obs[t + n])")
+                for q in range(nk):
+                    if self._stack[q] > 1:
+                        before[q] = p._obs[q] + i * self._row_bytes[q]
+                last_row = i
+                t += 1
+                if self._any_next:
+                    tail += 1
+                if flagged:
+                    ending = earlier + i
+            if end_episode and ending < 0 and head < tail:
+                ending = tail - 1
+            if ending >= 0:
+                items, head, t = self._finish(p, ending, items, head, tail, t, before)
+            elif end_episode:
+                t = 0
+        finally:
+            free(before)
+        p.items, p.head, p.t, p.last_row = items, head, t, last_row if t > 0 else -1
+        return p
+
+    cdef tuple _finish(self, FramePlan p, Py_ssize_t ending, Py_ssize_t items, Py_ssize_t head, Py_ssize_t tail,
+                       Py_ssize_t t, const uint8_t** before):
+        """End the episode: its last next observation (pending ordinal ``ending``) gets an item of
+        its own, and every row still pending must be rebuilt from it.  Returns (items, head, t)."""
+        cdef Py_ssize_t q, m, nk = self._nkeys
+        if not self._any_next:
+            return items, head, 0
+        for q in range(nk):
+            if self._has_next[q] and self._stack[q] > 1 and not self._stack_ok(q, p._next_of(ending, q), before[q], t):
+                raise ValueError(f"field 'next_{self._names[q]}': the episode's last next observation is not its "
+                                 "last observation shifted by one frame (stack_compress)")
+        m = items
+        p.item_row[m], p.item_depth[m], p.item_source[m] = -1, min(t, 255), ending
+        while head < tail:
+            for q in range(nk):
+                if self._has_next[q] and memcmp(p._next_of(head, q), p._next_of(ending, q), self._row_bytes[q]) != 0:
+                    raise ValueError(f"field 'next_{self._names[self._first_next]}': a next observation of this "
+                                     "episode is neither a later observation nor its last one (next_of)")
+            p.resolved_item[head] = m
+            head += 1
+        return items + 1, head, 0
+
+    cdef bint _equals_next(self, FramePlan p, Py_ssize_t o, Py_ssize_t i) noexcept nogil:
+        # Whether row i's observation is the next observation of pending ordinal o, for every next_of key.
+        cdef Py_ssize_t q
+        for q in range(self._nkeys):
+            if self._has_next[q] and memcmp(p._next_of(o, q), p._obs[q] + i * self._row_bytes[q],
+                                            self._row_bytes[q]) != 0:
+                return False
+        return True
+
+    cdef int64_t _position(self, FramePlan p, Py_ssize_t o, const int64_t[::1] pending_positions,
+                           const int64_t[::1] row_item, int64_t base) noexcept:
+        # Items this writer had written before pending ordinal o.
+        if o < p._earlier:
+            return pending_positions[o]
+        return base + row_item[o - p._earlier]
+
+    def copy_frames(self, FramePlan p not None, list frames not None, const int64_t[::1] slots not None):
+        """Write each item's frame of every key into ``frames[q][slots[item]]``.
+
+        A row's frame is its observation's newest; an episode's last next frame is written for the
+        next_of keys only.  ``frames[q]`` is ``(size,) + frame`` C-contiguous.
+        """
+        cdef Py_ssize_t q, j, e, n, s, eb, fb, nk = self._nkeys, size
+        cdef int64_t row
+        cdef const uint8_t* src
+        cdef uint8_t* dst
+        cdef uint8_t* base
+        cdef const int64_t[::1] item_row = p.item_row, item_source = p.item_source
+        if p._planner is not self or len(frames) != nk or slots.shape[0] != p.items:
+            raise ValueError("copy_frames: expected this planner's plan, one store per key and one slot per item")
+        for q in range(nk):
+            s, eb = self._stack[q], self._elem_bytes[q]
+            fb = self._row_bytes[q] // s
+            size = (<cnp.ndarray>frames[q]).shape[0] if isinstance(frames[q], cnp.ndarray) else 0
+            base = <uint8_t*>_data(frames[q], size * fb, f"frames of {self._names[q]!r}")
+            for j in range(p.items):
+                if not 0 <= slots[j] < size:
+                    raise ValueError(f"slots: {slots[j]} is outside the {size} slots")
+            n = fb // eb
+            with nogil:
+                for j in range(p.items):
+                    row = item_row[j]
+                    if row >= 0:
+                        src = p._obs[q] + row * self._row_bytes[q]
+                    elif self._has_next[q]:
+                        src = p._next_of(item_source[j], q)
+                    else:
+                        continue
+                    dst = base + slots[j] * fb
+                    if s == 1:
+                        memcpy(dst, src, fb)
+                    elif eb == 1:
+                        for e in range(n):
+                            dst[e] = src[e * s + s - 1]
+                    else:
+                        for e in range(n):
+                            memcpy(dst + e * eb, src + (e * s + s - 1) * eb, eb)
+
+
+
+cdef class FramePlan:
+    """What :meth:`FramePlanner.plan` decided for one batch; valid while its rows are unchanged."""
+
+    def __cinit__(self):
+        self._obs = self._next = self._pending = NULL
+
+    cdef _init(self, FramePlanner planner, Py_ssize_t rows, Py_ssize_t earlier):
+        cdef Py_ssize_t nk = planner._nkeys
+        self._planner = planner
+        self._rows, self._earlier = rows, earlier
+        # An episode ends at most once before each row and once after the last.
+        self.item_row = np.empty(2 * rows + 1, dtype=np.int64)
+        self.item_depth = np.empty(2 * rows + 1, dtype=np.uint8)
+        self.item_source = np.empty(2 * rows + 1, dtype=np.int64)
+        self.row_item = np.empty(rows, dtype=np.int64)
+        self.resolved_item = np.empty(earlier + rows, dtype=np.int64)
+        self._obs = <const uint8_t**>malloc(nk * sizeof(uint8_t*) + 1)
+        self._next = <const uint8_t**>malloc(nk * sizeof(uint8_t*) + 1)
+        self._pending = <const uint8_t**>malloc(earlier * nk * sizeof(uint8_t*) + 1)
+        if not (self._obs and self._next and self._pending):
+            raise MemoryError()
+        memset(self._next, 0, nk * sizeof(uint8_t*))
+
+    def __dealloc__(self):
+        free(self._obs)
+        free(self._next)
+        free(self._pending)
+
+    cdef const uint8_t* _next_of(self, Py_ssize_t o, Py_ssize_t q) noexcept nogil:
+        # The next observation of key q of pending ordinal o.
+        if o < self._earlier:
+            return self._pending[o * self._planner._nkeys + q]
+        return self._next[q] + (o - self._earlier) * self._planner._row_bytes[q]
