@@ -23,23 +23,22 @@ cdef class FramePlanner:
     cdef tuple _finish(self, FramePlan p, Py_ssize_t ending, Py_ssize_t items, Py_ssize_t head, Py_ssize_t tail,
                        Py_ssize_t t, const uint8_t** before)
     cdef bint _equals_next(self, FramePlan p, Py_ssize_t o, Py_ssize_t i) noexcept nogil
-    cdef int64_t _position(self, FramePlan p, Py_ssize_t o, const int64_t[::1] pending_positions,
-                           const int64_t[::1] row_item, int64_t base) noexcept
 
 
 cdef class FramePlan:
-    cdef readonly object item_row      # int64 per item: its row, -1 for an episode's last next frame
-    cdef readonly object item_depth    # uint8 per item: earlier frames of its episode (at most 255)
-    cdef readonly object item_source   # int64 per item: for a last next frame, the pending ordinal it is taken from
-    cdef readonly object row_item      # int64 per row: its item
-    cdef readonly object resolved_item  # int64 per pending ordinal < head: the item holding its next frame
     cdef readonly Py_ssize_t items
     cdef readonly Py_ssize_t head      # pending ordinals resolved (the oldest ones)
     cdef readonly Py_ssize_t t         # steps of the episode in progress after the batch
     cdef readonly Py_ssize_t last_row  # row whose observation is the episode's newest, -1: an earlier call's
     cdef FramePlanner _planner
-    cdef Py_ssize_t _rows
+    cdef readonly Py_ssize_t rows      # rows planned
     cdef Py_ssize_t _earlier
+    cdef int64_t* _item_row        # per item: its row, -1 for an episode's last next frame
+    cdef int64_t* _item_source     # per item: for a last next frame, the pending ordinal it is taken from
+    cdef uint8_t* _item_depth      # per item: earlier frames of its episode (at most 255)
+    cdef int64_t* _row_item        # per row: its item
+    cdef int64_t* _resolved_item   # per pending ordinal < head: the item holding its next frame
+    cdef int64_t* _positions       # per earlier pending row: items the writer had written before it
     cdef const uint8_t** _obs      # per key: the rows' observations
     cdef const uint8_t** _next     # per key: the rows' next observations (NULL without next_of)
     cdef const uint8_t** _pending  # (earlier, nkeys): next observations of earlier calls' pending rows
@@ -47,3 +46,4 @@ cdef class FramePlan:
 
     cdef _init(self, FramePlanner planner, Py_ssize_t rows, Py_ssize_t earlier)
     cdef const uint8_t* _next_of(self, Py_ssize_t o, Py_ssize_t q) noexcept nogil
+    cdef int64_t _position(self, Py_ssize_t o, int64_t base) noexcept nogil

@@ -68,11 +68,11 @@ cdef Py_ssize_t _gcd(Py_ssize_t a, Py_ssize_t b) noexcept:
     return a
 
 
-cdef const uint8_t* _data(object array, Py_ssize_t nbytes, str what) except? NULL:
-    """The bytes of ``array``, a C-contiguous ndarray of ``nbytes`` bytes."""
-    if not isinstance(array, cnp.ndarray) or not (<cnp.ndarray>array).flags.c_contiguous \
-            or (<cnp.ndarray>array).nbytes != nbytes:
-        raise ValueError(f"{what}: expected a C-contiguous array of {nbytes} bytes")
+cdef const uint8_t* _data(object array, Py_ssize_t nbytes, object what, str prefix="") except? NULL:
+    """The bytes of ``array``, a C-contiguous ndarray of ``nbytes`` bytes (``prefix + what`` names it)."""
+    if not isinstance(array, cnp.ndarray) or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>array) \
+            or cnp.PyArray_NBYTES(<cnp.ndarray>array) != nbytes:
+        raise ValueError(f"{prefix}{what}: expected a C-contiguous array of {nbytes} bytes")
     return <const uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>array)
 
 
@@ -151,14 +151,14 @@ cdef class FramePlanner:
         return _shifted_equal(obs, obs if t == 0 else before, self._row_bytes[q], self._elem_bytes[q],
                               self._masks[q], self._nmasks[q])
 
-    def plan(self, Py_ssize_t k, list obs not None, list nexts not None, const uint8_t[::1] flags not None,
-             Py_ssize_t t, list last not None, list pending not None, const int64_t[::1] pending_positions not None,
-             int64_t base, bint end_episode):
+    def plan(self, Py_ssize_t k, list obs not None, list nexts not None, object flags, Py_ssize_t t,
+             list last not None, list pending not None, list pending_positions not None, int64_t base,
+             bint end_episode):
         """Plan ``k`` rows; returns a :class:`FramePlan`, or raises ValueError naming the field.
 
         obs, nexts : per key, the rows' observations and next observations (``(k, ...)``
             C-contiguous; ``nexts[q]`` None without next_of)
-        flags : per row, nonzero if the row ends its episode (done or truncated)
+        flags : bool or uint8 array, per row nonzero if the row ends its episode (done or truncated)
         t : steps of the episode in progress stored so far
         last : per key, the newest observation of that episode (None if t == 0 or not stacked)
         pending : per earlier pending row (oldest first), a dict of its next observations by field
@@ -170,33 +170,36 @@ cdef class FramePlanner:
         cdef Py_ssize_t head = 0, tail = earlier, ending = -1, items = 0, last_row = -1
         cdef bint flagged, tail_ok
         cdef const uint8_t* row
-        if len(obs) != nk or len(nexts) != nk or len(last) != nk or flags.shape[0] != k \
-                or pending_positions.shape[0] != earlier:
-            raise ValueError("plan: expected one entry per key, one flag per row and one position per pending row")
+        if len(obs) != nk or len(nexts) != nk or len(last) != nk or len(pending_positions) != earlier:
+            raise ValueError("plan: expected one entry per key and one position per pending row")
+        cdef const uint8_t* flag = _data(flags, k, "flags")
         cdef FramePlan p = FramePlan.__new__(FramePlan)
         p._init(self, k, earlier)
         for q in range(nk):
             p._obs[q] = _data(obs[q], k * self._row_bytes[q], self._names[q])
-            p._next[q] = NULL
             if self._has_next[q]:
-                p._next[q] = _data(nexts[q], k * self._row_bytes[q], f"next_{self._names[q]}")
+                p._next[q] = _data(nexts[q], k * self._row_bytes[q], self._names[q], "next_")
                 for i in range(earlier):
-                    p._pending[i * nk + q] = _data(pending[i][self._names[q]], self._row_bytes[q],
-                                                   f"next_{self._names[q]}")
+                    p._pending[i * nk + q] = _data(pending[i][self._names[q]], self._row_bytes[q], self._names[q],
+                                                   "next_")
+        for i in range(earlier):
+            p._positions[i] = pending_positions[i]
         cdef const uint8_t** before = <const uint8_t**>malloc(nk * sizeof(uint8_t*) + 1)
         if not before:
             raise MemoryError()
         p._keep = (obs, nexts, pending, last)
-        cdef int64_t[::1] item_row = p.item_row, item_source = p.item_source, row_item = p.row_item
-        cdef int64_t[::1] resolved_item = p.resolved_item
-        cdef uint8_t[::1] item_depth = p.item_depth
+        cdef int64_t* item_row = p._item_row
+        cdef int64_t* item_source = p._item_source
+        cdef int64_t* row_item = p._row_item
+        cdef int64_t* resolved_item = p._resolved_item
+        cdef uint8_t* item_depth = p._item_depth
         try:
             for q in range(nk):
                 before[q] = NULL
                 if self._stack[q] > 1 and t > 0:
                     before[q] = _data(last[q], self._row_bytes[q], self._names[q])
             for i in range(k):
-                flagged = flags[i] != 0
+                flagged = flag[i] != 0
                 if ending >= 0:
                     # After a flagged row, flagged rows of the same call with the same last next
                     # observation are the tail of the same episode (what an n-step folder flushes).
@@ -227,7 +230,7 @@ cdef class FramePlanner:
                 while self._any_next and head < tail and self._equals_next(p, head, i):
                     resolved_item[head] = m
                     head += 1
-                if head < tail and base + m - self._position(p, head, pending_positions, row_item, base) >= self._max_next:
+                if head < tail and base + m - p._position(head, base) >= self._max_next:
                     raise ValueError(f"field 'next_{self._names[self._first_next]}': no observation within "
                                      f"{self._max_next} steps equals this next observation "
                                      "(next_of needs next_obs[t] == obs[t + n])")
@@ -263,13 +266,13 @@ cdef class FramePlanner:
                 raise ValueError(f"field 'next_{self._names[q]}': the episode's last next observation is not its "
                                  "last observation shifted by one frame (stack_compress)")
         m = items
-        p.item_row[m], p.item_depth[m], p.item_source[m] = -1, min(t, 255), ending
+        p._item_row[m], p._item_depth[m], p._item_source[m] = -1, min(t, 255), ending
         while head < tail:
             for q in range(nk):
                 if self._has_next[q] and memcmp(p._next_of(head, q), p._next_of(ending, q), self._row_bytes[q]) != 0:
                     raise ValueError(f"field 'next_{self._names[self._first_next]}': a next observation of this "
                                      "episode is neither a later observation nor its last one (next_of)")
-            p.resolved_item[head] = m
+            p._resolved_item[head] = m
             head += 1
         return items + 1, head, 0
 
@@ -282,55 +285,82 @@ cdef class FramePlanner:
                 return False
         return True
 
-    cdef int64_t _position(self, FramePlan p, Py_ssize_t o, const int64_t[::1] pending_positions,
-                           const int64_t[::1] row_item, int64_t base) noexcept:
-        # Items this writer had written before pending ordinal o.
-        if o < p._earlier:
-            return pending_positions[o]
-        return base + row_item[o - p._earlier]
+    def copy(self, FramePlan p not None, object slots, list frames not None, list stored not None,
+             list rows not None, object nxt, object depth):
+        """Write the planned items into ``slots`` (one per item) of the buffer's arrays.
 
-    def copy_frames(self, FramePlan p not None, list frames not None, const int64_t[::1] slots not None):
-        """Write each item's frame of every key into ``frames[q][slots[item]]``.
-
-        A row's frame is its observation's newest; an episode's last next frame is written for the
-        next_of keys only.  ``frames[q]`` is ``(size,) + frame`` C-contiguous.
+        frames : per key, its store ``(size,) + frame``: each row's newest frame, and an episode's
+            last next frame for the next_of keys
+        stored, rows : the plain per-slot arrays ``(size, ...)`` and the rows' values for them ``(k, ...)``
+        nxt, depth : per slot: set to -1 (no next frame yet) and to the item's depth (int64, uint8)
+        Every array C-contiguous; ``slots`` int64.
         """
-        cdef Py_ssize_t q, j, e, n, s, eb, fb, nk = self._nkeys, size
+        cdef Py_ssize_t q, j, e, n, s, eb, fb, rb, f, nk = self._nkeys, nf = len(stored)
+        cdef Py_ssize_t size = cnp.PyArray_SIZE(depth) if isinstance(depth, cnp.ndarray) else 0
         cdef int64_t row
         cdef const uint8_t* src
         cdef uint8_t* dst
-        cdef uint8_t* base
-        cdef const int64_t[::1] item_row = p.item_row, item_source = p.item_source
-        if p._planner is not self or len(frames) != nk or slots.shape[0] != p.items:
-            raise ValueError("copy_frames: expected this planner's plan, one store per key and one slot per item")
-        for q in range(nk):
-            s, eb = self._stack[q], self._elem_bytes[q]
-            fb = self._row_bytes[q] // s
-            size = (<cnp.ndarray>frames[q]).shape[0] if isinstance(frames[q], cnp.ndarray) else 0
-            base = <uint8_t*>_data(frames[q], size * fb, f"frames of {self._names[q]!r}")
-            for j in range(p.items):
-                if not 0 <= slots[j] < size:
-                    raise ValueError(f"slots: {slots[j]} is outside the {size} slots")
-            n = fb // eb
+        cdef const int64_t* item_row = p._item_row
+        cdef const int64_t* item_source = p._item_source
+        cdef const uint8_t* item_depth = p._item_depth
+        if p._planner is not self or len(frames) != nk or len(rows) != nf:
+            raise ValueError("copy: expected this planner's plan, one store per key and one value per stored array")
+        cdef const int64_t* slot = <const int64_t*>_data(slots, p.items * 8, "slots")
+        cdef int64_t* next_slot = <int64_t*>_data(nxt, size * 8, "nxt")
+        cdef uint8_t* slot_depth = <uint8_t*>_data(depth, size, "depth")
+        for j in range(p.items):
+            if not 0 <= slot[j] < size:
+                raise ValueError(f"slots: {slot[j]} is outside the {size} slots")
+        cdef const uint8_t** sources = <const uint8_t**>malloc((nk + nf) * sizeof(uint8_t*) + 1)
+        cdef uint8_t** targets = <uint8_t**>malloc((nk + nf) * sizeof(uint8_t*) + 1)
+        try:
+            if not (sources and targets):
+                raise MemoryError()
+            for q in range(nk):
+                targets[q] = <uint8_t*>_data(frames[q], size * (self._row_bytes[q] // self._stack[q]),
+                                             self._names[q], "frames of ")
+            for f in range(nf):
+                rb = cnp.PyArray_NBYTES(<cnp.ndarray>stored[f]) // size if isinstance(stored[f], cnp.ndarray) else 0
+                targets[nk + f] = <uint8_t*>_data(stored[f], size * rb, "stored")
+                sources[nk + f] = _data(rows[f], p.rows * rb, "rows")
             with nogil:
                 for j in range(p.items):
-                    row = item_row[j]
-                    if row >= 0:
-                        src = p._obs[q] + row * self._row_bytes[q]
-                    elif self._has_next[q]:
-                        src = p._next_of(item_source[j], q)
-                    else:
-                        continue
-                    dst = base + slots[j] * fb
-                    if s == 1:
-                        memcpy(dst, src, fb)
-                    elif eb == 1:
-                        for e in range(n):
-                            dst[e] = src[e * s + s - 1]
-                    else:
-                        for e in range(n):
-                            memcpy(dst + e * eb, src + (e * s + s - 1) * eb, eb)
-
+                    slot_depth[slot[j]] = item_depth[j]
+                    next_slot[slot[j]] = -1
+                for q in range(nk):
+                    s, eb = self._stack[q], self._elem_bytes[q]
+                    fb = self._row_bytes[q] // s
+                    n = fb // eb
+                    for j in range(p.items):
+                        row = item_row[j]
+                        if row >= 0:
+                            src = p._obs[q] + row * self._row_bytes[q]
+                        elif self._has_next[q]:
+                            src = p._next_of(item_source[j], q)
+                        else:
+                            continue
+                        dst = targets[q] + slot[j] * fb
+                        if s == 1:
+                            memcpy(dst, src, fb)
+                        elif eb == 1 and s == 4:
+                            # The common pixel case: a constant stride the compiler turns into shuffles.
+                            for e in range(n):
+                                dst[e] = src[4 * e + 3]
+                        elif eb == 1:
+                            for e in range(n):
+                                dst[e] = src[e * s + s - 1]
+                        else:
+                            for e in range(n):
+                                memcpy(dst + e * eb, src + (e * s + s - 1) * eb, eb)
+            for f in range(nf):
+                rb = cnp.PyArray_NBYTES(<cnp.ndarray>stored[f]) // size
+                with nogil:
+                    for j in range(p.items):
+                        if item_row[j] >= 0:
+                            memcpy(targets[nk + f] + slot[j] * rb, sources[nk + f] + item_row[j] * rb, rb)
+        finally:
+            free(sources)
+            free(targets)
 
 
 cdef class FramePlan:
@@ -338,31 +368,61 @@ cdef class FramePlan:
 
     def __cinit__(self):
         self._obs = self._next = self._pending = NULL
+        self._item_row = self._item_source = self._row_item = self._resolved_item = self._positions = NULL
+        self._item_depth = NULL
 
     cdef _init(self, FramePlanner planner, Py_ssize_t rows, Py_ssize_t earlier):
-        cdef Py_ssize_t nk = planner._nkeys
+        cdef Py_ssize_t nk = planner._nkeys, most = 2 * rows + 1  # an episode ends before each row and after the last
         self._planner = planner
-        self._rows, self._earlier = rows, earlier
-        # An episode ends at most once before each row and once after the last.
-        self.item_row = np.empty(2 * rows + 1, dtype=np.int64)
-        self.item_depth = np.empty(2 * rows + 1, dtype=np.uint8)
-        self.item_source = np.empty(2 * rows + 1, dtype=np.int64)
-        self.row_item = np.empty(rows, dtype=np.int64)
-        self.resolved_item = np.empty(earlier + rows, dtype=np.int64)
+        self.rows, self._earlier = rows, earlier
+        self._item_row = <int64_t*>malloc(most * sizeof(int64_t))
+        self._item_source = <int64_t*>malloc(most * sizeof(int64_t))
+        self._item_depth = <uint8_t*>malloc(most)
+        self._row_item = <int64_t*>malloc(rows * sizeof(int64_t) + 1)
+        self._resolved_item = <int64_t*>malloc((earlier + rows) * sizeof(int64_t) + 1)
+        self._positions = <int64_t*>malloc(earlier * sizeof(int64_t) + 1)
         self._obs = <const uint8_t**>malloc(nk * sizeof(uint8_t*) + 1)
         self._next = <const uint8_t**>malloc(nk * sizeof(uint8_t*) + 1)
         self._pending = <const uint8_t**>malloc(earlier * nk * sizeof(uint8_t*) + 1)
-        if not (self._obs and self._next and self._pending):
+        if not (self._item_row and self._item_source and self._item_depth and self._row_item and self._resolved_item
+                and self._positions and self._obs and self._next and self._pending):
             raise MemoryError()
         memset(self._next, 0, nk * sizeof(uint8_t*))
 
     def __dealloc__(self):
+        free(self._item_row)
+        free(self._item_source)
+        free(self._item_depth)
+        free(self._row_item)
+        free(self._resolved_item)
+        free(self._positions)
         free(self._obs)
         free(self._next)
         free(self._pending)
+
+    @property
+    def item_rows(self) -> list:
+        """Per item, its row; -1 for an episode's last next frame."""
+        return [self._item_row[j] for j in range(self.items)]
+
+    @property
+    def row_items(self) -> list:
+        """Per row, its item."""
+        return [self._row_item[i] for i in range(self.rows)]
+
+    @property
+    def resolved_items(self) -> list:
+        """Per pending ordinal < head, the item holding the frame of its next observation."""
+        return [self._resolved_item[o] for o in range(self.head)]
 
     cdef const uint8_t* _next_of(self, Py_ssize_t o, Py_ssize_t q) noexcept nogil:
         # The next observation of key q of pending ordinal o.
         if o < self._earlier:
             return self._pending[o * self._planner._nkeys + q]
         return self._next[q] + (o - self._earlier) * self._planner._row_bytes[q]
+
+    cdef int64_t _position(self, Py_ssize_t o, int64_t base) noexcept nogil:
+        # Items the writer had written before pending ordinal o.
+        if o < self._earlier:
+            return self._positions[o]
+        return base + self._row_item[o - self._earlier]

@@ -178,9 +178,14 @@ class FrameWriter:
         self._waiting: deque[_Waiting] = deque()
         self._last: list[np.ndarray | None] = [None] * len(compression.keys)  # the episode's newest stacks
         self._t = 0                             # steps of the current episode stored so far
+        self._keys = compression.keys
+        self._next_keys = [(q, key) for q, key in enumerate(self._keys) if key in compression.next_of]
+        self._stacked = [key in compression.stack for key in self._keys]
+        self._stored = compression.stored_fields(specs)
+        self._flag_names = [name for name in (compression.done, compression.truncated) if name is not None]
         self._planner = FramePlanner(
             [(key, specs[key].row_nbytes, specs[key].dtype.itemsize, compression.stack_of(key, specs),
-              key in compression.next_of) for key in compression.keys], _MAX_NEXT)
+              key in compression.next_of) for key in self._keys], _MAX_NEXT)
 
     # -- planning ---------------------------------------------------------------
     def _rows(self, k: int, rows: Mapping[str, np.ndarray], name: str) -> np.ndarray:
@@ -190,11 +195,12 @@ class FrameWriter:
         return np.ascontiguousarray(rows[name])
 
     def _flags(self, k: int, rows: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Per row, 1 if its done or truncated flag is set."""
-        flags = np.zeros(k, dtype=np.uint8)
-        for name in (self._c.done, self._c.truncated):
-            if name is not None and k:
-                flags |= rows[name].reshape(k) != 0
+        """Per row, True if its done or truncated flag is set."""
+        if not k or not self._flag_names:
+            return np.zeros(k, dtype=bool)
+        flags = rows[self._flag_names[0]].reshape(k) != 0
+        for name in self._flag_names[1:]:
+            flags |= rows[name].reshape(k) != 0
         return flags
 
     def plan(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
@@ -209,33 +215,31 @@ class FrameWriter:
         changing nothing, when a stack or next observation cannot be rebuilt
         bit for bit (the checks run in ``ext/frame_plan.pyx``).
         """
-        c = self._c
-        obs = [self._rows(k, rows, key) for key in c.keys]
-        nexts = [self._rows(k, rows, f"next_{key}") if key in c.next_of else None for key in c.keys]
+        obs = [self._rows(k, rows, key) for key in self._keys]
+        nexts = [None] * len(self._keys)
+        for q, key in self._next_keys:
+            nexts[q] = self._rows(k, rows, f"next_{key}")
         earlier = list(self._waiting)
         plan = self._planner.plan(k, obs, nexts, self._flags(k, rows), self._t, self._last,
-                                  [w.next for w in earlier], np.array([w.position for w in earlier], dtype=np.int64),
-                                  self._written, end_episode)
-        item_rows = plan.item_row[:plan.items].tolist()
+                                  [w.next for w in earlier], [w.position for w in earlier], self._written, end_episode)
+        item_rows = plan.item_rows
         items = [_Item(row) for row in item_rows]
         pending = earlier
-        if c.next_of:
-            row_items = plan.row_item.tolist()
-            prio = [None] * k if priorities is None else [float(p) for p in priorities]
+        if self._next_keys:
+            prio = [None] * k if priorities is None else priorities.tolist()
             base = self._written
-            pending = earlier + [_Waiting(-1, m, base + m, {}, prio[i]) for i, m in enumerate(row_items)]
-        resolved = list(zip(pending[:plan.head], plan.resolved_item[:plan.head].tolist()))
+            pending = earlier + [_Waiting(-1, m, base + m, {}, prio[i]) for i, m in enumerate(plan.row_items)]
+        resolved = list(zip(pending[:plan.head], plan.resolved_items))
         still_waiting = pending[plan.head:]
         # What outlives this call is copied: the caller may reuse and mutate its arrays once add() returns.
         for w in still_waiting:
             if w.item >= 0:
                 row = item_rows[w.item]
-                w.next = {key: nexts[q][row].copy() for q, key in enumerate(c.keys) if key in c.next_of}
-        last = [None] * len(c.keys)
+                w.next = {key: nexts[q][row].copy() for q, key in self._next_keys}
+        last = [None] * len(self._keys)
         if plan.t > 0:
-            last = [None if c.stack_of(key, self._specs) == 1 else
-                    self._last[q] if plan.last_row < 0 else obs[q][plan.last_row].copy()
-                    for q, key in enumerate(c.keys)]
+            last = [None if not stacked else self._last[q] if plan.last_row < 0 else obs[q][plan.last_row].copy()
+                    for q, stacked in enumerate(self._stacked)]
         state = {"last": last, "t": plan.t, "frames": plan}
         return items, resolved, still_waiting, state
 
@@ -272,7 +276,7 @@ class FrameWriter:
         if items:
             start, reserved = ring.reserve(len(items), until, True, self._lane)
             slots = lo + (start - lo + np.arange(len(items))) % (hi - lo)
-            self._copy(items, slots, rows, state["frames"])
+            self._copy(slots, rows, state["frames"])
             row_items = np.array([m for m, it in enumerate(items) if it.row >= 0], dtype=np.int64)
             row_slots, row_generations = slots[row_items], reserved[row_items] + np.uint64(1)
             for name, values in (meta or {}).items():
@@ -300,17 +304,12 @@ class FrameWriter:
         self._last, self._t = state["last"], state["t"]
         return row_slots, row_generations
 
-    def _copy(self, items: list[_Item], slots: np.ndarray, rows: Mapping[str, np.ndarray], plan: FramePlan) -> None:
-        arrays = self._arrays
-        row_items = np.array([m for m, it in enumerate(items) if it.row >= 0], dtype=np.int64)
-        row_index = np.array([items[m].row for m in row_items], dtype=np.int64)
-        if len(row_items):
-            for name in self._c.stored_fields(self._specs):
-                arrays[field_array(name)][slots[row_items]] = rows[name][row_index]
-        self._planner.copy_frames(plan, [arrays[frames_array(key)] for key in self._c.keys],
-                                  np.ascontiguousarray(slots, dtype=np.int64))
-        arrays["depth"][slots] = plan.item_depth[:len(items)]
-        arrays["nxt"][slots] = -1
+    def _copy(self, slots: np.ndarray, rows: Mapping[str, np.ndarray], plan: FramePlan) -> None:
+        arrays, k = self._arrays, plan.rows
+        self._planner.copy(plan, np.ascontiguousarray(slots, dtype=np.int64),
+                           [arrays[frames_array(key)] for key in self._keys],
+                           [arrays[field_array(name)] for name in self._stored],
+                           [self._rows(k, rows, name) for name in self._stored], arrays["nxt"], arrays["depth"])
 
     def reset(self) -> None:
         """Forget the episode in progress and give the lane back (after a fork or clear).
