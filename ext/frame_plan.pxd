@@ -3,6 +3,11 @@
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 
 
+cdef struct Observation:
+    const uint8_t* data  # its first byte (of its first row, for the rows of a batch)
+    bint planar          # frames contiguous one after another, else interleaved (stack axis last)
+
+
 cdef class FramePlan
 
 
@@ -19,9 +24,11 @@ cdef class FramePlanner:
     cdef bint _any_next
     cdef Py_ssize_t _first_next  # the first next_of key, named in errors about next observations
 
-    cdef bint _stack_ok(self, Py_ssize_t q, const uint8_t* obs, const uint8_t* before, Py_ssize_t t) noexcept nogil
+    cdef bint _stack_ok(self, Py_ssize_t q, Observation obs, Observation before, Py_ssize_t t) noexcept nogil
+    cdef bint _same(self, Py_ssize_t q, Observation a, Observation b) noexcept nogil
+    cdef Observation _row(self, Py_ssize_t q, Observation rows, Py_ssize_t i) noexcept nogil
     cdef tuple _finish(self, FramePlan p, Py_ssize_t ending, Py_ssize_t items, Py_ssize_t head, Py_ssize_t tail,
-                       Py_ssize_t t, const uint8_t** before)
+                       Py_ssize_t t, Observation* before)
     cdef bint _equals_next(self, FramePlan p, Py_ssize_t o, Py_ssize_t i) noexcept nogil
 
 
@@ -39,11 +46,11 @@ cdef class FramePlan:
     cdef int64_t* _row_item        # per row: its item
     cdef int64_t* _resolved_item   # per pending ordinal < head: the item holding its next frame
     cdef int64_t* _positions       # per earlier pending row: items the writer had written before it
-    cdef const uint8_t** _obs      # per key: the rows' observations
-    cdef const uint8_t** _next     # per key: the rows' next observations (NULL without next_of)
-    cdef const uint8_t** _pending  # (earlier, nkeys): next observations of earlier calls' pending rows
+    cdef Observation* _obs      # per key: the rows' observations
+    cdef Observation* _next     # per key: the rows' next observations (NULL data without next_of)
+    cdef Observation* _pending  # (earlier, nkeys): next observations of earlier calls' pending rows
     cdef object _keep
 
     cdef _init(self, FramePlanner planner, Py_ssize_t rows, Py_ssize_t earlier)
-    cdef const uint8_t* _next_of(self, Py_ssize_t o, Py_ssize_t q) noexcept nogil
+    cdef Observation _next_of(self, Py_ssize_t o, Py_ssize_t q) noexcept nogil
     cdef int64_t _position(self, Py_ssize_t o, int64_t base) noexcept nogil

@@ -14,6 +14,13 @@ the sampler will rebuild (see frames.pyx), over the raw bytes:
   observation of the same episode within ``max_next`` items, or the
   episode's last next observation, whose frame then takes an item of its own.
 
+An observation of a stacked key comes in one of two layouts, each read
+without a copy: *interleaved* (C order, the stack axis last, as declared) or
+*planar* (each frame contiguous, the frames one after another -- what
+``np.moveaxis`` makes of a channels-first stack).  Planar stacks compare
+frame against frame with memcmp; interleaved ones 8 bytes at a time under a
+mask of the older frames' bytes.
+
 The pending rows (waiting for the frame of their next observation) form one
 queue across calls: ordinals ``0 .. earlier-1`` are the earlier calls'
 pending rows, ordinal ``earlier + i`` row ``i`` of this batch.
@@ -62,6 +69,25 @@ cdef bint _shifted_equal(const uint8_t* a, const uint8_t* b, Py_ssize_t nbytes, 
     return diff == 0
 
 
+cdef bint _positions_equal(Observation a, Py_ssize_t ja, Observation b, Py_ssize_t jb, Py_ssize_t count,
+                           Py_ssize_t frames, Py_ssize_t stack, Py_ssize_t elem_bytes) noexcept nogil:
+    """Whether stack positions ja .. ja+count-1 of ``a`` equal positions jb .. of ``b``, byte for byte
+    (``frames`` elements of ``elem_bytes`` per frame, ``stack`` frames per observation)."""
+    cdef Py_ssize_t e, j, fb = frames * elem_bytes
+    if a.planar and b.planar:
+        return memcmp(a.data + ja * fb, b.data + jb * fb, count * fb) == 0
+    if not a.planar and not b.planar and ja == jb and count == stack:
+        return memcmp(a.data, b.data, stack * fb) == 0
+    # Layouts that differ (a writer switched between calls): element by element.
+    for j in range(count):
+        for e in range(frames):
+            if memcmp(a.data + (e * stack + ja + j if not a.planar else (ja + j) * frames + e) * elem_bytes,
+                      b.data + (e * stack + jb + j if not b.planar else (jb + j) * frames + e) * elem_bytes,
+                      elem_bytes) != 0:
+                return False
+    return True
+
+
 cdef Py_ssize_t _gcd(Py_ssize_t a, Py_ssize_t b) noexcept:
     while b:
         a, b = b, a % b
@@ -74,6 +100,16 @@ cdef const uint8_t* _data(object array, Py_ssize_t nbytes, object what, str pref
             or cnp.PyArray_NBYTES(<cnp.ndarray>array) != nbytes:
         raise ValueError(f"{prefix}{what}: expected a C-contiguous array of {nbytes} bytes")
     return <const uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>array)
+
+
+cdef Observation _observation(object pair, Py_ssize_t nbytes, object what, str prefix="") except *:
+    """An ``(array, planar)`` pair as an Observation; the array C-contiguous, ``nbytes`` long."""
+    cdef Observation o
+    if not isinstance(pair, tuple) or len(<tuple>pair) != 2:
+        raise ValueError(f"{prefix}{what}: expected an (array, planar) pair")
+    o.data = _data((<tuple>pair)[0], nbytes, what, prefix)
+    o.planar = (<tuple>pair)[1]
+    return o
 
 
 cdef class FramePlanner:
@@ -146,22 +182,39 @@ cdef class FramePlanner:
         free(self._nmasks)
         free(self._has_next)
 
-    cdef bint _stack_ok(self, Py_ssize_t q, const uint8_t* obs, const uint8_t* before, Py_ssize_t t) noexcept nogil:
-        # At t = 0 every frame is the newest: each position equals the next one of the same element.
-        return _shifted_equal(obs, obs if t == 0 else before, self._row_bytes[q], self._elem_bytes[q],
-                              self._masks[q], self._nmasks[q])
+    cdef bint _stack_ok(self, Py_ssize_t q, Observation obs, Observation before, Py_ssize_t t) noexcept nogil:
+        # Positions 0 .. s-2 hold positions 1 .. s-1 of the step before; at t = 0 every frame
+        # is the newest, so each position equals the next one of the same observation.
+        cdef Py_ssize_t s = self._stack[q], eb = self._elem_bytes[q]
+        if t == 0:
+            before = obs
+        if not obs.planar and not before.planar:
+            return _shifted_equal(obs.data, before.data, self._row_bytes[q], eb, self._masks[q], self._nmasks[q])
+        return _positions_equal(obs, 0, before, 1, s - 1, self._row_bytes[q] // (s * eb), s, eb)
+
+    cdef bint _same(self, Py_ssize_t q, Observation a, Observation b) noexcept nogil:
+        # Whether two observations of key q are equal, byte for byte.
+        cdef Py_ssize_t s = self._stack[q], eb = self._elem_bytes[q]
+        return _positions_equal(a, 0, b, 0, s, self._row_bytes[q] // (s * eb), s, eb)
+
+    cdef Observation _row(self, Py_ssize_t q, Observation rows, Py_ssize_t i) noexcept nogil:
+        rows.data += i * self._row_bytes[q]
+        return rows
 
     def plan(self, Py_ssize_t k, list obs not None, list nexts not None, object flags, Py_ssize_t t,
              list last not None, list pending not None, list pending_positions not None, int64_t base,
              bint end_episode):
         """Plan ``k`` rows; returns a :class:`FramePlan`, or raises ValueError naming the field.
 
-        obs, nexts : per key, the rows' observations and next observations (``(k, ...)``
-            C-contiguous; ``nexts[q]`` None without next_of)
+        obs, nexts : per key, the rows' observations and next observations as ``(array, planar)``:
+            the array C-contiguous, interleaved ``(k, ..., stack)`` or planar ``(k, stack, ...)``
+            (``nexts[q]`` None without next_of)
         flags : bool or uint8 array, per row nonzero if the row ends its episode (done or truncated)
         t : steps of the episode in progress stored so far
-        last : per key, the newest observation of that episode (None if t == 0 or not stacked)
-        pending : per earlier pending row (oldest first), a dict of its next observations by field
+        last : per key, the newest observation of that episode as ``(array, planar)`` (None if t == 0
+            or not stacked)
+        pending : per earlier pending row (oldest first), a dict of its next observations by field,
+            each ``(array, planar)``
         pending_positions : per earlier pending row, the items this writer had written before it
         base : the items this writer has written
         end_episode : the episode ends after the rows, as with a flagged last row
@@ -169,22 +222,21 @@ cdef class FramePlanner:
         cdef Py_ssize_t q, i, m, nk = self._nkeys, earlier = len(pending)
         cdef Py_ssize_t head = 0, tail = earlier, ending = -1, items = 0, last_row = -1
         cdef bint flagged, tail_ok
-        cdef const uint8_t* row
         if len(obs) != nk or len(nexts) != nk or len(last) != nk or len(pending_positions) != earlier:
             raise ValueError("plan: expected one entry per key and one position per pending row")
         cdef const uint8_t* flag = _data(flags, k, "flags")
         cdef FramePlan p = FramePlan.__new__(FramePlan)
         p._init(self, k, earlier)
         for q in range(nk):
-            p._obs[q] = _data(obs[q], k * self._row_bytes[q], self._names[q])
+            p._obs[q] = _observation(obs[q], k * self._row_bytes[q], self._names[q])
             if self._has_next[q]:
-                p._next[q] = _data(nexts[q], k * self._row_bytes[q], self._names[q], "next_")
+                p._next[q] = _observation(nexts[q], k * self._row_bytes[q], self._names[q], "next_")
                 for i in range(earlier):
-                    p._pending[i * nk + q] = _data(pending[i][self._names[q]], self._row_bytes[q], self._names[q],
-                                                   "next_")
+                    p._pending[i * nk + q] = _observation(pending[i][self._names[q]], self._row_bytes[q],
+                                                          self._names[q], "next_")
         for i in range(earlier):
             p._positions[i] = pending_positions[i]
-        cdef const uint8_t** before = <const uint8_t**>malloc(nk * sizeof(uint8_t*) + 1)
+        cdef Observation* before = <Observation*>malloc(nk * sizeof(Observation) + 1)
         if not before:
             raise MemoryError()
         p._keep = (obs, nexts, pending, last)
@@ -195,9 +247,9 @@ cdef class FramePlanner:
         cdef uint8_t* item_depth = p._item_depth
         try:
             for q in range(nk):
-                before[q] = NULL
+                before[q].data, before[q].planar = NULL, False
                 if self._stack[q] > 1 and t > 0:
-                    before[q] = _data(last[q], self._row_bytes[q], self._names[q])
+                    before[q] = _observation(last[q], self._row_bytes[q], self._names[q])
             for i in range(k):
                 flagged = flag[i] != 0
                 if ending >= 0:
@@ -207,17 +259,15 @@ cdef class FramePlanner:
                     for q in range(nk):
                         if not tail_ok:
                             break
-                        row = p._obs[q] + i * self._row_bytes[q]
-                        if self._has_next[q] and memcmp(p._next[q] + i * self._row_bytes[q], p._next_of(ending, q),
-                                                        self._row_bytes[q]) != 0:
+                        if self._has_next[q] and not self._same(q, self._row(q, p._next[q], i), p._next_of(ending, q)):
                             tail_ok = False
-                        elif self._stack[q] > 1 and not self._stack_ok(q, row, before[q], t):
+                        elif self._stack[q] > 1 and not self._stack_ok(q, self._row(q, p._obs[q], i), before[q], t):
                             tail_ok = False
                     if not tail_ok:
                         items, head, t = self._finish(p, ending, items, head, tail, t, before)
                         ending = -1
                 for q in range(nk):
-                    if self._stack[q] > 1 and not self._stack_ok(q, p._obs[q] + i * self._row_bytes[q], before[q], t):
+                    if self._stack[q] > 1 and not self._stack_ok(q, self._row(q, p._obs[q], i), before[q], t):
                         raise ValueError(
                             f"field {self._names[q]!r}: row {i} is not the previous observation shifted by one frame, "
                             "nor the first frame of an episode repeated (stack_compress); end episodes with done "
@@ -236,7 +286,7 @@ cdef class FramePlanner:
                                      "(next_of needs next_obs[t] == obs[t + n])")
                 for q in range(nk):
                     if self._stack[q] > 1:
-                        before[q] = p._obs[q] + i * self._row_bytes[q]
+                        before[q] = self._row(q, p._obs[q], i)
                 last_row = i
                 t += 1
                 if self._any_next:
@@ -255,7 +305,7 @@ cdef class FramePlanner:
         return p
 
     cdef tuple _finish(self, FramePlan p, Py_ssize_t ending, Py_ssize_t items, Py_ssize_t head, Py_ssize_t tail,
-                       Py_ssize_t t, const uint8_t** before):
+                       Py_ssize_t t, Observation* before):
         """End the episode: its last next observation (pending ordinal ``ending``) gets an item of
         its own, and every row still pending must be rebuilt from it.  Returns (items, head, t)."""
         cdef Py_ssize_t q, m, nk = self._nkeys
@@ -269,7 +319,7 @@ cdef class FramePlanner:
         p._item_row[m], p._item_depth[m], p._item_source[m] = -1, min(t, 255), ending
         while head < tail:
             for q in range(nk):
-                if self._has_next[q] and memcmp(p._next_of(head, q), p._next_of(ending, q), self._row_bytes[q]) != 0:
+                if self._has_next[q] and not self._same(q, p._next_of(head, q), p._next_of(ending, q)):
                     raise ValueError(f"field 'next_{self._names[self._first_next]}': a next observation of this "
                                      "episode is neither a later observation nor its last one (next_of)")
             p._resolved_item[head] = m
@@ -280,8 +330,7 @@ cdef class FramePlanner:
         # Whether row i's observation is the next observation of pending ordinal o, for every next_of key.
         cdef Py_ssize_t q
         for q in range(self._nkeys):
-            if self._has_next[q] and memcmp(p._next_of(o, q), p._obs[q] + i * self._row_bytes[q],
-                                            self._row_bytes[q]) != 0:
+            if self._has_next[q] and not self._same(q, p._next_of(o, q), self._row(q, p._obs[q], i)):
                 return False
         return True
 
@@ -298,7 +347,7 @@ cdef class FramePlanner:
         cdef Py_ssize_t q, j, e, n, s, eb, fb, rb, f, nk = self._nkeys, nf = len(stored)
         cdef Py_ssize_t size = cnp.PyArray_SIZE(depth) if isinstance(depth, cnp.ndarray) else 0
         cdef int64_t row
-        cdef const uint8_t* src
+        cdef Observation src
         cdef uint8_t* dst
         cdef const int64_t* item_row = p._item_row
         cdef const int64_t* item_source = p._item_source
@@ -334,24 +383,24 @@ cdef class FramePlanner:
                     for j in range(p.items):
                         row = item_row[j]
                         if row >= 0:
-                            src = p._obs[q] + row * self._row_bytes[q]
+                            src = self._row(q, p._obs[q], row)
                         elif self._has_next[q]:
                             src = p._next_of(item_source[j], q)
                         else:
                             continue
                         dst = targets[q] + slot[j] * fb
-                        if s == 1:
-                            memcpy(dst, src, fb)
+                        if s == 1 or src.planar:
+                            memcpy(dst, src.data + (s - 1) * fb, fb)
                         elif eb == 1 and s == 4:
                             # The common pixel case: a constant stride the compiler turns into shuffles.
                             for e in range(n):
-                                dst[e] = src[4 * e + 3]
+                                dst[e] = src.data[4 * e + 3]
                         elif eb == 1:
                             for e in range(n):
-                                dst[e] = src[e * s + s - 1]
+                                dst[e] = src.data[e * s + s - 1]
                         else:
                             for e in range(n):
-                                memcpy(dst + e * eb, src + (e * s + s - 1) * eb, eb)
+                                memcpy(dst + e * eb, src.data + (e * s + s - 1) * eb, eb)
             for f in range(nf):
                 rb = cnp.PyArray_NBYTES(<cnp.ndarray>stored[f]) // size
                 with nogil:
@@ -381,13 +430,13 @@ cdef class FramePlan:
         self._row_item = <int64_t*>malloc(rows * sizeof(int64_t) + 1)
         self._resolved_item = <int64_t*>malloc((earlier + rows) * sizeof(int64_t) + 1)
         self._positions = <int64_t*>malloc(earlier * sizeof(int64_t) + 1)
-        self._obs = <const uint8_t**>malloc(nk * sizeof(uint8_t*) + 1)
-        self._next = <const uint8_t**>malloc(nk * sizeof(uint8_t*) + 1)
-        self._pending = <const uint8_t**>malloc(earlier * nk * sizeof(uint8_t*) + 1)
+        self._obs = <Observation*>malloc(nk * sizeof(Observation) + 1)
+        self._next = <Observation*>malloc(nk * sizeof(Observation) + 1)
+        self._pending = <Observation*>malloc(earlier * nk * sizeof(Observation) + 1)
         if not (self._item_row and self._item_source and self._item_depth and self._row_item and self._resolved_item
                 and self._positions and self._obs and self._next and self._pending):
             raise MemoryError()
-        memset(self._next, 0, nk * sizeof(uint8_t*))
+        memset(self._next, 0, nk * sizeof(Observation))
 
     def __dealloc__(self):
         free(self._item_row)
@@ -415,11 +464,11 @@ cdef class FramePlan:
         """Per pending ordinal < head, the item holding the frame of its next observation."""
         return [self._resolved_item[o] for o in range(self.head)]
 
-    cdef const uint8_t* _next_of(self, Py_ssize_t o, Py_ssize_t q) noexcept nogil:
+    cdef Observation _next_of(self, Py_ssize_t o, Py_ssize_t q) noexcept nogil:
         # The next observation of key q of pending ordinal o.
         if o < self._earlier:
             return self._pending[o * self._planner._nkeys + q]
-        return self._next[q] + (o - self._earlier) * self._planner._row_bytes[q]
+        return self._planner._row(q, self._next[q], o - self._earlier)
 
     cdef int64_t _position(self, Py_ssize_t o, int64_t base) noexcept nogil:
         # Items the writer had written before pending ordinal o.

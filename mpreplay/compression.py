@@ -146,7 +146,7 @@ class _Waiting:
     slot: int              # -1 until published
     item: int              # its item in the batch being planned, -1 for earlier batches
     position: int          # items this writer had written before it, in its lane
-    next: dict[str, np.ndarray]  # copies, once it outlives the call that added it
+    next: dict[str, tuple[np.ndarray, bool]]  # (copy, planar) per key, once it outlives its call
     priority: float | None
     generation: int = 0    # once published
 
@@ -176,7 +176,7 @@ class FrameWriter:
         self._release_lane: weakref.finalize | None = None
         self._written = 0                       # items this writer has reserved in its lane
         self._waiting: deque[_Waiting] = deque()
-        self._last: list[np.ndarray | None] = [None] * len(compression.keys)  # the episode's newest stacks
+        self._last: list[tuple[np.ndarray, bool] | None] = [None] * len(compression.keys)  # newest stacks
         self._t = 0                             # steps of the current episode stored so far
         self._keys = compression.keys
         self._next_keys = [(q, key) for q, key in enumerate(self._keys) if key in compression.next_of]
@@ -193,6 +193,20 @@ class FrameWriter:
         if k == 0:
             return np.empty((0,) + self._specs[name].shape, dtype=self._specs[name].dtype)
         return np.ascontiguousarray(rows[name])
+
+    def _observations(self, k: int, rows: Mapping[str, np.ndarray], name: str,
+                      stacked: bool) -> tuple[np.ndarray, bool]:
+        """Field ``name`` of the rows as ``(array, planar)`` for the kernel, copied only if it must be.
+
+        A stack whose frames are each contiguous and follow one another (a channels-first stack
+        seen through ``np.moveaxis``) is passed planar, as ``(k, stack, ...)``; otherwise in C order.
+        """
+        values = rows[name] if k else self._rows(k, rows, name)
+        if stacked and not values.flags.c_contiguous:
+            planar = np.moveaxis(values, -1, 1)
+            if planar.flags.c_contiguous:
+                return planar, True
+        return np.ascontiguousarray(values), False
 
     def _flags(self, k: int, rows: Mapping[str, np.ndarray]) -> np.ndarray:
         """Per row, True if its done or truncated flag is set."""
@@ -215,10 +229,10 @@ class FrameWriter:
         changing nothing, when a stack or next observation cannot be rebuilt
         bit for bit (the checks run in ``ext/frame_plan.pyx``).
         """
-        obs = [self._rows(k, rows, key) for key in self._keys]
-        nexts = [None] * len(self._keys)
+        obs = [self._observations(k, rows, key, stacked) for key, stacked in zip(self._keys, self._stacked)]
+        nexts: list[tuple[np.ndarray, bool] | None] = [None] * len(self._keys)
         for q, key in self._next_keys:
-            nexts[q] = self._rows(k, rows, f"next_{key}")
+            nexts[q] = self._observations(k, rows, f"next_{key}", self._stacked[q])
         earlier = list(self._waiting)
         plan = self._planner.plan(k, obs, nexts, self._flags(k, rows), self._t, self._last,
                                   [w.next for w in earlier], [w.position for w in earlier], self._written, end_episode)
@@ -235,11 +249,11 @@ class FrameWriter:
         for w in still_waiting:
             if w.item >= 0:
                 row = item_rows[w.item]
-                w.next = {key: nexts[q][row].copy() for q, key in self._next_keys}
+                w.next = {key: (nexts[q][0][row].copy(), nexts[q][1]) for q, key in self._next_keys}
         last = [None] * len(self._keys)
         if plan.t > 0:
-            last = [None if not stacked else self._last[q] if plan.last_row < 0 else obs[q][plan.last_row].copy()
-                    for q, stacked in enumerate(self._stacked)]
+            last = [None if not stacked else self._last[q] if plan.last_row < 0 else
+                    (obs[q][0][plan.last_row].copy(), obs[q][1]) for q, stacked in enumerate(self._stacked)]
         state = {"last": last, "t": plan.t, "frames": plan}
         return items, resolved, still_waiting, state
 
