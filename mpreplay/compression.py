@@ -181,6 +181,9 @@ class FrameWriter:
         self._keys = compression.keys
         self._next_keys = [(q, key) for q, key in enumerate(self._keys) if key in compression.next_of]
         self._stacked = [key in compression.stack for key in self._keys]
+        # Per key, the axes of a batch with the stack axis moved right after the rows'.
+        self._frames_first = [(0, len(specs[key].shape)) + tuple(range(1, len(specs[key].shape)))
+                              for key in self._keys]
         self._stored = compression.stored_fields(specs)
         self._flag_names = [name for name in (compression.done, compression.truncated) if name is not None]
         self._planner = FramePlanner(
@@ -195,15 +198,15 @@ class FrameWriter:
         return np.ascontiguousarray(rows[name])
 
     def _observations(self, k: int, rows: Mapping[str, np.ndarray], name: str,
-                      stacked: bool) -> tuple[np.ndarray, bool]:
+                      q: int) -> tuple[np.ndarray, bool]:
         """Field ``name`` of the rows as ``(array, planar)`` for the kernel, copied only if it must be.
 
         A stack whose frames are each contiguous and follow one another (a channels-first stack
         seen through ``np.moveaxis``) is passed planar, as ``(k, stack, ...)``; otherwise in C order.
         """
         values = rows[name] if k else self._rows(k, rows, name)
-        if stacked and not values.flags.c_contiguous:
-            planar = np.moveaxis(values, -1, 1)
+        if self._stacked[q] and not values.flags.c_contiguous:
+            planar = values.transpose(self._frames_first[q])
             if planar.flags.c_contiguous:
                 return planar, True
         return np.ascontiguousarray(values), False
@@ -229,10 +232,10 @@ class FrameWriter:
         changing nothing, when a stack or next observation cannot be rebuilt
         bit for bit (the checks run in ``ext/frame_plan.pyx``).
         """
-        obs = [self._observations(k, rows, key, stacked) for key, stacked in zip(self._keys, self._stacked)]
+        obs = [self._observations(k, rows, key, q) for q, key in enumerate(self._keys)]
         nexts: list[tuple[np.ndarray, bool] | None] = [None] * len(self._keys)
         for q, key in self._next_keys:
-            nexts[q] = self._observations(k, rows, f"next_{key}", self._stacked[q])
+            nexts[q] = self._observations(k, rows, f"next_{key}", q)
         earlier = list(self._waiting)
         plan = self._planner.plan(k, obs, nexts, self._flags(k, rows), self._t, self._last,
                                   [w.next for w in earlier], [w.position for w in earlier], self._written, end_episode)
