@@ -78,7 +78,8 @@ cdef bint _positions_equal(Observation a, Py_ssize_t ja, Observation b, Py_ssize
         return memcmp(a.data + ja * fb, b.data + jb * fb, count * fb) == 0
     if not a.planar and not b.planar and ja == jb and count == stack:
         return memcmp(a.data, b.data, stack * fb) == 0
-    # Layouts that differ (a writer switched between calls): element by element.
+    # Layouts that differ (a writer that switched layouts, or obs and next_obs held differently):
+    # element by element.
     for j in range(count):
         for e in range(frames):
             if memcmp(a.data + (e * stack + ja + j if not a.planar else (ja + j) * frames + e) * elem_bytes,
