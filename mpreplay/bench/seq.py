@@ -154,7 +154,7 @@ def _torchrl(sampler_class: Any, capacity: int, batch: int) -> _Contender:
         row_bytes[0] = sum(t[0].nbytes for t in steps.values())
         index = rb.extend(steps)
         if prioritized:
-            rb.update_priority(index, torch.from_numpy(priorities))
+            rb.update_priority(index, torch.as_tensor(priorities, dtype=torch.float32))  # the trees' dtype
 
     def memory() -> tuple[int, int, int]:
         # LazyTensorStorage allocates every field for the whole capacity at its first write;
