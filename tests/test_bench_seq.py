@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from mpreplay import cli
 from mpreplay.bench import seq
 
 
@@ -60,3 +61,10 @@ def test_a_capacity_below_one_sequence_is_refused(capsys):
         seq.main(["--capacity", "79"])
     assert exc.value.code == 2
     assert "--capacity" in capsys.readouterr().err
+
+
+def test_the_command_line_dispatches_bench_seq(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "seq", "--help"])
+    assert exc.value.code == 0
+    assert "usage: mpreplay bench seq" in capsys.readouterr().out
