@@ -15,7 +15,13 @@ it was drawn with holds every step it was drawn with.
 """
 from libc.stdint cimport int32_t, int64_t
 
+cimport numpy as cnp
+
 from mpreplay._ext.schema cimport LANE_END, LANE_LEN, LANE_START
+
+import numpy as np
+
+cnp.import_array()
 
 
 cdef class Sequences:
@@ -64,8 +70,13 @@ cdef class Sequences:
                 u = lo
         return steps
 
-    def steps_of(self, Py_ssize_t s):
-        """Real steps of the sequence starting at slot ``s`` (0: none); for tests."""
-        if not 0 <= s < self.size:
-            raise ValueError(f"s: expected 0 <= s < {self.size}, got {s}")
-        return self._steps[s]
+    def slots(self, Py_ssize_t s, Py_ssize_t steps):
+        """The slots of the first ``steps`` steps of a sequence starting at slot ``s`` (its
+        window in its lane, wrapping at the lane's end): :meth:`window` for Python."""
+        cdef cnp.ndarray out
+        if not (0 <= s < self.size and 0 <= steps <= self.length):
+            raise ValueError(f"s, steps: expected a slot in [0, {self.size}) and 0 to {self.length} steps, "
+                             f"got {s} and {steps}")
+        out = np.empty(steps, dtype=np.int64)
+        self.window(s, steps, <int64_t*>cnp.PyArray_DATA(out))
+        return out

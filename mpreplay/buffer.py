@@ -42,7 +42,7 @@ from ._ext.uniform import UniformSelector, uniform_state_size
 from . import fileformat, manifest
 from .errors import BufferClosed
 from .limiter import RateLimiter
-from .memory import HeapMemory, Layout, SharedMemory
+from .memory import FileMemory, HeapMemory, Layout, SharedMemory
 from .nstep import NstepBuffer
 from .prefetch import Prefetcher
 from .spec import convert_batch, parse_env_dict
@@ -92,6 +92,11 @@ class ReplayBuffer:
     lanes : int
         Compressed buffers only: how many processes may write at once (each fills its own
         lane of ``size // lanes`` slots, so an episode's steps stay consecutive).
+    mmap_prefix : str, optional
+        Local buffers only: keep every array in a file mapped into memory, field ``<name>``
+        in ``<prefix>_<name>.dat`` (cpprb's names) and the buffer's own arrays in
+        ``<prefix>.<array>.dat``: a buffer larger than RAM, paged by the operating system.
+        Existing files are overwritten; the files stay after ``close()``.
 
     Episodes end at a step whose ``done`` (or ``truncated``) field is set, and at
     :meth:`on_episode_end`.
@@ -100,7 +105,7 @@ class ReplayBuffer:
     safe across processes (one object per process).
     """
 
-    _CONFIG: tuple[str, ...] = ("_size", "_specs", "_nstep_args", "_compression")  # what a shared handle carries
+    _CONFIG: tuple[str, ...] = ("_size", "_specs", "_nstep_args", "_compression", "_mmap_prefix")  # what a handle carries
     _LOCK_NBYTES = 0  # a local buffer has no lock
     _sequence: Any = None  # a sequence buffer's SequenceSpec (mpreplay.sequence_buffer)
 
@@ -108,8 +113,11 @@ class ReplayBuffer:
                  default_dtype: Any = None, seed: int | None = None, rate_limiter: RateLimiter | None = None,
                  nstep: Mapping[str, Any] | None = None, Nstep: Mapping[str, Any] | None = None,
                  next_of: str | list[str] | None = None, stack_compress: str | list[str] | None = None,
-                 lanes: int = 1):
+                 lanes: int = 1, mmap_prefix: str | os.PathLike | None = None):
         size = checks.capacity("size", size)
+        if mmap_prefix is not None and not isinstance(mmap_prefix, (str, os.PathLike)):
+            raise TypeError(f"mmap_prefix: expected a path prefix (str) or None, got {type(mmap_prefix).__name__}")
+        self._mmap_prefix = None if mmap_prefix is None else os.fspath(mmap_prefix)
         if rate_limiter is not None:
             if not isinstance(rate_limiter, RateLimiter):
                 raise TypeError(f"rate_limiter: expected MinSize, SampleToInsertRatio or RateLimiter, "
@@ -149,8 +157,8 @@ class ReplayBuffer:
     def _make_selector(self, array: np.ndarray, create: bool) -> Selector:
         return UniformSelector(array, self._size, reset=create)
 
-    def _allocate(self, layout: Layout) -> HeapMemory | SharedMemory:
-        return HeapMemory(layout)
+    def _allocate(self, layout: Layout) -> HeapMemory | FileMemory | SharedMemory:
+        return HeapMemory(layout) if self._mmap_prefix is None else FileMemory(layout, self._mmap_prefix)
 
     def _make_lock(self, create: bool) -> Any:
         self._lock = None  # one process: nothing to lock
@@ -767,7 +775,8 @@ def _attach(cls: type, config: dict[str, Any], name: str) -> "ReplayBuffer":
     return _handle(cls, config, lambda layout: SharedMemory(layout, name=name))
 
 
-def _handle(cls: type, config: dict[str, Any], memory: Callable[[Layout], HeapMemory | SharedMemory]) -> "ReplayBuffer":
+def _handle(cls: type, config: dict[str, Any],
+            memory: Callable[[Layout], HeapMemory | FileMemory | SharedMemory]) -> "ReplayBuffer":
     """A buffer object of ``config`` over existing memory (``memory(layout)``), which it does not own."""
     obj = cls.__new__(cls)
     obj.__dict__.update(config)
@@ -790,6 +799,9 @@ class SharedMemoryBuffer:
     _LOCK_NBYTES = LOCK_NBYTES
 
     def _allocate(self, layout: Layout) -> SharedMemory:
+        if self._mmap_prefix is not None:
+            raise ValueError("mmap_prefix: a shared buffer lives in a shared-memory segment; only local buffers "
+                             "map their arrays to files")
         return SharedMemory(layout)
 
     def _make_lock(self, create: bool) -> SharedLock:

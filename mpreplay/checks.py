@@ -98,6 +98,9 @@ def number(name: str, value: Any, *, low: float = -math.inf, high: float = math.
            low_open: bool = False, high_open: bool = False, finite: bool = True) -> float:
     """``value`` as a ``float`` between ``low`` and ``high`` (included unless ``low_open`` /
     ``high_open``), finite unless ``finite=False`` (which lets the infinities through, never NaN)."""
+    if (type(value) is float and low <= value <= high and not (low_open or high_open)
+            and (value - value == 0.0 or not finite)):
+        return value  # the common case, first: these checks run on every call (x - x is 0 when x is finite)
     v = _real(value)
     if v is None:
         raise TypeError(f"{name}: expected a number, got {_show(value)}")

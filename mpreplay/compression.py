@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from . import checks
+from ._ext.frame_plan import FramePlan, FramePlanner
 from ._ext.frames import Frames
 from ._ext.gate import deadline
 from ._ext.ring import Ring
@@ -138,25 +139,23 @@ class Compression:
         return frames, outputs
 
 
-@dataclass
+@dataclass(slots=True)
 class _Waiting:
     """A transition stored WAITING for the frame of its next observation."""
 
     slot: int              # -1 until published
     item: int              # its item in the batch being planned, -1 for earlier batches
     position: int          # items this writer had written before it, in its lane
-    next: dict[str, np.ndarray]
+    next: dict[str, tuple[np.ndarray, bool]]  # (copy, planar) per key, once it outlives its call
     priority: float | None
     generation: int = 0    # once published
 
 
-@dataclass
+@dataclass(slots=True)
 class _Item:
-    """One slot to write: a transition (``row`` >= 0) or a lone frame."""
+    """One slot to write: a transition (``row`` >= 0) or an episode's last next frame."""
 
     row: int
-    frames: dict[str, np.ndarray]
-    depth: int
 
 
 class FrameWriter:
@@ -177,21 +176,49 @@ class FrameWriter:
         self._release_lane: weakref.finalize | None = None
         self._written = 0                       # items this writer has reserved in its lane
         self._waiting: deque[_Waiting] = deque()
-        self._history: dict[str, deque] = {k: deque(maxlen=self._c.stack_of(k, specs) - 1) for k in self._c.stack}
+        self._last: list[tuple[np.ndarray, bool] | None] = [None] * len(compression.keys)  # newest stacks
         self._t = 0                             # steps of the current episode stored so far
+        self._keys = compression.keys
+        self._next_keys = [(q, key) for q, key in enumerate(self._keys) if key in compression.next_of]
+        self._stacked = [key in compression.stack for key in self._keys]
+        # Per key, the axes of a batch with the stack axis moved right after the rows'.
+        self._frames_first = [(0, len(specs[key].shape)) + tuple(range(1, len(specs[key].shape)))
+                              for key in self._keys]
+        self._stored = compression.stored_fields(specs)
+        self._flag_names = [name for name in (compression.done, compression.truncated) if name is not None]
+        self._planner = FramePlanner(
+            [(key, specs[key].row_nbytes, specs[key].dtype.itemsize, compression.stack_of(key, specs),
+              key in compression.next_of) for key in self._keys], _MAX_NEXT)
 
     # -- planning ---------------------------------------------------------------
-    def _newest(self, key: str, obs: np.ndarray) -> np.ndarray:
-        return obs[..., -1] if key in self._c.stack else obs
+    def _rows(self, k: int, rows: Mapping[str, np.ndarray], name: str) -> np.ndarray:
+        """Field ``name`` of the rows as one C-contiguous block (``rows`` may be empty when k == 0)."""
+        if k == 0:
+            return np.empty((0,) + self._specs[name].shape, dtype=self._specs[name].dtype)
+        return np.ascontiguousarray(rows[name])
 
-    def _expected_stack(self, key: str, newest: np.ndarray, t: int, history: deque) -> np.ndarray:
-        k = self._c.stack_of(key, self._specs)
-        d = min(t, k - 1)
-        frames = [newest if min(k - 1 - i, d) == 0 else history[-min(k - 1 - i, d)] for i in range(k)]
-        return np.stack(frames, axis=-1)
+    def _observations(self, k: int, rows: Mapping[str, np.ndarray], name: str,
+                      q: int) -> tuple[np.ndarray, bool]:
+        """Field ``name`` of the rows as ``(array, planar)`` for the kernel, copied only if it must be.
 
-    def _flag(self, rows: Mapping[str, np.ndarray], name: str | None, i: int) -> bool:
-        return name is not None and bool(rows[name][i])
+        A stack whose frames are each contiguous and follow one another (a channels-first stack
+        seen through ``np.moveaxis``) is passed planar, as ``(k, stack, ...)``; otherwise in C order.
+        """
+        values = rows[name] if k else self._rows(k, rows, name)
+        if self._stacked[q] and not values.flags.c_contiguous:
+            planar = values.transpose(self._frames_first[q])
+            if planar.flags.c_contiguous:
+                return planar, True
+        return np.ascontiguousarray(values), False
+
+    def _flags(self, k: int, rows: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Per row, True if its done or truncated flag is set."""
+        if not k or not self._flag_names:
+            return np.zeros(k, dtype=bool)
+        flags = rows[self._flag_names[0]].reshape(k) != 0
+        for name in self._flag_names[1:]:
+            flags |= rows[name].reshape(k) != 0
+        return flags
 
     def plan(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
              end_episode: bool) -> tuple[list[_Item], list[tuple[_Waiting, int]], list[_Waiting], dict]:
@@ -200,93 +227,38 @@ class FrameWriter:
         A flagged row (done or truncated) ends its episode, together with the
         flagged rows right after it that share its next observation.  Returns
         the items to write, the (waiting transition, item) pairs resolved, the
-        transitions left waiting, and the episode state after the batch.  Raises ValueError, changing nothing, when a stack or
-        next observation cannot be rebuilt bit for bit.
+        transitions left waiting, and the episode state after the batch with
+        the kernel's plan of the frames (for :meth:`_copy`).  Raises ValueError,
+        changing nothing, when a stack or next observation cannot be rebuilt
+        bit for bit (the checks run in ``ext/frame_plan.pyx``).
         """
-        items: list[_Item] = []
-        resolved: list[tuple[_Waiting, int]] = []
-        waiting = deque(self._waiting)
-        history = {key: deque(h, maxlen=h.maxlen) for key, h in self._history.items()}
-        t, ending, base = self._t, None, self._written
-
-        def add_item(item: _Item) -> int:
-            items.append(item)
-            return len(items) - 1
-
-        def finish_episode(last_next: dict[str, np.ndarray]) -> None:
-            # The episode's last next observation gets a frame of its own; every
-            # transition still waiting must be rebuilt from it.
-            nonlocal t
-            if self._c.next_of:
-                term = {}
-                for key in self._c.next_of:
-                    newest = self._newest(key, last_next[key])
-                    if key in self._c.stack and not np.array_equal(
-                            self._expected_stack(key, newest, t, history[key]), last_next[key]):
-                        raise ValueError(f"field 'next_{key}': the episode's last next observation is not its "
-                                         "last observation shifted by one frame (stack_compress)")
-                    term[key] = newest
-                m = add_item(_Item(-1, term, min(t, 255)))
-                while waiting:
-                    w = waiting.popleft()
-                    if not all(np.array_equal(w.next[key], last_next[key]) for key in self._c.next_of):
-                        raise ValueError(f"field 'next_{self._c.next_of[0]}': a next observation of this episode "
-                                         "is neither a later observation nor its last one (next_of)")
-                    resolved.append((w, m))
-            for h in history.values():
-                h.clear()
-            t = 0
-
-        for i in range(k):
-            obs = {key: rows[key][i] for key in self._c.keys}
-            nxt = {key: rows[f"next_{key}"][i] for key in self._c.next_of}
-            flagged = self._flag(rows, self._c.done, i) or self._flag(rows, self._c.truncated, i)
-            if ending is not None:
-                # After a flagged step, flagged steps of the same call with the
-                # same last next observation are the tail of the same episode
-                # (the rows an n-step folder flushes at once).
-                tail = flagged and all(np.array_equal(nxt[key], ending[key]) for key in self._c.next_of) \
-                    and all(np.array_equal(self._expected_stack(key, obs[key][..., -1], t, history[key]), obs[key])
-                            for key in self._c.stack)
-                if not tail:
-                    finish_episode(ending)
-                    ending = None
-            for key in self._c.stack:
-                if not np.array_equal(self._expected_stack(key, obs[key][..., -1], t, history[key]), obs[key]):
-                    raise ValueError(
-                        f"field {key!r}: row {i} is not the previous observation shifted by one frame, nor the "
-                        "first frame of an episode repeated (stack_compress); end episodes with done flags "
-                        "or on_episode_end()")
-            m = add_item(_Item(i, {key: self._newest(key, obs[key]) for key in self._c.keys}, min(t, 255)))
-            # The oldest waiting transitions whose next observation this is.
-            while waiting and all(np.array_equal(waiting[0].next[key], obs[key]) for key in self._c.next_of):
-                resolved.append((waiting.popleft(), m))
-            if waiting and base + m - waiting[0].position >= _MAX_NEXT:
-                raise ValueError(f"field 'next_{self._c.next_of[0]}': no observation within {_MAX_NEXT} steps "
-                                 "equals this next observation (next_of needs next_obs[t] == obs[t + n])")
-            for key in self._c.stack:
-                history[key].append(obs[key][..., -1])
-            t += 1
-            if self._c.next_of:
-                waiting.append(_Waiting(-1, m, base + m, nxt, None if priorities is None else float(priorities[i])))
-            if flagged:
-                ending = nxt
-        if end_episode and ending is None and waiting:
-            ending = waiting[-1].next
-        if ending is not None:
-            finish_episode(ending)
-        elif end_episode:
-            for h in history.values():
-                h.clear()
-            t = 0
-        # What outlives this call is copied: the frames planned above are views of
-        # the caller's arrays, which it may reuse and mutate once add() returns.
-        history = {key: deque((np.array(f) for f in h), maxlen=h.maxlen) for key, h in history.items()}
-        for w in waiting:
+        obs = [self._observations(k, rows, key, q) for q, key in enumerate(self._keys)]
+        nexts: list[tuple[np.ndarray, bool] | None] = [None] * len(self._keys)
+        for q, key in self._next_keys:
+            nexts[q] = self._observations(k, rows, f"next_{key}", q)
+        earlier = list(self._waiting)
+        plan = self._planner.plan(k, obs, nexts, self._flags(k, rows), self._t, self._last,
+                                  [w.next for w in earlier], [w.position for w in earlier], self._written, end_episode)
+        item_rows = plan.item_rows
+        items = [_Item(row) for row in item_rows]
+        pending = earlier
+        if self._next_keys:
+            prio = [None] * k if priorities is None else priorities.tolist()
+            base = self._written
+            pending = earlier + [_Waiting(-1, m, base + m, {}, prio[i]) for i, m in enumerate(plan.row_items)]
+        resolved = list(zip(pending[:plan.head], plan.resolved_items))
+        still_waiting = pending[plan.head:]
+        # What outlives this call is copied: the caller may reuse and mutate its arrays once add() returns.
+        for w in still_waiting:
             if w.item >= 0:
-                w.next = {key: np.array(v) for key, v in w.next.items()}
-        state = {"history": history, "t": t}
-        return items, resolved, list(waiting), state
+                row = item_rows[w.item]
+                w.next = {key: (nexts[q][0][row].copy(), nexts[q][1]) for q, key in self._next_keys}
+        last = [None] * len(self._keys)
+        if plan.t > 0:
+            last = [None if not stacked else self._last[q] if plan.last_row < 0 else
+                    (obs[q][0][plan.last_row].copy(), obs[q][1]) for q, stacked in enumerate(self._stacked)]
+        state = {"last": last, "t": plan.t, "frames": plan}
+        return items, resolved, still_waiting, state
 
     # -- writing ----------------------------------------------------------------
     @property
@@ -321,7 +293,7 @@ class FrameWriter:
         if items:
             start, reserved = ring.reserve(len(items), until, True, self._lane)
             slots = lo + (start - lo + np.arange(len(items))) % (hi - lo)
-            self._copy(items, slots, rows)
+            self._copy(slots, rows, state["frames"])
             row_items = np.array([m for m, it in enumerate(items) if it.row >= 0], dtype=np.int64)
             row_slots, row_generations = slots[row_items], reserved[row_items] + np.uint64(1)
             for name, values in (meta or {}).items():
@@ -346,23 +318,15 @@ class FrameWriter:
                     w.slot, w.generation, w.item = int(slots[w.item]), int(reserved[w.item]) + 1, -1
             self._written += len(items)
         self._waiting = deque(still_waiting)
-        self._history, self._t = state["history"], state["t"]
+        self._last, self._t = state["last"], state["t"]
         return row_slots, row_generations
 
-    def _copy(self, items: list[_Item], slots: np.ndarray, rows: Mapping[str, np.ndarray]) -> None:
-        arrays = self._arrays
-        row_items = np.array([m for m, it in enumerate(items) if it.row >= 0], dtype=np.int64)
-        row_index = np.array([items[m].row for m in row_items], dtype=np.int64)
-        if len(row_items):
-            for name in self._c.stored_fields(self._specs):
-                arrays[field_array(name)][slots[row_items]] = rows[name][row_index]
-        for key in self._c.keys:
-            frames = arrays[frames_array(key)]
-            for m, it in enumerate(items):
-                if key in it.frames:
-                    frames[slots[m]] = it.frames[key]
-        arrays["depth"][slots] = [it.depth for it in items]
-        arrays["nxt"][slots] = -1
+    def _copy(self, slots: np.ndarray, rows: Mapping[str, np.ndarray], plan: FramePlan) -> None:
+        arrays, k = self._arrays, plan.rows
+        self._planner.copy(plan, np.ascontiguousarray(slots, dtype=np.int64),
+                           [arrays[frames_array(key)] for key in self._keys],
+                           [arrays[field_array(name)] for name in self._stored],
+                           [self._rows(k, rows, name) for name in self._stored], arrays["nxt"], arrays["depth"])
 
     def reset(self) -> None:
         """Forget the episode in progress and give the lane back (after a fork or clear).

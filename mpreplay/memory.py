@@ -1,9 +1,11 @@
-"""Where a buffer's arrays live: the process heap or a shared-memory segment.
+"""Where a buffer's arrays live: the process heap, files, or a shared-memory segment.
 
 A :class:`Layout` places named arrays at aligned offsets in one block of
 bytes.  The same layout over the heap gives a local buffer and over a
 ``multiprocessing.shared_memory`` segment gives a buffer every process can
-map, so the buffer code above it is one and the same.
+map, so the buffer code above it is one and the same.  :class:`FileMemory`
+puts each array of the layout in a file of its own, mapped into memory: a
+local buffer larger than RAM, paged by the operating system.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Layout", "HeapMemory", "SharedMemory", "SharedMemoryError"]
+__all__ = ["Layout", "HeapMemory", "FileMemory", "SharedMemory", "SharedMemoryError"]
 
 SEGMENT_PREFIX = "mpreplay-"  # every segment is named mpreplay-<creator pid>-<random>
 _ALIGN = 64  # one cache line: keeps hot counters and rows of different arrays apart
@@ -70,6 +72,48 @@ class HeapMemory:
 
     def close(self) -> None:
         pass
+
+
+class FileMemory:
+    """Each array of a layout in a zeroed file of its own, mapped into memory (or, from
+    :meth:`handle`, other views of the same maps).
+
+    The file of array ``field:<name>`` (a field) is ``<prefix>_<name>.dat``, as cpprb names
+    the files of its ``mmap_prefix`` buffers; every other array's is ``<prefix>.<array>.dat``.
+    Existing files are overwritten; the files stay when the buffer is closed.
+    """
+
+    shared = False
+
+    def __init__(self, layout: Layout, prefix: str, *, maps: dict[str, np.ndarray] | None = None):
+        self.layout = layout
+        self.prefix = prefix
+        self.is_owner = maps is None
+        if maps is None:
+            maps = {}
+            for name, shape, dtype, _ in layout.entries:
+                path = self.path(prefix, name)
+                # A zero-length map is refused: an empty array gets one byte of file.
+                maps[name] = np.memmap(path, dtype=np.uint8, mode="w+",
+                                       shape=max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize))
+        self._maps = maps
+        self.arrays = {name: np.asarray(maps[name][:int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize])
+                       .view(dtype).reshape(shape) for name, shape, dtype, _ in layout.entries}
+
+    @staticmethod
+    def path(prefix: str, array: str) -> str:
+        """The file of ``array`` for ``prefix``."""
+        kind, _, name = array.partition(":")
+        return f"{prefix}_{name}.dat" if kind == "field" and name else f"{prefix}.{array.replace(':', '_')}.dat"
+
+    def handle(self) -> "FileMemory":
+        """Other views of the same maps, which do not own them."""
+        return FileMemory(self.layout, self.prefix, maps=self._maps)
+
+    def close(self) -> None:
+        if self.is_owner:
+            for m in self._maps.values():
+                m.flush()
 
 
 def _shm_free_bytes() -> int | None:

@@ -68,7 +68,8 @@ class SequenceReplayBuffer(ReplayBuffer):
 
     Inserts count steps and samples count sequences (what a rate limiter compares);
     ``get_stored_size()`` counts stored steps, ``stats()["sequences"]`` the sampleable
-    sequences.
+    sequences; ``get_all_transitions()`` and ``read(indexes)`` return steps (for a sampled
+    index, the sequence's first step).
     """
 
     _CONFIG = ReplayBuffer._CONFIG + ("_sequence",)

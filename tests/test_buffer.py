@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 import pytest
 
-from mpreplay import PrioritizedReplayBuffer, ReplayBuffer
+from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
 from mpreplay._ext.schema import MEMBERS_ARRAY, TREE_ARRAY
 
 ENV = {"obs": {"shape": (3,)}, "act": {"dtype": np.int64}, "rew": {}, "done": {"dtype": np.uint8}}
@@ -805,3 +806,30 @@ def test_by_default_new_rows_get_the_largest_priority_stored_now():
 def test_an_unknown_new_priority_rule_is_refused_by_name():
     with pytest.raises(ValueError, match="new_priority: expected one of 'max_stored', 'max_ever', got 'max'"):
         PrioritizedReplayBuffer(4, {"x": {}}, new_priority="max")
+
+
+def test_mmap_prefix_keeps_every_array_in_a_file_and_the_data_survives_close(tmp_path):
+    prefix = str(tmp_path / "rb")
+    rb = PrioritizedReplayBuffer(8, {"obs": {"shape": (2,)}, "done": {}}, mmap_prefix=prefix)
+    rb.add(obs=np.ones((3, 2)), done=np.zeros(3))
+    assert rb.sample(4)["obs"].tolist() == [[1.0, 1.0]] * 4
+    rb.close()
+    assert np.fromfile(f"{prefix}_obs.dat", dtype=np.float32)[:6].tolist() == [1.0] * 6
+    assert os.path.exists(f"{prefix}.header.dat") and os.path.exists(f"{prefix}.tree.dat")
+
+
+def test_an_episode_writer_of_a_file_mapped_buffer_writes_into_the_same_files(tmp_path):
+    rb = ReplayBuffer(64, {"obs": {"shape": (2,)}, "next_obs": {"shape": (2,)}, "done": {}}, next_of="obs",
+                      lanes=2, mmap_prefix=str(tmp_path / "rb"))
+    rb.episode_writer().add(obs=np.zeros(2), next_obs=np.ones(2), done=1.0)
+    assert rb.get_stored_size() == 1
+
+
+def test_a_shared_buffer_refuses_mmap_prefix():
+    with pytest.raises(ValueError, match="mmap_prefix: a shared buffer lives in a shared-memory segment"):
+        MPReplayBuffer(8, {"x": {}}, mmap_prefix="rb")
+
+
+def test_mmap_prefix_must_be_a_path():
+    with pytest.raises(TypeError, match="mmap_prefix: expected a path prefix"):
+        ReplayBuffer(8, {"x": {}}, mmap_prefix=3)

@@ -128,9 +128,11 @@ def test_an_unknown_constructor_option_is_refused_by_name():
         cpprb.PrioritizedReplayBuffer(8, ENV, obs_shape=(3,))
 
 
-def test_buffers_mapped_to_files_are_refused():
-    with pytest.raises(ValueError, match="mmap_prefix"):
-        cpprb.ReplayBuffer(8, ENV, mmap_prefix="rb")
+def test_mmap_prefix_keeps_each_field_in_the_file_cpprb_names(tmp_path):
+    rb = cpprb.ReplayBuffer(8, {"done": {}}, mmap_prefix=str(tmp_path / "rb"))
+    rb.add(done=1.0)
+    assert (tmp_path / "rb_done.dat").exists()
+    assert rb.get_all_transitions()["done"].tolist() == [[1.0]]
 
 
 @BOTH

@@ -8,7 +8,7 @@ launched children included -- rather than fail later on some ``_ext`` module.
 import importlib.machinery
 import os
 
-KERNELS = ("schema", "processes", "sumtree", "selector", "uniform", "prioritized", "frames", "sequences", "gate", "slots", "ring", "lock",
+KERNELS = ("schema", "processes", "sumtree", "selector", "uniform", "prioritized", "frames", "frame_plan", "sequences", "gate", "slots", "ring", "lock",
            "discount")
 
 

@@ -315,8 +315,8 @@ def _case_label(writers: int, learner: bool) -> str:
     return " + ".join(parts + ["learner"] * learner)
 
 
-def _receive(conn: Connection, proc: Any) -> Any:
-    ready = wait([conn, proc.sentinel], timeout=_REPLY_TIMEOUT)
+def _receive(conn: Connection, proc: Any, timeout: float = _REPLY_TIMEOUT) -> Any:
+    ready = wait([conn, proc.sentinel], timeout=timeout)
     if conn in ready:
         try:
             message = conn.recv()
@@ -327,7 +327,7 @@ def _receive(conn: Connection, proc: Any) -> Any:
         if message is not None:
             return message
     if not ready:
-        raise TimeoutError(f"{proc.name} did not answer within {_REPLY_TIMEOUT:.0f} s")
+        raise TimeoutError(f"{proc.name} did not answer within {timeout:.0f} s")
     proc.join(1.0)
     raise RuntimeError(f"{proc.name} ended without reporting (exit code {proc.exitcode})")
 
@@ -396,8 +396,9 @@ def _run_case(ctx: Any, buffer: Any, contender: _Contender, obs: _Obs, writers: 
             theirs.close()
             procs.append(proc)
             conns.append(mine)
+        # Getting ready includes a writer's lap of its ring: allow 1 ms per slot of the buffer.
         for conn, proc in zip(conns, procs):
-            _receive(conn, proc)
+            _receive(conn, proc, max(_REPLY_TIMEOUT, obs.capacity * 1e-3))
         marks = _marks(timing)
         for conn in conns:
             conn.send(marks)

@@ -262,24 +262,22 @@ class ReplayBuffer(_Buffer):
         dtype of fields that name none (float32).
     Nstep : dict, optional
         ``{"size": n, "gamma": g, "rew": names, "next": names}``: fold n steps as cpprb does.
-    mmap_prefix : None
-        cpprb's disk-mapped buffers are not provided: anything but None is refused.
+    mmap_prefix : str, optional
+        Keep the arrays in files mapped into memory, field ``<name>`` in
+        ``<prefix>_<name>.dat`` as cpprb does (the native ``mmap_prefix``).
     """
 
     def __init__(self, size: Any, env_dict: Mapping[str, Mapping[str, Any]] | None = None, *,
                  next_of: Any = None, stack_compress: Any = None, default_dtype: Any = None,
                  Nstep: Mapping[str, Any] | None = None, mmap_prefix: str | None = None, **kwargs: Any):
         _refuse_options(type(self).__name__, self._own_options(kwargs))
-        if mmap_prefix is not None:
-            raise ValueError("mmap_prefix: buffers mapped to files are not provided; mpreplay keeps "
-                             "transitions in memory (pass mmap_prefix=None)")
         fields = Fields.parse(env_dict, default_dtype, next_of)
         for key in option_names("stack_compress", stack_compress):
             if key not in fields.specs:
                 raise ValueError(f"stack_compress: {key!r} is not a field of env_dict (fields {list(fields.specs)})")
         if Nstep is not None:
             self._nstep = NstepBuffer(env_dict, Nstep, default_dtype=default_dtype, next_of=next_of)
-        self._bind(fields, self._make(checks.capacity("size", size), fields, kwargs))
+        self._bind(fields, self._make(checks.capacity("size", size), fields, {**kwargs, "mmap_prefix": mmap_prefix}))
         self._episode_start = 0
 
     def _own_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -287,7 +285,7 @@ class ReplayBuffer(_Buffer):
         return kwargs
 
     def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.ReplayBuffer:
-        return native.ReplayBuffer(size, fields.env_dict())
+        return native.ReplayBuffer(size, fields.env_dict(), mmap_prefix=options["mmap_prefix"])
 
     def _inserted(self) -> int:
         return int(self._native.stats()["inserts"])
@@ -438,7 +436,8 @@ class PrioritizedReplayBuffer(_Prioritized, ReplayBuffer):
 
     def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.PrioritizedReplayBuffer:
         return native.PrioritizedReplayBuffer(size, fields.env_dict(), alpha=options["alpha"], eps=options["eps"],
-                                              new_priority="max_ever", weights_dtype=np.float32)
+                                              new_priority="max_ever", weights_dtype=np.float32,
+                                              mmap_prefix=options["mmap_prefix"])
 
     def _episode_ended(self) -> None:
         self._episode_start = self._inserted()
