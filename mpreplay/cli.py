@@ -17,6 +17,7 @@ _BENCHMARKS = {
     "mp": "shared prioritized buffer: 1-2 writer processes and a learner vs cpprb and the memory gather limit",
     "per": "prioritized replay: add one, sample 32, update 32 per frame vs naive numpy, cpprb and the floor",
     "ray": "sharded replay over a 3-node loopback Ray cluster: sampled transitions/s vs the same client without Ray",
+    "seq": "R2D2 sequences (64 x 80 compressed Atari stacks): sampled steps/s vs TorchRL's slice sampler; bytes/step",
     "returns": "discounted cumulative sums and n-step folding vs lfilter, numba loops and np.cumsum",
 }
 
