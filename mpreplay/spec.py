@@ -114,9 +114,12 @@ def _cast(spec: FieldSpec, value: np.ndarray) -> np.ndarray:
         return value.astype(dst)
     if not np.can_cast(src, dst, "same_kind"):
         raise TypeError(f"field {spec.name!r}: cannot safely cast {src} to {dst}")
+    if not (dst.kind in "fc" and dst.itemsize < src.itemsize):
+        return value.astype(dst)  # widening: nothing can overflow
     with np.errstate(over="ignore"):
         converted = value.astype(dst)
-    if dst.kind == "f" and not np.array_equal(np.isfinite(converted), np.isfinite(value)):
+    # Only an infinite result may be an overflow: compare with the source only then.
+    if not np.isfinite(converted).all() and not np.array_equal(np.isfinite(converted), np.isfinite(value)):
         raise ValueError(f"field {spec.name!r}: values overflow dtype {dst}")
     return converted
 
