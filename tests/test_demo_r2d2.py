@@ -55,6 +55,13 @@ def test_the_sum_stops_at_a_terminal_step_without_bootstrapping():
     assert defined == [True, True, True, False, False]
 
 
+def test_no_reward_or_bootstrap_past_a_terminal_step_counts_even_if_steps_follow_it():
+    # The buffer pads after an episode's end; the targets do not rely on it.
+    y, defined = targets([1, 2, 4, 8], [False, True, False, False], [True] * 4, [100, 200, 300, 400], n=3)
+    assert y[:2] == [1 + GAMMA * 2, 2]
+    assert defined[:2] == [True, True]
+
+
 def test_padding_steps_have_no_target_and_add_nothing():
     rew, mask = [1, 1, 5, 5], [True, True, False, False]  # padding with values a bug would pick up
     y, defined = targets(rew, [False] * 4, mask, [100] * 4, n=1)
