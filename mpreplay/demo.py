@@ -86,7 +86,7 @@ POSITIONS = (0, 2)
 _EPISODE_FIELDS = {"rank": {"dtype": np.int64}, "episode": {"dtype": np.int64}, "eps": {"dtype": np.float64},
                    "ret": {"dtype": np.float64}, "steps": {"dtype": np.int64}, "time": {"dtype": np.float64}}
 _EPISODE_LOG_SIZE = 1 << 14  # rows; far more episodes than can end between two reads of the log
-_WAIT = 0.2  # seconds a blocked add/sample waits before the caller looks at the stop flag again
+WAIT = 0.2  # seconds a blocked add/sample waits before the caller looks at the stop flag again
 _SOLVED_CHECK = 0.5  # seconds between the learner's looks at the episode log
 _RATE_SPAN = 5.0  # seconds the live rates average over (env steps arrive an episode at a time)
 
@@ -156,6 +156,7 @@ def vector_env(config: Config, **vector_kwargs: Any) -> Any:
 
 
 def env_title(config: Config) -> str:
+    """What the live view, summary and plot call the task."""
     return f"{ENV_ID}, velocities hidden" if config.hide_velocity else ENV_ID
 
 
@@ -271,7 +272,7 @@ def add_until_stopped(ctx: Context, replay: Any, batch: Mapping[str, np.ndarray]
     """``replay.add(**batch, **options)``, waiting as long as the rate limiter says; False if the run ends first."""
     while not ctx.stop.is_set():
         try:
-            replay.add(timeout=_WAIT, **options, **batch)
+            replay.add(timeout=WAIT, **options, **batch)
             return True
         except TimeoutError:
             continue
@@ -282,44 +283,67 @@ def add_until_stopped(ctx: Context, replay: Any, batch: Mapping[str, np.ndarray]
 
 # --------------------------------------------------------------------- learner
 
-def _learner(ctx: Context, config: Config) -> dict[str, Any]:
-    """Train until CartPole is solved or the run is stopped; return the learner's counters."""
+Loss = Callable[[Any, Any, Mapping[str, np.ndarray], Config], tuple[Any, np.ndarray]]
+
+
+def run_learner(ctx: Context, config: Config, network: Callable[[Config], Any], loss_of: Loss,
+                goal: float) -> dict[str, Any]:
+    """The learner both agents run: sample, step, write priorities back, publish, sync the target network.
+
+    ``loss_of(online, target, batch, config)`` returns the batch's loss (a scalar tensor,
+    importance weights applied) and the sampled rows' new priorities.  Stops when the run
+    does or when the greedy sub-environments average ``goal`` (see :class:`SolvedCheck`);
+    returns the learner's counters.
+    """
     torch = import_torch()
-    from torch.nn import functional as F
 
     torch.manual_seed(config.seed)
     replay = ctx.buffer["replay"]
-    online = _q_network(config)
+    online = network(config)
     online.load_state_dict(ctx.params.read()[0])
     target = copy.deepcopy(online)
     optimizer = torch.optim.Adam(online.parameters(), lr=config.lr)
     counts = {"learner_steps": 0, "priority_updates": 0, "solved": False}
-    solved = SolvedCheck(ctx.buffer["episodes"], APEX_SOLVED_RETURN)
+    solved = SolvedCheck(ctx.buffer["episodes"], goal)
     while not ctx.stop.is_set():
         if solved():
             counts["solved"] = True
             break
         try:
-            batch = replay.sample(config.batch_size, config.beta, timeout=_WAIT)
+            batch = replay.sample(config.batch_size, config.beta, timeout=WAIT)
         except TimeoutError:
             continue
         except BufferClosed:
             break
-        td = _td_errors(online, target, batch)
-        weights = torch.from_numpy(batch["weights"].astype(np.float32))
-        loss = (weights * F.huber_loss(td, torch.zeros_like(td), reduction="none")).mean()
+        loss, priorities = loss_of(online, target, batch, config)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(online.parameters(), config.grad_clip)
         optimizer.step()
-        replay.update_priorities(batch["indexes"], td.detach().abs().numpy())
-        counts["priority_updates"] += len(td)
+        replay.update_priorities(batch["indexes"], priorities)
+        counts["priority_updates"] += len(priorities)
         counts["learner_steps"] = steps = counts["learner_steps"] + 1
         if steps % config.publish_every == 0:
             ctx.params.publish(online.state_dict())
         if steps % config.target_update == 0:
             target.load_state_dict(online.state_dict())
     return counts
+
+
+def _loss(online: Any, target: Any, batch: Mapping[str, np.ndarray], config: Config) -> tuple[Any, np.ndarray]:
+    """The importance-weighted Huber loss of the batch's TD errors, and their sizes as priorities."""
+    import torch
+    from torch.nn import functional as F
+
+    td = _td_errors(online, target, batch)
+    weights = torch.from_numpy(batch["weights"].astype(np.float32))
+    loss = (weights * F.huber_loss(td, torch.zeros_like(td), reduction="none")).mean()
+    return loss, td.detach().abs().numpy()
+
+
+def _learner(ctx: Context, config: Config) -> dict[str, Any]:
+    """Train until CartPole is solved or the run is stopped; return the learner's counters."""
+    return run_learner(ctx, config, _q_network, _loss, APEX_SOLVED_RETURN)
 
 
 class SolvedCheck:

@@ -41,7 +41,6 @@ ladder (ε ≤ 0.01) average 400 or more.
 from __future__ import annotations
 
 import argparse
-import copy
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,9 +49,8 @@ from typing import Any
 import numpy as np
 
 from .buffer import ReplayBuffer
-from .demo import (NUM_ACTIONS, Agent, Config, SolvedCheck, actor_epsilons, import_torch, actor_seed, add_until_stopped,
-                   vector_env)
-from .errors import BufferClosed
+from .demo import (NUM_ACTIONS, Agent, Config, actor_epsilons, actor_seed, add_until_stopped, import_torch,
+                   run_learner, vector_env)
 from .launcher import Context
 from .limiter import SampleToInsertRatio
 from .sequence_buffer import MPPrioritizedSequenceReplayBuffer
@@ -61,7 +59,6 @@ from .sequences import sequence_priority
 __all__ = ["R2D2Config", "R2D2", "nstep_targets", "trained_steps"]
 
 R2D2_SOLVED_RETURN = 400.0
-_WAIT = 0.2  # seconds a blocked add/sample waits before the caller looks at the stop flag again
 
 
 @dataclass(frozen=True)
@@ -282,46 +279,21 @@ def _actor(ctx: Context, config: R2D2Config) -> None:
 
 # --------------------------------------------------------------------- learner
 
-def _learner(ctx: Context, config: R2D2Config) -> dict[str, Any]:
-    """Train until the greedy sub-environments average R2D2_SOLVED_RETURN or the run is stopped."""
-    torch = import_torch()
+def _loss(online: Any, target: Any, batch: Mapping[str, np.ndarray], config: R2D2Config) -> tuple[Any, np.ndarray]:
+    """The importance-weighted Huber loss over the steps with a target, and R2D2's sequence priorities."""
+    import torch
     from torch.nn import functional as F
 
-    torch.manual_seed(config.seed)
-    replay = ctx.buffer["replay"]
-    online = _q_network(config)
-    online.load_state_dict(ctx.params.read()[0])
-    target = copy.deepcopy(online)
-    optimizer = torch.optim.Adam(online.parameters(), lr=config.lr)
-    counts = {"learner_steps": 0, "priority_updates": 0, "solved": False}
-    solved = SolvedCheck(ctx.buffer["episodes"], R2D2_SOLVED_RETURN)
-    while not ctx.stop.is_set():
-        if solved():
-            counts["solved"] = True
-            break
-        try:
-            batch = replay.sample(config.batch_size, config.beta, timeout=_WAIT)
-        except TimeoutError:
-            continue
-        except BufferClosed:
-            break
-        td, counted = _td_errors(online, target, batch, config)
-        weights = torch.from_numpy(batch["weights"].astype(np.float32)).unsqueeze(1)
-        per_step = F.huber_loss(td, torch.zeros_like(td), reduction="none") * counted
-        loss = (weights * per_step).sum() / counted.sum().clamp(min=1)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(online.parameters(), config.grad_clip)
-        optimizer.step()
-        replay.update_priorities(batch["indexes"], _priorities(td.detach().abs().numpy(), counted.numpy(),
-                                                               batch["mask"], config.eta))
-        counts["priority_updates"] += len(td)
-        counts["learner_steps"] = steps = counts["learner_steps"] + 1
-        if steps % config.publish_every == 0:
-            ctx.params.publish(online.state_dict())
-        if steps % config.target_update == 0:
-            target.load_state_dict(online.state_dict())
-    return counts
+    td, counted = _td_errors(online, target, batch, config)
+    weights = torch.from_numpy(batch["weights"].astype(np.float32)).unsqueeze(1)
+    per_step = F.huber_loss(td, torch.zeros_like(td), reduction="none") * counted
+    loss = (weights * per_step).sum() / counted.sum().clamp(min=1)
+    return loss, _priorities(td.detach().abs().numpy(), counted.numpy(), batch["mask"], config.eta)
+
+
+def _learner(ctx: Context, config: R2D2Config) -> dict[str, Any]:
+    """Train until the greedy sub-environments average R2D2_SOLVED_RETURN or the run is stopped."""
+    return run_learner(ctx, config, _q_network, _loss, R2D2_SOLVED_RETURN)
 
 
 def _priorities(abs_td: np.ndarray, counted: np.ndarray, mask: np.ndarray, eta: float) -> np.ndarray:
