@@ -635,7 +635,8 @@ def _apex_arguments(p: argparse.ArgumentParser, d: Config) -> None:
                    help="observe only the cart position and the pole angle (a task for a recurrent agent)")
 
 
-APEX = Agent("Ape-X DQN", __doc__.split("\n\n")[0], Config, APEX_SOLVED_RETURN, _q_network, _apex_replay, _actor, _learner, _apex_arguments)
+APEX = Agent("Ape-X DQN", __doc__.split("\n\n")[0], Config, APEX_SOLVED_RETURN, _q_network, _apex_replay, _actor,
+             _learner, _apex_arguments)
 
 
 def _agent(name: str) -> Agent:

@@ -311,5 +311,5 @@ def _arguments(p: argparse.ArgumentParser, d: R2D2Config) -> None:
     p.add_argument("--eta", type=float, default=d.eta, help="R2D2's priority mix: eta * max + (1 - eta) * mean")
 
 
-R2D2 = Agent("R2D2", __doc__.split("\n\n")[0], R2D2Config, R2D2_SOLVED_RETURN, _q_network, _replay, _actor, _learner, _arguments,
-             positive=("length", "period"), module=__name__)
+R2D2 = Agent("R2D2", __doc__.split("\n\n")[0], R2D2Config, R2D2_SOLVED_RETURN, _q_network, _replay, _actor,
+             _learner, _arguments, positive=("length", "period"), module=__name__)
