@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("name", choices=sorted(_BENCHMARKS), help="; ".join(f"{k}: {v}" for k, v in _BENCHMARKS.items()))
     inspect_cmd = sub.add_parser("inspect", help="print a saved transitions file's metadata and a per-array summary")
     inspect_cmd.add_argument("file", help="a file written by save_transitions")
-    sub.add_parser("demo", help="Ape-X DQN on CartPole with a live view (mpreplay demo --help)", add_help=False)
+    sub.add_parser("demo", help="Ape-X DQN (default) or R2D2 (--agent r2d2) on CartPole with a live view "
+                                "(mpreplay demo --help)", add_help=False)
     ls = sub.add_parser("ls", help="one line per replay buffer segment on this machine")
     ls.add_argument("--json", action="store_true", help="a JSON list, for scripts")
     top = sub.add_parser("top", help="live figures of one buffer, read-only (never takes its lock)")

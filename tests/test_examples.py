@@ -25,3 +25,11 @@ def test_apex_dqn_shows_its_flags():
                           check=False, capture_output=True, text=True, timeout=50)
     assert proc.returncode == 0, proc.stderr
     assert "--samples-per-insert" in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_r2d2_cartpole_shows_the_r2d2_flags():
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "r2d2_cartpole.py"), "--help"],
+                          check=False, capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr
+    assert "--burn-in" in proc.stdout
