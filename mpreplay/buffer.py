@@ -52,6 +52,9 @@ from .sequences import SequenceWriter
 __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer", "BufferClosed"]
 
 
+# Finite betas pass the sample fast path (checks.number refuses inf and NaN).
+_MAX_BETA = 1.7976931348623157e308
+
 # Times read() copies rows that writers keep overwriting before it gives up.
 _READ_ATTEMPTS = 100
 
@@ -730,9 +733,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Adds ``indexes`` and importance ``weights`` = (N·P(i))^-β / max_j (N·P(j))^-β.
         ``timeout`` and ``out`` as for :meth:`ReplayBuffer.sample`.
         """
-        return self._ring.sample(checks.integer("batch_size", batch_size, low=1), True,
-                                 checks.number("beta", beta, low=0.0), checks.seconds("timeout", timeout), out,
-                                 False, self._float32_weights)
+        if not (type(batch_size) is int and batch_size >= 1 and type(beta) is float and 0.0 <= beta <= _MAX_BETA
+                and timeout is None):  # the learner's usual call skips the checks it would pass
+            batch_size = checks.integer("batch_size", batch_size, low=1)
+            beta, timeout = checks.number("beta", beta, low=0.0), checks.seconds("timeout", timeout)
+        return self._ring.sample(batch_size, True, beta, timeout, out, False, self._float32_weights)
 
     def batches(self, batch_size: int, beta: float = 0.4, *, prefetch: int = 2, timeout: float | None = None,
                 as_torch: bool = False) -> Prefetcher:
