@@ -34,7 +34,7 @@ from ._ext.slots import Slots, recover
 from ._ext.schema import INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED
 from ._ext.processes import process_token
 from ._ext.schema import MANIFEST_ARRAY, MEMBERS_ARRAY, TORN, TREE_ARRAY, WRITERS_ARRAY, field_array, segment_arrays
-from ._ext.schema import SEQUENCE_STEPS_ARRAY
+from ._ext.schema import EPISODE_STEP_ARRAY, SEQUENCE_STEPS_ARRAY
 from ._ext.sequences import Sequences
 from ._ext.selector import Selector
 from ._ext.sumtree import PriorityTree, tree_buffer_size
@@ -189,8 +189,11 @@ class ReplayBuffer:
         gate = Gate(self._header, arrays["limits"], self._make_lock(create))
         slots = Slots(self._header, self._lanes, self._generation, arrays["owner"], arrays["state"],
                       arrays[WRITERS_ARRAY], self._selector, self._frames, self._sequences)
-        self._ring = Ring(self._header, gate, slots, self._selector, list(self._fields.items()), rng, self._frames,
-                          outputs, self._sequences)
+        # A sequence's samples also carry each step's index in its episode.
+        sampled = list(self._fields.items()) + ([] if self._sequences is None
+                                                 else [(EPISODE_STEP_ARRAY, arrays[EPISODE_STEP_ARRAY])])
+        self._ring = Ring(self._header, gate, slots, self._selector, sampled, rng, self._frames, outputs,
+                          self._sequences)
         self._writer = None if c is None else FrameWriter(c, self._specs, self._ring, arrays)
         if self._sequence is not None:
             self._writer = SequenceWriter(self._sequence, self._writer, self._ring,

@@ -5,8 +5,9 @@ lane of its own; every ``period`` steps a sequence of ``length`` steps starts, a
 it becomes sampleable once its last step is stored (with ``pad_end``, an
 episode's end also keeps a shorter final sequence, padded).  ``sample`` returns
 every field as ``(batch, length, ...)`` with a boolean ``mask`` (False on padding,
-whose values are zeros), the sequences' ``indexes`` and, prioritized, their
-importance ``weights``.  Each sequence is one item of the selector: prioritized
+whose values are zeros), ``episode_step`` (each step's index in its episode: a
+sequence whose first is 0 starts its episode, so its zero initial state is exact),
+the sequences' ``indexes`` and, prioritized, their importance ``weights``.  Each sequence is one item of the selector: prioritized
 buffers draw it in proportion to its priority ** alpha.
 
 Recurrent state is a field like any other: store the state each step started

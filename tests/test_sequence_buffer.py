@@ -465,3 +465,12 @@ def test_launched_actors_and_learner_share_a_sequence_buffer(method):
     with MPSequenceReplayBuffer(2000, ENV, length=4, lanes=2) as rb:
         result = launch(rb, actors=(_launched_actor, 2), learner=_launched_learner, start_method=method)
         assert result.reason == "learner" and result.value > 0
+
+
+def test_a_sample_carries_each_steps_index_in_its_episode():
+    rb = SequenceReplayBuffer(64, ENV, length=4, period=2)
+    _fill(rb, [5])
+    b = rb.sample(200)
+    for steps, obs, mask in zip(b["episode_step"], b["obs"], b["mask"]):
+        assert steps[mask].tolist() == obs[mask][:, 1].astype(int).tolist()
+        assert not steps[~mask].any()
