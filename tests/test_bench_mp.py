@@ -32,9 +32,19 @@ class Run:
     stderr: str
 
 
-def _start(method: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "mpreplay", "bench", "mp", "--quick", "--start-method", method],
+def _start(method: str, *options: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "mpreplay", "bench", "mp", "--quick", "--start-method", method,
+                             *options],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float) -> Run:
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+        proc.wait()
+    return Run(proc.pid, proc.returncode, stdout, stderr)
 
 
 def _segments(pid: int) -> list[str]:
@@ -71,13 +81,7 @@ def _cells(stdout: str) -> list[list[str]]:
 
 @pytest.fixture(scope="module", params=START_METHODS)
 def quick_run(request) -> Run:
-    proc = _start(request.param)
-    try:
-        stdout, stderr = proc.communicate(timeout=100)
-    finally:
-        proc.kill()
-        proc.wait()
-    return Run(proc.pid, proc.returncode, stdout, stderr)
+    return _finish(_start(request.param), 100)
 
 
 @pytest.mark.timeout(120)
@@ -139,14 +143,7 @@ def test_ctrl_c_stops_every_process_and_unlinks_every_segment(method):
 
 @pytest.fixture(scope="module")
 def atari_scale_run() -> Run:
-    proc = subprocess.Popen([sys.executable, "-m", "mpreplay", "bench", "mp", "--atari-scale", "--quick"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=150)
-    finally:
-        proc.kill()
-        proc.wait()
-    return Run(proc.pid, proc.returncode, stdout, stderr)
+    return _finish(_start("fork", "--atari-scale"), 150)
 
 
 @pytest.mark.timeout(180)
