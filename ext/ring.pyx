@@ -811,7 +811,7 @@ cdef class Ring:
         return 0
 
     def sample(self, Py_ssize_t batch_size, bint stratified, double beta=-1.0, timeout=None, dict out=None,
-               bint leaves=False, bint float32_weights=False):
+               bint leaves=False, bint float32_weights=False, bint uint64_indexes=False):
         """Draw ``batch_size`` rows.
 
         Returns a dict of field arrays plus ``indexes`` and, when
@@ -822,6 +822,7 @@ cdef class Ring:
         (reusing memory spares the page faults of fresh allocations);
         ``float32_weights`` hands the weights out as float32.  Waits at most ``timeout`` seconds (None: no limit) while the rate
         limiter holds samples back, then raises TimeoutError.
+        ``uint64_indexes`` hands the indexes out as uint64 (cpprb's convention).
         """
         cdef Py_ssize_t b = batch_size, j, ntorn, rounds = 0
         cdef double vmin, deadline = deadline_of(timeout)
@@ -857,7 +858,7 @@ cdef class Ring:
             result[self._frame_outputs[o][0]] = outs[self._nfields + o]
         if self._sequences is not None:
             result["mask"] = outs[len(outs) - 1]
-        result["indexes"] = d.slots
+        result["indexes"] = d.slots.view(np.uint64) if uint64_indexes else d.slots
         if leaves:
             result["leaf"] = d.values
             result["tags"] = (d.gens >> np.uint64(1)).astype(np.int64)

@@ -517,8 +517,8 @@ _BAD_FOR_PRIORITIZED_BUFFER = [
     pytest.param(lambda b: b.add(**_row(0), priorities=-0.5), ValueError, "priorities", id="add-negative-priority"),
     pytest.param(lambda b: b.add(**_rows(0, 3), priorities=[1.0, 2.0]), ValueError, "priorities",
                  id="add-too-few-priorities"),
-    pytest.param(lambda b: b.add(**_rows(0, 2), priorities=[[1.0, 2.0]]), ValueError, "priorities",
-                 id="add-priorities-2d"),
+    pytest.param(lambda b: b.add(**_rows(0, 2), priorities=[[1.0, 2.0], [3.0, 4.0]]), ValueError, "priorities",
+                 id="add-priorities-2d-too-many"),
     pytest.param(lambda b: b.add(**_row(0), priorities="high"), TypeError, "priorities", id="add-priority-string"),
     pytest.param(lambda b: b.add(**_rows(0, 6), priorities=[1.0] * 5 + [math.nan]), ValueError, "priorities",
                  id="add-wrapping-batch-bad-last-priority"),
@@ -532,7 +532,7 @@ _BAD_FOR_PRIORITIZED_BUFFER = [
     pytest.param(lambda b: b.update_priorities([0, 8], [1.0, 2.0]), ValueError, "indexes", id="update-index-capacity"),
     pytest.param(lambda b: b.update_priorities([-1], [1.0]), ValueError, "indexes", id="update-index-negative"),
     pytest.param(lambda b: b.update_priorities([2**40], [1.0]), ValueError, "indexes", id="update-index-huge"),
-    pytest.param(lambda b: b.update_priorities([0.0, 1.0], [1.0, 2.0]), TypeError, "indexes", id="update-float-index"),
+    pytest.param(lambda b: b.update_priorities([0.0, 1.5], [1.0, 2.0]), ValueError, "indexes", id="update-fractional-index"),
     pytest.param(lambda b: b.update_priorities([[0, 1]], [1.0, 2.0]), ValueError, "indexes", id="update-index-2d"),
     pytest.param(lambda b: b.sample(2, beta=-0.1), ValueError, "beta", id="sample-beta-negative"),
     pytest.param(lambda b: b.sample(2, beta=math.nan), ValueError, "beta", id="sample-beta-nan"),
@@ -806,6 +806,31 @@ def test_by_default_new_rows_get_the_largest_priority_stored_now():
 def test_an_unknown_new_priority_rule_is_refused_by_name():
     with pytest.raises(ValueError, match="new_priority: expected one of 'max_stored', 'max_ever', got 'max'"):
         PrioritizedReplayBuffer(4, {"x": {}}, new_priority="max")
+
+
+def test_weights_dtype_float32_gives_float32_weights_of_the_same_values():
+    wide = PrioritizedReplayBuffer(8, {"x": {}}, seed=3)
+    narrow = PrioritizedReplayBuffer(8, {"x": {}}, seed=3, weights_dtype=np.float32)
+    for rb in (wide, narrow):
+        rb.add(x=np.arange(8.0), priorities=np.arange(1.0, 9.0))
+    w64, w32 = wide.sample(16)["weights"], narrow.sample(16)["weights"]
+    assert w32.dtype == np.float32 and w32.tolist() == w64.astype(np.float32).tolist()
+
+
+def test_indexes_dtype_uint64_gives_uint64_indexes_that_update_priorities_takes():
+    rb = PrioritizedReplayBuffer(8, {"x": {}}, alpha=1.0, eps=0.0, indexes_dtype=np.uint64)
+    rb.add(x=np.arange(8.0))
+    idx = rb.sample(4)["indexes"]
+    assert idx.dtype == np.uint64
+    rb.update_priorities(idx, np.full(4, 3.0))
+    assert rb.get_max_priority() == 3.0
+
+
+@pytest.mark.parametrize("option, value", [("weights_dtype", np.int32), ("indexes_dtype", np.int32),
+                                           ("indexes_dtype", "not a dtype")])
+def test_an_unsupported_sample_dtype_is_refused_by_name(option, value):
+    with pytest.raises(ValueError, match=f"{option}: expected one of the dtypes"):
+        PrioritizedReplayBuffer(4, {"x": {}}, **{option: value})
 
 
 def test_mmap_prefix_keeps_every_array_in_a_file_and_the_data_survives_close(tmp_path):
