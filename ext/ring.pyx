@@ -112,6 +112,13 @@ cdef object _checked_out(object arr, str name, tuple shape, object dtype):
     return arr
 
 
+cdef inline bint _is_vector(object arr, int typenum):
+    # A 1-D C-contiguous aligned array of native `typenum` (read-only allowed).
+    return (cnp.PyArray_Check(arr) and cnp.PyArray_NDIM(<cnp.ndarray>arr) == 1
+            and cnp.PyArray_TYPE(<cnp.ndarray>arr) == typenum and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>arr)
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>arr))
+
+
 cdef enum:
     # The dimensions of a sample output: a row's (numpy 1 allows 32) after the lead (rows, steps).
     MAX_OUTPUT_DIMS = 34
@@ -926,20 +933,27 @@ cdef class Ring:
         """The largest priority :meth:`check_priorities` and :meth:`update` accept."""
         return self._selector.max_priority
 
+    cdef Py_ssize_t _bad_priority(self, const double* priorities, Py_ssize_t n) noexcept nogil:
+        # The first position whose priority is not finite, >= 0 and at most max_priority, or -1.
+        cdef Py_ssize_t j
+        for j in range(n):
+            if not (priorities[j] >= 0.0 and priorities[j] <= self._selector.max_priority):
+                return j
+        return -1
+
+    cdef int _raise_bad_priority(self, const double* priorities, Py_ssize_t bad) except -1:
+        raise ValueError(f"priorities: expected finite values in [0, {self._selector.max_priority:.3g}], "
+                         f"got {priorities[bad]!r} at position {bad}")
+
     def check_priorities(self, const double[::1] priorities not None):
         """Raise ValueError unless every priority is finite, >= 0 and small
         enough that no sum of leaf weights can overflow."""
-        cdef Py_ssize_t j, bad = -1
-        cdef double p
-        with nogil:
-            for j in range(priorities.shape[0]):
-                p = priorities[j]
-                if not (p >= 0.0 and p <= self._selector.max_priority):
-                    bad = j
-                    break
+        cdef Py_ssize_t bad = -1
+        if priorities.shape[0]:
+            with nogil:
+                bad = self._bad_priority(&priorities[0], priorities.shape[0])
         if bad >= 0:
-            raise ValueError(f"priorities: expected finite values in [0, {self._selector.max_priority:.3g}], "
-                             f"got {priorities[bad]!r} at position {bad}")
+            self._raise_bad_priority(&priorities[0], bad)
 
     def tags(self, const int64_t[::1] slots not None):
         """The slot tags of ``slots`` now (see :meth:`sample`), -1 where a writer holds the slot."""
@@ -954,47 +968,56 @@ cdef class Ring:
             op[j] = -1 if being_written(g) else <int64_t>(g >> 1)
         return out
 
-    def update(self, const int64_t[::1] slots not None, const double[::1] priorities not None):
+    def update(self, object slots, object priorities):
         """Set priorities of sampled slots; returns how many updates were dropped as stale.
 
+        ``slots`` and ``priorities`` are what :meth:`sample` hands out: a 1-D
+        C-contiguous int64 array and a float64 one as long.  Anything else
+        returns -1 and changes nothing: the caller converts it and calls again.
         Raises ValueError (changing nothing) for a slot outside the stored
         range or a bad priority.  An update whose slot was overwritten since
         this process sampled it, or is being written now, is dropped.
         """
-        cdef Py_ssize_t k = slots.shape[0], j, s, stale = 0, bad = -1
+        cdef Py_ssize_t k, j, s, stale = 0, bad_slot = -1, bad_priority = -1
         cdef uint64_t g, rec
-        cdef uint64_t* record = NULL
-        if priorities.shape[0] != k:
-            raise ValueError(f"priorities: expected {k} values (one per index), got {priorities.shape[0]}")
-        with nogil:
-            for j in range(k):
-                if not (0 <= slots[j] < self.size and self._slots.gen[slots[j]] != 0):
-                    bad = j
-                    break
-        if bad >= 0:
-            raise ValueError(f"indexes: expected slots that hold transitions (0 <= slot < {self.size}, "
-                             f"written at least once), got {slots[bad]} at position {bad}")
-        self.check_priorities(priorities)
-        if self._sampled is not None:
-            record = <uint64_t*>cnp.PyArray_DATA(<cnp.ndarray>self._sampled)
+        cdef const int64_t* sp
+        cdef const double* pp
+        if not (_is_vector(slots, cnp.NPY_INT64) and _is_vector(priorities, cnp.NPY_FLOAT64)
+                and cnp.PyArray_DIM(<cnp.ndarray>slots, 0) == cnp.PyArray_DIM(<cnp.ndarray>priorities, 0)):
+            return -1
+        k = cnp.PyArray_DIM(<cnp.ndarray>slots, 0)
+        sp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>slots)
+        pp = <const double*>cnp.PyArray_DATA(<cnp.ndarray>priorities)
         self._gate.acquire()
         try:
             with nogil:
+                # Checked under the lock, in the one pass before the first change.
                 for j in range(k):
-                    s = slots[j]
-                    g = self._slots.gen[s]
-                    rec = record[s] if record != NULL else NOT_SAMPLED
-                    if (self._slots.state[s] == COMPLETE and (rec == NOT_SAMPLED or rec == g)
-                            and (self._sequences is None or self._sequences.steps(s) > 0)):
-                        self._selector.set(s, priorities[j])
-                        fault(F_UPDATE)
-                    else:
-                        stale += 1
-                if k:
-                    self._selector.fix_each(&slots[0], k)
-                self._header[STALE] += stale
+                    if not (0 <= sp[j] < self.size and self._slots.gen[sp[j]] != 0):
+                        bad_slot = j
+                        break
+                bad_priority = self._bad_priority(pp, k)
+                if bad_slot < 0 and bad_priority < 0:
+                    for j in range(k):
+                        s = sp[j]
+                        g = self._slots.gen[s]
+                        rec = self._record[s] if self._record != NULL else NOT_SAMPLED
+                        if (self._slots.state[s] == COMPLETE and (rec == NOT_SAMPLED or rec == g)
+                                and (self._sequences is None or self._sequences.steps(s) > 0)):
+                            self._selector.set(s, pp[j])
+                            fault(F_UPDATE)
+                        else:
+                            stale += 1
+                    if k:
+                        self._selector.fix_each(sp, k)
+                    self._header[STALE] += stale
         finally:
             self._gate.release()
+        if bad_slot >= 0:
+            raise ValueError(f"indexes: expected slots that hold transitions (0 <= slot < {self.size}, "
+                             f"written at least once), got {sp[bad_slot]} at position {bad_slot}")
+        if bad_priority >= 0:
+            self._raise_bad_priority(pp, bad_priority)
         return stale
 
     def open_sequences(self, const int64_t[::1] slots not None, const uint64_t[::1] generations not None,

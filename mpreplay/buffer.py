@@ -774,8 +774,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         An update whose slot was overwritten since this process sampled it is
         dropped (counted in ``stats()["stale_updates_dropped"]``).
         """
-        idx = checks.indexes("indexes", indexes)
-        self._ring.update(idx, checks.priorities("priorities", priorities, len(idx), max_priority=None))
+        if self._ring.update(indexes, priorities) < 0:
+            # Not the int64 and float64 arrays sample() hands out (a list, a tensor, other
+            # dtypes, lengths that differ): converted and checked, they are.
+            idx = checks.indexes("indexes", indexes)
+            self._ring.update(idx, checks.priorities("priorities", priorities, len(idx), max_priority=None))
 
 
 def _attach(cls: type, config: dict[str, Any], name: str) -> "ReplayBuffer":
