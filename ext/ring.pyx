@@ -21,7 +21,8 @@ from cpython.pycapsule cimport PyCapsule_GetPointer
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.dict cimport PyDict_GetItem, PyDict_Size
-from cpython.ref cimport PyObject
+from cpython.list cimport PyList_GET_ITEM
+from cpython.ref cimport Py_REFCNT, PyObject
 
 cimport numpy as cnp
 from numpy.random cimport bitgen_t
@@ -120,6 +121,13 @@ cdef inline bint _is_vector(object arr, int typenum):
 
 
 cdef enum:
+    # Fresh batches kept for reuse once their caller let go of them (see Ring._take_spare): a
+    # loop holds the batch it trains on while it draws the next, so the one before is free.
+    SPARE_BATCHES = 2
+    SPARE_MAX_BYTES = 65536  # larger batches are not kept: their copies dwarf an allocation
+
+
+cdef enum:
     # The dimensions of a sample output: a row's (numpy 1 allows 32) after the lead (rows, steps).
     MAX_OUTPUT_DIMS = 34
 
@@ -204,6 +212,8 @@ cdef class Ring:
     cdef Py_ssize_t* _out_step_bytes  # per output: the bytes of one row (of a sequence: of one step)
     cdef Py_ssize_t _frame_keys[MAX_FRAME_OUTPUTS]  # per compressed observation: its key
     cdef bint _frame_next[MAX_FRAME_OUTPUTS]        # per compressed observation: of the next slot
+    cdef Py_ssize_t _batch_row_bytes                # what one row of a fresh batch holds, indexes and weights too
+    cdef list _spares                               # SPARE_BATCHES batches' arrays (see _take_spare), or None
     cdef uint8_t** _dst
     cdef uint8_t** _stage
     cdef const uint8_t** _src    # per field, during add_one: the row to copy (a caller's array or the stage)
@@ -304,6 +314,10 @@ cdef class Ring:
             self._out_step_bytes[i] = int(np.prod(shape, dtype=np.int64)) * self._out_dtypes[i].itemsize
         for o, (_, key, nxt, _, _) in enumerate(self._frame_outputs):
             self._frame_keys[o], self._frame_next[o] = key, nxt
+        self._batch_row_bytes = 2 * sizeof(double)
+        for i in range(n):
+            self._batch_row_bytes += self._out_step_bytes[i] * self._length
+        self._spares = [None] * SPARE_BATCHES
         return 0
 
     def __dealloc__(self):
@@ -709,9 +723,50 @@ cdef class Ring:
                 u = self._frames._nxt[d.sp[r]] if self._frame_next[o] else d.sp[r]
                 self._frames.rebuild(self._frame_keys[o], u, d.dst[nf + o] + r * self._out_step_bytes[nf + o])
 
-    cdef int _outputs(self, Py_ssize_t b, dict out, dict result, uint8_t** dst) except -1:
-        # Put the arrays a batch of b rows is copied into in `result` (fresh ones, or
-        # the caller's from `out`, checked) and where each one's rows go in `dst`.
+    cdef list _take_spare(self, Py_ssize_t b, bint weights):
+        # The arrays of an earlier fresh batch of b rows (outputs, indexes, with
+        # `weights` the weights) that nobody but this table holds any more: filling them
+        # again is invisible to everyone and spares the allocations.  Taken out of
+        # _spares with the GIL held throughout, so two threads never take the same.
+        cdef Py_ssize_t k, i, n = self._nout + 1 + weights
+        cdef cnp.npy_intp dims[MAX_OUTPUT_DIMS]
+        cdef list arrays
+        cdef PyObject* arr
+        for k in range(SPARE_BATCHES):
+            arrays = <list>self._spares[k]
+            if arrays is None or len(arrays) != n:
+                continue
+            for i in range(n):
+                arr = PyList_GET_ITEM(arrays, i)
+                if Py_REFCNT(<object>arr) != 1:
+                    break
+                if i < self._nout:
+                    memcpy(dims, self._out_dims + i * MAX_OUTPUT_DIMS, self._out_nd[i] * sizeof(cnp.npy_intp))
+                    dims[0] = b
+                    if not self._fits(<object>arr, i, self._out_nd[i], dims):
+                        break
+                elif not (_is_vector(<object>arr, cnp.NPY_INT64 if i == self._nout else cnp.NPY_FLOAT64)
+                          and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>arr) and cnp.PyArray_DIM(<cnp.ndarray>arr, 0) == b):
+                    break
+            else:
+                self._spares[k] = None
+                return arrays
+        return None
+
+    cdef int _keep_spare(self, list arrays) except -1:
+        # Keep a fresh batch's arrays for _take_spare: in a free place, else instead of the oldest.
+        cdef Py_ssize_t k
+        for k in range(SPARE_BATCHES):
+            if self._spares[k] is None:
+                self._spares[k] = arrays
+                return 0
+        self._spares.pop(0)
+        self._spares.append(arrays)
+        return 0
+
+    cdef int _outputs(self, Py_ssize_t b, dict out, list spare, dict result, uint8_t** dst) except -1:
+        # Put the arrays a batch of b rows is copied into in `result` (fresh ones, a spare
+        # batch's, or the caller's from `out`, checked) and where each one's rows go in `dst`.
         cdef Py_ssize_t i, nd
         cdef cnp.npy_intp dims[MAX_OUTPUT_DIMS]
         cdef PyObject* given
@@ -721,7 +776,9 @@ cdef class Ring:
             memcpy(dims, self._out_dims + i * MAX_OUTPUT_DIMS, nd * sizeof(cnp.npy_intp))
             dims[0] = b
             given = NULL if out is None else PyDict_GetItem(out, name)
-            if given == NULL:
+            if spare is not None:
+                arr = spare[i]
+            elif given == NULL:
                 arr = cnp.PyArray_EMPTY(nd, dims, self._out_typenums[i], 0)
             elif self._fits(<object>given, i, nd, dims):
                 arr = <object>given
@@ -876,14 +933,23 @@ cdef class Ring:
         if b < 1:
             raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size}")
         cdef dict result = {}
-        cdef cnp.ndarray indexes = cnp.PyArray_EMPTY(1, &nb, cnp.NPY_INT64, 0)
-        cdef cnp.ndarray values = (cnp.PyArray_EMPTY(1, &nb, cnp.NPY_FLOAT64, 0)
-                                   if leaves or (beta >= 0.0 and not float32_weights) else None)
+        cdef cnp.ndarray indexes, values = None
+        # Small fresh batches of the common kinds are reused once their caller let go of them.
+        cdef bint reuse = out is None and not (leaves or float32_weights) and b * self._batch_row_bytes <= SPARE_MAX_BYTES
+        cdef list spare = self._take_spare(b, beta >= 0.0) if reuse else None
+        if spare is not None:
+            indexes = spare[self._nout]
+            if beta >= 0.0:
+                values = spare[self._nout + 1]
+        else:
+            indexes = cnp.PyArray_EMPTY(1, &nb, cnp.NPY_INT64, 0)
+            if leaves or (beta >= 0.0 and not float32_weights):
+                values = cnp.PyArray_EMPTY(1, &nb, cnp.NPY_FLOAT64, 0)
         block = _draws_block(&d, b, 2 * self._frames.max_stack if self._frames is not None else 0, self._length,
                              self._nout, <int64_t*>cnp.PyArray_DATA(indexes),
                              NULL if values is None else <double*>cnp.PyArray_DATA(values))
         try:
-            self._outputs(b, out, result, d.dst)  # a bad `out` raises before anything is drawn
+            self._outputs(b, out, spare, result, d.dst)  # a bad `out` raises before anything is drawn
             self._gate.check_sample(b)
             vmin = self._draw_batch(&d, stratified, deadline)
             with nogil:
@@ -926,6 +992,10 @@ cdef class Ring:
                     result["weights"] = values
         finally:
             free(block)
+        if reuse:
+            if spare is None:
+                spare = list(result.values())
+            self._keep_spare(spare)
         return result
 
     @property

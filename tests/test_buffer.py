@@ -688,6 +688,41 @@ def test_update_priorities_converts_other_integers_and_numbers(indexes, prioriti
     np.testing.assert_array_equal(_priorities_of(buffer)[[3, 6]], [7.0, 9.0])
 
 
+@BOTH
+def test_a_batch_the_caller_still_holds_is_never_refilled(cls):
+    buffer = _filled(cls)
+    held = [buffer.sample(4) for _ in range(6)]
+    copies = [{name: array.copy() for name, array in batch.items()} for batch in held]
+    for _ in range(10):
+        buffer.sample(4)
+    for batch, copy in zip(held, copies):
+        for name in copy:
+            np.testing.assert_array_equal(batch[name], copy[name])
+
+
+@BOTH
+def test_a_view_of_a_dropped_batch_keeps_its_rows(cls):
+    buffer = _filled(cls)
+    view = buffer.sample(4)["obs"][1:]
+    kept = view.copy()
+    for _ in range(10):
+        buffer.sample(4)
+    np.testing.assert_array_equal(view, kept)
+
+
+@BOTH
+def test_a_dropped_batch_reshaped_in_place_does_not_change_later_batches(cls):
+    buffer = _filled(cls)
+    for _ in range(3):
+        batch = buffer.sample(4)
+        batch["obs"].shape = (2, 6)
+        batch["act"].dtype = np.uint64
+        del batch
+    batch = buffer.sample(4)
+    assert batch["obs"].shape == (4, 3) and batch["act"].dtype == np.int64
+    _is_transition(batch, batch["act"])  # act holds each row's number
+
+
 # -- what a sharded client reads ------------------------------------------------------------------
 
 def test_sample_leaves_gives_each_rows_leaf_weight():
