@@ -201,7 +201,7 @@ cdef class Ring:
     cdef Slots _slots
     cdef Selector _selector
     cdef readonly Py_ssize_t size
-    cdef list _names, _shapes, _stages
+    cdef list _names, _stages
     cdef Py_ssize_t _nfields
     # Sample outputs: the fields, the compressed observations, (sequence tables) the mask.
     cdef Py_ssize_t _nout
@@ -258,7 +258,7 @@ cdef class Ring:
         self._selector = selector
         self.size = slots.size
         self._nfields = n
-        self._names, self._shapes, self._stages = [], [], []
+        self._names, self._stages = [], []
         self._dst = <uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
         self._stage = <uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
         self._src = <const uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
@@ -274,7 +274,6 @@ cdef class Ring:
                 raise ValueError(f"field {name!r}: expected a C-contiguous array of {self.size} rows")
             stage = np.zeros(arr.shape[1:], dtype=arr.dtype)
             self._names.append(name)
-            self._shapes.append(arr.shape[1:])
             self._stages.append(stage)
             self._dst[i] = <uint8_t*>cnp.PyArray_DATA(arr)
             self._stage[i] = <uint8_t*>cnp.PyArray_DATA(stage)
@@ -578,17 +577,17 @@ cdef class Ring:
         cdef long long x
         cdef double x64
         cdef Kind kind = self._kinds[i]
-        cdef tuple shape
+        cdef Py_ssize_t nd = self._out_nd[i] - 1  # a row's dimensions (add_one writes transitions)
+        cdef const cnp.npy_intp* dims = self._out_dims + i * MAX_OUTPUT_DIMS + 1
         if cnp.PyArray_CheckExact(value):
             arr = <cnp.ndarray>value
-            shape = self._shapes[i]
             if not cnp.PyArray_ISCARRAY_RO(arr) or not cnp.PyArray_ISNOTSWAPPED(arr):
                 return False
             if not (cnp.PyArray_NDIM(arr) == 0 and self._one[i]):  # a 0-d array fills a (1,) field
-                if cnp.PyArray_NDIM(arr) != len(shape):
+                if cnp.PyArray_NDIM(arr) != nd:
                     return False
-                for d in range(len(shape)):
-                    if cnp.PyArray_DIM(arr, d) != <Py_ssize_t>shape[d]:
+                for d in range(nd):
+                    if cnp.PyArray_DIM(arr, d) != dims[d]:
                         return False
             if cnp.PyArray_TYPE(arr) == self._typenums[i]:
                 # Copied straight from the caller's array once the slot is reserved.
@@ -601,7 +600,7 @@ cdef class Ring:
                 return _narrow_to_float(<const double*>cnp.PyArray_DATA(arr), <float*>self._stage[i],
                                         cnp.PyArray_SIZE(arr))
             return False
-        if not (self._one[i] or len(<tuple>self._shapes[i]) == 0):  # a number fills a field of one element
+        if not (self._one[i] or nd == 0):  # a number fills a field of one element
             return False
         self._src[i] = self._stage[i]
         if PyFloat_CheckExact(value):
@@ -632,14 +631,12 @@ cdef class Ring:
         cdef uint64_t reserved
         cdef bint wake
         cdef double deadline
-        if PyDict_Size(values) != self._nfields:
+        if self._frames is not None or self._sequences is not None or PyDict_Size(values) != self._nfields:
             return -1
         for i in range(self._nfields):
             item = PyDict_GetItem(values, self._names[i])
             if item == NULL or not self._stage_value(i, <object>item):
                 return -1
-        if self._frames is not None or self._sequences is not None:
-            return -1
         deadline = deadline_of(timeout)
         slot = self._reserve_waiting(1, &reserved, True, deadline, 0)
         for i in range(self._nfields):
