@@ -769,13 +769,15 @@ cdef class Ring:
         cdef PyObject* given
         for i in range(self._nout):
             name = self._out_names[i]
+            if spare is not None:
+                result[name] = arr = spare[i]
+                dst[i] = <uint8_t*>cnp.PyArray_DATA(arr)
+                continue
             nd = self._out_nd[i]
             memcpy(dims, self._out_dims + i * MAX_OUTPUT_DIMS, nd * sizeof(cnp.npy_intp))
             dims[0] = b
             given = NULL if out is None else PyDict_GetItem(out, name)
-            if spare is not None:
-                arr = spare[i]
-            elif given == NULL:
+            if given == NULL:
                 arr = cnp.PyArray_EMPTY(nd, dims, self._out_typenums[i], 0)
             elif self._fits(<object>given, i, nd, dims):
                 arr = <object>given
@@ -793,7 +795,7 @@ cdef class Ring:
             return False
         a = <cnp.ndarray>arr
         if not (cnp.PyArray_NDIM(a) == nd and cnp.PyArray_ISCARRAY(a)
-                and cnp.PyArray_EquivTypes(a.descr, self._out_dtypes[i])):
+                and (a.descr is self._out_dtypes[i] or cnp.PyArray_EquivTypes(a.descr, self._out_dtypes[i]))):
             return False
         for j in range(nd):
             if cnp.PyArray_DIM(a, j) != dims[j]:
