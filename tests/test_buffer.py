@@ -688,6 +688,12 @@ def test_update_priorities_converts_other_integers_and_numbers(indexes, prioriti
     np.testing.assert_array_equal(_priorities_of(buffer)[[3, 6]], [7.0, 9.0])
 
 
+def test_update_priorities_takes_unaligned_arrays(unaligned):
+    buffer = _filled(PrioritizedReplayBuffer)
+    buffer.update_priorities(unaligned(np.array([3, 6])), unaligned(np.array([7.0, 9.0])))
+    np.testing.assert_array_equal(_priorities_of(buffer)[[3, 6]], [7.0, 9.0])
+
+
 @BOTH
 def test_a_batch_the_caller_still_holds_is_never_refilled(cls):
     buffer = _filled(cls)
