@@ -56,6 +56,7 @@ cdef class FramePlan:
 
     cdef _init(self, FramePlanner planner, Py_ssize_t rows, Py_ssize_t earlier)
     cdef Observation _next_of(self, Py_ssize_t o, Py_ssize_t q) noexcept nogil
+    cdef int64_t item_of(self, Py_ssize_t row) noexcept nogil
     cdef int64_t _position(self, Py_ssize_t o, int64_t base) noexcept nogil
 
 
@@ -80,9 +81,9 @@ cdef class Episode:
     cdef double* _priority             # its priority once complete (NaN: the largest stored)
     cdef uint8_t** _next               # (capacity, keys): its next observations (NULL: not allocated yet)
     cdef bint* _next_planar
-    cdef int64_t* _done_slot           # scratch of publication(): the waiting rows completed,
-    cdef uint64_t* _done_gen
-    cdef double* _done_priority
+    cdef int64_t* done_slots           # what settle() leaves: the earlier waiting rows it completes,
+    cdef uint64_t* done_generations
+    cdef double* done_priorities
     # The buffer's arrays the writer writes.
     cdef Py_ssize_t _size
     cdef uint8_t** _frames             # per key: (size, frame bytes)

@@ -416,6 +416,10 @@ cdef class FramePlan:
             memcpy(cnp.PyArray_DATA(out), self._row_item, n * sizeof(int64_t))
         return out
 
+    cdef int64_t item_of(self, Py_ssize_t row) noexcept nogil:
+        # The item of a row.
+        return self._row_item[row]
+
     cdef Observation _next_of(self, Py_ssize_t o, Py_ssize_t q) noexcept nogil:
         # The next observation of key q of pending ordinal o.
         if o < self._earlier:
@@ -451,9 +455,9 @@ cdef class Episode:
     def __cinit__(self):
         self._last = self._next = self._frames = NULL
         self._last_planar = self._next_planar = NULL
-        self._slot = self._position = self._done_slot = self._nxt = NULL
-        self._gen = self._done_gen = NULL
-        self._priority = self._done_priority = NULL
+        self._slot = self._position = self.done_slots = self._nxt = NULL
+        self._gen = self.done_generations = NULL
+        self._priority = self.done_priorities = NULL
         self._depth = NULL
         self._key_types = NULL
         self._step_obs = self._step_next = NULL
@@ -483,12 +487,12 @@ cdef class Episode:
         self._position = <int64_t*>calloc(cap, sizeof(int64_t))
         self._gen = <uint64_t*>calloc(cap, sizeof(uint64_t))
         self._priority = <double*>calloc(cap, sizeof(double))
-        self._done_slot = <int64_t*>calloc(cap, sizeof(int64_t))
-        self._done_gen = <uint64_t*>calloc(cap, sizeof(uint64_t))
-        self._done_priority = <double*>calloc(cap, sizeof(double))
+        self.done_slots = <int64_t*>calloc(cap, sizeof(int64_t))
+        self.done_generations = <uint64_t*>calloc(cap, sizeof(uint64_t))
+        self.done_priorities = <double*>calloc(cap, sizeof(double))
         if not (self._last and self._last_planar and self._frames and self._key_types and self._step_obs
                 and self._step_next and self._next and self._next_planar and self._slot and self._position
-                and self._gen and self._priority and self._done_slot and self._done_gen and self._done_priority):
+                and self._gen and self._priority and self.done_slots and self.done_generations and self.done_priorities):
             raise MemoryError()
         for q in range(nk):
             self._frames[q] = <uint8_t*>_data(frames[q], self._size * (planner._row_bytes[q] // planner._stack[q]),
@@ -524,9 +528,9 @@ cdef class Episode:
         free(self._position)
         free(self._gen)
         free(self._priority)
-        free(self._done_slot)
-        free(self._done_gen)
-        free(self._done_priority)
+        free(self.done_slots)
+        free(self.done_generations)
+        free(self.done_priorities)
 
     # -- one step -----------------------------------------------------------------
     cdef bint take_step(self, dict values) except -1:
@@ -669,16 +673,16 @@ cdef class Episode:
         generations = cnp.PyArray_EMPTY(1, &n, cnp.NPY_UINT64, 0)
         complete_priority = cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT64, 0)
         if done:
-            memcpy(cnp.PyArray_DATA(complete), self._done_slot, done * sizeof(int64_t))
-            memcpy(cnp.PyArray_DATA(generations), self._done_gen, done * sizeof(uint64_t))
-            memcpy(cnp.PyArray_DATA(complete_priority), self._done_priority, done * sizeof(double))
+            memcpy(cnp.PyArray_DATA(complete), self.done_slots, done * sizeof(int64_t))
+            memcpy(cnp.PyArray_DATA(generations), self.done_generations, done * sizeof(uint64_t))
+            memcpy(cnp.PyArray_DATA(complete_priority), self.done_priorities, done * sizeof(double))
         return states, (item_priority if priorities is not None else None), complete, generations, complete_priority
 
     cdef Py_ssize_t settle(self, FramePlan p, const int64_t* slot, const double* row_priority, uint8_t* states,
                            double* item_priority) noexcept nogil:
         # Point every waiting row p resolves at the slot of its next frame; per item its state
         # and priority (row_priority: per row, NULL: the largest stored).  The earlier calls'
-        # rows it completes go to the _done_ scratch; returns how many.
+        # rows it completes go to done_slots, done_generations and done_priorities; returns how many.
         cdef Py_ssize_t j, o, done = 0
         cdef int64_t row
         for j in range(p.items):
@@ -694,8 +698,8 @@ cdef class Episode:
             # WAITING rows are published, but nobody reads their nxt before they complete.
             if o < p._earlier:
                 self._nxt[self._slot[o]] = slot[p._resolved_item[o]]
-                self._done_slot[done], self._done_gen[done] = self._slot[o], self._gen[o]
-                self._done_priority[done] = self._priority[o]
+                self.done_slots[done], self.done_generations[done] = self._slot[o], self._gen[o]
+                self.done_priorities[done] = self._priority[o]
                 done += 1
             else:
                 self._nxt[slot[p._row_item[o - p._earlier]]] = slot[p._resolved_item[o]]
