@@ -710,11 +710,13 @@ cdef class Episode:
         ``reserved`` + 1 (both None when ``p`` has no item); ``priorities`` as for :meth:`publication`."""
         cdef const int64_t* slot = NULL
         cdef const uint64_t* gen = NULL
+        cdef const double* row_priority = NULL
         if p.items:
             slot = <const int64_t*>_data(slots, p.items * 8, "slots")
             gen = <const uint64_t*>_data(reserved, p.items * 8, "reserved")
-        self.advance_past(p, slot, gen, NULL if priorities is None else
-                     <const double*>_data(priorities, p.rows * 8, "priorities"))
+        if priorities is not None:
+            row_priority = <const double*>_data(priorities, p.rows * 8, "priorities")
+        self.advance_past(p, slot, gen, row_priority)
 
     cdef int advance_past(self, FramePlan p, const int64_t* slot, const uint64_t* reserved,
                      const double* row_priority) except -1:

@@ -609,7 +609,7 @@ cdef class Ring:
         or next observation cannot be rebuilt bit for bit (see ext/frame_plan.pyx).
         A negative ``priority`` means "the stored maximum".
         """
-        cdef Py_ssize_t i, j, lane = episode.lane, lo, hi, start, row_slot, done, lost
+        cdef Py_ssize_t i, j, lane = episode.lane, lo, hi, start, row_slot, done
         cdef int flag
         cdef uint8_t flagged = 0
         cdef uint64_t reserved[2]
@@ -654,8 +654,9 @@ cdef class Ring:
             raise
         try:
             self._slots.note_writer()
-            lost = self._slots.publish(lane, start, plan.items, reserved,
-                                       item_priority if row_priority != NULL else NULL, states)
+            # A slot lost to a writer that took it over stays unsampleable, as in publish().
+            self._slots.publish(lane, start, plan.items, reserved, item_priority if row_priority != NULL else NULL,
+                                states)
             if done:
                 # Rows published WAITING by earlier calls complete with this publication.
                 self._slots.complete(episode.done_slots, episode.done_generations, episode.done_priorities, done)
