@@ -73,6 +73,7 @@ cdef class Episode:
     cdef readonly Py_ssize_t observations  # the observation values a step carries (keys and next_ keys)
     cdef tuple _next_names             # per key: its next observation's field name (None without next_of)
     cdef Py_ssize_t _capacity          # most rows that can wait at once
+    cdef Py_ssize_t _nkeys             # the planner's keys (kept here: __dealloc__ may find the planner cleared)
     cdef uint8_t** _last               # per stacked key: the episode's newest observation
     cdef bint* _last_planar
     cdef int64_t* _slot                # per waiting row (oldest first): its slot,

@@ -461,7 +461,7 @@ cdef class Episode:
         self._depth = NULL
         self._key_types = NULL
         self._step_obs = self._step_next = NULL
-        self._capacity = 0
+        self._capacity = self._nkeys = 0
 
     def __init__(self, FramePlanner planner not None, list frames not None, object nxt, object depth,
                  tuple key_shapes not None, tuple key_dtypes not None, tuple flags not None):
@@ -469,6 +469,7 @@ cdef class Episode:
         if len(frames) != nk or len(key_shapes) != nk or len(key_dtypes) != nk:
             raise ValueError("frames, key_shapes, key_dtypes: expected one per key")
         self.planner = planner
+        self._nkeys = nk
         self.lane = -1
         self.flags = flags
         self._capacity = cap
@@ -509,7 +510,7 @@ cdef class Episode:
         self._keep = (frames, nxt, depth)
 
     def __dealloc__(self):
-        cdef Py_ssize_t j, nk = self.planner._nkeys if self.planner is not None else 0
+        cdef Py_ssize_t j, nk = self._nkeys
         if self._last:
             for j in range(nk):
                 free(self._last[j])
