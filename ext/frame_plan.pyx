@@ -23,7 +23,10 @@ mask of the older frames' bytes.
 
 The pending rows (waiting for the frame of their next observation) form one
 queue across calls: ordinals ``0 .. earlier-1`` are the earlier calls'
-pending rows, ordinal ``earlier + i`` row ``i`` of this batch.
+pending rows, ordinal ``earlier + i`` row ``i`` of this batch.  The writer's
+:class:`Episode` keeps, copied, what outlives a call: those pending rows and
+the episode's newest stacks.  One step of exact arrays is planned by the same
+code as a batch (``Episode.plan_step``, for ``Ring.add_step``).
 """
 from libc.math cimport NAN
 from libc.stdint cimport int64_t, uint8_t, uint64_t
@@ -393,23 +396,8 @@ cdef class FramePlan:
         free(self._pending)
 
     @property
-    def item_rows(self) -> list:
-        """Per item, its row; -1 for an episode's last next frame."""
-        return [self._item_row[j] for j in range(self.items)]
-
-    @property
-    def row_items(self) -> list:
-        """Per row, its item."""
-        return [self._row_item[i] for i in range(self.rows)]
-
-    @property
-    def resolved_items(self) -> list:
-        """Per pending ordinal < head, the item holding the frame of its next observation."""
-        return [self._resolved_item[o] for o in range(self.head)]
-
-    @property
-    def row_items_array(self):
-        """Per row, its item, as an int64 array."""
+    def row_items(self):
+        """Per row, its item (int64 array)."""
         cdef cnp.npy_intp n = self.rows
         cdef cnp.ndarray out = cnp.PyArray_EMPTY(1, &n, cnp.NPY_INT64, 0)
         if n:

@@ -258,7 +258,7 @@ class FrameWriter:
         slots = lo + (start - lo + np.arange(plan.items, dtype=np.int64)) % (hi - lo)
         episode.copy(plan, slots, [self._arrays[field_array(name)] for name in self._stored],
                      [self._rows(k, rows, name) for name in self._stored])
-        row_items = plan.row_items_array
+        row_items = plan.row_items
         row_slots, row_generations = slots[row_items], reserved[row_items] + np.uint64(1)
         for name, values in (meta or {}).items():
             self._arrays[name][row_slots] = values
