@@ -28,6 +28,7 @@ cimport numpy as cnp
 from numpy.random cimport bitgen_t
 
 from mpreplay._ext.atomics cimport _atomic_cas, _mpreplay_acquire_fence
+from mpreplay._ext.frame_plan cimport Episode, FramePlan
 from mpreplay._ext.frames cimport MAX_STACK, Frames
 from mpreplay._ext.gate cimport Gate, deadline_of
 from mpreplay._ext.schema cimport (COMPLETE, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, SAMPLES, STALE, TORN,
@@ -577,7 +578,7 @@ cdef class Ring:
         cdef long long x
         cdef double x64
         cdef Kind kind = self._kinds[i]
-        cdef Py_ssize_t nd = self._out_nd[i] - 1  # a row's dimensions (add_one writes transitions)
+        cdef Py_ssize_t nd = self._out_nd[i] - 1  # a row's dimensions (the one-row adds write transitions only)
         cdef const cnp.npy_intp* dims = self._out_dims + i * MAX_OUTPUT_DIMS + 1
         if cnp.PyArray_CheckExact(value):
             arr = <cnp.ndarray>value
@@ -655,6 +656,91 @@ cdef class Ring:
         if wake:
             self._gate.wake()
         return slot
+
+    cdef int _flag_set(self, Py_ssize_t i) except -2:
+        # Whether field i's staged value is nonzero (it ends an episode); -1: a kind not judged here.
+        cdef Kind kind = self._kinds[i]
+        cdef const uint8_t* v = self._src[i]
+        cdef Py_ssize_t b
+        if kind == K_F32:
+            return (<const float*>v)[0] != 0.0
+        if kind == K_F64:
+            return (<const double*>v)[0] != 0.0
+        if kind == K_OTHER:
+            return -1
+        for b in range(self._rowbytes[i]):
+            if v[b]:
+                return 1
+        return 0
+
+    def add_step(self, dict values not None, double priority, timeout, Episode episode not None):
+        """Store one step of a compressed writer's episode, given as Python scalars and
+        exact-dtype arrays: checked, laid out, copied and published in the kernel.
+
+        Returns the step's slot, or -1 when it needs the writer's general path (a value
+        that needs numpy's conversion, a writer without a lane yet, a sequence table)
+        -- then nothing was changed.  Raises ValueError, changing nothing, when a stack
+        or next observation cannot be rebuilt bit for bit (see ext/frame_plan.pyx).
+        A negative ``priority`` means "the stored maximum".
+        """
+        cdef Py_ssize_t i, j, lane = episode.lane, lo, hi, start, row_slot, done
+        cdef int flag
+        cdef uint8_t flagged = 0
+        cdef uint64_t reserved[2]
+        cdef int64_t slots[2]
+        cdef uint8_t states[2]
+        cdef double item_priority[2]
+        cdef const double* row_priority = &priority if priority >= 0.0 else NULL
+        cdef PyObject* item
+        cdef FramePlan plan
+        cdef bint wake
+        cdef double deadline
+        if self._sequences is not None or lane < 0 or PyDict_Size(values) != self._nfields + episode.observations:
+            return -1
+        for i in range(self._nfields):
+            item = PyDict_GetItem(values, self._names[i])
+            if item == NULL or not self._stage_value(i, <object>item):
+                return -1
+        if not episode.take_step(values):
+            return -1
+        for name in episode.flags:
+            flag = self._flag_set(self._names.index(name))
+            if flag < 0:
+                return -1
+            flagged |= flag
+        # Every check runs here, before anything is written.
+        plan = episode.plan_step(&flagged, values)
+        deadline = deadline_of(timeout)
+        lo, hi = self._slots.lanes[lane, LANE_START], self._slots.lanes[lane, LANE_END]
+        start = self._reserve_waiting(plan.items, reserved, True, deadline, lane)
+        for j in range(plan.items):
+            slots[j] = lo + (start - lo + j) % (hi - lo)
+        row_slot = slots[plan.item_of(0)]
+        with nogil:
+            episode.copy_frames(plan, slots)
+            for i in range(self._nfields):
+                memcpy(self._dst[i] + row_slot * self._rowbytes[i], self._src[i], self._rowbytes[i])
+            done = episode.settle(plan, slots, row_priority, states, item_priority)
+        try:
+            self._gate.acquire(deadline)
+        except TimeoutError:
+            self._slots.disown(lane, start, plan.items, reserved)
+            raise
+        try:
+            self._slots.note_writer()
+            # A slot lost to a writer that took it over stays unsampleable, as in publish().
+            self._slots.publish(lane, start, plan.items, reserved, item_priority if row_priority != NULL else NULL,
+                                states)
+            if done:
+                # Rows published WAITING by earlier calls complete with this publication.
+                self._slots.complete(episode.done_slots, episode.done_generations, episode.done_priorities, done)
+            wake = self._gate.progress()
+        finally:
+            self._gate.release()
+        if wake:
+            self._gate.wake()
+        episode.advance_past(plan, slots, reserved, row_priority)
+        return row_slot
 
     # -- readers ----------------------------------------------------------------
     cdef double _draw(self, int64_t* slots, double* values, uint64_t* gens, Py_ssize_t k,

@@ -290,7 +290,7 @@ class ReplayBuffer:
             timeout = checks.seconds("timeout", timeout)
         if self._nstep is not None:
             return self._add_folded(fields, priorities, timeout)
-        if self._writer is None and (priorities is None or type(priorities) is float):
+        if (priorities is None or type(priorities) is float) and self._sequence is None:
             # One transition of Python scalars and exact arrays: the kernel's fast path.
             if priorities is None:
                 priority = -1.0
@@ -298,7 +298,8 @@ class ReplayBuffer:
                 priority = priorities
             else:
                 priority = checks.number("priorities", priorities, low=0.0, high=self._ring.max_priority)
-            slot = self._ring.add_one(fields, priority, timeout)
+            slot = (self._ring.add_one(fields, priority, timeout) if self._writer is None
+                    else self._writer.add_one(fields, priority, timeout))
             if slot >= 0:
                 return slot
         k, rows = convert_batch(self._specs, fields)
