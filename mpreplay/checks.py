@@ -158,13 +158,24 @@ def _numpy(value: Any) -> Any:
     return value.detach().cpu().numpy() if is_tensor(value) else value
 
 
+def _kernel_ready(array: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether ``array`` is what the kernels read as it is: 1-D, C-contiguous, aligned, native ``dtype``."""
+    return (type(array) is np.ndarray and array.dtype is dtype and array.ndim == 1
+            and array.flags.c_contiguous and array.flags.aligned)
+
+
+def _aligned(array: np.ndarray) -> np.ndarray:
+    # A view into a byte buffer at an odd offset is contiguous but not aligned: its copy is.
+    return array if array.flags.aligned else array.copy()
+
+
 def indexes(name: str, values: Any) -> np.ndarray:
-    """``values`` (a list, an array, a tensor or one integer) as a 1-D contiguous int64 array.
+    """``values`` (a list, an array, a tensor or one integer) as a 1-D contiguous, aligned int64 array.
 
     Their range is the caller's to check.
     """
     idx = values
-    if type(idx) is np.ndarray and idx.dtype is _INT64 and idx.ndim == 1 and idx.flags.c_contiguous:
+    if _kernel_ready(idx, _INT64):
         return idx
     try:
         idx = np.asarray(_numpy(values))
@@ -174,7 +185,7 @@ def indexes(name: str, values: Any) -> np.ndarray:
         raise TypeError(f"{name}: expected integers, got dtype {idx.dtype}")
     if idx.ndim > 1:
         raise ValueError(f"{name}: expected a 1-D array, got shape {idx.shape}")
-    return np.ascontiguousarray(idx.reshape(-1), dtype=np.int64)
+    return _aligned(np.ascontiguousarray(idx.reshape(-1), dtype=np.int64))
 
 
 def matrix(name: str, values: Any, *, kind: str) -> np.ndarray:
@@ -203,7 +214,7 @@ def matrix(name: str, values: Any, *, kind: str) -> np.ndarray:
 
 
 def priorities(name: str, values: Any, count: int, *, max_priority: float | np.ndarray | None) -> np.ndarray:
-    """``values`` (numbers, an array, a tensor) as ``count`` contiguous float64 priorities.
+    """``values`` (numbers, an array, a tensor) as ``count`` contiguous, aligned float64 priorities.
 
     Each must be finite, >= 0 and <= ``max_priority`` (one number, or one
     maximum per value: what the buffer that stores it accepts, see
@@ -212,9 +223,9 @@ def priorities(name: str, values: Any, count: int, *, max_priority: float | np.n
     (``Ring.check_priorities`` and ``Ring.update`` check it, with the same message).
     """
     p = values
-    if not (type(p) is np.ndarray and p.dtype is _FLOAT64 and p.ndim == 1 and p.flags.c_contiguous):
+    if not _kernel_ready(p, _FLOAT64):
         try:
-            p = np.ascontiguousarray(_numpy(values), dtype=np.float64)
+            p = _aligned(np.ascontiguousarray(_numpy(values), dtype=np.float64))
         except (TypeError, ValueError):
             raise TypeError(f"{name}: expected numbers, got {type(values).__name__}") from None
         if p.ndim > 1:

@@ -136,6 +136,13 @@ def test_an_int64_array_is_taken_as_it_is():
     assert checks.indexes("indexes", idx) is idx
 
 
+def test_unaligned_indexes_and_priorities_become_aligned_copies(unaligned):
+    idx = checks.indexes("indexes", unaligned(np.array([3, 1])))
+    p = checks.priorities("priorities", unaligned(np.array([0.5, 2.0])), 2, max_priority=10.0)
+    assert idx.flags.aligned and idx.flags.c_contiguous and idx.tolist() == [3, 1]
+    assert p.flags.aligned and p.flags.c_contiguous and p.tolist() == [0.5, 2.0]
+
+
 def test_float_indexes_are_refused():
     with pytest.raises(TypeError, match="indexes: expected integers, got dtype float64"):
         checks.indexes("indexes", [0.0, 1.0])
