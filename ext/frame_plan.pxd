@@ -9,6 +9,7 @@ cdef struct Observation:
 
 
 cdef class FramePlan
+cdef class Episode
 
 
 cdef class FramePlanner:
@@ -27,6 +28,8 @@ cdef class FramePlanner:
     cdef bint _stack_ok(self, Py_ssize_t q, Observation obs, Observation before, Py_ssize_t t) noexcept nogil
     cdef bint _same(self, Py_ssize_t q, Observation a, Observation b) noexcept nogil
     cdef Observation _row(self, Py_ssize_t q, Observation rows, Py_ssize_t i) noexcept nogil
+    cdef FramePlan _plan(self, Py_ssize_t k, const Observation* obs, const Observation* nexts, const uint8_t* flag,
+                         Episode episode, bint end_episode, object keep)
     cdef tuple _finish(self, FramePlan p, Py_ssize_t ending, Py_ssize_t items, Py_ssize_t head, Py_ssize_t tail,
                        Py_ssize_t t, Observation* before)
     cdef bint _equals_next(self, FramePlan p, Py_ssize_t o, Py_ssize_t i) noexcept nogil
@@ -53,4 +56,52 @@ cdef class FramePlan:
 
     cdef _init(self, FramePlanner planner, Py_ssize_t rows, Py_ssize_t earlier)
     cdef Observation _next_of(self, Py_ssize_t o, Py_ssize_t q) noexcept nogil
+    cdef int64_t item_of(self, Py_ssize_t row) noexcept nogil
     cdef int64_t _position(self, Py_ssize_t o, int64_t base) noexcept nogil
+
+
+cdef class Episode:
+    # One writer's episode in progress, copied (the caller may reuse its arrays once add()
+    # returns): its newest stacks and the rows waiting for the frame of their next
+    # observation; and where the writer's frames go in the buffer.
+    cdef readonly FramePlanner planner
+    cdef public Py_ssize_t lane        # the lane the writer fills, -1: none claimed yet
+    cdef readonly Py_ssize_t t         # steps of the episode in progress stored so far
+    cdef readonly int64_t written      # items the writer has reserved in its lane
+    cdef readonly Py_ssize_t waiting   # rows waiting for the frame of their next observation
+    cdef readonly tuple flags          # the fields whose nonzero value ends an episode (done, truncated)
+    cdef readonly Py_ssize_t observations  # the observation values a step carries (keys and next_ keys)
+    cdef tuple _next_names             # per key: its next observation's field name (None without next_of)
+    cdef Py_ssize_t _capacity          # most rows that can wait at once
+    cdef Py_ssize_t _nkeys             # the planner's keys (kept here: __dealloc__ may find the planner cleared)
+    cdef uint8_t** _last               # per stacked key: the episode's newest observation
+    cdef bint* _last_planar
+    cdef int64_t* _slot                # per waiting row (oldest first): its slot,
+    cdef uint64_t* _gen                # the generation it was published with,
+    cdef int64_t* _position            # the items the writer had written before it,
+    cdef double* _priority             # its priority once complete (NaN: the largest stored)
+    cdef uint8_t** _next               # (capacity, keys): its next observations (NULL: not allocated yet)
+    cdef bint* _next_planar
+    cdef int64_t* done_slots           # what settle() leaves: the earlier waiting rows it completes,
+    cdef uint64_t* done_generations
+    cdef double* done_priorities
+    # The buffer's arrays the writer writes.
+    cdef Py_ssize_t _size
+    cdef uint8_t** _frames             # per key: (size, frame bytes)
+    cdef int64_t* _nxt
+    cdef uint8_t* _depth
+    cdef tuple _key_shapes             # per key: the observation's shape,
+    cdef int* _key_types               # its numpy type number
+    cdef Observation* _step_obs        # per key: the row take_step() found, and its next observation
+    cdef Observation* _step_next
+    cdef object _keep
+
+    cdef bint take_step(self, dict values) except -1
+    cdef bint _view(self, Py_ssize_t q, object value, Observation* out) except -1
+    cdef void _drop(self, Py_ssize_t n) noexcept nogil
+    cdef FramePlan plan_step(self, const uint8_t* flag, object keep)
+    cdef void copy_frames(self, FramePlan p, const int64_t* slot) noexcept nogil
+    cdef Py_ssize_t settle(self, FramePlan p, const int64_t* slot, const double* row_priority, uint8_t* states,
+                           double* item_priority) noexcept nogil
+    cdef int advance_past(self, FramePlan p, const int64_t* slot, const uint64_t* reserved,
+                     const double* row_priority) except -1

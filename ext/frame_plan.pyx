@@ -23,11 +23,19 @@ mask of the older frames' bytes.
 
 The pending rows (waiting for the frame of their next observation) form one
 queue across calls: ordinals ``0 .. earlier-1`` are the earlier calls'
-pending rows, ordinal ``earlier + i`` row ``i`` of this batch.
+pending rows, ordinal ``earlier + i`` row ``i`` of this batch.  The writer's
+:class:`Episode` keeps, copied, what outlives a call: those pending rows and
+the episode's newest stacks.  One step of exact arrays is planned by the same
+code as a batch (``Episode.plan_step``, for ``Ring.add_step``).
 """
+from libc.math cimport NAN
 from libc.stdint cimport int64_t, uint8_t, uint64_t
-from libc.stdlib cimport free, malloc
-from libc.string cimport memcmp, memcpy, memset
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memcmp, memcpy, memmove, memset
+from cpython.dict cimport PyDict_GetItem
+from cpython.ref cimport PyObject
+
+from mpreplay._ext.schema cimport COMPLETE, EMPTY, WAITING
 
 cimport numpy as cnp
 
@@ -202,45 +210,59 @@ cdef class FramePlanner:
         rows.data += i * self._row_bytes[q]
         return rows
 
-    def plan(self, Py_ssize_t k, list obs not None, list nexts not None, object flags, Py_ssize_t t,
-             list last not None, list pending not None, list pending_positions not None, int64_t base,
+    def plan(self, Py_ssize_t k, list obs not None, list nexts not None, object flags, Episode episode not None,
              bint end_episode):
-        """Plan ``k`` rows; returns a :class:`FramePlan`, or raises ValueError naming the field.
+        """Plan ``k`` rows after ``episode`` (which must be this planner's); returns a
+        :class:`FramePlan`, or raises ValueError naming the field.  Changes nothing.
 
         obs, nexts : per key, the rows' observations and next observations as ``(array, planar)``:
             the array C-contiguous, interleaved ``(k, ..., stack)`` or planar ``(k, stack, ...)``
             (``nexts[q]`` None without next_of)
         flags : bool or uint8 array, per row nonzero if the row ends its episode (done or truncated)
-        t : steps of the episode in progress stored so far
-        last : per key, the newest observation of that episode as ``(array, planar)`` (None if t == 0
-            or not stacked)
-        pending : per earlier pending row (oldest first), a dict of its next observations by field,
-            each ``(array, planar)``
-        pending_positions : per earlier pending row, the items this writer had written before it
-        base : the items this writer has written
         end_episode : the episode ends after the rows, as with a flagged last row
         """
-        cdef Py_ssize_t q, i, m, nk = self._nkeys, earlier = len(pending)
-        cdef Py_ssize_t head = 0, tail = earlier, ending = -1, items = 0, last_row = -1
-        cdef bint flagged, tail_ok
-        if len(obs) != nk or len(nexts) != nk or len(last) != nk or len(pending_positions) != earlier:
-            raise ValueError("plan: expected one entry per key and one position per pending row")
+        cdef Py_ssize_t q, nk = self._nkeys
+        if len(obs) != nk or len(nexts) != nk:
+            raise ValueError("plan: expected one entry per key")
         cdef const uint8_t* flag = _data(flags, k, "flags")
+        cdef Observation* o = <Observation*>malloc(2 * nk * sizeof(Observation) + 1)
+        if not o:
+            raise MemoryError()
+        try:
+            memset(o, 0, 2 * nk * sizeof(Observation))
+            for q in range(nk):
+                o[q] = _observation(obs[q], k * self._row_bytes[q], self._names[q])
+                if self._has_next[q]:
+                    o[nk + q] = _observation(nexts[q], k * self._row_bytes[q], self._names[q], "next_")
+            return self._plan(k, o, o + nk, flag, episode, end_episode, (obs, nexts))
+        finally:
+            free(o)
+
+    cdef FramePlan _plan(self, Py_ssize_t k, const Observation* obs, const Observation* nexts, const uint8_t* flag,
+                         Episode episode, bint end_episode, object keep):
+        # Plan k rows (obs, nexts: per key, row 0 of the rows; flag: per row) after the episode;
+        # `keep` holds the memory they point into for as long as the plan lives.
+        cdef Py_ssize_t q, i, m, nk = self._nkeys, earlier = episode.waiting, t = episode.t
+        cdef Py_ssize_t head = 0, tail = earlier, ending = -1, items = 0, last_row = -1
+        cdef int64_t base = episode.written
+        cdef bint flagged, tail_ok
+        if episode.planner is not self:
+            raise ValueError("plan: expected an episode of this planner")
         cdef FramePlan p = FramePlan.__new__(FramePlan)
         p._init(self, k, earlier)
         for q in range(nk):
-            p._obs[q] = _observation(obs[q], k * self._row_bytes[q], self._names[q])
+            p._obs[q] = obs[q]
             if self._has_next[q]:
-                p._next[q] = _observation(nexts[q], k * self._row_bytes[q], self._names[q], "next_")
+                p._next[q] = nexts[q]
                 for i in range(earlier):
-                    p._pending[i * nk + q] = _observation(pending[i][self._names[q]], self._row_bytes[q],
-                                                          self._names[q], "next_")
+                    p._pending[i * nk + q].data = episode._next[i * nk + q]
+                    p._pending[i * nk + q].planar = episode._next_planar[i * nk + q]
         for i in range(earlier):
-            p._positions[i] = pending_positions[i]
+            p._positions[i] = episode._position[i]
         cdef Observation* before = <Observation*>malloc(nk * sizeof(Observation) + 1)
         if not before:
             raise MemoryError()
-        p._keep = (obs, nexts, pending, last)
+        p._keep = keep
         cdef int64_t* item_row = p._item_row
         cdef int64_t* item_source = p._item_source
         cdef int64_t* row_item = p._row_item
@@ -250,7 +272,7 @@ cdef class FramePlanner:
             for q in range(nk):
                 before[q].data, before[q].planar = NULL, False
                 if self._stack[q] > 1 and t > 0:
-                    before[q] = _observation(last[q], self._row_bytes[q], self._names[q])
+                    before[q].data, before[q].planar = episode._last[q], episode._last_planar[q]
             for i in range(k):
                 flagged = flag[i] != 0
                 if ending >= 0:
@@ -335,83 +357,6 @@ cdef class FramePlanner:
                 return False
         return True
 
-    def copy(self, FramePlan p not None, object slots, list frames not None, list stored not None,
-             list rows not None, object nxt, object depth):
-        """Write the planned items into ``slots`` (one per item) of the buffer's arrays.
-
-        frames : per key, its store ``(size,) + frame``: each row's newest frame, and an episode's
-            last next frame for the next_of keys
-        stored, rows : the plain per-slot arrays ``(size, ...)`` and the rows' values for them ``(k, ...)``
-        nxt, depth : per slot: set to -1 (no next frame yet) and to the item's depth (int64, uint8)
-        Every array C-contiguous; ``slots`` int64.
-        """
-        cdef Py_ssize_t q, j, e, n, s, eb, fb, rb, f, nk = self._nkeys, nf = len(stored)
-        cdef Py_ssize_t size = cnp.PyArray_SIZE(depth) if isinstance(depth, cnp.ndarray) else 0
-        cdef int64_t row
-        cdef Observation src
-        cdef uint8_t* dst
-        cdef const int64_t* item_row = p._item_row
-        cdef const int64_t* item_source = p._item_source
-        cdef const uint8_t* item_depth = p._item_depth
-        if p._planner is not self or len(frames) != nk or len(rows) != nf:
-            raise ValueError("copy: expected this planner's plan, one store per key and one value per stored array")
-        cdef const int64_t* slot = <const int64_t*>_data(slots, p.items * 8, "slots")
-        cdef int64_t* next_slot = <int64_t*>_data(nxt, size * 8, "nxt")
-        cdef uint8_t* slot_depth = <uint8_t*>_data(depth, size, "depth")
-        for j in range(p.items):
-            if not 0 <= slot[j] < size:
-                raise ValueError(f"slots: {slot[j]} is outside the {size} slots")
-        cdef const uint8_t** sources = <const uint8_t**>malloc((nk + nf) * sizeof(uint8_t*) + 1)
-        cdef uint8_t** targets = <uint8_t**>malloc((nk + nf) * sizeof(uint8_t*) + 1)
-        try:
-            if not (sources and targets):
-                raise MemoryError()
-            for q in range(nk):
-                targets[q] = <uint8_t*>_data(frames[q], size * (self._row_bytes[q] // self._stack[q]),
-                                             self._names[q], "frames of ")
-            for f in range(nf):
-                rb = cnp.PyArray_NBYTES(<cnp.ndarray>stored[f]) // size if isinstance(stored[f], cnp.ndarray) else 0
-                targets[nk + f] = <uint8_t*>_data(stored[f], size * rb, "stored")
-                sources[nk + f] = _data(rows[f], p.rows * rb, "rows")
-            with nogil:
-                for j in range(p.items):
-                    slot_depth[slot[j]] = item_depth[j]
-                    next_slot[slot[j]] = -1
-                for q in range(nk):
-                    s, eb = self._stack[q], self._elem_bytes[q]
-                    fb = self._row_bytes[q] // s
-                    n = fb // eb
-                    for j in range(p.items):
-                        row = item_row[j]
-                        if row >= 0:
-                            src = self._row(q, p._obs[q], row)
-                        elif self._has_next[q]:
-                            src = p._next_of(item_source[j], q)
-                        else:
-                            continue
-                        dst = targets[q] + slot[j] * fb
-                        if s == 1 or src.planar:
-                            memcpy(dst, src.data + (s - 1) * fb, fb)
-                        elif eb == 1 and s == 4:
-                            # The common pixel case: a constant stride the compiler turns into shuffles.
-                            for e in range(n):
-                                dst[e] = src.data[4 * e + 3]
-                        elif eb == 1:
-                            for e in range(n):
-                                dst[e] = src.data[e * s + s - 1]
-                        else:
-                            for e in range(n):
-                                memcpy(dst + e * eb, src.data + (e * s + s - 1) * eb, eb)
-            for f in range(nf):
-                rb = cnp.PyArray_NBYTES(<cnp.ndarray>stored[f]) // size
-                with nogil:
-                    for j in range(p.items):
-                        if item_row[j] >= 0:
-                            memcpy(targets[nk + f] + slot[j] * rb, sources[nk + f] + item_row[j] * rb, rb)
-        finally:
-            free(sources)
-            free(targets)
-
 
 cdef class FramePlan:
     """What :meth:`FramePlanner.plan` decided for one batch; valid while its rows are unchanged."""
@@ -451,19 +396,17 @@ cdef class FramePlan:
         free(self._pending)
 
     @property
-    def item_rows(self) -> list:
-        """Per item, its row; -1 for an episode's last next frame."""
-        return [self._item_row[j] for j in range(self.items)]
+    def row_items(self):
+        """Per row, its item (int64 array)."""
+        cdef cnp.npy_intp n = self.rows
+        cdef cnp.ndarray out = cnp.PyArray_EMPTY(1, &n, cnp.NPY_INT64, 0)
+        if n:
+            memcpy(cnp.PyArray_DATA(out), self._row_item, n * sizeof(int64_t))
+        return out
 
-    @property
-    def row_items(self) -> list:
-        """Per row, its item."""
-        return [self._row_item[i] for i in range(self.rows)]
-
-    @property
-    def resolved_items(self) -> list:
-        """Per pending ordinal < head, the item holding the frame of its next observation."""
-        return [self._resolved_item[o] for o in range(self.head)]
+    cdef int64_t item_of(self, Py_ssize_t row) noexcept nogil:
+        # The item of a row.
+        return self._row_item[row]
 
     cdef Observation _next_of(self, Py_ssize_t o, Py_ssize_t q) noexcept nogil:
         # The next observation of key q of pending ordinal o.
@@ -476,3 +419,357 @@ cdef class FramePlan:
         if o < self._earlier:
             return self._positions[o]
         return base + self._row_item[o - self._earlier]
+
+
+cdef class Episode:
+    """One compressed writer's episode in progress, and where its frames go.
+
+    It holds, copied, what later rows are checked against: the episode's newest
+    stack per stacked key, and the rows waiting for the frame of their next
+    observation (their slots, generations and next observations).  A batch is
+    planned after it (:meth:`FramePlanner.plan`), copied (:meth:`copy`), its
+    publication prepared (:meth:`publication`) and, once published, the episode
+    moves past it (:meth:`advance`).
+
+    Parameters
+    ----------
+    planner : the writer's FramePlanner
+    frames : per key, its store ``(size,) + frame`` in the buffer
+    nxt, depth : the buffer's per-slot next-frame slots (int64) and depths (uint8)
+    key_shapes, key_dtypes : per key, the observation's shape and dtype (what a single step must hold)
+    flags : names of the fields whose nonzero value ends an episode
+    """
+
+    def __cinit__(self):
+        self._last = self._next = self._frames = NULL
+        self._last_planar = self._next_planar = NULL
+        self._slot = self._position = self.done_slots = self._nxt = NULL
+        self._gen = self.done_generations = NULL
+        self._priority = self.done_priorities = NULL
+        self._depth = NULL
+        self._key_types = NULL
+        self._step_obs = self._step_next = NULL
+        self._capacity = self._nkeys = 0
+
+    def __init__(self, FramePlanner planner not None, list frames not None, object nxt, object depth,
+                 tuple key_shapes not None, tuple key_dtypes not None, tuple flags not None):
+        cdef Py_ssize_t q, nk = planner._nkeys, cap = planner._max_next + 1
+        if len(frames) != nk or len(key_shapes) != nk or len(key_dtypes) != nk:
+            raise ValueError("frames, key_shapes, key_dtypes: expected one per key")
+        self.planner = planner
+        self._nkeys = nk
+        self.lane = -1
+        self.flags = flags
+        self._capacity = cap
+        self._size = cnp.PyArray_SIZE(depth) if isinstance(depth, cnp.ndarray) else 0
+        self._nxt = <int64_t*>_data(nxt, self._size * 8, "nxt")
+        self._depth = <uint8_t*>_data(depth, self._size, "depth")
+        self._last = <uint8_t**>calloc(nk + 1, sizeof(uint8_t*))
+        self._last_planar = <bint*>calloc(nk + 1, sizeof(bint))
+        self._frames = <uint8_t**>calloc(nk + 1, sizeof(uint8_t*))
+        self._key_types = <int*>calloc(nk + 1, sizeof(int))
+        self._step_obs = <Observation*>calloc(nk + 1, sizeof(Observation))
+        self._step_next = <Observation*>calloc(nk + 1, sizeof(Observation))
+        self._next = <uint8_t**>calloc(cap * nk + 1, sizeof(uint8_t*))
+        self._next_planar = <bint*>calloc(cap * nk + 1, sizeof(bint))
+        self._slot = <int64_t*>calloc(cap, sizeof(int64_t))
+        self._position = <int64_t*>calloc(cap, sizeof(int64_t))
+        self._gen = <uint64_t*>calloc(cap, sizeof(uint64_t))
+        self._priority = <double*>calloc(cap, sizeof(double))
+        self.done_slots = <int64_t*>calloc(cap, sizeof(int64_t))
+        self.done_generations = <uint64_t*>calloc(cap, sizeof(uint64_t))
+        self.done_priorities = <double*>calloc(cap, sizeof(double))
+        if not (self._last and self._last_planar and self._frames and self._key_types and self._step_obs
+                and self._step_next and self._next and self._next_planar and self._slot and self._position
+                and self._gen and self._priority and self.done_slots and self.done_generations and self.done_priorities):
+            raise MemoryError()
+        for q in range(nk):
+            self._frames[q] = <uint8_t*>_data(frames[q], self._size * (planner._row_bytes[q] // planner._stack[q]),
+                                              planner._names[q], "frames of ")
+            if planner._stack[q] > 1:
+                self._last[q] = <uint8_t*>malloc(planner._row_bytes[q] + 1)
+                if not self._last[q]:
+                    raise MemoryError()
+            self._key_types[q] = np.dtype(key_dtypes[q]).num
+        self._key_shapes = tuple(tuple(shape) for shape in key_shapes)
+        self._next_names = tuple(f"next_{name}" if planner._has_next[q] else None
+                                 for q, name in enumerate(planner._names))
+        self.observations = nk + sum(1 for name in self._next_names if name is not None)
+        self._keep = (frames, nxt, depth)
+
+    def __dealloc__(self):
+        cdef Py_ssize_t j, nk = self._nkeys
+        if self._last:
+            for j in range(nk):
+                free(self._last[j])
+        if self._next:
+            for j in range(self._capacity * nk):
+                free(self._next[j])
+        free(self._last)
+        free(self._last_planar)
+        free(self._frames)
+        free(self._key_types)
+        free(self._step_obs)
+        free(self._step_next)
+        free(self._next)
+        free(self._next_planar)
+        free(self._slot)
+        free(self._position)
+        free(self._gen)
+        free(self._priority)
+        free(self.done_slots)
+        free(self.done_generations)
+        free(self.done_priorities)
+
+    # -- one step -----------------------------------------------------------------
+    cdef bint take_step(self, dict values) except -1:
+        """Find one step's observations in ``values`` for :meth:`plan_step`: each an exact ndarray of
+        its key's dtype and shape, C-contiguous or (stacked) planar.  False: not such a step."""
+        cdef Py_ssize_t q, nk = self.planner._nkeys
+        cdef PyObject* item
+        for q in range(nk):
+            item = PyDict_GetItem(values, self.planner._names[q])
+            if item == NULL or not self._view(q, <object>item, &self._step_obs[q]):
+                return False
+            if self._next_names[q] is not None:
+                item = PyDict_GetItem(values, self._next_names[q])
+                if item == NULL or not self._view(q, <object>item, &self._step_next[q]):
+                    return False
+        return True
+
+    cdef bint _view(self, Py_ssize_t q, object value, Observation* out) except -1:
+        # One observation of key q read in place: interleaved (C order) or planar (the stack
+        # axis, last, with the largest stride: what np.moveaxis makes of a channels-first stack).
+        cdef cnp.ndarray arr
+        cdef tuple shape = self._key_shapes[q]
+        cdef Py_ssize_t d, nd = len(shape), itemsize, stride
+        if not cnp.PyArray_CheckExact(value):
+            return False
+        arr = <cnp.ndarray>value
+        if (cnp.PyArray_TYPE(arr) != self._key_types[q] or not cnp.PyArray_ISNOTSWAPPED(arr)
+                or cnp.PyArray_NDIM(arr) != nd):
+            return False
+        for d in range(nd):
+            if cnp.PyArray_DIM(arr, d) != <Py_ssize_t>shape[d]:
+                return False
+        out.data = <const uint8_t*>cnp.PyArray_DATA(arr)
+        out.planar = False
+        if cnp.PyArray_IS_C_CONTIGUOUS(arr):
+            return True
+        if self.planner._stack[q] < 2:
+            return False
+        itemsize = cnp.PyArray_ITEMSIZE(arr)
+        stride = itemsize
+        for d in range(nd - 2, -1, -1):
+            if cnp.PyArray_DIM(arr, d) > 1 and cnp.PyArray_STRIDE(arr, d) != stride:
+                return False
+            stride *= cnp.PyArray_DIM(arr, d)
+        if cnp.PyArray_STRIDE(arr, nd - 1) != stride:
+            return False
+        out.planar = True
+        return True
+
+    cdef FramePlan plan_step(self, const uint8_t* flag, object keep):
+        """Plan the step :meth:`take_step` found (``flag``: it ends its episode), as
+        :meth:`FramePlanner.plan` plans a batch of one; ``keep`` holds its arrays."""
+        return self.planner._plan(1, self._step_obs, self._step_next, flag, self, False, keep)
+
+    # -- any batch ----------------------------------------------------------------
+    def copy(self, FramePlan p not None, object slots, list stored not None, list rows not None):
+        """Write the planned items into ``slots`` (int64, one per item): their frames, next-frame
+        slots (-1: none yet) and depths, and the rows' values ``rows`` (each ``(k, ...)``,
+        C-contiguous) into the plain per-slot arrays ``stored`` (each ``(size, ...)``)."""
+        cdef Py_ssize_t j, f, rb, nf = len(stored)
+        cdef const int64_t* slot
+        if p._planner is not self.planner or len(rows) != nf:
+            raise ValueError("copy: expected a plan of this episode's planner and one value per stored array")
+        slot = <const int64_t*>_data(slots, p.items * 8, "slots")
+        for j in range(p.items):
+            if not 0 <= slot[j] < self._size:
+                raise ValueError(f"slots: {slot[j]} is outside the {self._size} slots")
+        cdef const uint8_t** sources = <const uint8_t**>malloc(nf * sizeof(uint8_t*) + 1)
+        cdef uint8_t** targets = <uint8_t**>malloc(nf * sizeof(uint8_t*) + 1)
+        try:
+            if not (sources and targets):
+                raise MemoryError()
+            for f in range(nf):
+                rb = cnp.PyArray_NBYTES(<cnp.ndarray>stored[f]) // self._size if isinstance(stored[f], cnp.ndarray) else 0
+                targets[f] = <uint8_t*>_data(stored[f], self._size * rb, "stored")
+                sources[f] = _data(rows[f], p.rows * rb, "rows")
+            with nogil:
+                self.copy_frames(p, slot)
+            for f in range(nf):
+                rb = cnp.PyArray_NBYTES(<cnp.ndarray>stored[f]) // self._size
+                with nogil:
+                    for j in range(p.items):
+                        if p._item_row[j] >= 0:
+                            memcpy(targets[f] + slot[j] * rb, sources[f] + p._item_row[j] * rb, rb)
+        finally:
+            free(sources)
+            free(targets)
+
+    cdef void copy_frames(self, FramePlan p, const int64_t* slot) noexcept nogil:
+        # Each item's newest frame into its slot, with its depth and no next frame yet.
+        cdef Py_ssize_t q, j, e, n, s, eb, fb
+        cdef int64_t row
+        cdef Observation src
+        cdef uint8_t* dst
+        for j in range(p.items):
+            self._depth[slot[j]] = p._item_depth[j]
+            self._nxt[slot[j]] = -1
+        for q in range(self.planner._nkeys):
+            s, eb = self.planner._stack[q], self.planner._elem_bytes[q]
+            fb = self.planner._row_bytes[q] // s
+            n = fb // eb
+            for j in range(p.items):
+                row = p._item_row[j]
+                if row >= 0:
+                    src = self.planner._row(q, p._obs[q], row)
+                elif self.planner._has_next[q]:
+                    src = p._next_of(p._item_source[j], q)
+                else:
+                    continue
+                dst = self._frames[q] + slot[j] * fb
+                if s == 1 or src.planar:
+                    memcpy(dst, src.data + (s - 1) * fb, fb)
+                elif eb == 1 and s == 4:
+                    # The common pixel case: a constant stride the compiler turns into shuffles.
+                    for e in range(n):
+                        dst[e] = src.data[4 * e + 3]
+                elif eb == 1:
+                    for e in range(n):
+                        dst[e] = src.data[e * s + s - 1]
+                else:
+                    for e in range(n):
+                        memcpy(dst + e * eb, src.data + (e * s + s - 1) * eb, eb)
+
+    def publication(self, FramePlan p not None, object slots, object priorities):
+        """Link the waiting rows ``p`` resolves to their next frames (the buffer's ``nxt``) and
+        say how to publish the items in ``slots``: returns ``(states, priorities, complete,
+        complete_generations, complete_priorities)`` for :meth:`Ring.publish` (``priorities``:
+        per row, float64, or None for the largest stored)."""
+        cdef cnp.npy_intp n = p.items
+        cdef const double* row_priority = NULL
+        cdef const int64_t* slot = <const int64_t*>_data(slots, p.items * 8, "slots")
+        if priorities is not None:
+            row_priority = <const double*>_data(priorities, p.rows * 8, "priorities")
+        states = cnp.PyArray_EMPTY(1, &n, cnp.NPY_UINT8, 0)
+        item_priority = cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT64, 0)
+        cdef Py_ssize_t done = self.settle(p, slot, row_priority, <uint8_t*>cnp.PyArray_DATA(states),
+                                           <double*>cnp.PyArray_DATA(item_priority))
+        n = done
+        complete = cnp.PyArray_EMPTY(1, &n, cnp.NPY_INT64, 0)
+        generations = cnp.PyArray_EMPTY(1, &n, cnp.NPY_UINT64, 0)
+        complete_priority = cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT64, 0)
+        if done:
+            memcpy(cnp.PyArray_DATA(complete), self.done_slots, done * sizeof(int64_t))
+            memcpy(cnp.PyArray_DATA(generations), self.done_generations, done * sizeof(uint64_t))
+            memcpy(cnp.PyArray_DATA(complete_priority), self.done_priorities, done * sizeof(double))
+        return states, (item_priority if priorities is not None else None), complete, generations, complete_priority
+
+    cdef Py_ssize_t settle(self, FramePlan p, const int64_t* slot, const double* row_priority, uint8_t* states,
+                           double* item_priority) noexcept nogil:
+        # Point every waiting row p resolves at the slot of its next frame; per item its state
+        # and priority (row_priority: per row, NULL: the largest stored).  The earlier calls'
+        # rows it completes go to done_slots, done_generations and done_priorities; returns how many.
+        cdef Py_ssize_t j, o, done = 0
+        cdef int64_t row
+        for j in range(p.items):
+            row = p._item_row[j]
+            if row < 0:
+                states[j] = EMPTY
+            elif self.planner._any_next and p._earlier + row >= p.head:
+                states[j] = WAITING
+            else:
+                states[j] = COMPLETE
+            item_priority[j] = row_priority[row] if row_priority != NULL and row >= 0 else 0.0
+        for o in range(p.head):
+            # WAITING rows are published, but nobody reads their nxt before they complete.
+            if o < p._earlier:
+                self._nxt[self._slot[o]] = slot[p._resolved_item[o]]
+                self.done_slots[done], self.done_generations[done] = self._slot[o], self._gen[o]
+                self.done_priorities[done] = self._priority[o]
+                done += 1
+            else:
+                self._nxt[slot[p._row_item[o - p._earlier]]] = slot[p._resolved_item[o]]
+        return done
+
+    def advance(self, FramePlan p not None, object slots, object reserved, object priorities):
+        """Move past ``p`` once its items were published into ``slots`` with the generations
+        ``reserved`` + 1 (both None when ``p`` has no item); ``priorities`` as for :meth:`publication`."""
+        cdef const int64_t* slot = NULL
+        cdef const uint64_t* gen = NULL
+        cdef const double* row_priority = NULL
+        if p.items:
+            slot = <const int64_t*>_data(slots, p.items * 8, "slots")
+            gen = <const uint64_t*>_data(reserved, p.items * 8, "reserved")
+        if priorities is not None:
+            row_priority = <const double*>_data(priorities, p.rows * 8, "priorities")
+        self.advance_past(p, slot, gen, row_priority)
+
+    cdef int advance_past(self, FramePlan p, const int64_t* slot, const uint64_t* reserved,
+                     const double* row_priority) except -1:
+        cdef FramePlanner planner = self.planner
+        cdef Py_ssize_t q, o, r, m, e, nk = planner._nkeys
+        if p._planner is not planner or p._earlier != self.waiting:
+            raise ValueError("advance: expected the plan of this episode's latest batch")
+        self._drop(min(p.head, p._earlier))
+        if planner._any_next:
+            for o in range(max(p.head, p._earlier), p._earlier + p.rows):
+                r = o - p._earlier
+                m = p._row_item[r]
+                e = self.waiting
+                if e == self._capacity:
+                    raise RuntimeError("advance: more rows wait for their next observation than the planner allows")
+                for q in range(nk):
+                    if planner._has_next[q]:
+                        if self._next[e * nk + q] == NULL:
+                            self._next[e * nk + q] = <uint8_t*>malloc(planner._row_bytes[q] + 1)
+                            if self._next[e * nk + q] == NULL:
+                                raise MemoryError()
+                        memcpy(self._next[e * nk + q], planner._row(q, p._next[q], r).data, planner._row_bytes[q])
+                        self._next_planar[e * nk + q] = p._next[q].planar
+                self._slot[e], self._gen[e], self._position[e] = slot[m], reserved[m] + 1, self.written + m
+                self._priority[e] = row_priority[r] if row_priority != NULL else NAN
+                self.waiting += 1
+        if p.t > 0 and p.last_row >= 0:
+            for q in range(nk):
+                if planner._stack[q] > 1:
+                    memcpy(self._last[q], planner._row(q, p._obs[q], p.last_row).data, planner._row_bytes[q])
+                    self._last_planar[q] = p._obs[q].planar
+        self.t = p.t
+        self.written += p.items
+        return 0
+
+    cdef void _drop(self, Py_ssize_t n) noexcept nogil:
+        # Forget the n oldest waiting rows; their next-observation buffers go to the free end.
+        cdef Py_ssize_t nk = self.planner._nkeys, rest = self.waiting - n
+        if n <= 0:
+            return
+        # Rotate the (capacity, keys) table of buffers left by n entries.
+        _rotate(<void**>self._next, self._capacity * nk, n * nk)
+        memmove(self._next_planar, self._next_planar + n * nk, rest * nk * sizeof(bint))
+        memmove(self._slot, self._slot + n, rest * sizeof(int64_t))
+        memmove(self._gen, self._gen + n, rest * sizeof(uint64_t))
+        memmove(self._position, self._position + n, rest * sizeof(int64_t))
+        memmove(self._priority, self._priority + n, rest * sizeof(double))
+        self.waiting = rest
+
+
+cdef void _reverse(void** items, Py_ssize_t lo, Py_ssize_t hi) noexcept nogil:
+    # items[lo .. hi) in reverse order.
+    cdef void* x
+    hi -= 1
+    while lo < hi:
+        x = items[lo]
+        items[lo] = items[hi]
+        items[hi] = x
+        lo += 1
+        hi -= 1
+
+
+cdef void _rotate(void** items, Py_ssize_t n, Py_ssize_t by) noexcept nogil:
+    # items[0 .. n) rotated left by `by`: items[by] comes first, items[0 .. by) go last.
+    _reverse(items, 0, by)
+    _reverse(items, by, n)
+    _reverse(items, 0, n)

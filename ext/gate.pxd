@@ -2,12 +2,14 @@
 # waits and wake-ups around them.  ext/ring.pyx holds one; see ext/gate.pyx.
 from libc.stdint cimport int32_t, int64_t
 
+from mpreplay._ext.lock cimport SharedLock
+
 
 cdef class Gate:
     cdef int64_t[::1] _header
     cdef double[::1] _limits
     cdef int32_t* _epoch
-    cdef object _lock
+    cdef SharedLock _lock         # None: a local table
     cdef bint _held               # this handle holds the lock now
 
     cdef int acquire(self, double deadline=*) except -1

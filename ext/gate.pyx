@@ -90,7 +90,7 @@ cdef class Gate:
     lock : a SharedLock, or None for a single-process table
     """
 
-    def __init__(self, int64_t[::1] header not None, double[::1] limits not None, object lock):
+    def __init__(self, int64_t[::1] header not None, double[::1] limits not None, SharedLock lock):
         self._header = header
         self._limits = limits
         self._epoch = <int32_t*>&header[EPOCH]
@@ -111,8 +111,8 @@ cdef class Gate:
                 raise BufferClosed("the replay buffer was closed by its owner")
             return 0
         if deadline == INFINITY:
-            self._lock.acquire()
-        elif not self._lock.acquire(max(deadline - time.monotonic(), _LOCK_GRACE_S)):
+            self._lock.lock(-1.0)
+        elif not self._lock.lock(max(deadline - time.monotonic(), _LOCK_GRACE_S)):
             holder = self._lock.holder()
             who = "another process" if holder is None else f"{describe_process(holder[0])}, for {holder[1]:.1f} s"
             raise TimeoutError(f"timed out waiting for the buffer's lock, held by {who}")
@@ -127,7 +127,7 @@ cdef class Gate:
         # while taking it back leaves it free.
         if self._held:
             self._held = False
-            self._lock.release()
+            self._lock.unlock()
         return 0
 
     cdef bint progress(self) noexcept nogil:

@@ -115,8 +115,6 @@ cdef extern from *:
     #endif
     }
     """
-    ctypedef struct pthread_mutex_t:
-        pass
     ctypedef struct pthread_mutexattr_t:
         pass
     enum:
@@ -143,15 +141,6 @@ cdef extern from *:
     int MPR_CLOCK_COARSE
 
 
-cdef struct _Shared:
-    pthread_mutex_t mutex
-    uint64_t magic       # written last by the creator; attachers check it
-    uint64_t recoveries  # owner deaths survived, all processes together
-    uint64_t pending     # nonzero: an owner died and no on_recover has succeeded since
-    int64_t holder       # pid of the process holding the lock, 0: free (advisory, for diagnostics)
-    int64_t since        # when the holder took it: coarse monotonic ns (see _coarse_ns)
-
-
 cdef uint64_t _MAGIC = 0x6d707265706c6b31  # "mpreplk1"
 # Blocking waits are cut into slices so that Ctrl-C (and other signal
 # handlers) run while a process waits; an unlock still wakes the waiter at once.
@@ -162,7 +151,7 @@ cdef double _FOREVER_S = 9e9
 
 _check_rc(mpr_track_pid(), "pthread_atfork")
 
-LOCK_NBYTES = (<Py_ssize_t>sizeof(_Shared) + 63) // 64 * 64  # whole cache lines
+LOCK_NBYTES = (<Py_ssize_t>sizeof(LockWords) + 63) // 64 * 64  # whole cache lines
 ROBUST = bool(MPR_ROBUST)
 
 
@@ -190,10 +179,10 @@ cdef int _check_rc(int rc, str what) except -1:
 cdef double _timeout_seconds(double t) except -2.0:
     if not t >= 0.0:
         raise ValueError(f"timeout: expected a number of seconds >= 0 or None, got {t}")
-    return -1.0 if t > _FOREVER_S else t
+    return t
 
 
-cdef object _holder(const _Shared* sh):
+cdef object _holder(const LockWords* sh):
     cdef int64_t pid = sh.holder, since = sh.since
     if pid == 0:
         return None
@@ -205,7 +194,7 @@ def read_holder(const unsigned char[::1] region not None):
     that may be read-only (a monitor's); None when free or when ``region`` holds no lock."""
     if region.shape[0] < LOCK_NBYTES or <uintptr_t>&region[0] % 8:
         raise ValueError(f"region: expected at least LOCK_NBYTES={LOCK_NBYTES} bytes aligned to 8")
-    cdef const _Shared* sh = <const _Shared*>&region[0]
+    cdef const LockWords* sh = <const LockWords*>&region[0]
     if sh.magic != _MAGIC:
         return None
     return _holder(sh)
@@ -228,11 +217,6 @@ cdef class SharedLock:
         When given, every acquisition adds the nanoseconds it waited to
         ``counters[0]`` and 1 to ``counters[1]`` (under the lock).
     """
-    cdef unsigned char[::1] _region  # keeps the memory under _sh alive
-    cdef _Shared* _sh
-    cdef int64_t[::1] _counters
-    cdef object _on_recover
-
     robust = ROBUST
 
     def __init__(self, unsigned char[::1] region not None, bint create, object on_recover=None,
@@ -246,7 +230,7 @@ cdef class SharedLock:
         if counters is not None and counters.shape[0] < 2:
             raise ValueError(f"counters: expected at least 2 int64 entries, got {counters.shape[0]}")
         self._region = region
-        self._sh = <_Shared*>&region[0]
+        self._sh = <LockWords*>&region[0]
         self._counters = counters
         self._on_recover = on_recover
         if create:
@@ -291,15 +275,17 @@ cdef class SharedLock:
         first (``timeout=0`` only tries).  Raises RuntimeError if this
         thread already holds it: the lock is not reentrant.
         """
-        return self._acquire(-1.0 if timeout is None else _timeout_seconds(timeout)) == 1
+        return self.lock(-1.0 if timeout is None else _timeout_seconds(timeout)) == 1
 
-    cdef int _acquire(self, double limit) except -1:
-        # 1: held, 0: timed out.  ``limit`` < 0 waits forever.
+    cdef int lock(self, double limit) except -1:
+        # 1: held, 0: timed out.  ``limit`` < 0 (or beyond _FOREVER_S) waits forever.
         cdef int64_t start, waited = 0
         cdef int rc = pthread_mutex_trylock(&self._sh.mutex)
         if rc == EBUSY:
             if limit == 0.0:
                 return 0
+            if limit > _FOREVER_S:
+                limit = -1.0
             start = _now_ns()
             rc = self._wait(limit, start)
             if rc == ETIMEDOUT:
@@ -357,9 +343,9 @@ cdef class SharedLock:
 
     def release(self) -> None:
         """Release the lock; RuntimeError if this thread does not hold it."""
-        self._release()
+        self.unlock()
 
-    cdef int _release(self) except -1:
+    cdef int unlock(self) except -1:
         cdef int64_t holder = self._sh.holder
         cdef int rc
         self._sh.holder = 0
@@ -371,11 +357,11 @@ cdef class SharedLock:
         return _check_rc(rc, "release: pthread_mutex_unlock")
 
     def __enter__(self) -> SharedLock:
-        self._acquire(-1.0)
+        self.lock(-1.0)
         return self
 
     def __exit__(self, *exc_info) -> None:
-        self._release()
+        self.unlock()
 
     def __dealloc__(self):
         # A held robust mutex is linked into its thread's robust list through

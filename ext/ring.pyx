@@ -21,12 +21,14 @@ from cpython.pycapsule cimport PyCapsule_GetPointer
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.dict cimport PyDict_GetItem, PyDict_Size
-from cpython.ref cimport PyObject
+from cpython.list cimport PyList_GET_ITEM
+from cpython.ref cimport Py_REFCNT, PyObject
 
 cimport numpy as cnp
 from numpy.random cimport bitgen_t
 
 from mpreplay._ext.atomics cimport _atomic_cas, _mpreplay_acquire_fence
+from mpreplay._ext.frame_plan cimport Episode, FramePlan
 from mpreplay._ext.frames cimport MAX_STACK, Frames
 from mpreplay._ext.gate cimport Gate, deadline_of
 from mpreplay._ext.schema cimport (COMPLETE, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, SAMPLES, STALE, TORN,
@@ -105,51 +107,72 @@ cdef bint _store_int(Kind kind, long long x, uint8_t* dst) noexcept nogil:
     return True
 
 
-cdef object _checked_out(dict out, str name, tuple shape, object dtype):
-    arr = out[name]
+cdef object _checked_out(object arr, str name, tuple shape, object dtype):
     if not (isinstance(arr, np.ndarray) and arr.shape == shape and arr.dtype == dtype
             and arr.flags.c_contiguous and arr.flags.writeable):
         raise ValueError(f"out[{name!r}]: expected a writable C-contiguous {dtype} array of shape {shape}")
     return arr
 
 
-cdef class _Draws:
-    """The scratch of one sample() call: the slots drawn with their weights and
-    generations, the rows found torn, (compressed buffers) the R frames at
-    most that each row reads, with their generations, and (sequence tables) the
-    real steps of each sequence drawn."""
-    cdef Py_ssize_t b, R
-    cdef cnp.ndarray slots, values, gens, torn, read_slots, read_gens, read_counts, steps
-    cdef int64_t* sp
-    cdef int64_t* stp
-    cdef double* vp
-    cdef uint64_t* gp
-    cdef Py_ssize_t* tp
-    cdef int64_t* rsp
-    cdef uint64_t* rgp
-    cdef Py_ssize_t* rcp
+cdef inline bint _is_vector(object arr, int typenum):
+    # A 1-D C-contiguous aligned array of native `typenum` (read-only allowed).
+    return (cnp.PyArray_Check(arr) and cnp.PyArray_NDIM(<cnp.ndarray>arr) == 1
+            and cnp.PyArray_TYPE(<cnp.ndarray>arr) == typenum and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>arr)
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>arr))
 
-    def __cinit__(self, Py_ssize_t b, Py_ssize_t R):
-        cdef cnp.npy_intp n = b, nr = b * R
-        self.b, self.R = b, R
-        self.slots = cnp.PyArray_EMPTY(1, &n, cnp.NPY_INT64, 0)
-        self.values = cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT64, 0)
-        self.gens = cnp.PyArray_EMPTY(1, &n, cnp.NPY_UINT64, 0)
-        self.torn = cnp.PyArray_EMPTY(1, &n, cnp.NPY_INTP, 0)
-        self.sp = <int64_t*>cnp.PyArray_DATA(self.slots)
-        self.vp = <double*>cnp.PyArray_DATA(self.values)
-        self.gp = <uint64_t*>cnp.PyArray_DATA(self.gens)
-        self.tp = <Py_ssize_t*>cnp.PyArray_DATA(self.torn)
-        self.steps = cnp.PyArray_ZEROS(1, &n, cnp.NPY_INT64, 0)
-        self.stp = <int64_t*>cnp.PyArray_DATA(self.steps)
-        self.rsp, self.rgp, self.rcp = NULL, NULL, NULL
-        if R:
-            self.read_slots = cnp.PyArray_EMPTY(1, &nr, cnp.NPY_INT64, 0)
-            self.read_gens = cnp.PyArray_EMPTY(1, &nr, cnp.NPY_UINT64, 0)
-            self.read_counts = cnp.PyArray_ZEROS(1, &n, cnp.NPY_INTP, 0)
-            self.rsp = <int64_t*>cnp.PyArray_DATA(self.read_slots)
-            self.rgp = <uint64_t*>cnp.PyArray_DATA(self.read_gens)
-            self.rcp = <Py_ssize_t*>cnp.PyArray_DATA(self.read_counts)
+
+cdef enum:
+    # Fresh batches kept for reuse once their caller let go of them (see Ring._take_spare): a
+    # loop holds the batch it trains on while it draws the next, so the one before is free.
+    SPARE_BATCHES = 2
+    SPARE_MAX_BYTES = 65536  # larger batches are not kept: their copies dwarf an allocation
+
+
+cdef enum:
+    # The dimensions of a sample output: a row's (numpy 1 allows 32) after the lead (rows, steps).
+    MAX_OUTPUT_DIMS = 34
+
+
+cdef struct Draws:
+    # The scratch of one sample() call: the slots drawn with their weights and
+    # generations, the rows found torn, (compressed buffers) the R frames at
+    # most that each row reads, with their generations, (sequence tables) the
+    # real steps of each sequence drawn and the slots of one, and where each
+    # output's rows go.  It lives in one block malloc'd per call, so two
+    # threads sampling one table never share it.
+    Py_ssize_t b, R
+    int64_t* sp            # the slots: the memory of the `indexes` output
+    double* vp             # their weights, then importance weights: an output's memory, or scratch
+    uint64_t* gp
+    Py_ssize_t* tp
+    int64_t* stp
+    int64_t* window
+    int64_t* rsp
+    uint64_t* rgp
+    Py_ssize_t* rcp
+    uint8_t** dst          # per output (fields, compressed observations, mask): its first row
+
+
+cdef void* _draws_block(Draws* d, Py_ssize_t b, Py_ssize_t R, Py_ssize_t L, Py_ssize_t nout,
+                        int64_t* slots, double* values) except NULL:
+    # Lay d out in one fresh block (every part is 8-byte words); `values` NULL: the
+    # weights go in the block too.  The caller frees the block.
+    cdef Py_ssize_t words = 4 * b + L + 2 * b * R + nout + (b if values == NULL else 0)
+    cdef uint64_t* block = <uint64_t*>malloc(words * sizeof(uint64_t) + 1)
+    if block == NULL:
+        raise MemoryError()
+    d.b, d.R, d.sp = b, R, slots
+    d.gp = block
+    d.tp = <Py_ssize_t*>(d.gp + b)
+    d.stp = <int64_t*>(d.tp + b)
+    d.rcp = <Py_ssize_t*>(d.stp + b)
+    d.window = <int64_t*>(d.rcp + b)
+    d.rsp = <int64_t*>(d.window + L)
+    d.rgp = <uint64_t*>(d.rsp + b * R)
+    d.dst = <uint8_t**>(d.rgp + b * R)
+    d.vp = values if values != NULL else <double*>(d.dst + nout)
+    memset(d.stp, 0, 2 * b * sizeof(int64_t))  # steps and frame counts: 0 until noted
+    return block
 
 
 cdef class Ring:
@@ -179,8 +202,19 @@ cdef class Ring:
     cdef Slots _slots
     cdef Selector _selector
     cdef readonly Py_ssize_t size
-    cdef list _names, _shapes, _dtypes, _stages
+    cdef list _names, _stages
     cdef Py_ssize_t _nfields
+    # Sample outputs: the fields, the compressed observations, (sequence tables) the mask.
+    cdef Py_ssize_t _nout
+    cdef list _out_names, _out_dtypes
+    cdef int* _out_nd
+    cdef int* _out_typenums
+    cdef cnp.npy_intp* _out_dims      # per output, MAX_OUTPUT_DIMS: its dimensions, rows first (set per call)
+    cdef Py_ssize_t* _out_step_bytes  # per output: the bytes of one row (of a sequence: of one step)
+    cdef Py_ssize_t _frame_keys[MAX_FRAME_OUTPUTS]  # per compressed observation: its key
+    cdef bint _frame_next[MAX_FRAME_OUTPUTS]        # per compressed observation: of the next slot
+    cdef Py_ssize_t _batch_row_bytes                # what one row of a fresh batch holds, indexes and weights too
+    cdef list _spares                               # SPARE_BATCHES batches' arrays (see _take_spare), or None
     cdef uint8_t** _dst
     cdef uint8_t** _stage
     cdef const uint8_t** _src    # per field, during add_one: the row to copy (a caller's array or the stage)
@@ -190,7 +224,8 @@ cdef class Ring:
     cdef int* _typenums
     cdef object _bitgen_owner
     cdef bitgen_t* _bitgen
-    cdef object _sampled
+    cdef object _sampled             # per slot: the generation this handle sampled (None: nothing yet)
+    cdef uint64_t* _record           # its memory
     cdef object _fields_keepalive
 
     def __cinit__(self):
@@ -201,6 +236,11 @@ cdef class Ring:
         self._kinds = NULL
         self._one = NULL
         self._typenums = NULL
+        self._out_nd = NULL
+        self._out_typenums = NULL
+        self._out_dims = NULL
+        self._out_step_bytes = NULL
+        self._record = NULL
 
     def __init__(self, int64_t[::1] header not None, Gate gate not None, Slots slots not None,
                  Selector selector not None, list fields not None, object rng,
@@ -219,7 +259,7 @@ cdef class Ring:
         self._selector = selector
         self.size = slots.size
         self._nfields = n
-        self._names, self._shapes, self._dtypes, self._stages = [], [], [], []
+        self._names, self._stages = [], []
         self._dst = <uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
         self._stage = <uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
         self._src = <const uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
@@ -235,8 +275,6 @@ cdef class Ring:
                 raise ValueError(f"field {name!r}: expected a C-contiguous array of {self.size} rows")
             stage = np.zeros(arr.shape[1:], dtype=arr.dtype)
             self._names.append(name)
-            self._shapes.append(arr.shape[1:])
-            self._dtypes.append(arr.dtype)
             self._stages.append(stage)
             self._dst[i] = <uint8_t*>cnp.PyArray_DATA(arr)
             self._stage[i] = <uint8_t*>cnp.PyArray_DATA(stage)
@@ -245,8 +283,42 @@ cdef class Ring:
             self._one[i] = arr.shape[1:] == (1,)
             self._typenums[i] = arr.dtype.num
         self._fields_keepalive = [arr for _, arr in fields]
+        self._describe_outputs([(name, arr.shape[1:], arr.dtype) for name, arr in fields])
         self.set_rng(rng)
         self._sampled = None
+
+    cdef int _describe_outputs(self, list fields) except -1:
+        # The table of sample outputs: what sample() allocates, or checks in `out`, per output.
+        cdef Py_ssize_t i, d, o, lead = 1 if self._sequences is None else 2
+        outputs = fields + [(name, shape, dtype) for name, _, _, shape, dtype in self._frame_outputs]
+        if self._sequences is not None:
+            outputs.append(("mask", (), np.dtype(np.bool_)))
+        n = len(outputs)
+        self._nout = n
+        self._out_names = [name for name, _, _ in outputs]
+        self._out_dtypes = [np.dtype(dtype) for _, _, dtype in outputs]
+        self._out_nd = <int*>malloc(n * sizeof(int) + 1)
+        self._out_typenums = <int*>malloc(n * sizeof(int) + 1)
+        self._out_dims = <cnp.npy_intp*>malloc(n * MAX_OUTPUT_DIMS * sizeof(cnp.npy_intp) + 1)
+        self._out_step_bytes = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
+        if not (self._out_nd and self._out_typenums and self._out_dims and self._out_step_bytes):
+            raise MemoryError()
+        for i, (name, shape, dtype) in enumerate(outputs):
+            if len(shape) + lead > MAX_OUTPUT_DIMS:
+                raise ValueError(f"{name}: expected at most {MAX_OUTPUT_DIMS - lead} dimensions, got shape {shape}")
+            self._out_nd[i] = len(shape) + lead
+            self._out_typenums[i] = self._out_dtypes[i].num
+            self._out_dims[i * MAX_OUTPUT_DIMS + 1] = self._length
+            for d in range(len(shape)):
+                self._out_dims[i * MAX_OUTPUT_DIMS + lead + d] = shape[d]
+            self._out_step_bytes[i] = int(np.prod(shape, dtype=np.int64)) * self._out_dtypes[i].itemsize
+        for o, (_, key, nxt, _, _) in enumerate(self._frame_outputs):
+            self._frame_keys[o], self._frame_next[o] = key, nxt
+        self._batch_row_bytes = 2 * sizeof(double)
+        for i in range(n):
+            self._batch_row_bytes += self._out_step_bytes[i] * self._length
+        self._spares = [None] * SPARE_BATCHES
+        return 0
 
     def __dealloc__(self):
         free(self._dst)
@@ -256,6 +328,10 @@ cdef class Ring:
         free(self._kinds)
         free(self._typenums)
         free(self._one)
+        free(self._out_nd)
+        free(self._out_typenums)
+        free(self._out_dims)
+        free(self._out_step_bytes)
 
     def set_rng(self, object rng):
         """Draw from ``rng`` (a numpy Generator) from now on."""
@@ -269,6 +345,7 @@ cdef class Ring:
         self._gate.forget_lock()
         self.set_rng(rng)
         self._sampled = None
+        self._record = NULL
 
     def close(self):
         """Mark the buffer closed for every process and wake all blocked callers (see Gate.close)."""
@@ -501,17 +578,17 @@ cdef class Ring:
         cdef long long x
         cdef double x64
         cdef Kind kind = self._kinds[i]
-        cdef tuple shape
+        cdef Py_ssize_t nd = self._out_nd[i] - 1  # a row's dimensions (the one-row adds write transitions only)
+        cdef const cnp.npy_intp* dims = self._out_dims + i * MAX_OUTPUT_DIMS + 1
         if cnp.PyArray_CheckExact(value):
             arr = <cnp.ndarray>value
-            shape = self._shapes[i]
             if not cnp.PyArray_ISCARRAY_RO(arr) or not cnp.PyArray_ISNOTSWAPPED(arr):
                 return False
             if not (cnp.PyArray_NDIM(arr) == 0 and self._one[i]):  # a 0-d array fills a (1,) field
-                if cnp.PyArray_NDIM(arr) != len(shape):
+                if cnp.PyArray_NDIM(arr) != nd:
                     return False
-                for d in range(len(shape)):
-                    if cnp.PyArray_DIM(arr, d) != <Py_ssize_t>shape[d]:
+                for d in range(nd):
+                    if cnp.PyArray_DIM(arr, d) != dims[d]:
                         return False
             if cnp.PyArray_TYPE(arr) == self._typenums[i]:
                 # Copied straight from the caller's array once the slot is reserved.
@@ -524,7 +601,7 @@ cdef class Ring:
                 return _narrow_to_float(<const double*>cnp.PyArray_DATA(arr), <float*>self._stage[i],
                                         cnp.PyArray_SIZE(arr))
             return False
-        if not (self._one[i] or len(<tuple>self._shapes[i]) == 0):  # a number fills a field of one element
+        if not (self._one[i] or nd == 0):  # a number fills a field of one element
             return False
         self._src[i] = self._stage[i]
         if PyFloat_CheckExact(value):
@@ -555,14 +632,12 @@ cdef class Ring:
         cdef uint64_t reserved
         cdef bint wake
         cdef double deadline
-        if PyDict_Size(values) != self._nfields:
+        if self._frames is not None or self._sequences is not None or PyDict_Size(values) != self._nfields:
             return -1
         for i in range(self._nfields):
             item = PyDict_GetItem(values, self._names[i])
             if item == NULL or not self._stage_value(i, <object>item):
                 return -1
-        if self._frames is not None or self._sequences is not None:
-            return -1
         deadline = deadline_of(timeout)
         slot = self._reserve_waiting(1, &reserved, True, deadline, 0)
         for i in range(self._nfields):
@@ -581,6 +656,91 @@ cdef class Ring:
         if wake:
             self._gate.wake()
         return slot
+
+    cdef int _flag_set(self, Py_ssize_t i) except -2:
+        # Whether field i's staged value is nonzero (it ends an episode); -1: a kind not judged here.
+        cdef Kind kind = self._kinds[i]
+        cdef const uint8_t* v = self._src[i]
+        cdef Py_ssize_t b
+        if kind == K_F32:
+            return (<const float*>v)[0] != 0.0
+        if kind == K_F64:
+            return (<const double*>v)[0] != 0.0
+        if kind == K_OTHER:
+            return -1
+        for b in range(self._rowbytes[i]):
+            if v[b]:
+                return 1
+        return 0
+
+    def add_step(self, dict values not None, double priority, timeout, Episode episode not None):
+        """Store one step of a compressed writer's episode, given as Python scalars and
+        exact-dtype arrays: checked, laid out, copied and published in the kernel.
+
+        Returns the step's slot, or -1 when it needs the writer's general path (a value
+        that needs numpy's conversion, a writer without a lane yet, a sequence table)
+        -- then nothing was changed.  Raises ValueError, changing nothing, when a stack
+        or next observation cannot be rebuilt bit for bit (see ext/frame_plan.pyx).
+        A negative ``priority`` means "the stored maximum".
+        """
+        cdef Py_ssize_t i, j, lane = episode.lane, lo, hi, start, row_slot, done
+        cdef int flag
+        cdef uint8_t flagged = 0
+        cdef uint64_t reserved[2]
+        cdef int64_t slots[2]
+        cdef uint8_t states[2]
+        cdef double item_priority[2]
+        cdef const double* row_priority = &priority if priority >= 0.0 else NULL
+        cdef PyObject* item
+        cdef FramePlan plan
+        cdef bint wake
+        cdef double deadline
+        if self._sequences is not None or lane < 0 or PyDict_Size(values) != self._nfields + episode.observations:
+            return -1
+        for i in range(self._nfields):
+            item = PyDict_GetItem(values, self._names[i])
+            if item == NULL or not self._stage_value(i, <object>item):
+                return -1
+        if not episode.take_step(values):
+            return -1
+        for name in episode.flags:
+            flag = self._flag_set(self._names.index(name))
+            if flag < 0:
+                return -1
+            flagged |= flag
+        # Every check runs here, before anything is written.
+        plan = episode.plan_step(&flagged, values)
+        deadline = deadline_of(timeout)
+        lo, hi = self._slots.lanes[lane, LANE_START], self._slots.lanes[lane, LANE_END]
+        start = self._reserve_waiting(plan.items, reserved, True, deadline, lane)
+        for j in range(plan.items):
+            slots[j] = lo + (start - lo + j) % (hi - lo)
+        row_slot = slots[plan.item_of(0)]
+        with nogil:
+            episode.copy_frames(plan, slots)
+            for i in range(self._nfields):
+                memcpy(self._dst[i] + row_slot * self._rowbytes[i], self._src[i], self._rowbytes[i])
+            done = episode.settle(plan, slots, row_priority, states, item_priority)
+        try:
+            self._gate.acquire(deadline)
+        except TimeoutError:
+            self._slots.disown(lane, start, plan.items, reserved)
+            raise
+        try:
+            self._slots.note_writer()
+            # A slot lost to a writer that took it over stays unsampleable, as in publish().
+            self._slots.publish(lane, start, plan.items, reserved, item_priority if row_priority != NULL else NULL,
+                                states)
+            if done:
+                # Rows published WAITING by earlier calls complete with this publication.
+                self._slots.complete(episode.done_slots, episode.done_generations, episode.done_priorities, done)
+            wake = self._gate.progress()
+        finally:
+            self._gate.release()
+        if wake:
+            self._gate.wake()
+        episode.advance_past(plan, slots, reserved, row_priority)
+        return row_slot
 
     # -- readers ----------------------------------------------------------------
     cdef double _draw(self, int64_t* slots, double* values, uint64_t* gens, Py_ssize_t k,
@@ -608,34 +768,25 @@ cdef class Ring:
             gens[j] = self._slots.gen[slots[j]]
         return self._selector.smallest()
 
-    cdef void _gather(self, const int64_t* slots, Py_ssize_t k, list outs, const Py_ssize_t* rows) except *:
-        # Copy rows (all k, or only rows[0..k) of the batch) without the lock.
+    cdef void _gather(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
+        # Copy rows (all k, or only rows[0..k) of the batch) without the lock.  Rows of
+        # 4, 8 and 16 bytes (scalars, small vectors: the common fields) are copied
+        # with a constant size, which compiles to plain loads and stores.
         cdef Py_ssize_t i, j, r, rb
-        cdef uint8_t* src
+        cdef const uint8_t* src
         cdef uint8_t* dst
         for i in range(self._nfields):
-            rb = self._rowbytes[i]
-            src = self._dst[i]
-            dst = <uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>outs[i])
-            with nogil:
-                for j in range(k):
-                    r = rows[j] if rows != NULL else j
-                    memcpy(dst + r * rb, src + slots[r] * rb, rb)
-
-    cdef cnp.ndarray _empty(self, Py_ssize_t i, Py_ssize_t b):
-        cdef cnp.npy_intp dims[34]
-        cdef tuple shape = self._shapes[i]
-        cdef Py_ssize_t d, nd = len(shape), lead = 1 if self._sequences is None else 2
-        dims[0], dims[1] = b, self._length
-        for d in range(nd):
-            dims[d + lead] = shape[d]
-        return cnp.PyArray_EMPTY(nd + lead, dims, self._typenums[i], 0)
-
-    cdef tuple _lead(self, Py_ssize_t b):
-        # The leading axes of a batch's outputs: rows, or sequences and their steps.
-        if self._sequences is None:
-            return (b,)
-        return (b, self._length)
+            rb, src, dst = self._rowbytes[i], self._dst[i], d.dst[i]
+            for j in range(k):
+                r = rows[j] if rows != NULL else j
+                if rb == 4:
+                    memcpy(dst + r * 4, src + d.sp[r] * 4, 4)
+                elif rb == 8:
+                    memcpy(dst + r * 8, src + d.sp[r] * 8, 8)
+                elif rb == 16:
+                    memcpy(dst + r * 16, src + d.sp[r] * 16, 16)
+                else:
+                    memcpy(dst + r * rb, src + d.sp[r] * rb, rb)
 
     cdef Py_ssize_t _note_reads(self, Py_ssize_t s, int64_t* slots, uint64_t* gens) noexcept nogil:
         # Lock held: the frames row s reads and their generations now.
@@ -644,44 +795,100 @@ cdef class Ring:
             gens[j] = self._slots.gen[slots[j]]
         return c
 
-    cdef void _gather_frames(self, const int64_t* slots, Py_ssize_t k, list outs, const Py_ssize_t* rows) except *:
+    cdef void _gather_frames(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
         # Rebuild the compressed observations of rows (all k, or rows[0..k)) without the lock.
         # Row by row, every output of the row together: obs and next_obs share all frames but
         # one, so the second rebuild reads them from cache instead of memory.
-        cdef Py_ssize_t o, j, r, u, n = len(self._frame_outputs)
-        cdef Py_ssize_t keys[MAX_FRAME_OUTPUTS]
-        cdef Py_ssize_t rbs[MAX_FRAME_OUTPUTS]
-        cdef bint nxts[MAX_FRAME_OUTPUTS]
-        cdef uint8_t* dsts[MAX_FRAME_OUTPUTS]
-        for o in range(n):
-            keys[o], nxts[o] = self._frame_outputs[o][1], self._frame_outputs[o][2]
-            out = <cnp.ndarray>outs[self._nfields + o]
-            rbs[o] = out.nbytes // out.shape[0]
-            dsts[o] = <uint8_t*>cnp.PyArray_DATA(out)
-        with nogil:
-            for j in range(k):
-                r = rows[j] if rows != NULL else j
-                for o in range(n):
-                    u = self._frames._nxt[slots[r]] if nxts[o] else slots[r]
-                    self._frames.rebuild(keys[o], u, dsts[o] + r * rbs[o])
+        cdef Py_ssize_t o, j, r, u, nf = self._nfields, n = self._nout - self._nfields
+        for j in range(k):
+            r = rows[j] if rows != NULL else j
+            for o in range(n):
+                u = self._frames._nxt[d.sp[r]] if self._frame_next[o] else d.sp[r]
+                self._frames.rebuild(self._frame_keys[o], u, d.dst[nf + o] + r * self._out_step_bytes[nf + o])
 
-    cdef list _outputs(self, Py_ssize_t b, dict out):
-        # Arrays to copy a batch of b rows into: fresh ones, or the caller's; a
-        # sequence table's last one is the mask.
-        cdef Py_ssize_t i
-        cdef tuple lead = self._lead(b)
-        cdef list outs = [self._empty(i, b) if out is None or self._names[i] not in out
-                          else _checked_out(out, self._names[i], lead + self._shapes[i], self._dtypes[i])
-                          for i in range(self._nfields)]
-        for name, _, _, shape, dtype in self._frame_outputs:
-            outs.append(np.empty(lead + shape, dtype=dtype) if out is None or name not in out
-                        else _checked_out(out, name, lead + shape, dtype))
-        if self._sequences is not None:
-            outs.append(np.empty(lead, dtype=np.bool_) if out is None or "mask" not in out
-                        else _checked_out(out, "mask", lead, np.dtype(np.bool_)))
-        return outs
+    cdef list _take_spare(self, Py_ssize_t b, bint weights, int index_type, int weight_type):
+        # The arrays of an earlier fresh batch of b rows (outputs, indexes, with
+        # `weights` the weights; of those numpy types) that nobody but this table holds any more: filling them
+        # again is invisible to everyone and spares the allocations.  Taken out of
+        # _spares with the GIL held throughout, so two threads never take the same.
+        cdef Py_ssize_t k, i, n = self._nout + 1 + weights
+        cdef cnp.npy_intp dims[MAX_OUTPUT_DIMS]
+        cdef list arrays
+        cdef PyObject* arr
+        for k in range(SPARE_BATCHES):
+            arrays = <list>self._spares[k]
+            if arrays is None or len(arrays) != n:
+                continue
+            for i in range(n):
+                arr = PyList_GET_ITEM(arrays, i)
+                if Py_REFCNT(<object>arr) != 1:
+                    break
+                if i < self._nout:
+                    memcpy(dims, self._out_dims + i * MAX_OUTPUT_DIMS, self._out_nd[i] * sizeof(cnp.npy_intp))
+                    dims[0] = b
+                    if not self._fits(<object>arr, i, self._out_nd[i], dims):
+                        break
+                elif not (_is_vector(<object>arr, index_type if i == self._nout else weight_type)
+                          and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>arr) and cnp.PyArray_DIM(<cnp.ndarray>arr, 0) == b):
+                    break
+            else:
+                self._spares[k] = None
+                return arrays
+        return None
 
-    cdef double _draw_batch(self, _Draws d, bint stratified, double deadline) except? -1.0:
+    cdef int _keep_spare(self, list arrays) except -1:
+        # Keep a fresh batch's arrays for _take_spare: in a free place, else instead of the oldest.
+        cdef Py_ssize_t k
+        for k in range(SPARE_BATCHES):
+            if self._spares[k] is None:
+                self._spares[k] = arrays
+                return 0
+        self._spares.pop(0)
+        self._spares.append(arrays)
+        return 0
+
+    cdef int _outputs(self, Py_ssize_t b, dict out, list spare, dict result, uint8_t** dst) except -1:
+        # Put the arrays a batch of b rows is copied into in `result` (fresh ones, a spare
+        # batch's, or the caller's from `out`, checked) and where each one's rows go in `dst`.
+        cdef Py_ssize_t i, nd
+        cdef cnp.npy_intp dims[MAX_OUTPUT_DIMS]
+        cdef PyObject* given
+        for i in range(self._nout):
+            name = self._out_names[i]
+            if spare is not None:
+                result[name] = arr = spare[i]
+                dst[i] = <uint8_t*>cnp.PyArray_DATA(arr)
+                continue
+            nd = self._out_nd[i]
+            memcpy(dims, self._out_dims + i * MAX_OUTPUT_DIMS, nd * sizeof(cnp.npy_intp))
+            dims[0] = b
+            given = NULL if out is None else PyDict_GetItem(out, name)
+            if given == NULL:
+                arr = cnp.PyArray_EMPTY(nd, dims, self._out_typenums[i], 0)
+            elif self._fits(<object>given, i, nd, dims):
+                arr = <object>given
+            else:
+                arr = _checked_out(<object>given, name, tuple([dims[j] for j in range(nd)]), self._out_dtypes[i])
+            result[name] = arr
+            dst[i] = <uint8_t*>cnp.PyArray_DATA(arr)
+        return 0
+
+    cdef bint _fits(self, object arr, Py_ssize_t i, Py_ssize_t nd, const cnp.npy_intp* dims):
+        # Whether `arr` can take output i as it is: the quick yes of _checked_out.
+        cdef Py_ssize_t j
+        cdef cnp.ndarray a
+        if not cnp.PyArray_Check(arr):
+            return False
+        a = <cnp.ndarray>arr
+        if not (cnp.PyArray_NDIM(a) == nd and cnp.PyArray_ISCARRAY(a)
+                and (a.descr is self._out_dtypes[i] or cnp.PyArray_EquivTypes(a.descr, self._out_dtypes[i]))):
+            return False
+        for j in range(nd):
+            if cnp.PyArray_DIM(a, j) != dims[j]:
+                return False
+        return True
+
+    cdef double _draw_batch(self, Draws* d, bint stratified, double deadline) except? -1.0:
         # Under the lock, once the rate limiter lets the sample through: draw
         # every row, note what each reads.  Returns the smallest weight.
         cdef Py_ssize_t j
@@ -708,7 +915,7 @@ cdef class Ring:
             self._gate.wake()
         return vmin
 
-    cdef inline void _note_row(self, _Draws d, Py_ssize_t j) noexcept nogil:
+    cdef inline void _note_row(self, Draws* d, Py_ssize_t j) noexcept nogil:
         # Lock held: the frames row j reads, with their generations now, and the
         # steps of a sequence.  The frames a sequence's first step reads are the
         # oldest it reads: guarding them guards every step (see ext/sequences.pyx).
@@ -717,7 +924,7 @@ cdef class Ring:
         if self._sequences is not None:
             d.stp[j] = self._sequences.steps(d.sp[j])
 
-    cdef Py_ssize_t _find_torn(self, _Draws d) noexcept nogil:
+    cdef Py_ssize_t _find_torn(self, Draws* d) noexcept nogil:
         # After copying: the rows whose slot (or a frame they read) was rewritten
         # meanwhile go to d.tp; returns how many.
         cdef Py_ssize_t j, t, ntorn = 0
@@ -732,7 +939,7 @@ cdef class Ring:
                 ntorn += 1
         return ntorn
 
-    cdef double _redraw(self, _Draws d, Py_ssize_t ntorn, list outs, double deadline, bint locked) except? -1.0:
+    cdef double _redraw(self, Draws* d, Py_ssize_t ntorn, double deadline, bint locked) except? -1.0:
         # Draw the torn rows again; with `locked`, also copy them under the lock.
         # Returns the smallest weight now.
         cdef Py_ssize_t j
@@ -749,66 +956,44 @@ cdef class Ring:
                 d.sp[d.tp[j]], d.vp[d.tp[j]], d.gp[d.tp[j]] = s1, v1, g1
                 self._note_row(d, d.tp[j])
             if locked:
-                self._copy_rows(d, ntorn, outs, d.tp)
+                self._copy_rows(d, ntorn, d.tp)
         finally:
             self._gate.release()
         return vmin
 
-    cdef int _copy_rows(self, _Draws d, Py_ssize_t k, list outs, const Py_ssize_t* rows) except -1:
+    cdef void _copy_rows(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
         if self._sequences is not None:
-            self._gather_sequences(d, k, outs, rows)
-            return 0
-        self._gather(d.sp, k, outs, rows)
+            self._gather_sequences(d, k, rows)
+            return
+        self._gather(d, k, rows)
         if self._frames is not None:
-            self._gather_frames(d.sp, k, outs, rows)
-        return 0
+            self._gather_frames(d, k, rows)
 
-    cdef int _gather_sequences(self, _Draws d, Py_ssize_t k, list outs, const Py_ssize_t* rows) except -1:
+    cdef void _gather_sequences(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
         # Copy the steps of sequences (all k, or rows[0..k)) without the lock, step
         # by step every output together; padding steps become zeros, the mask says so.
-        cdef Py_ssize_t L = self._length, nf = self._nfields, no = len(self._frame_outputs)
-        cdef Py_ssize_t i, o, j, r, t, n, u, at
+        cdef Py_ssize_t L = self._length, nf = self._nfields, no = self._nout - self._nfields - 1
+        cdef Py_ssize_t i, o, j, r, t, n, u, at, rb
         cdef Py_ssize_t n_out = nf + no
-        cdef uint8_t** dsts = <uint8_t**>malloc(n_out * sizeof(uint8_t*) + 1)
-        cdef Py_ssize_t* rbs = <Py_ssize_t*>malloc(n_out * sizeof(Py_ssize_t) + 1)
-        cdef Py_ssize_t* keys = <Py_ssize_t*>malloc(no * sizeof(Py_ssize_t) + 1)
-        cdef bint* nxts = <bint*>malloc(no * sizeof(bint) + 1)
-        cdef int64_t* window = <int64_t*>malloc(L * sizeof(int64_t))
-        cdef uint8_t* mask = <uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>outs[n_out])
-        try:
-            if not (dsts and rbs and keys and nxts and window):
-                raise MemoryError()
-            for i in range(n_out):
-                out = <cnp.ndarray>outs[i]
-                dsts[i] = <uint8_t*>cnp.PyArray_DATA(out)
-                rbs[i] = out.nbytes // (out.shape[0] * L)
-            for o in range(no):
-                keys[o], nxts[o] = self._frame_outputs[o][1], self._frame_outputs[o][2]
-            with nogil:
-                for j in range(k):
-                    r = rows[j] if rows != NULL else j
-                    n = d.stp[r]
-                    self._sequences.window(d.sp[r], n, window)
-                    for t in range(L):
-                        at = r * L + t
-                        mask[at] = t < n
-                        if t >= n:
-                            for i in range(n_out):
-                                memset(dsts[i] + at * rbs[i], 0, rbs[i])
-                            continue
-                        u = window[t]
-                        for i in range(nf):
-                            memcpy(dsts[i] + at * rbs[i], self._dst[i] + u * rbs[i], rbs[i])
-                        for o in range(no):
-                            self._frames.rebuild(keys[o], self._frames._nxt[u] if nxts[o] else u,
-                                                 dsts[nf + o] + at * rbs[nf + o])
-        finally:
-            free(dsts)
-            free(rbs)
-            free(keys)
-            free(nxts)
-            free(window)
-        return 0
+        cdef uint8_t* mask = d.dst[n_out]
+        for j in range(k):
+            r = rows[j] if rows != NULL else j
+            n = d.stp[r]
+            self._sequences.window(d.sp[r], n, d.window)
+            for t in range(L):
+                at = r * L + t
+                mask[at] = t < n
+                if t >= n:
+                    for i in range(n_out):
+                        memset(d.dst[i] + at * self._out_step_bytes[i], 0, self._out_step_bytes[i])
+                    continue
+                u = d.window[t]
+                for i in range(nf):
+                    rb = self._out_step_bytes[i]
+                    memcpy(d.dst[i] + at * rb, self._dst[i] + u * rb, rb)
+                for o in range(no):
+                    self._frames.rebuild(self._frame_keys[o], self._frames._nxt[u] if self._frame_next[o] else u,
+                                         d.dst[nf + o] + at * self._out_step_bytes[nf + o])
 
     def sample(self, Py_ssize_t batch_size, bint stratified, double beta=-1.0, timeout=None, dict out=None,
                bint leaves=False, bint float32_weights=False, bint uint64_indexes=False):
@@ -820,59 +1005,87 @@ cdef class Ring:
         (how many times the slot was published: a rewrite changes it).  Field
         arrays are fresh, or the ones ``out`` holds under the field's name
         (reusing memory spares the page faults of fresh allocations);
-        ``float32_weights`` hands the weights out as float32.  Waits at most ``timeout`` seconds (None: no limit) while the rate
-        limiter holds samples back, then raises TimeoutError.
-        ``uint64_indexes`` hands the indexes out as uint64 (cpprb's convention).
+        ``float32_weights`` hands the weights out as float32 and ``uint64_indexes``
+        the indexes as uint64 (cpprb's types).  Waits at most ``timeout`` seconds
+        (None: no limit) while the rate limiter holds samples back, then raises TimeoutError.
         """
         cdef Py_ssize_t b = batch_size, j, ntorn, rounds = 0
         cdef double vmin, deadline = deadline_of(timeout)
-        cdef uint64_t* record
         cdef float* w32
+        cdef int64_t* tp
         cdef cnp.npy_intp nb = batch_size
+        cdef Draws d
+        cdef void* block
         if b < 1:
             raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size}")
-        cdef _Draws d = _Draws(b, 2 * self._frames.max_stack if self._frames is not None else 0)
-        cdef list outs = self._outputs(b, out)
-        self._gate.check_sample(b)
-        vmin = self._draw_batch(d, stratified, deadline)
-        self._copy_rows(d, b, outs, NULL)
-        while True:
-            ntorn = self._find_torn(d)
-            if ntorn == 0:
-                break
-            rounds += 1
-            # After a few unlucky rounds (a small ring lapped while this process
-            # was descheduled), copy the redrawn rows under the lock: nobody can
-            # reserve a published slot meanwhile, so they cannot tear.
-            vmin = self._redraw(d, ntorn, outs, deadline, rounds > LOCKED_REDRAW_AFTER)
-            if rounds > LOCKED_REDRAW_AFTER:
-                break
-            self._copy_rows(d, ntorn, outs, d.tp)
-        if self._sampled is None:
-            self._sampled = np.full(self.size, NOT_SAMPLED, dtype=np.uint64)
-        record = <uint64_t*>cnp.PyArray_DATA(<cnp.ndarray>self._sampled)
-        for j in range(b):
-            record[d.sp[j]] = d.gp[j]
-        result = dict(zip(self._names, outs))
-        for o in range(len(self._frame_outputs)):
-            result[self._frame_outputs[o][0]] = outs[self._nfields + o]
-        if self._sequences is not None:
-            result["mask"] = outs[len(outs) - 1]
-        result["indexes"] = d.slots.view(np.uint64) if uint64_indexes else d.slots
-        if leaves:
-            result["leaf"] = d.values
-            result["tags"] = (d.gens >> np.uint64(1)).astype(np.int64)
-        elif beta >= 0.0:
-            if float32_weights:
-                weights = cnp.PyArray_EMPTY(1, &nb, cnp.NPY_FLOAT32, 0)
-                w32 = <float*>cnp.PyArray_DATA(<cnp.ndarray>weights)
+        cdef dict result = {}
+        cdef cnp.ndarray indexes, values = None, weights = None
+        cdef int index_type = cnp.NPY_UINT64 if uint64_indexes else cnp.NPY_INT64
+        cdef int weight_type = cnp.NPY_FLOAT32 if float32_weights else cnp.NPY_FLOAT64
+        # Small fresh batches of the common kinds are reused once their caller let go of them.
+        cdef bint reuse = out is None and not leaves and b * self._batch_row_bytes <= SPARE_MAX_BYTES
+        cdef list spare = self._take_spare(b, beta >= 0.0, index_type, weight_type) if reuse else None
+        if spare is not None:
+            indexes = spare[self._nout]
+            if beta >= 0.0:
+                weights = spare[self._nout + 1]
+        else:
+            indexes = cnp.PyArray_EMPTY(1, &nb, index_type, 0)
+            if leaves:
+                values = cnp.PyArray_EMPTY(1, &nb, cnp.NPY_FLOAT64, 0)
+            elif beta >= 0.0:
+                weights = cnp.PyArray_EMPTY(1, &nb, weight_type, 0)
+        if weights is not None and not float32_weights:
+            values = weights  # drawn leaf weights become importance weights in place
+        block = _draws_block(&d, b, 2 * self._frames.max_stack if self._frames is not None else 0, self._length,
+                             self._nout, <int64_t*>cnp.PyArray_DATA(indexes),
+                             NULL if values is None else <double*>cnp.PyArray_DATA(values))
+        try:
+            self._outputs(b, out, spare, result, d.dst)  # a bad `out` raises before anything is drawn
+            self._gate.check_sample(b)
+            vmin = self._draw_batch(&d, stratified, deadline)
+            with nogil:
+                self._copy_rows(&d, b, NULL)
+                ntorn = self._find_torn(&d)
+            while ntorn:
+                rounds += 1
+                # After a few unlucky rounds (a small ring lapped while this process
+                # was descheduled), copy the redrawn rows under the lock: nobody can
+                # reserve a published slot meanwhile, so they cannot tear.
+                vmin = self._redraw(&d, ntorn, deadline, rounds > LOCKED_REDRAW_AFTER)
+                if rounds > LOCKED_REDRAW_AFTER:
+                    break
+                with nogil:
+                    self._copy_rows(&d, ntorn, d.tp)
+                    ntorn = self._find_torn(&d)
+            if self._record == NULL:
+                self._sampled = np.full(self.size, NOT_SAMPLED, dtype=np.uint64)
+                self._record = <uint64_t*>cnp.PyArray_DATA(<cnp.ndarray>self._sampled)
+            for j in range(b):
+                self._record[d.sp[j]] = d.gp[j]
+            result["indexes"] = indexes
+            if leaves:
+                result["leaf"] = values
+                tags = cnp.PyArray_EMPTY(1, &nb, cnp.NPY_INT64, 0)
+                tp = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>tags)
                 for j in range(b):
-                    w32[j] = <float>importance_weight(vmin, d.vp[j], beta)
+                    tp[j] = <int64_t>(d.gp[j] >> 1)
+                result["tags"] = tags
+            elif beta >= 0.0:
+                if float32_weights:
+                    w32 = <float*>cnp.PyArray_DATA(weights)
+                    for j in range(b):
+                        w32[j] = <float>importance_weight(vmin, d.vp[j], beta)
+                else:
+                    for j in range(b):
+                        d.vp[j] = importance_weight(vmin, d.vp[j], beta)
                 result["weights"] = weights
-            else:
-                for j in range(b):
-                    d.vp[j] = importance_weight(vmin, d.vp[j], beta)
-                result["weights"] = d.values
+        finally:
+            free(block)
+        if reuse:
+            if spare is None:
+                spare = list(result.values())
+            self._keep_spare(spare)
         return result
 
     @property
@@ -880,20 +1093,27 @@ cdef class Ring:
         """The largest priority :meth:`check_priorities` and :meth:`update` accept."""
         return self._selector.max_priority
 
+    cdef Py_ssize_t _bad_priority(self, const double* priorities, Py_ssize_t n) noexcept nogil:
+        # The first position whose priority is not finite, >= 0 and at most max_priority, or -1.
+        cdef Py_ssize_t j
+        for j in range(n):
+            if not (priorities[j] >= 0.0 and priorities[j] <= self._selector.max_priority):
+                return j
+        return -1
+
+    cdef int _raise_bad_priority(self, const double* priorities, Py_ssize_t bad) except -1:
+        raise ValueError(f"priorities: expected finite values in [0, {self._selector.max_priority:.3g}], "
+                         f"got {priorities[bad]!r} at position {bad}")
+
     def check_priorities(self, const double[::1] priorities not None):
         """Raise ValueError unless every priority is finite, >= 0 and small
         enough that no sum of leaf weights can overflow."""
-        cdef Py_ssize_t j, bad = -1
-        cdef double p
-        with nogil:
-            for j in range(priorities.shape[0]):
-                p = priorities[j]
-                if not (p >= 0.0 and p <= self._selector.max_priority):
-                    bad = j
-                    break
+        cdef Py_ssize_t bad = -1
+        if priorities.shape[0]:
+            with nogil:
+                bad = self._bad_priority(&priorities[0], priorities.shape[0])
         if bad >= 0:
-            raise ValueError(f"priorities: expected finite values in [0, {self._selector.max_priority:.3g}], "
-                             f"got {priorities[bad]!r} at position {bad}")
+            self._raise_bad_priority(&priorities[0], bad)
 
     def tags(self, const int64_t[::1] slots not None):
         """The slot tags of ``slots`` now (see :meth:`sample`), -1 where a writer holds the slot."""
@@ -908,47 +1128,58 @@ cdef class Ring:
             op[j] = -1 if being_written(g) else <int64_t>(g >> 1)
         return out
 
-    def update(self, const int64_t[::1] slots not None, const double[::1] priorities not None):
+    def update(self, object slots, object priorities):
         """Set priorities of sampled slots; returns how many updates were dropped as stale.
 
+        ``slots`` and ``priorities`` are what :meth:`sample` hands out: a 1-D
+        C-contiguous int64 (or uint64) array and a float64 one as long.  Anything else
+        returns -1 and changes nothing: the caller converts it and calls again.
         Raises ValueError (changing nothing) for a slot outside the stored
         range or a bad priority.  An update whose slot was overwritten since
         this process sampled it, or is being written now, is dropped.
         """
-        cdef Py_ssize_t k = slots.shape[0], j, s, stale = 0, bad = -1
+        cdef Py_ssize_t k, j, s, stale = 0, bad_slot = -1, bad_priority = -1
         cdef uint64_t g, rec
-        cdef uint64_t* record = NULL
-        if priorities.shape[0] != k:
-            raise ValueError(f"priorities: expected {k} values (one per index), got {priorities.shape[0]}")
-        with nogil:
-            for j in range(k):
-                if not (0 <= slots[j] < self.size and self._slots.gen[slots[j]] != 0):
-                    bad = j
-                    break
-        if bad >= 0:
-            raise ValueError(f"indexes: expected slots that hold transitions (0 <= slot < {self.size}, "
-                             f"written at least once), got {slots[bad]} at position {bad}")
-        self.check_priorities(priorities)
-        if self._sampled is not None:
-            record = <uint64_t*>cnp.PyArray_DATA(<cnp.ndarray>self._sampled)
+        cdef const int64_t* sp
+        cdef const double* pp
+        if not ((_is_vector(slots, cnp.NPY_INT64) or _is_vector(slots, cnp.NPY_UINT64))
+                and _is_vector(priorities, cnp.NPY_FLOAT64)
+                and cnp.PyArray_DIM(<cnp.ndarray>slots, 0) == cnp.PyArray_DIM(<cnp.ndarray>priorities, 0)):
+            return -1
+        k = cnp.PyArray_DIM(<cnp.ndarray>slots, 0)
+        sp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>slots)
+        pp = <const double*>cnp.PyArray_DATA(<cnp.ndarray>priorities)
         self._gate.acquire()
         try:
             with nogil:
+                # Checked under the lock, in the one pass before the first change (a uint64
+                # slot of 2**63 or more reads as negative here, and is refused).
                 for j in range(k):
-                    s = slots[j]
-                    g = self._slots.gen[s]
-                    rec = record[s] if record != NULL else NOT_SAMPLED
-                    if (self._slots.state[s] == COMPLETE and (rec == NOT_SAMPLED or rec == g)
-                            and (self._sequences is None or self._sequences.steps(s) > 0)):
-                        self._selector.set(s, priorities[j])
-                        fault(F_UPDATE)
-                    else:
-                        stale += 1
-                if k:
-                    self._selector.fix_each(&slots[0], k)
-                self._header[STALE] += stale
+                    if not (0 <= sp[j] < self.size and self._slots.gen[sp[j]] != 0):
+                        bad_slot = j
+                        break
+                bad_priority = self._bad_priority(pp, k)
+                if bad_slot < 0 and bad_priority < 0:
+                    for j in range(k):
+                        s = sp[j]
+                        g = self._slots.gen[s]
+                        rec = self._record[s] if self._record != NULL else NOT_SAMPLED
+                        if (self._slots.state[s] == COMPLETE and (rec == NOT_SAMPLED or rec == g)
+                                and (self._sequences is None or self._sequences.steps(s) > 0)):
+                            self._selector.set(s, pp[j])
+                            fault(F_UPDATE)
+                        else:
+                            stale += 1
+                    if k:
+                        self._selector.fix_each(sp, k)
+                    self._header[STALE] += stale
         finally:
             self._gate.release()
+        if bad_slot >= 0:
+            raise ValueError(f"indexes: expected slots that hold transitions (0 <= slot < {self.size}, "
+                             f"written at least once), got {slots[bad_slot]} at position {bad_slot}")
+        if bad_priority >= 0:
+            self._raise_bad_priority(pp, bad_priority)
         return stale
 
     def open_sequences(self, const int64_t[::1] slots not None, const uint64_t[::1] generations not None,

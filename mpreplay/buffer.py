@@ -198,6 +198,8 @@ class ReplayBuffer:
         if self._sequence is not None:
             self._writer = SequenceWriter(self._sequence, self._writer, self._ring,
                                           [flag for flag in (c.done, c.truncated) if flag is not None])
+        # One transition goes straight to the kernel (Ring.add_one) unless it is folded or planned first.
+        self._plain_rows = self._nstep is None and self._writer is None
 
     def _manifest(self) -> dict[str, Any]:
         """What another process needs to read this buffer's memory (see :mod:`mpreplay.manifest`)."""
@@ -277,6 +279,10 @@ class ReplayBuffer:
         """
         if "priorities" in fields:
             raise TypeError("priorities: only PrioritizedReplayBuffer.add takes initial priorities")
+        if timeout is None and self._plain_rows:
+            slot = self._ring.add_one(fields, -1.0, None)  # -1: not one row of plain values, nothing stored
+            if slot >= 0:
+                return slot
         return self._add(fields, None, timeout)
 
     def _add(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int | None:
@@ -284,7 +290,7 @@ class ReplayBuffer:
             timeout = checks.seconds("timeout", timeout)
         if self._nstep is not None:
             return self._add_folded(fields, priorities, timeout)
-        if self._writer is None and (priorities is None or type(priorities) is float):
+        if (priorities is None or type(priorities) is float) and self._sequence is None:
             # One transition of Python scalars and exact arrays: the kernel's fast path.
             if priorities is None:
                 priority = -1.0
@@ -292,7 +298,8 @@ class ReplayBuffer:
                 priority = priorities
             else:
                 priority = checks.number("priorities", priorities, low=0.0, high=self._ring.max_priority)
-            slot = self._ring.add_one(fields, priority, timeout)
+            slot = (self._ring.add_one(fields, priority, timeout) if self._writer is None
+                    else self._writer.add_one(fields, priority, timeout))
             if slot >= 0:
                 return slot
         k, rows = convert_batch(self._specs, fields)
@@ -723,6 +730,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def add(self, *, priorities: Any = None, timeout: float | None = None, **fields: Any) -> int:
         """Store one transition or a batch; ``priorities`` (one per transition, or one
         float for all) defaults to the largest priority stored now.  See :meth:`ReplayBuffer.add`."""
+        if priorities is None and timeout is None and self._plain_rows:
+            slot = self._ring.add_one(fields, -1.0, None)  # -1: not one row of plain values, nothing stored
+            if slot >= 0:
+                return slot
         return self._add(fields, priorities, timeout)
 
     def sample(self, batch_size: int, beta: float = 0.4, *, timeout: float | None = None,
@@ -771,8 +782,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         An update whose slot was overwritten since this process sampled it is
         dropped (counted in ``stats()["stale_updates_dropped"]``).
         """
-        idx = checks.indexes("indexes", indexes)
-        self._ring.update(idx, checks.priorities("priorities", priorities, len(idx), max_priority=None))
+        if self._ring.update(indexes, priorities) < 0:
+            # Not the int64 and float64 arrays sample() hands out (a list, a tensor, other
+            # dtypes, lengths that differ): converted and checked, they are.
+            idx = checks.indexes("indexes", indexes)
+            self._ring.update(idx, checks.priorities("priorities", priorities, len(idx), max_priority=None))
 
 
 def _attach(cls: type, config: dict[str, Any], name: str) -> "ReplayBuffer":

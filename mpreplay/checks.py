@@ -170,19 +170,29 @@ def _numpy(value: Any) -> Any:
     return value.detach().cpu().numpy() if is_tensor(value) else value
 
 
+def _kernel_ready(array: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether ``array`` is what the kernels read as it is: 1-D, C-contiguous, aligned, native ``dtype``."""
+    return (type(array) is np.ndarray and array.dtype is dtype and array.ndim == 1
+            and array.flags.c_contiguous and array.flags.aligned)
+
+
+def _aligned(array: np.ndarray) -> np.ndarray:
+    # A view into a byte buffer at an odd offset is contiguous but not aligned: its copy is.
+    return array if array.flags.aligned else array.copy()
+
+
 def indexes(name: str, values: Any) -> np.ndarray:
-    """``values`` (a list, an array, a tensor or one integer) as a 1-D contiguous int64 array.
+    """``values`` (a list, an array, a tensor or one integer) as a 1-D contiguous, aligned int64 array.
 
     Unsigned indexes are taken as they are (cpprb hands out uint64), and floats
     when they are whole numbers.  Their range is the caller's to check (a uint64
     of 2**63 or more reads as negative, which no range admits).
     """
     idx = values
-    if type(idx) is np.ndarray and idx.ndim == 1 and idx.flags.c_contiguous:
-        if idx.dtype is _INT64:
-            return idx
-        if idx.dtype is _UINT64:
-            return idx.view(_INT64)
+    if _kernel_ready(idx, _INT64):
+        return idx
+    if _kernel_ready(idx, _UINT64):
+        return idx.view(_INT64)
     try:
         idx = np.asarray(_numpy(values))
     except (TypeError, ValueError):
@@ -199,8 +209,8 @@ def indexes(name: str, values: Any) -> np.ndarray:
         raise TypeError(f"{name}: expected integers, got dtype {idx.dtype}")
     idx = idx.reshape(-1)
     if idx.dtype == _UINT64:
-        return np.ascontiguousarray(idx).view(_INT64)
-    return np.ascontiguousarray(idx, dtype=np.int64)
+        return _aligned(np.ascontiguousarray(idx)).view(_INT64)
+    return _aligned(np.ascontiguousarray(idx, dtype=np.int64))
 
 
 def matrix(name: str, values: Any, *, kind: str) -> np.ndarray:
@@ -229,8 +239,8 @@ def matrix(name: str, values: Any, *, kind: str) -> np.ndarray:
 
 
 def priorities(name: str, values: Any, count: int, *, max_priority: float | np.ndarray | None) -> np.ndarray:
-    """``values`` as ``count`` contiguous float64 priorities: ``count`` numbers (a list, an
-    array of any shape, a tensor, e.g. a loss of shape (count, 1)), or one number for all.
+    """``values`` as ``count`` contiguous, aligned float64 priorities: ``count`` numbers (a list,
+    an array of any shape, a tensor, e.g. a loss of shape (count, 1)), or one number for all.
 
     Each must be finite, >= 0 and <= ``max_priority`` (one number, or one
     maximum per value: what the buffer that stores it accepts, see
@@ -239,14 +249,14 @@ def priorities(name: str, values: Any, count: int, *, max_priority: float | np.n
     (``Ring.check_priorities`` and ``Ring.update`` check it, with the same message).
     """
     p = values
-    if not (type(p) is np.ndarray and p.dtype is _FLOAT64 and p.ndim == 1 and p.flags.c_contiguous):
+    if not _kernel_ready(p, _FLOAT64):
         if values is None:  # numpy would make it NaN
             raise TypeError(f"{name}: expected numbers, got None")
         try:
             p = np.asarray(_numpy(values), dtype=np.float64)
         except (TypeError, ValueError):
             raise TypeError(f"{name}: expected numbers, got {type(values).__name__}") from None
-        p = np.full(count, p) if p.ndim == 0 else np.ascontiguousarray(p.reshape(-1))
+        p = np.full(count, p) if p.ndim == 0 else _aligned(np.ascontiguousarray(p.reshape(-1)))
     if len(p) != count:
         raise ValueError(f"{name}: expected {count} values (one per transition), got {len(p)}")
     if max_priority is not None:

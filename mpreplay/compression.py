@@ -22,7 +22,6 @@ fills its own lane, so consecutive steps of an episode sit in consecutive slots.
 from __future__ import annotations
 
 import weakref
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,11 +29,11 @@ from typing import Any
 import numpy as np
 
 from . import checks
-from ._ext.frame_plan import FramePlan, FramePlanner
+from ._ext.frame_plan import Episode, FramePlan, FramePlanner
 from ._ext.frames import Frames
 from ._ext.gate import deadline
 from ._ext.ring import Ring
-from ._ext.schema import COMPLETE, EMPTY, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, WAITING
+from ._ext.schema import LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START
 from ._ext.schema import field_array, frames_array
 from .spec import FieldSpec
 
@@ -139,25 +138,6 @@ class Compression:
         return frames, outputs
 
 
-@dataclass(slots=True)
-class _Waiting:
-    """A transition stored WAITING for the frame of its next observation."""
-
-    slot: int              # -1 until published
-    item: int              # its item in the batch being planned, -1 for earlier batches
-    position: int          # items this writer had written before it, in its lane
-    next: dict[str, tuple[np.ndarray, bool]]  # (copy, planar) per key, once it outlives its call
-    priority: float | None
-    generation: int = 0    # once published
-
-
-@dataclass(slots=True)
-class _Item:
-    """One slot to write: a transition (``row`` >= 0) or an episode's last next frame."""
-
-    row: int
-
-
 class FrameWriter:
     """The writing side of a compressed buffer, private to one process.
 
@@ -172,12 +152,7 @@ class FrameWriter:
         self._specs = specs
         self._ring = ring
         self._arrays = arrays  # the buffer's memory: lanes, nxt, depth, frames and the stored fields
-        self._lane: int | None = None
         self._release_lane: weakref.finalize | None = None
-        self._written = 0                       # items this writer has reserved in its lane
-        self._waiting: deque[_Waiting] = deque()
-        self._last: list[tuple[np.ndarray, bool] | None] = [None] * len(compression.keys)  # newest stacks
-        self._t = 0                             # steps of the current episode stored so far
         self._keys = compression.keys
         self._next_keys = [(q, key) for q, key in enumerate(self._keys) if key in compression.next_of]
         self._stacked = [key in compression.stack for key in self._keys]
@@ -189,6 +164,10 @@ class FrameWriter:
         self._planner = FramePlanner(
             [(key, specs[key].row_nbytes, specs[key].dtype.itemsize, compression.stack_of(key, specs),
               key in compression.next_of) for key in self._keys], _MAX_NEXT)
+        # The episode in progress: what the next rows are checked against, copied.
+        self._episode = Episode(self._planner, [arrays[frames_array(key)] for key in self._keys],
+                                arrays["nxt"], arrays["depth"], tuple(specs[key].shape for key in self._keys),
+                                tuple(specs[key].dtype for key in self._keys), tuple(self._flag_names))
 
     # -- planning ---------------------------------------------------------------
     def _rows(self, k: int, rows: Mapping[str, np.ndarray], name: str) -> np.ndarray:
@@ -220,51 +199,31 @@ class FrameWriter:
             flags |= rows[name].reshape(k) != 0
         return flags
 
-    def plan(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
-             end_episode: bool) -> tuple[list[_Item], list[tuple[_Waiting, int]], list[_Waiting], dict]:
+    def plan(self, k: int, rows: Mapping[str, np.ndarray], end_episode: bool) -> FramePlan:
         """Lay out ``k`` converted rows (and, with ``end_episode``, the end of their episode).
 
         A flagged row (done or truncated) ends its episode, together with the
-        flagged rows right after it that share its next observation.  Returns
-        the items to write, the (waiting transition, item) pairs resolved, the
-        transitions left waiting, and the episode state after the batch with
-        the kernel's plan of the frames (for :meth:`_copy`).  Raises ValueError,
-        changing nothing, when a stack or next observation cannot be rebuilt
-        bit for bit (the checks run in ``ext/frame_plan.pyx``).
+        flagged rows right after it that share its next observation.  Raises
+        ValueError, changing nothing, when a stack or next observation cannot
+        be rebuilt bit for bit (the checks run in ``ext/frame_plan.pyx``).
         """
         obs = [self._observations(k, rows, key, q) for q, key in enumerate(self._keys)]
         nexts: list[tuple[np.ndarray, bool] | None] = [None] * len(self._keys)
         for q, key in self._next_keys:
             nexts[q] = self._observations(k, rows, f"next_{key}", q)
-        earlier = list(self._waiting)
-        plan = self._planner.plan(k, obs, nexts, self._flags(k, rows), self._t, self._last,
-                                  [w.next for w in earlier], [w.position for w in earlier], self._written, end_episode)
-        item_rows = plan.item_rows
-        items = [_Item(row) for row in item_rows]
-        pending = earlier
-        if self._next_keys:
-            prio = [None] * k if priorities is None else priorities.tolist()
-            base = self._written
-            pending = earlier + [_Waiting(-1, m, base + m, {}, prio[i]) for i, m in enumerate(plan.row_items)]
-        resolved = list(zip(pending[:plan.head], plan.resolved_items))
-        still_waiting = pending[plan.head:]
-        # What outlives this call is copied: the caller may reuse and mutate its arrays once add() returns.
-        for w in still_waiting:
-            if w.item >= 0:
-                row = item_rows[w.item]
-                w.next = {key: (nexts[q][0][row].copy(), nexts[q][1]) for q, key in self._next_keys}
-        last = [None] * len(self._keys)
-        if plan.t > 0:
-            last = [None if not stacked else self._last[q] if plan.last_row < 0 else
-                    (obs[q][0][plan.last_row].copy(), obs[q][1]) for q, stacked in enumerate(self._stacked)]
-        state = {"last": last, "t": plan.t, "frames": plan}
-        return items, resolved, still_waiting, state
+        return self._planner.plan(k, obs, nexts, self._flags(k, rows), self._episode, end_episode)
 
     # -- writing ----------------------------------------------------------------
     @property
     def waiting(self) -> int:
         """The newest rows written that wait for the frame of their next observation."""
-        return len(self._waiting)
+        return self._episode.waiting
+
+    def add_one(self, fields: dict[str, Any], priority: float, timeout: float | None) -> int:
+        """Store one step given as exact-dtype arrays and Python scalars, all in the kernel
+        (``Ring.add_step``); returns its slot, or -1 when it needs :meth:`write` -- then
+        nothing was changed.  A negative ``priority`` means "the stored maximum"."""
+        return self._ring.add_step(fields, priority, timeout, self._episode)
 
     def write(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
               timeout: float | None, end_episode: bool = False) -> int | None:
@@ -278,55 +237,36 @@ class FrameWriter:
         """Store ``k`` converted rows; returns the slot of each row and the generation it
         was published with.  ``meta`` maps per-slot arrays of the buffer's memory to a
         value per row, written with the rows (before they are published)."""
-        items, resolved, still_waiting, state = self.plan(k, rows, priorities, end_episode)
-        ring = self._ring
+        plan = self.plan(k, rows, end_episode)
+        episode, ring = self._episode, self._ring
         until = deadline(timeout)
-        if self._lane is None:
-            self._lane = ring.claim_lane(until)
+        if episode.lane < 0:
+            episode.lane = ring.claim_lane(until)
             # No other writer of this process may take the lane while it is claimed: a
             # writer dropped without close() gives it back when it is collected.
-            self._release_lane = weakref.finalize(self, ring.release_lane, self._lane)
-        lo, hi = self._arrays["lanes"][self._lane, [LANE_START, LANE_END]]
-        if len(items) > hi - lo:
-            raise ValueError(f"add: {len(items)} slots at once exceed the lane's {hi - lo}; add fewer rows per call")
-        row_slots, row_generations = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
-        if items:
-            start, reserved = ring.reserve(len(items), until, True, self._lane)
-            slots = lo + (start - lo + np.arange(len(items))) % (hi - lo)
-            self._copy(slots, rows, state["frames"])
-            row_items = np.array([m for m, it in enumerate(items) if it.row >= 0], dtype=np.int64)
-            row_slots, row_generations = slots[row_items], reserved[row_items] + np.uint64(1)
-            for name, values in (meta or {}).items():
-                self._arrays[name][row_slots] = values
-            for w, m in resolved:
-                # WAITING transitions are published, but nobody reads their nxt yet.
-                self._arrays["nxt"][w.slot if w.item < 0 else slots[w.item]] = slots[m]
-            waits = {w.item for w in still_waiting if w.item >= 0}
-            states = np.array([EMPTY if it.row < 0 else WAITING if m in waits else COMPLETE
-                               for m, it in enumerate(items)], dtype=np.uint8)
-            prio = None
-            if priorities is not None:
-                prio = np.array([priorities[it.row] if it.row >= 0 else 0.0 for it in items])
-            # Transitions published WAITING by earlier calls complete with this publication.
-            earlier = [w for w, _ in resolved if w.item < 0]
-            ring.publish(start, reserved, prio, states, self._lane, until,
-                         np.array([w.slot for w in earlier], dtype=np.int64),
-                         np.array([w.generation for w in earlier], dtype=np.uint64),
-                         np.array([np.nan if w.priority is None else w.priority for w in earlier]))
-            for w in still_waiting:
-                if w.item >= 0:
-                    w.slot, w.generation, w.item = int(slots[w.item]), int(reserved[w.item]) + 1, -1
-            self._written += len(items)
-        self._waiting = deque(still_waiting)
-        self._last, self._t = state["last"], state["t"]
+            self._release_lane = weakref.finalize(self, ring.release_lane, episode.lane)
+        lane = episode.lane
+        lo, hi = self._arrays["lanes"][lane, [LANE_START, LANE_END]]
+        if plan.items > hi - lo:
+            raise ValueError(f"add: {plan.items} slots at once exceed the lane's {hi - lo}; add fewer rows per call")
+        if priorities is not None:
+            priorities = np.ascontiguousarray(priorities, dtype=np.float64)
+        if not plan.items:
+            episode.advance(plan, None, None, priorities)
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
+        start, reserved = ring.reserve(plan.items, until, True, lane)
+        slots = lo + (start - lo + np.arange(plan.items, dtype=np.int64)) % (hi - lo)
+        episode.copy(plan, slots, [self._arrays[field_array(name)] for name in self._stored],
+                     [self._rows(k, rows, name) for name in self._stored])
+        row_items = plan.row_items
+        row_slots, row_generations = slots[row_items], reserved[row_items] + np.uint64(1)
+        for name, values in (meta or {}).items():
+            self._arrays[name][row_slots] = values
+        states, prio, complete, generations, complete_priorities = episode.publication(plan, slots, priorities)
+        # Rows published WAITING by earlier calls complete with this publication.
+        ring.publish(start, reserved, prio, states, lane, until, complete, generations, complete_priorities)
+        episode.advance(plan, slots, reserved, priorities)
         return row_slots, row_generations
-
-    def _copy(self, slots: np.ndarray, rows: Mapping[str, np.ndarray], plan: FramePlan) -> None:
-        arrays, k = self._arrays, plan.rows
-        self._planner.copy(plan, np.ascontiguousarray(slots, dtype=np.int64),
-                           [arrays[frames_array(key)] for key in self._keys],
-                           [arrays[field_array(name)] for name in self._stored],
-                           [self._rows(k, rows, name) for name in self._stored], arrays["nxt"], arrays["depth"])
 
     def reset(self) -> None:
         """Forget the episode in progress and give the lane back (after a fork or clear).
@@ -339,4 +279,5 @@ class FrameWriter:
         """Give this writer's lane back, for another writer (its rows stay)."""
         if self._release_lane is not None:
             self._release_lane()
-        self._lane = self._release_lane = None
+        self._release_lane = None
+        self._episode.lane = -1

@@ -1,4 +1,4 @@
-"""Shared test helpers: buffer state snapshots and a chi-square frequency check."""
+"""Shared test helpers: buffer state snapshots, a chi-square frequency check, unaligned arrays."""
 from __future__ import annotations
 
 import contextlib
@@ -60,3 +60,17 @@ def assert_frequencies():
         assert statistic < critical, f"chi-square {statistic:.1f} >= {critical:.1f}: counts {observed} vs expected {expected}"
 
     return check
+
+
+@pytest.fixture
+def unaligned():
+    """``unaligned(array)``: a copy of a 1-D ``array`` one byte into a buffer, C-contiguous but not aligned."""
+
+    def make(array: np.ndarray) -> np.ndarray:
+        raw = np.zeros(array.nbytes + 1, np.uint8)
+        view = np.frombuffer(raw.data, dtype=array.dtype, count=len(array), offset=1)
+        view[...] = array
+        assert not view.flags.aligned
+        return view
+
+    return make

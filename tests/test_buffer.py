@@ -534,6 +534,19 @@ _BAD_FOR_PRIORITIZED_BUFFER = [
     pytest.param(lambda b: b.update_priorities([2**40], [1.0]), ValueError, "indexes", id="update-index-huge"),
     pytest.param(lambda b: b.update_priorities([0.0, 1.5], [1.0, 2.0]), ValueError, "indexes", id="update-fractional-index"),
     pytest.param(lambda b: b.update_priorities([[0, 1]], [1.0, 2.0]), ValueError, "indexes", id="update-index-2d"),
+    # The int64 and float64 arrays sample() hands out take a path of their own: the same refusals.
+    pytest.param(lambda b: b.update_priorities(np.array([0, 1]), np.array([1.0, math.nan])), ValueError,
+                 "priorities", id="update-arrays-nan"),
+    pytest.param(lambda b: b.update_priorities(np.array([0, 1]), np.array([1.0, -1.0])), ValueError,
+                 "priorities", id="update-arrays-negative"),
+    pytest.param(lambda b: b.update_priorities(np.array([0, 1]), np.array([1.0])), ValueError,
+                 "priorities", id="update-arrays-too-few"),
+    pytest.param(lambda b: b.update_priorities(np.array([0, 8]), np.array([1.0, 2.0])), ValueError,
+                 "indexes", id="update-arrays-index-capacity"),
+    pytest.param(lambda b: b.update_priorities(np.array([-1, 0]), np.array([1.0, math.nan])), ValueError,
+                 "indexes", id="update-arrays-bad-index-before-bad-priority"),
+    pytest.param(lambda b: b.update_priorities(np.array([[0, 1]]), np.array([1.0, 2.0])), ValueError,
+                 "indexes", id="update-arrays-index-2d"),
     pytest.param(lambda b: b.sample(2, beta=-0.1), ValueError, "beta", id="sample-beta-negative"),
     pytest.param(lambda b: b.sample(2, beta=math.nan), ValueError, "beta", id="sample-beta-nan"),
     pytest.param(lambda b: b.sample(2, beta=math.inf), ValueError, "beta", id="sample-beta-inf"),
@@ -635,6 +648,85 @@ def test_sample_rejects_an_out_array_of_the_wrong_shape(cls):
     buffer = _filled(cls)
     with pytest.raises(ValueError, match=r"out\['obs'\]"):
         buffer.sample(4, out={"obs": np.zeros((3, 3), np.float32)})
+
+
+_BAD_OUT = [
+    pytest.param(np.zeros((4, 3), np.float64), id="wrong-dtype"),
+    pytest.param(np.zeros((3, 4), np.float32).T, id="not-c-contiguous"),
+    pytest.param(np.zeros((4, 3), np.float32)[::-1], id="negative-strides"),
+    pytest.param(np.broadcast_to(np.zeros(3, np.float32), (4, 3)), id="read-only"),
+    pytest.param([[0.0] * 3] * 4, id="a-list"),
+]
+
+
+@BOTH
+@pytest.mark.parametrize("array", _BAD_OUT)
+def test_sample_rejects_an_out_array_it_cannot_fill_and_changes_nothing(cls, array, unchanged):
+    buffer = _filled(cls)
+    with unchanged(buffer), pytest.raises(ValueError, match=r"out\['obs'\]: expected a writable C-contiguous"):
+        buffer.sample(4, out={"obs": array})
+
+
+def test_update_priorities_takes_read_only_arrays():
+    buffer = _filled(PrioritizedReplayBuffer)
+    indexes, priorities = np.array([2, 5]), np.array([7.0, 9.0])
+    indexes.flags.writeable = priorities.flags.writeable = False
+    buffer.update_priorities(indexes, priorities)
+    np.testing.assert_array_equal(_priorities_of(buffer)[indexes], priorities)
+
+
+@pytest.mark.parametrize("indexes, priorities", [
+    pytest.param(np.array([3, 6], np.int32), np.array([7.0, 9.0]), id="int32-indexes"),
+    pytest.param(np.array([3, 6]), np.array([7.0, 9.0], np.float32), id="float32-priorities"),
+    pytest.param(np.array([3, 9, 6])[::2], np.array([7.0, 0.0, 9.0])[::2], id="strided-arrays"),
+    pytest.param(np.array([3, 6]).astype(">i8"), np.array([7.0, 9.0]).astype(">f8"), id="big-endian-arrays"),
+    pytest.param([3, 6], [7.0, 9.0], id="lists"),
+])
+def test_update_priorities_converts_other_integers_and_numbers(indexes, priorities):
+    buffer = _filled(PrioritizedReplayBuffer)
+    buffer.update_priorities(indexes, priorities)
+    np.testing.assert_array_equal(_priorities_of(buffer)[[3, 6]], [7.0, 9.0])
+
+
+def test_update_priorities_takes_unaligned_arrays(unaligned):
+    buffer = _filled(PrioritizedReplayBuffer)
+    buffer.update_priorities(unaligned(np.array([3, 6])), unaligned(np.array([7.0, 9.0])))
+    np.testing.assert_array_equal(_priorities_of(buffer)[[3, 6]], [7.0, 9.0])
+
+
+@BOTH
+def test_a_batch_the_caller_still_holds_is_never_refilled(cls):
+    buffer = _filled(cls)
+    held = [buffer.sample(4) for _ in range(6)]
+    copies = [{name: array.copy() for name, array in batch.items()} for batch in held]
+    for _ in range(10):
+        buffer.sample(4)
+    for batch, copy in zip(held, copies):
+        for name in copy:
+            np.testing.assert_array_equal(batch[name], copy[name])
+
+
+@BOTH
+def test_a_view_of_a_dropped_batch_keeps_its_rows(cls):
+    buffer = _filled(cls)
+    view = buffer.sample(4)["obs"][1:]
+    kept = view.copy()
+    for _ in range(10):
+        buffer.sample(4)
+    np.testing.assert_array_equal(view, kept)
+
+
+@BOTH
+def test_a_dropped_batch_reshaped_in_place_does_not_change_later_batches(cls):
+    buffer = _filled(cls)
+    for _ in range(3):
+        batch = buffer.sample(4)
+        batch["obs"].shape = (2, 6)
+        batch["act"].dtype = np.uint64
+        del batch
+    batch = buffer.sample(4)
+    assert batch["obs"].shape == (4, 3) and batch["act"].dtype == np.int64
+    _is_transition(batch, batch["act"])  # act holds each row's number
 
 
 # -- what a sharded client reads ------------------------------------------------------------------

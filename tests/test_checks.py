@@ -161,6 +161,14 @@ def test_non_numeric_indexes_are_refused():
         checks.indexes("indexes", ["a"])
 
 
+def test_unaligned_indexes_and_priorities_become_aligned_copies(unaligned):
+    idx = checks.indexes("indexes", unaligned(np.array([3, 1])))
+    p = checks.priorities("priorities", unaligned(np.array([0.5, 2.0])), 2, max_priority=10.0)
+    assert idx.flags.aligned and idx.flags.c_contiguous and idx.tolist() == [3, 1]
+    assert p.flags.aligned and p.flags.c_contiguous and p.tolist() == [0.5, 2.0]
+
+
+
 def test_2d_indexes_are_refused():
     with pytest.raises(ValueError, match=r"indexes: expected a 1-D array, got shape \(1, 2\)"):
         checks.indexes("indexes", [[0, 1]])

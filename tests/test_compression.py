@@ -145,6 +145,20 @@ def test_a_transition_waits_until_its_next_observation_is_stored():
     assert buffer.get_stored_size() == 3
 
 
+@pytest.mark.parametrize("option", ["next_of", "both"])
+def test_the_priority_of_a_one_step_add_applies_once_its_next_observation_is_stored(option):
+    buffer = PrioritizedReplayBuffer(64, _env(False), **OPTIONS[option])
+    steps = _episode(0, 3, "done")
+    buffer.add(**steps[0], priorities=5.0)
+    assert buffer.get_stored_size() == 0
+    buffer.add(**steps[1], priorities=2.0)
+    assert (buffer.get_stored_size(), buffer.get_max_priority()) == (1, 5.0)
+    buffer.add(**steps[2], priorities=3.0)  # done: its next observation takes a slot of its own
+    total, _ = buffer.leaf_mass()
+    assert buffer.get_stored_size() == 3
+    assert total == pytest.approx(sum((p + buffer.eps) ** buffer.alpha for p in (5.0, 2.0, 3.0)))
+
+
 def test_a_stack_that_does_not_continue_the_episode_is_rejected_and_changes_nothing(unchanged):
     buffer = ReplayBuffer(64, _env(False), stack_compress="obs")
     steps = _episode(0, 4, "call")

@@ -181,3 +181,101 @@ def test_a_changed_byte_is_refused_when_layouts_differ_between_calls(layout, unc
     _flip_byte(second["obs"][3], 10, 1, 0)
     with unchanged(buffer), pytest.raises(ValueError, match="field 'obs': row 0 is not the previous observation"):
         buffer.add(**_rows(second, slice(3, 6)))
+
+
+# -- one step per add: an actor's usual call, stored by the kernel from the call to the publication --
+def _step(steps: dict[str, np.ndarray], t: int) -> dict:
+    """Step t as an actor passes it: its observations as they are held, id and done as Python numbers."""
+    return {"obs": steps["obs"][t], "next_obs": steps["next_obs"][t], "id": int(steps["id"][t]),
+            "done": float(steps["done"][t])}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_steps_added_one_per_call_sample_back_bit_for_bit(dtype, stack, layout):
+    buffer = _buffer(dtype, stack)
+    first, second = _episode(5, dtype, stack, seed=1, layout=layout), _episode(4, dtype, stack, seed=2, layout=layout)
+    second["id"] += 5
+    for steps in (first, second):
+        for t in range(len(steps["id"])):
+            buffer.add(**_step(steps, t))
+    stored = buffer.get_all_transitions()
+    order = np.argsort(stored["id"])
+    assert stored["id"][order].tolist() == list(range(9))
+    for name in ("obs", "next_obs"):
+        assert stored[name][order].tobytes() == np.concatenate([first[name], second[name]]).tobytes()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("place", ["oldest, first byte", "just older than newest, last byte"])
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_one_changed_byte_of_an_older_frame_of_a_one_step_add_is_refused(dtype, stack, place, layout, unchanged):
+    buffer = _buffer(dtype, stack)
+    steps = _episode(6, dtype, stack, layout=layout)
+    element, position, byte = (0, 0, 0) if place.startswith("oldest") else \
+        (FRAME[0] * FRAME[1] - 1, stack - 2, np.dtype(dtype).itemsize - 1)
+    for t in range(3):
+        buffer.add(**_step(steps, t))
+    good = steps["obs"][3].copy()
+    _flip_byte(steps["obs"][3], element, position, byte)
+    with unchanged(buffer), pytest.raises(ValueError, match="field 'obs': row 0 is not the previous observation"):
+        buffer.add(**_step(steps, 3))
+    steps["obs"][3] = good  # the refused step left the episode where it was: the right one continues it
+    for t in range(3, 6):
+        buffer.add(**_step(steps, t))
+    assert np.sort(buffer.get_all_transitions()["id"]).tolist() == list(range(6))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_first_step_added_alone_must_repeat_its_frame_in_every_position(dtype, layout, unchanged):
+    buffer = _buffer(dtype, 4)
+    steps = _episode(3, dtype, 4, layout=layout)
+    _flip_byte(steps["obs"][0], FRAME[0] * FRAME[1] - 1, 0, 0)
+    with unchanged(buffer), pytest.raises(ValueError, match="field 'obs': row 0 .*first frame of an episode"):
+        buffer.add(**_step(steps, 0))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_one_step_next_observation_with_one_changed_byte_is_refused_at_its_episode_end(dtype, layout, unchanged):
+    buffer = _buffer(dtype, 4)
+    steps = _episode(4, dtype, 4, layout=layout)
+    _flip_byte(steps["next_obs"][1], 7, 2, 0)
+    for t in range(3):
+        buffer.add(**_step(steps, t))  # row 1 waits for an observation equal to its next one
+    assert buffer.get_all_transitions()["id"].tolist() == [0]  # ... and so does row 2, behind it
+    with unchanged(buffer), pytest.raises(ValueError, match="field 'next_obs': a next observation of this episode"):
+        buffer.add(**_step(steps, 3))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_last_next_observation_added_alone_that_does_not_continue_the_stack_is_refused(dtype, layout, unchanged):
+    buffer = _buffer(dtype, 4)
+    steps = _episode(4, dtype, 4, layout=layout)
+    _flip_byte(steps["next_obs"][3], 0, 1, 0)
+    for t in range(3):
+        buffer.add(**_step(steps, t))
+    with unchanged(buffer), pytest.raises(ValueError, match="field 'next_obs': the episode's last next observation"):
+        buffer.add(**_step(steps, 3))
+
+
+def test_one_step_adds_mix_with_adds_of_values_numpy_converts():
+    # Lists, numpy scalars and batches of one take the general path; the episode continues across both.
+    buffer = _buffer(np.uint8, 4)
+    steps = _episode(8, np.uint8, 4)
+    converted = [
+        {**_step(steps, 1), "obs": steps["obs"][1].tolist()},
+        {**_step(steps, 3), "id": np.int32(3)},
+        _rows(steps, slice(5, 6)),
+    ]
+    for t in range(8):
+        buffer.add(**(converted.pop(0) if t in (1, 3, 5) else _step(steps, t)))
+    stored = buffer.get_all_transitions()
+    order = np.argsort(stored["id"])
+    assert stored["id"][order].tolist() == list(range(8))
+    for name in ("obs", "next_obs"):
+        assert stored[name][order].tobytes() == steps[name].tobytes()

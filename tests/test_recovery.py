@@ -95,10 +95,11 @@ def _complete_then_die(buffer, site: str) -> None:
 
 
 @METHODS
+@pytest.mark.parametrize("site", ["reserve", "complete"])  # a waiting row publishes without a leaf: no "publish" site
 @pytest.mark.timeout(120)
-def test_a_writer_killed_completing_a_compressed_transition_leaves_counts_consistent(method):
+def test_a_writer_killed_storing_a_compressed_step_that_completes_another_leaves_counts_consistent(method, site):
     with MPPrioritizedReplayBuffer(CAPACITY, ENV, alpha=ALPHA, eps=EPS, next_of="obs", lanes=2) as buffer:
-        _kill_child_at(method, buffer, "complete", _complete_then_die)
+        _kill_child_at(method, buffer, site, _complete_then_die)
         stored = buffer.get_all_transitions()
         assert buffer.get_stored_size() == len(stored["id"])
         assert buffer._lock.recoveries == 1
