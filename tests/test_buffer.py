@@ -729,6 +729,28 @@ def test_a_dropped_batch_reshaped_in_place_does_not_change_later_batches(cls):
     _is_transition(batch, batch["act"])  # act holds each row's number
 
 
+def test_reused_batches_keep_cpprbs_dtypes_and_a_held_one_is_never_refilled():
+    buffer = PrioritizedReplayBuffer(8, ENV, seed=0, weights_dtype=np.float32, indexes_dtype=np.uint64)
+    buffer.add(**_rows(0, 8))
+    held = buffer.sample(4)
+    kept = {name: array.copy() for name, array in held.items()}
+    for _ in range(6):
+        batch = buffer.sample(4)
+        assert batch["indexes"].dtype == np.uint64 and batch["weights"].dtype == np.float32
+        _is_transition(batch, batch["act"])
+        del batch
+    for name in kept:
+        np.testing.assert_array_equal(held[name], kept[name])
+
+
+def test_a_uint64_index_of_2_to_the_63_or_more_is_refused_as_given():
+    buffer = _filled(PrioritizedReplayBuffer)
+    before = _priorities_of(buffer)
+    with pytest.raises(ValueError, match=f"indexes: expected slots .* got {2**63 + 1} at position 1"):
+        buffer.update_priorities(np.array([0, 2**63 + 1], dtype=np.uint64), np.array([5.0, 5.0]))
+    np.testing.assert_array_equal(_priorities_of(buffer), before)
+
+
 # -- what a sharded client reads ------------------------------------------------------------------
 
 def test_sample_leaves_gives_each_rows_leaf_weight():
