@@ -806,9 +806,9 @@ cdef class Ring:
                 u = self._frames._nxt[d.sp[r]] if self._frame_next[o] else d.sp[r]
                 self._frames.rebuild(self._frame_keys[o], u, d.dst[nf + o] + r * self._out_step_bytes[nf + o])
 
-    cdef list _take_spare(self, Py_ssize_t b, bint weights):
+    cdef list _take_spare(self, Py_ssize_t b, bint weights, int index_type, int weight_type):
         # The arrays of an earlier fresh batch of b rows (outputs, indexes, with
-        # `weights` the weights) that nobody but this table holds any more: filling them
+        # `weights` the weights; of those numpy types) that nobody but this table holds any more: filling them
         # again is invisible to everyone and spares the allocations.  Taken out of
         # _spares with the GIL held throughout, so two threads never take the same.
         cdef Py_ssize_t k, i, n = self._nout + 1 + weights
@@ -828,7 +828,7 @@ cdef class Ring:
                     dims[0] = b
                     if not self._fits(<object>arr, i, self._out_nd[i], dims):
                         break
-                elif not (_is_vector(<object>arr, cnp.NPY_INT64 if i == self._nout else cnp.NPY_FLOAT64)
+                elif not (_is_vector(<object>arr, index_type if i == self._nout else weight_type)
                           and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>arr) and cnp.PyArray_DIM(<cnp.ndarray>arr, 0) == b):
                     break
             else:
@@ -996,7 +996,7 @@ cdef class Ring:
                                          d.dst[nf + o] + at * self._out_step_bytes[nf + o])
 
     def sample(self, Py_ssize_t batch_size, bint stratified, double beta=-1.0, timeout=None, dict out=None,
-               bint leaves=False, bint float32_weights=False):
+               bint leaves=False, bint float32_weights=False, bint uint64_indexes=False):
         """Draw ``batch_size`` rows.
 
         Returns a dict of field arrays plus ``indexes`` and, when
@@ -1005,8 +1005,9 @@ cdef class Ring:
         (how many times the slot was published: a rewrite changes it).  Field
         arrays are fresh, or the ones ``out`` holds under the field's name
         (reusing memory spares the page faults of fresh allocations);
-        ``float32_weights`` hands the weights out as float32.  Waits at most ``timeout`` seconds (None: no limit) while the rate
-        limiter holds samples back, then raises TimeoutError.
+        ``float32_weights`` hands the weights out as float32 and ``uint64_indexes``
+        the indexes as uint64 (cpprb's types).  Waits at most ``timeout`` seconds
+        (None: no limit) while the rate limiter holds samples back, then raises TimeoutError.
         """
         cdef Py_ssize_t b = batch_size, j, ntorn, rounds = 0
         cdef double vmin, deadline = deadline_of(timeout)
@@ -1018,18 +1019,24 @@ cdef class Ring:
         if b < 1:
             raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size}")
         cdef dict result = {}
-        cdef cnp.ndarray indexes, values = None
+        cdef cnp.ndarray indexes, values = None, weights = None
+        cdef int index_type = cnp.NPY_UINT64 if uint64_indexes else cnp.NPY_INT64
+        cdef int weight_type = cnp.NPY_FLOAT32 if float32_weights else cnp.NPY_FLOAT64
         # Small fresh batches of the common kinds are reused once their caller let go of them.
-        cdef bint reuse = out is None and not (leaves or float32_weights) and b * self._batch_row_bytes <= SPARE_MAX_BYTES
-        cdef list spare = self._take_spare(b, beta >= 0.0) if reuse else None
+        cdef bint reuse = out is None and not leaves and b * self._batch_row_bytes <= SPARE_MAX_BYTES
+        cdef list spare = self._take_spare(b, beta >= 0.0, index_type, weight_type) if reuse else None
         if spare is not None:
             indexes = spare[self._nout]
             if beta >= 0.0:
-                values = spare[self._nout + 1]
+                weights = spare[self._nout + 1]
         else:
-            indexes = cnp.PyArray_EMPTY(1, &nb, cnp.NPY_INT64, 0)
-            if leaves or (beta >= 0.0 and not float32_weights):
+            indexes = cnp.PyArray_EMPTY(1, &nb, index_type, 0)
+            if leaves:
                 values = cnp.PyArray_EMPTY(1, &nb, cnp.NPY_FLOAT64, 0)
+            elif beta >= 0.0:
+                weights = cnp.PyArray_EMPTY(1, &nb, weight_type, 0)
+        if weights is not None and not float32_weights:
+            values = weights  # drawn leaf weights become importance weights in place
         block = _draws_block(&d, b, 2 * self._frames.max_stack if self._frames is not None else 0, self._length,
                              self._nout, <int64_t*>cnp.PyArray_DATA(indexes),
                              NULL if values is None else <double*>cnp.PyArray_DATA(values))
@@ -1066,15 +1073,13 @@ cdef class Ring:
                 result["tags"] = tags
             elif beta >= 0.0:
                 if float32_weights:
-                    weights = cnp.PyArray_EMPTY(1, &nb, cnp.NPY_FLOAT32, 0)
-                    w32 = <float*>cnp.PyArray_DATA(<cnp.ndarray>weights)
+                    w32 = <float*>cnp.PyArray_DATA(weights)
                     for j in range(b):
                         w32[j] = <float>importance_weight(vmin, d.vp[j], beta)
-                    result["weights"] = weights
                 else:
                     for j in range(b):
                         d.vp[j] = importance_weight(vmin, d.vp[j], beta)
-                    result["weights"] = values
+                result["weights"] = weights
         finally:
             free(block)
         if reuse:
@@ -1127,7 +1132,7 @@ cdef class Ring:
         """Set priorities of sampled slots; returns how many updates were dropped as stale.
 
         ``slots`` and ``priorities`` are what :meth:`sample` hands out: a 1-D
-        C-contiguous int64 array and a float64 one as long.  Anything else
+        C-contiguous int64 (or uint64) array and a float64 one as long.  Anything else
         returns -1 and changes nothing: the caller converts it and calls again.
         Raises ValueError (changing nothing) for a slot outside the stored
         range or a bad priority.  An update whose slot was overwritten since
@@ -1137,7 +1142,8 @@ cdef class Ring:
         cdef uint64_t g, rec
         cdef const int64_t* sp
         cdef const double* pp
-        if not (_is_vector(slots, cnp.NPY_INT64) and _is_vector(priorities, cnp.NPY_FLOAT64)
+        if not ((_is_vector(slots, cnp.NPY_INT64) or _is_vector(slots, cnp.NPY_UINT64))
+                and _is_vector(priorities, cnp.NPY_FLOAT64)
                 and cnp.PyArray_DIM(<cnp.ndarray>slots, 0) == cnp.PyArray_DIM(<cnp.ndarray>priorities, 0)):
             return -1
         k = cnp.PyArray_DIM(<cnp.ndarray>slots, 0)
@@ -1146,7 +1152,8 @@ cdef class Ring:
         self._gate.acquire()
         try:
             with nogil:
-                # Checked under the lock, in the one pass before the first change.
+                # Checked under the lock, in the one pass before the first change (a uint64
+                # slot of 2**63 or more reads as negative here, and is refused).
                 for j in range(k):
                     if not (0 <= sp[j] < self.size and self._slots.gen[sp[j]] != 0):
                         bad_slot = j
@@ -1170,7 +1177,7 @@ cdef class Ring:
             self._gate.release()
         if bad_slot >= 0:
             raise ValueError(f"indexes: expected slots that hold transitions (0 <= slot < {self.size}, "
-                             f"written at least once), got {sp[bad_slot]} at position {bad_slot}")
+                             f"written at least once), got {slots[bad_slot]} at position {bad_slot}")
         if bad_priority >= 0:
             self._raise_bad_priority(pp, bad_priority)
         return stale

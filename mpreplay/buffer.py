@@ -303,8 +303,6 @@ class ReplayBuffer:
             if slot >= 0:
                 return slot
         k, rows = convert_batch(self._specs, fields)
-        if type(priorities) is float:
-            priorities = np.full(k, priorities)  # one number for every row
         if priorities is not None:
             # Checked before anything is written (Ring.update checks its own input).
             priorities = checks.priorities("priorities", priorities, k, max_priority=None)
@@ -666,24 +664,22 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     weights_dtype : numpy dtype
         dtype of ``sample``'s importance ``weights``: float64, or float32 (what a float32
         loss takes without a cast).
+    indexes_dtype : numpy dtype
+        dtype of ``sample``'s ``indexes``: int64, or uint64 (cpprb's).  ``update_priorities``
+        takes either.
     **options
         As for :class:`ReplayBuffer`.
     """
 
-    _CONFIG = ReplayBuffer._CONFIG + ("_alpha", "_eps", "_new_priority", "_float32_weights")
+    _CONFIG = ReplayBuffer._CONFIG + ("_alpha", "_eps", "_new_priority", "_float32_weights", "_uint64_indexes")
 
     def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *, alpha: float = 0.6,
                  eps: float = 1e-4, new_priority: str = "max_stored", weights_dtype: Any = np.float64,
-                 **options: Any):
+                 indexes_dtype: Any = np.int64, **options: Any):
         self._alpha, self._eps = checks.number("alpha", alpha, low=0.0), checks.number("eps", eps, low=0.0)
         self._new_priority = checks.choice("new_priority", new_priority, ("max_stored", "max_ever"))
-        try:
-            weights = np.dtype(weights_dtype)
-        except TypeError:
-            weights = None
-        if weights not in (np.float64, np.float32):
-            raise ValueError(f"weights_dtype: expected float64 or float32, got {weights_dtype!r}")
-        self._float32_weights = weights == np.float32
+        self._float32_weights = checks.dtype("weights_dtype", weights_dtype, (np.float64, np.float32)) == np.float32
+        self._uint64_indexes = checks.dtype("indexes_dtype", indexes_dtype, (np.int64, np.uint64)) == np.uint64
         super().__init__(size, env_dict, **options)
 
     def _selector_array(self) -> tuple[str, int, type]:
@@ -751,7 +747,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 and timeout is None):  # the learner's usual call skips the checks it would pass
             batch_size = checks.integer("batch_size", batch_size, low=1)
             beta, timeout = checks.number("beta", beta, low=0.0), checks.seconds("timeout", timeout)
-        return self._ring.sample(batch_size, True, beta, timeout, out, False, self._float32_weights)
+        return self._ring.sample(batch_size, True, beta, timeout, out, False, self._float32_weights,
+                                 self._uint64_indexes)
 
     def batches(self, batch_size: int, beta: float = 0.4, *, prefetch: int = 2, timeout: float | None = None,
                 as_torch: bool = False) -> Prefetcher:

@@ -33,7 +33,7 @@ import numpy as np
 __all__ = ["capacity", "flag", "indexes", "integer", "is_tensor", "matrix", "number", "priorities", "seconds"]
 
 # numpy's own dtype instances: `is` tells them apart faster than `==` (the hot paths check them).
-_INT64, _FLOAT64 = np.dtype(np.int64), np.dtype(np.float64)
+_INT64, _UINT64, _FLOAT64 = np.dtype(np.int64), np.dtype(np.uint64), np.dtype(np.float64)
 
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 40
@@ -125,6 +125,18 @@ def choice(name: str, value: Any, options: tuple[str, ...]) -> str:
     return value
 
 
+def dtype(name: str, value: Any, options: tuple[Any, ...]) -> np.dtype:
+    """``value`` as a numpy dtype, when it is one of ``options``."""
+    try:
+        got = np.dtype(value)
+    except TypeError:
+        got = None
+    if got not in options:
+        expected = ", ".join(np.dtype(o).name for o in options)
+        raise ValueError(f"{name}: expected one of the dtypes {expected}, got {_show(value)}")
+    return got
+
+
 def seconds(name: str, value: Any, *, allow_none: bool = True) -> float | None:
     """A time in seconds: a finite number >= 0, or None (no limit) when ``allow_none``.
 
@@ -172,20 +184,33 @@ def _aligned(array: np.ndarray) -> np.ndarray:
 def indexes(name: str, values: Any) -> np.ndarray:
     """``values`` (a list, an array, a tensor or one integer) as a 1-D contiguous, aligned int64 array.
 
-    Their range is the caller's to check.
+    Unsigned indexes are taken as they are (cpprb hands out uint64), and floats
+    when they are whole numbers.  Their range is the caller's to check (a uint64
+    of 2**63 or more reads as negative, which no range admits).
     """
     idx = values
     if _kernel_ready(idx, _INT64):
         return idx
+    if _kernel_ready(idx, _UINT64):
+        return idx.view(_INT64)
     try:
         idx = np.asarray(_numpy(values))
     except (TypeError, ValueError):
         raise TypeError(f"{name}: expected integers, got {type(values).__name__}") from None
-    if idx.size and idx.dtype.kind not in "iu":
-        raise TypeError(f"{name}: expected integers, got dtype {idx.dtype}")
     if idx.ndim > 1:
         raise ValueError(f"{name}: expected a 1-D array, got shape {idx.shape}")
-    return _aligned(np.ascontiguousarray(idx.reshape(-1), dtype=np.int64))
+    if idx.size and idx.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            fractional = np.flatnonzero(~np.isfinite(idx) | (idx != np.floor(idx)))
+        if fractional.size:
+            j = int(fractional[0])
+            raise ValueError(f"{name}: expected integers, got {idx.reshape(-1)[j]!r} at position {j}")
+    elif idx.size and idx.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected integers, got dtype {idx.dtype}")
+    idx = idx.reshape(-1)
+    if idx.dtype == _UINT64:
+        return _aligned(np.ascontiguousarray(idx)).view(_INT64)
+    return _aligned(np.ascontiguousarray(idx, dtype=np.int64))
 
 
 def matrix(name: str, values: Any, *, kind: str) -> np.ndarray:
@@ -214,7 +239,8 @@ def matrix(name: str, values: Any, *, kind: str) -> np.ndarray:
 
 
 def priorities(name: str, values: Any, count: int, *, max_priority: float | np.ndarray | None) -> np.ndarray:
-    """``values`` (numbers, an array, a tensor) as ``count`` contiguous, aligned float64 priorities.
+    """``values`` as ``count`` contiguous, aligned float64 priorities: ``count`` numbers (a list,
+    an array of any shape, a tensor, e.g. a loss of shape (count, 1)), or one number for all.
 
     Each must be finite, >= 0 and <= ``max_priority`` (one number, or one
     maximum per value: what the buffer that stores it accepts, see
@@ -224,13 +250,13 @@ def priorities(name: str, values: Any, count: int, *, max_priority: float | np.n
     """
     p = values
     if not _kernel_ready(p, _FLOAT64):
+        if values is None:  # numpy would make it NaN
+            raise TypeError(f"{name}: expected numbers, got None")
         try:
-            p = _aligned(np.ascontiguousarray(_numpy(values), dtype=np.float64))
+            p = np.asarray(_numpy(values), dtype=np.float64)
         except (TypeError, ValueError):
             raise TypeError(f"{name}: expected numbers, got {type(values).__name__}") from None
-        if p.ndim > 1:
-            raise ValueError(f"{name}: expected a 1-D array, got shape {p.shape}")
-        p = p.reshape(-1)
+        p = np.full(count, p) if p.ndim == 0 else _aligned(np.ascontiguousarray(p.reshape(-1)))
     if len(p) != count:
         raise ValueError(f"{name}: expected {count} values (one per transition), got {len(p)}")
     if max_priority is not None:

@@ -517,8 +517,8 @@ _BAD_FOR_PRIORITIZED_BUFFER = [
     pytest.param(lambda b: b.add(**_row(0), priorities=-0.5), ValueError, "priorities", id="add-negative-priority"),
     pytest.param(lambda b: b.add(**_rows(0, 3), priorities=[1.0, 2.0]), ValueError, "priorities",
                  id="add-too-few-priorities"),
-    pytest.param(lambda b: b.add(**_rows(0, 2), priorities=[[1.0, 2.0]]), ValueError, "priorities",
-                 id="add-priorities-2d"),
+    pytest.param(lambda b: b.add(**_rows(0, 2), priorities=[[1.0, 2.0], [3.0, 4.0]]), ValueError, "priorities",
+                 id="add-priorities-2d-too-many"),
     pytest.param(lambda b: b.add(**_row(0), priorities="high"), TypeError, "priorities", id="add-priority-string"),
     pytest.param(lambda b: b.add(**_rows(0, 6), priorities=[1.0] * 5 + [math.nan]), ValueError, "priorities",
                  id="add-wrapping-batch-bad-last-priority"),
@@ -532,7 +532,7 @@ _BAD_FOR_PRIORITIZED_BUFFER = [
     pytest.param(lambda b: b.update_priorities([0, 8], [1.0, 2.0]), ValueError, "indexes", id="update-index-capacity"),
     pytest.param(lambda b: b.update_priorities([-1], [1.0]), ValueError, "indexes", id="update-index-negative"),
     pytest.param(lambda b: b.update_priorities([2**40], [1.0]), ValueError, "indexes", id="update-index-huge"),
-    pytest.param(lambda b: b.update_priorities([0.0, 1.0], [1.0, 2.0]), TypeError, "indexes", id="update-float-index"),
+    pytest.param(lambda b: b.update_priorities([0.0, 1.5], [1.0, 2.0]), ValueError, "indexes", id="update-fractional-index"),
     pytest.param(lambda b: b.update_priorities([[0, 1]], [1.0, 2.0]), ValueError, "indexes", id="update-index-2d"),
     # The int64 and float64 arrays sample() hands out take a path of their own: the same refusals.
     pytest.param(lambda b: b.update_priorities(np.array([0, 1]), np.array([1.0, math.nan])), ValueError,
@@ -729,6 +729,28 @@ def test_a_dropped_batch_reshaped_in_place_does_not_change_later_batches(cls):
     _is_transition(batch, batch["act"])  # act holds each row's number
 
 
+def test_reused_batches_keep_cpprbs_dtypes_and_a_held_one_is_never_refilled():
+    buffer = PrioritizedReplayBuffer(8, ENV, seed=0, weights_dtype=np.float32, indexes_dtype=np.uint64)
+    buffer.add(**_rows(0, 8))
+    held = buffer.sample(4)
+    kept = {name: array.copy() for name, array in held.items()}
+    for _ in range(6):
+        batch = buffer.sample(4)
+        assert batch["indexes"].dtype == np.uint64 and batch["weights"].dtype == np.float32
+        _is_transition(batch, batch["act"])
+        del batch
+    for name in kept:
+        np.testing.assert_array_equal(held[name], kept[name])
+
+
+def test_a_uint64_index_of_2_to_the_63_or_more_is_refused_as_given():
+    buffer = _filled(PrioritizedReplayBuffer)
+    before = _priorities_of(buffer)
+    with pytest.raises(ValueError, match=f"indexes: expected slots .* got {2**63 + 1} at position 1"):
+        buffer.update_priorities(np.array([0, 2**63 + 1], dtype=np.uint64), np.array([5.0, 5.0]))
+    np.testing.assert_array_equal(_priorities_of(buffer), before)
+
+
 # -- what a sharded client reads ------------------------------------------------------------------
 
 def test_sample_leaves_gives_each_rows_leaf_weight():
@@ -898,6 +920,31 @@ def test_by_default_new_rows_get_the_largest_priority_stored_now():
 def test_an_unknown_new_priority_rule_is_refused_by_name():
     with pytest.raises(ValueError, match="new_priority: expected one of 'max_stored', 'max_ever', got 'max'"):
         PrioritizedReplayBuffer(4, {"x": {}}, new_priority="max")
+
+
+def test_weights_dtype_float32_gives_float32_weights_of_the_same_values():
+    wide = PrioritizedReplayBuffer(8, {"x": {}}, seed=3)
+    narrow = PrioritizedReplayBuffer(8, {"x": {}}, seed=3, weights_dtype=np.float32)
+    for rb in (wide, narrow):
+        rb.add(x=np.arange(8.0), priorities=np.arange(1.0, 9.0))
+    w64, w32 = wide.sample(16)["weights"], narrow.sample(16)["weights"]
+    assert w32.dtype == np.float32 and w32.tolist() == w64.astype(np.float32).tolist()
+
+
+def test_indexes_dtype_uint64_gives_uint64_indexes_that_update_priorities_takes():
+    rb = PrioritizedReplayBuffer(8, {"x": {}}, alpha=1.0, eps=0.0, indexes_dtype=np.uint64)
+    rb.add(x=np.arange(8.0))
+    idx = rb.sample(4)["indexes"]
+    assert idx.dtype == np.uint64
+    rb.update_priorities(idx, np.full(4, 3.0))
+    assert rb.get_max_priority() == 3.0
+
+
+@pytest.mark.parametrize("option, value", [("weights_dtype", np.int32), ("indexes_dtype", np.int32),
+                                           ("indexes_dtype", "not a dtype")])
+def test_an_unsupported_sample_dtype_is_refused_by_name(option, value):
+    with pytest.raises(ValueError, match=f"{option}: expected one of the dtypes"):
+        PrioritizedReplayBuffer(4, {"x": {}}, **{option: value})
 
 
 def test_mmap_prefix_keeps_every_array_in_a_file_and_the_data_survives_close(tmp_path):

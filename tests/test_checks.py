@@ -136,16 +136,37 @@ def test_an_int64_array_is_taken_as_it_is():
     assert checks.indexes("indexes", idx) is idx
 
 
+def test_uint64_indexes_are_taken_without_a_copy():
+    idx = np.arange(4, dtype=np.uint64)
+    got = checks.indexes("indexes", idx)
+    assert got.dtype == np.int64 and np.shares_memory(got, idx) and got.tolist() == [0, 1, 2, 3]
+
+
+def test_a_uint64_index_of_2_to_the_63_or_more_reads_as_negative():
+    assert checks.indexes("indexes", np.array([2**63, 1], dtype=np.uint64)).tolist() == [-(2**63), 1]
+
+
+def test_whole_float_indexes_are_taken_as_integers():
+    assert checks.indexes("indexes", [0.0, 3.0]).tolist() == [0, 3]
+
+
+@pytest.mark.parametrize("bad", [0.5, math.nan, math.inf], ids=["fraction", "nan", "inf"])
+def test_a_float_index_that_is_not_a_whole_number_is_refused(bad):
+    with pytest.raises(ValueError, match=r"indexes: expected integers, got .* at position 1"):
+        checks.indexes("indexes", [1.0, bad])
+
+
+def test_non_numeric_indexes_are_refused():
+    with pytest.raises(TypeError, match="indexes: expected integers, got dtype <U1"):
+        checks.indexes("indexes", ["a"])
+
+
 def test_unaligned_indexes_and_priorities_become_aligned_copies(unaligned):
     idx = checks.indexes("indexes", unaligned(np.array([3, 1])))
     p = checks.priorities("priorities", unaligned(np.array([0.5, 2.0])), 2, max_priority=10.0)
     assert idx.flags.aligned and idx.flags.c_contiguous and idx.tolist() == [3, 1]
     assert p.flags.aligned and p.flags.c_contiguous and p.tolist() == [0.5, 2.0]
 
-
-def test_float_indexes_are_refused():
-    with pytest.raises(TypeError, match="indexes: expected integers, got dtype float64"):
-        checks.indexes("indexes", [0.0, 1.0])
 
 
 def test_2d_indexes_are_refused():
@@ -163,6 +184,20 @@ def test_priorities_become_count_contiguous_float64_values():
     p = checks.priorities("priorities", [1, 2], 2, max_priority=10.0)
     assert p.dtype == np.float64 and p.tolist() == [1.0, 2.0]
     assert checks.priorities("priorities", 0.5, 1, max_priority=10.0).tolist() == [0.5]
+
+
+def test_one_priority_is_given_to_every_transition():
+    assert checks.priorities("priorities", np.float32(0.5), 3, max_priority=10.0).tolist() == [0.5] * 3
+
+
+def test_priorities_of_any_shape_with_one_per_transition_are_flattened():
+    column = np.array([[1.0], [2.0]], dtype=np.float32)  # a loss of shape (B, 1)
+    assert checks.priorities("priorities", column, 2, max_priority=10.0).tolist() == [1.0, 2.0]
+
+
+def test_none_is_not_a_priority():
+    with pytest.raises(TypeError, match="priorities: expected numbers, got None"):
+        checks.priorities("priorities", None, 1, max_priority=10.0)
 
 
 def test_priorities_must_number_one_per_transition():

@@ -216,7 +216,7 @@ def test_update_is_dropped_even_when_the_new_occupant_was_sampled_since():
 
 @pytest.mark.parametrize("indexes, priorities, error, match", [
     ([[1, 2]], [1.0, 2.0], ValueError, "indexes: expected a 1-D"),
-    ([0.5], [1.0], TypeError, "indexes: expected integers"),
+    ([0.5], [1.0], ValueError, "indexes: expected integers"),
     ([0, 1], [1.0], ValueError, "priorities: expected 2 values"),
     ([0], [-1.0], ValueError, "priorities: expected finite"),
     ([0], [np.nan], ValueError, "priorities: expected finite"),

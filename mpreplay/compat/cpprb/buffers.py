@@ -9,8 +9,8 @@ What the layer does, and nothing more:
 * **priorities** -- new transitions get the largest priority ever set (cpprb's
   running maximum, which starts at 1.0 and only grows: the native buffer's
   ``new_priority="max_ever"``, shared by every process), ``weights`` are float32
-  (``weights_dtype=np.float32``)
-  and ``indexes`` uint64; a single priority is applied to every index;
+  (``weights_dtype=np.float32``) and ``indexes`` uint64 (``indexes_dtype=np.uint64``); a
+  single priority is applied to every index;
 * **n-step** -- ``Nstep=`` folds with cpprb's timing
   (:class:`~mpreplay.compat.cpprb.nstep.NstepBuffer`), priorities alongside;
 * **files** -- ``save_transitions`` writes mpreplay's file format, and
@@ -42,36 +42,12 @@ __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrior
            "ReverseReplayBuffer", "create_buffer"]
 
 _BACKENDS = ("sharedctypes", "SharedMemory")
-_INT64, _UINT64 = np.dtype(np.int64), np.dtype(np.uint64)
 
 
 def _refuse_options(cls: str, options: Mapping[str, Any]) -> None:
     # cpprb swallows unknown keyword arguments, so a misspelt option does nothing.
     if options:
         raise TypeError(f"{cls}: unknown options {sorted(options)}")
-
-
-def _indexes(indexes: Any) -> Any:
-    """cpprb's indexes (any integer dtype, uint64 as sampled, or integral floats) for
-    mpreplay's checks, which take integers."""
-    if isinstance(indexes, np.ndarray):
-        if indexes.dtype == _UINT64:
-            return indexes.view(_INT64)  # slots < 2**63; anything larger turns negative and is refused
-        if indexes.dtype.kind == "f":
-            whole = np.floor(indexes)
-            if not np.array_equal(whole, indexes):
-                raise ValueError(f"indexes: expected integers, got the fractional {indexes[whole != indexes][0]!r}")
-            return indexes.astype(np.int64)
-    return indexes
-
-
-def _priorities(priorities: Any) -> float | np.ndarray:
-    """cpprb's priorities: one number, or any array of them (flattened)."""
-    try:
-        arr = np.asarray(priorities, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise TypeError(f"priorities: expected numbers, got {type(priorities).__name__}") from None
-    return float(arr) if arr.ndim == 0 else arr.reshape(-1)
 
 
 def _check_context(ctx: Any) -> None:
@@ -318,6 +294,11 @@ class _Prioritized:
         self._check_for_update = checks.flag("check_for_update", check_for_update)
         self._sampled = np.zeros(size, dtype=bool) if self._check_for_update else None
         self._sampled_pid = os.getpid()
+        if self._sampled is None:
+            # Nothing to note per sample: cpprb's calls are mpreplay's, bound straight through
+            # (mpreplay takes every index and priority layout cpprb takes).
+            self.sample = self._native.sample
+            self.update_priorities = self._native.update_priorities
         if self._nstep is not None:
             self._priority_nstep = NstepBuffer({"priority": {"shape": (), "dtype": np.float64},
                                                 "done": self._fields.env_dict()["done"]},
@@ -330,8 +311,6 @@ class _Prioritized:
     def add(self, *, priorities: Any = None, **kwargs: Any) -> int | None:
         """Add transitions with ``priorities`` (one per transition, or one for all), or the
         largest priority ever set.  See ``ReplayBuffer.add``."""
-        if priorities is not None and type(priorities) is not float:
-            priorities = _priorities(priorities)
         if self._nstep is not None:
             return self._add_folded(self._fields.pick(kwargs), priorities)
         try:
@@ -369,10 +348,8 @@ class _Prioritized:
         """Draw ``batch_size`` transitions in proportion to their priority, with ``weights``
         (float32) and ``indexes`` (uint64)."""
         batch = self._native_sample(batch_size, beta)
-        idx = batch["indexes"]
         if self._sampled is not None:
-            self._own_sampled()[idx] = True
-        batch["indexes"] = idx.view(_UINT64)
+            self._own_sampled()[batch["indexes"]] = True
         return batch
 
     def _own_sampled(self) -> np.ndarray:
@@ -386,24 +363,15 @@ class _Prioritized:
         Updates of slots overwritten since they were sampled are dropped (always), and of
         slots this process has not sampled (with ``check_for_update``, and for shared buffers).
         """
-        if type(indexes) is np.ndarray and indexes.dtype is _UINT64 and type(priorities) is np.ndarray \
-                and self._sampled is None:
-            # What sample() returned, as the learner hands it back: straight through.
-            self._native_update(indexes.view(_INT64), priorities)
-            return
-        if priorities is None:
-            raise TypeError("priorities: expected numbers, got None")
-        idx = checks.indexes("indexes", _indexes(indexes))
-        if not isinstance(priorities, np.ndarray) and np.ndim(priorities) == 0:
-            priorities = np.full(len(idx), _priorities(priorities))
         if self._sampled is not None:
-            priorities = checks.priorities("priorities", np.ravel(priorities), len(idx), max_priority=None)
+            idx = checks.indexes("indexes", indexes)
+            priorities = checks.priorities("priorities", priorities, len(idx), max_priority=None)
             seen = self._own_sampled()
             inside = (idx >= 0) & (idx < len(seen))
             # Slots outside the buffer are kept so that mpreplay refuses them by name.
             keep = ~inside | seen[np.where(inside, idx, 0)]
-            idx, priorities = idx[keep], priorities[keep]
-        self._native.update_priorities(idx, priorities)
+            indexes, priorities = idx[keep], priorities[keep]
+        self._native_update(indexes, priorities)
 
     def get_max_priority(self) -> float:
         """The largest priority ever set (1.0 before any), which new transitions get."""
@@ -437,6 +405,7 @@ class PrioritizedReplayBuffer(_Prioritized, ReplayBuffer):
     def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.PrioritizedReplayBuffer:
         return native.PrioritizedReplayBuffer(size, fields.env_dict(), alpha=options["alpha"], eps=options["eps"],
                                               new_priority="max_ever", weights_dtype=np.float32,
+                                              indexes_dtype=np.uint64,
                                               mmap_prefix=options["mmap_prefix"])
 
     def _episode_ended(self) -> None:
@@ -502,7 +471,8 @@ class MPPrioritizedReplayBuffer(_Prioritized, MPReplayBuffer):
 
     def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.MPPrioritizedReplayBuffer:
         return native.MPPrioritizedReplayBuffer(size, fields.env_dict(), alpha=options["alpha"],
-                                                eps=options["eps"], new_priority="max_ever", weights_dtype=np.float32)
+                                                eps=options["eps"], new_priority="max_ever", weights_dtype=np.float32,
+                                                indexes_dtype=np.uint64)
 
 
 class ReverseReplayBuffer(ReplayBuffer):
