@@ -5,19 +5,25 @@ Every call that changes or reads the table's shared state passes the gate:
 it takes the lock by the call's deadline (:meth:`Gate.acquire`), asks the
 rate limiter whether an insert or a sample may go (Reverb's rule, settings
 in the "limits" array of the segment schema), and sleeps on a futex in the
-segment while it may not (:meth:`Gate.block`).  A local buffer's gate has
-no lock: nothing can unblock its caller, so a wait raises at once.  See
-docs/architecture.md, "Concurrency protocol".
+segment while it may not (:meth:`Gate.block`).  A local buffer's gate takes
+a :class:`ThreadLock` instead, for the threads of its one process (a learner's
+prefetching thread samples while the training thread updates priorities);
+nothing can unblock a local caller the rate limiter holds back, so that wait
+raises at once.  See docs/architecture.md, "Concurrency protocol".
 """
 from libc.math cimport INFINITY
 from libc.stdint cimport int32_t, int64_t
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.pythread cimport (NOWAIT_LOCK, PY_LOCK_ACQUIRED, WAIT_LOCK, PyLockStatus, PyThread_acquire_lock,
+                               PyThread_allocate_lock, PyThread_free_lock, PyThread_release_lock)
 
 from mpreplay._ext.atomics cimport _atomic_add, _atomic_add32, _atomic_load
 from mpreplay._ext.schema cimport (CLOSED, EPOCH, LIMIT_MAX_DIFF, LIMIT_MIN_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI,
                                    RESERVED, SAMPLES, STORED, WAITERS)
 
+import os
 import time
+import weakref
 
 from mpreplay._ext.processes import describe_process
 
@@ -57,6 +63,10 @@ cdef extern from *:
     void _mpreplay_futex_wake(int32_t* word) nogil
 
 
+cdef extern from "pythread.h":
+    PyLockStatus PyThread_acquire_lock_timed(PyThread_type_lock lock, long long microseconds, int intr_flag) nogil
+
+
 cdef double _WAIT_SLICE_S = 0.05  # blocked callers look at signals and deadlines this often
 # The lock is held for microseconds at a time: even timeout=0 waits this long
 # for it, so that "do not wait for the rate limiter" does not fail on every
@@ -80,21 +90,68 @@ def deadline(timeout):
     return deadline_of(timeout)
 
 
+cdef class ThreadLock:
+    """The lock of a local table, between the threads of its one process; every
+    handle of the table (its episode writers too) takes the same one."""
+
+    def __cinit__(self):
+        self._renew()
+        _THREAD_LOCKS.add(self)
+
+    def __dealloc__(self):
+        if self._lock != NULL:
+            PyThread_free_lock(self._lock)
+
+    cdef int _renew(self) except -1:
+        # The lock a thread of a parent held at a fork stays held in the child, where
+        # that thread does not exist: the child takes a fresh one.  The old one is
+        # left as it is (a few bytes): freeing a lock held by a thread that does not
+        # exist is undefined.
+        self._lock = PyThread_allocate_lock()
+        if self._lock == NULL:
+            raise MemoryError("cannot allocate a lock")
+        return 0
+
+    cdef int acquire(self, double deadline) except -1:
+        # Take it by `deadline` (monotonic seconds; at least a grace period), or raise TimeoutError.
+        cdef long long wait_us
+        cdef PyLockStatus got
+        if PyThread_acquire_lock(self._lock, NOWAIT_LOCK):
+            return 0
+        if deadline == INFINITY:
+            with nogil:
+                PyThread_acquire_lock(self._lock, WAIT_LOCK)
+            return 0
+        wait_us = <long long>(max(deadline - time.monotonic(), _LOCK_GRACE_S) * 1e6)
+        with nogil:
+            got = PyThread_acquire_lock_timed(self._lock, wait_us, 0)
+        if got != PY_LOCK_ACQUIRED:
+            raise TimeoutError("timed out waiting for the buffer's lock, held by another thread of this process")
+        return 0
+
+    cdef void release(self) noexcept nogil:
+        PyThread_release_lock(self._lock)
+
 
 cdef class Gate:
-    """The lock of ``header``'s table (None: a local table) and the rate limiter set in ``limits``.
+    """The lock of ``header``'s table and the rate limiter set in ``limits``.
 
     Parameters
     ----------
     header, limits : the int64 counters and float64 rate limiter settings of the segment schema
-    lock : a SharedLock, or None for a single-process table
+    lock : a SharedLock (a table shared by processes) or a ThreadLock (a local table)
     """
 
-    def __init__(self, int64_t[::1] header not None, double[::1] limits not None, SharedLock lock):
+    def __init__(self, int64_t[::1] header not None, double[::1] limits not None, object lock not None):
         self._header = header
         self._limits = limits
         self._epoch = <int32_t*>&header[EPOCH]
-        self._lock = lock
+        if isinstance(lock, SharedLock):
+            self._lock = lock
+        elif isinstance(lock, ThreadLock):
+            self._threads = lock
+        else:
+            raise TypeError(f"lock: expected a SharedLock or a ThreadLock, got {type(lock).__name__}")
         self._held = False
 
     def forget_lock(self):
@@ -105,12 +162,9 @@ cdef class Gate:
         # Take the lock by `deadline` (monotonic seconds), or raise TimeoutError
         # naming its holder.  Raises BufferClosed, without holding the lock, once
         # the owner closed the buffer.
-        if self._lock is None:
-            # One process, no lock; its other handles (episode writers) see the close.
-            if self._header[CLOSED]:
-                raise BufferClosed("the replay buffer was closed by its owner")
-            return 0
-        if deadline == INFINITY:
+        if self._threads is not None:
+            self._threads.acquire(deadline)
+        elif deadline == INFINITY:
             self._lock.lock(-1.0)
         elif not self._lock.lock(max(deadline - time.monotonic(), _LOCK_GRACE_S)):
             holder = self._lock.holder()
@@ -127,7 +181,10 @@ cdef class Gate:
         # while taking it back leaves it free.
         if self._held:
             self._held = False
-            self._lock.unlock()
+            if self._threads is not None:
+                self._threads.release()
+            else:
+                self._lock.unlock()
         return 0
 
     cdef bint progress(self) noexcept nogil:
@@ -208,3 +265,14 @@ cdef class Gate:
         if self.limited() and b > self._limits[LIMIT_MAX_DIFF] - self._limits[LIMIT_MIN_DIFF]:
             raise ValueError(f"batch_size: {b} exceeds the rate limiter's error buffer; sample fewer per call")
         return 0
+
+
+_THREAD_LOCKS = weakref.WeakSet()
+
+
+def _renew_thread_locks():
+    for lock in list(_THREAD_LOCKS):
+        (<ThreadLock>lock)._renew()
+
+
+os.register_at_fork(after_in_child=_renew_thread_locks)

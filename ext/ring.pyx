@@ -9,7 +9,7 @@ and redraws any row whose generation moved meanwhile (torn).  Priority
 updates apply only where the generation is still the one that was sampled.
 See docs/architecture.md, "Concurrency protocol".
 
-The same code serves the local buffers (no lock) and the shared ones; every
+The same code serves the local buffers (a lock of their process) and the shared ones; every
 array it touches belongs to the caller's memory (heap or segment).
 """
 from libc.float cimport FLT_MAX

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import checks
 from ._ext.lock import LOCK_NBYTES, SharedLock
-from ._ext.gate import Gate, deadline
+from ._ext.gate import Gate, ThreadLock, deadline
 from ._ext.prioritized import PrioritizedSelector
 from ._ext.ring import Ring
 from ._ext.slots import Slots, recover
@@ -108,8 +108,9 @@ class ReplayBuffer:
     safe across processes (one object per process).
     """
 
-    _CONFIG: tuple[str, ...] = ("_size", "_specs", "_nstep_args", "_compression", "_mmap_prefix")  # what a handle carries
-    _LOCK_NBYTES = 0  # a local buffer has no lock
+    _CONFIG: tuple[str, ...] = (  # what a handle carries
+        "_size", "_specs", "_nstep_args", "_compression", "_mmap_prefix", "_thread_lock")
+    _LOCK_NBYTES = 0  # a local buffer has no lock in its memory: its threads take a ThreadLock
     _sequence: Any = None  # a sequence buffer's SequenceSpec (mpreplay.sequence_buffer)
 
     def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *,
@@ -163,9 +164,13 @@ class ReplayBuffer:
     def _allocate(self, layout: Layout) -> HeapMemory | FileMemory | SharedMemory:
         return HeapMemory(layout) if self._mmap_prefix is None else FileMemory(layout, self._mmap_prefix)
 
-    def _make_lock(self, create: bool) -> Any:
-        self._lock = None  # one process: nothing to lock
-        return None
+    def _make_lock(self, create: bool) -> ThreadLock:
+        # One process: a lock between its threads (a prefetching sampler, the training
+        # thread's updates), shared by every handle of this memory (episode writers).
+        self._lock = None
+        if create:
+            self._thread_lock = ThreadLock()
+        return self._thread_lock
 
     def _bind(self, create: bool, rng: np.random.Generator) -> None:
         """Make views of the memory's arrays; ``create`` initialises them."""
@@ -827,6 +832,7 @@ class SharedMemoryBuffer:
         # A holder that died may have left slots, counters and tree nodes half
         # updated: the next owner makes them agree with the slot states again.
         arrays = self._memory.arrays
+        self._thread_lock = None  # processes take the segment's lock
         self._lock = SharedLock(arrays["lock"], create,
                                 on_recover=functools.partial(recover, self._generation, arrays["state"], self._header,
                                                              self._selector, self._sequences),
