@@ -21,7 +21,7 @@ cdef class Gate:
     cdef int32_t* _epoch
     cdef SharedLock _lock         # a shared table's (else None)
     cdef ThreadLock _threads      # a local table's (else None)
-    cdef bint _held               # this handle holds the lock now
+    cdef unsigned long _holder    # the thread of this process holding the lock through this gate (0: none)
 
     cdef int acquire(self, double deadline=*) except -1
     cdef int release(self) except -1

@@ -14,7 +14,7 @@ raises at once.  See docs/architecture.md, "Concurrency protocol".
 from libc.math cimport INFINITY
 from libc.stdint cimport int32_t, int64_t
 from cpython.exc cimport PyErr_CheckSignals
-from cpython.pythread cimport (NOWAIT_LOCK, PY_LOCK_ACQUIRED, WAIT_LOCK, PyLockStatus, PyThread_acquire_lock,
+from cpython.pythread cimport (NOWAIT_LOCK, PY_LOCK_ACQUIRED, WAIT_LOCK, PyLockStatus, PyThread_acquire_lock, PyThread_get_thread_ident,
                                PyThread_allocate_lock, PyThread_free_lock, PyThread_release_lock)
 
 from mpreplay._ext.atomics cimport _atomic_add, _atomic_add32, _atomic_load
@@ -152,11 +152,11 @@ cdef class Gate:
             self._threads = lock
         else:
             raise TypeError(f"lock: expected a SharedLock or a ThreadLock, got {type(lock).__name__}")
-        self._held = False
+        self._holder = 0
 
     def forget_lock(self):
         """In a forked child: the parent's hold on the lock is not this process's."""
-        self._held = False
+        self._holder = 0
 
     cdef int acquire(self, double deadline=INFINITY) except -1:
         # Take the lock by `deadline` (monotonic seconds), or raise TimeoutError
@@ -170,17 +170,18 @@ cdef class Gate:
             holder = self._lock.holder()
             who = "another process" if holder is None else f"{describe_process(holder[0])}, for {holder[1]:.1f} s"
             raise TimeoutError(f"timed out waiting for the buffer's lock, held by {who}")
-        self._held = True
+        self._holder = PyThread_get_thread_ident()
         if self._header[CLOSED]:
             self.release()
             raise BufferClosed("the replay buffer was closed by its owner")
         return 0
 
     cdef int release(self) except -1:
-        # A no-op unless this handle holds the lock: a wait that timed out
-        # while taking it back leaves it free.
-        if self._held:
-            self._held = False
+        # A no-op unless this thread holds the lock through this gate: a wait that
+        # timed out while taking it back leaves it free, or held by another thread
+        # of the process that shares the buffer object.
+        if self._holder != 0 and self._holder == PyThread_get_thread_ident():
+            self._holder = 0
             if self._threads is not None:
                 self._threads.release()
             else:
