@@ -11,7 +11,7 @@ from libc.math cimport INFINITY, pow
 from libc.stdint cimport int64_t
 from numpy.random cimport bitgen_t
 
-from mpreplay._ext.sumtree cimport Node, PriorityTree
+from mpreplay._ext.sumtree cimport PriorityTree
 
 
 cdef class PrioritizedSelector(Selector):
@@ -33,68 +33,57 @@ cdef class PrioritizedSelector(Selector):
                              if alpha > 0.0 else 1e300)
 
     cdef void set(self, Py_ssize_t item, double priority) noexcept nogil:
-        self._tree._write_leaf(item, pow(priority + self.eps, self.alpha), priority)
+        self._tree.write_leaf(item, pow(priority + self.eps, self.alpha), priority)
 
     cdef void clear(self, Py_ssize_t item) noexcept nogil:
-        self._tree._write_leaf(item, 0.0, 0.0)
+        self._tree.write_leaf(item, 0.0, 0.0)
 
     cdef void fix(self, Py_ssize_t item) noexcept nogil:
-        self._tree._fix_up(item)
+        self._tree.fix_up(item)
 
     cdef void fix_range(self, Py_ssize_t first, Py_ssize_t last) noexcept nogil:
-        self._tree._fix_range(first, last)
+        self._tree.fix_range(first, last)
 
     cdef void fix_each(self, const int64_t* items, Py_ssize_t k) noexcept nogil:
-        self._tree._fix_each(items, k)
+        self._tree.fix_each(items, k)
 
     cdef void rebuild(self) noexcept nogil:
-        self._tree._rebuild()
+        self._tree.rebuild_inner()
 
     cdef double default_priority(self) noexcept nogil:
         cdef double p
         if self._max_ever:
-            p = self._tree._nodes[0].max
+            p = self._tree.max_raw_ever()
             return p if p > 1.0 else 1.0
-        p = self._tree._nodes[1].max
+        p = self._tree.max_raw()
         return 1.0 if p == -INFINITY else p
 
     cdef double total(self) noexcept nogil:
-        return self._tree._nodes[1].sum
+        return self._tree.total_mass()
 
     cdef double smallest(self) noexcept nogil:
-        return self._tree._nodes[1].min
+        return self._tree.min_weight()
 
     cdef double weight(self, Py_ssize_t item) noexcept nogil:
-        return self._tree._nodes[item + self._tree._cap].sum
+        return self._tree.leaf_weight(item)
 
     cdef double priority(self, Py_ssize_t item) noexcept nogil:
         # A leaf of weight zero keeps -inf as its raw priority: priority 0 with eps 0.
-        cdef double p = self._tree._nodes[item + self._tree._cap].max
+        cdef double p = self._tree.leaf_raw(item)
         return 0.0 if p == -INFINITY else p
 
     cdef void draw(self, int64_t* items, double* scratch, Py_ssize_t k, Py_ssize_t nstrata,
                    bitgen_t* rng) noexcept nogil:
-        # All draws descend together, one level at a time, so the cache misses
-        # of different draws overlap instead of queueing.  `scratch` holds the
-        # remaining prefix sums and `items` the nodes on the way down.  The
-        # rule is PriorityTree._descend's: never enter a child of zero mass.  The way
-        # down is random, so a branch per level would be mispredicted half the time:
-        # the step is computed without one.
-        cdef Py_ssize_t j, n, right, cap = self._tree._cap
-        cdef double total = self._tree._nodes[1].sum, left
-        cdef Node* nodes = self._tree._nodes
-        for j in range(k):
-            scratch[j] = ((j if nstrata > 1 else 0) + rng.next_double(rng.state)) * (total / nstrata)
-            items[j] = 1
-        while items[0] < cap:
+        # The prefix sums in `scratch`, then the tree descends them all together.
+        cdef Py_ssize_t j
+        cdef double width = self._tree.total_mass() / nstrata
+        if nstrata > 1:
             for j in range(k):
-                n = 2 * items[j]
-                left = nodes[n].sum
-                right = not ((left > 0.0) & ((scratch[j] < left) | (nodes[n + 1].sum <= 0.0)))
-                scratch[j] -= left * right
-                items[j] = n + right
-        for j in range(k):
-            items[j] -= cap
+                scratch[j] = (j + rng.next_double(rng.state)) * width
+        else:
+            for j in range(k):
+                scratch[j] = rng.next_double(rng.state) * width
+        self._tree.descend_many(scratch, items, k)
 
     cdef Py_ssize_t draw_one(self, bitgen_t* rng) noexcept nogil:
-        return self._tree._descend(rng.next_double(rng.state) * self._tree._nodes[1].sum)
+        return self._tree.descend(rng.next_double(rng.state) * self._tree.total_mass())

@@ -1,49 +1,131 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Sum, min and max trees over one caller-owned float64 array.
+"""Sum, min and max trees of wide nodes over one caller-owned float64 array.
 
 The array may live on the process heap or in a shared-memory segment: the
-tree keeps no state of its own beyond the view, so every process that maps
-the same bytes sees the same tree.
+tree keeps no state of its own beyond the view (and what it derives from the
+capacity), so every process that maps the same bytes sees the same tree.
 
-Layout of ``buf`` (``cap`` = capacity rounded up to a power of two): ``2*cap``
-nodes of three float64 each, ``(sum, min, max)``, so one update touches one
-cache line per level.  Node 1 is the root, node ``cap + i`` the leaf of slot ``i``.  Every parent is
-recomputed from its two children -- never adjusted by a delta -- so rounding
-cannot drift however many updates are made.
+Layout of ``buf`` (see docs/architecture.md, "The priority tree"): a header of
+8 entries (entry 0: ``max_ever``, the rest padding), then three trees of the
+same shape one after the other -- sums, then mins, then maxes.  A tree is
+levels of *nodes* of 8 float64 entries (one 64-byte cache line when ``buf``
+is 64-byte aligned), stored contiguous, level 0 (the root node) first.  The
+last level holds the leaves: entry ``i`` of it is slot ``i``.  Entry ``i`` of
+an inner level sums (or takes the min or max of) the 8 entries of node ``i``
+of the level below.  Levels have ``ceil(n / 8)`` nodes for ``n`` entries
+below; entries past the end (slots ``>= capacity``, or nodes that do not
+exist) are neutral: sum 0, min +inf, max -inf.  ``total()`` sums the root
+node's entries.  The descent reads only the sum tree: one cache line a level.
+
+Every entry is recomputed from its node of children -- never adjusted by a
+delta -- in the order the descent adds them, so rounding cannot drift however
+many updates are made.
 
 Leaf semantics: the sum and min trees hold the sampling weight ``v`` of a slot
 (``v == 0`` means "not sampleable", and the min leaf is then +inf); the max
 tree holds the *raw* priority of the slot (-inf when not sampleable), so
-``max()`` answers "largest priority stored now" exactly.  Node 0, outside the
-tree, keeps in its max the largest raw priority ever given a sampleable leaf
-(``max_ever()``; -inf until one is, and again after ``forget_max_ever()``).
+``max()`` answers "largest priority stored now" exactly.  The header keeps
+the largest raw priority ever given a sampleable leaf (``max_ever()``; -inf
+until one is, and again after ``forget_max_ever()``).
 """
 from libc.math cimport INFINITY, pow
 from libc.stdint cimport int64_t
 
 import numpy as np
 
+cdef extern from *:
+    void __builtin_prefetch(const void* addr) noexcept nogil
 
-cdef inline Py_ssize_t _pow2_at_least(Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t c = 1
-    while c < n:
-        c <<= 1
-    return c
+TREE_HEAD_LEN = TREE_HEAD
+
+
+cdef Py_ssize_t _shape(Py_ssize_t capacity, Py_ssize_t* start, Py_ssize_t* levels) noexcept nogil:
+    # Fills start[0..levels] (start[levels]: the entries of one tree) and levels;
+    # returns the entries of one tree.
+    cdef Py_ssize_t nodes[TREE_MAX_LEVELS]
+    cdef Py_ssize_t n = (capacity + 7) // 8, m = 1, d
+    nodes[0] = n
+    while n > 1:
+        n = (n + 7) // 8
+        nodes[m] = n
+        m += 1
+    start[0] = 0
+    for d in range(m):
+        start[d + 1] = start[d] + 8 * nodes[m - 1 - d]
+    levels[0] = m
+    return start[m]
 
 
 def tree_buffer_size(Py_ssize_t capacity):
     """Number of float64 entries a tree over ``capacity`` slots needs."""
+    cdef Py_ssize_t start[TREE_MAX_LEVELS]
+    cdef Py_ssize_t levels
     if capacity < 1:
         raise ValueError(f"capacity: expected an integer >= 1, got {capacity}")
-    return 6 * _pow2_at_least(capacity)
+    return TREE_HEAD + 3 * _shape(capacity, start, &levels)
 
 
-cdef inline void _recompute(Node* nodes, Py_ssize_t n) noexcept nogil:
-    cdef Node* l = &nodes[2 * n]
-    cdef Node* r = &nodes[2 * n + 1]
-    nodes[n].sum = l.sum + r.sum
-    nodes[n].min = l.min if l.min < r.min else r.min
-    nodes[n].max = l.max if l.max > r.max else r.max
+def leaf_views(buf, Py_ssize_t capacity):
+    """``(weights, raw)``: views of the leaves of a tree over ``capacity`` slots held in ``buf``.
+
+    ``weights[i]`` is slot ``i``'s sampling weight (0: not sampleable) and ``raw[i]`` its raw
+    priority (-inf when not sampleable).  The views share ``buf``'s memory: a reader that
+    wants one consistent picture while writers run copies them.
+    """
+    cdef Py_ssize_t start[TREE_MAX_LEVELS]
+    cdef Py_ssize_t levels, entries, need = tree_buffer_size(capacity)
+    a = np.asarray(buf)
+    if a.dtype != np.float64 or a.ndim != 1:
+        raise ValueError(f"buf: expected a one-dimensional float64 array, got {a.dtype} of shape {a.shape}")
+    if a.shape[0] < need:
+        raise ValueError(f"buf: expected at least {need} float64 entries, got {a.shape[0]}")
+    entries = _shape(capacity, start, &levels)
+    leaf = TREE_HEAD + start[levels - 1]
+    return a[leaf:leaf + capacity], a[leaf + 2 * entries:leaf + 2 * entries + capacity]
+
+
+cdef inline Py_ssize_t _pick(const double* c, double* u) noexcept nogil:
+    # The child of node c (8 sums) that prefix u falls in, and u made relative to it.
+    # Prefix sums in the order _recompute adds them: p[j + 1] = c[0] + ... + c[j].
+    # The first child whose prefix exceeds u has positive mass (its prefix grew);
+    # when rounding left u at or past the node's mass, the last child that grew it,
+    # so a node of positive mass never leads into a child of zero mass.  No
+    # branches: the way down is random, a branch would be mispredicted.  u >= 0.
+    cdef double p[9]
+    cdef double v = u[0]
+    cdef Py_ssize_t cnt, last
+    p[0] = 0.0
+    p[1] = c[0]
+    p[2] = p[1] + c[1]
+    p[3] = p[2] + c[2]
+    p[4] = p[3] + c[3]
+    p[5] = p[4] + c[4]
+    p[6] = p[5] + c[5]
+    p[7] = p[6] + c[6]
+    p[8] = p[7] + c[7]
+    cnt = ((v >= p[1]) + (v >= p[2]) + (v >= p[3]) + (v >= p[4])
+           + (v >= p[5]) + (v >= p[6]) + (v >= p[7]) + (v >= p[8]))
+    last = ((p[1] < p[8]) + (p[2] < p[8]) + (p[3] < p[8]) + (p[4] < p[8])
+            + (p[5] < p[8]) + (p[6] < p[8]) + (p[7] < p[8]))
+    cnt = cnt if cnt < last else last
+    u[0] = v - p[cnt]
+    return cnt
+
+
+cdef inline void _recompute(double* s, double* lo, double* hi, Py_ssize_t entry,
+                            Py_ssize_t child) noexcept nogil:
+    # Entry `entry` from the 8 entries of its node of children, which starts at `child`.
+    cdef double a = s[child], m = lo[child], x = hi[child], v
+    cdef Py_ssize_t c
+    for c in range(child + 1, child + 8):
+        a = a + s[c]
+        v = lo[c]
+        m = v if v < m else m
+        v = hi[c]
+        x = v if v > x else x
+    s[entry] = a
+    lo[entry] = m
+    hi[entry] = x
 
 
 cdef class PriorityTree:
@@ -52,7 +134,8 @@ cdef class PriorityTree:
     Parameters
     ----------
     buf : float64 array of ``tree_buffer_size(capacity)`` entries
-        Storage owned by the caller (heap or shared memory).
+        Storage owned by the caller (heap or shared memory); 64-byte aligned
+        for every node to be one cache line.
     capacity : int
         Number of slots.
     reset : bool
@@ -65,62 +148,159 @@ cdef class PriorityTree:
             raise ValueError(f"buf: expected at least {need} float64 entries, got {buf.shape[0]}")
         self._buf = buf
         self.capacity = capacity
-        self._cap = need // 6
-        self._nodes = <Node*>&buf[0]
+        self._entries = _shape(capacity, self._start, &self._levels)
+        self._leaf = self._start[self._levels - 1]
+        self._head = &buf[0]
+        self._sum = &buf[TREE_HEAD]
+        self._min = self._sum + self._entries
+        self._max = self._min + self._entries
         if reset:
             self.reset()
 
     def reset(self):
-        """Make every slot unsampleable."""
+        """Make every slot unsampleable (and forget ``max_ever``)."""
         cdef Py_ssize_t i
         with nogil:
-            for i in range(2 * self._cap):
-                self._nodes[i].sum = 0.0
-                self._nodes[i].min = INFINITY
-                self._nodes[i].max = -INFINITY
+            for i in range(TREE_HEAD):
+                self._head[i] = 0.0
+            self._head[0] = -INFINITY
+            for i in range(self._entries):
+                self._sum[i] = 0.0
+                self._min[i] = INFINITY
+                self._max[i] = -INFINITY
 
-    cdef void _write_leaf(self, Py_ssize_t slot, double value, double raw) noexcept nogil:
-        cdef Py_ssize_t n = slot + self._cap
-        if value > 0.0 and raw > self._nodes[0].max:
-            self._nodes[0].max = raw
-        self._nodes[n].sum = value
-        self._nodes[n].min = value if value > 0.0 else INFINITY
-        self._nodes[n].max = raw if value > 0.0 else -INFINITY
+    # -- the kernels' interface ------------------------------------------------------
 
-    cdef void _fix_up(self, Py_ssize_t slot) noexcept nogil:
-        cdef Py_ssize_t n = (slot + self._cap) >> 1
-        while n >= 1:
-            _recompute(self._nodes, n)
-            n >>= 1
+    cdef void write_leaf(self, Py_ssize_t slot, double value, double raw) noexcept nogil:
+        # A leaf alone; its ancestors are brought up to date by one of the fix methods.
+        cdef Py_ssize_t n = self._leaf + slot
+        if value > 0.0 and raw > self._head[0]:
+            self._head[0] = raw
+        self._sum[n] = value
+        self._min[n] = value if value > 0.0 else INFINITY
+        self._max[n] = raw if value > 0.0 else -INFINITY
 
-    cdef void _fix_range(self, Py_ssize_t first, Py_ssize_t last) noexcept nogil:
-        # _fix_up of every slot in [first, last], each ancestor recomputed once:
-        # a run of k leaves costs about k + log2(capacity) recomputes, not k * log2.
-        cdef Py_ssize_t lo = (first + self._cap) >> 1, hi = (last + self._cap) >> 1, n
-        while lo >= 1:
-            n = lo
-            while n <= hi:
-                _recompute(self._nodes, n)
-                n += 1
-            lo >>= 1
-            hi >>= 1
+    cdef void fix_up(self, Py_ssize_t slot) noexcept nogil:
+        cdef Py_ssize_t d, i = slot
+        for d in range(self._levels - 2, -1, -1):
+            i >>= 3
+            _recompute(self._sum, self._min, self._max, self._start[d] + i, self._start[d + 1] + 8 * i)
 
-    cdef void _fix_each(self, const int64_t* slots, Py_ssize_t k) noexcept nogil:
-        # _fix_up of each slot, the paths walked together one level at a time: one
+    cdef void fix_range(self, Py_ssize_t first, Py_ssize_t last) noexcept nogil:
+        # fix_up of every slot in [first, last], each ancestor recomputed once:
+        # a run of k leaves costs about k / 8 + depth recomputes, not k * depth.
+        cdef Py_ssize_t d, i, lo = first, hi = last
+        for d in range(self._levels - 2, -1, -1):
+            lo >>= 3
+            hi >>= 3
+            for i in range(lo, hi + 1):
+                _recompute(self._sum, self._min, self._max, self._start[d] + i, self._start[d + 1] + 8 * i)
+
+    cdef void fix_each(self, const int64_t* slots, Py_ssize_t k) noexcept nogil:
+        # fix_up of each slot, the paths walked together one level at a time: one
         # path is a chain of dependent recomputes, several side by side are not.  Every
-        # path is as long as the others, so a level's nodes are recomputed after all
-        # the nodes below them; a later chunk of paths recomputes the ancestors it
+        # path is as long as the others, so a level's entries are recomputed after all
+        # the entries below them; a later chunk of paths recomputes the ancestors it
         # shares with an earlier one after its own lower levels.
         cdef Py_ssize_t path[64]
-        cdef Py_ssize_t start, j, m
+        cdef Py_ssize_t start, j, m, d, i
         for start in range(0, k, 64):
             m = min(64, k - start)
             for j in range(m):
-                path[j] = (slots[start + j] + self._cap) >> 1
-            while path[0] >= 1:
+                path[j] = slots[start + j]
+            for d in range(self._levels - 2, -1, -1):
                 for j in range(m):
-                    _recompute(self._nodes, path[j])
-                    path[j] >>= 1
+                    i = path[j] >> 3
+                    _recompute(self._sum, self._min, self._max, self._start[d] + i, self._start[d + 1] + 8 * i)
+                    path[j] = i
+
+    cdef void rebuild_inner(self) noexcept nogil:
+        # Every inner entry from the leaves, bottom level first; entries past the last
+        # node of a level, and leaves past the capacity, back to neutral.  The min leaves
+        # follow from the weights, and an unsampleable leaf's raw priority is -inf, in case
+        # a writer died between the stores of write_leaf.
+        cdef Py_ssize_t d, i, nodes
+        cdef double v
+        for i in range(self._leaf, self._leaf + self.capacity):
+            v = self._sum[i]
+            self._min[i] = v if v > 0.0 else INFINITY
+            if not v > 0.0:
+                self._max[i] = -INFINITY
+        for i in range(self._leaf + self.capacity, self._entries):
+            self._sum[i] = 0.0
+            self._min[i] = INFINITY
+            self._max[i] = -INFINITY
+        for d in range(self._levels - 2, -1, -1):
+            nodes = (self._start[d + 2] - self._start[d + 1]) // 8
+            for i in range(nodes):
+                _recompute(self._sum, self._min, self._max, self._start[d] + i, self._start[d + 1] + 8 * i)
+            for i in range(self._start[d] + nodes, self._start[d + 1]):
+                self._sum[i] = 0.0
+                self._min[i] = INFINITY
+                self._max[i] = -INFINITY
+
+    cdef Py_ssize_t descend(self, double u) noexcept nogil:
+        # The slot whose cumulative range holds prefix sum u (total_mass() > 0).
+        cdef Py_ssize_t d, n = 0
+        u = u if u > 0.0 else 0.0  # below the first slot (or NaN): the first sampleable slot
+        for d in range(self._levels):
+            n = 8 * n + _pick(self._sum + self._start[d] + 8 * n, &u)
+        return n
+
+    cdef void descend_many(self, double* prefix, int64_t* out, Py_ssize_t k) noexcept nogil:
+        # descend() of prefix[0..k) into out[0..k) (prefix is consumed), all draws one
+        # level at a time, so the cache misses of different draws overlap instead of
+        # queueing.  total_mass() > 0.
+        # Each draw's next node is prefetched as soon as it is known, so all k
+        # misses of a level are in flight before the first of them is read.
+        cdef Py_ssize_t d, j, n, last = self._levels - 1
+        cdef const double* level
+        cdef const double* below
+        for j in range(k):
+            out[j] = 0
+            prefix[j] = prefix[j] if prefix[j] > 0.0 else 0.0
+        for d in range(last):
+            level = self._sum + self._start[d]
+            below = self._sum + self._start[d + 1]
+            for j in range(k):
+                n = 8 * out[j]
+                n = n + _pick(level + n, &prefix[j])
+                out[j] = n
+                __builtin_prefetch(below + 8 * n)
+        level = self._sum + self._leaf
+        for j in range(k):
+            n = 8 * out[j]
+            out[j] = n + _pick(level + n, &prefix[j])
+
+    cdef double total_mass(self) noexcept nogil:
+        cdef const double* c = self._sum
+        # Added in _recompute's order: the descent's prefix of the whole root node.
+        return ((((((c[0] + c[1]) + c[2]) + c[3]) + c[4]) + c[5]) + c[6]) + c[7]
+
+    cdef double min_weight(self) noexcept nogil:
+        cdef double m = self._min[0]
+        cdef Py_ssize_t c
+        for c in range(1, 8):
+            m = self._min[c] if self._min[c] < m else m
+        return m
+
+    cdef double max_raw(self) noexcept nogil:
+        cdef double x = self._max[0]
+        cdef Py_ssize_t c
+        for c in range(1, 8):
+            x = self._max[c] if self._max[c] > x else x
+        return x
+
+    cdef double max_raw_ever(self) noexcept nogil:
+        return self._head[0]
+
+    cdef double leaf_weight(self, Py_ssize_t slot) noexcept nogil:
+        return self._sum[self._leaf + slot]
+
+    cdef double leaf_raw(self, Py_ssize_t slot) noexcept nogil:
+        return self._max[self._leaf + slot]
+
+    # -- Python ------------------------------------------------------------------------
 
     def set(self, const int64_t[::1] slots not None, const double[::1] values not None,
             const double[::1] raw not None):
@@ -137,9 +317,9 @@ cdef class PriorityTree:
             # children that are already final, so duplicates and shared
             # ancestors come out right.
             for j in range(k):
-                self._write_leaf(slots[j], values[j], raw[j])
+                self.write_leaf(slots[j], values[j], raw[j])
             if k:
-                self._fix_each(&slots[0], k)
+                self.fix_each(&slots[0], k)
 
     def set_priorities(self, const int64_t[::1] slots not None, const double[::1] priorities not None,
                        double alpha, double eps):
@@ -149,18 +329,35 @@ cdef class PriorityTree:
             raise ValueError("slots and priorities must have the same length")
         with nogil:
             for j in range(k):
-                self._write_leaf(slots[j], pow(priorities[j] + eps, alpha), priorities[j])
+                self.write_leaf(slots[j], pow(priorities[j] + eps, alpha), priorities[j])
             for j in range(k):
-                self._fix_up(slots[j])
+                self.fix_up(slots[j])
 
     def clear(self, const int64_t[::1] slots not None):
         """Make ``slots`` unsampleable."""
         cdef Py_ssize_t k = slots.shape[0], j
         with nogil:
             for j in range(k):
-                self._write_leaf(slots[j], 0.0, 0.0)
+                self.write_leaf(slots[j], 0.0, 0.0)
             for j in range(k):
-                self._fix_up(slots[j])
+                self.fix_up(slots[j])
+
+    def fix_slots(self, Py_ssize_t first, Py_ssize_t last):
+        """Bring the ancestors of slots ``first..last`` up to date (``fix_range``; for tests)."""
+        if not 0 <= first <= last < self.capacity:
+            raise IndexError(f"expected 0 <= first <= last < {self.capacity}, got {first}, {last}")
+        with nogil:
+            self.fix_range(first, last)
+
+    def write_leaves(self, const int64_t[::1] slots not None, const double[::1] values not None,
+                     const double[::1] raw not None):
+        """Write leaves without fixing their ancestors (for tests of the fix methods)."""
+        cdef Py_ssize_t k = slots.shape[0], j
+        if values.shape[0] != k or raw.shape[0] != k:
+            raise ValueError("slots, values and raw must have the same length")
+        with nogil:
+            for j in range(k):
+                self.write_leaf(slots[j], values[j], raw[j])
 
     def get(self, const int64_t[::1] slots not None, double[::1] values not None,
             double[::1] raw not None):
@@ -168,35 +365,31 @@ cdef class PriorityTree:
         cdef Py_ssize_t k = slots.shape[0], j
         with nogil:
             for j in range(k):
-                values[j] = self._nodes[slots[j] + self._cap].sum
-                raw[j] = self._nodes[slots[j] + self._cap].max
-
-    cdef Py_ssize_t _descend(self, double u) noexcept nogil:
-        # Go left unless u is past the left mass; but never enter a child
-        # whose sum is zero.  Starting from a root with positive sum, every
-        # node entered then has a positive sum, so the leaf found is
-        # sampleable whatever rounding did to u.
-        cdef Py_ssize_t n = 1
-        cdef double left
-        while n < self._cap:
-            n <<= 1
-            left = self._nodes[n].sum
-            if left > 0.0 and (u < left or self._nodes[n + 1].sum <= 0.0):
-                continue
-            u -= left
-            n += 1
-        return n - self._cap
+                values[j] = self.leaf_weight(slots[j])
+                raw[j] = self.leaf_raw(slots[j])
 
     def search(self, const double[::1] prefix not None, int64_t[::1] out not None):
-        """For each prefix sum, the slot whose cumulative range contains it."""
+        """For each prefix sum, the slot whose cumulative range contains it (one path at a time)."""
         cdef Py_ssize_t k = prefix.shape[0], j
         if out.shape[0] < k:
             raise ValueError("out is shorter than prefix")
-        if not self._nodes[1].sum > 0.0:
+        if not self.total_mass() > 0.0:
             raise ValueError("the tree holds no sampleable slot")
         with nogil:
             for j in range(k):
-                out[j] = self._descend(prefix[j])
+                out[j] = self.descend(prefix[j])
+
+    def search_many(self, const double[::1] prefix not None, int64_t[::1] out not None):
+        """As :meth:`search`, every path descended together (what sampling does)."""
+        cdef Py_ssize_t k = prefix.shape[0]
+        if out.shape[0] < k:
+            raise ValueError("out is shorter than prefix")
+        if not self.total_mass() > 0.0:
+            raise ValueError("the tree holds no sampleable slot")
+        cdef double[::1] scratch = np.array(prefix, dtype=np.float64)
+        if k:
+            with nogil:
+                self.descend_many(&scratch[0], &out[0], k)
 
     def sample(self, const double[::1] r not None, int64_t[::1] out not None,
                double[::1] values not None, bint stratified=True):
@@ -207,47 +400,45 @@ cdef class PriorityTree:
         Writes the chosen slots to ``out`` and their leaf weights to ``values``;
         returns the total mass the draws were made against.
         """
-        cdef Py_ssize_t k = r.shape[0], j, s
-        cdef double total = self._nodes[1].sum
+        cdef Py_ssize_t k = r.shape[0], j
+        cdef double total = self.total_mass()
         cdef double width
         if out.shape[0] < k or values.shape[0] < k:
             raise ValueError("out and values must hold len(r) entries")
         if not total > 0.0:
             raise ValueError("the tree holds no sampleable slot")
-        with nogil:
-            width = total / k if stratified else total
-            for j in range(k):
-                s = self._descend(((j if stratified else 0) + r[j]) * width)
-                out[j] = s
-                values[j] = self._nodes[s + self._cap].sum
+        cdef double[::1] scratch = np.empty(k, np.float64)
+        if k:
+            with nogil:
+                width = total / k if stratified else total
+                for j in range(k):
+                    scratch[j] = ((j if stratified else 0) + r[j]) * width
+                self.descend_many(&scratch[0], &out[0], k)
+                for j in range(k):
+                    values[j] = self.leaf_weight(out[j])
         return total
 
     def rebuild(self):
-        """Recompute every inner node from the leaves (after a crash mid-update)."""
+        """Recompute every inner entry from the leaves (after a crash mid-update)."""
         with nogil:
-            self._rebuild()
-
-    cdef void _rebuild(self) noexcept nogil:
-        cdef Py_ssize_t n
-        for n in range(self._cap - 1, 0, -1):
-            _recompute(self._nodes, n)
+            self.rebuild_inner()
 
     def total(self):
         """Sum of all leaf weights."""
-        return self._nodes[1].sum
+        return self.total_mass()
 
     def min(self):
         """Smallest positive leaf weight (+inf when nothing is sampleable)."""
-        return self._nodes[1].min
+        return self.min_weight()
 
     def max(self):
         """Largest raw priority among sampleable slots (-inf when none)."""
-        return self._nodes[1].max
+        return self.max_raw()
 
     def max_ever(self):
-        """Largest raw priority ever written to a leaf (-inf when none)."""
-        return self._nodes[0].max
+        """Largest raw priority ever written to a sampleable leaf (-inf when none)."""
+        return self.max_raw_ever()
 
     def forget_max_ever(self):
         """Start :meth:`max_ever` afresh (a buffer's ``clear``)."""
-        self._nodes[0].max = -INFINITY
+        self._head[0] = -INFINITY

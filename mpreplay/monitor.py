@@ -19,6 +19,7 @@ import numpy as np
 from . import manifest
 from ._ext.lock import read_holder
 from ._ext.processes import describe_process, token_alive, token_pid
+from ._ext.sumtree import leaf_views
 from ._ext.schema import (CLOSED, INSERTS, LANE_OWNER, LIMIT_MAX_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI,
                           LOCK_HOLDS, LOCK_WAIT_NS, MANIFEST_NBYTES, SAMPLES, STALE, STORED, TORN, TREE_ARRAY,
                           WRITER_INSERTS, WRITER_TOKEN)
@@ -170,10 +171,10 @@ class BufferView:
         """The priorities of the transitions that may be drawn now (None: uniform selection)."""
         if TREE_ARRAY not in self.arrays:
             return None
-        nodes = self.arrays[TREE_ARRAY].reshape(-1, 3)  # (sum, min, max); leaves in the second half
+        weights, raw = leaf_views(self.arrays[TREE_ARRAY], self.capacity)
         # Copied first: writers change leaves meanwhile, and the mask must judge the values returned.
-        leaves = nodes[len(nodes) // 2:len(nodes) // 2 + self.capacity].copy()
-        return leaves[(leaves[:, 0] > 0) & (leaves[:, 2] > -np.inf), 2]
+        weights, raw = weights.copy(), raw.copy()
+        return raw[(weights > 0) & (raw > -np.inf)]
 
     @property
     def closed(self) -> bool:

@@ -11,6 +11,7 @@ import pytest
 
 from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
 from mpreplay._ext.schema import MEMBERS_ARRAY, TREE_ARRAY
+from mpreplay._ext.sumtree import TREE_HEAD_LEN
 
 ENV = {"obs": {"shape": (3,)}, "act": {"dtype": np.int64}, "rew": {}, "done": {"dtype": np.uint8}}
 BOTH = pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer], ids=["uniform", "prioritized"])
@@ -188,11 +189,11 @@ def test_a_batch_fixes_the_tree_exactly_as_its_rows_one_by_one(capacity, lengths
 
 
 def _selectable(buffer) -> bytes | set:
-    """What the selector draws from: the whole tree (but node 0, the largest priority ever
+    """What the selector draws from: the whole tree (but its header, the largest priority ever
     set, which rows skipped by a batch never reach), or the set of uniform members (whose
     order depends on the order of removals)."""
     if isinstance(buffer, PrioritizedReplayBuffer):
-        return buffer._memory.arrays[TREE_ARRAY][3:].tobytes()
+        return buffer._memory.arrays[TREE_ARRAY][TREE_HEAD_LEN:].tobytes()
     state = buffer._memory.arrays[MEMBERS_ARRAY]
     return set(state[1:1 + state[0]].tolist())
 

@@ -1,4 +1,9 @@
-"""Specification of the priority tree: sum, min and max trees over a caller-owned float64 array."""
+"""Specification of the priority tree: sum, min and max trees over a caller-owned float64 array.
+
+Every property is checked against a plain numpy reference over the leaves, at capacities that
+leave partial wide nodes at every level (1, 2, 7, 8, 9, 63, 64, 65, 513, 4097, ...), never
+against the storage layout (which only ``leaf_views`` and the module's header length expose).
+"""
 from __future__ import annotations
 
 import math
@@ -9,7 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpreplay._ext.sumtree import PriorityTree, tree_buffer_size
+from mpreplay import PrioritizedReplayBuffer
+from mpreplay._ext.schema import TREE_ARRAY
+from mpreplay._ext.sumtree import TREE_HEAD_LEN, PriorityTree, leaf_views, tree_buffer_size
 
 DBL_MAX = np.finfo(np.float64).max
 DBL_TINY = np.finfo(np.float64).tiny  # smallest normal
@@ -48,21 +55,23 @@ def _leaves(tree: PriorityTree) -> tuple[np.ndarray, np.ndarray]:
     return values, raw
 
 
-def _nodes(buf: np.ndarray) -> np.ndarray:
-    """The tree's nodes as rows ``(sum, min, max)``; row 1 is the root, the last half the leaves.
+def _search_many(tree: PriorityTree, prefixes) -> np.ndarray:
+    prefixes = np.ascontiguousarray(prefixes, dtype=np.float64)
+    out = np.empty(len(prefixes), dtype=np.int64)
+    tree.search_many(prefixes, out)
+    return out
 
-    This is the one place that knows the documented storage layout.
-    """
-    return buf.reshape(-1, 3)
+
+# Capacities around every boundary of 8-wide nodes: one node, a node and one slot, full and
+# partial nodes at two, three and four levels.
+CAPACITIES = [1, 2, 7, 8, 9, 63, 64, 65, 100, 511, 512, 513, 4095, 4096, 4097, 32769]
 
 
-def _pairwise_root(leaves: np.ndarray, padded: int) -> float:
-    """The root as a fresh pairwise sum of the leaves, padded with zeros to a power of two."""
-    level = np.zeros(padded)
-    level[:len(leaves)] = leaves
-    while len(level) > 1:
-        level = level[0::2] + level[1::2]
-    return float(level[0])
+def _random_leaves(capacity: int, rng: np.random.Generator, zeros: float = 0.3) -> np.ndarray:
+    """Small integer weights (every partial sum exact), a share of them zero."""
+    values = rng.integers(1, 20, capacity).astype(np.float64)
+    values[rng.random(capacity) < zeros] = 0.0
+    return values
 
 
 class _Reference:
@@ -98,9 +107,23 @@ class _Reference:
 
 # -- storage ------------------------------------------------------------------
 
-@pytest.mark.parametrize("capacity, padded", [(1, 1), (2, 2), (3, 4), (5, 8), (8, 8), (1000, 1024)])
-def test_storage_is_three_floats_per_node_of_a_tree_over_capacity_rounded_up_to_a_power_of_two(capacity, padded):
-    assert tree_buffer_size(capacity) == 3 * 2 * padded
+@pytest.mark.parametrize("capacity", CAPACITIES + [10**6])
+def test_storage_is_whole_cache_lines_and_far_below_the_binary_trees_48_bytes_a_slot(capacity):
+    need = tree_buffer_size(capacity)
+    assert need % 8 == 0  # whole 64-byte lines: nodes stay aligned when the storage is
+    # Three trees of 8/7 entries a slot (plus a partial node a level) and a line of header.
+    assert 8 * need <= 64 + 3 * 8 * (capacity * 8 / 7 + 8 * 8)
+    if capacity >= 4096:
+        assert 8 * need / capacity < 28
+
+
+@pytest.mark.parametrize("capacity", CAPACITIES)
+def test_every_slot_of_storage_of_exactly_the_size_given_is_usable(capacity):
+    buf = np.full(tree_buffer_size(capacity) + 8, 7.0)
+    tree = PriorityTree(buf[:-8], capacity)
+    tree.set(_slots(capacity - 1, 0), _f64(3.0, 1.0 if capacity > 1 else 3.0), _f64(5.0, 6.0))
+    assert list(_search(tree, [tree.total() - 0.5])) == [capacity - 1]
+    assert (buf[-8:] == 7.0).all()
 
 
 @pytest.mark.parametrize("capacity", [0, -1])
@@ -244,9 +267,11 @@ def test_clear_makes_slots_unsampleable():
 
 
 def test_reset_empties_every_node():
-    tree, buf = _tree(5, [1.0, 2.0, 3.0])
+    tree, buf = _tree(65, [1.0, 2.0, 3.0] + [0.0] * 60 + [4.0])
+    empty = _tree(65)[1]
     tree.reset()
-    np.testing.assert_array_equal(_nodes(buf), np.tile([0.0, math.inf, -math.inf], (len(buf) // 3, 1)))
+    assert buf.tobytes() == empty.tobytes()
+    assert (tree.total(), tree.min(), tree.max(), tree.max_ever()) == (0.0, math.inf, -math.inf, -math.inf)
 
 
 def _random_updates(tree: PriorityTree, rounds: int, seed: int) -> None:
@@ -258,29 +283,21 @@ def _random_updates(tree: PriorityTree, rounds: int, seed: int) -> None:
         tree.set(slots, values, rng.random(1000))
 
 
-def test_every_parent_is_recomputed_from_its_children_after_many_updates():
-    tree, buf = _tree(1000)
+@pytest.mark.parametrize("capacity", [1000, 4097])
+def test_after_many_updates_every_entry_is_what_a_rebuild_from_the_leaves_makes(capacity):
+    # Parents are recomputed from their children, never adjusted by deltas: no drift.
+    tree, buf = _tree(capacity)
     _random_updates(tree, rounds=300, seed=1)
-    nodes = _nodes(buf)
-    parents = np.arange(1, len(nodes) // 2)
-    left, right = nodes[2 * parents], nodes[2 * parents + 1]
-    np.testing.assert_array_equal(nodes[parents, 0], left[:, 0] + right[:, 0])
-    np.testing.assert_array_equal(nodes[parents, 1], np.minimum(left[:, 1], right[:, 1]))
-    np.testing.assert_array_equal(nodes[parents, 2], np.maximum(left[:, 2], right[:, 2]))
-
-
-def test_root_after_many_updates_is_bit_identical_to_a_rebuild_from_the_leaves():
-    tree, buf = _tree(1000)
-    _random_updates(tree, rounds=300, seed=2)
     values, raw = _leaves(tree)
-    assert tree.total() == _pairwise_root(values, len(buf) // 6)
     assert tree.total() == pytest.approx(math.fsum(values), rel=1e-12)
-    fresh, fresh_buf = _tree(1000)
-    fresh.set(np.arange(1000, dtype=np.int64), values, raw)
-    assert buf[3:].tobytes() == fresh_buf[3:].tobytes()  # node 0 remembers leaves overwritten since
+    fresh, fresh_buf = _tree(capacity)
+    fresh.set(np.arange(capacity, dtype=np.int64), values, raw)
+    # The header remembers leaves overwritten since (max_ever); all else is the leaves'.
+    assert buf[TREE_HEAD_LEN:].tobytes() == fresh_buf[TREE_HEAD_LEN:].tobytes()
     updated = buf.copy()
     tree.rebuild()
     assert buf.tobytes() == updated.tobytes()
+    assert (tree.min(), tree.max()) == (values[values > 0].min(), raw[values > 0].max())
 
 
 @settings(max_examples=50, deadline=None)
@@ -289,14 +306,35 @@ def test_root_after_many_updates_is_bit_identical_to_a_rebuild_from_the_leaves()
     garbage=st.lists(st.sampled_from([math.nan, math.inf, -math.inf, -1.0, 0.0, 1e300]), min_size=1, max_size=8),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_rebuild_restores_corrupted_inner_nodes_from_the_leaves(leaves, garbage, seed):
+def test_rebuild_restores_everything_but_the_leaves_from_the_leaves(leaves, garbage, seed):
+    # What a writer that died mid-update leaves behind: any entry but the leaf weights and
+    # raw priorities (and the header) may be stale; rebuild() makes the tree whole again.
     tree, buf = _tree(len(leaves), leaves)
     pristine = buf.copy()
-    nodes = _nodes(buf)
-    inner = nodes[1:len(nodes) // 2].reshape(-1)  # a view: writing it corrupts the tree
+    weights, raw = leaf_views(buf, len(leaves))
+    derived = np.ones(len(buf), dtype=bool)
+    derived[:TREE_HEAD_LEN] = False
+    for view in (weights, raw):
+        start = (view.ctypes.data - buf.ctypes.data) // 8
+        derived[start:start + len(view)] = False
     rng = np.random.default_rng(seed)
-    count = min(len(garbage), len(inner))
-    inner[rng.choice(len(inner), count, replace=False)] = garbage[:count]
+    where = np.flatnonzero(derived)
+    count = min(len(garbage), len(where))
+    hit = rng.choice(where, count, replace=False)
+    buf[hit] = garbage[:count]
+    tree.rebuild()
+    assert buf.tobytes() == pristine.tobytes()
+    assert tree.total() == pytest.approx(math.fsum(leaves))
+
+
+@pytest.mark.parametrize("capacity", CAPACITIES)
+def test_rebuild_restores_every_derived_entry_at_every_capacity(capacity):
+    tree, buf = _tree(capacity, _random_leaves(capacity, np.random.default_rng(capacity)))
+    pristine = buf.copy()
+    weights, raw = (v.copy() for v in leaf_views(buf, capacity))
+    buf[TREE_HEAD_LEN:] = math.nan
+    leaf_views(buf, capacity)[0][:] = weights
+    leaf_views(buf, capacity)[1][:] = raw
     tree.rebuild()
     assert buf.tobytes() == pristine.tobytes()
 
@@ -437,3 +475,197 @@ def test_max_ever_remembers_the_largest_priority_of_a_leaf_overwritten_since():
     assert (tree.max(), tree.max_ever()) == (3.0, 7.0)
     tree.forget_max_ever()
     assert tree.max_ever() == -np.inf
+
+
+def test_forget_max_ever_then_a_new_leaf_sets_it_again():
+    tree, _ = _tree(9, [5.0])
+    tree.forget_max_ever()
+    tree.set(_slots(8), _f64(1.0), _f64(2.0))
+    tree.set(_slots(7), _f64(0.0), _f64(50.0))  # unsampleable: not a priority "given"
+    assert tree.max_ever() == 2.0
+
+
+# -- every capacity against the numpy reference ------------------------------------------
+
+@pytest.mark.parametrize("capacity", CAPACITIES)
+def test_sums_min_max_leaves_and_search_agree_with_the_reference(capacity):
+    rng = np.random.default_rng(capacity)
+    values = _random_leaves(capacity, rng)
+    values[rng.integers(0, capacity)] = 3.0  # something sampleable
+    raw = rng.uniform(-5, 5, capacity)
+    tree, buf = _tree(capacity)
+    tree.set(np.arange(capacity, dtype=np.int64), values, raw)
+    reference = _Reference(capacity)
+    reference.set(range(capacity), values, raw)
+    assert (tree.total(), tree.min(), tree.max()) == (reference.total(), reference.min(), reference.max())
+    total = tree.total()
+    prefixes = np.concatenate([np.cumsum(values), np.cumsum(values) - 0.5, rng.uniform(0, total, 500),
+                               [0.0, total, total + 1, -1.0]])
+    expected = reference.search(prefixes)
+    np.testing.assert_array_equal(_search(tree, prefixes), expected)
+    np.testing.assert_array_equal(_search_many(tree, prefixes), expected)
+    weights, raws = leaf_views(buf, capacity)
+    np.testing.assert_array_equal(weights, values)
+    np.testing.assert_array_equal(raws, np.where(values > 0, raw, -math.inf))
+
+
+@pytest.mark.parametrize("capacity", CAPACITIES)
+def test_stratified_draws_land_on_each_slot_in_exact_proportion_to_its_weight(capacity):
+    # Integer weights and one stratum per unit of mass: draw j covers [j, j + 1), which lies in
+    # exactly one slot, so every slot is drawn exactly as often as its weight.
+    rng = np.random.default_rng(capacity + 1)
+    values = _random_leaves(capacity, rng, zeros=0.5)
+    values[-1] = 2.0
+    tree, _ = _tree(capacity, values)
+    k = int(values.sum())
+    out, drawn = np.empty(k, dtype=np.int64), np.empty(k)
+    total = tree.sample(rng.random(k), out, drawn, True)
+    assert total == k
+    np.testing.assert_array_equal(np.bincount(out, minlength=capacity), values)
+    np.testing.assert_array_equal(drawn, values[out])
+
+
+@pytest.mark.parametrize("capacity", [9, 65, 4097])
+def test_unstratified_draws_land_in_proportion_to_the_weights(capacity):
+    rng = np.random.default_rng(7)
+    values = _random_leaves(capacity, rng)
+    values[0] = 1.0
+    tree, _ = _tree(capacity, values)
+    n = 200_000
+    out, drawn = np.empty(n, dtype=np.int64), np.empty(n)
+    tree.sample(rng.random(n), out, drawn, False)
+    counts = np.bincount(out, minlength=capacity)
+    expected = n * values / values.sum()
+    assert (counts[values == 0] == 0).all()
+    # Every count within 5 standard deviations of its expectation.
+    assert (np.abs(counts - expected) <= 5 * np.sqrt(expected) + 1).all()
+
+
+def _lonely_positions(capacity: int) -> list[int]:
+    return sorted({0, 7, 8, 9, 63, 64, capacity // 2, capacity - 2, capacity - 1} & set(range(capacity)))
+
+
+@pytest.mark.parametrize("capacity", CAPACITIES)
+def test_a_lone_sampleable_slot_is_found_from_any_prefix(capacity):
+    # Every other child on the way down has zero mass: none is ever entered.
+    for slot in _lonely_positions(capacity):
+        for weight in (DENORMAL_MIN, 1.0, 1e300):
+            tree, _ = _tree(capacity)
+            tree.set(_slots(slot), _f64(weight), _f64(1.0))
+            prefixes = _awkward_prefixes(tree.total())
+            assert set(_search(tree, prefixes)) == {slot}
+            assert set(_search_many(tree, prefixes)) == {slot}
+
+
+@pytest.mark.parametrize("capacity", [9, 65, 513, 4097])
+def test_a_child_too_light_to_move_the_sum_is_never_drawn_but_its_zero_neighbours_are_never_entered(capacity):
+    # Beside 1e16 a weight of 1 does not change the rounded prefix: that slot cannot be drawn.
+    # Prefixes at and past the total must still stop on a sampleable slot, never on the
+    # zeros after it.
+    values = np.zeros(capacity)
+    values[0], values[1] = 1e16, 1.0
+    tree, _ = _tree(capacity, values)
+    found = _search(tree, _awkward_prefixes(tree.total()))
+    assert set(found) <= {0, 1}
+    assert set(_search_many(tree, _awkward_prefixes(tree.total()))) == set(found)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    capacity=st.sampled_from(CAPACITIES[:10]),
+    positions=st.lists(st.integers(0, 10**6), min_size=1, max_size=12),
+    weights=st.lists(st.floats(DENORMAL_MIN, DBL_MAX / 2**40, allow_subnormal=True), min_size=12, max_size=12),
+    fractions=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=20),
+)
+def test_draws_land_on_sampleable_slots_for_any_weights_at_any_capacity(capacity, positions, weights, fractions):
+    slots = np.array([p % capacity for p in positions], dtype=np.int64)
+    values = np.array(weights[:len(slots)])
+    tree, _ = _tree(capacity)
+    tree.set(slots, values, values)
+    live, _ = _leaves(tree)
+    total = tree.total()
+    prefixes = [f * total for f in fractions] + [np.nextafter(f * total, math.inf) for f in fractions]
+    prefixes += _awkward_prefixes(total)
+    assert (live[_search(tree, prefixes)] > 0).all()
+    np.testing.assert_array_equal(_search_many(tree, prefixes), _search(tree, prefixes))
+
+
+@pytest.mark.parametrize("capacity", CAPACITIES)
+def test_fixing_a_run_of_slots_gives_the_tree_setting_them_gives(capacity):
+    rng = np.random.default_rng(capacity + 2)
+    base = _random_leaves(capacity, rng)
+    for first, last in {(0, capacity - 1), (capacity // 3, capacity - 1), (capacity // 2, capacity // 2),
+                        (max(0, capacity - 9), capacity - 1), (0, min(8, capacity - 1))}:
+        run = np.arange(first, last + 1, dtype=np.int64)
+        values = rng.integers(0, 9, len(run)).astype(np.float64)
+        fixed, fixed_buf = _tree(capacity, base)
+        fixed.write_leaves(run, values, values)
+        fixed.fix_slots(first, last)
+        reference, reference_buf = _tree(capacity, base)
+        reference.set(run, values, values)
+        assert fixed_buf.tobytes() == reference_buf.tobytes()
+
+
+def test_leaves_written_without_a_fix_leave_the_inner_entries_stale():
+    # The fix methods are what the tests above exercise: without them nothing moves.
+    tree, _ = _tree(65, [1.0] * 65)
+    tree.write_leaves(_slots(64), _f64(100.0), _f64(100.0))
+    assert tree.total() == 65.0
+    tree.fix_slots(64, 64)
+    assert tree.total() == 164.0
+
+
+def test_fix_slots_rejects_a_range_outside_the_capacity():
+    tree, _ = _tree(9)
+    for first, last in [(-1, 3), (0, 9), (5, 4)]:
+        with pytest.raises(IndexError):
+            tree.fix_slots(first, last)
+
+
+def test_search_many_rejects_short_output_and_an_empty_tree():
+    tree, _ = _tree(9)
+    with pytest.raises(ValueError, match="no sampleable slot"):
+        _search_many(tree, [0.0])
+    tree.set(_slots(3), _f64(1.0), _f64(1.0))
+    with pytest.raises(ValueError, match="out"):
+        tree.search_many(_f64(0.1, 0.2), np.empty(1, dtype=np.int64))
+
+
+@pytest.mark.parametrize("capacity", [65, 4097])
+def test_a_tree_attached_without_reset_at_a_wide_capacity_sees_and_changes_the_same_state(capacity):
+    writer, buf = _tree(capacity, _random_leaves(capacity, np.random.default_rng(3)))
+    reader = PriorityTree(buf, capacity, reset=False)
+    assert (reader.total(), reader.min(), reader.max()) == (writer.total(), writer.min(), writer.max())
+    reader.set(_slots(capacity - 1), _f64(1000.0), _f64(1000.0))
+    assert writer.max() == 1000.0 and writer.total() == reader.total()
+    np.testing.assert_array_equal(_search(writer, [writer.total() - 1.0]), [capacity - 1])
+
+
+# -- leaf views ---------------------------------------------------------------------
+
+def test_leaf_views_show_weights_and_raw_priorities_as_they_change():
+    tree, buf = _tree(65)
+    weights, raw = leaf_views(buf, 65)
+    assert weights.shape == raw.shape == (65,)
+    assert (weights == 0).all() and (raw == -math.inf).all()
+    tree.set(_slots(0, 64), _f64(2.0, 3.0), _f64(5.0, 6.0))
+    assert (weights[0], weights[64], raw[0], raw[64]) == (2.0, 3.0, 5.0, 6.0)
+    tree.clear(_slots(0))
+    assert (weights[0], raw[0]) == (0.0, -math.inf)
+
+
+@pytest.mark.parametrize("buf, capacity, match", [
+    (np.zeros(tree_buffer_size(9) - 1), 9, "at least"),
+    (np.zeros(tree_buffer_size(9), dtype=np.float32), 9, "float64"),
+    (np.zeros((2, tree_buffer_size(9))), 9, "one-dimensional"),
+    (np.zeros(100), 0, "capacity"),
+])
+def test_leaf_views_reject_storage_that_cannot_hold_the_tree(buf, capacity, match):
+    with pytest.raises(ValueError, match=match):
+        leaf_views(buf, capacity)
+
+
+def test_a_heap_buffers_tree_starts_on_a_cache_line():
+    for size in (9, 1000):
+        buffer = PrioritizedReplayBuffer(size, {"obs": {}})
+        assert buffer._memory.arrays[TREE_ARRAY].ctypes.data % 64 == 0
