@@ -290,6 +290,18 @@ class ReplayBuffer:
                 return slot
         return self._add(fields, None, timeout)
 
+    def row_adder(self) -> Callable[[dict[str, Any]], int] | None:
+        """The kernel's add of one transition, for an adapter that holds its fields as a dict
+        already (``mpreplay.compat.cpprb``): one call from the adapter to the kernel.
+
+        ``adder(fields)`` stores ``fields`` (one value per field: Python scalars and arrays of
+        the field's exact dtype and shape) with the default priority and returns the slot
+        written; or returns -1, storing nothing, when the values need :meth:`add`'s checks and
+        conversions (call it then).  None when this buffer plans its rows before storing them
+        (n-step folding, compression, sequences).
+        """
+        return self._ring.add_one if self._plain_rows else None
+
     def _add(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int | None:
         if timeout is not None:
             timeout = checks.seconds("timeout", timeout)

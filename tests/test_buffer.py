@@ -93,6 +93,40 @@ def test_add_one_transition_returns_its_slot(cls):
     _is_transition(buffer.get_all_transitions(), [0, 1])
 
 
+def _exact_row(i: int) -> dict[str, object]:
+    """Transition number ``i`` as the kernel's one-row add takes it: numbers and exact arrays."""
+    return {"obs": np.array([i, 10.0 * i, 100.0 * i], dtype=np.float32), "act": i, "rew": i / 2, "done": i % 2}
+
+
+@BOTH
+def test_row_adder_stores_one_transition_of_exact_values_and_returns_its_slot(cls):
+    buffer = cls(4, ENV)
+    adder = buffer.row_adder()
+    assert adder(_exact_row(0)) == 0
+    assert adder(_exact_row(1)) == 1
+    _is_transition(buffer.get_all_transitions(), [0, 1])
+
+
+@BOTH
+@pytest.mark.parametrize("values", [
+    pytest.param({**_exact_row(0), "obs": [0.0, 0.0, 0.0]}, id="a list"),
+    pytest.param({**_exact_row(0), "unknown": 1}, id="a key of no field"),
+    pytest.param({k: v for k, v in _exact_row(0).items() if k != "rew"}, id="a missing field"),
+    pytest.param({**_exact_row(0), "obs": np.zeros((2, 3), np.float32)}, id="a batch"),
+])
+def test_row_adder_leaves_values_it_does_not_take_to_add(cls, values):
+    buffer = cls(4, ENV)
+    before = buffer.get_all_transitions()
+    assert buffer.row_adder()(values) == -1
+    assert buffer.get_stored_size() == 0
+    for name, array in buffer.get_all_transitions().items():
+        np.testing.assert_array_equal(array, before[name])
+
+
+def test_row_adder_of_a_buffer_that_folds_its_rows_is_none():
+    assert ReplayBuffer(8, ENV, nstep={"size": 3, "gamma": 0.9}).row_adder() is None
+
+
 @BOTH
 def test_add_batch_returns_the_slot_of_its_first_transition(cls):
     buffer = cls(8, ENV)

@@ -84,12 +84,16 @@ class _Buffer:
         # Bound once: these run on every call.  (Not pickled: see MPReplayBuffer.__getstate__.)
         self._native_add_values = self._native.add
         self._native_sample = self._native.sample
+        # One transition of exact values goes from `add` straight to the kernel.
+        self._native_add_row = None if self._nstep is not None else self._native.row_adder()
 
     # -- adding ---------------------------------------------------------------
     def add(self, **kwargs: Any) -> int | None:
         """Add one transition, or several with a leading dimension; returns the index of the
         first, or None when an n-step buffer completed none.  Keys of no field are ignored;
         a missing field raises KeyError."""
+        if self._native_add_row is not None and (slot := self._native_add_row(kwargs)) >= 0:
+            return slot
         if self._nstep is None:
             try:
                 return self._native_add_values(**kwargs)  # what mpreplay takes as it is, at its speed
@@ -311,6 +315,9 @@ class _Prioritized:
     def add(self, *, priorities: Any = None, **kwargs: Any) -> int | None:
         """Add transitions with ``priorities`` (one per transition, or one for all), or the
         largest priority ever set.  See ``ReplayBuffer.add``."""
+        if priorities is None and self._native_add_row is not None:
+            if (slot := self._native_add_row(kwargs)) >= 0:
+                return slot
         if self._nstep is not None:
             return self._add_folded(self._fields.pick(kwargs), priorities)
         try:
