@@ -309,17 +309,12 @@ cdef class PriorityTree:
         Duplicated slots are allowed: the last occurrence wins.  The caller
         has validated slots and values.
         """
-        cdef Py_ssize_t k = slots.shape[0], j
-        if values.shape[0] != k or raw.shape[0] != k:
-            raise ValueError("slots, values and raw must have the same length")
-        with nogil:
-            # All leaves first, then the paths: a path walked later reads
-            # children that are already final, so duplicates and shared
-            # ancestors come out right.
-            for j in range(k):
-                self.write_leaf(slots[j], values[j], raw[j])
-            if k:
-                self.fix_each(&slots[0], k)
+        # All leaves first, then the paths: a path walked later reads children
+        # that are already final, so duplicates and shared ancestors come out right.
+        self.write_leaves(slots, values, raw)
+        if slots.shape[0]:
+            with nogil:
+                self.fix_each(&slots[0], slots.shape[0])
 
     def set_priorities(self, const int64_t[::1] slots not None, const double[::1] priorities not None,
                        double alpha, double eps):
