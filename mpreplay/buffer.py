@@ -290,17 +290,17 @@ class ReplayBuffer:
                 return slot
         return self._add(fields, None, timeout)
 
-    def row_adder(self) -> Callable[[dict[str, Any]], int] | None:
+    def add_row(self, fields: dict[str, Any]) -> int:
         """The kernel's add of one transition, for an adapter that holds its fields as a dict
-        already (``mpreplay.compat.cpprb``): one call from the adapter to the kernel.
+        already (``mpreplay.compat.cpprb``): no keyword arguments to unpack and pack again.
 
-        ``adder(fields)`` stores ``fields`` (one value per field: Python scalars and arrays of
-        the field's exact dtype and shape) with the default priority and returns the slot
-        written; or returns -1, storing nothing, when the values need :meth:`add`'s checks and
-        conversions (call it then).  None when this buffer plans its rows before storing them
-        (n-step folding, compression, sequences).
+        Stores ``fields`` (one value per field: Python scalars and arrays of the field's exact
+        dtype and shape) with the default priority and returns the slot written; or returns
+        -1, storing nothing, when the values need :meth:`add`'s checks and conversions, or this
+        buffer plans its rows before storing them (n-step folding, compression, sequences).
         """
-        return self._ring.add_one if self._plain_rows else None
+        add_one = self._ring.add_one  # first: after close() this raises BufferClosed
+        return add_one(fields) if self._plain_rows else -1
 
     def _add(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int | None:
         if timeout is not None:

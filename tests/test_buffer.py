@@ -99,11 +99,10 @@ def _exact_row(i: int) -> dict[str, object]:
 
 
 @BOTH
-def test_row_adder_stores_one_transition_of_exact_values_and_returns_its_slot(cls):
+def test_add_row_stores_one_transition_of_exact_values_and_returns_its_slot(cls):
     buffer = cls(4, ENV)
-    adder = buffer.row_adder()
-    assert adder(_exact_row(0)) == 0
-    assert adder(_exact_row(1)) == 1
+    assert buffer.add_row(_exact_row(0)) == 0
+    assert buffer.add_row(_exact_row(1)) == 1
     _is_transition(buffer.get_all_transitions(), [0, 1])
 
 
@@ -114,17 +113,19 @@ def test_row_adder_stores_one_transition_of_exact_values_and_returns_its_slot(cl
     pytest.param({k: v for k, v in _exact_row(0).items() if k != "rew"}, id="a missing field"),
     pytest.param({**_exact_row(0), "obs": np.zeros((2, 3), np.float32)}, id="a batch"),
 ])
-def test_row_adder_leaves_values_it_does_not_take_to_add(cls, values):
+def test_add_row_leaves_values_it_does_not_take_to_add(cls, values):
     buffer = cls(4, ENV)
     before = buffer.get_all_transitions()
-    assert buffer.row_adder()(values) == -1
+    assert buffer.add_row(values) == -1
     assert buffer.get_stored_size() == 0
     for name, array in buffer.get_all_transitions().items():
         np.testing.assert_array_equal(array, before[name])
 
 
-def test_row_adder_of_a_buffer_that_folds_its_rows_is_none():
-    assert ReplayBuffer(8, ENV, nstep={"size": 3, "gamma": 0.9}).row_adder() is None
+def test_add_row_leaves_a_transition_to_fold_to_add():
+    buffer = ReplayBuffer(8, ENV, nstep={"size": 3, "gamma": 0.9})
+    assert buffer.add_row(_exact_row(0)) == -1
+    assert buffer.get_stored_size() == 0
 
 
 @BOTH

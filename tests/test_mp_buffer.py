@@ -389,6 +389,7 @@ def _call_every_method(buffer) -> dict[str, Any]:
     rows = _rows(np.arange(2))
     return {
         "add": lambda: buffer.add(**rows),
+        "add_row": lambda: buffer.add_row({name: row[0] for name, row in rows.items()}),
         "sample": lambda: buffer.sample(2),
         "update_priorities": lambda: buffer.update_priorities(np.arange(2), np.ones(2)),
         "get_all_transitions": buffer.get_all_transitions,

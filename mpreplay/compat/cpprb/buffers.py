@@ -85,7 +85,7 @@ class _Buffer:
         self._native_add_values = self._native.add
         self._native_sample = self._native.sample
         # One transition of exact values goes from `add` straight to the kernel.
-        self._native_add_row = None if self._nstep is not None else self._native.row_adder()
+        self._native_add_row = None if self._nstep is not None else self._native.add_row
 
     # -- adding ---------------------------------------------------------------
     def add(self, **kwargs: Any) -> int | None:
