@@ -27,6 +27,9 @@ from cpython.ref cimport Py_REFCNT, PyObject
 cimport numpy as cnp
 from numpy.random cimport bitgen_t
 
+cdef extern from *:
+    void __builtin_prefetch(const void* addr) noexcept nogil
+
 from mpreplay._ext.atomics cimport _atomic_cas, _mpreplay_acquire_fence
 from mpreplay._ext.frame_plan cimport Episode, FramePlan
 from mpreplay._ext.frames cimport MAX_STACK, Frames
@@ -128,6 +131,11 @@ cdef enum:
     SPARE_MAX_BYTES = 65536  # larger batches are not kept: their copies dwarf an allocation
 
 
+# Fields larger than a core's L2 cache (1 MiB on the development machine) miss on most draws:
+# from there sample prefetches the rows it drew; below, the prefetches cost more than they save.
+cdef Py_ssize_t PREFETCH_ROWS_ABOVE = 1 << 20
+
+
 cdef enum:
     # The dimensions of a sample output: a row's (numpy 1 allows 32) after the lead (rows, steps).
     MAX_OUTPUT_DIMS = 34
@@ -219,6 +227,7 @@ cdef class Ring:
     cdef uint8_t** _stage
     cdef const uint8_t** _src    # per field, during add_one: the row to copy (a caller's array or the stage)
     cdef Py_ssize_t* _rowbytes
+    cdef bint _prefetch_rows     # the fields outgrow a core's cache: _draw prefetches the drawn rows
     cdef Kind* _kinds
     cdef bint* _one              # per field: shape (1,), which a number or a 0-d array fills
     cdef int* _typenums
@@ -283,6 +292,7 @@ cdef class Ring:
             self._one[i] = arr.shape[1:] == (1,)
             self._typenums[i] = arr.dtype.num
         self._fields_keepalive = [arr for _, arr in fields]
+        self._prefetch_rows = sum(arr.nbytes for _, arr in fields) > PREFETCH_ROWS_ABOVE
         self._describe_outputs([(name, arr.shape[1:], arr.dtype) for name, arr in fields])
         self.set_rng(rng)
         self._sampled = None
@@ -748,11 +758,22 @@ cdef class Ring:
         # Lock held.  Draw j lands in stratum j of nstrata (nstrata == 1:
         # plain draws over the whole mass); `values` gets the drawn weights.
         # Returns the smallest weight, or NaN once nothing is sampleable.
-        cdef Py_ssize_t j
+        cdef Py_ssize_t j, i
         if not self._selector.total() > 0.0:
             return NAN
         self._selector.draw(slots, values, k, nstrata, self._bitgen)
         fault(F_DRAW)
+        if self._prefetch_rows:
+            # The drawn slots are known now: ask for everything the checks below and the copies
+            # after the lock read of them at once, so their cache misses overlap instead of
+            # each stalling in turn.
+            for j in range(k):
+                __builtin_prefetch(&self._slots.gen[slots[j]])
+                __builtin_prefetch(&self._slots.state[slots[j]])
+                for i in range(self._nfields):
+                    __builtin_prefetch(self._dst[i] + slots[j] * self._rowbytes[i])
+                if self._record != NULL:
+                    __builtin_prefetch(&self._record[slots[j]])
         for j in range(k):
             while (being_written(self._slots.gen[slots[j]]) or self._slots.state[slots[j]] != COMPLETE
                    or (self._sequences is not None and self._sequences.steps(slots[j]) == 0)):
