@@ -14,8 +14,9 @@ raises at once.  See docs/architecture.md, "Concurrency protocol".
 from libc.math cimport INFINITY
 from libc.stdint cimport int32_t, int64_t
 from cpython.exc cimport PyErr_CheckSignals
-from cpython.pythread cimport (NOWAIT_LOCK, PY_LOCK_ACQUIRED, WAIT_LOCK, PyLockStatus, PyThread_acquire_lock, PyThread_get_thread_ident,
-                               PyThread_allocate_lock, PyThread_free_lock, PyThread_release_lock)
+from cpython.pythread cimport (NOWAIT_LOCK, PY_LOCK_ACQUIRED, WAIT_LOCK, PyLockStatus, PyThread_acquire_lock,
+                               PyThread_allocate_lock, PyThread_free_lock, PyThread_get_thread_ident,
+                               PyThread_release_lock)
 
 from mpreplay._ext.atomics cimport _atomic_add, _atomic_add32, _atomic_load
 from mpreplay._ext.schema cimport (CLOSED, EPOCH, LIMIT_MAX_DIFF, LIMIT_MIN_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI,

@@ -85,16 +85,16 @@ class _Buffer:
         self._native_add_values = self._native.add
         self._native_sample = self._native.sample
         # One transition of exact values goes from `add` straight to the kernel.
-        self._native_add_row = None if self._nstep is not None else self._native.add_row
+        self._native_add_row = self._native.add_row
 
     # -- adding ---------------------------------------------------------------
     def add(self, **kwargs: Any) -> int | None:
         """Add one transition, or several with a leading dimension; returns the index of the
         first, or None when an n-step buffer completed none.  Keys of no field are ignored;
         a missing field raises KeyError."""
-        if self._native_add_row is not None and (slot := self._native_add_row(kwargs)) >= 0:
-            return slot
         if self._nstep is None:
+            if (slot := self._native_add_row(kwargs)) >= 0:
+                return slot
             try:
                 return self._native_add_values(**kwargs)  # what mpreplay takes as it is, at its speed
             except (TypeError, ValueError):
@@ -315,11 +315,10 @@ class _Prioritized:
     def add(self, *, priorities: Any = None, **kwargs: Any) -> int | None:
         """Add transitions with ``priorities`` (one per transition, or one for all), or the
         largest priority ever set.  See ``ReplayBuffer.add``."""
-        if priorities is None and self._native_add_row is not None:
-            if (slot := self._native_add_row(kwargs)) >= 0:
-                return slot
         if self._nstep is not None:
             return self._add_folded(self._fields.pick(kwargs), priorities)
+        if priorities is None and (slot := self._native_add_row(kwargs)) >= 0:
+            return slot
         try:
             return self._native_add_values(priorities=priorities, **kwargs)  # mpreplay's fast path
         except (TypeError, ValueError):
