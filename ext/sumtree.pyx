@@ -87,13 +87,14 @@ def leaf_views(buf, Py_ssize_t capacity):
 cdef inline Py_ssize_t _pick(const double* c, double* u) noexcept nogil:
     # The child of node c (8 sums) that prefix u falls in, and u made relative to it.
     # Prefix sums in the order _recompute adds them: p[j + 1] = c[0] + ... + c[j].
-    # The first child whose prefix exceeds u has positive mass (its prefix grew);
-    # when rounding left u at or past the node's mass, the last child that grew it,
-    # so a node of positive mass never leads into a child of zero mass.  No
-    # branches: the way down is random, a branch would be mispredicted.  u >= 0.
+    # The first child whose prefix exceeds u has positive mass (its prefix grew), so
+    # the count of prefixes at or below u is the child -- unless rounding left u at or
+    # past the node's mass (count 8): then the last child that grew it, so a node of
+    # positive mass never leads into a child of zero mass.  The count has no branch
+    # (the way down is random, a branch would be mispredicted); the rare overflow does.
     cdef double p[9]
     cdef double v = u[0]
-    cdef Py_ssize_t cnt, last
+    cdef Py_ssize_t cnt
     p[0] = 0.0
     p[1] = c[0]
     p[2] = p[1] + c[1]
@@ -105,27 +106,40 @@ cdef inline Py_ssize_t _pick(const double* c, double* u) noexcept nogil:
     p[8] = p[7] + c[7]
     cnt = ((v >= p[1]) + (v >= p[2]) + (v >= p[3]) + (v >= p[4])
            + (v >= p[5]) + (v >= p[6]) + (v >= p[7]) + (v >= p[8]))
-    last = ((p[1] < p[8]) + (p[2] < p[8]) + (p[3] < p[8]) + (p[4] < p[8])
-            + (p[5] < p[8]) + (p[6] < p[8]) + (p[7] < p[8]))
-    cnt = cnt if cnt < last else last
+    if cnt == 8:
+        cnt = ((p[1] < p[8]) + (p[2] < p[8]) + (p[3] < p[8]) + (p[4] < p[8])
+               + (p[5] < p[8]) + (p[6] < p[8]) + (p[7] < p[8]))
     u[0] = v - p[cnt]
     return cnt
+
+
+cdef inline double _sum8(const double* c) noexcept nogil:
+    # The sum of a node's 8 entries, in the order the descent adds them.
+    return ((((((c[0] + c[1]) + c[2]) + c[3]) + c[4]) + c[5]) + c[6]) + c[7]
+
+
+cdef inline double _min8(const double* c) noexcept nogil:
+    cdef double m = c[0]
+    cdef Py_ssize_t i
+    for i in range(1, 8):
+        m = c[i] if c[i] < m else m
+    return m
+
+
+cdef inline double _max8(const double* c) noexcept nogil:
+    cdef double x = c[0]
+    cdef Py_ssize_t i
+    for i in range(1, 8):
+        x = c[i] if c[i] > x else x
+    return x
 
 
 cdef inline void _recompute(double* s, double* lo, double* hi, Py_ssize_t entry,
                             Py_ssize_t child) noexcept nogil:
     # Entry `entry` from the 8 entries of its node of children, which starts at `child`.
-    cdef double a = s[child], m = lo[child], x = hi[child], v
-    cdef Py_ssize_t c
-    for c in range(child + 1, child + 8):
-        a = a + s[c]
-        v = lo[c]
-        m = v if v < m else m
-        v = hi[c]
-        x = v if v > x else x
-    s[entry] = a
-    lo[entry] = m
-    hi[entry] = x
+    s[entry] = _sum8(s + child)
+    lo[entry] = _min8(lo + child)
+    hi[entry] = _max8(hi + child)
 
 
 cdef class PriorityTree:
@@ -202,16 +216,33 @@ cdef class PriorityTree:
         # path is as long as the others, so a level's entries are recomputed after all
         # the entries below them; a later chunk of paths recomputes the ancestors it
         # shares with an earlier one after its own lower levels.
+        # The sums change all the way up, but a min or max rarely does past the first
+        # levels: a path stops carrying one up once its recompute left the entry as it
+        # was.  Whatever changed an entry is carried up by the path that changed it
+        # first (every leaf is written before the walk), so no change is lost.
         cdef Py_ssize_t path[64]
-        cdef Py_ssize_t start, j, m, d, i
+        cdef bint lo_moved[64]
+        cdef bint hi_moved[64]
+        cdef Py_ssize_t start, j, m, d, i, e, c
+        cdef double v
         for start in range(0, k, 64):
             m = min(64, k - start)
             for j in range(m):
                 path[j] = slots[start + j]
+                lo_moved[j] = hi_moved[j] = True
             for d in range(self._levels - 2, -1, -1):
                 for j in range(m):
                     i = path[j] >> 3
-                    _recompute(self._sum, self._min, self._max, self._start[d] + i, self._start[d + 1] + 8 * i)
+                    e, c = self._start[d] + i, self._start[d + 1] + 8 * i
+                    self._sum[e] = _sum8(self._sum + c)
+                    if lo_moved[j]:
+                        v = _min8(self._min + c)
+                        lo_moved[j] = v != self._min[e]
+                        self._min[e] = v
+                    if hi_moved[j]:
+                        v = _max8(self._max + c)
+                        hi_moved[j] = v != self._max[e]
+                        self._max[e] = v
                     path[j] = i
 
     cdef void rebuild_inner(self) noexcept nogil:
@@ -273,23 +304,14 @@ cdef class PriorityTree:
             out[j] = n + _pick(level + n, &prefix[j])
 
     cdef double total_mass(self) noexcept nogil:
-        cdef const double* c = self._sum
-        # Added in _recompute's order: the descent's prefix of the whole root node.
-        return ((((((c[0] + c[1]) + c[2]) + c[3]) + c[4]) + c[5]) + c[6]) + c[7]
+        # The descent's prefix of the whole root node.
+        return _sum8(self._sum)
 
     cdef double min_weight(self) noexcept nogil:
-        cdef double m = self._min[0]
-        cdef Py_ssize_t c
-        for c in range(1, 8):
-            m = self._min[c] if self._min[c] < m else m
-        return m
+        return _min8(self._min)
 
     cdef double max_raw(self) noexcept nogil:
-        cdef double x = self._max[0]
-        cdef Py_ssize_t c
-        for c in range(1, 8):
-            x = self._max[c] if self._max[c] > x else x
-        return x
+        return _max8(self._max)
 
     cdef double max_raw_ever(self) noexcept nogil:
         return self._head[0]

@@ -274,20 +274,23 @@ def test_reset_empties_every_node():
     assert (tree.total(), tree.min(), tree.max(), tree.max_ever()) == (0.0, math.inf, -math.inf, -math.inf)
 
 
-def _random_updates(tree: PriorityTree, rounds: int, seed: int) -> None:
+def _random_updates(tree: PriorityTree, rounds: int, batch: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     for _ in range(rounds):
-        slots = rng.integers(0, tree.capacity, 1000)
+        slots = rng.integers(0, tree.capacity, batch)
         # Weights over many orders of magnitude, some zero: the worst case for drifting deltas.
-        values = np.where(rng.random(1000) < 0.1, 0.0, 10.0 ** rng.uniform(-12, 12, 1000))
-        tree.set(slots, values, rng.random(1000))
+        values = np.where(rng.random(batch) < 0.1, 0.0, 10.0 ** rng.uniform(-12, 12, batch))
+        tree.set(slots, values, rng.random(batch))
 
 
-@pytest.mark.parametrize("capacity", [1000, 4097])
-def test_after_many_updates_every_entry_is_what_a_rebuild_from_the_leaves_makes(capacity):
+# Batches of 1000 walk their paths in chunks of 64; batches of 3 and 32 (a learner's
+# update) stop carrying a min or max up where it stopped changing, at every level.
+@pytest.mark.parametrize("capacity, batch, rounds", [(1000, 1000, 300), (4097, 1000, 300), (4097, 3, 20_000),
+                                                      (40_000, 32, 5000)])
+def test_after_many_updates_every_entry_is_what_a_rebuild_from_the_leaves_makes(capacity, batch, rounds):
     # Parents are recomputed from their children, never adjusted by deltas: no drift.
     tree, buf = _tree(capacity)
-    _random_updates(tree, rounds=300, seed=1)
+    _random_updates(tree, rounds=rounds, batch=batch, seed=1)
     values, raw = _leaves(tree)
     assert tree.total() == pytest.approx(math.fsum(values), rel=1e-12)
     fresh, fresh_buf = _tree(capacity)
