@@ -58,9 +58,25 @@ _MAX_BETA = 1.7976931348623157e308
 # Times read() copies rows that writers keep overwriting before it gives up.
 _READ_ATTEMPTS = 100
 
-# Attributes that view a buffer's memory: close() drops them.
+# Attributes that view a buffer's memory: close() replaces them with _CLOSED.
 _VIEWS = ("_header", "_generation", "_tree", "_selector", "_fields", "_ring", "_lock", "_frames", "_writer", "_lanes",
           "_sequences")
+
+
+class _Closed:
+    """What a closed buffer holds in place of each view of its memory: any use of it
+    raises BufferClosed.  (A class-level ``__getattr__`` on the buffer would do the
+    same, but it would slow every attribute lookup of the hot methods.)"""
+
+    __slots__ = ()
+
+    def _closed(self, *args: Any, **kwargs: Any) -> Any:
+        raise BufferClosed("the replay buffer is closed")
+
+    __getattr__ = __getitem__ = __setitem__ = __iter__ = __len__ = __call__ = _closed
+
+
+_CLOSED = _Closed()
 
 
 class ReplayBuffer:
@@ -229,26 +245,23 @@ class ReplayBuffer:
         For a shared buffer, the creating process also unlinks the segment, and
         callers blocked in other processes wake up with :class:`BufferClosed`.
         """
-        if "_ring" in self.__dict__:
+        if self._is_open():
             if self._writer is not None:
                 self._writer.release_lane()
             if self._memory.is_owner:
                 self._ring.close()
         _FORK_SENSITIVE.discard(self)
         for name in _VIEWS:
-            self.__dict__.pop(name, None)
+            self.__dict__[name] = _CLOSED
         self._memory.close()
+
+    def _is_open(self) -> bool:
+        return isinstance(self.__dict__.get("_ring"), Ring)
 
     def _check_open(self) -> None:
         """Raise BufferClosed after close(), as every method does."""
-        if "_ring" not in self.__dict__:
+        if not self._is_open():
             raise BufferClosed("the replay buffer is closed")
-
-    def __getattr__(self, name: str) -> Any:
-        # Reached only when normal lookup fails: after close(), for the views.
-        if name in _VIEWS:
-            raise BufferClosed("the replay buffer is closed")
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __enter__(self) -> "ReplayBuffer":
         return self
