@@ -63,16 +63,6 @@ cdef bint _narrow_to_float(const double* src, float* dst, Py_ssize_t n) noexcept
     return True
 
 
-# Compressed observations a row may have (obs and next_obs of each compressed key).
-cdef enum:
-    MAX_FRAME_OUTPUTS = 64
-
-
-# Element kinds the single-transition fast path converts without numpy.
-cdef enum Kind:
-    K_OTHER, K_F32, K_F64, K_I8, K_I16, K_I32, K_I64, K_U8, K_U16, K_U32, K_U64, K_BOOL
-
-
 cdef Kind _kind_of(object dtype):
     cdef dict kinds = {
         "f4": K_F32, "f8": K_F64, "i1": K_I8, "i2": K_I16, "i4": K_I32, "i8": K_I64,
@@ -136,31 +126,6 @@ cdef enum:
 cdef Py_ssize_t PREFETCH_ROWS_ABOVE = 1 << 20
 
 
-cdef enum:
-    # The dimensions of a sample output: a row's (numpy 1 allows 32) after the lead (rows, steps).
-    MAX_OUTPUT_DIMS = 34
-
-
-cdef struct Draws:
-    # The scratch of one sample() call: the slots drawn with their weights and
-    # generations, the rows found torn, (compressed buffers) the R frames at
-    # most that each row reads, with their generations, (sequence tables) the
-    # real steps of each sequence drawn and the slots of one, and where each
-    # output's rows go.  It lives in one block malloc'd per call, so two
-    # threads sampling one table never share it.
-    Py_ssize_t b, R
-    int64_t* sp            # the slots: the memory of the `indexes` output
-    double* vp             # their weights, then importance weights: an output's memory, or scratch
-    uint64_t* gp
-    Py_ssize_t* tp
-    int64_t* stp
-    int64_t* window
-    int64_t* rsp
-    uint64_t* rgp
-    Py_ssize_t* rcp
-    uint8_t** dst          # per output (fields, compressed observations, mask): its first row
-
-
 cdef void* _draws_block(Draws* d, Py_ssize_t b, Py_ssize_t R, Py_ssize_t L, Py_ssize_t nout,
                         int64_t* slots, double* values) except NULL:
     # Lay d out in one fresh block (every part is 8-byte words); `values` NULL: the
@@ -201,42 +166,6 @@ cdef class Ring:
         steps and samples sequences of them: every output gets a second axis of
         ``sequences.length`` steps, and a ``mask`` says which are real (padding is zeros).
     """
-    cdef int64_t[::1] _header
-    cdef Frames _frames
-    cdef Sequences _sequences
-    cdef Py_ssize_t _length      # steps per sampled item: 1, or a sequence's length
-    cdef list _frame_outputs
-    cdef Gate _gate
-    cdef Slots _slots
-    cdef Selector _selector
-    cdef readonly Py_ssize_t size
-    cdef list _names, _stages
-    cdef Py_ssize_t _nfields
-    # Sample outputs: the fields, the compressed observations, (sequence tables) the mask.
-    cdef Py_ssize_t _nout
-    cdef list _out_names, _out_dtypes
-    cdef int* _out_nd
-    cdef int* _out_typenums
-    cdef cnp.npy_intp* _out_dims      # per output, MAX_OUTPUT_DIMS: its dimensions, rows first (set per call)
-    cdef Py_ssize_t* _out_step_bytes  # per output: the bytes of one row (of a sequence: of one step)
-    cdef Py_ssize_t _frame_keys[MAX_FRAME_OUTPUTS]  # per compressed observation: its key
-    cdef bint _frame_next[MAX_FRAME_OUTPUTS]        # per compressed observation: of the next slot
-    cdef Py_ssize_t _batch_row_bytes                # what one row of a fresh batch holds, indexes and weights too
-    cdef list _spares                               # SPARE_BATCHES batches' arrays (see _take_spare), or None
-    cdef uint8_t** _dst
-    cdef uint8_t** _stage
-    cdef const uint8_t** _src    # per field, during add_one: the row to copy (a caller's array or the stage)
-    cdef Py_ssize_t* _rowbytes
-    cdef bint _prefetch_rows     # the fields outgrow a core's cache: _draw prefetches the drawn rows
-    cdef Kind* _kinds
-    cdef bint* _one              # per field: shape (1,), which a number or a 0-d array fills
-    cdef int* _typenums
-    cdef object _bitgen_owner
-    cdef bitgen_t* _bitgen
-    cdef object _sampled             # per slot: the generation this handle sampled (None: nothing yet)
-    cdef uint64_t* _record           # its memory
-    cdef object _fields_keepalive
-
     def __cinit__(self):
         self._dst = NULL
         self._stage = NULL
@@ -630,7 +559,7 @@ cdef class Ring:
             return overflow == 0 and _store_int(kind, x, self._stage[i])
         return False
 
-    def add_one(self, dict values not None, double priority=-1.0, timeout=None):
+    cpdef Py_ssize_t add_one(self, dict values, double priority=-1.0, object timeout=None) except -2:
         """Store one transition given as Python scalars and exact-dtype arrays.
 
         Returns the slot written, or -1 when some value needs the general
@@ -642,6 +571,8 @@ cdef class Ring:
         cdef uint64_t reserved
         cdef bint wake
         cdef double deadline
+        if values is None:
+            raise TypeError("values: expected a dict of the fields, got None")
         if self._frames is not None or self._sequences is not None or PyDict_Size(values) != self._nfields:
             return -1
         for i in range(self._nfields):
@@ -936,7 +867,7 @@ cdef class Ring:
             self._gate.wake()
         return vmin
 
-    cdef inline void _note_row(self, Draws* d, Py_ssize_t j) noexcept nogil:
+    cdef void _note_row(self, Draws* d, Py_ssize_t j) noexcept nogil:
         # Lock held: the frames row j reads, with their generations now, and the
         # steps of a sequence.  The frames a sequence's first step reads are the
         # oldest it reads: guarding them guards every step (see ext/sequences.pyx).
@@ -1016,8 +947,8 @@ cdef class Ring:
                     self._frames.rebuild(self._frame_keys[o], self._frames._nxt[u] if self._frame_next[o] else u,
                                          d.dst[nf + o] + at * self._out_step_bytes[nf + o])
 
-    def sample(self, Py_ssize_t batch_size, bint stratified, double beta=-1.0, timeout=None, dict out=None,
-               bint leaves=False, bint float32_weights=False, bint uint64_indexes=False):
+    cpdef dict sample(self, Py_ssize_t batch_size, bint stratified, double beta=-1.0, object timeout=None, dict out=None,
+                      bint leaves=False, bint float32_weights=False, bint uint64_indexes=False):
         """Draw ``batch_size`` rows.
 
         Returns a dict of field arrays plus ``indexes`` and, when
@@ -1149,7 +1080,7 @@ cdef class Ring:
             op[j] = -1 if being_written(g) else <int64_t>(g >> 1)
         return out
 
-    def update(self, object slots, object priorities):
+    cpdef Py_ssize_t update(self, object slots, object priorities) except -2:
         """Set priorities of sampled slots; returns how many updates were dropped as stale.
 
         ``slots`` and ``priorities`` are what :meth:`sample` hands out: a 1-D

@@ -29,6 +29,7 @@ from . import checks
 from ._ext.lock import LOCK_NBYTES, SharedLock
 from ._ext.gate import Gate, ThreadLock, deadline
 from ._ext.prioritized import PrioritizedSelector
+from ._ext.calls import BufferCalls, PrioritizedCalls
 from ._ext.ring import Ring
 from ._ext.slots import Slots, recover
 from ._ext.schema import INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED
@@ -51,9 +52,6 @@ from .sequences import SequenceWriter
 
 __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer", "BufferClosed"]
 
-
-# Finite betas pass the sample fast path (checks.number refuses inf and NaN).
-_MAX_BETA = 1.7976931348623157e308
 
 # Times read() copies rows that writers keep overwriting before it gives up.
 _READ_ATTEMPTS = 100
@@ -79,7 +77,7 @@ class _Closed:
 _CLOSED = _Closed()
 
 
-class ReplayBuffer:
+class ReplayBuffer(BufferCalls):
     """Uniform FIFO experience replay.
 
     Parameters
@@ -221,6 +219,7 @@ class ReplayBuffer:
                                           [flag for flag in (c.done, c.truncated) if flag is not None])
         # One transition goes straight to the kernel (Ring.add_one) unless it is folded or planned first.
         self._plain_rows = self._nstep is None and self._writer is None
+        self._bind_calls(self._ring, self._plain_rows)
 
     def _manifest(self) -> dict[str, Any]:
         """What another process needs to read this buffer's memory (see :mod:`mpreplay.manifest`)."""
@@ -251,6 +250,7 @@ class ReplayBuffer:
             if self._memory.is_owner:
                 self._ring.close()
         _FORK_SENSITIVE.discard(self)
+        self._bind_calls(None, False)
         for name in _VIEWS:
             self.__dict__[name] = _CLOSED
         self._memory.close()
@@ -286,22 +286,6 @@ class ReplayBuffer:
         """The normalised field specs."""
         self._check_open()
         return {n: {"shape": s.shape, "dtype": s.dtype} for n, s in self._specs.items()}
-
-    def add(self, *, timeout: float | None = None, **fields: Any) -> int:
-        """Store one transition, or a batch with a leading dimension.
-
-        Returns the slot of the first transition written.  The batch is
-        checked as a whole first: on any error nothing is stored.  With a
-        rate limiter, waits at most ``timeout`` seconds (None: no limit) for
-        it to let the insert through, then raises TimeoutError.
-        """
-        if "priorities" in fields:
-            raise TypeError("priorities: only PrioritizedReplayBuffer.add takes initial priorities")
-        if timeout is None and self._plain_rows:
-            slot = self._ring.add_one(fields, -1.0, None)  # -1: not one row of plain values, nothing stored
-            if slot >= 0:
-                return slot
-        return self._add(fields, None, timeout)
 
     def add_row(self, fields: dict[str, Any]) -> int:
         """The kernel's add of one transition, for an adapter that holds its fields as a dict
@@ -397,18 +381,6 @@ class ReplayBuffer:
             raise
         self._ring.publish(start, reserved, priorities, deadline=until)
         return first
-
-    def sample(self, batch_size: int, *, timeout: float | None = None,
-               out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """Draw ``batch_size`` transitions uniformly (with replacement), plus their ``indexes``.
-
-        With a rate limiter, waits at most ``timeout`` seconds (None: no
-        limit) for it to allow the sample, then raises TimeoutError.  ``out``
-        may hold arrays to fill instead of fresh ones (e.g. the previous batch):
-        for large observations that spares the page faults of new memory.
-        """
-        return self._ring.sample(checks.integer("batch_size", batch_size, low=1), False, -1.0,
-                                 checks.seconds("timeout", timeout), out)
 
     def batches(self, batch_size: int, *, prefetch: int = 2, timeout: float | None = None,
                 as_torch: bool = False) -> Prefetcher:
@@ -674,7 +646,7 @@ def _make_priority_folder(args: tuple | None) -> NstepBuffer | None:
     return NstepBuffer(spec, settings["size"], settings["gamma"], rew=None, next=None, **flags)
 
 
-class PrioritizedReplayBuffer(ReplayBuffer):
+class PrioritizedReplayBuffer(PrioritizedCalls, ReplayBuffer):
     """Proportional prioritized replay (Schaul et al. 2016), stratified as in Ape-X.
 
     A transition is drawn with probability ``(p_i + eps)**alpha / sum_j (p_j + eps)**alpha``.
@@ -757,29 +729,6 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         no sum of leaf weights can overflow below it.  It depends on the capacity, alpha and eps."""
         return self._ring.max_priority
 
-    def add(self, *, priorities: Any = None, timeout: float | None = None, **fields: Any) -> int:
-        """Store one transition or a batch; ``priorities`` (one per transition, or one
-        float for all) defaults to the largest priority stored now.  See :meth:`ReplayBuffer.add`."""
-        if priorities is None and timeout is None and self._plain_rows:
-            slot = self._ring.add_one(fields, -1.0, None)  # -1: not one row of plain values, nothing stored
-            if slot >= 0:
-                return slot
-        return self._add(fields, priorities, timeout)
-
-    def sample(self, batch_size: int, beta: float = 0.4, *, timeout: float | None = None,
-               out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """Draw ``batch_size`` transitions in proportion to their priority.
-
-        Adds ``indexes`` and importance ``weights`` = (N·P(i))^-β / max_j (N·P(j))^-β.
-        ``timeout`` and ``out`` as for :meth:`ReplayBuffer.sample`.
-        """
-        if not (type(batch_size) is int and batch_size >= 1 and type(beta) is float and 0.0 <= beta <= _MAX_BETA
-                and timeout is None):  # the learner's usual call skips the checks it would pass
-            batch_size = checks.integer("batch_size", batch_size, low=1)
-            beta, timeout = checks.number("beta", beta, low=0.0), checks.seconds("timeout", timeout)
-        return self._ring.sample(batch_size, True, beta, timeout, out, False, self._float32_weights,
-                                 self._uint64_indexes)
-
     def batches(self, batch_size: int, beta: float = 0.4, *, prefetch: int = 2, timeout: float | None = None,
                 as_torch: bool = False) -> Prefetcher:
         """An endless iterator of ``sample(batch_size, beta)`` batches drawn ``prefetch`` ahead
@@ -805,18 +754,6 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """The current tag of each slot in ``indexes`` (see :meth:`sample_leaves`); -1 while
         a writer holds the slot."""
         return self._ring.tags(checks.indexes("indexes", indexes))
-
-    def update_priorities(self, indexes: Any, priorities: Any) -> None:
-        """Set new priorities of sampled transitions.
-
-        An update whose slot was overwritten since this process sampled it is
-        dropped (counted in ``stats()["stale_updates_dropped"]``).
-        """
-        if self._ring.update(indexes, priorities) < 0:
-            # Not the int64 and float64 arrays sample() hands out (a list, a tensor, other
-            # dtypes, lengths that differ): converted and checked, they are.
-            idx = checks.indexes("indexes", indexes)
-            self._ring.update(idx, checks.priorities("priorities", priorities, len(idx), max_priority=None))
 
 
 def _attach(cls: type, config: dict[str, Any], name: str) -> "ReplayBuffer":

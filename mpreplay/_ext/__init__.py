@@ -8,8 +8,8 @@ launched children included -- rather than fail later on some ``_ext`` module.
 import importlib.machinery
 import os
 
-KERNELS = ("schema", "processes", "sumtree", "selector", "uniform", "prioritized", "frames", "frame_plan", "sequences", "gate", "slots", "ring", "lock",
-           "discount")
+KERNELS = ("schema", "processes", "sumtree", "selector", "uniform", "prioritized", "frames", "frame_plan", "sequences",
+           "gate", "slots", "ring", "calls", "lock", "discount")
 
 
 def _missing() -> list[str]:
