@@ -44,6 +44,9 @@ cdef class PrioritizedSelector(Selector):
     cdef void fix_range(self, Py_ssize_t first, Py_ssize_t last) noexcept nogil:
         self._tree.fix_range(first, last)
 
+    cdef void prefetch(self, const int64_t* items, Py_ssize_t k) noexcept nogil:
+        self._tree.prefetch_paths(items, k)
+
     cdef void fix_each(self, const int64_t* items, Py_ssize_t k) noexcept nogil:
         self._tree.fix_each(items, k)
 

@@ -1112,6 +1112,7 @@ cdef class Ring:
                         break
                 bad_priority = self._bad_priority(pp, k)
                 if bad_slot < 0 and bad_priority < 0:
+                    self._selector.prefetch(sp, k)
                     for j in range(k):
                         s = sp[j]
                         g = self._slots.gen[s]

@@ -20,6 +20,7 @@ cdef class Selector:
     cdef void fix(self, Py_ssize_t item) noexcept nogil
     cdef void fix_range(self, Py_ssize_t first, Py_ssize_t last) noexcept nogil  # fix of first..last
     cdef void fix_each(self, const int64_t* items, Py_ssize_t k) noexcept nogil  # fix of items[0..k)
+    cdef void prefetch(self, const int64_t* items, Py_ssize_t k) noexcept nogil  # ahead of set and fix_each
     cdef void rebuild(self) noexcept nogil          # after a crash: everything derived, from the weights
     cdef double default_priority(self) noexcept nogil  # for a new item without one: the largest stored
     cdef double total(self) noexcept nogil

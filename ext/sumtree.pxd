@@ -19,12 +19,14 @@ cdef class PriorityTree:
     cdef Py_ssize_t _start[TREE_MAX_LEVELS]   # first entry of each level
     cdef Py_ssize_t _leaf                # _start[_levels - 1]
     cdef readonly Py_ssize_t capacity
+    cdef bint _large                     # the trees outgrow a core's cache: prefetch_paths prefetches
 
     # The kernels' interface (the table's lock held by the caller).
     cdef void write_leaf(self, Py_ssize_t slot, double value, double raw) noexcept nogil
     cdef void fix_up(self, Py_ssize_t slot) noexcept nogil
     cdef void fix_range(self, Py_ssize_t first, Py_ssize_t last) noexcept nogil
     cdef void fix_each(self, const int64_t* slots, Py_ssize_t k) noexcept nogil
+    cdef void prefetch_paths(self, const int64_t* slots, Py_ssize_t k) noexcept nogil
     cdef void rebuild_inner(self) noexcept nogil
     cdef Py_ssize_t descend(self, double u) noexcept nogil
     cdef void descend_many(self, double* prefix, int64_t* out, Py_ssize_t k) noexcept nogil

@@ -389,6 +389,20 @@ def test_update_priorities_sets_the_priorities_of_sampled_transitions():
     assert buffer.get_max_priority() == 9.0
 
 
+def test_updates_of_a_buffer_whose_tree_outgrows_a_cache_keep_every_sum_min_and_max():
+    # From about 45,000 slots the tree's lowest levels are prefetched ahead of an update.
+    buffer = PrioritizedReplayBuffer(100_000, ENV, seed=0)
+    buffer.add(**_rows(0, 100_000))
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        indexes = buffer.sample(32)["indexes"]
+        buffer.update_priorities(indexes, rng.uniform(0.01, 5.0, 32))
+    raw = _priorities_of(buffer)
+    weights = (raw + buffer.eps) ** buffer.alpha
+    assert buffer.leaf_mass() == (pytest.approx(math.fsum(weights), rel=1e-12), pytest.approx(weights.min(), rel=1e-15))
+    assert buffer.get_max_priority() == raw.max()
+
+
 def test_update_priorities_with_repeated_indexes_keeps_the_last():
     buffer = PrioritizedReplayBuffer(4, ENV)
     buffer.add(**_rows(0, 4))
