@@ -62,6 +62,7 @@ cdef class Ring:
     # Sample outputs: the fields, the compressed observations, (sequence tables) the mask.
     cdef Py_ssize_t _nout
     cdef list _out_names, _out_dtypes
+    cdef tuple _result_keys           # the keys of a result (plain, with weights, with leaves), as dicts to copy
     cdef int* _out_nd
     cdef int* _out_typenums
     cdef cnp.npy_intp* _out_dims      # per output, MAX_OUTPUT_DIMS: its dimensions, rows first (set per call)

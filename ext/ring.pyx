@@ -257,6 +257,9 @@ cdef class Ring:
         for i in range(n):
             self._batch_row_bytes += self._out_step_bytes[i] * self._length
         self._spares = [None] * SPARE_BATCHES
+        # Copying a dict that has every key already is cheaper than growing a new one key by key.
+        self._result_keys = tuple(dict.fromkeys(self._out_names + ["indexes"] + extra)
+                                  for extra in ([], ["weights"], ["leaf", "tags"]))
         return 0
 
     def __dealloc__(self):
@@ -970,7 +973,7 @@ cdef class Ring:
         cdef void* block
         if b < 1:
             raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size}")
-        cdef dict result = {}
+        cdef dict result = (<dict>self._result_keys[2 if leaves else 1 if beta >= 0.0 else 0]).copy()
         cdef cnp.ndarray indexes, values = None, weights = None
         cdef int index_type = cnp.NPY_UINT64 if uint64_indexes else cnp.NPY_INT64
         cdef int weight_type = cnp.NPY_FLOAT32 if float32_weights else cnp.NPY_FLOAT64

@@ -390,7 +390,7 @@ def test_update_priorities_sets_the_priorities_of_sampled_transitions():
 
 
 def test_updates_of_a_buffer_whose_tree_outgrows_a_cache_keep_every_sum_min_and_max():
-    # From about 45,000 slots the tree's lowest levels are prefetched ahead of an update.
+    # From about 40,000 slots the tree's lowest levels are prefetched ahead of an update.
     buffer = PrioritizedReplayBuffer(100_000, ENV, seed=0)
     buffer.add(**_rows(0, 100_000))
     rng = np.random.default_rng(0)
