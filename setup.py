@@ -82,6 +82,9 @@ extensions = [
         include_dirs=[np.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=["-O3"],
+        # Linked to libm by name, the kernels bind exp, log and pow at the C library's current
+        # versions; left unversioned, they bind at the oldest, glibc's error-handling wrappers.
+        libraries=["m"] if os.name == "posix" else [],
     )
     for name in _KERNELS
 ]

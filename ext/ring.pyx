@@ -13,7 +13,7 @@ The same code serves the local buffers (a lock of their process) and the shared 
 array it touches belongs to the caller's memory (heap or segment).
 """
 from libc.float cimport FLT_MAX
-from libc.math cimport INFINITY, NAN
+from libc.math cimport INFINITY, NAN, log
 from libc.stdint cimport int64_t, uint64_t, uint8_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
@@ -965,7 +965,7 @@ cdef class Ring:
         (None: no limit) while the rate limiter holds samples back, then raises TimeoutError.
         """
         cdef Py_ssize_t b = batch_size, j, ntorn, rounds = 0
-        cdef double vmin, deadline = deadline_of(timeout)
+        cdef double vmin, log_vmin, deadline = deadline_of(timeout)
         cdef float* w32
         cdef int64_t* tp
         cdef cnp.npy_intp nb = batch_size
@@ -1027,13 +1027,14 @@ cdef class Ring:
                     tp[j] = <int64_t>(d.gp[j] >> 1)
                 result["tags"] = tags
             elif beta >= 0.0:
+                log_vmin = log(vmin)
                 if float32_weights:
                     w32 = <float*>cnp.PyArray_DATA(weights)
                     for j in range(b):
-                        w32[j] = <float>importance_weight(vmin, d.vp[j], beta)
+                        w32[j] = <float>importance_weight(log_vmin, d.vp[j], beta)
                 else:
                     for j in range(b):
-                        d.vp[j] = importance_weight(vmin, d.vp[j], beta)
+                        d.vp[j] = importance_weight(log_vmin, d.vp[j], beta)
                 result["weights"] = weights
         finally:
             free(block)

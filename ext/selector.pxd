@@ -2,8 +2,7 @@
 # per item (a slot, or a sequence) and draws items by weight; the table tells it which items
 # may be drawn.  A new way of selecting is a new subclass in a file of its own
 # (ext/prioritized.pyx is the one there is).  See docs/architecture.md.
-from libc.float cimport DBL_MIN
-from libc.math cimport exp, log, pow
+from libc.math cimport exp, log
 from libc.stdint cimport int64_t
 from numpy.random cimport bitgen_t
 
@@ -33,10 +32,9 @@ cdef class Selector:
     cdef Py_ssize_t draw_one(self, bitgen_t* rng) noexcept nogil
 
 
-cdef inline double importance_weight(double smallest, double weight, double beta) noexcept nogil:
-    # (weight / smallest) ** -beta; through logs when the ratio leaves the float range
-    # (priorities 1e300 and 1e-300 side by side still get exact weights).
-    cdef double r = smallest / weight
-    if r >= DBL_MIN:
-        return pow(r, beta)
-    return exp(beta * (log(smallest) - log(weight)))
+cdef inline double importance_weight(double log_smallest, double weight, double beta) noexcept nogil:
+    # (weight / smallest) ** -beta, given log(smallest): through logs, one log and one exp a
+    # row (a third of a pow's time), so a ratio beyond the float range (weights 1e300 and
+    # 1e-300 side by side) still gets its weight.  Within about 1e-13 of the exact value at
+    # those extremes, 1e-15 for weights a few orders apart; never above 1, since log is monotone.
+    return exp(beta * (log_smallest - log(weight)))

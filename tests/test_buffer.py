@@ -320,6 +320,15 @@ def test_huge_and_tiny_priorities_side_by_side_sample_only_stored_rows():
     _is_transition(batch, batch["act"])
 
 
+def test_importance_weights_never_exceed_one_and_the_rarest_row_weighs_exactly_one():
+    buffer = PrioritizedReplayBuffer(64, ENV, seed=3)
+    buffer.add(**_rows(0, 64), priorities=np.geomspace(0.1, 10.0, 64))
+    weights, indexes = (batch := buffer.sample(4096))["weights"], batch["indexes"]
+    assert weights.max() <= 1.0
+    np.testing.assert_array_equal(weights[indexes == 0], 1.0)
+    assert (indexes == 0).any()
+
+
 def test_importance_weights_stay_exact_for_extreme_priority_ratios():
     beta = 0.4
     buffer = PrioritizedReplayBuffer(8, ENV, alpha=1.0, eps=0.0, seed=1)
