@@ -28,6 +28,8 @@ cdef class PriorityTree:
     cdef void fix_each(self, const int64_t* slots, Py_ssize_t k) noexcept nogil
     cdef void prefetch_paths(self, const int64_t* slots, Py_ssize_t k) noexcept nogil
     cdef void rebuild_inner(self) noexcept nogil
+    cdef Py_ssize_t _parents(self, Py_ssize_t d) noexcept nogil
+    cdef void _recompute_level(self, Py_ssize_t d) noexcept nogil
     cdef Py_ssize_t descend(self, double u) noexcept nogil
     cdef void descend_many(self, double* prefix, int64_t* out, Py_ssize_t k) noexcept nogil
     cdef double total_mass(self) noexcept nogil

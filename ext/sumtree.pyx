@@ -225,6 +225,8 @@ cdef class PriorityTree:
         # levels: a path stops carrying one up once its recompute left the entry as it
         # was.  Whatever changed an entry is carried up by the path that changed it
         # first (every leaf is written before the walk), so no change is lost.
+        # Near the root a level has fewer entries than there are paths: from there up,
+        # every entry is recomputed once instead of once per path through it.
         cdef Py_ssize_t path[64]
         cdef bint lo_moved[64]
         cdef bint hi_moved[64]
@@ -236,6 +238,11 @@ cdef class PriorityTree:
                 path[j] = slots[start + j]
                 lo_moved[j] = hi_moved[j] = True
             for d in range(self._levels - 2, -1, -1):
+                if self._parents(d) <= m:
+                    while d >= 0:
+                        self._recompute_level(d)
+                        d -= 1
+                    break
                 for j in range(m):
                     i = path[j] >> 3
                     e, c = self._start[d] + i, self._start[d + 1] + 8 * i
@@ -267,12 +274,22 @@ cdef class PriorityTree:
             __builtin_prefetch(self._min + parent, 1)
             __builtin_prefetch(self._max + parent, 1)
 
+    cdef inline Py_ssize_t _parents(self, Py_ssize_t d) noexcept nogil:
+        # The entries of inner level d that have children: the nodes of level d + 1.
+        return (self._start[d + 2] - self._start[d + 1]) // 8
+
+    cdef void _recompute_level(self, Py_ssize_t d) noexcept nogil:
+        # Every entry of inner level d that has children, from them.
+        cdef Py_ssize_t i
+        for i in range(self._parents(d)):
+            _recompute(self._sum, self._min, self._max, self._start[d] + i, self._start[d + 1] + 8 * i)
+
     cdef void rebuild_inner(self) noexcept nogil:
         # Every inner entry from the leaves, bottom level first; entries past the last
         # node of a level, and leaves past the capacity, back to neutral.  The min leaves
         # follow from the weights, and an unsampleable leaf's raw priority is -inf, in case
         # a writer died between the stores of write_leaf.
-        cdef Py_ssize_t d, i, nodes
+        cdef Py_ssize_t d, i
         cdef double v
         for i in range(self._leaf, self._leaf + self.capacity):
             v = self._sum[i]
@@ -284,10 +301,8 @@ cdef class PriorityTree:
             self._min[i] = INFINITY
             self._max[i] = -INFINITY
         for d in range(self._levels - 2, -1, -1):
-            nodes = (self._start[d + 2] - self._start[d + 1]) // 8
-            for i in range(nodes):
-                _recompute(self._sum, self._min, self._max, self._start[d] + i, self._start[d + 1] + 8 * i)
-            for i in range(self._start[d] + nodes, self._start[d + 1]):
+            self._recompute_level(d)
+            for i in range(self._start[d] + self._parents(d), self._start[d + 1]):
                 self._sum[i] = 0.0
                 self._min[i] = INFINITY
                 self._max[i] = -INFINITY
