@@ -57,6 +57,20 @@ cdef class BufferCalls:
                 return slot
         return self._add(fields, None, timeout)
 
+    def add_row(self, fields: dict[str, Any]) -> int:
+        """The kernel's add of one transition, for an adapter that holds its fields as a dict
+        already (``mpreplay.compat.cpprb``): no keyword arguments to unpack and pack again.
+
+        Stores ``fields`` (one value per field: Python scalars and arrays of the field's exact
+        dtype and shape) with the default priority and returns the slot written; or returns
+        -1, storing nothing, when the values need :meth:`add`'s checks and conversions, or this
+        buffer plans its rows before storing them (n-step folding, compression, sequences).
+        """
+        cdef Ring kernel = self._open()
+        if type(fields) is not dict:
+            raise TypeError(f"fields: expected a dict of the fields, got {type(fields).__name__}")
+        return kernel.add_one(fields, -1.0, None) if self._plain else -1
+
     def sample(self, batch_size: int, *, timeout: float | None = None,
                out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Draw ``batch_size`` transitions uniformly (with replacement), plus their ``indexes``.

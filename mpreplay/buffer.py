@@ -287,18 +287,6 @@ class ReplayBuffer(BufferCalls):
         self._check_open()
         return {n: {"shape": s.shape, "dtype": s.dtype} for n, s in self._specs.items()}
 
-    def add_row(self, fields: dict[str, Any]) -> int:
-        """The kernel's add of one transition, for an adapter that holds its fields as a dict
-        already (``mpreplay.compat.cpprb``): no keyword arguments to unpack and pack again.
-
-        Stores ``fields`` (one value per field: Python scalars and arrays of the field's exact
-        dtype and shape) with the default priority and returns the slot written; or returns
-        -1, storing nothing, when the values need :meth:`add`'s checks and conversions, or this
-        buffer plans its rows before storing them (n-step folding, compression, sequences).
-        """
-        add_one = self._ring.add_one  # first: after close() this raises BufferClosed
-        return add_one(fields) if self._plain_rows else -1
-
     def _add(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int | None:
         if timeout is not None:
             timeout = checks.seconds("timeout", timeout)
