@@ -28,6 +28,7 @@ cdef class SharedLock:
     cdef int lock(self, double limit) except -1
     cdef int unlock(self) except -1
     cdef int _init_mutex(self) except -1
+    cdef int _spin(self, int64_t until) noexcept nogil
     cdef int _wait(self, double limit, int64_t start) except -1
     cdef int _settle(self, int rc) except -1
     cdef int _recover(self) except -1

@@ -4,6 +4,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from mpreplay._ext.processes import process_token, token_alive
 METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 ENV = {"obs": {"shape": (4,)}}
 _LAST_PID = "/proc/sys/kernel/ns_last_pid"
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK")  # the unit of a process start time
 
 
 def _reserve_and_die(buffer) -> None:
@@ -26,7 +28,12 @@ def _add(buffer) -> None:
 
 
 def _start_with_pid(pid: int) -> subprocess.Popen | None:
-    """A stranger process that gets ``pid`` (Linux, with the right to set the next pid), or None."""
+    """A stranger process that gets ``pid`` (Linux, with the right to set the next pid), or None.
+
+    It starts in a later clock tick than the process that had the pid: a token tells processes
+    apart by pid and start tick, and a real pid comes round only after the whole pid space has,
+    never within the tick its last holder started in (forcing the next pid here can)."""
+    time.sleep(2 * _TICK_S)
     for _ in range(20):
         try:
             with open(_LAST_PID, "w") as f:
