@@ -55,6 +55,7 @@ cdef extern from *:
     """
     #include <errno.h>
     #include <pthread.h>
+    #include <sched.h>
     #include <time.h>
     #include <unistd.h>
 
@@ -145,6 +146,7 @@ cdef extern from *:
     int pthread_mutex_init(pthread_mutex_t* m, const pthread_mutexattr_t* attr)
     int pthread_mutex_trylock(pthread_mutex_t* m) nogil
     void mpr_pause() nogil
+    int sched_yield() nogil
     int pthread_mutex_unlock(pthread_mutex_t* m)
     int mpr_mutex_consistent(pthread_mutex_t* m)
     int mpr_mutex_lock_within(pthread_mutex_t* m, long long ns) nogil
@@ -327,17 +329,21 @@ cdef class SharedLock:
         # Try to take the lock whenever it looks free (no holder named: a read, not a write
         # to the mutex's line, which the holder needs), until `until` (monotonic ns).
         # Returns the pthread code of the attempt that took it, or EBUSY.
-        # The pauses between looks double (to 64), so waiters that keep missing each other
-        # take the line from the holder less and less often.
+        # The pauses between looks double, so waiters that keep missing each other take the
+        # line from the holder less and less often; past 64 a look yields the core instead,
+        # in case the holder waits for this one (more processes than cores).
         cdef int rc, i, pauses = 1
         while True:
             if _atomic_load(&self._sh.holder) == 0:
                 rc = pthread_mutex_trylock(&self._sh.mutex)
                 if rc != EBUSY:
                     return rc
-            for i in range(pauses):
-                mpr_pause()
-            pauses = min(2 * pauses, 64)
+            if pauses > 64:
+                sched_yield()
+            else:
+                for i in range(pauses):
+                    mpr_pause()
+                pauses *= 2
             if _now_ns() >= until:
                 return EBUSY
 
