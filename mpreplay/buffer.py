@@ -218,8 +218,7 @@ class ReplayBuffer(BufferCalls):
             self._writer = SequenceWriter(self._sequence, self._writer, self._ring,
                                           [flag for flag in (c.done, c.truncated) if flag is not None])
         # One transition goes straight to the kernel (Ring.add_one) unless it is folded or planned first.
-        self._plain_rows = self._nstep is None and self._writer is None
-        self._bind_calls(self._ring, self._plain_rows)
+        self._bind_calls(self._ring, self._nstep is None and self._writer is None)
 
     def _manifest(self) -> dict[str, Any]:
         """What another process needs to read this buffer's memory (see :mod:`mpreplay.manifest`)."""
