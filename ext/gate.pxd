@@ -1,18 +1,8 @@
 # The gate every call of a replay table passes: the lock, the rate limiter's rule, and the
 # waits and wake-ups around them.  ext/ring.pyx holds one; see ext/gate.pyx.
-from cpython.pythread cimport PyThread_type_lock
 from libc.stdint cimport int32_t, int64_t
 
-from mpreplay._ext.lock cimport SharedLock
-
-
-cdef class ThreadLock:
-    cdef PyThread_type_lock _lock
-    cdef object __weakref__
-
-    cdef int _renew(self) except -1
-    cdef int acquire(self, double deadline) except -1
-    cdef void release(self) noexcept nogil
+from mpreplay._ext.lock cimport SharedLock, ThreadLock
 
 
 cdef class Gate:

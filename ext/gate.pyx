@@ -14,17 +14,13 @@ raises at once.  See docs/architecture.md, "Concurrency protocol".
 from libc.math cimport INFINITY
 from libc.stdint cimport int32_t, int64_t
 from cpython.exc cimport PyErr_CheckSignals
-from cpython.pythread cimport (NOWAIT_LOCK, PY_LOCK_ACQUIRED, WAIT_LOCK, PyLockStatus, PyThread_acquire_lock,
-                               PyThread_allocate_lock, PyThread_free_lock, PyThread_get_thread_ident,
-                               PyThread_release_lock)
+from cpython.pythread cimport PyThread_get_thread_ident
 
 from mpreplay._ext.atomics cimport _atomic_add, _atomic_add32, _atomic_load
 from mpreplay._ext.schema cimport (CLOSED, EPOCH, LIMIT_MAX_DIFF, LIMIT_MIN_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI,
                                    RESERVED, SAMPLES, STORED, WAITERS)
 
-import os
 import time
-import weakref
 
 from mpreplay._ext.processes import describe_process
 
@@ -64,10 +60,6 @@ cdef extern from *:
     void _mpreplay_futex_wake(int32_t* word) nogil
 
 
-cdef extern from "pythread.h":
-    PyLockStatus PyThread_acquire_lock_timed(PyThread_type_lock lock, long long microseconds, int intr_flag) nogil
-
-
 cdef double _WAIT_SLICE_S = 0.05  # blocked callers look at signals and deadlines this often
 # The lock is held for microseconds at a time: even timeout=0 waits this long
 # for it, so that "do not wait for the rate limiter" does not fail on every
@@ -89,49 +81,6 @@ cdef double deadline_of(object timeout) except? -1.0:
 def deadline(timeout):
     """The ``time.monotonic()`` moment a ``timeout`` in seconds ends (None: never, inf)."""
     return deadline_of(timeout)
-
-
-cdef class ThreadLock:
-    """The lock of a local table, between the threads of its one process; every
-    handle of the table (its episode writers too) takes the same one."""
-
-    def __cinit__(self):
-        self._renew()
-        _THREAD_LOCKS.add(self)
-
-    def __dealloc__(self):
-        if self._lock != NULL:
-            PyThread_free_lock(self._lock)
-
-    cdef int _renew(self) except -1:
-        # The lock a thread of a parent held at a fork stays held in the child, where
-        # that thread does not exist: the child takes a fresh one.  The old one is
-        # left as it is (a few bytes): freeing a lock held by a thread that does not
-        # exist is undefined.
-        self._lock = PyThread_allocate_lock()
-        if self._lock == NULL:
-            raise MemoryError("cannot allocate a lock")
-        return 0
-
-    cdef int acquire(self, double deadline) except -1:
-        # Take it by `deadline` (monotonic seconds; at least a grace period), or raise TimeoutError.
-        cdef long long wait_us
-        cdef PyLockStatus got
-        if PyThread_acquire_lock(self._lock, NOWAIT_LOCK):
-            return 0
-        if deadline == INFINITY:
-            with nogil:
-                PyThread_acquire_lock(self._lock, WAIT_LOCK)
-            return 0
-        wait_us = <long long>(max(deadline - time.monotonic(), _LOCK_GRACE_S) * 1e6)
-        with nogil:
-            got = PyThread_acquire_lock_timed(self._lock, wait_us, 0)
-        if got != PY_LOCK_ACQUIRED:
-            raise TimeoutError("timed out waiting for the buffer's lock, held by another thread of this process")
-        return 0
-
-    cdef void release(self) noexcept nogil:
-        PyThread_release_lock(self._lock)
 
 
 cdef class Gate:
@@ -163,11 +112,11 @@ cdef class Gate:
         # Take the lock by `deadline` (monotonic seconds), or raise TimeoutError
         # naming its holder.  Raises BufferClosed, without holding the lock, once
         # the owner closed the buffer.
+        cdef double limit = -1.0 if deadline == INFINITY else max(deadline - time.monotonic(), _LOCK_GRACE_S)
         if self._threads is not None:
-            self._threads.acquire(deadline)
-        elif deadline == INFINITY:
-            self._lock.lock(-1.0)
-        elif not self._lock.lock(max(deadline - time.monotonic(), _LOCK_GRACE_S)):
+            if not self._threads.lock(limit):
+                raise TimeoutError("timed out waiting for the buffer's lock, held by another thread of this process")
+        elif not self._lock.lock(limit):
             holder = self._lock.holder()
             who = "another process" if holder is None else f"{describe_process(holder[0])}, for {holder[1]:.1f} s"
             raise TimeoutError(f"timed out waiting for the buffer's lock, held by {who}")
@@ -184,7 +133,7 @@ cdef class Gate:
         if self._holder != 0 and self._holder == PyThread_get_thread_ident():
             self._holder = 0
             if self._threads is not None:
-                self._threads.release()
+                self._threads.unlock()
             else:
                 self._lock.unlock()
         return 0
@@ -269,12 +218,3 @@ cdef class Gate:
         return 0
 
 
-_THREAD_LOCKS = weakref.WeakSet()
-
-
-def _renew_thread_locks():
-    for lock in list(_THREAD_LOCKS):
-        (<ThreadLock>lock)._renew()
-
-
-os.register_at_fork(after_in_child=_renew_thread_locks)

@@ -1,5 +1,6 @@
-# The process-shared lock that lives inside a segment; see ext/lock.pyx.  ext/gate.pyx
-# takes and releases it through the C-level calls below (no Python call per lock operation).
+# The locks of a table: the process-shared one that lives inside a segment, and a local
+# table's lock between threads; see ext/lock.pyx.  ext/gate.pyx takes and releases them
+# through the C-level calls below (no Python call per lock operation).
 from libc.stdint cimport int64_t, uint64_t
 
 
@@ -32,3 +33,13 @@ cdef class SharedLock:
     cdef int _wait(self, double limit, int64_t start) except -1
     cdef int _settle(self, int rc) except -1
     cdef int _recover(self) except -1
+
+
+cdef class ThreadLock:
+    cdef pthread_mutex_t* _mutex
+    cdef object __weakref__
+
+    # As SharedLock's: lock(limit) returns 1 once held, 0 when `limit` seconds passed first.
+    cdef int _renew(self) except -1
+    cdef int lock(self, double limit) except -1
+    cdef void unlock(self) noexcept nogil

@@ -1,5 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
-"""A process-shared lock that lives inside a caller-owned byte region.
+"""The locks of a replay table: a process-shared lock that lives inside a
+caller-owned byte region (:class:`SharedLock`), and the lock of a local table
+between the threads of one process (:class:`ThreadLock`).
 
 The region is normally part of a ``multiprocessing.shared_memory`` segment, so
 every process that maps the segment shares the lock.  It holds a
@@ -45,11 +47,13 @@ Lifecycle
 """
 from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
+from libc.stdlib cimport free, malloc
 
 from mpreplay._ext.atomics cimport _atomic_load
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 import os
+import weakref
 
 cdef extern from *:
     """
@@ -144,10 +148,12 @@ cdef extern from *:
     int pthread_mutexattr_settype(pthread_mutexattr_t* attr, int kind)
     int mpr_mutexattr_setrobust(pthread_mutexattr_t* attr)
     int pthread_mutex_init(pthread_mutex_t* m, const pthread_mutexattr_t* attr)
+    int pthread_mutex_destroy(pthread_mutex_t* m)
     int pthread_mutex_trylock(pthread_mutex_t* m) nogil
+    int pthread_mutex_lock(pthread_mutex_t* m) nogil
     void mpr_pause() nogil
     int sched_yield() nogil
-    int pthread_mutex_unlock(pthread_mutex_t* m)
+    int pthread_mutex_unlock(pthread_mutex_t* m) nogil
     int mpr_mutex_consistent(pthread_mutex_t* m)
     int mpr_mutex_lock_within(pthread_mutex_t* m, long long ns) nogil
     long long mpr_pid
@@ -421,3 +427,70 @@ cdef class SharedLock:
 
     def __reduce__(self):
         raise TypeError("SharedLock cannot be pickled: pass the segment's name and attach with create=False")
+
+
+cdef class ThreadLock:
+    """The lock of a local table, between the threads of its one process; every
+    handle of the table (its episode writers too) takes the same one.
+
+    A plain pthread mutex: taking it when free reads no clock and makes no
+    system call (a Python lock's non-blocking try reads the clock).  Like
+    SharedLock it belongs to the thread that took it; the caller (the gate)
+    releases it only from that thread.
+    """
+
+    def __cinit__(self):
+        self._renew()
+        _THREAD_LOCKS.add(self)
+
+    def __dealloc__(self):
+        if self._mutex != NULL:
+            pthread_mutex_destroy(self._mutex)
+            free(self._mutex)
+
+    cdef int _renew(self) except -1:
+        # The lock a thread of a parent held at a fork stays held in the child, where
+        # that thread does not exist: the child takes a fresh one.  The old one is
+        # left as it is (a few bytes): destroying a mutex held by a thread that does
+        # not exist is undefined.
+        cdef pthread_mutex_t* m = <pthread_mutex_t*>malloc(sizeof(pthread_mutex_t))
+        cdef int rc
+        if m == NULL:
+            raise MemoryError("cannot allocate a lock")
+        rc = pthread_mutex_init(m, NULL)
+        if rc != 0:
+            free(m)
+            _check_rc(rc, "pthread_mutex_init")
+        self._mutex = m
+        return 0
+
+    cdef int lock(self, double limit) except -1:
+        # 1: held, 0: timed out.  ``limit`` < 0 (or beyond _FOREVER_S) waits forever.
+        cdef int rc = pthread_mutex_trylock(self._mutex)
+        if rc == EBUSY:
+            if limit == 0.0:
+                return 0
+            if limit < 0.0 or limit > _FOREVER_S:
+                with nogil:
+                    rc = pthread_mutex_lock(self._mutex)
+            else:
+                with nogil:
+                    rc = mpr_mutex_lock_within(self._mutex, <long long>(limit * 1e9))
+                if rc == ETIMEDOUT:
+                    return 0
+        _check_rc(rc, "ThreadLock: pthread_mutex_lock")
+        return 1
+
+    cdef void unlock(self) noexcept nogil:
+        pthread_mutex_unlock(self._mutex)
+
+
+_THREAD_LOCKS = weakref.WeakSet()
+
+
+def _renew_thread_locks():
+    for lock in list(_THREAD_LOCKS):
+        (<ThreadLock>lock)._renew()
+
+
+os.register_at_fork(after_in_child=_renew_thread_locks)

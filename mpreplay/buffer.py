@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from . import checks
-from ._ext.lock import LOCK_NBYTES, SharedLock
-from ._ext.gate import Gate, ThreadLock, deadline
+from ._ext.lock import LOCK_NBYTES, SharedLock, ThreadLock
+from ._ext.gate import Gate, deadline
 from ._ext.prioritized import PrioritizedSelector
 from ._ext.calls import BufferCalls, PrioritizedCalls
 from ._ext.ring import Ring

@@ -55,3 +55,43 @@ def test_the_handles_of_a_local_buffer_share_its_lock():
     writer = buffer.episode_writer()
     assert writer is not buffer
     assert _refused_while_sampling(buffer, writer) > 0
+
+
+def _add_within_a_second(buffer: PrioritizedReplayBuffer, result) -> None:
+    try:
+        buffer.add(x=np.float32(-1.0), done=0.0, timeout=1.0)
+        result.put("added")
+    except BaseException as error:  # reported to the parent, which asserts on it
+        result.put(repr(error))
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_a_forked_child_takes_a_fresh_lock_though_a_parent_thread_held_it_at_the_fork():
+    import multiprocessing as mp
+
+    buffer = _filled()
+    context = mp.get_context("fork")
+    result = context.Queue()
+    holding, done = threading.Event(), threading.Event()
+
+    def sample() -> None:
+        holding.set()
+        try:
+            buffer.sample(_BATCH)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=sample)
+    thread.start()
+    holding.wait()
+    with pytest.raises(TimeoutError):  # the sampling thread holds the lock ...
+        while not done.is_set():
+            buffer.add(x=np.float32(-1.0), done=0.0, timeout=0)
+    child = context.Process(target=_add_within_a_second, args=(buffer, result))
+    child.start()  # ... and still does at the fork: the draw takes far longer than this
+    held_at_fork = not done.is_set()
+    outcome = result.get(timeout=60)
+    child.join(60)
+    thread.join()
+    assert held_at_fork
+    assert outcome == "added"
