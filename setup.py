@@ -6,9 +6,12 @@ its root -- where Python puts the checkout's mpreplay/ first on sys.path, in
 launched child processes and Ray workers too -- imports working kernels.
 """
 import ast
+import ctypes.util
 import glob
 import os
+import platform
 import shutil
+import sys
 import warnings
 
 import Cython
@@ -73,18 +76,26 @@ def _generated_sources_current(names: list[str]) -> bool:
     return True
 
 
+def _vector_math() -> tuple[list[tuple[str, str]], list[str]]:
+    """Macros and libraries for ext/batch_math.pxd: glibc's vector math library on x86-64 Linux."""
+    if sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64") and ctypes.util.find_library("mvec"):
+        return [("MPR_LIBMVEC", "1")], ["mvec"]
+    return [], []
+
+
 _KERNELS = _kernels()
+_VECTOR_MACROS, _VECTOR_LIBRARIES = _vector_math()
 _CYTHONIZE = not _generated_sources_current(_KERNELS)
 extensions = [
     Extension(
         f"mpreplay._ext.{name}",
         [f"ext/{name}.pyx" if _CYTHONIZE else f"ext/{name}.c"],
         include_dirs=[np.get_include()],
-        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")] + _VECTOR_MACROS,
         extra_compile_args=["-O3"],
         # Linked to libm by name, the kernels bind exp, log and pow at the C library's current
         # versions; left unversioned, they bind at the oldest, glibc's error-handling wrappers.
-        libraries=["m"] if os.name == "posix" else [],
+        libraries=(["m"] if os.name == "posix" else []) + _VECTOR_LIBRARIES,
     )
     for name in _KERNELS
 ]

@@ -13,7 +13,7 @@ The same code serves the local buffers (a lock of their process) and the shared 
 array it touches belongs to the caller's memory (heap or segment).
 """
 from libc.float cimport FLT_MAX
-from libc.math cimport INFINITY, NAN, log
+from libc.math cimport INFINITY, NAN
 from libc.stdint cimport int64_t, uint64_t, uint8_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
@@ -36,7 +36,7 @@ from mpreplay._ext.frames cimport MAX_STACK, Frames
 from mpreplay._ext.gate cimport Gate, deadline_of
 from mpreplay._ext.schema cimport (COMPLETE, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, SAMPLES, STALE, TORN,
                                    WAITING, being_written)
-from mpreplay._ext.selector cimport Selector, importance_weight
+from mpreplay._ext.selector cimport Selector, importance_weights
 from mpreplay._ext.sequences cimport Sequences
 from mpreplay._ext.slots cimport F_DRAW, F_UPDATE, Slots, fault
 
@@ -119,6 +119,7 @@ cdef enum:
     # loop holds the batch it trains on while it draws the next, so the one before is free.
     SPARE_BATCHES = 2
     SPARE_MAX_BYTES = 65536  # larger batches are not kept: their copies dwarf an allocation
+    UPDATE_CHUNK = 64        # update() hands the selector this many live updates at a time
 
 
 # Fields larger than a core's L2 cache (1 MiB on the development machine) miss on most draws:
@@ -965,7 +966,7 @@ cdef class Ring:
         (None: no limit) while the rate limiter holds samples back, then raises TimeoutError.
         """
         cdef Py_ssize_t b = batch_size, j, ntorn, rounds = 0
-        cdef double vmin, log_vmin, deadline = deadline_of(timeout)
+        cdef double vmin, deadline = deadline_of(timeout)
         cdef float* w32
         cdef int64_t* tp
         cdef cnp.npy_intp nb = batch_size
@@ -1027,14 +1028,11 @@ cdef class Ring:
                     tp[j] = <int64_t>(d.gp[j] >> 1)
                 result["tags"] = tags
             elif beta >= 0.0:
-                log_vmin = log(vmin)
+                importance_weights(vmin, d.vp, b, beta)
                 if float32_weights:
                     w32 = <float*>cnp.PyArray_DATA(weights)
                     for j in range(b):
-                        w32[j] = <float>importance_weight(log_vmin, d.vp[j], beta)
-                else:
-                    for j in range(b):
-                        d.vp[j] = importance_weight(log_vmin, d.vp[j], beta)
+                        w32[j] = <float>d.vp[j]
                 result["weights"] = weights
         finally:
             free(block)
@@ -1094,8 +1092,10 @@ cdef class Ring:
         range or a bad priority.  An update whose slot was overwritten since
         this process sampled it, or is being written now, is dropped.
         """
-        cdef Py_ssize_t k, j, s, stale = 0, bad_slot = -1, bad_priority = -1
+        cdef Py_ssize_t k, j, s, m = 0, stale = 0, bad_slot = -1, bad_priority = -1
         cdef uint64_t g, rec
+        cdef int64_t live_slots[UPDATE_CHUNK]
+        cdef double live_priorities[UPDATE_CHUNK]
         cdef const int64_t* sp
         cdef const double* pp
         if not ((_is_vector(slots, cnp.NPY_INT64) or _is_vector(slots, cnp.NPY_UINT64))
@@ -1117,16 +1117,21 @@ cdef class Ring:
                 bad_priority = self._bad_priority(pp, k)
                 if bad_slot < 0 and bad_priority < 0:
                     self._selector.prefetch(sp, k)
+                    # The live updates go to the selector in chunks, which it weighs as a batch.
                     for j in range(k):
                         s = sp[j]
                         g = self._slots.gen[s]
                         rec = self._record[s] if self._record != NULL else NOT_SAMPLED
                         if (self._slots.state[s] == COMPLETE and (rec == NOT_SAMPLED or rec == g)
                                 and (self._sequences is None or self._sequences.steps(s) > 0)):
-                            self._selector.set(s, pp[j])
-                            fault(F_UPDATE)
+                            live_slots[m], live_priorities[m] = s, pp[j]
+                            m += 1
                         else:
                             stale += 1
+                        if m == UPDATE_CHUNK or (j == k - 1 and m):
+                            self._selector.set_each(live_slots, live_priorities, m)
+                            m = 0
+                            fault(F_UPDATE)
                     if k:
                         self._selector.fix_each(sp, k)
                     self._header[STALE] += stale

@@ -2,9 +2,10 @@
 # per item (a slot, or a sequence) and draws items by weight; the table tells it which items
 # may be drawn.  A new way of selecting is a new subclass in a file of its own
 # (ext/prioritized.pyx is the one there is).  See docs/architecture.md.
-from libc.math cimport exp, log
 from libc.stdint cimport int64_t
 from numpy.random cimport bitgen_t
+
+from mpreplay._ext.batch_math cimport mpr_exp_each, mpr_log_each
 
 
 cdef class Selector:
@@ -15,6 +16,7 @@ cdef class Selector:
     # Called with the table's lock held.  set/clear change one item's weight; fix
     # brings what is derived from the weights up to date again after them.
     cdef void set(self, Py_ssize_t item, double priority) noexcept nogil
+    cdef void set_each(self, const int64_t* items, const double* priorities, Py_ssize_t k) noexcept nogil
     cdef void clear(self, Py_ssize_t item) noexcept nogil
     cdef void fix(self, Py_ssize_t item) noexcept nogil
     cdef void fix_range(self, Py_ssize_t first, Py_ssize_t last) noexcept nogil  # fix of first..last
@@ -32,9 +34,17 @@ cdef class Selector:
     cdef Py_ssize_t draw_one(self, bitgen_t* rng) noexcept nogil
 
 
-cdef inline double importance_weight(double log_smallest, double weight, double beta) noexcept nogil:
-    # (weight / smallest) ** -beta, given log(smallest): through logs, one log and one exp a
-    # row (a third of a pow's time), so a ratio beyond the float range (weights 1e300 and
-    # 1e-300 side by side) still gets its weight.  Within about 1e-13 of the exact value at
-    # those extremes, 1e-15 for weights a few orders apart; never above 1, since log is monotone.
-    return exp(beta * (log_smallest - log(weight)))
+cdef inline void importance_weights(double smallest, double* weights, Py_ssize_t k, double beta) noexcept nogil:
+    # Each of weights[0..k) becomes (weight / smallest) ** -beta: through logs, a batch of logs and
+    # one of exps (batch_math.pxd: a third of a pow's time a row), so a ratio beyond the float range
+    # (weights 1e300 and 1e-300 side by side) still gets its weight.  Within about 1e-13 of the
+    # exact value at those extremes, 1e-15 for weights a few orders apart; never above 1: the
+    # exponent is clamped at 0, where a log's last-bit error could make it positive.
+    cdef double log_smallest = smallest, e
+    cdef Py_ssize_t j
+    mpr_log_each(&log_smallest, 1)
+    mpr_log_each(weights, k)
+    for j in range(k):
+        e = log_smallest - weights[j]
+        weights[j] = beta * e if e < 0.0 else 0.0
+    mpr_exp_each(weights, k)

@@ -72,6 +72,12 @@ cdef class Selector:
     cdef void set(self, Py_ssize_t item, double priority) noexcept nogil:
         pass
 
+    cdef void set_each(self, const int64_t* items, const double* priorities, Py_ssize_t k) noexcept nogil:
+        # set() of items[j] to priorities[j], j < k; a subclass may weigh them all at once.
+        cdef Py_ssize_t j
+        for j in range(k):
+            self.set(items[j], priorities[j])
+
     cdef void clear(self, Py_ssize_t item) noexcept nogil:
         pass
 

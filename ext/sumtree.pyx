@@ -375,18 +375,6 @@ cdef class PriorityTree:
             with nogil:
                 self.fix_each(&slots[0], slots.shape[0])
 
-    def set_priorities(self, const int64_t[::1] slots not None, const double[::1] priorities not None,
-                       double alpha, double eps):
-        """Set leaves to ``(p + eps) ** alpha`` and raw priority ``p``."""
-        cdef Py_ssize_t k = slots.shape[0], j
-        if priorities.shape[0] != k:
-            raise ValueError("slots and priorities must have the same length")
-        with nogil:
-            for j in range(k):
-                self.write_leaf(slots[j], pow(priorities[j] + eps, alpha), priorities[j])
-            for j in range(k):
-                self.fix_up(slots[j])
-
     def clear(self, const int64_t[::1] slots not None):
         """Make ``slots`` unsampleable."""
         cdef Py_ssize_t k = slots.shape[0], j

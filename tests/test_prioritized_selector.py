@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from mpreplay import PrioritizedReplayBuffer
 from mpreplay._ext.prioritized import PrioritizedSelector
 from mpreplay._ext.sumtree import PriorityTree, tree_buffer_size
 
@@ -16,6 +17,50 @@ def test_an_item_weighs_its_priority_plus_eps_to_the_alpha():
     selector.insert(2, 8.75)
     assert selector.item_weight(2) == pytest.approx(3.0)
     assert selector.total_weight == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("alpha, eps", [(0.6, 1e-4), (0.4, 0.0), (2.0, 0.5), (7.0, 0.0)])
+def test_weights_are_p_plus_eps_to_the_alpha_to_within_rounding(alpha, eps):
+    priorities = np.concatenate([[0.0], np.geomspace(1e-6, 1e6, 999)])
+    selector = _selector(len(priorities), alpha, eps)
+    for item, p in enumerate(priorities):
+        selector.insert(item, p)
+    weights = np.array([selector.item_weight(item) for item in range(len(priorities))])
+    exact = (priorities + eps) ** alpha
+    positive = priorities + eps > 0
+    bound = (1.0 + np.abs(alpha * np.log(priorities[positive] + eps))) * 1e-15 * exact[positive]
+    assert np.all(np.abs(weights[positive] - exact[positive]) <= bound)
+    assert np.all(weights[~positive] == 0.0)
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-4])
+def test_alpha_one_weighs_p_plus_eps_exactly(eps):
+    priorities = np.geomspace(1e-6, 1e6, 101)
+    selector = _selector(len(priorities), alpha=1.0, eps=eps)
+    for item, p in enumerate(priorities):
+        selector.insert(item, p)
+    assert [selector.item_weight(item) for item in range(len(priorities))] == list(priorities + eps)
+
+
+def test_a_priority_weighs_the_same_set_alone_or_in_a_batch():
+    # add() sets each row's priority alone; update_priorities() weighs its rows as a batch.
+    size = 33  # an odd batch: pairs of values and a lone last one
+    priorities = np.geomspace(0.5, 2.0, size)  # every row is drawn often
+    env = {"x": {}}
+    alone = PrioritizedReplayBuffer(size, env, alpha=0.6, eps=1e-4, seed=0)
+    for item, p in enumerate(priorities):
+        alone.add(x=float(item), priorities=[p])
+    batch = PrioritizedReplayBuffer(size, env, alpha=0.6, eps=1e-4, seed=0)
+    batch.add(x=np.arange(size, dtype=float), priorities=np.ones(size))
+    batch.update_priorities(np.arange(size), priorities)
+
+    def leaves(buffer: PrioritizedReplayBuffer) -> dict[int, float]:
+        drawn = buffer.sample_leaves(50 * size)
+        return dict(zip(drawn["indexes"].tolist(), drawn["leaf"].tolist()))
+
+    alone_leaves, batch_leaves = leaves(alone), leaves(batch)
+    assert set(alone_leaves) == set(batch_leaves) == set(range(size))
+    assert alone_leaves == batch_leaves
 
 
 def test_draw_frequencies_follow_the_weights(assert_frequencies):

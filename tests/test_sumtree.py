@@ -249,17 +249,6 @@ def test_set_rejects_arrays_of_different_lengths():
         tree.set(_slots(0, 1), _f64(1.0), _f64(1.0, 2.0))
 
 
-@pytest.mark.parametrize("alpha, eps", [(0.6, 1e-4), (1.0, 0.0), (0.0, 0.0), (2.0, 0.5)])
-def test_priorities_become_weights_p_plus_eps_to_the_alpha(alpha, eps):
-    tree, _ = _tree(5)
-    p = _f64(0.0, 0.25, 1.0, 7.5)
-    tree.set_priorities(np.arange(4, dtype=np.int64), p, alpha, eps)
-    values, raw = _leaves(tree)
-    expected = (p + eps) ** alpha
-    np.testing.assert_array_equal(values[:4], expected)
-    np.testing.assert_array_equal(raw[:4], np.where(expected > 0, p, -math.inf))
-
-
 def test_clear_makes_slots_unsampleable():
     tree, _ = _tree(4, [1.0, 2.0, 4.0, 8.0])
     tree.clear(_slots(3, 0))
