@@ -28,13 +28,46 @@ tree holds the *raw* priority of the slot (-inf when not sampleable), so
 the largest raw priority ever given a sampleable leaf (``max_ever()``; -inf
 until one is, and again after ``forget_max_ever()``).
 """
-from libc.math cimport INFINITY, pow
+from libc.math cimport INFINITY
 from libc.stdint cimport int64_t
 
 import numpy as np
 
 cdef extern from *:
     void __builtin_prefetch(const void* addr, ...) noexcept nogil
+
+cdef extern from *:
+    """
+    /* The min and max of a node's 8 entries, two lanes at a time where SSE2 is (every x86-64):
+       a recompute is most of an update's work, and these take half the instructions of a
+       scalar chain.  Entries are never NaN, so any order of comparisons gives the same result. */
+    #ifdef __SSE2__
+    #include <emmintrin.h>
+    static inline double mpr_min8(const double* c) {
+        __m128d a = _mm_min_pd(_mm_min_pd(_mm_loadu_pd(c), _mm_loadu_pd(c + 2)),
+                               _mm_min_pd(_mm_loadu_pd(c + 4), _mm_loadu_pd(c + 6)));
+        return _mm_cvtsd_f64(_mm_min_sd(a, _mm_unpackhi_pd(a, a)));
+    }
+    static inline double mpr_max8(const double* c) {
+        __m128d a = _mm_max_pd(_mm_max_pd(_mm_loadu_pd(c), _mm_loadu_pd(c + 2)),
+                               _mm_max_pd(_mm_loadu_pd(c + 4), _mm_loadu_pd(c + 6)));
+        return _mm_cvtsd_f64(_mm_max_sd(a, _mm_unpackhi_pd(a, a)));
+    }
+    #else
+    static inline double mpr_min8(const double* c) {
+        double m = c[0];
+        for (int i = 1; i < 8; i++) m = c[i] < m ? c[i] : m;
+        return m;
+    }
+    static inline double mpr_max8(const double* c) {
+        double m = c[0];
+        for (int i = 1; i < 8; i++) m = c[i] > m ? c[i] : m;
+        return m;
+    }
+    #endif
+    """
+    double mpr_min8(const double* c) noexcept nogil
+    double mpr_max8(const double* c) noexcept nogil
 
 TREE_HEAD_LEN = TREE_HEAD
 
@@ -122,28 +155,12 @@ cdef inline double _sum8(const double* c) noexcept nogil:
     return ((((((c[0] + c[1]) + c[2]) + c[3]) + c[4]) + c[5]) + c[6]) + c[7]
 
 
-cdef inline double _min8(const double* c) noexcept nogil:
-    cdef double m = c[0]
-    cdef Py_ssize_t i
-    for i in range(1, 8):
-        m = c[i] if c[i] < m else m
-    return m
-
-
-cdef inline double _max8(const double* c) noexcept nogil:
-    cdef double x = c[0]
-    cdef Py_ssize_t i
-    for i in range(1, 8):
-        x = c[i] if c[i] > x else x
-    return x
-
-
 cdef inline void _recompute(double* s, double* lo, double* hi, Py_ssize_t entry,
                             Py_ssize_t child) noexcept nogil:
     # Entry `entry` from the 8 entries of its node of children, which starts at `child`.
     s[entry] = _sum8(s + child)
-    lo[entry] = _min8(lo + child)
-    hi[entry] = _max8(hi + child)
+    lo[entry] = mpr_min8(lo + child)
+    hi[entry] = mpr_max8(hi + child)
 
 
 cdef class PriorityTree:
@@ -248,11 +265,11 @@ cdef class PriorityTree:
                     e, c = self._start[d] + i, self._start[d + 1] + 8 * i
                     self._sum[e] = _sum8(self._sum + c)
                     if lo_moved[j]:
-                        v = _min8(self._min + c)
+                        v = mpr_min8(self._min + c)
                         lo_moved[j] = v != self._min[e]
                         self._min[e] = v
                     if hi_moved[j]:
-                        v = _max8(self._max + c)
+                        v = mpr_max8(self._max + c)
                         hi_moved[j] = v != self._max[e]
                         self._max[e] = v
                     path[j] = i
@@ -345,10 +362,10 @@ cdef class PriorityTree:
         return _sum8(self._sum)
 
     cdef double min_weight(self) noexcept nogil:
-        return _min8(self._min)
+        return mpr_min8(self._min)
 
     cdef double max_raw(self) noexcept nogil:
-        return _max8(self._max)
+        return mpr_max8(self._max)
 
     cdef double max_raw_ever(self) noexcept nogil:
         return self._head[0]
