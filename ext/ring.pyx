@@ -858,7 +858,7 @@ cdef class Ring:
                 self._gate.block(deadline, "sample: the rate limiter holds samples back until more is inserted")
             with nogil:  # the descent waits on cache misses: let the caller's other threads run
                 vmin = self._draw(d.sp, d.vp, d.gp, d.b, d.b if stratified else 1)
-                if vmin == vmin:
+                if vmin == vmin and (d.R or self._sequences is not None):
                     for j in range(d.b):
                         self._note_row(d, j)
             if vmin != vmin:
