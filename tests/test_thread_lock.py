@@ -2,6 +2,7 @@
 training thread's updates and adds) take turns at the tree, as processes do at a shared one."""
 from __future__ import annotations
 
+import multiprocessing as mp
 import threading
 
 import numpy as np
@@ -20,10 +21,9 @@ def _filled(**options) -> PrioritizedReplayBuffer:
     return buffer
 
 
-def _refused_while_sampling(sampler: PrioritizedReplayBuffer, writer: PrioritizedReplayBuffer) -> int:
-    """Try ``writer.add(timeout=0)`` again and again while another thread samples a huge batch
-    from ``sampler``; how many tries were refused for the lock."""
-    done, refused = threading.Event(), 0
+def _sampling_in_background(sampler: PrioritizedReplayBuffer) -> tuple[threading.Thread, threading.Event]:
+    """A started thread that samples a huge batch from ``sampler``, and the event it sets when done."""
+    done = threading.Event()
 
     def sample() -> None:
         try:
@@ -33,6 +33,14 @@ def _refused_while_sampling(sampler: PrioritizedReplayBuffer, writer: Prioritize
 
     thread = threading.Thread(target=sample)
     thread.start()
+    return thread, done
+
+
+def _refused_while_sampling(sampler: PrioritizedReplayBuffer, writer: PrioritizedReplayBuffer) -> int:
+    """Try ``writer.add(timeout=0)`` again and again while another thread samples a huge batch
+    from ``sampler``; how many tries were refused for the lock."""
+    refused = 0
+    thread, done = _sampling_in_background(sampler)
     while not done.is_set():
         try:
             writer.add(x=np.float32(-1.0), done=0.0, timeout=0)
@@ -67,23 +75,10 @@ def _add_within_a_second(buffer: PrioritizedReplayBuffer, result) -> None:
 
 @pytest.mark.timeout(120, method="thread")
 def test_a_forked_child_takes_a_fresh_lock_though_a_parent_thread_held_it_at_the_fork():
-    import multiprocessing as mp
-
     buffer = _filled()
     context = mp.get_context("fork")
     result = context.Queue()
-    holding, done = threading.Event(), threading.Event()
-
-    def sample() -> None:
-        holding.set()
-        try:
-            buffer.sample(_BATCH)
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=sample)
-    thread.start()
-    holding.wait()
+    thread, done = _sampling_in_background(buffer)
     with pytest.raises(TimeoutError):  # the sampling thread holds the lock ...
         while not done.is_set():
             buffer.add(x=np.float32(-1.0), done=0.0, timeout=0)
