@@ -111,6 +111,17 @@ cdef const uint8_t* _data(object array, Py_ssize_t nbytes, object what, str pref
     return <const uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>array)
 
 
+cdef uint8_t* _slot_rows(object array, Py_ssize_t size, Py_ssize_t* pitch) except NULL:
+    """The bytes of ``array``, a writable array of ``size`` rows each C-contiguous (alone, or side
+    by side with other fields: schema.row_layout), and in ``pitch`` the bytes from a row to the next."""
+    if not (isinstance(array, cnp.ndarray) and cnp.PyArray_NDIM(<cnp.ndarray>array) >= 1
+            and cnp.PyArray_DIM(<cnp.ndarray>array, 0) == size and array[:1].flags.c_contiguous
+            and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>array)):
+        raise ValueError(f"stored: expected a writable array of {size} rows, each C-contiguous")
+    pitch[0] = cnp.PyArray_STRIDE(<cnp.ndarray>array, 0)
+    return <uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>array)
+
+
 cdef Observation _observation(object pair, Py_ssize_t nbytes, object what, str prefix="") except *:
     """An ``(array, planar)`` pair as an Observation; the array C-contiguous, ``nbytes`` long."""
     cdef Observation o
@@ -589,12 +600,13 @@ cdef class Episode:
                 raise ValueError(f"slots: {slot[j]} is outside the {self._size} slots")
         cdef const uint8_t** sources = <const uint8_t**>malloc(nf * sizeof(uint8_t*) + 1)
         cdef uint8_t** targets = <uint8_t**>malloc(nf * sizeof(uint8_t*) + 1)
+        cdef Py_ssize_t* pitches = <Py_ssize_t*>malloc(nf * sizeof(Py_ssize_t) + 1)
         try:
-            if not (sources and targets):
+            if not (sources and targets and pitches):
                 raise MemoryError()
             for f in range(nf):
-                rb = cnp.PyArray_NBYTES(<cnp.ndarray>stored[f]) // self._size if isinstance(stored[f], cnp.ndarray) else 0
-                targets[f] = <uint8_t*>_data(stored[f], self._size * rb, "stored")
+                targets[f] = _slot_rows(stored[f], self._size, &pitches[f])
+                rb = cnp.PyArray_NBYTES(<cnp.ndarray>stored[f]) // self._size
                 sources[f] = _data(rows[f], p.rows * rb, "rows")
             with nogil:
                 self.copy_frames(p, slot)
@@ -603,10 +615,11 @@ cdef class Episode:
                 with nogil:
                     for j in range(p.items):
                         if p._item_row[j] >= 0:
-                            memcpy(targets[f] + slot[j] * rb, sources[f] + p._item_row[j] * rb, rb)
+                            memcpy(targets[f] + slot[j] * pitches[f], sources[f] + p._item_row[j] * rb, rb)
         finally:
             free(sources)
             free(targets)
+            free(pitches)
 
     cdef void copy_frames(self, FramePlan p, const int64_t* slot) noexcept nogil:
         # Each item's newest frame into its slot, with its depth and no next frame yet.

@@ -74,7 +74,8 @@ cdef class Ring:
     cdef uint8_t** _dst
     cdef uint8_t** _stage
     cdef const uint8_t** _src    # per field, during add_one: the row to copy (a caller's array or the stage)
-    cdef Py_ssize_t* _rowbytes
+    cdef Py_ssize_t* _rowbytes   # per field: the bytes of one slot's value
+    cdef Py_ssize_t* _pitch      # per field: from one slot's value to the next (the rowbytes, or a row of fields)
     cdef bint _prefetch_rows     # the fields outgrow a core's cache: _draw prefetches the drawn rows
     cdef Kind* _kinds
     cdef bint* _one              # per field: shape (1,), which a number or a 0-d array fills

@@ -203,21 +203,24 @@ cdef class Ring:
         self._stage = <uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
         self._src = <const uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
         self._rowbytes = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
+        self._pitch = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
         self._kinds = <Kind*>malloc(n * sizeof(Kind) + 1)
         self._typenums = <int*>malloc(n * sizeof(int) + 1)
         self._one = <bint*>malloc(n * sizeof(bint) + 1)
-        if not (self._dst and self._stage and self._src and self._rowbytes and self._kinds and self._typenums
-                and self._one):
+        if not (self._dst and self._stage and self._src and self._rowbytes and self._pitch and self._kinds
+                and self._typenums and self._one):
             raise MemoryError()
         for i, (name, arr) in enumerate(fields):
-            if not (isinstance(arr, np.ndarray) and arr.flags.c_contiguous and arr.shape[0] == self.size):
-                raise ValueError(f"field {name!r}: expected a C-contiguous array of {self.size} rows")
+            # A field's values may sit in rows of several fields (schema.row_layout): each contiguous.
+            if not (isinstance(arr, np.ndarray) and arr.shape[0] == self.size and arr[:1].flags.c_contiguous):
+                raise ValueError(f"field {name!r}: expected an array of {self.size} rows, each C-contiguous")
             stage = np.zeros(arr.shape[1:], dtype=arr.dtype)
             self._names.append(name)
             self._stages.append(stage)
             self._dst[i] = <uint8_t*>cnp.PyArray_DATA(arr)
             self._stage[i] = <uint8_t*>cnp.PyArray_DATA(stage)
             self._rowbytes[i] = stage.nbytes
+            self._pitch[i] = arr.strides[0]
             self._kinds[i] = _kind_of(arr.dtype)
             self._one[i] = arr.shape[1:] == (1,)
             self._typenums[i] = arr.dtype.num
@@ -268,6 +271,7 @@ cdef class Ring:
         free(self._stage)
         free(self._src)
         free(self._rowbytes)
+        free(self._pitch)
         free(self._kinds)
         free(self._typenums)
         free(self._one)
@@ -586,7 +590,7 @@ cdef class Ring:
         deadline = deadline_of(timeout)
         slot = self._reserve_waiting(1, &reserved, True, deadline, 0)
         for i in range(self._nfields):
-            memcpy(self._dst[i] + slot * self._rowbytes[i], self._src[i], self._rowbytes[i])
+            memcpy(self._dst[i] + slot * self._pitch[i], self._src[i], self._rowbytes[i])
         try:
             self._gate.acquire(deadline)
         except TimeoutError:
@@ -664,7 +668,7 @@ cdef class Ring:
         with nogil:
             episode.copy_frames(plan, slots)
             for i in range(self._nfields):
-                memcpy(self._dst[i] + row_slot * self._rowbytes[i], self._src[i], self._rowbytes[i])
+                memcpy(self._dst[i] + row_slot * self._pitch[i], self._src[i], self._rowbytes[i])
             done = episode.settle(plan, slots, row_priority, states, item_priority)
         try:
             self._gate.acquire(deadline)
@@ -706,7 +710,7 @@ cdef class Ring:
                 __builtin_prefetch(&self._slots.gen[slots[j]])
                 __builtin_prefetch(&self._slots.state[slots[j]])
                 for i in range(self._nfields):
-                    __builtin_prefetch(self._dst[i] + slots[j] * self._rowbytes[i])
+                    __builtin_prefetch(self._dst[i] + slots[j] * self._pitch[i])
                 if self._record != NULL:
                     __builtin_prefetch(&self._record[slots[j]])
         for j in range(k):
@@ -725,24 +729,24 @@ cdef class Ring:
         return self._selector.smallest()
 
     cdef void _gather(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
-        # Copy rows (all k, or only rows[0..k) of the batch) without the lock.  Rows of
+        # Copy rows (all k, or only rows[0..k) of the batch) without the lock.  Values of
         # 4, 8 and 16 bytes (scalars, small vectors: the common fields) are copied
         # with a constant size, which compiles to plain loads and stores.
-        cdef Py_ssize_t i, j, r, rb
+        cdef Py_ssize_t i, j, r, rb, pitch
         cdef const uint8_t* src
         cdef uint8_t* dst
         for i in range(self._nfields):
-            rb, src, dst = self._rowbytes[i], self._dst[i], d.dst[i]
+            rb, pitch, src, dst = self._rowbytes[i], self._pitch[i], self._dst[i], d.dst[i]
             for j in range(k):
                 r = rows[j] if rows != NULL else j
                 if rb == 4:
-                    memcpy(dst + r * 4, src + d.sp[r] * 4, 4)
+                    memcpy(dst + r * 4, src + d.sp[r] * pitch, 4)
                 elif rb == 8:
-                    memcpy(dst + r * 8, src + d.sp[r] * 8, 8)
+                    memcpy(dst + r * 8, src + d.sp[r] * pitch, 8)
                 elif rb == 16:
-                    memcpy(dst + r * 16, src + d.sp[r] * 16, 16)
+                    memcpy(dst + r * 16, src + d.sp[r] * pitch, 16)
                 else:
-                    memcpy(dst + r * rb, src + d.sp[r] * rb, rb)
+                    memcpy(dst + r * rb, src + d.sp[r] * pitch, rb)
 
     cdef Py_ssize_t _note_reads(self, Py_ssize_t s, int64_t* slots, uint64_t* gens) noexcept nogil:
         # Lock held: the frames row s reads and their generations now.
@@ -946,7 +950,7 @@ cdef class Ring:
                 u = d.window[t]
                 for i in range(nf):
                     rb = self._out_step_bytes[i]
-                    memcpy(d.dst[i] + at * rb, self._dst[i] + u * rb, rb)
+                    memcpy(d.dst[i] + at * rb, self._dst[i] + u * self._pitch[i], rb)
                 for o in range(no):
                     self._frames.rebuild(self._frame_keys[o], self._frames._nxt[u] if self._frame_next[o] else u,
                                          d.dst[nf + o] + at * self._out_step_bytes[nf + o])

@@ -36,8 +36,33 @@ def frames_array(str key):
     return f"frames:{key}"
 
 
+# The uncompressed fields of a slot side by side in one row of this array (see row_layout).
+ROWS_ARRAY = "rows"
+
+
+def row_layout(list fields):
+    """``(pitch, offsets)`` of uncompressed fields ``(name, shape, dtype)`` stored side by side,
+    one row per slot: each field at an offset aligned for its dtype, in the order given.
+
+    A row of up to 64 bytes is padded to a power of two, so no row straddles a cache line; a
+    longer one to whole cache lines.  A draw then reads one line (or the fewest) for all the
+    fields of its row, where an array per field costs a line per field.
+    """
+    cdef Py_ssize_t end = 0, pitch, a
+    offsets = []
+    for name, shape, dtype in fields:
+        dt = np.dtype(dtype)
+        a = dt.alignment
+        end = (end + a - 1) // a * a
+        offsets.append(end)
+        end += dt.itemsize * int(np.prod(shape, dtype=np.int64))
+    pitch = max(end, 1)
+    pitch = 1 << (pitch - 1).bit_length() if pitch <= 64 else (pitch + 63) // 64 * 64
+    return pitch, offsets
+
+
 def segment_arrays(Py_ssize_t size, Py_ssize_t lanes, tuple selector, list fields, list frames,
-                   Py_ssize_t lock_nbytes, bint sequences=False):
+                   Py_ssize_t lock_nbytes, bint sequences=False, bint rows=False):
     """``(name, shape, dtype)`` of every array of a buffer, in layout order.
 
     ``selector``: ``(name, length, dtype)`` of the selector's one array (TREE_ARRAY for
@@ -45,7 +70,8 @@ def segment_arrays(Py_ssize_t size, Py_ssize_t lanes, tuple selector, list field
     the uncompressed fields; ``frames``:
     ``(key, frame_shape, dtype)`` of the compressed observations, or None for an
     uncompressed buffer; ``lock_nbytes``: 0 for a buffer without a lock; ``sequences``:
-    whether the table samples sequences of steps.
+    whether the table samples sequences of steps; ``rows``: the fields side by side in one
+    ROWS_ARRAY (see row_layout) instead of an array each.
     """
     out = [(MANIFEST_ARRAY, (MANIFEST_NBYTES,), np.uint8),
            ("header", (HEADER_LEN,), np.int64),
@@ -56,7 +82,10 @@ def segment_arrays(Py_ssize_t size, Py_ssize_t lanes, tuple selector, list field
            ("owner", (size,), np.int64),
            ("state", (size,), np.uint8),
            (selector[0], (selector[1],), selector[2])]
-    out += [(field_array(name), (size,) + tuple(shape), dtype) for name, shape, dtype in fields]
+    if rows and fields:
+        out.append((ROWS_ARRAY, (size, row_layout(fields)[0]), np.uint8))
+    else:
+        out += [(field_array(name), (size,) + tuple(shape), dtype) for name, shape, dtype in fields]
     if frames is not None:
         out += [("nxt", (size,), np.int64), ("depth", (size,), np.uint8)]
         out += [(frames_array(key), (size,) + tuple(shape), dtype) for key, shape, dtype in frames]

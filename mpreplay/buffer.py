@@ -34,7 +34,8 @@ from ._ext.ring import Ring
 from ._ext.slots import Slots, recover
 from ._ext.schema import INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED
 from ._ext.processes import process_token
-from ._ext.schema import MANIFEST_ARRAY, MEMBERS_ARRAY, TORN, TREE_ARRAY, WRITERS_ARRAY, field_array, segment_arrays
+from ._ext.schema import (MANIFEST_ARRAY, MEMBERS_ARRAY, ROWS_ARRAY, TORN, TREE_ARRAY, WRITERS_ARRAY, field_array,
+                          row_layout, segment_arrays)
 from ._ext.schema import EPISODE_STEP_ARRAY, SEQUENCE_STEPS_ARRAY
 from ._ext.sequences import Sequences
 from ._ext.selector import Selector
@@ -159,13 +160,18 @@ class ReplayBuffer(BufferCalls):
     def _layout(self) -> Layout:
         c = self._compression
         stored = self._specs if c is None else c.stored_fields(self._specs)
+        fields = [(name, self._specs[name].shape, self._specs[name].dtype) for name in stored]
+        # Fields side by side in one row per slot, except in files of their own (cpprb's mmap_prefix).
+        rows = self._mmap_prefix is None
         layout = Layout()
         for name, shape, dtype in segment_arrays(
-                self._size, 1 if c is None else c.lanes, self._selector_array(),
-                [(name, self._specs[name].shape, self._specs[name].dtype) for name in stored],
+                self._size, 1 if c is None else c.lanes, self._selector_array(), fields,
                 None if c is None else [(key, c.frame_shape(key, self._specs), self._specs[key].dtype) for key in c.keys],
-                self._LOCK_NBYTES, self._sequence is not None):
+                self._LOCK_NBYTES, self._sequence is not None, rows):
             layout.add(name, shape, dtype)
+        if rows and fields:
+            layout.add_row_views(ROWS_ARRAY, [(field_array(name), shape, dtype) for name, shape, dtype in fields],
+                                 row_layout(fields)[1])
         return layout
 
     def _selector_array(self) -> tuple[str, int, type]:

@@ -35,10 +35,12 @@ class SharedMemoryError(RuntimeError):
 
 @dataclass
 class Layout:
-    """Named arrays at 64-byte aligned offsets inside one block."""
+    """Named arrays at 64-byte aligned offsets inside one block, and named views of
+    columns of bytes in the rows of a 2-D uint8 array among them (fields side by side)."""
 
     entries: list[tuple[str, tuple[int, ...], str, int]] = field(default_factory=list)
     nbytes: int = 0
+    row_views: list[tuple[str, str, tuple[int, ...], str, int]] = field(default_factory=list)
 
     def add(self, name: str, shape: tuple[int, ...], dtype: Any) -> None:
         dt = np.dtype(dtype)
@@ -46,13 +48,30 @@ class Layout:
         self.entries.append((name, tuple(int(d) for d in shape), dt.str, offset))
         self.nbytes = offset + int(np.prod(shape, dtype=np.int64)) * dt.itemsize
 
+    def add_row_views(self, array: str, fields: list[tuple[str, tuple[int, ...], Any]], offsets: list[int]) -> None:
+        """Name each of ``fields`` (``(name, shape, dtype)`` of one row) as the view of its bytes,
+        at its offset in ``offsets``, in every row of ``array`` (a 2-D uint8 array added before)."""
+        for (name, shape, dtype), offset in zip(fields, offsets):
+            self.row_views.append((name, array, tuple(int(d) for d in shape), np.dtype(dtype).str, int(offset)))
+
     def views(self, buf: memoryview) -> dict[str, np.ndarray]:
         """Arrays over ``buf`` (no copies)."""
         out = {}
         for name, shape, dtype, offset in self.entries:
             count = int(np.prod(shape, dtype=np.int64))
             out[name] = np.frombuffer(buf, dtype=dtype, count=count, offset=offset).reshape(shape)
-        return out
+        return self.with_row_views(out)
+
+    def with_row_views(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``arrays`` (this layout's, by name) and the row views over them."""
+        for name, array, shape, dtype, offset in self.row_views:
+            rows, dt = arrays[array], np.dtype(dtype)
+            inner = [dt.itemsize] * len(shape)
+            for d in range(len(shape) - 2, -1, -1):
+                inner[d] = inner[d + 1] * shape[d + 1]
+            arrays[name] = np.ndarray((rows.shape[0],) + shape, dt, buffer=rows, offset=offset,
+                                      strides=(rows.strides[0],) + tuple(inner))
+        return arrays
 
 
 def _aligned_zeros(nbytes: int) -> np.ndarray:
@@ -105,8 +124,9 @@ class FileMemory:
                 maps[name] = np.memmap(path, dtype=np.uint8, mode="w+",
                                        shape=max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize))
         self._maps = maps
-        self.arrays = {name: np.asarray(maps[name][:int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize])
-                       .view(dtype).reshape(shape) for name, shape, dtype, _ in layout.entries}
+        self.arrays = layout.with_row_views(
+            {name: np.asarray(maps[name][:int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize])
+             .view(dtype).reshape(shape) for name, shape, dtype, _ in layout.entries})
 
     @staticmethod
     def path(prefix: str, array: str) -> str:
