@@ -11,8 +11,8 @@ cdef enum:
 cdef class PriorityTree:
     cdef double[::1] _buf
     cdef double* _sum        # the sum tree's entries, level 0 (the root node) first
-    cdef double* _min        # the min tree's entries, laid out as _sum
     cdef double* _max        # the max tree's entries, laid out as _sum
+    cdef double* _min        # the min tree's entries: _sum's inner levels (of the positive sum leaves below)
     cdef double* _head       # the header: _head[0] is max_ever
     cdef Py_ssize_t _levels              # levels of nodes; the last holds the leaves
     cdef Py_ssize_t _entries             # entries of each of the three trees
@@ -29,6 +29,8 @@ cdef class PriorityTree:
     cdef void prefetch_paths(self, const int64_t* slots, Py_ssize_t k) noexcept nogil
     cdef void rebuild_inner(self) noexcept nogil
     cdef Py_ssize_t _parents(self, Py_ssize_t d) noexcept nogil
+    cdef double _min_below(self, Py_ssize_t d, Py_ssize_t c) noexcept nogil
+    cdef void _recompute(self, Py_ssize_t d, Py_ssize_t i) noexcept nogil
     cdef void _recompute_level(self, Py_ssize_t d) noexcept nogil
     cdef Py_ssize_t descend(self, double u) noexcept nogil
     cdef void descend_many(self, double* prefix, int64_t* out, Py_ssize_t k) noexcept nogil

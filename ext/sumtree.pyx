@@ -6,13 +6,15 @@ tree keeps no state of its own beyond the view (and what it derives from the
 capacity), so every process that maps the same bytes sees the same tree.
 
 Layout of ``buf`` (see docs/architecture.md, "The priority tree"): a header of
-8 entries (entry 0: ``max_ever``, the rest padding), then three trees of the
-same shape one after the other -- sums, then mins, then maxes.  A tree is
-levels of *nodes* of 8 float64 entries (one 64-byte cache line when ``buf``
-is 64-byte aligned), stored contiguous, level 0 (the root node) first.  The
-last level holds the leaves: entry ``i`` of it is slot ``i``.  Entry ``i`` of
-an inner level sums (or takes the min or max of) the 8 entries of node ``i``
-of the level below.  Levels have ``ceil(n / 8)`` nodes for ``n`` entries
+8 entries (entry 0: ``max_ever``, the rest padding), then the trees one after
+the other -- sums, maxes, then mins.  A tree is levels of *nodes* of 8 float64
+entries (one 64-byte cache line when ``buf`` is 64-byte aligned), stored
+contiguous, level 0 (the root node) first.  The last level of the sum and max
+trees holds the leaves: entry ``i`` of it is slot ``i``.  The min tree has no
+leaf level: its lowest level takes the min of the sum leaves that are
+positive, so an update writes and reads one line fewer.  Entry ``i`` of an
+inner level sums (or takes the min or max of) the 8 entries of node ``i`` of
+the level below.  Levels have ``ceil(n / 8)`` nodes for ``n`` entries
 below; entries past the end (slots ``>= capacity``, or nodes that do not
 exist) are neutral: sum 0, min +inf, max -inf.  ``total()`` sums the root
 node's entries.  The descent reads only the sum tree: one cache line a level.
@@ -53,6 +55,16 @@ cdef extern from *:
                                _mm_max_pd(_mm_loadu_pd(c + 4), _mm_loadu_pd(c + 6)));
         return _mm_cvtsd_f64(_mm_max_sd(a, _mm_unpackhi_pd(a, a)));
     }
+    /* The min of the positive ones (+inf when none): a weight of 0 is not sampleable. */
+    static inline __m128d mpr_positive_or_inf(__m128d v) {
+        __m128d keep = _mm_cmpgt_pd(v, _mm_setzero_pd());
+        return _mm_or_pd(_mm_and_pd(keep, v), _mm_andnot_pd(keep, _mm_set1_pd(INFINITY)));
+    }
+    static inline double mpr_min8_positive(const double* c) {
+        __m128d a = _mm_min_pd(_mm_min_pd(mpr_positive_or_inf(_mm_loadu_pd(c)), mpr_positive_or_inf(_mm_loadu_pd(c + 2))),
+                               _mm_min_pd(mpr_positive_or_inf(_mm_loadu_pd(c + 4)), mpr_positive_or_inf(_mm_loadu_pd(c + 6))));
+        return _mm_cvtsd_f64(_mm_min_sd(a, _mm_unpackhi_pd(a, a)));
+    }
     #else
     static inline double mpr_min8(const double* c) {
         double m = c[0];
@@ -64,10 +76,16 @@ cdef extern from *:
         for (int i = 1; i < 8; i++) m = c[i] > m ? c[i] : m;
         return m;
     }
+    static inline double mpr_min8_positive(const double* c) {
+        double m = INFINITY;
+        for (int i = 0; i < 8; i++) m = c[i] > 0.0 && c[i] < m ? c[i] : m;
+        return m;
+    }
     #endif
     """
     double mpr_min8(const double* c) noexcept nogil
     double mpr_max8(const double* c) noexcept nogil
+    double mpr_min8_positive(const double* c) noexcept nogil
 
 TREE_HEAD_LEN = TREE_HEAD
 
@@ -99,7 +117,8 @@ def tree_buffer_size(Py_ssize_t capacity):
     cdef Py_ssize_t levels
     if capacity < 1:
         raise ValueError(f"capacity: expected an integer >= 1, got {capacity}")
-    return TREE_HEAD + 3 * _shape(capacity, start, &levels)
+    cdef Py_ssize_t entries = _shape(capacity, start, &levels)
+    return TREE_HEAD + 2 * entries + start[levels - 1]
 
 
 def leaf_views(buf, Py_ssize_t capacity):
@@ -118,7 +137,7 @@ def leaf_views(buf, Py_ssize_t capacity):
         raise ValueError(f"buf: expected at least {need} float64 entries, got {a.shape[0]}")
     entries = _shape(capacity, start, &levels)
     leaf = TREE_HEAD + start[levels - 1]
-    return a[leaf:leaf + capacity], a[leaf + 2 * entries:leaf + 2 * entries + capacity]
+    return a[leaf:leaf + capacity], a[leaf + entries:leaf + entries + capacity]
 
 
 cdef inline Py_ssize_t _pick(const double* c, double* u) noexcept nogil:
@@ -155,14 +174,6 @@ cdef inline double _sum8(const double* c) noexcept nogil:
     return ((((((c[0] + c[1]) + c[2]) + c[3]) + c[4]) + c[5]) + c[6]) + c[7]
 
 
-cdef inline void _recompute(double* s, double* lo, double* hi, Py_ssize_t entry,
-                            Py_ssize_t child) noexcept nogil:
-    # Entry `entry` from the 8 entries of its node of children, which starts at `child`.
-    s[entry] = _sum8(s + child)
-    lo[entry] = mpr_min8(lo + child)
-    hi[entry] = mpr_max8(hi + child)
-
-
 cdef class PriorityTree:
     """Sum/min/max trees over ``buf`` for ``capacity`` slots.
 
@@ -187,9 +198,9 @@ cdef class PriorityTree:
         self._leaf = self._start[self._levels - 1]
         self._head = &buf[0]
         self._sum = &buf[TREE_HEAD]
-        self._min = self._sum + self._entries
-        self._max = self._min + self._entries
-        self._large = 3 * self._entries * sizeof(double) > PREFETCH_PATHS_ABOVE
+        self._max = self._sum + self._entries
+        self._min = self._max + self._entries
+        self._large = (2 * self._entries + self._leaf) * sizeof(double) > PREFETCH_PATHS_ABOVE
         if reset:
             self.reset()
 
@@ -202,8 +213,9 @@ cdef class PriorityTree:
             self._head[0] = -INFINITY
             for i in range(self._entries):
                 self._sum[i] = 0.0
-                self._min[i] = INFINITY
                 self._max[i] = -INFINITY
+            for i in range(self._leaf):
+                self._min[i] = INFINITY
 
     # -- the kernels' interface ------------------------------------------------------
 
@@ -213,14 +225,13 @@ cdef class PriorityTree:
         if value > 0.0 and raw > self._head[0]:
             self._head[0] = raw
         self._sum[n] = value
-        self._min[n] = value if value > 0.0 else INFINITY
         self._max[n] = raw if value > 0.0 else -INFINITY
 
     cdef void fix_up(self, Py_ssize_t slot) noexcept nogil:
         cdef Py_ssize_t d, i = slot
         for d in range(self._levels - 2, -1, -1):
             i >>= 3
-            _recompute(self._sum, self._min, self._max, self._start[d] + i, self._start[d + 1] + 8 * i)
+            self._recompute(d, i)
 
     cdef void fix_range(self, Py_ssize_t first, Py_ssize_t last) noexcept nogil:
         # fix_up of every slot in [first, last], each ancestor recomputed once:
@@ -230,7 +241,7 @@ cdef class PriorityTree:
             lo >>= 3
             hi >>= 3
             for i in range(lo, hi + 1):
-                _recompute(self._sum, self._min, self._max, self._start[d] + i, self._start[d + 1] + 8 * i)
+                self._recompute(d, i)
 
     cdef void fix_each(self, const int64_t* slots, Py_ssize_t k) noexcept nogil:
         # fix_up of each slot, the paths walked together one level at a time: one
@@ -265,7 +276,7 @@ cdef class PriorityTree:
                     e, c = self._start[d] + i, self._start[d + 1] + 8 * i
                     self._sum[e] = _sum8(self._sum + c)
                     if lo_moved[j]:
-                        v = mpr_min8(self._min + c)
+                        v = self._min_below(d, c)
                         lo_moved[j] = v != self._min[e]
                         self._min[e] = v
                     if hi_moved[j]:
@@ -285,11 +296,24 @@ cdef class PriorityTree:
         for j in range(k):
             leaf, parent = self._leaf + slots[j], up + (slots[j] >> 3)
             __builtin_prefetch(self._sum + leaf, 1)
-            __builtin_prefetch(self._min + leaf, 1)
             __builtin_prefetch(self._max + leaf, 1)
             __builtin_prefetch(self._sum + parent, 1)
             __builtin_prefetch(self._min + parent, 1)
             __builtin_prefetch(self._max + parent, 1)
+
+    cdef inline double _min_below(self, Py_ssize_t d, Py_ssize_t c) noexcept nogil:
+        # The min of the node at entry c of level d + 1: of the positive sum leaves there
+        # (what the min tree has no level of), else of the min tree's node.
+        if d == self._levels - 2:
+            return mpr_min8_positive(self._sum + c)
+        return mpr_min8(self._min + c)
+
+    cdef inline void _recompute(self, Py_ssize_t d, Py_ssize_t i) noexcept nogil:
+        # Entry i of inner level d from the 8 entries of its node of children.
+        cdef Py_ssize_t e = self._start[d] + i, c = self._start[d + 1] + 8 * i
+        self._sum[e] = _sum8(self._sum + c)
+        self._min[e] = self._min_below(d, c)
+        self._max[e] = mpr_max8(self._max + c)
 
     cdef inline Py_ssize_t _parents(self, Py_ssize_t d) noexcept nogil:
         # The entries of inner level d that have children: the nodes of level d + 1.
@@ -299,23 +323,18 @@ cdef class PriorityTree:
         # Every entry of inner level d that has children, from them.
         cdef Py_ssize_t i
         for i in range(self._parents(d)):
-            _recompute(self._sum, self._min, self._max, self._start[d] + i, self._start[d + 1] + 8 * i)
+            self._recompute(d, i)
 
     cdef void rebuild_inner(self) noexcept nogil:
         # Every inner entry from the leaves, bottom level first; entries past the last
-        # node of a level, and leaves past the capacity, back to neutral.  The min leaves
-        # follow from the weights, and an unsampleable leaf's raw priority is -inf, in case
-        # a writer died between the stores of write_leaf.
+        # node of a level, and leaves past the capacity, back to neutral.  An unsampleable
+        # leaf's raw priority is -inf, in case a writer died between the stores of write_leaf.
         cdef Py_ssize_t d, i
-        cdef double v
         for i in range(self._leaf, self._leaf + self.capacity):
-            v = self._sum[i]
-            self._min[i] = v if v > 0.0 else INFINITY
-            if not v > 0.0:
+            if not self._sum[i] > 0.0:
                 self._max[i] = -INFINITY
         for i in range(self._leaf + self.capacity, self._entries):
             self._sum[i] = 0.0
-            self._min[i] = INFINITY
             self._max[i] = -INFINITY
         for d in range(self._levels - 2, -1, -1):
             self._recompute_level(d)
@@ -362,7 +381,7 @@ cdef class PriorityTree:
         return _sum8(self._sum)
 
     cdef double min_weight(self) noexcept nogil:
-        return mpr_min8(self._min)
+        return self._min_below(-1, 0)
 
     cdef double max_raw(self) noexcept nogil:
         return mpr_max8(self._max)
