@@ -25,6 +25,8 @@ cdef class Frames:
 
     cdef void _bounds(self, Py_ssize_t u, Py_ssize_t* lo, Py_ssize_t* hi) noexcept nogil
     cdef Py_ssize_t _back(self, Py_ssize_t u, Py_ssize_t b) noexcept nogil
+    cdef void _sources(self, Py_ssize_t key, Py_ssize_t u, uint8_t** src) noexcept nogil
     cdef void rebuild(self, Py_ssize_t key, Py_ssize_t u, uint8_t* out) noexcept nogil
+    cdef void rebuild_pair(self, Py_ssize_t key, Py_ssize_t u, uint8_t* out, uint8_t* next_out) noexcept nogil
     cdef Py_ssize_t read_set(self, Py_ssize_t u, int64_t* out) noexcept nogil
     cdef bint reads(self, Py_ssize_t r, Py_ssize_t s) noexcept nogil

@@ -18,6 +18,43 @@ from libc.stdint cimport int64_t, uint32_t, uint8_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
+cdef extern from *:
+    """
+    #ifdef __SSE2__
+    #include <emmintrin.h>
+    /* Four vectors of 16 bytes interleaved byte by byte into 64 bytes at out. */
+    static inline void mpr_interleave16(__m128i a, __m128i b, __m128i c, __m128i d, uint8_t* out) {
+        __m128i ab_lo = _mm_unpacklo_epi8(a, b), ab_hi = _mm_unpackhi_epi8(a, b);
+        __m128i cd_lo = _mm_unpacklo_epi8(c, d), cd_hi = _mm_unpackhi_epi8(c, d);
+        _mm_storeu_si128((__m128i*)out, _mm_unpacklo_epi16(ab_lo, cd_lo));
+        _mm_storeu_si128((__m128i*)(out + 16), _mm_unpackhi_epi16(ab_lo, cd_lo));
+        _mm_storeu_si128((__m128i*)(out + 32), _mm_unpacklo_epi16(ab_hi, cd_hi));
+        _mm_storeu_si128((__m128i*)(out + 48), _mm_unpackhi_epi16(ab_hi, cd_hi));
+    }
+    #endif
+    /* Frames f0..f3 of n bytes interleaved byte by byte into out, and f1..f4 into next_out:
+       a stack and the next one, each frame read once. */
+    static void mpr_interleave_pair(const uint8_t* f0, const uint8_t* f1, const uint8_t* f2, const uint8_t* f3,
+                                    const uint8_t* f4, uint8_t* out, uint8_t* next_out, Py_ssize_t n) {
+        Py_ssize_t e = 0;
+    #ifdef __SSE2__
+        for (; e + 16 <= n; e += 16) {
+            __m128i a = _mm_loadu_si128((const __m128i*)(f0 + e)), b = _mm_loadu_si128((const __m128i*)(f1 + e));
+            __m128i c = _mm_loadu_si128((const __m128i*)(f2 + e)), d = _mm_loadu_si128((const __m128i*)(f3 + e));
+            __m128i f = _mm_loadu_si128((const __m128i*)(f4 + e));
+            mpr_interleave16(a, b, c, d, out + 4 * e);
+            mpr_interleave16(b, c, d, f, next_out + 4 * e);
+        }
+    #endif
+        for (; e < n; e++) {
+            out[4 * e] = f0[e]; out[4 * e + 1] = f1[e]; out[4 * e + 2] = f2[e]; out[4 * e + 3] = f3[e];
+            next_out[4 * e] = f1[e]; next_out[4 * e + 1] = f2[e]; next_out[4 * e + 2] = f3[e]; next_out[4 * e + 3] = f4[e];
+        }
+    }
+    """
+    void mpr_interleave_pair(const uint8_t* f0, const uint8_t* f1, const uint8_t* f2, const uint8_t* f3,
+                             const uint8_t* f4, uint8_t* out, uint8_t* next_out, Py_ssize_t n) noexcept nogil
+
 cimport numpy as cnp
 
 from mpreplay._ext.schema cimport LANE_END, LANE_LEN, LANE_START
@@ -100,20 +137,24 @@ cdef class Frames:
         self._bounds(u, &lo, &hi)
         return lo + ((u - lo - b) % (hi - lo) + (hi - lo)) % (hi - lo)
 
-    cdef void rebuild(self, Py_ssize_t key, Py_ssize_t u, uint8_t* out) noexcept nogil:
-        """Write the observation of key ``key`` at slot ``u`` to ``out``."""
-        cdef Py_ssize_t k = self._stack[key], fb = self._frame_bytes[key], eb = self._elem_bytes[key]
-        cdef Py_ssize_t i, e, n = fb // eb, d = self._depth[u], b
-        cdef uint8_t* base = self._frames[key]
-        cdef uint8_t* src[MAX_STACK]
-        if k == 1:
-            memcpy(out, base + u * fb, fb)
-            return
+    cdef void _sources(self, Py_ssize_t key, Py_ssize_t u, uint8_t** src) noexcept nogil:
+        # The frames of the stack at slot u, oldest first (a stack of more than 1).
+        cdef Py_ssize_t k = self._stack[key], fb = self._frame_bytes[key], d = self._depth[u], i, b
         for i in range(k):
             b = k - 1 - i
             if b > d:
                 b = d  # older than the episode: repeat its first frame
-            src[i] = base + self._back(u, b) * fb
+            src[i] = self._frames[key] + self._back(u, b) * fb
+
+    cdef void rebuild(self, Py_ssize_t key, Py_ssize_t u, uint8_t* out) noexcept nogil:
+        """Write the observation of key ``key`` at slot ``u`` to ``out``."""
+        cdef Py_ssize_t k = self._stack[key], fb = self._frame_bytes[key], eb = self._elem_bytes[key]
+        cdef Py_ssize_t i, e, n = fb // eb
+        cdef uint8_t* src[MAX_STACK]
+        if k == 1:
+            memcpy(out, self._frames[key] + u * fb, fb)
+            return
+        self._sources(key, u, src)
         if eb == 1 and k == 4:
             # The common pixel case: four uint8 frames interleave byte by byte.  Written as
             # plain byte stores with a constant stride, the compiler turns the loop into
@@ -131,6 +172,26 @@ cdef class Frames:
             for e in range(n):
                 for i in range(k):
                     memcpy(out + (e * k + i) * eb, src[i] + e * eb, eb)
+
+    cdef void rebuild_pair(self, Py_ssize_t key, Py_ssize_t u, uint8_t* out, uint8_t* next_out) noexcept nogil:
+        """rebuild() of key ``key`` at slot ``u`` into ``out`` and at its next slot into ``next_out``.
+
+        Where the next stack is this one shifted by a frame (four uint8 frames, the pixel case),
+        both are written in one pass that reads each of the five frames once."""
+        cdef Py_ssize_t e, n = self._frame_bytes[key], v = self._nxt[u]
+        cdef uint8_t* src[MAX_STACK]
+        cdef uint8_t* nsrc[MAX_STACK]
+        if not (self._stack[key] == 4 and self._elem_bytes[key] == 1):
+            self.rebuild(key, u, out)
+            self.rebuild(key, v, next_out)
+            return
+        self._sources(key, u, src)
+        self._sources(key, v, nsrc)
+        if not (nsrc[0] == src[1] and nsrc[1] == src[2] and nsrc[2] == src[3]):
+            self.rebuild(key, u, out)
+            self.rebuild(key, v, next_out)
+            return
+        mpr_interleave_pair(src[0], src[1], src[2], src[3], nsrc[3], out, next_out, n)
 
     cdef Py_ssize_t read_set(self, Py_ssize_t u, int64_t* out) noexcept nogil:
         """Slots whose frames the row at ``u`` reads (at most 2 * max_stack); returns the count."""

@@ -69,6 +69,9 @@ cdef class Ring:
     cdef Py_ssize_t* _out_step_bytes  # per output: the bytes of one row (of a sequence: of one step)
     cdef Py_ssize_t _frame_keys[MAX_FRAME_OUTPUTS]  # per compressed observation: its key
     cdef bint _frame_next[MAX_FRAME_OUTPUTS]        # per compressed observation: of the next slot
+    # per compressed observation: the next observation of its key, rebuilt with it (-1: none;
+    # -2: this is one, rebuilt with the other)
+    cdef Py_ssize_t _frame_partner[MAX_FRAME_OUTPUTS]
     cdef Py_ssize_t _batch_row_bytes                # what one row of a fresh batch holds, indexes and weights too
     cdef list _spares                               # SPARE_BATCHES batches' arrays (see _take_spare), or None
     cdef uint8_t** _dst

@@ -256,7 +256,12 @@ cdef class Ring:
                 self._out_dims[i * MAX_OUTPUT_DIMS + lead + d] = shape[d]
             self._out_step_bytes[i] = int(np.prod(shape, dtype=np.int64)) * self._out_dtypes[i].itemsize
         for o, (_, key, nxt, _, _) in enumerate(self._frame_outputs):
-            self._frame_keys[o], self._frame_next[o] = key, nxt
+            self._frame_keys[o], self._frame_next[o], self._frame_partner[o] = key, nxt, -1
+        for o in range(len(self._frame_outputs)):
+            for i in range(len(self._frame_outputs)):
+                if (not self._frame_next[o] and self._frame_next[i] and self._frame_keys[i] == self._frame_keys[o]
+                        and self._frame_partner[i] == -1):
+                    self._frame_partner[o], self._frame_partner[i] = i, -2
         self._batch_row_bytes = 2 * sizeof(double)
         for i in range(n):
             self._batch_row_bytes += self._out_step_bytes[i] * self._length
@@ -759,12 +764,17 @@ cdef class Ring:
         # Rebuild the compressed observations of rows (all k, or rows[0..k)) without the lock.
         # Row by row, every output of the row together: obs and next_obs share all frames but
         # one, so the second rebuild reads them from cache instead of memory.
-        cdef Py_ssize_t o, j, r, u, nf = self._nfields, n = self._nout - self._nfields
+        cdef Py_ssize_t o, p, j, r, u, nf = self._nfields, n = self._nout - self._nfields
         for j in range(k):
             r = rows[j] if rows != NULL else j
             for o in range(n):
-                u = self._frames._nxt[d.sp[r]] if self._frame_next[o] else d.sp[r]
-                self._frames.rebuild(self._frame_keys[o], u, d.dst[nf + o] + r * self._out_step_bytes[nf + o])
+                p = self._frame_partner[o]
+                if p >= 0:  # a stack and the next one, in one pass over their frames
+                    self._frames.rebuild_pair(self._frame_keys[o], d.sp[r], d.dst[nf + o] + r * self._out_step_bytes[nf + o],
+                                              d.dst[nf + p] + r * self._out_step_bytes[nf + p])
+                elif p == -1:
+                    u = self._frames._nxt[d.sp[r]] if self._frame_next[o] else d.sp[r]
+                    self._frames.rebuild(self._frame_keys[o], u, d.dst[nf + o] + r * self._out_step_bytes[nf + o])
 
     cdef list _take_spare(self, Py_ssize_t b, bint weights, int index_type, int weight_type):
         # The arrays of an earlier fresh batch of b rows (outputs, indexes, with

@@ -7,7 +7,8 @@ obs and next_obs, eight frames per transition.
 Table 1: bytes per stored transition at capacity 100k for each layout, filled
 with episodes of random length (a lone frame per episode end counts against
 the compressed layouts).  Table 2: median seconds to sample a batch of 256
-from a compressed buffer vs an uncompressed one of the same content.
+from a compressed buffer vs an uncompressed one of the same content, into fresh
+arrays and into the previous batch's (`out=`).
 """
 from __future__ import annotations
 
@@ -65,12 +66,13 @@ def _bytes_per_transition(layout: dict[str, Any], capacity: int, mean_length: in
     return nbytes, stored, nbytes / stored
 
 
-def _median_sample_seconds(buffer: ReplayBuffer, batch: int, repeats: int) -> float:
-    buffer.sample(batch)
+def _median_sample_seconds(buffer: ReplayBuffer, batch: int, repeats: int, reuse: bool) -> float:
+    """Median seconds of ``sample(batch)``: into fresh arrays, or with ``reuse`` into the last batch's."""
+    last = buffer.sample(batch)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        buffer.sample(batch)
+        last = buffer.sample(batch, out=last if reuse else None)
         times.append(time.perf_counter() - start)
     return float(np.median(times))
 
@@ -100,12 +102,17 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("obs + next_obs", "next_of + stack_compress"):
         buffers[name] = ReplayBuffer(args.sample_capacity, ENV, seed=1, **LAYOUTS[name])
         _fill(buffers[name], args.sample_capacity, args.episode, seed=1)
-    base = _median_sample_seconds(buffers["obs + next_obs"], args.batch, args.repeats)
+    seconds = {(name, reuse): _median_sample_seconds(buffer, args.batch, args.repeats, reuse)
+               for reuse in (False, True) for name, buffer in buffers.items()}
     rows = []
     for name, buffer in buffers.items():
-        t = base if buffer is buffers["obs + next_obs"] else _median_sample_seconds(buffer, args.batch, args.repeats)
-        rows.append([name, f"{t * 1e3:.2f}", f"{t / base:.2f}"])
+        row = [name]
+        for reuse in (False, True):
+            t, base = seconds[name, reuse], seconds["obs + next_obs", reuse]
+            row += [f"{t * 1e3:.2f}", f"{t / base:.2f}"]
+        rows.append(row)
         buffer.close()
     print_table(f"sample({args.batch}) with obs and next_obs rebuilt, capacity {args.sample_capacity:,}, "
-                 f"median of {args.repeats}", ["layout", "ms", "÷ uncompressed"], rows)
+                 f"median of {args.repeats}",
+                ["layout", "ms, fresh arrays", "÷ uncompressed", "ms, out=", "÷ uncompressed"], rows)
     return 0
