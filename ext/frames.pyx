@@ -178,20 +178,17 @@ cdef class Frames:
 
         Where the next stack is this one shifted by a frame (four uint8 frames, the pixel case),
         both are written in one pass that reads each of the five frames once."""
-        cdef Py_ssize_t e, n = self._frame_bytes[key], v = self._nxt[u]
+        cdef Py_ssize_t v = self._nxt[u]
         cdef uint8_t* src[MAX_STACK]
         cdef uint8_t* nsrc[MAX_STACK]
-        if not (self._stack[key] == 4 and self._elem_bytes[key] == 1):
-            self.rebuild(key, u, out)
-            self.rebuild(key, v, next_out)
-            return
-        self._sources(key, u, src)
-        self._sources(key, v, nsrc)
-        if not (nsrc[0] == src[1] and nsrc[1] == src[2] and nsrc[2] == src[3]):
-            self.rebuild(key, u, out)
-            self.rebuild(key, v, next_out)
-            return
-        mpr_interleave_pair(src[0], src[1], src[2], src[3], nsrc[3], out, next_out, n)
+        if self._stack[key] == 4 and self._elem_bytes[key] == 1:
+            self._sources(key, u, src)
+            self._sources(key, v, nsrc)
+            if nsrc[0] == src[1] and nsrc[1] == src[2] and nsrc[2] == src[3]:
+                mpr_interleave_pair(src[0], src[1], src[2], src[3], nsrc[3], out, next_out, self._frame_bytes[key])
+                return
+        self.rebuild(key, u, out)
+        self.rebuild(key, v, next_out)
 
     cdef Py_ssize_t read_set(self, Py_ssize_t u, int64_t* out) noexcept nogil:
         """Slots whose frames the row at ``u`` reads (at most 2 * max_stack); returns the count."""

@@ -381,6 +381,7 @@ cdef class PriorityTree:
         return _sum8(self._sum)
 
     cdef double min_weight(self) noexcept nogil:
+        # The min of the root node, which sits below level -1 (the sum leaves when it is the only level).
         return self._min_below(-1, 0)
 
     cdef double max_raw(self) noexcept nogil:
