@@ -73,7 +73,7 @@ cdef class Ring:
     # -2: this is one, rebuilt with the other)
     cdef Py_ssize_t _frame_partner[MAX_FRAME_OUTPUTS]
     cdef Py_ssize_t _batch_row_bytes                # what one row of a fresh batch holds, indexes and weights too
-    cdef list _spares                               # SPARE_BATCHES batches' arrays (see _take_spare), or None
+    cdef list _spares                               # SPARE_BATCHES batches handed out (see _take_spare), or None
     cdef uint8_t** _dst
     cdef uint8_t** _stage
     cdef const uint8_t** _src    # per field, during add_one: the row to copy (a caller's array or the stage)
@@ -103,9 +103,9 @@ cdef class Ring:
     cdef void _gather(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil
     cdef Py_ssize_t _note_reads(self, Py_ssize_t s, int64_t* slots, uint64_t* gens) noexcept nogil
     cdef void _gather_frames(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil
-    cdef list _take_spare(self, Py_ssize_t b, bint weights, int index_type, int weight_type)
-    cdef int _keep_spare(self, list arrays) except -1
-    cdef int _outputs(self, Py_ssize_t b, dict out, list spare, dict result, uint8_t** dst) except -1
+    cdef dict _take_spare(self, Py_ssize_t b, bint weights, int index_type, int weight_type)
+    cdef int _keep_spare(self, dict batch) except -1
+    cdef int _outputs(self, Py_ssize_t b, dict out, dict result, bint spare, uint8_t** dst) except -1
     cdef bint _fits(self, object arr, Py_ssize_t i, Py_ssize_t nd, const cnp.npy_intp* dims)
     cdef double _draw_batch(self, Draws* d, bint stratified, double deadline) except? -1.0
     cdef void _note_row(self, Draws* d, Py_ssize_t j) noexcept nogil

@@ -20,7 +20,7 @@ from libc.string cimport memcpy, memset
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
-from cpython.dict cimport PyDict_GetItem, PyDict_Size
+from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_Size
 from cpython.list cimport PyList_GET_ITEM
 from cpython.ref cimport Py_REFCNT, PyObject
 
@@ -776,23 +776,32 @@ cdef class Ring:
                     u = self._frames._nxt[d.sp[r]] if self._frame_next[o] else d.sp[r]
                     self._frames.rebuild(self._frame_keys[o], u, d.dst[nf + o] + r * self._out_step_bytes[nf + o])
 
-    cdef list _take_spare(self, Py_ssize_t b, bint weights, int index_type, int weight_type):
-        # The arrays of an earlier fresh batch of b rows (outputs, indexes, with
-        # `weights` the weights; of those numpy types) that nobody but this table holds any more: filling them
-        # again is invisible to everyone and spares the allocations.  Taken out of
-        # _spares with the GIL held throughout, so two threads never take the same.
-        cdef Py_ssize_t k, i, n = self._nout + 1 + weights
+    cdef dict _take_spare(self, Py_ssize_t b, bint weights, int index_type, int weight_type):
+        # An earlier fresh batch of b rows (with `weights`, weights too; of those numpy types)
+        # that nobody but this table holds any more -- neither the dict nor any array in it --
+        # and that still maps each key to the array it was handed out with: filling it
+        # again is invisible to everyone and spares every allocation and dict insert.
+        # Taken out of _spares with the GIL held throughout, so two threads never take the same.
+        cdef Py_ssize_t k, i, pos, tpos, n = self._nout + 1 + weights
         cdef cnp.npy_intp dims[MAX_OUTPUT_DIMS]
-        cdef list arrays
+        cdef dict template = <dict>self._result_keys[1 if weights else 0]
+        cdef PyObject* batch
+        cdef PyObject* key
         cdef PyObject* arr
+        cdef PyObject* want
+        cdef PyObject* unused
         for k in range(SPARE_BATCHES):
-            arrays = <list>self._spares[k]
-            if arrays is None or len(arrays) != n:
+            batch = PyList_GET_ITEM(self._spares, k)
+            if <object>batch is None or Py_REFCNT(<object>batch) != 1 or PyDict_Size(<object>batch) != n:
                 continue
+            pos = tpos = 0
             for i in range(n):
-                arr = PyList_GET_ITEM(arrays, i)
-                if Py_REFCNT(<object>arr) != 1:
+                PyDict_Next(<object>batch, &pos, &key, &arr)
+                PyDict_Next(template, &tpos, &want, &unused)
+                if key != want or Py_REFCNT(<object>arr) != 1 or not cnp.PyArray_Check(<object>arr):
                     break
+                if cnp.PyArray_BASE(<cnp.ndarray>arr) != NULL:
+                    break  # a view the caller put in: its memory may be seen elsewhere
                 if i < self._nout:
                     memcpy(dims, self._out_dims + i * MAX_OUTPUT_DIMS, self._out_nd[i] * sizeof(cnp.npy_intp))
                     dims[0] = b
@@ -802,33 +811,35 @@ cdef class Ring:
                           and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>arr) and cnp.PyArray_DIM(<cnp.ndarray>arr, 0) == b):
                     break
             else:
+                result = <dict>batch
                 self._spares[k] = None
-                return arrays
+                return result
         return None
 
-    cdef int _keep_spare(self, list arrays) except -1:
-        # Keep a fresh batch's arrays for _take_spare: in a free place, else instead of the oldest.
+    cdef int _keep_spare(self, dict batch) except -1:
+        # Keep a fresh batch for _take_spare: in a free place, else instead of the oldest.
         cdef Py_ssize_t k
         for k in range(SPARE_BATCHES):
             if self._spares[k] is None:
-                self._spares[k] = arrays
+                self._spares[k] = batch
                 return 0
         self._spares.pop(0)
-        self._spares.append(arrays)
+        self._spares.append(batch)
         return 0
 
-    cdef int _outputs(self, Py_ssize_t b, dict out, list spare, dict result, uint8_t** dst) except -1:
-        # Put the arrays a batch of b rows is copied into in `result` (fresh ones, a spare
-        # batch's, or the caller's from `out`, checked) and where each one's rows go in `dst`.
-        cdef Py_ssize_t i, nd
+    cdef int _outputs(self, Py_ssize_t b, dict out, dict result, bint spare, uint8_t** dst) except -1:
+        # Put the arrays a batch of b rows is copied into in `result` (fresh ones, or the caller's
+        # from `out`, checked) and where each one's rows go in `dst`; a `spare` result has them.
+        cdef Py_ssize_t i, nd, pos = 0
         cdef cnp.npy_intp dims[MAX_OUTPUT_DIMS]
         cdef PyObject* given
+        cdef PyObject* key
         for i in range(self._nout):
-            name = self._out_names[i]
-            if spare is not None:
-                result[name] = arr = spare[i]
-                dst[i] = <uint8_t*>cnp.PyArray_DATA(arr)
+            if spare:
+                PyDict_Next(result, &pos, &key, &given)
+                dst[i] = <uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>given)
                 continue
+            name = self._out_names[i]
             nd = self._out_nd[i]
             memcpy(dims, self._out_dims + i * MAX_OUTPUT_DIMS, nd * sizeof(cnp.npy_intp))
             dims[0] = b
@@ -988,18 +999,19 @@ cdef class Ring:
         cdef void* block
         if b < 1:
             raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size}")
-        cdef dict result = (<dict>self._result_keys[2 if leaves else 1 if beta >= 0.0 else 0]).copy()
         cdef cnp.ndarray indexes, values = None, weights = None
         cdef int index_type = cnp.NPY_UINT64 if uint64_indexes else cnp.NPY_INT64
         cdef int weight_type = cnp.NPY_FLOAT32 if float32_weights else cnp.NPY_FLOAT64
         # Small fresh batches of the common kinds are reused once their caller let go of them.
         cdef bint reuse = out is None and not leaves and b * self._batch_row_bytes <= SPARE_MAX_BYTES
-        cdef list spare = self._take_spare(b, beta >= 0.0, index_type, weight_type) if reuse else None
-        if spare is not None:
-            indexes = spare[self._nout]
+        cdef dict result = self._take_spare(b, beta >= 0.0, index_type, weight_type) if reuse else None
+        cdef bint spare = result is not None
+        if spare:
+            indexes = result["indexes"]
             if beta >= 0.0:
-                weights = spare[self._nout + 1]
+                weights = result["weights"]
         else:
+            result = (<dict>self._result_keys[2 if leaves else 1 if beta >= 0.0 else 0]).copy()
             indexes = cnp.PyArray_EMPTY(1, &nb, index_type, 0)
             if leaves:
                 values = cnp.PyArray_EMPTY(1, &nb, cnp.NPY_FLOAT64, 0)
@@ -1011,7 +1023,7 @@ cdef class Ring:
                              self._nout, <int64_t*>cnp.PyArray_DATA(indexes),
                              NULL if values is None else <double*>cnp.PyArray_DATA(values))
         try:
-            self._outputs(b, out, spare, result, d.dst)  # a bad `out` raises before anything is drawn
+            self._outputs(b, out, result, spare, d.dst)  # a bad `out` raises before anything is drawn
             self._gate.check_sample(b)
             vmin = self._draw_batch(&d, stratified, deadline)
             with nogil:
@@ -1033,7 +1045,8 @@ cdef class Ring:
                 self._record = <uint64_t*>cnp.PyArray_DATA(<cnp.ndarray>self._sampled)
             for j in range(b):
                 self._record[d.sp[j]] = d.gp[j]
-            result["indexes"] = indexes
+            if not spare:
+                result["indexes"] = indexes
             if leaves:
                 result["leaf"] = values
                 tags = cnp.PyArray_EMPTY(1, &nb, cnp.NPY_INT64, 0)
@@ -1047,13 +1060,12 @@ cdef class Ring:
                     w32 = <float*>cnp.PyArray_DATA(weights)
                     for j in range(b):
                         w32[j] = <float>d.vp[j]
-                result["weights"] = weights
+                if not spare:
+                    result["weights"] = weights
         finally:
             free(block)
         if reuse:
-            if spare is None:
-                spare = list(result.values())
-            self._keep_spare(spare)
+            self._keep_spare(result)
         return result
 
     @property

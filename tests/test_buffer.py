@@ -788,6 +788,32 @@ def test_a_dropped_batch_reshaped_in_place_does_not_change_later_batches(cls):
     _is_transition(batch, batch["act"])  # act holds each row's number
 
 
+@BOTH
+def test_a_dropped_batch_whose_arrays_changed_keys_does_not_mislabel_later_batches(cls):
+    buffer = _filled(cls)  # slot s holds transition s + 8 for s < 3, s otherwise
+    for _ in range(3):
+        batch = buffer.sample(4)
+        batch["act"], batch["indexes"] = batch["indexes"], batch["act"]  # same dtype and shape
+        del batch
+    for _ in range(3):
+        batch = buffer.sample(4)
+        _is_transition(batch, batch["act"])
+        np.testing.assert_array_equal(batch["indexes"], batch["act"] % 8)
+
+
+@BOTH
+def test_an_array_put_into_a_dropped_batch_is_never_filled(cls):
+    buffer = _filled(cls)
+    mine = np.zeros((8, 3), dtype=buffer.sample(4)["obs"].dtype)
+    for _ in range(3):
+        batch = buffer.sample(4)
+        batch["obs"] = mine[:4]  # a view: its memory is still the caller's
+        del batch
+    for _ in range(3):
+        buffer.sample(4)
+    assert not mine.any()
+
+
 def test_reused_batches_keep_cpprbs_dtypes_and_a_held_one_is_never_refilled():
     buffer = PrioritizedReplayBuffer(8, ENV, seed=0, weights_dtype=np.float32, indexes_dtype=np.uint64)
     buffer.add(**_rows(0, 8))
