@@ -7,7 +7,7 @@ items that may be drawn.  The tree lives in the caller's memory (heap or shared
 segment), so every process that maps it selects from the same weights.
 """
 from libc.float cimport DBL_MAX
-from libc.math cimport INFINITY, pow
+from libc.math cimport INFINITY, NAN, pow
 from libc.stdint cimport int64_t
 from numpy.random cimport bitgen_t
 
@@ -28,6 +28,7 @@ cdef class PrioritizedSelector(Selector):
         self.capacity = tree.capacity
         self.alpha = alpha
         self.eps = eps
+        self._last_priority = NAN
         # No weight may exceed DBL_MAX / (2 * capacity), so no sum of weights
         # can overflow; that bounds the priorities accepted.
         self.max_priority = (min(1e300, pow(DBL_MAX / (2.0 * self.capacity + 2.0), 1.0 / alpha) - eps)
@@ -42,14 +43,17 @@ cdef class PrioritizedSelector(Selector):
         # exp(alpha * log(p + eps)) through batch_math.pxd, some 2.5 times faster than pow a
         # priority.  Relative error within (1 + |alpha * ln(p + eps)|) * 1e-15 (where the weight
         # is a normal float): about 1e-14 for priorities between 1e-6 and 1e6.  alpha 0 and 1 are
-        # exact: 1 and p + eps.
+        # exact: 1 and p + eps.  A lone priority (an add without one: the largest stored, over
+        # and over) reuses the weight of the last lone one when it is the same.
         cdef double w[64]
         cdef Py_ssize_t c, j, m
         for c in range(0, k, 64):
             m = min(64, k - c)
             for j in range(m):
                 w[j] = priorities[c + j] + self.eps
-            if self.alpha == 0.0:
+            if m == 1 and priorities[c] == self._last_priority:
+                w[0] = self._last_weight
+            elif self.alpha == 0.0:
                 for j in range(m):
                     w[j] = 1.0
             elif self.alpha != 1.0:
@@ -57,6 +61,8 @@ cdef class PrioritizedSelector(Selector):
                 for j in range(m):
                     w[j] = self.alpha * w[j]
                 mpr_exp_each(w, m)
+            if m == 1:
+                self._last_priority, self._last_weight = priorities[c], w[0]
             for j in range(m):
                 self._tree.write_leaf(items[c + j], w[j], priorities[c + j])
 

@@ -236,7 +236,13 @@ cdef class PriorityTree:
     cdef void fix_range(self, Py_ssize_t first, Py_ssize_t last) noexcept nogil:
         # fix_up of every slot in [first, last], each ancestor recomputed once:
         # a run of k leaves costs about k / 8 + depth recomputes, not k * depth.
+        # A lone slot (one add) takes fix_each's path, which stops carrying a min or
+        # max up where it stopped changing.
         cdef Py_ssize_t d, i, lo = first, hi = last
+        cdef int64_t one = first
+        if first == last:
+            self.fix_each(&one, 1)
+            return
         for d in range(self._levels - 2, -1, -1):
             lo >>= 3
             hi >>= 3

@@ -63,6 +63,19 @@ def test_a_priority_weighs_the_same_set_alone_or_in_a_batch():
     assert alone_leaves == batch_leaves
 
 
+def test_a_lone_priority_weighs_the_same_whatever_lone_one_came_before():
+    # One lone weight is remembered: the same priority again reuses it, another one does not.
+    priorities = [2.0, 3.0, 3.0, 2.0, 0.0, 2.0, 5.0]
+    selector = _selector(len(priorities), alpha=0.6, eps=1e-4)
+    for item, p in enumerate(priorities):
+        selector.insert(item, p)
+    fresh = _selector(1, alpha=0.6, eps=1e-4)
+    for item, p in enumerate(priorities):
+        fresh.insert(0, p)
+        assert selector.item_weight(item) == fresh.item_weight(0)
+        fresh.insert(0, 7.0)  # what the next insert of `fresh` follows is not what `selector`'s did
+
+
 def test_draw_frequencies_follow_the_weights(assert_frequencies):
     selector = _selector(8)
     priorities = np.array([0.0, 1.0, 0.0, 0.0, 2.0, 0.0, 5.0, 0.0])
