@@ -140,17 +140,9 @@ def leaf_views(buf, Py_ssize_t capacity):
     return a[leaf:leaf + capacity], a[leaf + entries:leaf + entries + capacity]
 
 
-cdef inline Py_ssize_t _pick(const double* c, double* u) noexcept nogil:
-    # The child of node c (8 sums) that prefix u falls in, and u made relative to it.
-    # Prefix sums in the order _recompute adds them: p[j + 1] = c[0] + ... + c[j].
-    # The first child whose prefix exceeds u has positive mass (its prefix grew), so
-    # the count of prefixes at or below u is the child -- unless rounding left u at or
-    # past the node's mass (count 8): then the last child that grew it, so a node of
-    # positive mass never leads into a child of zero mass.  The count has no branch
-    # (the way down is random, a branch would be mispredicted); the rare overflow does.
-    cdef double p[9]
-    cdef double v = u[0]
-    cdef Py_ssize_t cnt
+cdef inline void _prefixes(const double* c, double* p) noexcept nogil:
+    # The prefix sums of node c (8 sums) in the order _recompute adds them:
+    # p[0] = 0, p[j + 1] = c[0] + ... + c[j].
     p[0] = 0.0
     p[1] = c[0]
     p[2] = p[1] + c[1]
@@ -160,6 +152,17 @@ cdef inline Py_ssize_t _pick(const double* c, double* u) noexcept nogil:
     p[6] = p[5] + c[5]
     p[7] = p[6] + c[6]
     p[8] = p[7] + c[7]
+
+
+cdef inline Py_ssize_t _child(const double* p, double* u) noexcept nogil:
+    # The child of the node of prefix sums p that prefix u falls in, and u made relative to it.
+    # The first child whose prefix exceeds u has positive mass (its prefix grew), so
+    # the count of prefixes at or below u is the child -- unless rounding left u at or
+    # past the node's mass (count 8): then the last child that grew it, so a node of
+    # positive mass never leads into a child of zero mass.  The count has no branch
+    # (the way down is random, a branch would be mispredicted); the rare overflow does.
+    cdef double v = u[0]
+    cdef Py_ssize_t cnt
     cnt = ((v >= p[1]) + (v >= p[2]) + (v >= p[3]) + (v >= p[4])
            + (v >= p[5]) + (v >= p[6]) + (v >= p[7]) + (v >= p[8]))
     if cnt == 8:
@@ -167,6 +170,13 @@ cdef inline Py_ssize_t _pick(const double* c, double* u) noexcept nogil:
                + (p[5] < p[8]) + (p[6] < p[8]) + (p[7] < p[8]))
     u[0] = v - p[cnt]
     return cnt
+
+
+cdef inline Py_ssize_t _pick(const double* c, double* u) noexcept nogil:
+    # The child of node c (8 sums) that prefix u falls in, and u made relative to it.
+    cdef double p[9]
+    _prefixes(c, p)
+    return _child(p, u)
 
 
 cdef inline double _sum8(const double* c) noexcept nogil:
@@ -363,13 +373,20 @@ cdef class PriorityTree:
         # queueing.  total_mass() > 0.
         # Each draw's next node is prefetched as soon as it is known, so all k
         # misses of a level are in flight before the first of them is read.
+        # Every draw starts in the root node: its prefix sums are added up once for all.
         cdef Py_ssize_t d, j, n, last = self._levels - 1
         cdef const double* level
-        cdef const double* below
+        cdef const double* below = self._sum + self._start[1] if last > 0 else NULL
+        cdef double root[9]
+        _prefixes(self._sum, root)
         for j in range(k):
-            out[j] = 0
             prefix[j] = prefix[j] if prefix[j] > 0.0 else 0.0
-        for d in range(last):
+            out[j] = n = _child(root, &prefix[j])
+            if below != NULL:
+                __builtin_prefetch(below + 8 * n)
+        if last == 0:
+            return
+        for d in range(1, last):
             level = self._sum + self._start[d]
             below = self._sum + self._start[d + 1]
             for j in range(k):
