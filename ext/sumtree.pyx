@@ -246,13 +246,7 @@ cdef class PriorityTree:
     cdef void fix_range(self, Py_ssize_t first, Py_ssize_t last) noexcept nogil:
         # fix_up of every slot in [first, last], each ancestor recomputed once:
         # a run of k leaves costs about k / 8 + depth recomputes, not k * depth.
-        # A lone slot (one add) takes fix_each's path, which stops carrying a min or
-        # max up where it stopped changing.
         cdef Py_ssize_t d, i, lo = first, hi = last
-        cdef int64_t one = first
-        if first == last:
-            self.fix_each(&one, 1)
-            return
         for d in range(self._levels - 2, -1, -1):
             lo >>= 3
             hi >>= 3
@@ -265,22 +259,17 @@ cdef class PriorityTree:
         # path is as long as the others, so a level's entries are recomputed after all
         # the entries below them; a later chunk of paths recomputes the ancestors it
         # shares with an earlier one after its own lower levels.
-        # The sums change all the way up, but a min or max rarely does past the first
-        # levels: a path stops carrying one up once its recompute left the entry as it
-        # was.  Whatever changed an entry is carried up by the path that changed it
-        # first (every leaf is written before the walk), so no change is lost.
+        # Every entry on a path gets its sum, min and max recomputed: stopping a min or
+        # max where it stopped changing costs a branch per entry that the random
+        # priorities make unpredictable, more than the recomputes it spares.
         # Near the root a level has fewer entries than there are paths: from there up,
         # every entry is recomputed once instead of once per path through it.
         cdef Py_ssize_t path[64]
-        cdef bint lo_moved[64]
-        cdef bint hi_moved[64]
-        cdef Py_ssize_t start, j, m, d, i, e, c
-        cdef double v
+        cdef Py_ssize_t start, j, m, d
         for start in range(0, k, 64):
             m = min(64, k - start)
             for j in range(m):
                 path[j] = slots[start + j]
-                lo_moved[j] = hi_moved[j] = True
             for d in range(self._levels - 2, -1, -1):
                 if self._parents(d) <= m:
                     while d >= 0:
@@ -288,18 +277,8 @@ cdef class PriorityTree:
                         d -= 1
                     break
                 for j in range(m):
-                    i = path[j] >> 3
-                    e, c = self._start[d] + i, self._start[d + 1] + 8 * i
-                    self._sum[e] = _sum8(self._sum + c)
-                    if lo_moved[j]:
-                        v = self._min_below(d, c)
-                        lo_moved[j] = v != self._min[e]
-                        self._min[e] = v
-                    if hi_moved[j]:
-                        v = mpr_max8(self._max + c)
-                        hi_moved[j] = v != self._max[e]
-                        self._max[e] = v
-                    path[j] = i
+                    path[j] >>= 3
+                    self._recompute(d, path[j])
 
     cdef void prefetch_paths(self, const int64_t* slots, Py_ssize_t k) noexcept nogil:
         # Ahead of writing the leaves of slots[0..k) and fixing their paths: ask for the
