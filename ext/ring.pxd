@@ -63,6 +63,7 @@ cdef class Ring:
     cdef Py_ssize_t _nout
     cdef list _out_names, _out_dtypes
     cdef tuple _result_keys           # the keys of a result (plain, with weights, with leaves), as dicts to copy
+    cdef tuple _weighted_keys         # the keys of a result with weights, in order
     cdef int* _out_nd
     cdef int* _out_typenums
     cdef cnp.npy_intp* _out_dims      # per output, MAX_OUTPUT_DIMS: its dimensions, rows first (set per call)

@@ -22,6 +22,7 @@ from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_Size
 from cpython.list cimport PyList_GET_ITEM
+from cpython.tuple cimport PyTuple_GET_ITEM
 from cpython.ref cimport Py_REFCNT, PyObject
 
 cimport numpy as cnp
@@ -273,6 +274,7 @@ cdef class Ring:
         # Copying a dict that has every key already is cheaper than growing a new one key by key.
         self._result_keys = tuple(dict.fromkeys(self._out_names + ["indexes"] + extra)
                                   for extra in ([], ["weights"], ["leaf", "tags"]))
+        self._weighted_keys = tuple(self._result_keys[1])
         return 0
 
     def __dealloc__(self):
@@ -786,23 +788,20 @@ cdef class Ring:
         # and that still maps each key to the array it was handed out with: filling it
         # again is invisible to everyone and spares every allocation and dict insert.
         # Taken out of _spares with the GIL held throughout, so two threads never take the same.
-        cdef Py_ssize_t k, i, pos, tpos, n = self._nout + 1 + weights
+        cdef Py_ssize_t k, i, pos, n = self._nout + 1 + weights
         cdef cnp.npy_intp dims[MAX_OUTPUT_DIMS]
-        cdef dict template = <dict>self._result_keys[1 if weights else 0]
         cdef PyObject* batch
         cdef PyObject* key
         cdef PyObject* arr
-        cdef PyObject* want
-        cdef PyObject* unused
         for k in range(SPARE_BATCHES):
             batch = PyList_GET_ITEM(self._spares, k)
             if <object>batch is None or Py_REFCNT(<object>batch) != 1 or PyDict_Size(<object>batch) != n:
                 continue
-            pos = tpos = 0
+            pos = 0
             for i in range(n):
                 PyDict_Next(<object>batch, &pos, &key, &arr)
-                PyDict_Next(template, &tpos, &want, &unused)
-                if key != want or Py_REFCNT(<object>arr) != 1 or not cnp.PyArray_Check(<object>arr):
+                if (key != PyTuple_GET_ITEM(self._weighted_keys, i) or Py_REFCNT(<object>arr) != 1
+                        or not cnp.PyArray_Check(<object>arr)):
                     break
                 if cnp.PyArray_BASE(<cnp.ndarray>arr) != NULL:
                     break  # a view the caller put in: its memory may be seen elsewhere
