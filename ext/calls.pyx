@@ -90,11 +90,12 @@ cdef class BufferCalls:
 cdef class PrioritizedCalls(BufferCalls):
     """The calls of :class:`mpreplay.PrioritizedReplayBuffer` that a loop makes every step."""
 
-    def _bind_calls(self, Ring kernel, bint plain_rows):
-        """As :meth:`BufferCalls._bind_calls`; also takes the buffer's output dtypes."""
+    def _bind_calls(self, Ring kernel, bint plain_rows, bint float32_weights=False, bint uint64_indexes=False):
+        """As :meth:`BufferCalls._bind_calls`; also takes the types ``sample`` hands its weights
+        and indexes out as (float32 rather than float64, uint64 rather than int64)."""
         BufferCalls._bind_calls(self, kernel, plain_rows)
-        self._weights_f32 = (<object>self)._float32_weights
-        self._indexes_u64 = (<object>self)._uint64_indexes
+        self._weights_f32 = float32_weights
+        self._indexes_u64 = uint64_indexes
 
     def add(self, *, priorities: Any = None, timeout: float | None = None, **fields: Any) -> int:
         """Store one transition or a batch; ``priorities`` (one per transition, or one

@@ -224,7 +224,11 @@ class ReplayBuffer(BufferCalls):
             self._writer = SequenceWriter(self._sequence, self._writer, self._ring,
                                           [flag for flag in (c.done, c.truncated) if flag is not None])
         # One transition goes straight to the kernel (Ring.add_one) unless it is folded or planned first.
-        self._bind_calls(self._ring, self._nstep is None and self._writer is None)
+        self._bind_calls(self._ring, self._nstep is None and self._writer is None, **self._call_options())
+
+    def _call_options(self) -> dict[str, Any]:
+        """What the per-step calls take beyond the kernel (see ``calls.pyx``)."""
+        return {}
 
     def _manifest(self) -> dict[str, Any]:
         """What another process needs to read this buffer's memory (see :mod:`mpreplay.manifest`)."""
@@ -679,6 +683,9 @@ class PrioritizedReplayBuffer(PrioritizedCalls, ReplayBuffer):
 
     def _selector_array(self) -> tuple[str, int, type]:
         return TREE_ARRAY, tree_buffer_size(self._size), np.float64
+
+    def _call_options(self) -> dict[str, Any]:
+        return {"float32_weights": self._float32_weights, "uint64_indexes": self._uint64_indexes}
 
     def _make_selector(self, array: np.ndarray, create: bool) -> Selector:
         self._tree = PriorityTree(array, self._size, reset=create)
