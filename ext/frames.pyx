@@ -32,11 +32,49 @@ cdef extern from *:
         _mm_storeu_si128((__m128i*)(out + 48), _mm_unpackhi_epi16(ab_hi, cd_hi));
     }
     #endif
+    #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    #include <immintrin.h>
+    /* As mpr_interleave16, 32 bytes of each frame: the unpacks work within 16-byte lanes, so
+       the lanes' results are put back in order before the stores. */
+    __attribute__((target("avx2")))
+    static inline void mpr_interleave32(__m256i a, __m256i b, __m256i c, __m256i d, uint8_t* out) {
+        __m256i ab_lo = _mm256_unpacklo_epi8(a, b), ab_hi = _mm256_unpackhi_epi8(a, b);
+        __m256i cd_lo = _mm256_unpacklo_epi8(c, d), cd_hi = _mm256_unpackhi_epi8(c, d);
+        __m256i q0 = _mm256_unpacklo_epi16(ab_lo, cd_lo), q1 = _mm256_unpackhi_epi16(ab_lo, cd_lo);
+        __m256i q2 = _mm256_unpacklo_epi16(ab_hi, cd_hi), q3 = _mm256_unpackhi_epi16(ab_hi, cd_hi);
+        /* q0..q3 hold bytes 0-3, 4-7, 8-11, 12-15 of the frames' lower lanes in their lower
+           lanes, and bytes 16-19, ... of their upper lanes in their upper lanes. */
+        _mm256_storeu_si256((__m256i*)out, _mm256_permute2x128_si256(q0, q1, 0x20));
+        _mm256_storeu_si256((__m256i*)(out + 32), _mm256_permute2x128_si256(q2, q3, 0x20));
+        _mm256_storeu_si256((__m256i*)(out + 64), _mm256_permute2x128_si256(q0, q1, 0x31));
+        _mm256_storeu_si256((__m256i*)(out + 96), _mm256_permute2x128_si256(q2, q3, 0x31));
+    }
+    __attribute__((target("avx2")))
+    static Py_ssize_t mpr_interleave_pair32(const uint8_t* f0, const uint8_t* f1, const uint8_t* f2, const uint8_t* f3,
+                                            const uint8_t* f4, uint8_t* out, uint8_t* next_out, Py_ssize_t n) {
+        Py_ssize_t e = 0;
+        for (; e + 32 <= n; e += 32) {
+            __m256i a = _mm256_loadu_si256((const __m256i*)(f0 + e)), b = _mm256_loadu_si256((const __m256i*)(f1 + e));
+            __m256i c = _mm256_loadu_si256((const __m256i*)(f2 + e)), d = _mm256_loadu_si256((const __m256i*)(f3 + e));
+            __m256i f = _mm256_loadu_si256((const __m256i*)(f4 + e));
+            mpr_interleave32(a, b, c, d, out + 4 * e);
+            mpr_interleave32(b, c, d, f, next_out + 4 * e);
+        }
+        return e;
+    }
+    static int mpr_frames_avx2 = -1;
+    #define MPR_FRAMES_AVX2 (mpr_frames_avx2 < 0 ? (mpr_frames_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0) : mpr_frames_avx2)
+    #endif
     /* Frames f0..f3 of n bytes interleaved byte by byte into out, and f1..f4 into next_out:
-       a stack and the next one, each frame read once. */
+       a stack and the next one, each frame read once; 32 bytes of each frame at a time on a CPU
+       with AVX2, 16 with SSE2 (every x86-64), then one. */
     static void mpr_interleave_pair(const uint8_t* f0, const uint8_t* f1, const uint8_t* f2, const uint8_t* f3,
                                     const uint8_t* f4, uint8_t* out, uint8_t* next_out, Py_ssize_t n) {
         Py_ssize_t e = 0;
+    #ifdef MPR_FRAMES_AVX2
+        if (MPR_FRAMES_AVX2)
+            e = mpr_interleave_pair32(f0, f1, f2, f3, f4, out, next_out, n);
+    #endif
     #ifdef __SSE2__
         for (; e + 16 <= n; e += 16) {
             __m128i a = _mm_loadu_si128((const __m128i*)(f0 + e)), b = _mm_loadu_si128((const __m128i*)(f1 + e));

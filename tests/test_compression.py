@@ -96,6 +96,27 @@ def test_compressed_samples_equal_the_uncompressed_transitions(option, truncatio
     _assert_rows_match(compressed.sample(500), reference)
 
 
+@pytest.mark.parametrize("frame", [(5, 3), (7, 11), (84, 84)], ids=["one-byte-steps", "32+1", "32+16"])
+@pytest.mark.parametrize("option", ["stack", "both"])
+def test_four_uint8_frame_stacks_sampled_with_their_next_ones_are_exact(frame, option):
+    # A stack of four uint8 frames and the next one are rebuilt together 32, 16 and 1 bytes of a
+    # frame at a time (what the CPU has, then the rest): frames of 15, 77 and 7056 bytes take each.
+    env = {"obs": {"shape": frame + (4,), "dtype": np.uint8}, "next_obs": {"shape": frame + (4,), "dtype": np.uint8},
+           "id": {"dtype": np.int64}, "done": {}}
+    compressed = ReplayBuffer(40, env, seed=2, **OPTIONS[option])
+    plain = ReplayBuffer(40, env, seed=2)
+    rng = np.random.default_rng(5)
+    for e in range(12):
+        new = [rng.integers(0, 256, frame, dtype=np.uint8) for _ in range(9)]
+        frames = new[:1] * 3 + new  # an episode's first stack is its first frame four times
+        for t in range(8):
+            step = dict(obs=np.stack(frames[t:t + 4], axis=-1), next_obs=np.stack(frames[t + 1:t + 5], axis=-1),
+                        id=e * 100 + t, done=float(t == 7))
+            compressed.add(**step)
+            plain.add(**step)
+    _assert_rows_match(compressed.sample(200), _by_id(plain.get_all_transitions()))
+
+
 @pytest.mark.parametrize("option", ["next_of", "both"])
 def test_nstep_rows_rebuild_their_next_observation_n_steps_ahead(option):
     env = _env(False)

@@ -66,15 +66,19 @@ def _bytes_per_transition(layout: dict[str, Any], capacity: int, mean_length: in
     return nbytes, stored, nbytes / stored
 
 
-def _median_sample_seconds(buffer: ReplayBuffer, batch: int, repeats: int, reuse: bool) -> float:
-    """Median seconds of ``sample(batch)``: into fresh arrays, or with ``reuse`` into the last batch's."""
-    last = buffer.sample(batch)
-    times = []
+def _median_sample_seconds(buffers: dict[str, ReplayBuffer], batch: int, repeats: int,
+                           reuse: bool) -> dict[str, float]:
+    """Median seconds of ``sample(batch)`` per buffer: into fresh arrays, or with ``reuse`` into the
+    last batch's.  The buffers take turns, call by call, so a change of the machine's state
+    (another process's load, the caches' contents) weighs on all of them alike."""
+    last = {name: buffer.sample(batch) for name, buffer in buffers.items()}
+    times: dict[str, list[float]] = {name: [] for name in buffers}
     for _ in range(repeats):
-        start = time.perf_counter()
-        last = buffer.sample(batch, out=last if reuse else None)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+        for name, buffer in buffers.items():
+            start = time.perf_counter()
+            last[name] = buffer.sample(batch, out=last[name] if reuse else None)
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-capacity", type=int, default=10_000, help="capacity of table 2 (default 10k)")
     parser.add_argument("--episode", type=int, default=200, help="mean episode length (default 200)")
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     args = parser.parse_args(argv)
     if args.quick:
@@ -102,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("obs + next_obs", "next_of + stack_compress"):
         buffers[name] = ReplayBuffer(args.sample_capacity, ENV, seed=1, **LAYOUTS[name])
         _fill(buffers[name], args.sample_capacity, args.episode, seed=1)
-    seconds = {(name, reuse): _median_sample_seconds(buffer, args.batch, args.repeats, reuse)
-               for reuse in (False, True) for name, buffer in buffers.items()}
+    seconds = {(name, reuse): t for reuse in (False, True)
+               for name, t in _median_sample_seconds(buffers, args.batch, args.repeats, reuse).items()}
     rows = []
     for name, buffer in buffers.items():
         row = [name]
