@@ -20,6 +20,16 @@ from libc.string cimport memcpy
 
 cdef extern from *:
     """
+    /* Frames f0..f3 interleaved byte by byte into out and f1..f4 into next_out, `width` bytes of
+       each frame at a time from e on, while a whole vector of them is left; e ends past them. */
+    #define MPR_PAIR_LOOP(width, vec, load, interleave)                                         \\
+        for (; e + width <= n; e += width) {                                                  \\
+            vec a = load((const vec*)(f0 + e)), b = load((const vec*)(f1 + e));               \\
+            vec c = load((const vec*)(f2 + e)), d = load((const vec*)(f3 + e));               \\
+            vec f = load((const vec*)(f4 + e));                                               \\
+            interleave(a, b, c, d, out + 4 * e);                                              \\
+            interleave(b, c, d, f, next_out + 4 * e);                                         \\
+        }
     #ifdef __SSE2__
     #include <emmintrin.h>
     /* Four vectors of 16 bytes interleaved byte by byte into 64 bytes at out. */
@@ -53,13 +63,7 @@ cdef extern from *:
     static Py_ssize_t mpr_interleave_pair32(const uint8_t* f0, const uint8_t* f1, const uint8_t* f2, const uint8_t* f3,
                                             const uint8_t* f4, uint8_t* out, uint8_t* next_out, Py_ssize_t n) {
         Py_ssize_t e = 0;
-        for (; e + 32 <= n; e += 32) {
-            __m256i a = _mm256_loadu_si256((const __m256i*)(f0 + e)), b = _mm256_loadu_si256((const __m256i*)(f1 + e));
-            __m256i c = _mm256_loadu_si256((const __m256i*)(f2 + e)), d = _mm256_loadu_si256((const __m256i*)(f3 + e));
-            __m256i f = _mm256_loadu_si256((const __m256i*)(f4 + e));
-            mpr_interleave32(a, b, c, d, out + 4 * e);
-            mpr_interleave32(b, c, d, f, next_out + 4 * e);
-        }
+        MPR_PAIR_LOOP(32, __m256i, _mm256_loadu_si256, mpr_interleave32)
         return e;
     }
     static int mpr_frames_avx2 = -1;
@@ -76,13 +80,7 @@ cdef extern from *:
             e = mpr_interleave_pair32(f0, f1, f2, f3, f4, out, next_out, n);
     #endif
     #ifdef __SSE2__
-        for (; e + 16 <= n; e += 16) {
-            __m128i a = _mm_loadu_si128((const __m128i*)(f0 + e)), b = _mm_loadu_si128((const __m128i*)(f1 + e));
-            __m128i c = _mm_loadu_si128((const __m128i*)(f2 + e)), d = _mm_loadu_si128((const __m128i*)(f3 + e));
-            __m128i f = _mm_loadu_si128((const __m128i*)(f4 + e));
-            mpr_interleave16(a, b, c, d, out + 4 * e);
-            mpr_interleave16(b, c, d, f, next_out + 4 * e);
-        }
+        MPR_PAIR_LOOP(16, __m128i, _mm_loadu_si128, mpr_interleave16)
     #endif
         for (; e < n; e++) {
             out[4 * e] = f0[e]; out[4 * e + 1] = f1[e]; out[4 * e + 2] = f2[e]; out[4 * e + 3] = f3[e];
