@@ -18,7 +18,7 @@ cdef extern from *:
     __m256d _ZGVdN4v_exp(__m256d);
     __m256d _ZGVdN4v_log(__m256d);
     #define MPR_EACH(name, lanes, load, store, f, attr)                       \\
-        attr static void name(double* x, Py_ssize_t n) {                     \\
+        attr static inline void name(double* x, Py_ssize_t n) {              \\
             Py_ssize_t i = 0;                                                 \\
             double tail[lanes];                                               \\
             for (; i + lanes <= n; i += lanes) store(x + i, f(load(x + i)));  \\
