@@ -69,6 +69,18 @@ cdef extern from *:
     static int mpr_frames_avx2 = -1;
     #define MPR_FRAMES_AVX2 (mpr_frames_avx2 < 0 ? (mpr_frames_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0) : mpr_frames_avx2)
     #endif
+    /* Whether the pair rebuild takes 32 bytes of a frame at a time; `set` 0 or 1 (tests of
+       either path) changes that where the CPU allows, -1 only asks.  Returns the old setting. */
+    static int mpr_frames_wide(int set) {
+    #ifdef MPR_FRAMES_AVX2
+        int was = MPR_FRAMES_AVX2;
+        if (set == 0 || (set == 1 && __builtin_cpu_supports("avx2")))
+            mpr_frames_avx2 = set;
+        return was;
+    #else
+        return 0;
+    #endif
+    }
     /* Frames f0..f3 of n bytes interleaved byte by byte into out, and f1..f4 into next_out:
        a stack and the next one, each frame read once; 32 bytes of each frame at a time on a CPU
        with AVX2, 16 with SSE2 (every x86-64), then one. */
@@ -90,6 +102,7 @@ cdef extern from *:
     """
     void mpr_interleave_pair(const uint8_t* f0, const uint8_t* f1, const uint8_t* f2, const uint8_t* f3,
                              const uint8_t* f4, uint8_t* out, uint8_t* next_out, Py_ssize_t n) noexcept nogil
+    int mpr_frames_wide(int set) noexcept nogil
 
 cimport numpy as cnp
 
@@ -98,6 +111,13 @@ from mpreplay._ext.schema cimport LANE_END, LANE_LEN, LANE_START
 import numpy as np
 
 cnp.import_array()
+
+
+def wide_interleave(on=None):
+    """Whether a stack of four uint8 frames and the next one are rebuilt 32 bytes of a frame at a
+    time (AVX2, where the CPU has it) rather than 16 (SSE2).  ``on`` changes that for this process
+    where the CPU allows (the tests run both paths); returns the setting before."""
+    return bool(mpr_frames_wide(-1 if on is None else 1 if on else 0))
 
 
 cdef class Frames:

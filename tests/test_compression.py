@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from mpreplay import MPPrioritizedReplayBuffer, NstepBuffer, PrioritizedReplayBuffer, ReplayBuffer
+from mpreplay._ext.frames import wide_interleave
 
 FRAME = (3, 2)
 STACK = 3
@@ -96,11 +97,23 @@ def test_compressed_samples_equal_the_uncompressed_transitions(option, truncatio
     _assert_rows_match(compressed.sample(500), reference)
 
 
+@pytest.fixture(params=[True, False], ids=["32-byte-steps", "16-byte-steps"])
+def interleave_width(request):
+    """Rebuild stacks 32 bytes of a frame at a time (AVX2), or 16 (SSE2), for the test."""
+    before = wide_interleave(request.param)
+    try:
+        if wide_interleave() != request.param:
+            pytest.skip("this CPU has no AVX2")
+        yield
+    finally:
+        wide_interleave(before)
+
+
 @pytest.mark.parametrize("frame", [(5, 3), (7, 11), (84, 84)], ids=["one-byte-steps", "32+1", "32+16"])
 @pytest.mark.parametrize("option", ["stack", "both"])
-def test_four_uint8_frame_stacks_sampled_with_their_next_ones_are_exact(frame, option):
-    # A stack of four uint8 frames and the next one are rebuilt together 32, 16 and 1 bytes of a
-    # frame at a time (what the CPU has, then the rest): frames of 15, 77 and 7056 bytes take each.
+def test_four_uint8_frame_stacks_sampled_with_their_next_ones_are_exact(frame, option, interleave_width):
+    # A stack of four uint8 frames and the next one are rebuilt together 32 (or 16) and 1 bytes of
+    # a frame at a time, the widest first: frames of 15, 77 and 7056 bytes take each in turn.
     env = {"obs": {"shape": frame + (4,), "dtype": np.uint8}, "next_obs": {"shape": frame + (4,), "dtype": np.uint8},
            "id": {"dtype": np.int64}, "done": {}}
     compressed = ReplayBuffer(40, env, seed=2, **OPTIONS[option])
