@@ -31,8 +31,8 @@ cdef struct Draws:
     # generations, the rows found torn, (compressed buffers) the R frames at
     # most that each row reads, with their generations, (sequence tables) the
     # real steps of each sequence drawn and the slots of one, and where each
-    # output's rows go.  It lives in one block malloc'd per call, so two
-    # threads sampling one table never share it.
+    # output's rows go.  It lives in one block per call (on the caller's stack,
+    # or malloc'd when large), so two threads sampling one table never share it.
     Py_ssize_t b, R
     int64_t* sp            # the slots: the memory of the `indexes` output
     double* vp             # their weights, then importance weights: an output's memory, or scratch
