@@ -66,6 +66,7 @@ from typing import Any, NamedTuple
 import cloudpickle
 
 from . import checks
+from .memory import guard_termination_signals
 
 __all__ = ["launch", "Context", "RunResult", "ChildFailed", "StopFlag"]
 
@@ -251,6 +252,7 @@ class _SignalGuard:
     def __exit__(self, *exc_info: object) -> None:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
+        guard_termination_signals()  # where the handler put back is the one that unlinks segments
         if self.caught:
             signal.raise_signal(self.caught[0])
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ._ext import termination
+
 __all__ = ["Layout", "HeapMemory", "FileMemory", "SharedMemory", "SharedMemoryError"]
 
 SEGMENT_PREFIX = "mpreplay-"  # every segment is named mpreplay-<creator pid>-<random>
@@ -252,6 +254,7 @@ class SharedMemory:
                 shm.unlink()
             except FileNotFoundError:
                 pass
+            termination.disown(_shm_path(shm.name))
 
     def close(self) -> None:
         """Unmap, and unlink when this process created the segment (idempotent)."""
@@ -259,36 +262,55 @@ class SharedMemory:
         self._finalizer()
 
 
-# Segments this process created, for the termination handler below.
-_OWNED: "weakref.WeakSet[SharedMemory]" = weakref.WeakSet()
 _TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _unlink_owned_and_die(signum: int, frame: Any) -> None:
-    for memory in list(_OWNED):
-        if memory.is_owner:
-            try:
-                memory._shm.unlink()
-            except FileNotFoundError:
-                pass
-    # Then the default action, as if nothing had been installed: the exit
-    # status still says "killed by SIGTERM".
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
+    try:
+        for path in termination.unlink_owned():
+            resource_tracker.unregister(path, "shared_memory")
+    finally:
+        # Then the default action, as if nothing had been installed: the exit
+        # status still says "killed by SIGTERM".
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
 
 def _unlink_on_termination(memory: SharedMemory) -> None:
-    """Unlink ``memory`` also when this process is terminated by SIGTERM or SIGHUP.
+    """Unlink ``memory`` also when this process is told to end by SIGTERM or SIGHUP.
 
     Their default action ends a process without running exit handlers.  Where
     the program left them at the default (and from the main thread, the only
     one that may install handlers), a handler unlinks this process's segments
     first and then lets the default action happen.  Handlers a program sets
-    itself are left alone: it decides how it ends.
+    itself are left alone: it decides how it ends.  ext/termination.pyx guards
+    the handler: should Python not run it soon (the signal landed on another
+    thread, or the main thread is stuck in C), the process still unlinks its
+    segments and ends.
     """
-    _OWNED.add(memory)
+    termination.own(_shm_path(memory.name))
     if threading.current_thread() is not threading.main_thread():
         return
     for sig in _TERMINATING:
         if signal.getsignal(sig) is signal.SIG_DFL:
             signal.signal(sig, _unlink_owned_and_die)
+    guard_termination_signals()
+
+
+def guard_termination_signals() -> None:
+    """Guard the handler that unlinks segments on SIGTERM and SIGHUP, where it is installed.
+
+    Setting a handler with ``signal.signal`` drops the C guard in front of the one it replaces:
+    code that puts this module's handler back calls this again.  Outside the main thread it does
+    nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in _TERMINATING:
+        if signal.getsignal(sig) is _unlink_owned_and_die:
+            termination.guard(sig)
+
+
+def _shm_path(name: str) -> str:
+    """The name shm_open and the resource tracker know segment ``name`` by."""
+    return "/" + name

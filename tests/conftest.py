@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import Iterator
 from statistics import NormalDist
 from typing import Any
@@ -29,6 +30,16 @@ def unchanged():
         assert not changed, f"the buffer changed: {changed}"
 
     return check
+
+
+@pytest.fixture
+def default_termination_signals():
+    """SIGTERM and SIGHUP at their default action while the test runs, as in a program that sets
+    neither; a handler an earlier test left in this process (Ray's driver sets one) comes back after."""
+    previous = {sig: signal.signal(sig, signal.SIG_DFL) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 def _chi_square_critical(dof: int, significance: float) -> float:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import itertools
 import textwrap
 import threading
 import time
@@ -247,6 +248,24 @@ def test_signal_handlers_are_restored_after_the_run():
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     launch(Board(1), learner=lambda ctx: None, start_method="fork")
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.usefixtures("default_termination_signals")
+def test_after_a_run_a_forked_child_stuck_in_c_still_ends_on_sigterm():
+    board = Board(1)  # this process owns a segment: its SIGTERM handler unlinks it, guarded
+    launch(board, learner=lambda ctx: None, start_method="fork")  # puts that handler back at the end
+    child = multiprocessing.get_context("fork").Process(target=sum, args=(itertools.repeat(1),))
+    child.start()
+    try:
+        time.sleep(0.5)  # into the endless sum, the GIL held, by then
+        child.terminate()
+        child.join(20)
+        assert child.exitcode == -signal.SIGTERM
+    finally:
+        child.kill()
+        child.join()
+        board.close()
 
 
 @pytest.mark.timeout(30)

@@ -1,0 +1,198 @@
+"""A process that owns a buffer, told to end (SIGTERM, SIGHUP), unlinks its segments and ends, whatever it is doing."""
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from multiprocessing import resource_tracker
+
+import pytest
+
+from mpreplay import MPReplayBuffer
+from mpreplay._ext import termination
+
+METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
+pytestmark = pytest.mark.usefixtures("default_termination_signals")
+
+
+def _segment_exists(name: str) -> bool:
+    return os.path.exists(f"/dev/shm/{name}")
+
+
+def _run_child(method: str, target, *args) -> tuple[mp.Process, str]:
+    """Start ``target(queue, *args)`` in a child and return it with the name of the buffer it created."""
+    ctx = mp.get_context(method)
+    queue = ctx.Queue()
+    child = ctx.Process(target=target, args=(queue, *args))
+    child.start()
+    return child, queue.get(timeout=30)
+
+
+def _stop(child: mp.Process) -> None:
+    child.kill()
+    child.join()
+
+
+# -- child-process bodies (module level: spawn pickles them by name) ---------
+
+def _own_a_buffer(queue) -> MPReplayBuffer:
+    buffer = MPReplayBuffer(8, {"obs": {}})
+    buffer.add(obs=1.0)
+    queue.put(buffer.name)
+    return buffer
+
+
+def _sleep_and_signal_from_a_helper_thread(queue, sig: int) -> None:
+    buffer = _own_a_buffer(queue)  # noqa: F841 (alive while the child sleeps)
+
+    # A signal sent to the process may land on any thread that does not block it; here it lands
+    # on a helper thread for sure, while the main thread sleeps.
+    def signal_this_thread():
+        time.sleep(0.5)
+        signal.pthread_kill(threading.get_ident(), sig)
+
+    threading.Thread(target=signal_this_thread).start()
+    time.sleep(60)
+
+
+def _busy_in_c(queue) -> None:
+    buffer = _own_a_buffer(queue)  # noqa: F841
+    queue.close()
+    queue.join_thread()  # the name is sent before the GIL is taken for good
+    # sum() over an iterator that never ends runs in C with the GIL held: no Python handler can run.
+    sum(itertools.repeat(1))
+
+
+def _handle_sigterm_itself(queue) -> None:
+    def leave(signum, frame):
+        buffer.close()
+        os._exit(7)
+
+    signal.signal(signal.SIGTERM, leave)
+    buffer = _own_a_buffer(queue)
+    while True:  # short sleeps: this handler is not guarded, and a signal just before a sleep waits for its end
+        time.sleep(0.05)
+
+
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+# -- behaviour ---------------------------------------------------------------
+
+@METHODS
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+@pytest.mark.timeout(60)
+def test_a_signal_on_another_thread_ends_the_child_while_its_main_thread_sleeps(method, sig):
+    child, name = _run_child(method, _sleep_and_signal_from_a_helper_thread, sig)
+    try:
+        child.join(20)
+        assert child.exitcode == -sig
+        assert not _segment_exists(name)
+    finally:
+        _stop(child)
+
+
+@METHODS
+@pytest.mark.timeout(60)
+def test_a_child_stuck_in_c_with_the_gil_is_still_unlinked_and_ended_by_sigterm(method):
+    child, name = _run_child(method, _busy_in_c)
+    try:
+        time.sleep(0.5)  # into the endless sum by then
+        child.terminate()
+        child.join(20)
+        assert child.exitcode == -signal.SIGTERM
+        assert not _segment_exists(name)
+    finally:
+        _stop(child)
+        # Its Python handler never ran, so the resource tracker still lists the segment and
+        # would report it as leaked at its exit.
+        resource_tracker.unregister(f"/{name}", "shared_memory")
+
+
+@METHODS
+@pytest.mark.timeout(60)
+def test_a_sigterm_handler_the_program_set_itself_is_kept(method):
+    child, name = _run_child(method, _handle_sigterm_itself)
+    try:
+        child.terminate()
+        child.join(20)
+        assert child.exitcode == 7
+        assert not _segment_exists(name)
+    finally:
+        _stop(child)
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_that_is_terminated_leaves_its_parents_segment_alone():
+    with MPReplayBuffer(8, {"obs": {}}) as buffer:
+        child = mp.get_context("fork").Process(target=_sleep, args=(60,))
+        child.start()
+        try:
+            time.sleep(0.5)
+            child.terminate()
+            child.join(20)
+            assert child.exitcode == -signal.SIGTERM
+            assert _segment_exists(buffer.name)
+        finally:
+            _stop(child)
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_stuck_in_c_is_still_ended_by_sigterm():
+    with MPReplayBuffer(8, {"obs": {}}) as buffer:
+        child = mp.get_context("fork").Process(target=sum, args=(itertools.repeat(1),))
+        child.start()
+        try:
+            time.sleep(0.5)
+            child.terminate()
+            child.join(20)
+            assert child.exitcode == -signal.SIGTERM
+            assert _segment_exists(buffer.name)
+        finally:
+            _stop(child)
+
+
+def test_owned_lists_what_this_process_created_until_it_closes_it():
+    buffer = MPReplayBuffer(8, {"obs": {}})
+    path = f"/{buffer.name}"
+    assert path in termination.owned()
+    buffer.close()
+    assert path not in termination.owned()
+
+
+def test_a_process_owning_the_most_segments_is_refused_another_with_a_clear_error():
+    free = termination.OWNED_MAX - len(termination.owned())
+    names = [f"/mpreplay-test-{i}" for i in range(free)]
+    try:
+        for name in names:
+            termination.own(name)
+        with pytest.raises(OSError, match=f"already owns {termination.OWNED_MAX} shared-memory segments"):
+            termination.own("/mpreplay-test-one-more")
+    finally:
+        for name in names:
+            termination.disown(name)
+
+
+@pytest.mark.parametrize("name", ["", "/" + "x" * 63], ids=["empty", "too long"])
+def test_a_name_that_does_not_fit_is_refused(name):
+    with pytest.raises(ValueError, match="name: expected a segment name of 1..63 bytes"):
+        termination.own(name)
+
+
+@pytest.mark.parametrize("sig", [0, -1, 65])
+def test_a_number_that_is_no_signal_is_refused(sig):
+    with pytest.raises(ValueError, match="sig: expected a signal number in 1..64"):
+        termination.guard(sig)
+
+
+@pytest.mark.parametrize("action", [signal.SIG_DFL, signal.SIG_IGN], ids=["default", "ignored"])
+def test_a_signal_without_a_python_handler_is_not_guarded(action):
+    previous = signal.signal(signal.SIGUSR2, action)
+    try:
+        assert not termination.guard(signal.SIGUSR2)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
