@@ -126,34 +126,29 @@ def test_a_sigterm_handler_the_program_set_itself_is_kept(method):
         _stop(child)
 
 
-@pytest.mark.timeout(60)
-def test_a_forked_child_that_is_terminated_leaves_its_parents_segment_alone():
+def _terminate_a_forked_child_of_an_owner(target, *args) -> tuple[int | None, bool]:
+    """Fork ``target(*args)`` from a process that owns a buffer, terminate it half a second later,
+    and return its exit code and whether the parent's segment is still there."""
     with MPReplayBuffer(8, {"obs": {}}) as buffer:
-        child = mp.get_context("fork").Process(target=_sleep, args=(60,))
+        child = mp.get_context("fork").Process(target=target, args=args)
         child.start()
         try:
             time.sleep(0.5)
             child.terminate()
             child.join(20)
-            assert child.exitcode == -signal.SIGTERM
-            assert _segment_exists(buffer.name)
+            return child.exitcode, _segment_exists(buffer.name)
         finally:
             _stop(child)
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_that_is_terminated_leaves_its_parents_segment_alone():
+    assert _terminate_a_forked_child_of_an_owner(_sleep, 60) == (-signal.SIGTERM, True)
 
 
 @pytest.mark.timeout(60)
 def test_a_forked_child_stuck_in_c_is_still_ended_by_sigterm():
-    with MPReplayBuffer(8, {"obs": {}}) as buffer:
-        child = mp.get_context("fork").Process(target=sum, args=(itertools.repeat(1),))
-        child.start()
-        try:
-            time.sleep(0.5)
-            child.terminate()
-            child.join(20)
-            assert child.exitcode == -signal.SIGTERM
-            assert _segment_exists(buffer.name)
-        finally:
-            _stop(child)
+    assert _terminate_a_forked_child_of_an_owner(sum, itertools.repeat(1)) == (-signal.SIGTERM, True)
 
 
 def test_owned_lists_what_this_process_created_until_it_closes_it():
