@@ -24,6 +24,7 @@ The table of owned segments lives in C, where the watchdog and the handler can r
 the GIL.  The handler and the watchdog call only what may be called in a signal handler (sem_post,
 pthread_kill, getpid, sigaction, kill); shm_unlink is unlink() on a path under /dev/shm.
 """
+from libc.errno cimport EINTR
 from libc.stdint cimport int64_t
 from libc.string cimport memcpy, strcmp
 from posix.mman cimport shm_unlink
@@ -139,7 +140,8 @@ cdef void* _watch(void* unused) noexcept nogil:
     cdef timespec left
     cdef int nudge, sig
     while sem_wait(&_wake) != 0:
-        pass
+        if mpr_errno() != EINTR:  # a platform without unnamed semaphores: Python's handler alone
+            return NULL
     sig = <int>_atomic_load(&_ending)
     for nudge in range(_NUDGES):
         left.tv_sec = 0
@@ -172,7 +174,8 @@ cdef int _start_watchdog() except -1:
     cdef sigset_t everything, previous
     cdef pthread_t watchdog
     cdef int failed
-    sem_init(&_wake, 0, 0)
+    if sem_init(&_wake, 0, 0) != 0:
+        return 0  # macOS has no unnamed semaphores: Python's handler alone, as without the guard
     _atomic_store(&_ending, 0)
     _main = pthread_self()
     # The watchdog blocks every signal: a signal sent to the process goes to a thread that runs Python.
