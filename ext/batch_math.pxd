@@ -38,6 +38,14 @@ cdef extern from *:
         if (mpr_lanes4 < 0) mpr_lanes4 = __builtin_cpu_supports("avx2") ? 1 : 0;
         return mpr_lanes4;
     }
+    /* Values per vector call in the module that includes this (each has its own setting);
+       `set` 2 or 4 (tests of either path) changes it where the CPU allows, 0 only asks.
+       Returns the old setting. */
+    static inline int mpr_batch_lanes(int set) {
+        int was = mpr_use_lanes4() ? 4 : 2;
+        if (set == 2 || (set == 4 && __builtin_cpu_supports("avx2"))) mpr_lanes4 = set == 4;
+        return was;
+    }
     static inline void mpr_exp_each(double* x, Py_ssize_t n) {
         if (mpr_use_lanes4()) mpr_exp_each4(x, n); else mpr_exp_each2(x, n);
     }
@@ -51,7 +59,9 @@ cdef extern from *:
         }
     MPR_EACH(mpr_exp_each, exp)
     MPR_EACH(mpr_log_each, log)
+    static inline int mpr_batch_lanes(int set) { return 1; }
     #endif
     """
     void mpr_exp_each(double* x, Py_ssize_t n) noexcept nogil
     void mpr_log_each(double* x, Py_ssize_t n) noexcept nogil
+    int mpr_batch_lanes(int set) noexcept nogil

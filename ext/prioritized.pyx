@@ -11,8 +11,15 @@ from libc.math cimport INFINITY, NAN, pow
 from libc.stdint cimport int64_t
 from numpy.random cimport bitgen_t
 
-from mpreplay._ext.batch_math cimport mpr_exp_each, mpr_log_each
+from mpreplay._ext.batch_math cimport mpr_batch_lanes, mpr_exp_each, mpr_log_each
 from mpreplay._ext.sumtree cimport PriorityTree
+
+
+def weight_lanes(lanes=None):
+    """How many weights one vector exp or log computes: 4 (AVX2), 2 (other x86-64 with glibc's
+    vector math library) or 1 (libm).  ``lanes`` 2 or 4 changes that for this process where the
+    CPU allows (the tests run both paths); returns the setting before."""
+    return mpr_batch_lanes(0 if lanes is None else lanes)
 
 
 cdef class PrioritizedSelector(Selector):

@@ -3,13 +3,25 @@ import numpy as np
 import pytest
 
 from mpreplay import PrioritizedReplayBuffer
-from mpreplay._ext.prioritized import PrioritizedSelector
+from mpreplay._ext.prioritized import PrioritizedSelector, weight_lanes
 from mpreplay._ext.sumtree import PriorityTree, tree_buffer_size
 
 
 def _selector(capacity: int, alpha: float = 1.0, eps: float = 0.0) -> PrioritizedSelector:
     tree = PriorityTree(np.zeros(tree_buffer_size(capacity)), capacity)
     return PrioritizedSelector(tree, alpha, eps)
+
+
+@pytest.fixture(params=[4, 2], ids=["4-lanes", "2-lanes"])
+def lanes(request):
+    """Weights computed 4 at a time (AVX2) or 2 (other x86-64) for the test."""
+    before = weight_lanes(request.param)
+    try:
+        if weight_lanes() != request.param:
+            pytest.skip(f"this CPU or build does not compute {request.param} weights a call")
+        yield
+    finally:
+        weight_lanes(before)
 
 
 def test_an_item_weighs_its_priority_plus_eps_to_the_alpha():
@@ -20,7 +32,7 @@ def test_an_item_weighs_its_priority_plus_eps_to_the_alpha():
 
 
 @pytest.mark.parametrize("alpha, eps", [(0.6, 1e-4), (0.4, 0.0), (2.0, 0.5), (7.0, 0.0)])
-def test_weights_are_p_plus_eps_to_the_alpha_to_within_rounding(alpha, eps):
+def test_weights_are_p_plus_eps_to_the_alpha_to_within_rounding(alpha, eps, lanes):
     priorities = np.concatenate([[0.0], np.geomspace(1e-6, 1e6, 999)])
     selector = _selector(len(priorities), alpha, eps)
     for item, p in enumerate(priorities):
@@ -42,7 +54,7 @@ def test_alpha_one_weighs_p_plus_eps_exactly(eps):
     assert [selector.item_weight(item) for item in range(len(priorities))] == list(priorities + eps)
 
 
-def test_a_priority_weighs_the_same_set_alone_or_in_a_batch():
+def test_a_priority_weighs_the_same_set_alone_or_in_a_batch(lanes):
     # add() sets each row's priority alone; update_priorities() weighs its rows as a batch.
     size = 33  # an odd batch: pairs of values and a lone last one
     priorities = np.geomspace(0.5, 2.0, size)  # every row is drawn often
@@ -63,7 +75,7 @@ def test_a_priority_weighs_the_same_set_alone_or_in_a_batch():
     assert alone_leaves == batch_leaves
 
 
-def test_a_lone_priority_weighs_the_same_whatever_lone_one_came_before():
+def test_a_lone_priority_weighs_the_same_whatever_lone_one_came_before(lanes):
     # One lone weight is remembered: the same priority again reuses it, another one does not.
     priorities = [2.0, 3.0, 3.0, 2.0, 0.0, 2.0, 5.0]
     selector = _selector(len(priorities), alpha=0.6, eps=1e-4)
