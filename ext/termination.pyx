@@ -15,8 +15,8 @@ next runs Python code, which may be late, or never:
 
 guard(sig) puts a C handler in front of Python's.  It sends a signal that landed on another thread
 on to the main thread, whose wait it then interrupts, and wakes a watchdog thread.  The watchdog
-sends the signal to the main thread again every GRACE_NS / 10 (a wait begun since is interrupted
-then); if the process still runs GRACE_NS later, it unlinks the segments itself and ends the process
+sends the signal to the main thread again every 50 ms (a wait begun since is interrupted then);
+if the process still runs 0.5 s later, it unlinks the segments itself and ends the process
 with the signal's default action.  (The resource tracker is then not told: at its own exit it reports the
 segments as leaked, and finds them gone.)
 
@@ -94,7 +94,6 @@ cdef enum:
 # How long the watchdog gives Python's handler (the launcher waits 1 s before it sends SIGKILL).
 cdef int64_t _GRACE_NS = 500_000_000
 cdef int _NUDGES = 10  # times the watchdog sends the signal to the main thread again meanwhile
-GRACE_NS = _GRACE_NS
 OWNED_MAX = _OWNED_MAX
 
 
@@ -113,14 +112,12 @@ cdef sem_t _wake
 cdef int64_t _ending = 0  # the first signal the guard caught
 
 
-cdef int _unlink_owned_by(int64_t pid) noexcept nogil:
-    cdef int i, unlinked = 0
+cdef void _unlink_owned_by(int64_t pid) noexcept nogil:
+    cdef int i
     for i in range(_OWNED_MAX):
         if _atomic_load(&_owned[i].pid) == pid:
             shm_unlink(_owned[i].name)
             _atomic_store(&_owned[i].pid, 0)
-            unlinked += 1
-    return unlinked
 
 
 cdef void _end_with(int sig) noexcept nogil:
@@ -217,13 +214,15 @@ def guard(int sig) -> bool:
 def own(str name) -> None:
     """Note that this process created segment ``name`` (as shm_open names it, with its leading slash)."""
     cdef bytes encoded = name.encode()
+    cdef int64_t pid = getpid()
     cdef int i
     if not 0 < len(encoded) < _NAME:
         raise ValueError(f"name: expected a segment name of 1..{_NAME - 1} bytes, got {name!r}")
     for i in range(_OWNED_MAX):
-        if _owned[i].pid == 0:
+        # Free: no owner, or another process's (a forked child's copy of its parent's table).
+        if _owned[i].pid != pid:
             memcpy(_owned[i].name, <const char*>encoded, len(encoded) + 1)
-            _atomic_store(&_owned[i].pid, getpid())
+            _atomic_store(&_owned[i].pid, pid)
             return
     raise OSError(f"this process already owns {_OWNED_MAX} shared-memory segments; close some first")
 

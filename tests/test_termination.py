@@ -172,6 +172,29 @@ def test_a_process_owning_the_most_segments_is_refused_another_with_a_clear_erro
             termination.disown(name)
 
 
+def _own_as_many_as_fit(queue) -> None:
+    count = 0
+    try:
+        while True:
+            termination.own(f"/mpreplay-test-{count}")
+            count += 1
+    except OSError:
+        queue.put(count)
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_has_room_for_as_many_segments_as_any_process():
+    with MPReplayBuffer(8, {"obs": {}}):  # the parent's entries are copied into the child's table
+        ctx = mp.get_context("fork")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_own_as_many_as_fit, args=(queue,))
+        child.start()
+        try:
+            assert queue.get(timeout=30) == termination.OWNED_MAX
+        finally:
+            _stop(child)
+
+
 @pytest.mark.parametrize("name", ["", "/" + "x" * 63], ids=["empty", "too long"])
 def test_a_name_that_does_not_fit_is_refused(name):
     with pytest.raises(ValueError, match="name: expected a segment name of 1..63 bytes"):
