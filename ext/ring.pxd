@@ -80,7 +80,8 @@ cdef class Ring:
     cdef const uint8_t** _src    # per field, during add_one: the row to copy (a caller's array or the stage)
     cdef Py_ssize_t* _rowbytes   # per field: the bytes of one slot's value
     cdef Py_ssize_t* _pitch      # per field: from one slot's value to the next (the rowbytes, or a row of fields)
-    cdef bint _prefetch_rows     # the fields outgrow a core's cache: _draw prefetches the drawn rows
+    cdef Py_ssize_t* _row_lines  # the fields whose line of a row no earlier field's shares
+    cdef Py_ssize_t _nrow_lines  # how many; 0 while the fields fit a core's cache (no prefetch)
     cdef Kind* _kinds
     cdef bint* _one              # per field: shape (1,), which a number or a 0-d array fills
     cdef int* _typenums

@@ -412,6 +412,20 @@ def test_updates_of_a_buffer_whose_tree_outgrows_a_cache_keep_every_sum_min_and_
     assert buffer.get_max_priority() == raw.max()
 
 
+@pytest.mark.parametrize("where", ["rows", "files"])
+def test_a_buffer_whose_rows_outgrow_a_cache_samples_every_field_of_the_drawn_row(where, tmp_path):
+    # From about 1 MiB of fields a sample prefetches the lines of the rows it drew: one a row
+    # for fields side by side, one a field for fields in files of their own.
+    prefix = str(tmp_path / "rb") if where == "files" else None
+    buffer = PrioritizedReplayBuffer(40_000, ENV, seed=0, mmap_prefix=prefix)
+    buffer.add(**_rows(0, 40_000))
+    for _ in range(20):
+        batch = buffer.sample(64)
+        expected = _transitions(batch["indexes"])
+        for name, value in expected.items():
+            np.testing.assert_array_equal(batch[name].reshape(value.shape), value)
+
+
 def test_update_priorities_with_repeated_indexes_keeps_the_last():
     buffer = PrioritizedReplayBuffer(4, ENV)
     buffer.add(**_rows(0, 4))
