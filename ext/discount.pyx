@@ -20,39 +20,6 @@ chunks of one row that are stitched together afterwards.
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
 
-cdef extern from *:
-    """
-    #define _prefetch(address) __builtin_prefetch(address)
-    """
-    void _prefetch(const void* address) noexcept nogil
-
-ctypedef fused real:
-    float
-    double
-
-cdef enum:
-    _CHAINS = 8        # chunks of one row recurred together
-    _CHUNK = 128       # most steps per chunk; _CHAINS * _CHUNK * 16 bytes of scratch stay in L1
-    _MIN_CHUNK = 16    # shorter chunks cost more in stitching than they save
-    _ROW_BLOCK = 4     # rows swept together; wider blocks run out of registers for row addresses
-
-
-cdef struct _Constant:
-    double gamma
-
-cdef struct _Stepwise:
-    # Byte strides; a missing part points at one constant with zero strides.
-    const char* g
-    Py_ssize_t g_row, g_step
-    const char* d
-    Py_ssize_t d_row, d_step
-
-# Specialising on the kind of links keeps the common constant-discount loops free of branches.
-ctypedef fused links_t:
-    _Constant
-    _Stepwise
-
-
 cdef inline double _link(const links_t* links, Py_ssize_t r, Py_ssize_t c) noexcept nogil:
     if links_t is _Constant:
         return links.gamma
@@ -117,7 +84,8 @@ cdef void _chunked_row(const real[:, :] x, real[:, :] out, Py_ssize_t r, const l
     while L and u0 + _CHAINS * L <= T:
         for k in range(_CHAINS):
             lk[k] = 0.0
-            pk[k] = 1.0
+            if links_t is _Stepwise:
+                pk[k] = 1.0
         for j in range(L):
             if j % 8 == 0 and u0 + 2 * _CHAINS * L <= T:
                 # The chunks read the block in _CHAINS interleaved streams, which hardware

@@ -17,12 +17,12 @@ from cpython.exc cimport PyErr_CheckSignals
 from cpython.pythread cimport PyThread_get_thread_ident
 
 from mpreplay._ext.atomics cimport _atomic_add, _atomic_add32, _atomic_load
+from mpreplay._ext.processes cimport describe_process
 from mpreplay._ext.schema cimport (CLOSED, EPOCH, LIMIT_MAX_DIFF, LIMIT_MIN_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI,
                                    RESERVED, SAMPLES, STORED, WAITERS)
 
 import time
 
-from mpreplay._ext.processes import describe_process
 
 
 class BufferClosed(RuntimeError):

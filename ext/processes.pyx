@@ -4,8 +4,6 @@
 Kernels and the library name writer processes by token (see docs/architecture.md,
 "Concurrency protocol").
 """
-from libc.stdint cimport int64_t
-
 import os
 
 
@@ -27,18 +25,18 @@ def _process_stat(int pid):
         return None
 
 
-def process_token(int pid):
+cpdef int64_t process_token(int pid) except? -1:
     """The token of the running process ``pid``: its pid and start time (just the pid without /proc)."""
     stat = _process_stat(pid)
     return pid if stat is None else (stat[1] << _PID_BITS) | pid
 
 
-def token_pid(int64_t token):
+cpdef int64_t token_pid(int64_t token) noexcept:
     """The pid a writer token names."""
     return token & _PID_MASK
 
 
-def token_alive(int64_t token):
+cpdef bint token_alive(int64_t token) except -1:
     """Whether the process a token names still runs: not gone, not a zombie, not a newer process with its pid."""
     cdef int64_t pid = token & _PID_MASK, start = token >> _PID_BITS
     try:
@@ -57,7 +55,7 @@ _STATES = {b"R": "running", b"S": "sleeping", b"D": "in uninterruptible sleep", 
            b"t": "stopped by a debugger", b"Z": "a zombie", b"X": "dead", b"I": "idle"}
 
 
-def describe_process(int pid):
+cpdef str describe_process(int pid):
     """``"process 123 (stopped)"``: a pid with its state from /proc, for error messages."""
     stat = _process_stat(pid)
     state = "gone" if stat is None else _STATES.get(stat[0], stat[0].decode(errors="replace"))

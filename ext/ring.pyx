@@ -35,6 +35,7 @@ from mpreplay._ext.atomics cimport _atomic_cas, _mpreplay_acquire_fence
 from mpreplay._ext.frame_plan cimport Episode, FramePlan
 from mpreplay._ext.frames cimport MAX_STACK, Frames
 from mpreplay._ext.gate cimport Gate, deadline_of
+from mpreplay._ext.processes cimport describe_process, token_alive, token_pid
 from mpreplay._ext.schema cimport (COMPLETE, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, SAMPLES, STALE, TORN,
                                    WAITING, being_written)
 from mpreplay._ext.selector cimport Selector, importance_weights
@@ -45,7 +46,6 @@ import os
 
 import numpy as np
 
-from mpreplay._ext.processes import describe_process, token_alive, token_pid
 
 cnp.import_array()
 

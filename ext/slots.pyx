@@ -10,6 +10,7 @@ states, and :func:`recover` makes them agree again after a holder died.  See
 docs/architecture.md, "Concurrency protocol" and "Crash handling".
 """
 from mpreplay._ext.atomics cimport _atomic_store
+from mpreplay._ext.processes cimport process_token, token_alive
 from mpreplay._ext.sequences cimport Sequences
 from mpreplay._ext.schema cimport (COMPLETE, EMPTY, INSERTS, LANE_CURSOR, LANE_END, LANE_START, MAX_WRITERS,
                                    RESERVED, STORED, WAITING, WRITER_INSERTS, WRITER_TOKEN, being_written,
@@ -17,7 +18,6 @@ from mpreplay._ext.schema cimport (COMPLETE, EMPTY, INSERTS, LANE_CURSOR, LANE_E
 
 import os
 
-from mpreplay._ext.processes import process_token, token_alive
 
 
 cdef extern from "<signal.h>" nogil:
