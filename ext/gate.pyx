@@ -24,7 +24,6 @@ from mpreplay._ext.schema cimport (CLOSED, EPOCH, LIMIT_MAX_DIFF, LIMIT_MIN_DIFF
 import time
 
 
-
 class BufferClosed(RuntimeError):
     """The buffer was closed: its memory is gone, or its owner closed it."""
 

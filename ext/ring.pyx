@@ -46,7 +46,6 @@ import os
 
 import numpy as np
 
-
 cnp.import_array()
 
 cdef uint64_t NOT_SAMPLED = 0xFFFFFFFFFFFFFFFFULL

@@ -19,7 +19,6 @@ from mpreplay._ext.schema cimport (COMPLETE, EMPTY, INSERTS, LANE_CURSOR, LANE_E
 import os
 
 
-
 cdef extern from "<signal.h>" nogil:
     enum: SIGKILL
     int raise_signal "raise"(int sig)
