@@ -226,6 +226,7 @@ class SharedMemory:
             # unlinked however the child's target returns or raises.
             self._finalizer = mp_util.Finalize(self, SharedMemory._release, (self._shm, self._owner_pid),
                                                exitpriority=0)
+            _OWNED.add(self)
             _unlink_on_termination(self)
         else:
             self._finalizer = weakref.finalize(self, SharedMemory._release, self._shm, None)
@@ -259,8 +260,29 @@ class SharedMemory:
     def close(self) -> None:
         """Unmap, and unlink when this process created the segment (idempotent)."""
         self.arrays = {}
+        _OWNED.discard(self)
         self._finalizer()
 
+
+# The segments this process created and has not closed, for _release_inherited_after_fork.
+_OWNED: weakref.WeakSet[SharedMemory] = weakref.WeakSet()
+
+
+def _release_inherited_after_fork() -> None:
+    """In a child made by ``os.fork()``, release the parent's segments as an attaching process does.
+
+    The owner's finalizer is a ``multiprocessing.util.Finalize``, which runs only in the pid that
+    made it: without this, a forked child that exits normally leaves the mapping to the standard
+    library's ``SharedMemory.__del__``, which closes it while the buffer's arrays still export it
+    and prints ``BufferError: cannot close exported pointers exist``.  The child unmaps at its exit
+    (or at ``close()``); only the parent unlinks.
+    """
+    for memory in list(_OWNED):
+        memory._finalizer = weakref.finalize(memory, SharedMemory._release, memory._shm, None)
+    _OWNED.clear()
+
+
+os.register_at_fork(after_in_child=_release_inherited_after_fork)
 
 _TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 

@@ -311,6 +311,39 @@ def test_the_segment_is_gone_after_the_owner_ends_and_nothing_warns(ending, tmp_
     assert "Traceback" not in run.stderr, run.stderr
 
 
+_FORKING_OWNER = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    from mpreplay import MPPrioritizedReplayBuffer
+    buffer = MPPrioritizedReplayBuffer(8, {"obs": {"shape": (2,)}})
+    buffer.add(obs=np.zeros(2, np.float32))
+    pid = os.fork()
+    if pid == 0:
+        if sys.argv[1] == "use":
+            buffer.add(obs=np.ones(2, np.float32))
+            batch = buffer.sample(1)       # arrays over the mapping stay alive until the exit
+        elif sys.argv[1] == "close":
+            buffer.close()
+        sys.exit(0)                        # the interpreter's own exit: atexit, then collection
+    _, status = os.waitpid(pid, 0)
+    print(buffer.name, os.waitstatus_to_exitcode(status), buffer.get_stored_size(), flush=True)
+""")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("child_does", ["use", "close", "nothing"])
+def test_a_child_of_os_fork_leaves_quietly_and_the_segment_stays_its_parents(child_does, tmp_path, no_leak):
+    script = tmp_path / "forking_owner.py"
+    script.write_text(_FORKING_OWNER)
+    run = subprocess.run([sys.executable, str(script), child_does], capture_output=True, text=True, timeout=50)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == ""
+    name, child_status, stored = run.stdout.split()
+    assert child_status == "0"
+    assert stored == ("2" if child_does == "use" else "1")  # the parent still reads the segment after the child left
+    assert not os.path.exists(f"/dev/shm/{name}")  # and unlinks it at its own exit
+
+
 @pytest.mark.timeout(60)
 def test_the_segment_is_gone_after_the_owner_is_killed(tmp_path, no_leak):
     script = tmp_path / "owner.py"
