@@ -27,6 +27,26 @@ def _reload_ray_auth() -> None:
     AuthenticationTokenLoader.instance().reset_cache()
 
 
+# Ray names its unix sockets <temp_dir>/session_<date>_<time>_<microseconds>_<pid>/sockets/plasma_store.<n>:
+# up to 67 bytes after temp_dir (a pid of 7 digits, a node number of 2), and a socket's path holds at most 107.
+_RAY_SOCKET_TAIL = 70
+_SOCKET_PATH_MAX = 107
+_TEMP_PREFIX = "mpr-ray-"
+
+
+def _ray_temp_dir() -> str:
+    """A new folder for Ray's session files: under the temporary folder where Ray's socket paths
+    fit below it, else under /tmp (a deep ``TMPDIR`` otherwise fails Ray's start with
+    "AF_UNIX path length cannot exceed 107 bytes")."""
+    roots = [tempfile.gettempdir(), "/tmp"]
+    for root in roots:
+        longest = len(os.path.join(root, _TEMP_PREFIX + "x" * 8).encode()) + _RAY_SOCKET_TAIL
+        if longest <= _SOCKET_PATH_MAX and os.access(root, os.W_OK | os.X_OK):
+            return tempfile.mkdtemp(prefix=_TEMP_PREFIX, dir=root)
+    raise RuntimeError(f"LoopbackRayCluster: no folder among {roots} is writable and short enough for Ray's "
+                       f"socket paths ({_SOCKET_PATH_MAX} bytes); set TMPDIR to a short writable folder")
+
+
 class LoopbackRayCluster:
     """A Ray cluster of ``nodes`` nodes on this machine, every socket on 127.0.0.1, this process its driver.
 
@@ -34,7 +54,8 @@ class LoopbackRayCluster:
     authentication is on with a fresh token kept in the environment (no file
     in the home folder), usage statistics are off, there is no dashboard,
     and Ray's session files (and its "current cluster" address file) go to a
-    temporary folder removed on exit::
+    temporary folder removed on exit (under ``TMPDIR``, or under ``/tmp`` where ``TMPDIR`` is too
+    deep for Ray's socket paths)::
 
         with LoopbackRayCluster(3) as cluster:
             servers = start_shard_servers(make_buffer)   # one per node
@@ -77,8 +98,7 @@ class LoopbackRayCluster:
         if ray.is_initialized():
             self.__exit__()
             raise RuntimeError("LoopbackRayCluster: Ray is already initialised in this process")
-        # A short path: Ray's unix sockets live under it.
-        self._tmp = tempfile.mkdtemp(prefix="mpr-ray-")
+        self._tmp = _ray_temp_dir()
         self._node_args["temp_dir"] = self._tmp
         # Ray also keeps the address of "the current cluster" in a folder of its
         # own ($RAY_TMPDIR/ray, by default under $TMPDIR or /tmp), which a fresh

@@ -7,7 +7,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 from mpreplay import MinSize, MPPrioritizedReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
 from mpreplay.errors import BufferClosed
@@ -111,6 +110,7 @@ def test_closing_the_buffer_ends_its_batches_with_buffer_closed():
 
 
 def test_as_torch_hands_out_tensors_of_the_sampled_values():
+    torch = pytest.importorskip("torch", reason="as_torch needs torch (pip install '.[torch]')")
     reference, buffer = filled(seed=3), filled(seed=3)
     with buffer.batches(8, as_torch=True) as batches:
         batch = next(batches)
