@@ -16,7 +16,7 @@ Needs torch, gymnasium (and optionally rich and matplotlib)::
     python examples/apex_dqn.py --actors 2 --seconds 300 --out ./mpreplay-demo
     python examples/apex_dqn.py --help
 
-The code lives in mpreplay/demo.py (``mpreplay demo`` runs the same thing).
+The code lives in mpreplay/demo/apex.py (``mpreplay demo`` runs the same thing).
 """
 from mpreplay.demo import main
 

@@ -15,7 +15,7 @@ Needs torch, gymnasium (and optionally rich and matplotlib)::
     python examples/r2d2_cartpole.py --seconds 600 --out ./mpreplay-demo-r2d2
     python examples/r2d2_cartpole.py --help
 
-The code lives in mpreplay/demo_r2d2.py (``mpreplay demo --agent r2d2`` runs the same thing);
+The code lives in mpreplay/demo/r2d2.py (``mpreplay demo --agent r2d2`` runs the same thing);
 ``mpreplay demo --hide-velocity`` runs the feed-forward Ape-X agent on the same observations.
 """
 import sys

@@ -12,6 +12,17 @@ from cpython.pycapsule cimport PyCapsule_GetPointer
 import numpy as np
 
 
+def importance_weights_of(weights, double smallest, double beta):
+    """``(weights / smallest) ** -beta`` as a new float64 array, computed as a sample computes its
+    importance weights: for a client that draws through others (a sharded learner)."""
+    cdef double[::1] out = np.array(weights, dtype=np.float64, copy=True, order="C").reshape(-1)
+    if not smallest > 0.0:
+        raise ValueError(f"smallest: expected a positive weight, got {smallest}")
+    with nogil:
+        importance_weights(smallest, &out[0] if out.shape[0] else NULL, out.shape[0], beta)
+    return np.asarray(out)
+
+
 cdef int _check(Py_ssize_t item, Py_ssize_t capacity) except -1:
     if not 0 <= item < capacity:
         raise IndexError(f"item: expected an integer in [0, {capacity}), got {item}")

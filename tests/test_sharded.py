@@ -274,7 +274,7 @@ def test_timeout_0_samples_and_updates_through_local_shards():
 
 
 def test_timeout_0_asks_ray_for_a_reply_without_waiting(monkeypatch):
-    from mpreplay.sharded import _RayLink
+    from mpreplay.sharded.transport import RayLink
 
     asked = []
     ray = types.ModuleType("ray")
@@ -283,7 +283,7 @@ def test_timeout_0_asks_ray_for_a_reply_without_waiting(monkeypatch):
     exceptions.GetTimeoutError = exceptions.RayActorError = type("RayError", (Exception,), {})
     monkeypatch.setitem(sys.modules, "ray", ray)
     monkeypatch.setitem(sys.modules, "ray.exceptions", exceptions)
-    link = _RayLink.__new__(_RayLink)  # the handle is not needed to wait
+    link = RayLink.__new__(RayLink)  # the handle is not needed to wait
     assert link.wait("ref", 0.0) == "reply"
     assert asked == [0.0]
 

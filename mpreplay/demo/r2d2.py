@@ -14,7 +14,7 @@ cannot do (``mpreplay demo --hide-velocity`` shows Ape-X failing at it).
     weights <──────────────────── ParameterStore <───────── publish every K steps ──────────────────┘
 
 * Every actor steps ``--envs-per-actor`` CartPoles (the Ape-X ε ladder over all
-  sub-environments, as in :mod:`mpreplay.demo`), each written through an
+  sub-environments, as in :mod:`mpreplay.demo.apex`), each written through an
   :meth:`~mpreplay.ReplayBuffer.episode_writer` of its own so that an episode's
   steps sit together in one lane.  A step is stored with the LSTM state it
   started from; the state is reset to zeros when an episode ends.
@@ -48,15 +48,15 @@ from typing import Any
 
 import numpy as np
 
-from .buffer import ReplayBuffer
-from .demo import (NUM_ACTIONS, Agent, Config, actor_epsilons, actor_seed, add_until_stopped, import_torch,
-                   run_learner, vector_env)
-from .launcher import Context
-from .limiter import SampleToInsertRatio
-from .sequence_buffer import MPPrioritizedSequenceReplayBuffer
-from .sequences import sequence_priority
+from ..buffer import ReplayBuffer
+from ..launcher import Context
+from ..limiter import SampleToInsertRatio
+from ..sequence_buffer import MPPrioritizedSequenceReplayBuffer
+from ..sequences import sequence_priority
+from .processes import Agent, add_until_stopped, import_torch, run_learner
+from .task import NUM_ACTIONS, Config, actor_epsilons, actor_seed, vector_env
 
-__all__ = ["R2D2Config", "R2D2", "nstep_targets", "trained_steps"]
+__all__ = ["R2D2", "R2D2_SOLVED_RETURN", "R2D2Config", "nstep_targets", "trained_steps"]
 
 R2D2_SOLVED_RETURN = 400.0
 
@@ -312,4 +312,4 @@ def _arguments(p: argparse.ArgumentParser, d: R2D2Config) -> None:
 
 
 R2D2 = Agent("R2D2", __doc__.split("\n\n")[0], R2D2Config, R2D2_SOLVED_RETURN, _q_network, _replay, _actor,
-             _learner, _arguments, positive=("length", "period"), module=__name__)
+             _learner, _arguments, module=__name__, positive=("length", "period"))

@@ -1,0 +1,142 @@
+"""``mpreplay demo``: the command line, the agents it can run, and the run itself."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import asdict
+from typing import Any
+
+from ..buffer import MPReplayBuffer
+from ..launcher import launch
+from ..params import ParameterStore
+from .processes import Agent, import_torch
+from .report import EPISODE_FIELDS, Episodes, Monitor, live_view, plot, print_summary, summary, watch
+from .task import GREEDY_EPSILON, Config, env_title, epsilon
+
+__all__ = ["AGENTS", "load_agent", "main"]
+
+# The agents `--agent` chooses from: the module defining each, and the Agent's name there.  Each is
+# imported only when chosen (an agent's module imports what it needs, torch among it).
+AGENTS = {"apex": ("mpreplay.demo.apex", "APEX"), "r2d2": ("mpreplay.demo.r2d2", "R2D2")}
+_EPISODE_LOG_SIZE = 1 << 14  # rows; far more episodes than can end between two reads of the log
+
+
+def load_agent(name: str) -> Agent:
+    """The agent registered as ``name`` in :data:`AGENTS`."""
+    module, attribute = AGENTS[name]
+    return getattr(importlib.import_module(module), attribute)
+
+
+def _parse(argv: Sequence[str] | None) -> tuple[Agent, Config]:
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--agent", choices=tuple(AGENTS), default="apex")
+    chosen = load_agent(first.parse_known_args(argv)[0].agent)
+    d = chosen.config()
+    p = argparse.ArgumentParser(prog="mpreplay demo", description=chosen.description,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--agent", choices=tuple(AGENTS), default="apex",
+                   help="apex: Ape-X DQN (feed-forward); r2d2: R2D2 (LSTM, sequence replay) with the velocities "
+                        "hidden; `--agent r2d2 --help` lists its flags")
+    p.add_argument("--actors", type=int, default=d.actors, help="actor processes")
+    p.add_argument("--seconds", type=float, default=d.seconds, help="stop after this long if not solved")
+    p.add_argument("--capacity", type=int, default=d.capacity, help="replay buffer size (transitions or steps)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="learner batch size (transitions or sequences)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--out", default=d.out, help="folder for summary.json and learning_curve.png")
+    p.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate")
+    p.add_argument("--gamma", type=float, default=d.gamma, help="discount factor")
+    p.add_argument("--nstep", type=int, default=d.nstep, help="steps of reward in a target")
+    p.add_argument("--hidden", type=int, default=d.hidden, help="units in each hidden layer")
+    p.add_argument("--target-update", type=int, default=d.target_update, help="learner steps between target syncs")
+    p.add_argument("--publish-every", type=int, default=d.publish_every, help="learner steps between publishes")
+    p.add_argument("--learning-starts", type=int, default=d.learning_starts, help="rows stored before sampling")
+    p.add_argument("--samples-per-insert", type=float, default=d.samples_per_insert,
+                   help="sampled rows per inserted row, kept by the rate limiter")
+    p.add_argument("--alpha", type=float, default=d.alpha, help="priority exponent")
+    p.add_argument("--beta", type=float, default=d.beta, help="importance-sampling exponent")
+    p.add_argument("--actor-batch", type=int, default=d.actor_batch, help="rows an actor adds at once")
+    p.add_argument("--envs-per-actor", type=int, default=d.envs_per_actor,
+                   help="CartPole sub-environments each actor steps as one vector env")
+    p.add_argument("--grad-clip", type=float, default=d.grad_clip, help="gradient norm limit")
+    p.add_argument("--plain", action="store_true", help="print one line per second instead of a rich table")
+    chosen.arguments(p, d)
+    args = vars(p.parse_args(argv))
+    del args["agent"]
+    for name in ("actors", "capacity", "batch_size", "nstep", "hidden", "target_update", "publish_every",
+                 "learning_starts", "actor_batch", "envs_per_actor", *chosen.positive):
+        if args[name] < 1:
+            p.error(f"--{name.replace('_', '-')}: expected an integer >= 1, got {args[name]}")
+    if not args["seconds"] > 0:
+        p.error(f"--seconds: expected a positive number, got {args['seconds']}")
+    if args["learning_starts"] > args["capacity"]:
+        p.error(f"--learning-starts ({args['learning_starts']}) exceeds --capacity ({args['capacity']})")
+    try:
+        return chosen, chosen.config(**args)
+    except ValueError as exc:  # a check across an agent's own settings
+        p.error(str(exc))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the demo; return the exit status (0, or 130 after Ctrl-C)."""
+    chosen, config = _parse(argv)
+    try:
+        import gymnasium  # noqa: F401  (checked here: a child would only fail later)
+        import_torch()
+    except ImportError as exc:
+        print(f"mpreplay demo needs PyTorch and gymnasium (the 'examples' extra): {exc}", file=sys.stderr)
+        return 1
+    ladder = config.actors * config.envs_per_actor
+    if epsilon(ladder - 1, ladder) > GREEDY_EPSILON:
+        print(f"note: no sub-environment explores with ε ≤ {GREEDY_EPSILON:g} (that takes 2 or more, over all "
+              "actors), so the run cannot be judged solved; it ends at --seconds", file=sys.stderr)
+    os.makedirs(config.out, exist_ok=True)
+    report, episodes = _run(chosen, config)
+    with open(os.path.join(config.out, "summary.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    with open(os.path.join(config.out, "episodes.json"), "w") as f:
+        json.dump(asdict(episodes), f)
+    plot(episodes, report, os.path.join(config.out, "learning_curve.png"))
+    print_summary(report, config.plain)
+    print(f"wrote {config.out}/summary.json, episodes.json and learning_curve.png")
+    return 130 if report["reason"] == "interrupted" else 0
+
+
+def _run(agent: Agent, config: Config) -> tuple[dict[str, Any], Episodes]:
+    """Create the shared buffers and the parameter store, run the processes, watch them."""
+    import_torch().manual_seed(config.seed)  # the initial weights, published as version 0
+    # The processes fork from a server that has imported torch and gymnasium
+    # once, instead of importing them each (seconds apiece on a busy machine).
+    # The server only imports torch; forking after torch has run is what can deadlock.
+    multiprocessing.set_forkserver_preload(["torch", "gymnasium", agent.module])
+    reason, learner = "interrupted", None
+    with ExitStack() as resources:
+        replay = resources.enter_context(agent.replay(config))
+        log = resources.enter_context(MPReplayBuffer(_EPISODE_LOG_SIZE, EPISODE_FIELDS))
+        params = resources.enter_context(ParameterStore(agent.network(config).state_dict()))
+        monitor = Monitor(replay, log, params, time.time(), agent.solved_return)
+        done = threading.Event()
+        with live_view(config.plain, f"{agent.name} on {env_title(config)}") as show:
+            watcher = threading.Thread(target=watch, args=(monitor, show, done), daemon=True)
+            watcher.start()
+            try:
+                result = launch({"replay": replay, "episodes": log}, actors=(agent.actor, config.actors),
+                                learner=agent.learner, params=params, args=(config,), start_method="forkserver",
+                                timeout=config.seconds, close=False)
+                learner = result.value
+                reason = "solved" if learner and learner["solved"] else result.reason
+            except KeyboardInterrupt:
+                pass  # launch has stopped the processes; the summary still gets written
+            finally:
+                done.set()
+                watcher.join()  # before the buffers close under it
+            snapshot = monitor.poll()
+            show(snapshot)
+    return summary(config, agent, snapshot, learner, monitor.episodes, reason), monitor.episodes

@@ -1,0 +1,129 @@
+"""What the processes of both agents share: the learner's loop, adds that wait for the rate limiter,
+the check that ends a solved run, and :class:`Agent`, what an agent brings."""
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..buffer import MPReplayBuffer
+from ..errors import BufferClosed
+from ..launcher import Context
+from .task import Config, recent_mean
+
+__all__ = ["WAIT", "Agent", "Loss", "SolvedCheck", "add_until_stopped", "import_torch", "run_learner"]
+
+WAIT = 0.2  # seconds a blocked add/sample waits before the caller looks at the stop flag again
+_SOLVED_CHECK = 0.5  # seconds between the learner's looks at the episode log
+
+
+@dataclass(frozen=True)
+class Agent:
+    """What one of the demo's agents brings; the processes, live view, summary and plot are shared.
+
+    ``actor`` and ``learner`` are the launched processes' functions (see
+    :func:`~mpreplay.launch`); they find the replay buffer as ``ctx.buffer["replay"]``
+    and the episode log as ``ctx.buffer["episodes"]``.
+    """
+
+    name: str  # what the live view and the plot call it
+    description: str  # the first line of `mpreplay demo --help`
+    config: type[Config]  # its settings: Config or a subclass with defaults and fields of its own
+    solved_return: float  # the greedy sub-environments' mean return over WINDOW episodes that ends the run
+    network: Callable[[Config], Any]  # a fresh Q-network; its state dict is what the learner publishes
+    replay: Callable[[Config], Any]  # the shared replay buffer, with its rate limiter
+    actor: Callable[[Context, Config], None]
+    learner: Callable[[Context, Config], dict[str, Any]]
+    arguments: Callable[[argparse.ArgumentParser, Config], None]  # its own flags beside the common ones
+    module: str  # its module, imported by the process server before it forks
+    positive: tuple[str, ...] = ()  # its own integer settings that must be >= 1
+
+
+def import_torch() -> Any:
+    """torch, limited to one thread: the processes share a few cores."""
+    import torch
+
+    torch.set_num_threads(1)
+    return torch
+
+
+def add_until_stopped(ctx: Context, replay: Any, batch: Mapping[str, np.ndarray], **options: Any) -> bool:
+    """``replay.add(**batch, **options)``, waiting as long as the rate limiter says; False if the run ends first."""
+    while not ctx.stop.is_set():
+        try:
+            replay.add(timeout=WAIT, **options, **batch)
+            return True
+        except TimeoutError:
+            continue
+        except BufferClosed:
+            break
+    return False
+
+
+Loss = Callable[[Any, Any, Mapping[str, np.ndarray], Config], tuple[Any, np.ndarray]]
+
+
+def run_learner(ctx: Context, config: Config, network: Callable[[Config], Any], loss_of: Loss,
+                goal: float) -> dict[str, Any]:
+    """The learner both agents run: sample, step, write priorities back, publish, sync the target network.
+
+    ``loss_of(online, target, batch, config)`` returns the batch's loss (a scalar tensor,
+    importance weights applied) and the sampled rows' new priorities.  Stops when the run
+    does or when the greedy sub-environments average ``goal`` (see :class:`SolvedCheck`);
+    returns the learner's counters.
+    """
+    torch = import_torch()
+
+    torch.manual_seed(config.seed)
+    replay = ctx.buffer["replay"]
+    online = network(config)
+    online.load_state_dict(ctx.params.read()[0])
+    target = copy.deepcopy(online)
+    optimizer = torch.optim.Adam(online.parameters(), lr=config.lr)
+    counts = {"learner_steps": 0, "priority_updates": 0, "solved": False}
+    solved = SolvedCheck(ctx.buffer["episodes"], goal)
+    while not ctx.stop.is_set():
+        if solved():
+            counts["solved"] = True
+            break
+        try:
+            batch = replay.sample(config.batch_size, config.beta, timeout=WAIT)
+        except TimeoutError:
+            continue
+        except BufferClosed:
+            break
+        loss, priorities = loss_of(online, target, batch, config)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(online.parameters(), config.grad_clip)
+        optimizer.step()
+        replay.update_priorities(batch["indexes"], priorities)
+        counts["priority_updates"] += len(priorities)
+        counts["learner_steps"] = steps = counts["learner_steps"] + 1
+        if steps % config.publish_every == 0:
+            ctx.params.publish(online.state_dict())
+        if steps % config.target_update == 0:
+            target.load_state_dict(online.state_dict())
+    return counts
+
+
+class SolvedCheck:
+    """Whether the greedy sub-environments' last WINDOW episodes average ``goal`` or more.
+
+    A learner calls it every step; it reads the episode log at most every
+    ``_SOLVED_CHECK`` seconds and answers False in between.
+    """
+
+    def __init__(self, log: MPReplayBuffer, goal: float):
+        self._log, self._goal, self._next = log, goal, time.monotonic()
+
+    def __call__(self) -> bool:
+        if time.monotonic() < self._next:
+            return False
+        self._next = time.monotonic() + _SOLVED_CHECK
+        return recent_mean(self._log.get_all_transitions()) >= self._goal
