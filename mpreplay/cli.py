@@ -59,7 +59,13 @@ def main(argv: list[str] | None = None) -> int:
             parser.exit(1, f"mpreplay inspect: {exc}\n")
         return 0
     if args.command == "bench":
-        module = importlib.import_module(f"mpreplay.bench.{args.name}")
+        try:
+            module = importlib.import_module(f"mpreplay.bench.{args.name}")
+        except ModuleNotFoundError as exc:
+            if (exc.name or "mpreplay").partition(".")[0] == "mpreplay":
+                raise
+            parser.exit(1, f"mpreplay bench {args.name} needs the Python package {exc.name!r}, which is not "
+                           f"installed here (the 'bench' extra brings the libraries it compares against)\n")
         return int(module.main(rest) or 0)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

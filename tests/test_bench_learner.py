@@ -1,7 +1,11 @@
 """Smoke tests of ``mpreplay bench learner``: it runs and reports; no timing is asserted."""
 import re
 
-from mpreplay.bench import learner
+import pytest
+
+pytest.importorskip("torch", reason="bench learner trains a torch network (pip install '.[torch]')")
+
+from mpreplay.bench import learner  # noqa: E402
 
 
 def test_a_short_run_reports_every_way_and_the_ratio_to_the_target(capsys):
@@ -13,3 +17,4 @@ def test_a_short_run_reports_every_way_and_the_ratio_to_the_target(capsys):
     for what in ("uncompressed", r"compressed \(next_of \+ stack_compress\)"):
         assert re.search(rf"\n{what}: prefetched / max\(train, sample\) = \d+\.\d\d \(target <= 1.1: (met|not met)\)",
                          out), what
+

@@ -1,0 +1,17 @@
+"""The command line's own behaviour, apart from what each command shows (see test_monitor, test_bench*)."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from mpreplay import cli
+
+
+def test_a_bench_whose_library_is_missing_names_it_and_exits_1(monkeypatch, capsys):
+    monkeypatch.delitem(sys.modules, "mpreplay.bench.learner", raising=False)
+    monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` fail
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "learner"])
+    assert exc.value.code == 1
+    assert "mpreplay bench learner needs the Python package 'torch'" in capsys.readouterr().err
