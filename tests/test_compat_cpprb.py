@@ -34,16 +34,30 @@ def _filled(cls, n: int = 5, size: int = 16, **options):
 def test_cpprbs_public_names_are_exposed():
     names = {"ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer",
              "ReverseReplayBuffer", "SelectiveReplayBuffer", "HindsightReplayBuffer", "LaBERmean", "LaBERlazy",
-             "LaBERmax", "NstepBuffer", "create_buffer", "train", "create_env_dict", "create_before_add_func"}
+             "LaBERmax", "NstepBuffer", "create_buffer", "train"}
+    assert names <= set(cpprb.__all__)
+    assert all(hasattr(cpprb, name) for name in names)
+
+
+def test_cpprbs_gym_helpers_are_exposed_where_gymnasium_is_installed():
+    # As in cpprb, which defines them only when gym(nasium) imports.
+    pytest.importorskip("gymnasium")
+    names = {"create_env_dict", "create_before_add_func"}
     assert names <= set(cpprb.__all__)
     assert all(hasattr(cpprb, name) for name in names)
 
 
 def test_cpprbs_submodules_hold_what_cpprb_programs_import_from_them():
     from mpreplay.compat.cpprb.PyReplayBuffer import NstepBuffer, dict2buffer
+
+    assert NstepBuffer is cpprb.NstepBuffer and callable(dict2buffer)
+
+
+def test_cpprbs_util_module_holds_its_gym_helpers_where_gymnasium_is_installed():
+    pytest.importorskip("gymnasium")
     from mpreplay.compat.cpprb.util import create_env_dict
 
-    assert NstepBuffer is cpprb.NstepBuffer and callable(dict2buffer) and create_env_dict is cpprb.create_env_dict
+    assert create_env_dict is cpprb.create_env_dict
 
 
 def test_importing_the_compat_layer_never_imports_cpprb():
