@@ -207,7 +207,8 @@ class ReplayBuffer(BufferCalls):
             else:
                 c.lane_bounds(self._size, self._lanes)
         if create:
-            manifest.encode(self._manifest(), arrays[MANIFEST_ARRAY])
+            manifest.encode(self._manifest(self._memory.layout), arrays[MANIFEST_ARRAY],
+                            owner=process_token(os.getpid()), created=time.time())
         self._frames, outputs = (None, None) if c is None else c.make_frames(self._specs, arrays)
         self._sequences = (None if self._sequence is None
                            else Sequences(arrays[SEQUENCE_STEPS_ARRAY], self._lanes, self._sequence.length))
@@ -230,8 +231,9 @@ class ReplayBuffer(BufferCalls):
         """What the per-step calls take beyond the kernel (see ``calls.pyx``)."""
         return {}
 
-    def _manifest(self) -> dict[str, Any]:
-        """What another process needs to read this buffer's memory (see :mod:`mpreplay.manifest`)."""
+    def _manifest(self, layout: Layout) -> dict[str, Any]:
+        """What another process needs to read this buffer's memory over ``layout`` (see
+        :mod:`mpreplay.manifest`)."""
         c = self._compression
         return {
             "class": type(self).__name__,
@@ -242,9 +244,8 @@ class ReplayBuffer(BufferCalls):
             "selector": self._selector_array()[0],
             "sequence": None if self._sequence is None else {"length": self._sequence.length,
                                                              "period": self._sequence.period},
-            "owner": process_token(os.getpid()),
-            "created": time.time(),
-            "arrays": [[name, list(shape), dtype, offset] for name, shape, dtype, offset in self._memory.layout.entries],
+            "arrays": [[name, list(shape), dtype, offset] for name, shape, dtype, offset in layout.entries],
+            "nbytes": layout.nbytes,
         }
 
     def close(self) -> None:
