@@ -233,7 +233,8 @@ class ReplayBuffer(BufferCalls):
 
     def _manifest(self, layout: Layout) -> dict[str, Any]:
         """What another process needs to read this buffer's memory over ``layout`` (see
-        :mod:`mpreplay.manifest`)."""
+        :mod:`mpreplay.manifest`): what the creator writes, and what an attaching process
+        expects to find."""
         c = self._compression
         return {
             "class": type(self).__name__,
@@ -515,7 +516,7 @@ class ReplayBuffer(BufferCalls):
         if self._nstep is None and self._writer is None:
             return self
         config = {key: self.__dict__[key] for key in self._CONFIG}
-        return _handle(type(self), config, lambda layout: self._memory.handle())
+        return _handle(type(self), config, lambda buffer, layout: self._memory.handle())
 
     def save_transitions(self, file: Any, *, safe: bool = True, compress: bool = True,
                          priorities: bool = False) -> None:
@@ -758,17 +759,22 @@ class PrioritizedReplayBuffer(PrioritizedCalls, ReplayBuffer):
 
 
 def _attach(cls: type, config: dict[str, Any], name: str) -> "ReplayBuffer":
-    """Unpickle a shared buffer: map the creator's segment (never owning it)."""
-    return _handle(cls, config, lambda layout: SharedMemory(layout, name=name))
+    """Unpickle a shared buffer: map the creator's segment (never owning it), once its manifest
+    says it holds the layout this process computes from ``config`` (IncompatibleSegmentError if not)."""
+    def attach(buffer: ReplayBuffer, layout: Layout) -> SharedMemory:
+        expected = buffer._manifest(layout)
+        return SharedMemory(layout, name=name, verify=lambda buf: manifest.check_segment(name, buf, expected))
+
+    return _handle(cls, config, attach)
 
 
 def _handle(cls: type, config: dict[str, Any],
-            memory: Callable[[Layout], HeapMemory | FileMemory | SharedMemory]) -> "ReplayBuffer":
-    """A buffer object of ``config`` over existing memory (``memory(layout)``), which it does not own."""
+            memory: Callable[["ReplayBuffer", Layout], HeapMemory | FileMemory | SharedMemory]) -> "ReplayBuffer":
+    """A buffer object of ``config`` over existing memory (``memory(buffer, layout)``), which it does not own."""
     obj = cls.__new__(cls)
     obj.__dict__.update(config)
     obj._make_folders()
-    obj._memory = memory(obj._layout())
+    obj._memory = memory(obj, obj._layout())
     obj._bind(create=False, rng=np.random.default_rng())
     return obj
 

@@ -3,8 +3,9 @@
 A shared buffer's segment is found by name in ``/dev/shm``, but its configuration travels
 only in the pickled handle its creator hands out.  The manifest makes the segment describe
 itself, so that ``mpreplay ls`` / ``top`` / ``rm`` (:mod:`mpreplay.monitor`) can read it
-from any process: the buffer's class and capacity, its fields, its compression, its owner,
-the mpreplay version that made it, and where each array lies.
+from any process, and so that a process attaching a handle can check that the segment holds
+the layout it computes (:func:`check_segment`): the buffer's class and capacity, its fields,
+its compression, its owner, the mpreplay version that made it, and where each array lies.
 It is plain JSON (never pickle), written once by the creator before any other process can
 attach, and never changed afterwards.
 
@@ -32,8 +33,9 @@ from ._ext.schema import (HEADER_LEN, LANE_LEN, LIMITS_LEN, MANIFEST_NBYTES, MAX
 from ._ext.sumtree import tree_buffer_size
 from ._ext.uniform import uniform_state_size
 from ._version import __version__
+from .errors import IncompatibleSegmentError
 
-__all__ = ["MAGIC", "NBYTES", "VERSION", "ManifestError", "decode", "encode"]
+__all__ = ["MAGIC", "NBYTES", "VERSION", "ManifestError", "check_segment", "decode", "encode"]
 
 MAGIC = b"mpreplay"
 NBYTES = MANIFEST_NBYTES
@@ -45,7 +47,7 @@ _WORD = 8  # every array starts on an 8-byte boundary: readers load counters and
 _MAX_RANK = 32  # numpy's limit on dimensions (64 since numpy 2) with room to spare
 _LATEST = 32503680000.0  # 3000-01-01: a later creation time is damage (and beyond what datetime prints)
 # The arrays readers from outside index (monitor.py), with their dtype and this version's shape
-# (None: any length, at least one).
+# (None: any length, at least one).  Attaching compares the whole layout with its own.
 _READ = {
     "header": (np.dtype(np.int64), (HEADER_LEN,)),
     "limits": (np.dtype(np.float64), (LIMITS_LEN,)),
@@ -230,3 +232,67 @@ def _array(entry: Any, nbytes: int) -> tuple[str, list[int], np.dtype]:
 def _short(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def check_segment(name: str, buf: memoryview, description: dict[str, Any]) -> None:
+    """Raise :class:`~mpreplay.IncompatibleSegmentError` unless segment ``name``, mapped as
+    ``buf``, holds the manifest a buffer of ``description`` writes (see :func:`encode`).
+
+    What an attaching process calls before it uses a single offset: the segment must have been
+    made by the same mpreplay version, with the same manifest format, class, configuration and
+    layout (every array's name, shape, dtype and offset, and the layout's size).  Only the
+    owner and the creation time may differ.  ``buf`` is not kept.
+    """
+    ours = f"mpreplay {__version__} (manifest format {VERSION})"
+    head = bytes(buf[:NBYTES])
+    try:
+        document = _json(head)
+    except ManifestError as exc:
+        raise IncompatibleSegmentError(f"{name}: its manifest is unreadable ({exc}); this process runs {ours}; "
+                                       "refusing to attach") from None
+    if document is None:
+        raise IncompatibleSegmentError(f"{name}: holds no mpreplay manifest (not a replay buffer's segment); "
+                                       "refusing to attach")
+    theirs = f"{_maker(document)} (manifest format {_short(document.get('version'))})"
+    try:
+        decode(head, len(buf))
+    except ManifestError as exc:
+        raise IncompatibleSegmentError(f"{name}: made by {theirs}, which {ours} cannot read: {exc}; "
+                                       "refusing to attach") from None
+    expected = _document(description, document["owner"], document["created"])
+    difference = _difference(document, expected)
+    if difference is not None:
+        raise IncompatibleSegmentError(
+            f"{name}: made by {theirs}, this process runs {ours}; the segment is not what this process expects: "
+            f"{difference}; refusing to attach (every process of a job must run the same mpreplay version)")
+
+
+def _difference(found: dict[str, Any], expected: dict[str, Any]) -> str | None:
+    """The first entry of ``found`` that differs from ``expected``, described; None if none does."""
+    for key in [*expected, *(k for k in found if k not in expected)]:
+        if key not in found or key not in expected:
+            return f"{key!r} is {'missing' if key not in found else 'unknown'} in the segment"
+        theirs, ours = found[key], expected[key]
+        if _same(theirs, ours):
+            continue
+        if key == "arrays":
+            for i in range(max(len(theirs), len(ours))):
+                a = theirs[i] if i < len(theirs) else None
+                b = ours[i] if i < len(ours) else None
+                if not _same(a, b):
+                    return (f"array {i}: {_entry(a)} in the segment, {_entry(b)} expected "
+                            f"(layouts of {found['nbytes']} and {expected['nbytes']} bytes)")
+        return f"{key!r} is {_short(theirs)} in the segment, {_short(ours)} expected"
+    return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two JSON values are the same JSON (Python's == takes true for 1 and 1.0 for 1)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _entry(entry: list[Any] | None) -> str:
+    if entry is None:
+        return "none"
+    name, shape, dtype, offset = entry
+    return f"{name!r} of shape {tuple(shape)} {dtype} at offset {offset}"
