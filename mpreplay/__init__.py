@@ -1,7 +1,7 @@
 """mpreplay: prioritized experience replay in shared memory for multi-process RL."""
 from ._version import __version__
 from .buffer import MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
-from .errors import BufferClosed
+from .errors import BufferClosed, IncompatibleSegmentError
 from .launcher import ChildFailed, Context, RunResult, StopFlag, launch
 from .limiter import MinSize, RateLimiter, SampleToInsertRatio
 from .memory import SharedMemoryError
@@ -25,6 +25,7 @@ __all__ = [
     "sequence_priority",
     "BufferClosed",
     "SharedMemoryError",
+    "IncompatibleSegmentError",
     "RateLimiter",
     "MinSize",
     "SampleToInsertRatio",

@@ -207,7 +207,8 @@ class ReplayBuffer(BufferCalls):
             else:
                 c.lane_bounds(self._size, self._lanes)
         if create:
-            manifest.encode(self._manifest(), arrays[MANIFEST_ARRAY])
+            manifest.encode(self._manifest(self._memory.layout), arrays[MANIFEST_ARRAY],
+                            owner=process_token(os.getpid()), created=time.time())
         self._frames, outputs = (None, None) if c is None else c.make_frames(self._specs, arrays)
         self._sequences = (None if self._sequence is None
                            else Sequences(arrays[SEQUENCE_STEPS_ARRAY], self._lanes, self._sequence.length))
@@ -230,8 +231,10 @@ class ReplayBuffer(BufferCalls):
         """What the per-step calls take beyond the kernel (see ``calls.pyx``)."""
         return {}
 
-    def _manifest(self) -> dict[str, Any]:
-        """What another process needs to read this buffer's memory (see :mod:`mpreplay.manifest`)."""
+    def _manifest(self, layout: Layout) -> dict[str, Any]:
+        """What another process needs to read this buffer's memory over ``layout`` (see
+        :mod:`mpreplay.manifest`): what the creator writes, and what an attaching process
+        expects to find."""
         c = self._compression
         return {
             "class": type(self).__name__,
@@ -242,9 +245,8 @@ class ReplayBuffer(BufferCalls):
             "selector": self._selector_array()[0],
             "sequence": None if self._sequence is None else {"length": self._sequence.length,
                                                              "period": self._sequence.period},
-            "owner": process_token(os.getpid()),
-            "created": time.time(),
-            "arrays": [[name, list(shape), dtype, offset] for name, shape, dtype, offset in self._memory.layout.entries],
+            "arrays": [[name, list(shape), dtype, offset] for name, shape, dtype, offset in layout.entries],
+            "nbytes": layout.nbytes,
         }
 
     def close(self) -> None:
@@ -514,7 +516,7 @@ class ReplayBuffer(BufferCalls):
         if self._nstep is None and self._writer is None:
             return self
         config = {key: self.__dict__[key] for key in self._CONFIG}
-        return _handle(type(self), config, lambda layout: self._memory.handle())
+        return _handle(type(self), config, lambda buffer, layout: self._memory.handle())
 
     def save_transitions(self, file: Any, *, safe: bool = True, compress: bool = True,
                          priorities: bool = False) -> None:
@@ -757,17 +759,22 @@ class PrioritizedReplayBuffer(PrioritizedCalls, ReplayBuffer):
 
 
 def _attach(cls: type, config: dict[str, Any], name: str) -> "ReplayBuffer":
-    """Unpickle a shared buffer: map the creator's segment (never owning it)."""
-    return _handle(cls, config, lambda layout: SharedMemory(layout, name=name))
+    """Unpickle a shared buffer: map the creator's segment (never owning it), once its manifest
+    says it holds the layout this process computes from ``config`` (IncompatibleSegmentError if not)."""
+    def attach(buffer: ReplayBuffer, layout: Layout) -> SharedMemory:
+        expected = buffer._manifest(layout)
+        return SharedMemory(layout, name=name, verify=lambda buf: manifest.check_segment(name, buf, expected))
+
+    return _handle(cls, config, attach)
 
 
 def _handle(cls: type, config: dict[str, Any],
-            memory: Callable[[Layout], HeapMemory | FileMemory | SharedMemory]) -> "ReplayBuffer":
-    """A buffer object of ``config`` over existing memory (``memory(layout)``), which it does not own."""
+            memory: Callable[["ReplayBuffer", Layout], HeapMemory | FileMemory | SharedMemory]) -> "ReplayBuffer":
+    """A buffer object of ``config`` over existing memory (``memory(buffer, layout)``), which it does not own."""
     obj = cls.__new__(cls)
     obj.__dict__.update(config)
     obj._make_folders()
-    obj._memory = memory(obj._layout())
+    obj._memory = memory(obj, obj._layout())
     obj._bind(create=False, rng=np.random.default_rng())
     return obj
 

@@ -94,11 +94,16 @@ def _ls(as_json: bool) -> int:
         print("no mpreplay segment in /dev/shm")
         return 0
     _print_columns(["name", "owner", "size", "kind", "fill", "writers", "created"], [
-        [r["name"], f"{r['owner_pid']} ({'alive' if r['owner_alive'] else 'gone'})", _mib(r["bytes"]), r["kind"],
+        [r["name"], "–" if r["owner_pid"] is None else f"{r['owner_pid']} ({'alive' if r['owner_alive'] else 'gone'})",
+         _mib(r["bytes"]), r["kind"],
          "–" if r["capacity"] is None else f"{r['stored']:,} / {r['capacity']:,}",
          "–" if r["writers_alive"] is None else str(r["writers_alive"]),
          "–" if r["created"] is None else f"{datetime.datetime.fromtimestamp(r['created']):%Y-%m-%d %H:%M:%S}"]
         for r in rows])
+    # Listed all the same, with why: damaged, or made by an mpreplay of another manifest format.
+    for r in rows:
+        if r["problem"] is not None:
+            print(f"{r['name']}: unreadable: {r['problem']}")
     return 0
 
 

@@ -83,6 +83,8 @@ _KEYS = {"format_version", "mpreplay_version", "fields", "nstep", "compression",
 _MAX_METADATA_BYTES = 1 << 20
 _CHUNK = 1 << 22  # bytes read from a member at a time: no second copy of a large array
 _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+# The most bytes one compressed byte of a member holds, by zip compression method (deflate: 1032).
+_INFLATION = {zipfile.ZIP_STORED: 1, zipfile.ZIP_DEFLATED: 1032}
 # What zipfile, zlib and numpy's header parser raise on bytes that are not what they claim to be
 # (the parser tokenizes the header, evaluates it as a literal and sorts its keys: an unclosed bracket
 # is a TokenError, keys of mixed types a TypeError).
@@ -300,8 +302,28 @@ def _zip(f: IO[bytes], label: str) -> Iterator[zipfile.ZipFile]:
         if seekable is None or not seekable():
             f = BytesIO(f.read())
         archive = zipfile.ZipFile(f)
+        size = f.seek(0, os.SEEK_END)  # the archive reads each member from its own offset
     with archive:
+        _check_sizes(archive, size, label)
         yield archive
+
+
+def _check_sizes(archive: zipfile.ZipFile, size: int, label: str) -> None:
+    """Refuse a member that claims more bytes than the archive can hold.
+
+    Readers allocate the array a member's ``.npy`` header says before reading its data,
+    once the header agrees with the member's size in the zip's directory: that size must
+    be one the member's compressed bytes can inflate to, and those must lie in the archive.
+    """
+    for info in archive.infolist():
+        inflation = _INFLATION.get(info.compress_type)
+        if inflation is None:
+            raise TransitionFileError(f"{label}: member {_short(info.filename)} uses zip compression method "
+                                      f"{info.compress_type}; numpy's savez writes stored or deflated members")
+        if info.header_offset + info.compress_size > size or info.file_size > info.compress_size * inflation:
+            raise TransitionFileError(f"{label}: member {_short(info.filename)} claims {info.file_size} bytes in "
+                                      f"{info.compress_size} compressed bytes at offset {info.header_offset}, "
+                                      f"which a {size}-byte archive cannot hold")
 
 
 def _read_metadata(archive: zipfile.ZipFile) -> _Metadata:

@@ -3,72 +3,296 @@
 A shared buffer's segment is found by name in ``/dev/shm``, but its configuration travels
 only in the pickled handle its creator hands out.  The manifest makes the segment describe
 itself, so that ``mpreplay ls`` / ``top`` / ``rm`` (:mod:`mpreplay.monitor`) can read it
-from any process: the buffer's class and capacity, its fields, its compression, its owner
-and where each array lies.  It is plain JSON (never pickle), written once by the creator
-before any other process can attach, and never changed afterwards.
+from any process, and so that a process attaching a handle can check that the segment holds
+the layout it computes (:func:`check_segment`): the buffer's class and capacity, its fields,
+its compression, its owner, the mpreplay version that made it, and where each array lies.
+It is plain JSON (never pickle), written once by the creator before any other process can
+attach, and never changed afterwards.
 
-Layout of the ``manifest`` array (``MANIFEST_NBYTES`` bytes, the segment's first array):
+Layout of the ``manifest`` array (``NBYTES`` bytes, the segment's first array):
 ``MAGIC`` (8 bytes), the JSON's length (uint64, little endian), the JSON (UTF-8), zeros.
+
+A segment's bytes are never trusted: :func:`decode` checks every entry a reader relies on
+(types, numeric dtypes, ranks and lengths of the arrays readers index, every array inside the
+segment) and names the first one that is wrong.
 """
 from __future__ import annotations
 
 import json
+import math
+import re
 import struct
 from typing import Any
 
 import numpy as np
 
-from ._ext.schema import MANIFEST_NBYTES
+from ._ext.lock import LOCK_NBYTES
+from ._ext.processes import token_pid
+from ._ext.schema import (HEADER_LEN, LANE_LEN, LIMITS_LEN, MANIFEST_NBYTES, MAX_WRITERS, MEMBERS_ARRAY, TREE_ARRAY,
+                          WRITER_LEN, WRITERS_ARRAY)
+from ._ext.sumtree import tree_buffer_size
+from ._ext.uniform import uniform_state_size
+from ._version import __version__
+from .errors import IncompatibleSegmentError
 
-__all__ = ["MAGIC", "VERSION", "encode", "decode"]
+__all__ = ["MAGIC", "NBYTES", "VERSION", "ManifestError", "check_segment", "decode", "encode"]
 
 MAGIC = b"mpreplay"
-VERSION = 1
+NBYTES = MANIFEST_NBYTES
+# 2: the document names the mpreplay version that wrote it and the layout's size (``nbytes``).
+VERSION = 2
 _HEAD = struct.Struct("<8sQ")
+_DTYPE = re.compile(r"[<>|][biufc][0-9]{1,2}")  # numpy's dtype.str of the numeric dtypes
+_WORD = 8  # every array starts on an 8-byte boundary: readers load counters and lock words whole
+_MAX_RANK = 32  # numpy's limit on dimensions (64 since numpy 2) with room to spare
+_LATEST = 32503680000.0  # 3000-01-01: a later creation time is damage (and beyond what datetime prints)
+# The arrays readers from outside index (monitor.py), with their dtype and this version's shape
+# (None: any length, at least one).  Attaching compares the whole layout with its own.
+_READ = {
+    "header": (np.dtype(np.int64), (HEADER_LEN,)),
+    "limits": (np.dtype(np.float64), (LIMITS_LEN,)),
+    "lanes": (np.dtype(np.int64), (None, LANE_LEN)),
+    WRITERS_ARRAY: (np.dtype(np.int64), (MAX_WRITERS, WRITER_LEN)),
+}
+_IF_THERE = {"lock": (np.dtype(np.uint8), (LOCK_NBYTES,))}  # local buffers have no lock in their memory
+# The selector's array, by the name the manifest's "selector" gives it, for a capacity.
+_SELECTORS = {
+    TREE_ARRAY: lambda capacity: (np.dtype(np.float64), (tree_buffer_size(capacity),)),
+    MEMBERS_ARRAY: lambda capacity: (np.dtype(np.int64), (uniform_state_size(capacity),)),
+}
 
 
-def encode(document: dict[str, Any], out: np.ndarray) -> None:
-    """Write ``document`` (JSON-serialisable, ``version`` added) into the manifest array ``out``.
+class ManifestError(ValueError):
+    """A segment holds a manifest that this version of mpreplay cannot read; the message says why."""
+
+
+def encode(description: dict[str, Any], out: np.ndarray, *, owner: int, created: float) -> None:
+    """Write the manifest of a buffer into the manifest array ``out``: ``description`` (what its
+    configuration and layout say, JSON-serialisable), the creator's process token ``owner`` and
+    the creation time ``created``; the format and mpreplay versions are added.
 
     A document too large for the array loses its ``fields`` entry (``fields_omitted`` says
     so): the layout, which the reader needs, is always kept.
     """
-    document = {"version": VERSION, **document}
-    text = json.dumps(document, separators=(",", ":")).encode()
-    if _HEAD.size + len(text) > MANIFEST_NBYTES:
-        document = {**document, "fields": {}, "fields_omitted": True}
-        text = json.dumps(document, separators=(",", ":")).encode()
-    if _HEAD.size + len(text) > MANIFEST_NBYTES:
-        raise ValueError(f"manifest: {len(text)} bytes of layout do not fit in {MANIFEST_NBYTES}")
+    text = _text(_document(description, owner, created))
     data = _HEAD.pack(MAGIC, len(text)) + text
     out[:len(data)] = np.frombuffer(data, np.uint8)
 
 
-def decode(head: bytes) -> dict[str, Any] | None:
-    """The document in ``head`` (the first ``MANIFEST_NBYTES`` bytes of a segment, or more);
-    None when they hold no manifest of a version this code reads."""
-    if len(head) < _HEAD.size:
-        return None
-    magic, length = _HEAD.unpack_from(head)
-    if magic != MAGIC or not 0 < length <= min(len(head), MANIFEST_NBYTES) - _HEAD.size:
-        return None
-    try:
-        document = json.loads(bytes(head[_HEAD.size:_HEAD.size + length]))
-    except ValueError:
-        return None
-    if not isinstance(document, dict) or document.get("version") != VERSION or not _well_formed(document):
-        return None
+def _document(description: dict[str, Any], owner: int, created: float) -> dict[str, Any]:
+    """The document :func:`encode` writes for these arguments, as :func:`decode` reads it back."""
+    document = {"version": VERSION, "mpreplay_version": __version__, **description, "owner": owner,
+                "created": created}
+    if _HEAD.size + len(_text(document)) > NBYTES:
+        document = {**document, "fields": {}, "fields_omitted": True}
+    if _HEAD.size + len(_text(document)) > NBYTES:
+        raise ValueError(f"manifest: {len(_text(document))} bytes of layout do not fit in {NBYTES}")
+    return json.loads(_text(document))
+
+
+def _text(document: dict[str, Any]) -> bytes:
+    return json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
+
+
+def decode(head: bytes, size: int | None = None) -> dict[str, Any] | None:
+    """The document in ``head`` (the first ``NBYTES`` bytes of a segment, or more) of a segment
+    of ``size`` bytes (None: not checked against the segment's size).
+
+    None when ``head`` does not start with ``MAGIC`` (not a buffer's segment: a
+    ``ParameterStore``'s, say); :class:`ManifestError` when it holds a manifest this version
+    cannot read: damaged, of another format version, or describing arrays that readers could
+    not index or that lie outside the segment.
+    """
+    document = _json(head)
+    if document is not None:
+        if document.get("version") != VERSION:
+            raise ManifestError(f"manifest format {_short(document.get('version'))} (written by "
+                                f"{_maker(document)}); mpreplay {__version__} reads format {VERSION}")
+        _check(document, size)
     return document
 
 
-def _well_formed(document: dict[str, Any]) -> bool:
-    """Whether the entries a reader relies on are there, with their types."""
-    def whole(x: Any) -> bool:
-        return type(x) is int and x >= 0
+def _json(head: bytes) -> dict[str, Any] | None:
+    """The JSON object after the magic, unchecked; None without the magic."""
+    if bytes(head[:len(MAGIC)]) != MAGIC:
+        return None
+    if len(head) < _HEAD.size:
+        raise ManifestError(f"the manifest is cut after {len(head)} bytes")
+    length = _HEAD.unpack_from(head)[1]
+    room = min(len(head), NBYTES) - _HEAD.size
+    if not 0 < length <= room:
+        raise ManifestError(f"its length field says {length} bytes of JSON, the manifest holds 1 to {room}")
+    try:
+        document = json.loads(bytes(head[_HEAD.size:_HEAD.size + length]), parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ManifestError(f"the manifest is not UTF-8 JSON ({type(exc).__name__}: {_short(str(exc))})") from None
+    if not isinstance(document, dict):
+        raise ManifestError(f"the manifest is {_short(document)}, not a JSON object")
+    return document
 
-    arrays = document.get("arrays")
-    return (whole(document.get("capacity")) and whole(document.get("owner"))
-            and isinstance(document.get("created"), (int, float)) and isinstance(document.get("class"), str)
-            and isinstance(document.get("selector"), str) and isinstance(arrays, list)
-            and all(isinstance(a, list) and len(a) == 4 and isinstance(a[0], str) and isinstance(a[2], str)
-                    and isinstance(a[1], list) and all(whole(d) for d in a[1]) and whole(a[3]) for a in arrays))
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a manifest holds")
+
+
+def _maker(document: dict[str, Any]) -> str:
+    """Which mpreplay wrote ``document``, as far as it says."""
+    version = document.get("mpreplay_version")
+    return f"mpreplay {version}" if isinstance(version, str) else "an mpreplay version that does not say which"
+
+
+def _whole(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _sequence(value: Any) -> bool:
+    return value is None or (isinstance(value, dict) and all(
+        _whole(value.get(key)) and value[key] >= 1 for key in ("length", "period")))
+
+
+# What each entry of a document must be: (test, what the message says was expected).
+_ENTRIES = {
+    "mpreplay_version": (lambda v: isinstance(v, str), "a version string"),
+    "class": (lambda v: isinstance(v, str) and v.isidentifier(), "a class name"),
+    "owner": (lambda v: _whole(v) and v < 2**63 and token_pid(v) > 0, "a process token (a pid and a start time)"),
+    "created": (lambda v: type(v) in (int, float) and 0 <= v <= _LATEST, "a time in seconds since 1970"),
+    "selector": (lambda v: v in (TREE_ARRAY, MEMBERS_ARRAY), f"{TREE_ARRAY!r} or {MEMBERS_ARRAY!r}"),
+    "fields": (lambda v: isinstance(v, dict), "an object"),
+    "next_of": (_names, "a list of field names"),
+    "stack_compress": (_names, "a list of field names"),
+    "sequence": (_sequence, "null or {'length': integer >= 1, 'period': integer >= 1}"),
+    "nbytes": (_whole, "a size in bytes"),
+    "capacity": (lambda v: _whole(v) and v >= 1, "an integer >= 1"),
+    "arrays": (lambda v: isinstance(v, list), "a list of [name, shape, dtype, offset]"),
+}
+
+
+def _check(document: dict[str, Any], size: int | None) -> None:
+    """Raise :class:`ManifestError` naming the first entry of ``document`` a reader cannot rely on."""
+    for key, (test, expected) in _ENTRIES.items():
+        if key not in document:
+            raise ManifestError(f"manifest entry {key!r} is missing")
+        if not test(document[key]):
+            raise ManifestError(f"manifest entry {key!r}: expected {expected}, got {_short(document[key])}")
+    nbytes, capacity = document["nbytes"], document["capacity"]
+    if size is not None and nbytes > size:
+        raise ManifestError(f"the manifest describes {nbytes} bytes, the segment holds {size}")
+    if capacity > nbytes:  # every slot takes at least its state byte
+        raise ManifestError(f"a capacity of {capacity} slots does not fit in {nbytes} bytes")
+    arrays: dict[str, tuple[list[int], np.dtype]] = {}
+    for entry in document["arrays"]:
+        name, shape, dtype = _array(entry, nbytes)
+        if name in arrays:
+            raise ManifestError(f"the manifest lists array {_short(name)} twice")
+        arrays[name] = shape, dtype
+    need = {**_READ, **{name: want for name, want in _IF_THERE.items() if name in arrays}}
+    need[document["selector"]] = _SELECTORS[document["selector"]](capacity)
+    for name, (dtype, shape) in need.items():
+        if name not in arrays:
+            raise ManifestError(f"the manifest has no {name!r} array")
+        have, have_dtype = arrays[name]
+        if have_dtype != dtype or len(have) != len(shape) or any(
+                d < 1 if want is None else d != want for d, want in zip(have, shape)):
+            raise ManifestError(f"array {name!r} is {have_dtype} of shape {tuple(have)}, readers index "
+                                f"{dtype} of shape {tuple('n' if d is None else d for d in shape)}")
+
+
+def _array(entry: Any, nbytes: int) -> tuple[str, list[int], np.dtype]:
+    """``(name, shape, dtype)`` of one entry of ``arrays``, checked to lie within ``nbytes``."""
+    if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)):
+        raise ManifestError(f"an array entry is {_short(entry)}; expected [name, shape, dtype, offset]")
+    name, shape, code, offset = entry
+    if not (isinstance(shape, list) and len(shape) <= _MAX_RANK and all(_whole(d) for d in shape)):
+        raise ManifestError(f"array {_short(name)}: shape {_short(shape)} is not a list of at most "
+                            f"{_MAX_RANK} sizes")
+    if not (isinstance(code, str) and _DTYPE.fullmatch(code)):
+        raise ManifestError(f"array {_short(name)}: dtype {_short(code)} is not a numeric dtype")
+    try:
+        dtype = np.dtype(code)
+    except TypeError:
+        raise ManifestError(f"array {_short(name)}: dtype {_short(code)} is not a numeric dtype") from None
+    if dtype.str != code:
+        raise ManifestError(f"array {_short(name)}: dtype {_short(code)} is not written as numpy writes it "
+                            f"({dtype.str!r})")
+    if not (_whole(offset) and offset % _WORD == 0):
+        raise ManifestError(f"array {_short(name)}: offset {_short(offset)} is not a multiple of {_WORD} bytes")
+    # Empty dimensions aside, no array has more items than its segment has bytes (numpy refuses
+    # shapes whose product overflows, even with an empty dimension).
+    end = offset + math.prod(shape) * dtype.itemsize
+    if math.prod(max(d, 1) for d in shape) > nbytes or end > nbytes:
+        raise ManifestError(f"array {_short(name)} of shape {tuple(shape)} {dtype} at offset {offset} "
+                            f"lies past the {nbytes} bytes of the segment")
+    return name, shape, dtype
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def check_segment(name: str, buf: memoryview, description: dict[str, Any]) -> None:
+    """Raise :class:`~mpreplay.IncompatibleSegmentError` unless segment ``name``, mapped as
+    ``buf``, holds the manifest a buffer of ``description`` writes (see :func:`encode`).
+
+    What an attaching process calls before it uses a single offset: the segment must have been
+    made by the same mpreplay version, with the same manifest format, class, configuration and
+    layout (every array's name, shape, dtype and offset, and the layout's size).  Only the
+    owner and the creation time may differ.  ``buf`` is not kept.
+    """
+    ours = f"mpreplay {__version__} (manifest format {VERSION})"
+    head = bytes(buf[:NBYTES])
+    try:
+        document = _json(head)
+    except ManifestError as exc:
+        raise IncompatibleSegmentError(f"{name}: its manifest is unreadable ({exc}); this process runs {ours}; "
+                                       "refusing to attach") from None
+    if document is None:
+        raise IncompatibleSegmentError(f"{name}: holds no mpreplay manifest (not a replay buffer's segment); "
+                                       "refusing to attach")
+    theirs = f"{_maker(document)} (manifest format {_short(document.get('version'))})"
+    try:
+        decode(head, len(buf))
+    except ManifestError as exc:
+        raise IncompatibleSegmentError(f"{name}: made by {theirs}, which {ours} cannot read: {exc}; "
+                                       "refusing to attach") from None
+    expected = _document(description, document["owner"], document["created"])
+    difference = _difference(document, expected)
+    if difference is not None:
+        raise IncompatibleSegmentError(
+            f"{name}: made by {theirs}, this process runs {ours}; the segment is not what this process expects: "
+            f"{difference}; refusing to attach (every process of a job must run the same mpreplay version)")
+
+
+def _difference(found: dict[str, Any], expected: dict[str, Any]) -> str | None:
+    """The first entry of ``found`` that differs from ``expected``, described; None if none does."""
+    for key in [*expected, *(k for k in found if k not in expected)]:
+        if key not in found or key not in expected:
+            return f"{key!r} is {'missing' if key not in found else 'unknown'} in the segment"
+        theirs, ours = found[key], expected[key]
+        if _same(theirs, ours):
+            continue
+        if key == "arrays":
+            for i in range(max(len(theirs), len(ours))):
+                a = theirs[i] if i < len(theirs) else None
+                b = ours[i] if i < len(ours) else None
+                if not _same(a, b):
+                    return (f"array {i}: {_entry(a)} in the segment, {_entry(b)} expected "
+                            f"(layouts of {found['nbytes']} and {expected['nbytes']} bytes)")
+        return f"{key!r} is {_short(theirs)} in the segment, {_short(ours)} expected"
+    return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two JSON values are the same JSON (Python's == takes true for 1 and 1.0 for 1)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _entry(entry: list[Any] | None) -> str:
+    if entry is None:
+        return "none"
+    name, shape, dtype, offset = entry
+    return f"{name!r} of shape {tuple(shape)} {dtype} at offset {offset}"

@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing import resource_tracker, shared_memory
 from multiprocessing import util as mp_util
@@ -185,12 +186,15 @@ class SharedMemory:
 
     The creating process owns the segment and unlinks it on :meth:`close`
     (also at garbage collection and interpreter exit); attaching processes
-    only unmap it.
+    only unmap it.  An attaching process may pass ``verify``: it is called with
+    the whole mapping before any view of ``layout`` is made, must not keep it,
+    and refuses the segment by raising (the segment is then unmapped).
     """
 
     shared = True
 
-    def __init__(self, layout: Layout, *, name: str | None = None):
+    def __init__(self, layout: Layout, *, name: str | None = None,
+                 verify: Callable[[memoryview], None] | None = None):
         self.layout = layout
         self.owner = name is None
         size = max(layout.nbytes, 1)
@@ -216,6 +220,12 @@ class SharedMemory:
                 self._shm = _attach_untracked(name)
             except FileNotFoundError:
                 raise SharedMemoryError(f"shared-memory segment {name!r} no longer exists (its owner closed it)") from None
+            if verify is not None:
+                try:
+                    verify(self._shm.buf)
+                except BaseException:
+                    self._shm.close()
+                    raise
         self.name = self._shm.name
         self.arrays = layout.views(self._shm.buf)
         # A forked child inherits this object but not the ownership.

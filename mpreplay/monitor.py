@@ -5,11 +5,17 @@ process can map it and read it.  Everything here maps segments read-only and nev
 lock: the counters are read as they are (each an aligned 8-byte word, so none is half-written),
 which is what lets ``top`` watch a buffer while its writers and learner run, freeze or die,
 and never slow them down.  The figures of one reading may be a few operations apart.
+
+Nothing a segment holds is trusted: a manifest this version cannot read (damaged, of another
+format, describing arrays that are not there) makes the segment *unreadable*: it is listed with
+the reason, and every other segment is listed as usual.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,8 +27,8 @@ from ._ext.lock import read_holder
 from ._ext.processes import describe_process, token_alive, token_pid
 from ._ext.sumtree import leaf_views
 from ._ext.schema import (CLOSED, INSERTS, LANE_OWNER, LIMIT_MAX_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI,
-                          LOCK_HOLDS, LOCK_WAIT_NS, MANIFEST_NBYTES, SAMPLES, STALE, STORED, TORN, TREE_ARRAY,
-                          WRITER_INSERTS, WRITER_TOKEN)
+                          LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED, TORN, TREE_ARRAY, WRITER_INSERTS,
+                          WRITER_TOKEN)
 from .memory import SEGMENT_PREFIX
 
 __all__ = ["SHM_DIR", "BufferView", "Reading", "Removal", "Segment", "frame", "list_segments", "remove_segments",
@@ -33,18 +39,23 @@ SHM_DIR = "/dev/shm"
 
 @dataclass(frozen=True)
 class Segment:
-    """One ``mpreplay-*`` segment: a buffer's (``document`` is its manifest) or another's
-    (a ``ParameterStore``'s, or one this version cannot read: ``document`` None)."""
+    """One ``mpreplay-*`` segment: a buffer's (``document`` is its manifest), another's (a
+    ``ParameterStore``'s: no manifest, ``document`` None), or one whose manifest this version
+    cannot read (``document`` None, ``problem`` says why)."""
 
     name: str
     nbytes: int            # space it takes in /dev/shm
-    owner_pid: int | None  # the creator, from the manifest or the name
+    owner_pid: int | None  # the creator, from the manifest or (without one) the name
     owner_alive: bool
     document: dict[str, Any] | None = field(repr=False)
+    problem: str | None = None
 
     @property
     def kind(self) -> str:
-        """``"prioritized"``, ``"uniform"`` (``", sequences of N"``, ``", compressed"`` appended), or ``"other"``."""
+        """``"prioritized"``, ``"uniform"`` (``", sequences of N"``, ``", compressed"`` appended),
+        ``"unreadable"`` or ``"other"``."""
+        if self.problem is not None:
+            return "unreadable"
         if self.document is None:
             return "other"
         kind = "prioritized" if self.document.get("selector") == TREE_ARRAY else "uniform"
@@ -55,29 +66,46 @@ class Segment:
 
 
 def list_segments(shm_dir: str = SHM_DIR) -> list[Segment]:
-    """Every ``mpreplay-*`` segment in ``shm_dir``, oldest first."""
+    """Every ``mpreplay-*`` segment in ``shm_dir``, oldest first, whatever bytes it holds."""
     found = []
     for name in os.listdir(shm_dir):
         if not name.startswith(SEGMENT_PREFIX):
             continue
-        path = os.path.join(shm_dir, name)
         try:
-            st = os.stat(path)
-            with open(path, "rb") as f:
-                head = f.read(MANIFEST_NBYTES)
+            st, head = _head(os.path.join(shm_dir, name))
         except OSError:  # unlinked meanwhile, or not ours to read
             continue
-        document = manifest.decode(head)
-        owner = _owner(name, document)
-        found.append((st.st_mtime, Segment(name, st.st_blocks * 512, owner, _alive(name, document), document)))
+        if head is None:  # a folder, a FIFO: no segment
+            continue
+        try:
+            document, problem = manifest.decode(head, st.st_size), None
+        except manifest.ManifestError as exc:
+            document, problem = None, str(exc)
+        segment = Segment(name, st.st_blocks * 512, _owner(name, document), _alive(name, document), document, problem)
+        found.append((st.st_mtime, segment))
     return [segment for _, segment in sorted(found, key=lambda item: item[0])]
+
+
+def _head(path: str) -> tuple[os.stat_result, bytes | None]:
+    """The status of the file at ``path`` and, if it is a regular file (as segments are), the
+    bytes of its manifest."""
+    # Non-blocking: opening a FIFO someone named like a segment must not wait for a writer.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        return st, os.pread(fd, manifest.NBYTES, 0) if stat.S_ISREG(st.st_mode) else None
+    finally:
+        os.close(fd)
 
 
 def _owner(name: str, document: dict[str, Any] | None) -> int | None:
     if document is not None:
         return token_pid(document["owner"])
     pid = name[len(SEGMENT_PREFIX):].split("-", 1)[0]
-    return int(pid) if pid.isdigit() else None
+    # A pid names a process only while it fits a token's pid (Linux's pids do).
+    if not (pid.isascii() and pid.isdigit() and len(pid) < 19):
+        return None
+    return int(pid) if 0 < int(pid) == token_pid(int(pid)) else None
 
 
 def _alive(name: str, document: dict[str, Any] | None) -> bool:
@@ -90,10 +118,11 @@ def _alive(name: str, document: dict[str, Any] | None) -> bool:
 
 def summary(segment: Segment, shm_dir: str = SHM_DIR) -> dict[str, Any] | None:
     """``ls``'s figures of ``segment``: name, owner, size, kind, capacity and fill, writers
-    alive, creation time (None where the segment cannot tell); None when it was unlinked meanwhile."""
+    alive, creation time (None where the segment cannot tell) and, for an unreadable segment,
+    the ``problem``; None when it was unlinked meanwhile."""
     row = {"name": segment.name, "owner_pid": segment.owner_pid, "owner_alive": segment.owner_alive,
            "bytes": segment.nbytes, "kind": segment.kind, "capacity": None, "stored": None,
-           "writers_alive": None, "created": None}
+           "writers_alive": None, "created": None, "problem": segment.problem}
     if segment.document is None:
         return row
     try:
@@ -101,7 +130,8 @@ def summary(segment: Segment, shm_dir: str = SHM_DIR) -> dict[str, Any] | None:
             reading = view.read()
     except OSError:  # unlinked meanwhile
         return None
-    except ValueError:  # a manifest that does not describe the segment: listed without figures
+    except ValueError as exc:  # changed since it was listed (truncated, rewritten): listed without figures
+        row.update(kind="unreadable", problem=str(exc))
         return row
     row.update(capacity=view.capacity, stored=int(reading.header[STORED]), created=segment.document["created"],
                writers_alive=sum(token_alive(token) for token in reading.writers))
@@ -121,27 +151,31 @@ class BufferView:
     """A read-only mapping of the buffer segment ``name`` (never its lock, never a write)."""
 
     def __init__(self, name: str, shm_dir: str = SHM_DIR):
+        """Map segment ``name`` of ``shm_dir``; ValueError when it is no buffer's segment this
+        version can read (the message says why), OSError when it cannot be opened."""
         path = os.path.join(shm_dir, name)
-        with open(path, "rb") as f:
-            self._map = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
-        document = manifest.decode(self._map[:MANIFEST_NBYTES])
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+                raise ValueError(f"{name}: not a replay buffer segment (no manifest)")
+            self._map = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        try:
+            # Checked against the mapping itself: every array below lies inside it.
+            document = manifest.decode(self._map[:manifest.NBYTES], len(self._map))
+        except manifest.ManifestError as exc:
+            self._map.close()
+            raise ValueError(f"{name}: unreadable: {exc}") from None
         if document is None:
             self._map.close()
-            raise ValueError(f"{name}: not a replay buffer segment this version of mpreplay can read")
+            raise ValueError(f"{name}: not a replay buffer segment (no manifest)")
         self.name = name
         self.document = document
         self.capacity: int = document["capacity"]
-        try:
-            self.arrays = {entry[0]: np.frombuffer(self._map, np.dtype(entry[2]),
-                                                   int(np.prod(entry[1], dtype=np.int64)), entry[3]).reshape(entry[1])
-                           for entry in document["arrays"]}
-            missing = {"header", "limits", "lanes", "writers"} - set(self.arrays)
-            if missing:
-                raise ValueError(f"no {sorted(missing)} array")
-        except (TypeError, ValueError) as exc:
-            self.arrays = {}
-            self._map.close()
-            raise ValueError(f"{name}: its manifest does not describe the segment ({exc})") from None
+        self.arrays = {array: np.frombuffer(self._map, np.dtype(dtype), math.prod(shape), offset).reshape(shape)
+                       for array, shape, dtype, offset in document["arrays"]}
 
     def read(self) -> Reading:
         """The counters now."""
@@ -169,12 +203,13 @@ class BufferView:
 
     def priorities(self) -> np.ndarray | None:
         """The priorities of the transitions that may be drawn now (None: uniform selection)."""
-        if TREE_ARRAY not in self.arrays:
+        if self.document["selector"] != TREE_ARRAY:  # the manifest was checked to hold the tree it names
             return None
         weights, raw = leaf_views(self.arrays[TREE_ARRAY], self.capacity)
         # Copied first: writers change leaves meanwhile, and the mask must judge the values returned.
         weights, raw = weights.copy(), raw.copy()
-        return raw[(weights > 0) & (raw > -np.inf)]
+        # Priorities are finite (the buffers refuse others): any other value is not shown.
+        return raw[(weights > 0) & np.isfinite(raw)]
 
     @property
     def closed(self) -> bool:
@@ -228,7 +263,7 @@ def frame(view: BufferView, before: Reading, after: Reading) -> list[tuple[str, 
     rows.append(("lock wait", f"{rate(LOCK_WAIT_NS) / 1e9:.2f} s per s (all waiters), {holds:,.0f} holds/s"))
     holder = view.lock_holder()
     rows.append(("lock holder", "free" if holder is None
-                 else f"{describe_process(holder[0])} for {holder[1] * 1e3:,.1f} ms"))
+                 else f"{_describe_pid(holder[0])} for {holder[1] * 1e3:,.1f} ms"))
     rows.append(("stale updates/s", f"{rate(STALE):,.0f}"))
     rows.append(("torn rows/s", f"{rate(TORN):,.0f}"))
     lanes = view.lanes()
@@ -243,6 +278,11 @@ def frame(view: BufferView, before: Reading, after: Reading) -> list[tuple[str, 
                                    f"max {priorities.max():.3g}"))
         rows.append(("histogram", _histogram(priorities)))
     return rows
+
+
+def _describe_pid(pid: int) -> str:
+    """``describe_process(pid)``, for a pid read from the segment (which may be any word)."""
+    return describe_process(pid) if 0 < pid == token_pid(pid) else f"pid {pid} (not a process id)"
 
 
 _BARS = " ▁▂▃▄▅▆▇█"

@@ -12,8 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from mpreplay import (MPPrioritizedReplayBuffer, MPPrioritizedSequenceReplayBuffer, MPReplayBuffer, SampleToInsertRatio,
-                      manifest)
+from mpreplay import MPPrioritizedReplayBuffer, MPPrioritizedSequenceReplayBuffer, MPReplayBuffer, SampleToInsertRatio
 from mpreplay.cli import main
 from mpreplay.monitor import SHM_DIR, BufferView, list_segments, remove_segments
 
@@ -261,38 +260,3 @@ def test_a_segment_without_a_manifest_is_listed_as_other_and_cannot_be_watched(t
     assert (segment.name, segment.kind, segment.owner_pid) == (name, "other", 1)
     with pytest.raises(ValueError, match="not a replay buffer"):
         BufferView(name, str(tmp_path))
-
-
-def test_a_manifest_whose_arrays_lie_past_the_segment_is_refused_by_name(tmp_path):
-    name = "mpreplay-1-0badf00d"
-    head = np.zeros(16384, np.uint8)
-    manifest.encode({"class": "X", "capacity": 1, "selector": "tree", "owner": 1, "created": 0.0,
-                     "arrays": [["header", [16], "<i8", 10**9]]}, head)
-    (tmp_path / name).write_bytes(head.tobytes())
-    with pytest.raises(ValueError, match=f"{name}: its manifest does not describe the segment"):
-        BufferView(name, str(tmp_path))
-
-
-@pytest.mark.parametrize("entry", [{"capacity": -1}, {"owner": "me"}, {"arrays": [["header", [16], "<i8"]]},
-                                   {"arrays": [["header", [-1], "<i8", 0]]}],
-                         ids=["negative-capacity", "owner-not-a-token", "array-without-offset", "negative-shape"])
-def test_a_manifest_missing_what_readers_rely_on_decodes_to_none(entry):
-    document = {"class": "X", "capacity": 1, "selector": "tree", "owner": 1, "created": 0.0,
-                "arrays": [["header", [16], "<i8", 0]], **entry}
-    head = np.zeros(16384, np.uint8)
-    manifest.encode(document, head)
-    assert manifest.decode(head.tobytes()) is None
-
-
-def test_a_manifest_reads_back_what_was_written():
-    out = np.zeros(16384, np.uint8)
-    document = {"class": "X", "capacity": 5, "selector": "tree", "owner": 1, "created": 0.0,
-                "arrays": [["header", [16], "<i8", 0]]}
-    manifest.encode(document, out)
-    assert manifest.decode(out.tobytes()) == {"version": manifest.VERSION, **document}
-
-
-@pytest.mark.parametrize("head", [b"", b"mpreplay", b"x" * 64, b"mpreplay" + (10**9).to_bytes(8, "little")],
-                         ids=["empty", "magic-only", "no-magic", "length-past-the-end"])
-def test_bytes_that_hold_no_manifest_decode_to_none(head):
-    assert manifest.decode(head) is None
