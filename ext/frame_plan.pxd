@@ -29,7 +29,8 @@ cdef class FramePlanner:
     cdef bint _same(self, Py_ssize_t q, Observation a, Observation b) noexcept nogil
     cdef Observation _row(self, Py_ssize_t q, Observation rows, Py_ssize_t i) noexcept nogil
     cdef FramePlan _plan(self, Py_ssize_t k, const Observation* obs, const Observation* nexts, const uint8_t* flag,
-                         Episode episode, bint end_episode, object keep)
+                         Episode episode, bint end_episode, object keep, Py_ssize_t resume)
+    cdef Py_ssize_t _resumed_stack(self, Py_ssize_t q, Observation first, Py_ssize_t resume) except -1
     cdef tuple _finish(self, FramePlan p, Py_ssize_t ending, Py_ssize_t items, Py_ssize_t head, Py_ssize_t tail,
                        Py_ssize_t t, Observation* before)
     cdef bint _equals_next(self, FramePlan p, Py_ssize_t o, Py_ssize_t i) noexcept nogil
@@ -43,8 +44,9 @@ cdef class FramePlan:
     cdef FramePlanner _planner
     cdef readonly Py_ssize_t rows      # rows planned
     cdef Py_ssize_t _earlier
-    cdef int64_t* _item_row        # per item: its row, -1 for an episode's last next frame
-    cdef int64_t* _item_source     # per item: for a last next frame, the pending ordinal it is taken from
+    cdef int64_t* _item_row        # per item: its row, -1 for a frame of no row
+    cdef int64_t* _item_source     # per item of no row: the pending ordinal whose last next frame it is,
+                                   # or -1 - b: the frame b steps before a resumed first row
     cdef uint8_t* _item_depth      # per item: earlier frames of its episode (at most 255)
     cdef int64_t* _row_item        # per row: its item
     cdef int64_t* _resolved_item   # per pending ordinal < head: the item holding its next frame
@@ -54,7 +56,7 @@ cdef class FramePlan:
     cdef Observation* _pending  # (earlier, nkeys): next observations of earlier calls' pending rows
     cdef object _keep
 
-    cdef _init(self, FramePlanner planner, Py_ssize_t rows, Py_ssize_t earlier)
+    cdef _init(self, FramePlanner planner, Py_ssize_t rows, Py_ssize_t earlier, Py_ssize_t seeds)
     cdef Observation _next_of(self, Py_ssize_t o, Py_ssize_t q) noexcept nogil
     cdef int64_t item_of(self, Py_ssize_t row) noexcept nogil
     cdef int64_t _position(self, Py_ssize_t o, int64_t base) noexcept nogil

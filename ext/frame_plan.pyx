@@ -27,6 +27,12 @@ pending rows, ordinal ``earlier + i`` row ``i`` of this batch.  The writer's
 :class:`Episode` keeps, copied, what outlives a call: those pending rows and
 the episode's newest stacks.  One step of exact arrays is planned by the same
 code as a batch (``Episode.plan_step``, for ``Ring.add_step``).
+
+A batch may *resume* an episode at step t > 0 none of whose steps the writer
+stored (a saved buffer's oldest kept step): its first row's stacks hold every
+older frame they read, so those frames take items of their own before it
+(never sampled, as a lone next frame), and its depth is t, as when it was first
+stored.
 """
 from libc.math cimport NAN
 from libc.stdint cimport int64_t, uint8_t, uint64_t
@@ -222,7 +228,7 @@ cdef class FramePlanner:
         return rows
 
     def plan(self, Py_ssize_t k, list obs not None, list nexts not None, object flags, Episode episode not None,
-             bint end_episode):
+             bint end_episode, Py_ssize_t resume=0):
         """Plan ``k`` rows after ``episode`` (which must be this planner's); returns a
         :class:`FramePlan`, or raises ValueError naming the field.  Changes nothing.
 
@@ -231,6 +237,10 @@ cdef class FramePlanner:
             (``nexts[q]`` None without next_of)
         flags : bool or uint8 array, per row nonzero if the row ends its episode (done or truncated)
         end_episode : the episode ends after the rows, as with a flagged last row
+        resume : > 0, the first row is step ``resume`` of an episode whose older steps are not
+            stored (``episode`` must be between episodes): the older frames its stacks read are
+            planned as items of their own before it, and its stacks are not checked against a
+            step before it -- only that the positions older than the episode repeat its first frame
         """
         cdef Py_ssize_t q, nk = self._nkeys
         if len(obs) != nk or len(nexts) != nk:
@@ -245,22 +255,29 @@ cdef class FramePlanner:
                 o[q] = _observation(obs[q], k * self._row_bytes[q], self._names[q])
                 if self._has_next[q]:
                     o[nk + q] = _observation(nexts[q], k * self._row_bytes[q], self._names[q], "next_")
-            return self._plan(k, o, o + nk, flag, episode, end_episode, (obs, nexts))
+            return self._plan(k, o, o + nk, flag, episode, end_episode, (obs, nexts), resume)
         finally:
             free(o)
 
     cdef FramePlan _plan(self, Py_ssize_t k, const Observation* obs, const Observation* nexts, const uint8_t* flag,
-                         Episode episode, bint end_episode, object keep):
+                         Episode episode, bint end_episode, object keep, Py_ssize_t resume):
         # Plan k rows (obs, nexts: per key, row 0 of the rows; flag: per row) after the episode;
         # `keep` holds the memory they point into for as long as the plan lives.
         cdef Py_ssize_t q, i, m, nk = self._nkeys, earlier = episode.waiting, t = episode.t
-        cdef Py_ssize_t head = 0, tail = earlier, ending = -1, items = 0, last_row = -1
+        cdef Py_ssize_t head = 0, tail = earlier, ending = -1, items = 0, last_row = -1, seeds = 0
         cdef int64_t base = episode.written
         cdef bint flagged, tail_ok
         if episode.planner is not self:
             raise ValueError("plan: expected an episode of this planner")
+        if resume < 0 or (resume > 0 and (t != 0 or earlier != 0)):
+            raise ValueError(f"resume: expected 0, or a step > 0 for a writer between episodes, got {resume}")
+        if k == 0:
+            resume = 0
+        for q in range(nk):
+            if resume > 0 and self._stack[q] > 1:
+                seeds = max(seeds, self._resumed_stack(q, obs[q], resume))
         cdef FramePlan p = FramePlan.__new__(FramePlan)
-        p._init(self, k, earlier)
+        p._init(self, k, earlier, seeds)
         for q in range(nk):
             p._obs[q] = obs[q]
             if self._has_next[q]:
@@ -284,6 +301,12 @@ cdef class FramePlanner:
                 before[q].data, before[q].planar = NULL, False
                 if self._stack[q] > 1 and t > 0:
                     before[q].data, before[q].planar = episode._last[q], episode._last_planar[q]
+            for m in range(seeds):
+                # The frame `seeds - m` steps before the resumed row: its source says how far back.
+                item_row[m], item_source[m], item_depth[m] = -1, -1 - (seeds - m), min(resume - (seeds - m), 255)
+            items = seeds
+            if resume > 0:
+                t = resume
             for i in range(k):
                 flagged = flag[i] != 0
                 if ending >= 0:
@@ -301,7 +324,8 @@ cdef class FramePlanner:
                         items, head, t = self._finish(p, ending, items, head, tail, t, before)
                         ending = -1
                 for q in range(nk):
-                    if self._stack[q] > 1 and not self._stack_ok(q, self._row(q, p._obs[q], i), before[q], t):
+                    if self._stack[q] > 1 and (i > 0 or resume == 0) \
+                            and not self._stack_ok(q, self._row(q, p._obs[q], i), before[q], t):
                         raise ValueError(
                             f"field {self._names[q]!r}: row {i} is not the previous observation shifted by one frame, "
                             "nor the first frame of an episode repeated (stack_compress); end episodes with done "
@@ -337,6 +361,16 @@ cdef class FramePlanner:
             free(before)
         p.items, p.head, p.t, p.last_row = items, head, t, last_row if t > 0 else -1
         return p
+
+    cdef Py_ssize_t _resumed_stack(self, Py_ssize_t q, Observation first, Py_ssize_t resume) except -1:
+        """The older frames the stack of key q of step ``resume`` reads (ValueError unless its
+        positions older than the episode repeat the episode's first frame, as a rebuild would)."""
+        cdef Py_ssize_t s = self._stack[q], eb = self._elem_bytes[q], older = min(resume, s - 1)
+        if not _positions_equal(first, 0, first, 1, s - 1 - older, self._row_bytes[q] // (s * eb), s, eb):
+            raise ValueError(f"field {self._names[q]!r}: row 0 is step {resume} of its episode, but the "
+                             f"{s - 1 - older} oldest frames of its stack do not repeat the episode's first "
+                             "frame (stack_compress)")
+        return older
 
     cdef tuple _finish(self, FramePlan p, Py_ssize_t ending, Py_ssize_t items, Py_ssize_t head, Py_ssize_t tail,
                        Py_ssize_t t, Observation* before):
@@ -377,8 +411,9 @@ cdef class FramePlan:
         self._item_row = self._item_source = self._row_item = self._resolved_item = self._positions = NULL
         self._item_depth = NULL
 
-    cdef _init(self, FramePlanner planner, Py_ssize_t rows, Py_ssize_t earlier):
-        cdef Py_ssize_t nk = planner._nkeys, most = 2 * rows + 1  # an episode ends before each row and after the last
+    cdef _init(self, FramePlanner planner, Py_ssize_t rows, Py_ssize_t earlier, Py_ssize_t seeds):
+        # An episode ends before each row and after the last; a resumed one has `seeds` older frames.
+        cdef Py_ssize_t nk = planner._nkeys, most = 2 * rows + 1 + seeds
         self._planner = planner
         self.rows, self._earlier = rows, earlier
         self._item_row = <int64_t*>malloc(most * sizeof(int64_t))
@@ -583,7 +618,7 @@ cdef class Episode:
     cdef FramePlan plan_step(self, const uint8_t* flag, object keep):
         """Plan the step :meth:`take_step` found (``flag``: it ends its episode), as
         :meth:`FramePlanner.plan` plans a batch of one; ``keep`` holds its arrays."""
-        return self.planner._plan(1, self._step_obs, self._step_next, flag, self, False, keep)
+        return self.planner._plan(1, self._step_obs, self._step_next, flag, self, False, keep, 0)
 
     # -- any batch ----------------------------------------------------------------
     def copy(self, FramePlan p not None, object slots, list stored not None, list rows not None):
@@ -622,8 +657,9 @@ cdef class Episode:
             free(pitches)
 
     cdef void copy_frames(self, FramePlan p, const int64_t* slot) noexcept nogil:
-        # Each item's newest frame into its slot, with its depth and no next frame yet.
-        cdef Py_ssize_t q, j, e, n, s, eb, fb
+        # Each item's frame into its slot, with its depth and no next frame yet: a row's newest
+        # frame, an episode's last next frame, or a frame a resumed row's stack holds.
+        cdef Py_ssize_t q, j, e, n, s, eb, fb, at
         cdef int64_t row
         cdef Observation src
         cdef uint8_t* dst
@@ -635,26 +671,31 @@ cdef class Episode:
             fb = self.planner._row_bytes[q] // s
             n = fb // eb
             for j in range(p.items):
-                row = p._item_row[j]
+                row, at = p._item_row[j], s - 1
                 if row >= 0:
                     src = self.planner._row(q, p._obs[q], row)
+                elif p._item_source[j] < 0:
+                    # A frame -1 - source steps before the resumed first row (a key of a
+                    # shorter stack never reads it: any of its frames will do).
+                    src = p._obs[q]
+                    at = max(0, s - 1 - (-1 - p._item_source[j]))
                 elif self.planner._has_next[q]:
                     src = p._next_of(p._item_source[j], q)
                 else:
                     continue
                 dst = self._frames[q] + slot[j] * fb
                 if s == 1 or src.planar:
-                    memcpy(dst, src.data + (s - 1) * fb, fb)
-                elif eb == 1 and s == 4:
+                    memcpy(dst, src.data + at * fb, fb)
+                elif eb == 1 and s == 4 and at == 3:
                     # The common pixel case: a constant stride the compiler turns into shuffles.
                     for e in range(n):
                         dst[e] = src.data[4 * e + 3]
                 elif eb == 1:
                     for e in range(n):
-                        dst[e] = src.data[e * s + s - 1]
+                        dst[e] = src.data[e * s + at]
                 else:
                     for e in range(n):
-                        memcpy(dst + e * eb, src.data + (e * s + s - 1) * eb, eb)
+                        memcpy(dst + e * eb, src.data + (e * s + at) * eb, eb)
 
     def publication(self, FramePlan p not None, object slots, object priorities):
         """Link the waiting rows ``p`` resolves to their next frames (the buffer's ``nxt``) and

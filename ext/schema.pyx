@@ -20,10 +20,12 @@ WRITERS_ARRAY = "writers"
 TREE_ARRAY = "tree"
 MEMBERS_ARRAY = "members"
 
-# Sequence tables: per slot, the real steps of the sequence starting there (ext/sequences.pyx), and
-# the step's index in its episode (what a saved buffer needs to cut the same sequences again).
+# Sequence tables: per slot, the real steps of the sequence starting there (ext/sequences.pyx), the
+# step's index in its episode, and 1 where a writer stored the first step of an episode (its step 0,
+# or a loaded episode's oldest kept step): what a saved buffer needs to give back the same episodes.
 SEQUENCE_STEPS_ARRAY = "sequence_steps"
 EPISODE_STEP_ARRAY = "episode_step"
+EPISODE_START_ARRAY = "episode_start"
 
 
 def field_array(str name):
@@ -90,7 +92,8 @@ def segment_arrays(Py_ssize_t size, Py_ssize_t lanes, tuple selector, list field
         out += [("nxt", (size,), np.int64), ("depth", (size,), np.uint8)]
         out += [(frames_array(key), (size,) + tuple(shape), dtype) for key, shape, dtype in frames]
     if sequences:
-        out += [(SEQUENCE_STEPS_ARRAY, (size,), np.int32), (EPISODE_STEP_ARRAY, (size,), np.int64)]
+        out += [(SEQUENCE_STEPS_ARRAY, (size,), np.int32), (EPISODE_STEP_ARRAY, (size,), np.int64),
+                (EPISODE_START_ARRAY, (size,), np.uint8)]
     if lock_nbytes:
         out.append(("lock", (lock_nbytes,), np.uint8))
     return out

@@ -411,16 +411,18 @@ class ReplayBuffer(BufferCalls):
         """
         return self._snapshot(slots=checks.flag("indexes", indexes))[0]
 
-    def _snapshot(self, priorities: bool = False, slots: bool = False
+    def _snapshot(self, priorities: bool = False, slots: bool = False,
+                  copy: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None
                   ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
         """``(rows, raw priorities or None)`` of every complete transition, oldest first;
-        with ``slots``, ``rows["indexes"]`` holds their slots.
+        with ``slots``, ``rows["indexes"]`` holds their slots.  ``copy`` copies the rows
+        of slots (None: :meth:`_copy_rows`).
 
         The set of transitions is taken under the lock, the rows are copied
         without it, and rows overwritten meanwhile are left out.
         """
         listed, guards, raw = self._ring.snapshot(priorities)
-        rows = self._copy_rows(listed)
+        rows = (self._copy_rows if copy is None else copy)(listed)
         keep = self._ring.unchanged(listed, guards)
         if not keep.all():
             rows = {name: r[keep] for name, r in rows.items()}
@@ -542,12 +544,16 @@ class ReplayBuffer(BufferCalls):
         call started and not overwritten before its rows were copied, oldest first,
         with the priority each had when the call started.
         """
+        rows, raw = self._snapshot(priorities=self._saved_priorities(priorities))
+        fileformat.write_transitions(file, rows, self._file_specs(), nstep=self._nstep_settings(), priorities=raw,
+                                     safe=safe, compress=compress)
+
+    def _saved_priorities(self, priorities: Any) -> bool:
+        """``save_transitions``'s ``priorities`` flag, checked (prioritized buffers only)."""
         priorities = checks.flag("priorities", priorities)
         if priorities and not isinstance(self, PrioritizedReplayBuffer):
             raise ValueError(f"priorities: a {type(self).__name__} has no priorities to save; pass priorities=False")
-        rows, raw = self._snapshot(priorities=priorities)
-        fileformat.write_transitions(file, rows, self._file_specs(), nstep=self._nstep_settings(), priorities=raw,
-                                     safe=safe, compress=compress)
+        return priorities
 
     def load_transitions(self, file: Any) -> int:
         """Append the transitions of a file written by :meth:`save_transitions`; returns how many.

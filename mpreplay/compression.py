@@ -165,9 +165,18 @@ class FrameWriter:
             [(key, specs[key].row_nbytes, specs[key].dtype.itemsize, compression.stack_of(key, specs),
               key in compression.next_of) for key in self._keys], _MAX_NEXT)
         # The episode in progress: what the next rows are checked against, copied.
-        self._episode = Episode(self._planner, [arrays[frames_array(key)] for key in self._keys],
-                                arrays["nxt"], arrays["depth"], tuple(specs[key].shape for key in self._keys),
-                                tuple(specs[key].dtype for key in self._keys), tuple(self._flag_names))
+        self._episode = self._new_episode()
+        self._between: Episode | None = None  # a writer's state between episodes, for episode_slots
+
+    def _new_episode(self) -> Episode:
+        keys, arrays = self._keys, self._arrays
+        return Episode(self._planner, [arrays[frames_array(key)] for key in keys], arrays["nxt"], arrays["depth"],
+                       tuple(self._specs[key].shape for key in keys), tuple(self._specs[key].dtype for key in keys),
+                       tuple(self._flag_names))
+
+    def sibling(self) -> FrameWriter:
+        """Another writer of the same buffer in this process: its own episode, and its own lane once it writes."""
+        return FrameWriter(self._c, self._specs, self._ring, self._arrays)
 
     # -- planning ---------------------------------------------------------------
     def _rows(self, k: int, rows: Mapping[str, np.ndarray], name: str) -> np.ndarray:
@@ -199,19 +208,32 @@ class FrameWriter:
             flags |= rows[name].reshape(k) != 0
         return flags
 
-    def plan(self, k: int, rows: Mapping[str, np.ndarray], end_episode: bool) -> FramePlan:
-        """Lay out ``k`` converted rows (and, with ``end_episode``, the end of their episode).
+    def plan(self, k: int, rows: Mapping[str, np.ndarray], end_episode: bool, resume: int = 0,
+             episode: Episode | None = None) -> FramePlan:
+        """Lay out ``k`` converted rows (and, with ``end_episode``, the end of their episode)
+        after ``episode`` (None: the writer's).
 
         A flagged row (done or truncated) ends its episode, together with the
-        flagged rows right after it that share its next observation.  Raises
-        ValueError, changing nothing, when a stack or next observation cannot
-        be rebuilt bit for bit (the checks run in ``ext/frame_plan.pyx``).
+        flagged rows right after it that share its next observation.  ``resume`` > 0:
+        the first row is that step of an episode none of whose older steps are stored
+        (see :meth:`write_rows`).  Raises ValueError, changing nothing, when a stack or
+        next observation cannot be rebuilt bit for bit (the checks run in
+        ``ext/frame_plan.pyx``).
         """
         obs = [self._observations(k, rows, key, q) for q, key in enumerate(self._keys)]
         nexts: list[tuple[np.ndarray, bool] | None] = [None] * len(self._keys)
         for q, key in self._next_keys:
             nexts[q] = self._observations(k, rows, f"next_{key}", q)
-        return self._planner.plan(k, obs, nexts, self._flags(k, rows), self._episode, end_episode)
+        return self._planner.plan(k, obs, nexts, self._flags(k, rows), self._episode if episode is None else episode,
+                                  end_episode, resume)
+
+    def episode_slots(self, k: int, rows: Mapping[str, np.ndarray], resume: int = 0) -> int:
+        """The slots ``k`` converted rows of one whole episode take when a writer between episodes
+        writes them and ends the episode (as :meth:`write_rows` with ``end_episode``).  Raises its
+        ValueError for rows it would refuse; changes nothing."""
+        if self._between is None:
+            self._between = self._new_episode()
+        return self.plan(k, rows, True, resume, self._between).items
 
     # -- writing ----------------------------------------------------------------
     @property
@@ -233,19 +255,18 @@ class FrameWriter:
 
     def write_rows(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
                    timeout: float | None, end_episode: bool = False,
-                   meta: Mapping[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   meta: Mapping[str, np.ndarray] | None = None, resume: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Store ``k`` converted rows; returns the slot of each row and the generation it
         was published with.  ``meta`` maps per-slot arrays of the buffer's memory to a
-        value per row, written with the rows (before they are published)."""
-        plan = self.plan(k, rows, end_episode)
-        episode, ring = self._episode, self._ring
+        value per row, written with the rows (before they are published).
+
+        ``resume`` > 0 (a writer between episodes only): the first row is that step of an
+        episode whose older steps are not stored (a saved buffer's oldest kept step); the
+        older frames its stacks read are stored before it, in slots never sampled."""
+        plan = self.plan(k, rows, end_episode, resume)
+        episode = self._episode
         until = deadline(timeout)
-        if episode.lane < 0:
-            episode.lane = ring.claim_lane(until)
-            # No other writer of this process may take the lane while it is claimed: a
-            # writer dropped without close() gives it back when it is collected.
-            self._release_lane = weakref.finalize(self, ring.release_lane, episode.lane)
-        lane = episode.lane
+        lane = self._claim(until)
         lo, hi = self._arrays["lanes"][lane, [LANE_START, LANE_END]]
         if plan.items > hi - lo:
             raise ValueError(f"add: {plan.items} slots at once exceed the lane's {hi - lo}; add fewer rows per call")
@@ -254,6 +275,7 @@ class FrameWriter:
         if not plan.items:
             episode.advance(plan, None, None, priorities)
             return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
+        ring = self._ring
         start, reserved = ring.reserve(plan.items, until, True, lane)
         slots = lo + (start - lo + np.arange(plan.items, dtype=np.int64)) % (hi - lo)
         episode.copy(plan, slots, [self._arrays[field_array(name)] for name in self._stored],
@@ -267,6 +289,27 @@ class FrameWriter:
         ring.publish(start, reserved, prio, states, lane, until, complete, generations, complete_priorities)
         episode.advance(plan, slots, reserved, priorities)
         return row_slots, row_generations
+
+    def _claim(self, until: float) -> int:
+        """This writer's lane, claimed now if it has none (ValueError when every lane has a live writer)."""
+        episode = self._episode
+        if episode.lane < 0:
+            episode.lane = self._ring.claim_lane(until)
+            # No other writer of this process may take the lane while it is claimed: a
+            # writer dropped without close() gives it back when it is collected.
+            self._release_lane = weakref.finalize(self, self._ring.release_lane, episode.lane)
+        return episode.lane
+
+    @property
+    def has_lane(self) -> bool:
+        """Whether this writer holds a lane now."""
+        return self._episode.lane >= 0
+
+    def claim_lane(self, timeout: float | None = None) -> int:
+        """Hold a lane from now on (one claimed now if this writer has none); returns its slots.
+        Raises ValueError when every lane has a live writer."""
+        lo, hi = self._arrays["lanes"][self._claim(deadline(timeout)), [LANE_START, LANE_END]]
+        return int(hi - lo)
 
     def reset(self) -> None:
         """Forget the episode in progress and give the lane back (after a fork or clear).

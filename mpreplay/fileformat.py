@@ -1,4 +1,4 @@
-"""The transitions file format (version 1): rows of transitions <-> a file.
+"""The transitions file format (version 2): rows of transitions <-> a file.
 
 The buffers' ``save_transitions`` / ``load_transitions`` use it; this module
 knows rows, field specs and files, and nothing of the buffers.
@@ -11,7 +11,7 @@ or stored) holding only plain numeric arrays:
 ``metadata.json``
     uint8, shape ``(n,)``: the UTF-8 bytes of a JSON object::
 
-        {"format_version": 1,
+        {"format_version": 2,
          "mpreplay_version": "0.1.0",
          "fields": [{"name": "obs", "shape": [84, 84], "dtype": "|u1"},
                     {"name": "act", "shape": [], "dtype": "<i8"}, ...],
@@ -19,7 +19,8 @@ or stored) holding only plain numeric arrays:
          "compression": null,
          "safe": true,
          "count": 1000,
-         "priorities": false}
+         "priorities": false,
+         "episodes": false}
 
     ``fields`` are the buffer's field specs (dtype as numpy's ``dtype.str``);
     ``nstep`` is ``null`` for one-step transitions, else ``{"size": n, "gamma": g}``:
@@ -28,7 +29,8 @@ or stored) holding only plain numeric arrays:
     reserved for the compressed internal layout ``safe=False`` may store in a
     later version); ``safe`` is the flag the file was saved with; ``count`` is
     the number of transitions; ``priorities`` tells whether the
-    ``priorities`` array is present.
+    ``priorities`` array is present; ``episodes`` whether the ``episode.id`` and
+    ``episode.lane`` arrays are (a sequence buffer's file: its rows are steps).
 
 ``<field>``, one per entry of ``fields``
     shape ``(count,) + shape``, the field's dtype, C order, oldest transition first.
@@ -36,6 +38,17 @@ or stored) holding only plain numeric arrays:
 ``priorities``, only when ``"priorities": true``
     float64, shape ``(count,)``: each transition's raw priority (before ``eps``
     and ``alpha`` are applied).
+
+``episode.id`` and ``episode.lane``, only when ``"episodes": true``
+    int64, shape ``(count,)``: each step's episode, numbered 0, 1, ... in the
+    order of the rows (an episode's rows are consecutive), and the lane of the
+    saving buffer it was stored in (a lane's rows are consecutive, oldest first;
+    an episode is in one lane).  Its first row may be a later step than the
+    episode's first (a lane keeps the newest steps).  The names are no
+    identifiers, so no field can take them.
+
+Version 1 is version 2 without ``episodes`` (nor its arrays); it is still read,
+except by a sequence buffer, which needs each step's lane and episode.
 
 Plain numpy reads it all without unpickling anything::
 
@@ -48,8 +61,9 @@ byte count) is checked against the metadata before its data is read, and
 only numeric dtypes are accepted.  Every way a file can be wrong -- not an
 archive, damaged or truncated bytes, an unknown format version, fields,
 shapes, dtypes or n-step settings that differ from the buffer's, a count that
-disagrees with the arrays, negative or non-finite priorities -- raises
-:class:`TransitionFileError` (a ``ValueError``) before the buffer changes.
+disagrees with the arrays, negative or non-finite priorities, episodes or
+lanes whose rows are not consecutive -- raises :class:`TransitionFileError`
+(a ``ValueError``) before the buffer changes.
 """
 from __future__ import annotations
 
@@ -73,13 +87,16 @@ from . import checks
 from ._version import __version__
 from .spec import FieldSpec, parse_env_dict
 
-__all__ = ["FORMAT_VERSION", "TransitionFileError", "damaged", "inspect", "open_archive", "read_metadata", "read_transitions",
-           "write_transitions"]
+__all__ = ["EPISODE_ID", "EPISODE_LANE", "FORMAT_VERSION", "TransitionFileError", "damaged", "inspect", "open_archive",
+           "read_metadata", "read_transitions", "write_transitions"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what this module writes; it reads 1 and 2
 METADATA = "metadata.json"  # not an identifier, so no field can take the name
 PRIORITIES = "priorities"  # reserved by the field specs, so no field can take it either
-_KEYS = {"format_version", "mpreplay_version", "fields", "nstep", "compression", "safe", "count", "priorities"}
+EPISODE_ID = "episode.id"  # no identifiers either
+EPISODE_LANE = "episode.lane"
+_KEYS_V1 = {"format_version", "mpreplay_version", "fields", "nstep", "compression", "safe", "count", "priorities"}
+_KEYS = {1: _KEYS_V1, 2: _KEYS_V1 | {"episodes"}}
 _MAX_METADATA_BYTES = 1 << 20
 _CHUNK = 1 << 22  # bytes read from a member at a time: no second copy of a large array
 _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
@@ -104,11 +121,13 @@ class TransitionFileError(ValueError):
 
 def write_transitions(file: File, rows: dict[str, np.ndarray], specs: dict[str, FieldSpec], *,
                       nstep: tuple[int, float] | None = None, priorities: np.ndarray | None = None,
+                      episodes: tuple[np.ndarray, np.ndarray] | None = None,
                       safe: bool = True, compress: bool = True) -> None:
     """Write ``rows`` (fields of the same length, oldest first) to ``file`` (a path or a binary file object).
 
     ``specs`` are the fields' specs, ``nstep`` the ``(size, gamma)`` the rows were
-    folded with, ``priorities`` their raw priorities, if any.  ``compress`` deflates
+    folded with, ``priorities`` their raw priorities, if any; ``episodes`` the
+    ``(episode.id, episode.lane)`` of steps (see the module docstring).  ``compress`` deflates
     the arrays (as ``np.savez_compressed``), else stores them (as ``np.savez``);
     ``safe`` is recorded.  A path is written atomically: a temporary file in the
     same folder, flushed to disk, then renamed over ``file``.
@@ -123,11 +142,14 @@ def write_transitions(file: File, rows: dict[str, np.ndarray], specs: dict[str, 
         "safe": safe,
         "count": len(next(iter(rows.values()))),
         "priorities": priorities is not None,
+        "episodes": episodes is not None,
     }
     arrays = {METADATA: np.frombuffer(json.dumps(record, allow_nan=False).encode(), dtype=np.uint8)}
     arrays.update((name, rows[name]) for name in specs)
     if priorities is not None:
         arrays[PRIORITIES] = priorities
+    if episodes is not None:
+        arrays[EPISODE_ID], arrays[EPISODE_LANE] = (np.asarray(a, dtype=np.int64) for a in episodes)
 
     def write(f: IO[bytes]) -> None:
         _write_archive(f, arrays, compress)
@@ -139,10 +161,12 @@ def write_transitions(file: File, rows: dict[str, np.ndarray], specs: dict[str, 
         write(file)
 
 
-def read_transitions(file: File, specs: dict[str, FieldSpec], *,
-                     nstep: tuple[int, float] | None = None) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+def read_transitions(file: File, specs: dict[str, FieldSpec], *, nstep: tuple[int, float] | None = None,
+                     episodes: bool = False) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
     """``(rows, priorities or None)`` saved in ``file``, checked to be transitions of ``specs``
-    folded with ``nstep`` (as :func:`write_transitions` takes them).
+    folded with ``nstep`` (as :func:`write_transitions` takes them).  With ``episodes``
+    the file must record each step's episode and lane, and ``rows`` holds them as
+    ``rows[EPISODE_ID]`` and ``rows[EPISODE_LANE]``; without, they are left out.
 
     The whole file is read and checked first; anything wrong raises
     :class:`TransitionFileError`.
@@ -150,7 +174,18 @@ def read_transitions(file: File, specs: dict[str, FieldSpec], *,
     with open_archive(file) as archive:
         meta = _read_metadata(archive)
         _check_fits(meta, specs, nstep)
+        if episodes and not meta.episodes:
+            if meta.version == 1:
+                raise TransitionFileError(
+                    f"file: format version 1 records no episode or lane per step, which a sequence buffer needs "
+                    f"to load its episodes apart; mpreplay {__version__} writes format version {FORMAT_VERSION} "
+                    "(read the old file's arrays with numpy and add() its episodes)")
+            raise TransitionFileError("file: it records no episode or lane per step (it was not saved by a "
+                                      "sequence buffer)")
         arrays = _read_arrays(archive, meta)
+    if not episodes:
+        for name in (EPISODE_ID, EPISODE_LANE):
+            arrays.pop(name, None)
     return arrays, arrays.pop(PRIORITIES, None)
 
 
@@ -240,16 +275,20 @@ def _fsync_folder(folder: str) -> None:
 @dataclass(frozen=True)
 class _Metadata:
     record: dict[str, Any]  # the JSON object, as stored
+    version: int
     specs: dict[str, FieldSpec]
     nstep: tuple[int, float] | None
     count: int
     priorities: bool
+    episodes: bool
 
     def arrays(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Shape and dtype of every array besides the metadata record."""
         out = {name: ((self.count,) + spec.shape, spec.dtype) for name, spec in self.specs.items()}
         if self.priorities:
             out[PRIORITIES] = ((self.count,), np.dtype(np.float64))
+        if self.episodes:
+            out[EPISODE_ID] = out[EPISODE_LANE] = ((self.count,), np.dtype(np.int64))
         return out
 
 
@@ -333,9 +372,9 @@ def _read_metadata(archive: zipfile.ZipFile) -> _Metadata:
     if f"{METADATA}.npy" not in members:
         raise TransitionFileError(f"file: not an mpreplay transitions file (no {METADATA!r} record)")
     meta = _parse_metadata(_read_array(archive, METADATA, None, np.dtype(np.uint8)).tobytes())
-    expected = {f"{name}.npy" for name in meta.arrays()} | {f"{METADATA}.npy"}
+    expected = [f"{name}.npy" for name in meta.arrays()]  # in order: the first missing one is named
     for member in members:
-        if member not in expected:
+        if member not in expected and member != f"{METADATA}.npy":
             raise TransitionFileError(f"file: unexpected array {_short(member.removesuffix('.npy'))} "
                                       "(not in the metadata)")
     for member in expected:
@@ -353,16 +392,18 @@ def _parse_metadata(raw: bytes) -> _Metadata:
     if not isinstance(record, dict):
         raise TransitionFileError("file: the metadata record is not a JSON object")
     version = record.get("format_version")
-    if type(version) is not int or version != FORMAT_VERSION:
+    if type(version) is not int or version not in _KEYS:
         raise TransitionFileError(f"file: unsupported format version {_short(version)}; "
-                                  f"mpreplay {__version__} reads version {FORMAT_VERSION}")
-    if record.keys() != _KEYS:
-        missing, unknown = sorted(_KEYS - record.keys()), sorted(record.keys() - _KEYS)
-        raise TransitionFileError(f"file: metadata keys: missing {missing}, unknown {_short(unknown)}")
+                                  f"mpreplay {__version__} reads versions 1 to {FORMAT_VERSION}")
+    keys = _KEYS[version]
+    if record.keys() != keys:
+        missing, unknown = sorted(keys - record.keys()), sorted(record.keys() - keys)
+        raise TransitionFileError(f"file: metadata keys of format version {version}: missing {missing}, "
+                                  f"unknown {_short(unknown)}")
     if not isinstance(record["mpreplay_version"], str):
         raise TransitionFileError("file: metadata 'mpreplay_version': expected a string")
-    for key in ("safe", "priorities"):
-        if type(record[key]) is not bool:
+    for key in ("safe", "priorities", "episodes"):
+        if key in record and type(record[key]) is not bool:
             raise TransitionFileError(f"file: metadata {key!r}: expected true or false, got {_short(record[key])}")
     count = record["count"]
     if type(count) is not int or count < 0:
@@ -370,8 +411,8 @@ def _parse_metadata(raw: bytes) -> _Metadata:
     if record["compression"] is not None:
         raise TransitionFileError(f"file: compression layout {_short(record['compression'])} is not supported "
                                   f"by mpreplay {__version__} (it reads plain transitions only)")
-    return _Metadata(record, _parse_fields(record["fields"]), _parse_nstep(record["nstep"]), count,
-                     record["priorities"])
+    return _Metadata(record, version, _parse_fields(record["fields"]), _parse_nstep(record["nstep"]), count,
+                     record["priorities"], record.get("episodes", False))
 
 
 def _parse_fields(fields: Any) -> dict[str, FieldSpec]:
@@ -428,7 +469,38 @@ def _read_arrays(archive: zipfile.ZipFile, meta: _Metadata) -> dict[str, np.ndar
         if bad.any():
             raise TransitionFileError(f"file: priorities must be finite and >= 0, found {priorities[bad][0]} "
                                       f"(transition {int(np.argmax(bad))})")
+    if meta.episodes:
+        _check_episodes(arrays[EPISODE_ID], arrays[EPISODE_LANE])
     return arrays
+
+
+def _check_episodes(ids: np.ndarray, lanes: np.ndarray) -> None:
+    """Raise unless ``ids`` number the episodes 0, 1, ... in the order of their rows, each
+    episode in one lane, each lane's rows one after another."""
+    if not len(ids):
+        return
+    first = np.ones(len(ids), dtype=bool)
+    first[1:] = ids[1:] != ids[:-1]
+    bad = np.flatnonzero(ids != np.cumsum(first) - 1)
+    if bad.size:
+        i = int(bad[0])
+        raise TransitionFileError(f"file: array {EPISODE_ID!r}: expected the episodes numbered 0, 1, ... in the "
+                                  f"order of their rows (each episode's rows one after another), row {i} has {ids[i]}")
+    bad = np.flatnonzero(lanes < 0)
+    if bad.size:
+        raise TransitionFileError(f"file: array {EPISODE_LANE!r}: expected lanes >= 0, row {int(bad[0])} has "
+                                  f"{lanes[bad[0]]}")
+    moved = np.flatnonzero(lanes[1:] != lanes[:-1]) + 1
+    inside = moved[~first[moved]]
+    if inside.size:
+        i = int(inside[0])
+        raise TransitionFileError(f"file: episode {ids[i]} is in lanes {lanes[i - 1]} and {lanes[i]} (rows {i - 1} "
+                                  f"and {i}); an episode's steps are in one lane")
+    blocks = lanes[np.concatenate(([0], moved))]
+    seen, where = np.unique(blocks, return_index=True)
+    if len(seen) != len(blocks):
+        again = int(blocks[np.setdiff1d(np.arange(len(blocks)), where)[0]])
+        raise TransitionFileError(f"file: the rows of lane {again} are not one after another")
 
 
 def _read_array(archive: zipfile.ZipFile, name: str, shape: tuple[int, ...] | None, dtype: np.dtype) -> np.ndarray:

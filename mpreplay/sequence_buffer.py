@@ -20,21 +20,24 @@ crash handling, with ``ext/sequences.pyx`` naming which slots start a sequence.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from . import fileformat
-from ._ext.schema import EPISODE_STEP_ARRAY, SEQUENCE_STEPS_ARRAY
+from ._ext.schema import EPISODE_START_ARRAY, EPISODE_STEP_ARRAY, LANE_START, SEQUENCE_STEPS_ARRAY
 from .buffer import PrioritizedReplayBuffer, ReplayBuffer, SharedMemoryBuffer
-from .sequences import SequenceSpec
+from .fileformat import TransitionFileError
+from .sequences import SavedEpisode, SequenceSpec
 from .spec import FieldSpec, convert_batch
 
 __all__ = ["SequenceReplayBuffer", "PrioritizedSequenceReplayBuffer", "MPSequenceReplayBuffer",
            "MPPrioritizedSequenceReplayBuffer"]
 
 _EPISODE_STEP = "episode_step"  # what snapshots and files call each step's index in its episode
+_EPISODE_START = "episode.start"  # in the rows a save copies: 1 where a writer stored an episode's first step
 
 
 class SequenceReplayBuffer(ReplayBuffer):
@@ -125,29 +128,77 @@ class SequenceReplayBuffer(ReplayBuffer):
 
     def save_transitions(self, file: Any, *, safe: bool = True, compress: bool = True,
                          priorities: bool = False) -> None:
-        """Write every stored step, oldest first, with its ``episode_step`` (see
-        :meth:`ReplayBuffer.save_transitions`).  With ``priorities``, each step carries the
-        priority of the sequence starting at it (0 where none starts)."""
-        super().save_transitions(file, safe=safe, compress=compress, priorities=priorities)
+        """Write every stored step, lane by lane and oldest first, with its ``episode_step``, its
+        episode and its lane (see :meth:`ReplayBuffer.save_transitions` and
+        :mod:`mpreplay.fileformat`).  With ``priorities``, each step carries the priority of the
+        sequence starting at it (0 where none starts)."""
+        rows, raw = self._snapshot(priorities=self._saved_priorities(priorities), slots=True,
+                                   copy=self._copy_saved_rows)
+        slots, starts, steps = rows.pop("indexes"), rows.pop(_EPISODE_START), rows[_EPISODE_STEP]
+        lanes = np.searchsorted(self._lanes[:, LANE_START], slots, side="right") - 1
+        # An episode begins where a lane does, where a writer stored an episode's first step, and
+        # (never in a lane written whole) after a step that is not listed.
+        begins = np.ones(len(slots), dtype=bool)
+        begins[1:] = (lanes[1:] != lanes[:-1]) | (starts[1:] != 0) | (steps[1:] != steps[:-1] + 1)
+        fileformat.write_transitions(file, rows, self._file_specs(), nstep=self._nstep_settings(), priorities=raw,
+                                     episodes=(np.cumsum(begins) - 1, lanes), safe=safe, compress=compress)
+
+    def _copy_saved_rows(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        rows = self._copy_rows(slots)
+        rows[_EPISODE_START] = self._memory.arrays[EPISODE_START_ARRAY][slots]
+        return rows
 
     def load_transitions(self, file: Any) -> int:
         """Append the steps of a file written by :meth:`save_transitions`; returns how many.
 
-        Consecutive ``episode_step`` values are one episode (what was kept of it): its
-        sequences are cut where they were, and it ends.  The file is checked whole
-        first (a bad file changes nothing).  A stack-compressed buffer cannot take an
-        episode whose older frames were not saved (ValueError); the steps of episodes
-        before it stay stored.
+        Every step comes back in its episode, with its ``episode_step``, and each episode
+        (or what its lane kept of it: its first steps may have been overwritten) is cut into
+        the sequences it had, then ends -- an episode still open when the file was saved may
+        so gain a padded final sequence (``pad_end``).  Each lane of the file goes through a
+        lane of its own while lanes are free (this object's first: its episode in progress
+        ends), so a buffer of the same configuration gets back the same steps, episodes and
+        sampleable sequences.  With fewer free lanes, or shorter ones, the episodes follow one
+        another through the lanes there are, an episode never split; as with ``add``, a lane's
+        oldest steps make room for loaded ones, but loaded steps never overwrite each other.
+
+        The whole file is read and checked first: a bad file
+        (:class:`~mpreplay.fileformat.TransitionFileError`, e.g. a stack that does not match
+        its frames, or a file of format version 1, which records no episodes) or one that does
+        not fit (ValueError) changes nothing.
         """
         self._check_open()
-        rows, priorities = fileformat.read_transitions(file, self._file_specs(), nstep=None)
+        rows, priorities = fileformat.read_transitions(file, self._file_specs(), nstep=None, episodes=True)
         if not isinstance(self, PrioritizedReplayBuffer):
             priorities = None
-        episode_steps = np.asarray(rows.pop(_EPISODE_STEP), dtype=np.int64)
+        ids, lanes = rows.pop(fileformat.EPISODE_ID), rows.pop(fileformat.EPISODE_LANE)
+        episodes = _saved_episodes(ids, lanes, np.asarray(rows.pop(_EPISODE_STEP), dtype=np.int64))
         k, rows = convert_batch(self._specs, rows)
-        if k:
-            self._writer.load(k, rows, priorities, episode_steps)
+        slots = []
+        for e, episode in enumerate(episodes):
+            a, b = episode.start, episode.stop
+            try:
+                slots.append(self._writer.episode_slots(b - a, {name: r[a:b] for name, r in rows.items()},
+                                                        episode.first))
+            except ValueError as exc:
+                raise TransitionFileError(f"file: episode {e} (rows {a} to {b - 1}): {exc}") from exc
+        self._writer.load(rows, priorities, episodes, slots)
         return k
+
+
+def _saved_episodes(ids: np.ndarray, lanes: np.ndarray, steps: np.ndarray) -> list[SavedEpisode]:
+    """The episodes of a file's rows (``ids`` and ``lanes`` checked by :mod:`mpreplay.fileformat`);
+    raises TransitionFileError unless each one's ``episode_step`` values count up by one from >= 0."""
+    bad = np.flatnonzero(steps < 0)
+    if bad.size:
+        raise TransitionFileError(f"file: {_EPISODE_STEP!r}: expected values >= 0, row {int(bad[0])} has "
+                                  f"{steps[bad[0]]}")
+    bad = np.flatnonzero((ids[1:] == ids[:-1]) & (steps[1:] != steps[:-1] + 1)) + 1
+    if bad.size:
+        i = int(bad[0])
+        raise TransitionFileError(f"file: {_EPISODE_STEP!r}: episode {ids[i]} has step {steps[i - 1]} then "
+                                  f"{steps[i]} (rows {i - 1} and {i}); an episode's steps count up by one")
+    bounds = [0, *(np.flatnonzero(ids[1:] != ids[:-1]) + 1).tolist(), len(ids)]
+    return [SavedEpisode(int(lanes[a]), a, b, int(steps[a])) for a, b in itertools.pairwise(bounds)]
 
 
 class PrioritizedSequenceReplayBuffer(SequenceReplayBuffer, PrioritizedReplayBuffer):

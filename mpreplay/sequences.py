@@ -5,24 +5,25 @@ are ``period`` steps apart (R2D2: length 80, period 40, so neighbours share 40
 steps).  :class:`SequenceCutter` decides them as a writer stores an episode's
 steps; :class:`SequenceWriter` is the writing side of a sequence buffer (see
 :mod:`mpreplay.sequence_buffer`): it stores steps in its lane and opens each
-sequence once its last step is stored; :func:`sequence_priority` is R2D2's
-priority of a sequence from its TD errors.
+sequence once its last step is stored, and loads a saved buffer's episodes
+(:class:`SavedEpisode`) back; :func:`sequence_priority` is R2D2's priority of a
+sequence from its TD errors.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from . import checks
 from ._ext.gate import deadline
 from ._ext.ring import Ring
-from ._ext.schema import EPISODE_STEP_ARRAY
+from ._ext.schema import EPISODE_START_ARRAY, EPISODE_STEP_ARRAY
 from .compression import FrameWriter
 
-__all__ = ["SequenceCutter", "SequenceSpec", "SequenceWriter", "sequence_priority"]
+__all__ = ["SavedEpisode", "SequenceCutter", "SequenceSpec", "SequenceWriter", "sequence_priority"]
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,16 @@ def sequence_priority(td_errors: Any, mask: Any = None, *, eta: float = 0.9) -> 
     return eta * kept.max(axis=1) + (1.0 - eta) * kept.sum(axis=1) / counts
 
 
+class SavedEpisode(NamedTuple):
+    """One episode of a saved buffer (or what its lane kept of it): rows ``start`` to ``stop - 1``
+    of the file, saved from lane ``lane``; its first row is step ``first`` of the episode."""
+
+    lane: int
+    start: int
+    stop: int
+    first: int
+
+
 class SequenceWriter:
     """The writing side of a sequence buffer, private to one writer (a buffer object
     or one of its episode writers).
@@ -153,30 +164,38 @@ class SequenceWriter:
     def _begin(self, first: int) -> None:
         """Start an episode at step ``first`` (0, or where a saved one's oldest kept step was)."""
         self._cutter = SequenceCutter(self._spec.length, self._spec.period, pad_end=self._spec.pad_end, first=first)
+        self._start = first      # episode offset of the first step this writer stores
         self._first = first      # episode offset of the oldest step still listed below
         self._slots: list[int] = []
         self._generations: list[int] = []
         self._priorities: list[float] = []
 
     def write(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
-              timeout: float | None, end_episode: bool = False, start_priorities: bool = False) -> int | None:
+              timeout: float | None, end_episode: bool = False, start_priorities: bool = False,
+              resume: int = 0) -> int | None:
         """Store ``k`` converted steps (as :meth:`FrameWriter.write`); returns the slot of the first.
 
         ``start_priorities``: ``priorities`` are those of the sequences starting at each
-        step (a saved buffer's), not per-step ones to fold."""
+        step (a saved buffer's), not per-step ones to fold; ``resume``: the episode begun
+        at that step (``_begin(resume)``) keeps none of its older steps (see
+        :meth:`FrameWriter.write_rows`)."""
         until = deadline(timeout)
-        flagged = np.zeros(k, dtype=bool)
-        for flag in self._flags if k else ():
-            flagged |= rows[flag].reshape(k) != 0
+        flagged = self._flagged(k, rows)
         ends = np.flatnonzero(flagged)
+        later = ends[ends + 1 < k] + 1  # the rows starting an episode after a flagged one
         # Each step's index in its episode: counting on in the open episode, from 0 after a flag.
         episode_first = np.zeros(k, dtype=np.int64)
-        episode_first[ends[ends + 1 < k] + 1] = ends[ends + 1 < k] + 1
+        episode_first[later] = later
         np.maximum.accumulate(episode_first, out=episode_first)
         steps = np.arange(k, dtype=np.int64) - episode_first
         steps[episode_first == 0] += self._first + len(self._slots)
+        # Where this writer stores an episode's first step, so that a snapshot tells two
+        # episodes of a lane apart even where the later one's episode_step goes on from the other's.
+        starts = np.zeros(k, dtype=np.uint8)
+        starts[later] = 1
+        starts[:1] = self._first + len(self._slots) == self._start
         slots, generations = self._frames.write_rows(k, rows, priorities, timeout, end_episode,
-                                                     {EPISODE_STEP_ARRAY: steps})
+                                                     {EPISODE_STEP_ARRAY: steps, EPISODE_START_ARRAY: starts}, resume)
         prio = np.full(k, np.nan) if priorities is None else np.asarray(priorities, dtype=np.float64)
         opened: list[tuple[int, int, int, float]] = []
         bounds = sorted({*(ends + 1).tolist(), k})
@@ -199,6 +218,13 @@ class SequenceWriter:
                                       np.array(columns[2], dtype=np.int64), np.array(columns[3]), until)
         return int(slots[0]) if len(slots) else None
 
+    def _flagged(self, k: int, rows: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Per row, whether its done or truncated flag ends its episode."""
+        flagged = np.zeros(k, dtype=bool)
+        for flag in self._flags if k else ():
+            flagged |= rows[flag].reshape(k) != 0
+        return flagged
+
     def _open(self, offsets: np.ndarray, steps: np.ndarray, opened: list, start_priorities: bool) -> None:
         """List the sequences at episode ``offsets`` for opening, then forget the steps
         no later sequence starts at or before."""
@@ -217,17 +243,96 @@ class SequenceWriter:
             del self._slots[:drop], self._generations[:drop], self._priorities[:drop]
             self._first += drop
 
-    def load(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
-             episode_steps: np.ndarray) -> None:
-        """Store saved steps: runs of consecutive ``episode_steps`` are (what was kept of)
-        one episode each, and end it; their sequences are cut where they were."""
+    # -- loading a saved buffer's episodes --------------------------------------------
+    @property
+    def has_lane(self) -> bool:
+        """Whether this writer holds a lane now."""
+        return self._frames.has_lane
+
+    def episode_slots(self, k: int, rows: Mapping[str, np.ndarray], first: int) -> int:
+        """The slots a saved episode of ``k`` converted rows, the first step ``first``, takes
+        when loaded; raises the ValueError its write would, or one for a flag that ends it
+        before its last row.  Changes nothing."""
+        early = np.flatnonzero(self._flagged(k, rows)[:-1])
+        if early.size:
+            raise ValueError(f"row {int(early[0])} of {k}: its {' or '.join(self._flags)} flag ends the episode "
+                             "before its last row")
+        return self._frames.episode_slots(k, rows, first)
+
+    def load(self, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
+             episodes: Sequence[SavedEpisode], slots: Sequence[int]) -> None:
+        """Store a saved buffer's ``episodes`` (``slots``: what each takes, :meth:`episode_slots`),
+        each ended, with the sequences they had; ``priorities``: per row, those of the
+        sequences starting there (a saved buffer's), or None.
+
+        Each saved lane goes through a lane of its own while lanes are free -- this writer's
+        (its episode in progress ends), then lanes claimed for the call and given back after
+        it -- its episodes one after another, as saved.  An episode that finds no room left
+        there goes to a newly claimed lane or, when none is free, to the first lane taken with
+        room for it.  An episode is never split, and no loaded step overwrites another; when
+        the episodes do not fit, ValueError is raised before anything is stored.
+        """
+        placed = self._place(episodes, slots)
+        try:
+            for writer, taken in placed:
+                for e in taken:
+                    a, b = episodes[e].start, episodes[e].stop
+                    writer._load_episode(b - a, {name: r[a:b] for name, r in rows.items()},
+                                         None if priorities is None else priorities[a:b], episodes[e].first)
+        finally:
+            for writer, _ in placed[1:]:
+                writer.release_lane()
+
+    def _load_episode(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
+                      first: int) -> None:
+        """Store one saved episode whose first row is step ``first``; it ends."""
         self.write(0, {}, None, None, end_episode=True)
-        cut = np.flatnonzero(np.diff(episode_steps) != 1) + 1
-        for a, b in zip([0, *cut.tolist()], [*cut.tolist(), k]):
-            self._begin(int(episode_steps[a]))
-            self.write(b - a, {name: r[a:b] for name, r in rows.items()},
-                       None if priorities is None else priorities[a:b], None, end_episode=True,
-                       start_priorities=priorities is not None)
+        self._begin(first)
+        self.write(k, rows, priorities, None, end_episode=True, start_priorities=priorities is not None,
+                   resume=first)
+
+    def _place(self, episodes: Sequence[SavedEpisode], slots: Sequence[int]) -> list[tuple[SequenceWriter, list[int]]]:
+        """Claim the lanes ``episodes`` go through (see :meth:`load`); returns per lane its
+        writer (this one first) and the episodes it takes.  Raises ValueError, every lane
+        claimed here given back, when they do not fit."""
+        placed: list[tuple[SequenceWriter, list[int]]] = []
+        widths: list[int] = []
+        rooms: list[int] = []  # per lane, the slots it has left for loaded steps
+        had_lane, free, current = self.has_lane, True, -1
+        try:
+            for e, (episode, need) in enumerate(zip(episodes, slots)):
+                if e == 0 or episode.lane != episodes[e - 1].lane or rooms[current] < need:
+                    current = self._take_lane(placed, widths, rooms) if free else -1
+                    free = current >= 0
+                    if current < 0 or rooms[current] < need:
+                        current = next((i for i, room in enumerate(rooms) if room >= need), -1)
+                    if current < 0:
+                        raise ValueError(
+                            f"load_transitions: no room for the file's episode {e} (rows {episode.start} to "
+                            f"{episode.stop - 1}, {need} slots): the {len(widths)} lane(s) of "
+                            f"{', '.join(map(str, widths)) or 'no'} slots this buffer could give it have at most "
+                            f"{max(rooms, default=0)} left; load into a buffer with more or longer lanes "
+                            "(lanes=, size=), or with fewer writers holding lanes")
+                rooms[current] -= need
+                placed[current][1].append(e)
+        except BaseException:
+            for writer, _ in placed:
+                if writer is not self or not had_lane:
+                    writer.release_lane()
+            raise
+        return placed
+
+    def _take_lane(self, placed: list[tuple[SequenceWriter, list[int]]], widths: list[int], rooms: list[int]) -> int:
+        """Claim one more lane for a load (this writer's first); returns its index, or -1 when none is free."""
+        writer = self if not placed else SequenceWriter(self._spec, self._frames.sibling(), self._ring, self._flags)
+        try:
+            width = writer._frames.claim_lane()
+        except ValueError:  # every lane has a live writer
+            return -1
+        placed.append((writer, []))
+        widths.append(width)
+        rooms.append(width)
+        return len(placed) - 1
 
     def reset(self) -> None:
         """Forget the episode in progress and give the lane back (after a fork or clear)."""

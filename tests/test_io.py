@@ -193,7 +193,7 @@ def test_plain_numpy_reads_the_file_without_pickle():
 def test_the_metadata_records_version_specs_settings_and_count():
     source = _filled(PrioritizedReplayBuffer, 8, range(3))
     assert read_metadata(io.BytesIO(_saved(source, safe=False, priorities=True))) == {
-        "format_version": 1,
+        "format_version": 2,
         "mpreplay_version": mpreplay.__version__,
         "fields": [
             {"name": "obs", "shape": [3], "dtype": np.dtype(np.float32).str},
@@ -206,6 +206,7 @@ def test_the_metadata_records_version_specs_settings_and_count():
         "safe": False,
         "count": 3,
         "priorities": True,
+        "episodes": False,
     }
 
 
@@ -394,6 +395,18 @@ def test_a_missing_file_raises_file_not_found(tmp_path):
         load_transitions(ReplayBuffer(4, ENV), tmp_path / "absent.npz")
 
 
+def _as_version_1(members: dict[str, Any], meta: dict[str, Any]) -> None:
+    """A file as format version 1 wrote it: no 'episodes' key."""
+    meta["format_version"] = 1
+    del meta["episodes"]
+
+
+def test_a_format_version_1_file_still_loads():
+    target = ReplayBuffer(8, ENV)
+    assert load_transitions(target, io.BytesIO(_edit(_as_version_1))) == 5
+    _assert_holds(target, range(3, 8))
+
+
 # -- invalid files: a clear ValueError, the buffer untouched ------------------------------------
 
 def _members(data: bytes) -> dict[str, Any]:
@@ -449,7 +462,10 @@ def _retype_act(m: dict[str, Any], meta: dict[str, Any]) -> None:
 
 
 INVALID = {
-    "format version 2": (lambda m, meta: meta.update(format_version=2), "unsupported format version 2"),
+    "format version 3": (lambda m, meta: meta.update(format_version=3), "unsupported format version 3"),
+    "version 1 with a version 2 key": (lambda m, meta: meta.update(format_version=1),
+                                       r"keys of format version 1: missing \[\], unknown \['episodes'\]"),
+    "episodes unlisted": (lambda m, meta: meta.update(episodes=True), "lists 'episode.id' but the archive has no"),
     "no format version": (lambda m, meta: meta.pop("format_version"), "unsupported format version None"),
     "unknown metadata key": (lambda m, meta: meta.update(extra=1), r"unknown \['extra'\]"),
     "field missing": (_drop_field, r"differ from the buffer's .*missing \['done'\]"),
