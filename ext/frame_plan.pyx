@@ -336,6 +336,7 @@ cdef class FramePlanner:
         finally:
             free(before)
         p.items, p.head, p.t, p.last_row = items, head, t, last_row if t > 0 else -1
+        p.waiting = tail - head
         return p
 
     cdef tuple _finish(self, FramePlan p, Py_ssize_t ending, Py_ssize_t items, Py_ssize_t head, Py_ssize_t tail,
