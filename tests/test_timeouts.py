@@ -1,7 +1,7 @@
 """A write that raises TimeoutError changes nothing: the same call may simply be made again.
 
 Every write path -- plain, n-step folding (``nstep=``), compressed observations (``next_of``,
-``stack_compress``), sequences, ``episode_writer()`` -- is driven through a
+``stack_compress``), sequences, ``episode_writer()``, ``VectorWriter`` -- is driven through a
 rate limiter that holds inserts back a few rows ahead of the samples.  A local buffer's blocked
 write raises at once; a shared buffer's when its timeout ends.  After a TimeoutError the buffer
 is exactly as before the call; the call is made again once a sample made room, and in the end
@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import io
 import multiprocessing as mp
+import pickle
+import threading
 
 import numpy as np
 import pytest
 
 from mpreplay import (MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer, SampleToInsertRatio,
                       SequenceReplayBuffer)
+from mpreplay.vector_env import TransitionBatch, VectorWriter
 
 STACK = 2
 ENV = {"obs": {"shape": (3, STACK), "dtype": np.uint8}, "act": {"dtype": np.int64}, "rew": {},
@@ -253,3 +256,130 @@ def test_a_writer_process_whose_writes_time_out_and_are_made_again_stores_each_t
         assert timeouts.get(timeout=30) > 0
         got = _stored(buffer)
     assert got == _reference(path, _calls())
+
+
+# -- VectorWriter -----------------------------------------------------------------------------
+
+NUM_ENVS = 3
+VECTOR = {"next_of": dict(next_of="obs", lanes=NUM_ENVS), "nstep": dict(nstep=NSTEP)}
+
+
+def _vector_batches() -> list[TransitionBatch]:
+    """Steps of NUM_ENVS sub-environments, one row each per batch; sub-environment e plays episodes of
+    2 + (e + 2 * i) % 4 steps, ended by termination (done) or truncation (done 0, in ``ended``)."""
+    batches, t, episode = [], [0] * NUM_ENVS, [0] * NUM_ENVS
+    for _ in range(14):
+        steps, ended = [], []
+        for e in range(NUM_ENVS):
+            length = 2 + (e + 2 * episode[e]) % 4
+            last = t[e] == length - 1
+            terminal = last and (e + episode[e]) % 2 == 0
+            steps.append(_step(10 * e + episode[e], t[e], terminal))
+            t[e] += 1
+            if last:
+                ended.append(e)
+                t[e], episode[e] = 0, episode[e] + 1
+        rows = {name: np.stack([np.asarray(s[name]) for s in steps]) for name in steps[0]}
+        batches.append(TransitionBatch(rows, np.arange(NUM_ENVS), np.array(ended, np.int64)))
+    return batches
+
+
+def _vector_reference(layout: str) -> dict:
+    with ReplayBuffer(SIZE, ENV, **VECTOR[layout]) as buffer, VectorWriter(buffer, NUM_ENVS) as writer:
+        for batch in _vector_batches():
+            writer.add(batch)
+        return _stored(buffer)
+
+
+@pytest.mark.parametrize("layout", VECTOR)
+def test_a_vector_batch_added_again_after_timeouts_is_stored_once(layout):
+    # Episode ends store rows too (a folder's pending steps, an episode's last frame): the
+    # limiter refuses some of them after the sub-environment's rows were stored.
+    with ReplayBuffer(SIZE, ENV, rate_limiter=_limiter(), **VECTOR[layout]) as buffer, \
+            VectorWriter(buffer, NUM_ENVS) as writer:
+        timeouts = 0
+        for batch in _vector_batches():
+            while True:
+                try:
+                    writer.add(batch, timeout=0)
+                    break
+                except TimeoutError:
+                    timeouts += 1
+                    _make_room(buffer)
+        got = _stored(buffer)
+    assert timeouts > 0
+    assert got == _vector_reference(layout)
+
+
+def _fill_until_refused(writer) -> None:
+    """Sub-environment 0 adds steps of an episode that does not end until the limiter refuses one."""
+    for t in range(SIZE):
+        try:
+            writer.add(TransitionBatch({k: np.asarray(v)[None] for k, v in _step(0, t, False).items()},
+                                       np.array([0]), np.array([], np.int64)), timeout=0.05)
+        except TimeoutError:
+            return
+    raise AssertionError("the limiter never refused a step")
+
+
+@pytest.mark.parametrize("layout", VECTOR)
+@pytest.mark.timeout(60, method="thread")
+def test_a_vector_add_on_a_shared_buffer_bounds_the_episode_end_it_passes_on_by_its_timeout(layout):
+    with MPReplayBuffer(SIZE, ENV, rate_limiter=_limiter(), **VECTOR[layout]) as buffer, \
+            VectorWriter(buffer, NUM_ENVS) as writer:
+        _fill_until_refused(writer)
+        if layout == "next_of":
+            buffer.sample(1)  # room for sub-environment 1's row, not for its episode's last frame
+        one_step_episode = TransitionBatch({k: np.asarray(v)[None] for k, v in _step(1, 0, False).items()},
+                                           np.array([1]), np.array([1]))
+        outcome = []
+
+        def add() -> None:
+            try:
+                writer.add(one_step_episode, timeout=0.2)
+                outcome.append("stored")
+            except TimeoutError:
+                outcome.append("TimeoutError")
+
+        caller = threading.Thread(target=add, daemon=True)
+        caller.start()
+        caller.join(30)  # generous: the point is that it returns at all
+        unblock = pickle.loads(pickle.dumps(buffer))
+        while caller.is_alive():  # a call that waits without limit: let it finish, then fail
+            try:
+                unblock.sample(1, timeout=0.05)
+            except TimeoutError:
+                pass
+            caller.join(0.05)
+        unblock.close()
+    assert outcome == ["TimeoutError"]
+
+
+def _vector_actor(buffer, timeouts) -> None:
+    count = 0
+    with VectorWriter(buffer, NUM_ENVS) as writer:
+        for batch in _vector_batches():
+            while True:
+                try:
+                    writer.add(batch, timeout=0)
+                    break
+                except TimeoutError:
+                    count += 1
+    timeouts.put(count)
+
+
+@METHODS
+@pytest.mark.parametrize("layout", VECTOR)
+@pytest.mark.timeout(120, method="thread")
+def test_a_vector_actor_process_whose_adds_time_out_and_are_made_again_stores_each_transition_once(
+        method, layout):
+    ctx = mp.get_context(method)
+    with MPReplayBuffer(SIZE, ENV, rate_limiter=_limiter(), **VECTOR[layout]) as buffer:
+        timeouts = ctx.Queue()
+        actor = ctx.Process(target=_vector_actor, args=(buffer, timeouts))
+        actor.start()
+        _sample_while(buffer, actor)
+        assert actor.exitcode == 0
+        assert timeouts.get(timeout=30) > 0
+        got = _stored(buffer)
+    assert got == _vector_reference(layout)
