@@ -41,6 +41,7 @@ cdef class FramePlan:
     cdef readonly Py_ssize_t head      # pending ordinals resolved (the oldest ones)
     cdef readonly Py_ssize_t t         # steps of the episode in progress after the batch
     cdef readonly Py_ssize_t last_row  # row whose observation is the episode's newest, -1: an earlier call's
+    cdef readonly Py_ssize_t waiting   # rows waiting for their next frame once the episode moves past it
     cdef FramePlanner _planner
     cdef readonly Py_ssize_t rows      # rows planned
     cdef Py_ssize_t _earlier

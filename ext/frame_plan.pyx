@@ -360,6 +360,7 @@ cdef class FramePlanner:
         finally:
             free(before)
         p.items, p.head, p.t, p.last_row = items, head, t, last_row if t > 0 else -1
+        p.waiting = tail - head
         return p
 
     cdef Py_ssize_t _resumed_stack(self, Py_ssize_t q, Observation first, Py_ssize_t resume) except -1:

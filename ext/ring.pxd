@@ -96,8 +96,10 @@ cdef class Ring:
                       bint leaves=*, bint float32_weights=*, bint uint64_indexes=*)
     cpdef Py_ssize_t update(self, object slots, object priorities) except -2
     cdef int _describe_outputs(self, list fields) except -1
+    cdef Py_ssize_t _check_sequences(self, const int64_t[::1] slots, const uint64_t[::1] generations,
+                                     const int64_t[::1] steps, const double[::1] priorities) except -1
     cdef Py_ssize_t _reserve_waiting(self, Py_ssize_t k, uint64_t* reserved, bint insert,
-                                     double deadline, Py_ssize_t lane) except -1
+                                     double deadline, Py_ssize_t lane, Py_ssize_t skip=*) except -1
     cdef bint _stage_value(self, Py_ssize_t i, object value) except -1
     cdef int _flag_set(self, Py_ssize_t i) except -2
     cdef double _draw(self, int64_t* slots, double* values, uint64_t* gens, Py_ssize_t k,

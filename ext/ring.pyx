@@ -330,9 +330,10 @@ cdef class Ring:
 
     # -- writers ----------------------------------------------------------------
     cdef Py_ssize_t _reserve_waiting(self, Py_ssize_t k, uint64_t* reserved, bint insert,
-                                     double deadline, Py_ssize_t lane) except -1:
+                                     double deadline, Py_ssize_t lane, Py_ssize_t skip=0) except -1:
         # Reserve k slots once no live process still writes one of them and
-        # (for inserts) the rate limiter allows it.
+        # (for inserts) the rate limiter allows it; `skip` (k: the whole lane) moves
+        # the cursor that many slots on first, in the same critical section.
         cdef int64_t blocker
         cdef Py_ssize_t s
         if insert:
@@ -347,46 +348,63 @@ cdef class Ring:
                             self._slots.owner[s] = 0
                     continue
                 if blocker == 0 and (not insert or self._gate.can_insert(k)):
+                    if skip:
+                        self._slots.lanes[lane, LANE_CURSOR] = self._slots.slot(
+                            lane, self._slots.lanes[lane, LANE_CURSOR], skip)
                     return self._slots.reserve(k, reserved, insert, lane)
                 self._gate.block(deadline, f"add: {describe_process(token_pid(blocker))} is still writing the next slots"
                             if blocker else "add: the rate limiter holds inserts back until more is sampled")
         finally:
             self._gate.release()
 
-    def reserve(self, Py_ssize_t k, double deadline=INFINITY, bint insert=True, Py_ssize_t lane=0):
+    def reserve(self, Py_ssize_t k, double deadline=INFINITY, bint insert=True, Py_ssize_t lane=0,
+                Py_ssize_t skip=0):
         """Reserve the next ``k`` slots of ``lane`` for writing; returns ``(start, reserved_generations)``.
 
         Waits while another live process is still writing one of them, and
         (``insert``) while the rate limiter holds inserts back -- until
         ``deadline`` (``time.monotonic()`` seconds, see :func:`mpreplay._ext.gate.deadline`), then
-        raises TimeoutError.
+        raises TimeoutError, having changed nothing.  ``skip``: a reservation of the whole
+        lane starts that many slots past the cursor (the newest rows of a batch longer than
+        the lane go where they would have gone had all been written).
         """
         cdef cnp.ndarray reserved = np.empty(k, dtype=np.uint64)
         cdef Py_ssize_t n = self._slots.lanes[lane, LANE_END] - self._slots.lanes[lane, LANE_START]
         if not 0 <= k <= n:
             raise ValueError(f"k: expected 0 <= k <= {n} (the lane's length), got {k}")
-        start = self._reserve_waiting(k, <uint64_t*>cnp.PyArray_DATA(reserved), insert, deadline, lane)
+        if skip and k != n:
+            raise ValueError(f"skip: only a reservation of the whole lane ({n} slots) skips slots, got k={k}")
+        start = self._reserve_waiting(k, <uint64_t*>cnp.PyArray_DATA(reserved), insert, deadline, lane, skip % n)
         return start, reserved
 
     def publish(self, Py_ssize_t start, const uint64_t[::1] reserved not None, const double[::1] priorities=None,
                 const uint8_t[::1] states=None, Py_ssize_t lane=0, double deadline=INFINITY,
                 const int64_t[::1] complete=None, const uint64_t[::1] complete_generations=None,
-                const double[::1] complete_priorities=None):
-        """Make slots reserved by :meth:`reserve` readable: ``states`` (default all COMPLETE)
-        says which hold complete transitions; those become sampleable with ``priorities``
-        (default: the stored maximum).  Returns how many slots were lost to a writer that
-        took them over.
+                const double[::1] complete_priorities=None, tuple sequences=None):
+        """Make slots reserved by :meth:`reserve` (for inserts) readable: ``states`` (default all
+        COMPLETE) says which hold complete transitions; those become sampleable with
+        ``priorities`` (default: the stored maximum).  Returns how many slots were lost to a
+        writer that took them over.
 
         ``complete`` names WAITING transitions (with the generations they were published
         with) whose next frame these slots store: they become COMPLETE in the same
-        critical section, with ``complete_priorities`` (NaN: the stored maximum).  When
-        the lock cannot be had by ``deadline`` the reservation is given up -- nothing is
+        critical section, with ``complete_priorities`` (NaN: the stored maximum).
+        ``sequences`` (a sequence table's writer): ``(slots, generations, steps, priorities)``
+        of the sequences whose last step is stored once these slots are, opened in the same
+        critical section too (see :meth:`Slots.open_sequences`): one call publishes all
+        that a write makes readable, or nothing.  When the lock cannot be had by
+        ``deadline`` the reservation is given up and undone (``Slots.disown``) -- nothing is
         stored -- and TimeoutError raised.
         """
         cdef Py_ssize_t k = reserved.shape[0], nc = 0 if complete is None else complete.shape[0], lost
+        cdef Py_ssize_t ns = 0
         cdef const double* prio = NULL
         cdef const uint8_t* st = NULL
         cdef const double* cprio = NULL
+        cdef const int64_t[::1] open_slots
+        cdef const uint64_t[::1] open_generations
+        cdef const int64_t[::1] open_steps
+        cdef const double[::1] open_priorities
         cdef bint wake
         if priorities is not None:
             if priorities.shape[0] != k:
@@ -403,11 +421,14 @@ cdef class Ring:
                 if complete_priorities.shape[0] != nc:
                     raise ValueError("complete_priorities: expected one per slot to complete")
                 cprio = &complete_priorities[0]
-        if k == 0 and nc == 0:
+        if sequences is not None:
+            open_slots, open_generations, open_steps, open_priorities = sequences
+            ns = self._check_sequences(open_slots, open_generations, open_steps, open_priorities)
+        if k == 0 and nc == 0 and ns == 0:
             return 0
         try:
             self._gate.acquire(deadline)
-        except TimeoutError:
+        except BaseException:
             if k:
                 self._slots.disown(lane, start, k, &reserved[0])
             raise
@@ -416,6 +437,9 @@ cdef class Ring:
             lost = self._slots.publish(lane, start, k, &reserved[0], prio, st) if k else 0
             if nc:
                 self._slots.complete(&complete[0], &complete_generations[0], cprio, nc)
+            if ns:
+                self._slots.open_sequences(&open_slots[0], &open_generations[0], &open_steps[0],
+                                           &open_priorities[0], ns)
             wake = self._gate.progress()
         finally:
             self._gate.release()
@@ -423,8 +447,23 @@ cdef class Ring:
             self._gate.wake()
         return lost
 
+    cdef Py_ssize_t _check_sequences(self, const int64_t[::1] slots, const uint64_t[::1] generations,
+                                     const int64_t[::1] steps, const double[::1] priorities) except -1:
+        # How many sequences publish() is asked to open, once their description is checked.
+        cdef Py_ssize_t n = slots.shape[0], j
+        if self._sequences is None:
+            raise ValueError("sequences: this table stores transitions, not sequences")
+        if generations.shape[0] != n or steps.shape[0] != n or priorities.shape[0] != n:
+            raise ValueError("sequences: expected one generation, step count and priority per slot")
+        for j in range(n):
+            if not (0 <= slots[j] < self.size and 1 <= steps[j] <= self._length):
+                raise ValueError(f"sequences: expected a slot in [0, {self.size}) and 1 to {self._length} "
+                                 f"steps, got {slots[j]} and {steps[j]} at position {j}")
+        return n
+
     def abandon(self, Py_ssize_t start, const uint64_t[::1] reserved not None, Py_ssize_t lane=0):
-        """Give up slots reserved by :meth:`reserve`: they stay unsampleable, free for the next writer."""
+        """Give up an insert reserved by :meth:`reserve`, as :meth:`publish` does at a timeout
+        (``Slots.disown``): the slots stay unsampleable, free for the next writer."""
         if reserved.shape[0]:
             self._slots.disown(lane, start, reserved.shape[0], &reserved[0])
 
@@ -623,7 +662,7 @@ cdef class Ring:
             memcpy(self._dst[i] + slot * self._pitch[i], self._src[i], self._rowbytes[i])
         try:
             self._gate.acquire(deadline)
-        except TimeoutError:
+        except BaseException:
             self._slots.disown(0, slot, 1, &reserved)
             raise
         try:
@@ -702,7 +741,7 @@ cdef class Ring:
             done = episode.settle(plan, slots, row_priority, states, item_priority)
         try:
             self._gate.acquire(deadline)
-        except TimeoutError:
+        except BaseException:
             self._slots.disown(lane, start, plan.items, reserved)
             raise
         try:
@@ -1197,36 +1236,3 @@ cdef class Ring:
         if bad_priority >= 0:
             self._raise_bad_priority(pp, bad_priority)
         return stale
-
-    def open_sequences(self, const int64_t[::1] slots not None, const uint64_t[::1] generations not None,
-                       const int64_t[::1] steps not None, const double[::1] priorities=None,
-                       double deadline=INFINITY):
-        """Make sequences sampleable (a sequence table's writer, once their last step is stored):
-        the one starting at ``slots[j]``, whose first step was published with ``generations[j]``,
-        has ``steps[j]`` real steps, every one stored COMPLETE and consecutive in its lane.
-        ``priorities`` (NaN or None: the largest stored).  Returns how many were opened; one
-        whose first slot was rewritten meanwhile is skipped."""
-        cdef Py_ssize_t n = slots.shape[0], j, opened
-        cdef const double* prio = NULL
-        cdef bint wake
-        if self._sequences is None:
-            raise ValueError("open_sequences: this table stores transitions, not sequences")
-        if generations.shape[0] != n or steps.shape[0] != n or (priorities is not None and priorities.shape[0] != n):
-            raise ValueError("generations, steps, priorities: expected one per slot")
-        for j in range(n):
-            if not (0 <= slots[j] < self.size and 1 <= steps[j] <= self._length):
-                raise ValueError(f"slots, steps: expected a slot in [0, {self.size}) and 1 to {self._length} "
-                                 f"steps, got {slots[j]} and {steps[j]} at position {j}")
-        if n == 0:
-            return 0
-        if priorities is not None:
-            prio = &priorities[0]
-        self._gate.acquire(deadline)
-        try:
-            opened = self._slots.open_sequences(&slots[0], &generations[0], &steps[0], prio, n)
-            wake = self._gate.progress()
-        finally:
-            self._gate.release()
-        if wake:
-            self._gate.wake()
-        return opened

@@ -9,7 +9,7 @@ they keep the stored count and the selector's weights in step with the slot
 states, and :func:`recover` makes them agree again after a holder died.  See
 docs/architecture.md, "Concurrency protocol" and "Crash handling".
 """
-from mpreplay._ext.atomics cimport _atomic_store
+from mpreplay._ext.atomics cimport _atomic_add, _atomic_cas, _atomic_store
 from mpreplay._ext.processes cimport process_token, token_alive
 from mpreplay._ext.sequences cimport Sequences
 from mpreplay._ext.schema cimport (COMPLETE, EMPTY, INSERTS, LANE_CURSOR, LANE_END, LANE_START, MAX_WRITERS,
@@ -207,7 +207,8 @@ cdef class Slots:
             self.retire(s)
         self.fix_run(lane, start, k)
         if insert:
-            self.header[RESERVED] += k
+            # Atomic: disown() gives an insert back without the lock.
+            _atomic_add(&self.header[RESERVED], k)
         return start
 
     cdef Py_ssize_t publish(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved,
@@ -288,11 +289,18 @@ cdef class Slots:
         return opened
 
     cdef void disown(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved) noexcept nogil:
-        # Without the lock: give up this process's reservation.  The slots stay
-        # unsampleable (odd generation, EMPTY) and free for the next writer; no
-        # other process writes the owner of a slot a live writer holds.
+        # Without the lock: give up this process's reservation of an insert that is not
+        # made after all.  The slots stay unsampleable (odd generation, EMPTY) and free for
+        # the next writer (no other process writes the owner of a slot a live writer holds);
+        # the rate limiter stops counting the insert; the lane's cursor goes back to `start`
+        # unless a writer reserved after it (so a compressed lane keeps no gap for its
+        # stacks to read across).  The rows the slots held before stay retired.
         cdef Py_ssize_t j, s
+        cdef int64_t end = self.slot(lane, start, k)
         for j in range(k):
             s = self.slot(lane, start, j)
             if self.gen[s] == reserved[j] and self.owner[s] == self.token:
                 _atomic_store(&self.owner[s], 0)
+        if k:
+            _atomic_add(&self.header[RESERVED], -k)
+            _atomic_cas(&self.lanes[lane, LANE_CURSOR], &end, start)

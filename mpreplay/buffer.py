@@ -222,7 +222,7 @@ class ReplayBuffer(BufferCalls):
                           self._sequences)
         self._writer = None if c is None else FrameWriter(c, self._specs, self._ring, arrays)
         if self._sequence is not None:
-            self._writer = SequenceWriter(self._sequence, self._writer, self._ring,
+            self._writer = SequenceWriter(self._sequence, self._writer,
                                           [flag for flag in (c.done, c.truncated) if flag is not None])
         # One transition goes straight to the kernel (Ring.add_one) unless it is folded or planned first.
         self._bind_calls(self._ring, self._nstep is None and self._writer is None, **self._call_options())
@@ -329,21 +329,30 @@ class ReplayBuffer(BufferCalls):
         return self._store(k, rows, priorities, timeout)
 
     def _add_folded(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int | None:
-        """Fold the steps of ``fields``, and their ``priorities`` alongside (prioritized buffers)."""
+        """Fold the steps of ``fields``, and their ``priorities`` alongside (prioritized buffers).
+
+        The folders change only once the rows they emit are stored: an add that raises
+        (a timeout, bad rows) leaves them as they were, so the same add can be made again."""
         if self._priority_folder is None:
-            return self._store_folded(self._nstep.add(**fields), None, timeout)
-        k = self._nstep.check(**fields)  # before either folder changes
+            rows, after = self._nstep.preview_add(**fields)
+            slot = self._store_folded(rows, None, timeout)
+            self._nstep.commit(after)
+            return slot
+        k = self._nstep.check(**fields)  # before either folder is asked
         if priorities is None:
             # NaN: "the largest priority stored when the folded row is stored".
             priorities = np.full(k, np.nan)
         else:
             priorities = checks.priorities("priorities", priorities, k, max_priority=None)
             self._ring.check_priorities(priorities)
-        rows = self._nstep.add(**fields)
+        rows, after = self._nstep.preview_add(**fields)
         settings = self._nstep_args[2]
         flags = {settings[f]: fields[settings[f]] for f in ("done", "truncated") if settings[f] is not None}
-        folded = self._priority_folder.add(priority=priorities, **flags)["priority"]
-        return self._store_folded(rows, folded, timeout)
+        folded, priorities_after = self._priority_folder.preview_add(priority=priorities, **flags)
+        slot = self._store_folded(rows, folded["priority"], timeout)
+        self._nstep.commit(after)
+        self._priority_folder.commit(priorities_after)
+        return slot
 
     def _store_folded(self, rows: dict[str, np.ndarray], priorities: np.ndarray | None, timeout: float | None,
                       end_episode: bool = False) -> int | None:
@@ -359,16 +368,15 @@ class ReplayBuffer(BufferCalls):
         size = self._size
         until = deadline(timeout)
         first = self.get_next_index()
+        skip = 0
         if k > size:
-            # Only the newest `size` rows would survive: skip the others.  The
-            # skipped slots are reserved just to move the cursor past them;
-            # the reservation below covers them all again.
+            # Only the newest `size` rows would survive: skip the others, in the
+            # same reservation (of every slot) that takes the newest.
             skip = k - size
             rows = {n: r[skip:] for n, r in rows.items()}
             priorities = None if priorities is None else priorities[skip:]
-            self._ring.abandon(*self._ring.reserve(skip % size, until, False))
             k = size
-        start, reserved = self._ring.reserve(k, until)
+        start, reserved = self._ring.reserve(k, until, skip=skip)
         try:
             head = min(k, size - start)
             for name, dst in self._fields.items():
@@ -484,15 +492,26 @@ class ReplayBuffer(BufferCalls):
         if self._writer is not None:
             self._writer.reset()
 
-    def on_episode_end(self) -> None:
+    def on_episode_end(self, *, timeout: float | None = None) -> None:
         """End the current episode (cpprb API): with ``nstep``, store its pending
-        steps, folded as if the last one was truncated (they bootstrap)."""
+        steps, folded as if the last one was truncated (they bootstrap); with
+        ``next_of``, store the episode's last next observation.
+
+        ``timeout`` bounds the waits for the rate limiter and the lock, as in :meth:`add`;
+        on TimeoutError the episode has not ended and nothing changed: call again."""
+        timeout = checks.seconds("timeout", timeout)
         if self._nstep is not None:
-            priorities = (None if self._priority_folder is None
-                          else self._priority_folder.on_episode_end()["priority"])
-            self._store_folded(self._nstep.on_episode_end(), priorities, None, end_episode=True)
+            rows, after = self._nstep.preview_episode_end()
+            priorities, priorities_after = None, None
+            if self._priority_folder is not None:
+                folded, priorities_after = self._priority_folder.preview_episode_end()
+                priorities = folded["priority"]
+            self._store_folded(rows, priorities, timeout, end_episode=True)
+            self._nstep.commit(after)
+            if self._priority_folder is not None:
+                self._priority_folder.commit(priorities_after)
         elif self._writer is not None:
-            self._writer.write(0, {}, None, None, end_episode=True)
+            self._writer.write(0, {}, None, timeout, end_episode=True)
 
     def _make_folders(self) -> None:
         """This writer's own n-step folders: the rows', and (prioritized) the initial priorities'."""

@@ -22,7 +22,7 @@ fills its own lane, so consecutive steps of an episode sit in consecutive slots.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -255,38 +255,67 @@ class FrameWriter:
 
     def write_rows(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
                    timeout: float | None, end_episode: bool = False,
-                   meta: Mapping[str, np.ndarray] | None = None, resume: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                   meta: Mapping[str, np.ndarray] | None = None, resume: int = 0,
+                   opening: Callable[[np.ndarray, np.ndarray, int], tuple | None] | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
         """Store ``k`` converted rows; returns the slot of each row and the generation it
         was published with.  ``meta`` maps per-slot arrays of the buffer's memory to a
-        value per row, written with the rows (before they are published).
+        value per row, written with the rows (before they are published).  ``opening``
+        (a sequence table's writer) is called with those slots and generations and the
+        rows left waiting for their next observation, before anything is published; the
+        sequences it returns, as for :meth:`Ring.publish`, open with the rows.
 
         ``resume`` > 0 (a writer between episodes only): the first row is that step of an
         episode whose older steps are not stored (a saved buffer's oldest kept step); the
-        older frames its stacks read are stored before it, in slots never sampled."""
+        older frames its stacks read are stored before it, in slots never sampled.
+
+        All or nothing: a call that raises (bad rows, TimeoutError, BufferClosed) leaves the
+        episode as it was and stores nothing, so the same call can be made again."""
         plan = self.plan(k, rows, end_episode, resume)
-        episode = self._episode
         until = deadline(timeout)
-        lane = self._claim(until)
+        claimed = not self.has_lane
+        self._claim(until)
+        try:
+            return self._write_plan(plan, k, rows, priorities, until, meta, opening)
+        except BaseException:
+            if claimed:
+                self.release_lane()  # as if never claimed
+            raise
+
+    def _write_plan(self, plan: FramePlan, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
+                    until: float, meta: Mapping[str, np.ndarray] | None,
+                    opening: Callable[[np.ndarray, np.ndarray, int], tuple | None] | None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """Reserve, copy and publish what ``plan`` laid out, then move the episode past it."""
+        episode, ring, lane = self._episode, self._ring, self._episode.lane
         lo, hi = self._arrays["lanes"][lane, [LANE_START, LANE_END]]
         if plan.items > hi - lo:
             raise ValueError(f"add: {plan.items} slots at once exceed the lane's {hi - lo}; add fewer rows per call")
         if priorities is not None:
             priorities = np.ascontiguousarray(priorities, dtype=np.float64)
         if not plan.items:
+            sequences = None if opening is None else opening(np.empty(0, np.int64), np.empty(0, np.uint64),
+                                                             plan.waiting)
+            ring.publish(0, np.empty(0, np.uint64), deadline=until, sequences=sequences)
             episode.advance(plan, None, None, priorities)
             return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
-        ring = self._ring
         start, reserved = ring.reserve(plan.items, until, True, lane)
-        slots = lo + (start - lo + np.arange(plan.items, dtype=np.int64)) % (hi - lo)
-        episode.copy(plan, slots, [self._arrays[field_array(name)] for name in self._stored],
-                     [self._rows(k, rows, name) for name in self._stored])
-        row_items = plan.row_items
-        row_slots, row_generations = slots[row_items], reserved[row_items] + np.uint64(1)
-        for name, values in (meta or {}).items():
-            self._arrays[name][row_slots] = values
-        states, prio, complete, generations, complete_priorities = episode.publication(plan, slots, priorities)
+        try:
+            slots = lo + (start - lo + np.arange(plan.items, dtype=np.int64)) % (hi - lo)
+            episode.copy(plan, slots, [self._arrays[field_array(name)] for name in self._stored],
+                         [self._rows(k, rows, name) for name in self._stored])
+            row_items = plan.row_items
+            row_slots, row_generations = slots[row_items], reserved[row_items] + np.uint64(1)
+            for name, values in (meta or {}).items():
+                self._arrays[name][row_slots] = values
+            states, prio, complete, generations, complete_priorities = episode.publication(plan, slots, priorities)
+            sequences = None if opening is None else opening(row_slots, row_generations, plan.waiting)
+        except BaseException:
+            ring.abandon(start, reserved, lane)
+            raise
         # Rows published WAITING by earlier calls complete with this publication.
-        ring.publish(start, reserved, prio, states, lane, until, complete, generations, complete_priorities)
+        ring.publish(start, reserved, prio, states, lane, until, complete, generations, complete_priorities,
+                     sequences)
         episode.advance(plan, slots, reserved, priorities)
         return row_slots, row_generations
 

@@ -21,14 +21,14 @@ and truncated is terminal.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from . import checks
 from .spec import FieldSpec, convert_batch, parse_env_dict
 
-__all__ = ["NstepBuffer"]
+__all__ = ["Folding", "NstepBuffer"]
 
 _DISCOUNT = "discount"
 
@@ -44,6 +44,17 @@ def _take(arr: np.ndarray, envs: Any, cols: Any) -> np.ndarray:
     """Rows ``arr[envs, cols]`` as a new array (basic indexing gives a view)."""
     rows = arr[envs, cols]
     return rows.copy() if isinstance(envs, slice) else rows
+
+
+class Folding(NamedTuple):
+    """What an :class:`NstepBuffer` holds between steps: returned by its ``preview_*``
+    methods, made the folder's own by :meth:`NstepBuffer.commit`.  Opaque to callers."""
+
+    ring: dict[str, np.ndarray]  # per non-reward field, (num_envs, n, ...): the steps of the last n adds
+    acc: dict[str, np.ndarray]   # per reward field, (num_envs, n, ...): the running folded reward of each column
+    cur: int                     # the column of the newest step
+    count: np.ndarray            # per environment, its pending steps: its newest `count` columns, ending at `cur`
+    steady: bool                 # every environment holds n - 1 pending steps (cached: add() checks it every call)
 
 
 class NstepBuffer:
@@ -89,6 +100,12 @@ class NstepBuffer:
     Every returned dict has the :meth:`output_env_dict` fields with a leading batch dimension
     (possibly 0 rows), in rows ordered by environment, then by time.  Pending steps not yet
     emitted: :meth:`get_pending_count`; :meth:`clear` drops them.
+
+    A caller that stores the rows somewhere that may refuse them (a replay buffer whose
+    ``add`` times out) folds in two steps: :meth:`preview_add` (or :meth:`preview_episode_end`)
+    returns the rows and the folder's next state without changing the folder, and
+    :meth:`commit` makes that state the folder's once the rows are stored.  Uncommitted,
+    the step was never added: the same step can be folded again.
     """
 
     def __init__(self, env_dict: Mapping[str, Mapping[str, Any]], size: int, gamma: float = 0.99, *,
@@ -154,11 +171,11 @@ class NstepBuffer:
         n = self._n
         # Column c of every ring holds the step of the add() call whose number is c modulo n, in
         # every environment at once: a write is one slice assignment, and an environment's
-        # pending steps are always its newest `count` columns, ending at column self._cur.
-        self._ring = {name: np.zeros((num_envs, n) + s.shape, s.dtype)
-                      for name, s in self._specs.items() if name not in self._rews}
+        # pending steps are always its newest `count` columns, ending at column `cur`.
+        ring = {name: np.zeros((num_envs, n) + s.shape, s.dtype)
+                for name, s in self._specs.items() if name not in self._rews}
         # Running folded reward of the pending step in each column (float64 whatever rew's dtype).
-        self._acc = {name: np.zeros((num_envs, n) + self._specs[name].shape, np.float64) for name in self._rews}
+        acc = {name: np.zeros((num_envs, n) + self._specs[name].shape, np.float64) for name in self._rews}
         ages = (np.arange(n)[:, None] - np.arange(n)[None, :]) % n
         powers = [self._gamma ** k for k in range(n + 1)]
         # _weight[c][q]: gamma**(age of column q when column c is written).
@@ -166,8 +183,8 @@ class NstepBuffer:
         self._discounts = np.array(powers, dtype=self._out_specs[_DISCOUNT].dtype)
         self._full_fold = np.full(num_envs, n)
         self._envs = np.arange(num_envs)
-        self._cur = n - 1
-        self._set_count(np.zeros(num_envs, np.int64))
+        self._state = self._folding(ring, acc, n - 1, np.zeros(num_envs, np.int64))
+        self._preview: Folding | None = None  # the one state commit() accepts
 
     # -- public API -----------------------------------------------------------
     @property
@@ -195,11 +212,14 @@ class NstepBuffer:
 
     def get_pending_count(self, env: int | None = None) -> int:
         """Steps added but not emitted yet, in all environments or in environment ``env``."""
-        return int(self._count.sum() if env is None else self._count[self._env_index(env)])
+        count = self._state.count
+        return int(count.sum() if env is None else count[self._env_index(env)])
 
     def clear(self) -> None:
         """Drop every pending step without emitting it."""
-        self._set_count(np.zeros_like(self._count))
+        s = self._state
+        self._state = self._folding(s.ring, s.acc, s.cur, np.zeros_like(s.count))
+        self._preview = None
 
     def add(self, **step: Any) -> dict[str, np.ndarray]:
         """Add one step (one per environment with ``num_envs``) and return what it completes.
@@ -211,14 +231,60 @@ class NstepBuffer:
         class docstring); the values are copied, so later adds never alter them and the caller
         may reuse its own arrays.
         """
+        rows, after = self.preview_add(**step)
+        self.commit(after)
+        return rows
+
+    def on_episode_end(self, env: int | None = None) -> dict[str, np.ndarray]:
+        """End the current episode of every environment, or of environment ``env``, without a flag.
+
+        Emits the pending steps as if the last step added had been flagged truncated: folded up
+        to it, ``done`` 0 (the target still bootstraps from its next observation) and
+        ``truncated`` 1 when the env_dict has that field.  The next add starts a new episode.
+        """
+        rows, after = self.preview_episode_end(env)
+        self.commit(after)
+        return rows
+
+    def preview_add(self, **step: Any) -> tuple[dict[str, np.ndarray], Folding]:
+        """What :meth:`add` would return, and the folder's state after it, without changing the
+        folder; :meth:`commit` the state to add the step.  Raises on bad input as ``add`` does."""
         k, rows = convert_batch(self._specs, step)
-        num_envs = len(self._count)
+        s = self._state
         if self._num_envs is None and k != 1:
-            return _concat([self._add_step({name: r[i:i + 1] for name, r in rows.items()}) for i in range(k)],
-                           self._out_specs)
-        if k != num_envs:
-            raise ValueError(f"add: expected a leading dimension num_envs={num_envs} on every field, got a batch of {k}")
-        return self._add_step(rows)
+            # Consecutive steps write columns that hold pending steps of the folder's state:
+            # they fold into a ring of their own.
+            s = s._replace(ring={name: ring.copy() for name, ring in s.ring.items()})
+            parts = []
+            for i in range(k):
+                out, s = self._add_step(s, {name: r[i:i + 1] for name, r in rows.items()})
+                parts.append(out)
+            out = _concat(parts, self._out_specs)
+        elif k != len(s.count):
+            raise ValueError(f"add: expected a leading dimension num_envs={len(s.count)} on every field, "
+                             f"got a batch of {k}")
+        else:
+            out, s = self._add_step(s, rows)
+        self._preview = s
+        return out, s
+
+    def preview_episode_end(self, env: int | None = None) -> tuple[dict[str, np.ndarray], Folding]:
+        """What :meth:`on_episode_end` would return, and the folder's state after it, without
+        changing the folder; :meth:`commit` the state to end the episode."""
+        s = self._state
+        chosen = np.ones(len(s.count), bool) if env is None else self._envs == self._env_index(env)
+        emit = np.where(chosen, s.count, 0)
+        after = self._folding(s.ring, s.acc, s.cur, np.where(chosen, 0, s.count))
+        self._preview = after
+        return self._flush(after, emit, emit, truncate=True), after
+
+    def commit(self, state: Folding) -> None:
+        """Make ``state``, from the latest ``preview_*`` call, the folder's: the previewed step is
+        added (or the episode ended).  Any other state -- an older preview's, one committed
+        already -- raises ValueError, changing nothing."""
+        if state is not self._preview:
+            raise ValueError("commit: expected the state of this folder's latest preview, not committed yet")
+        self._state, self._preview = state, None
 
     def check(self, **step: Any) -> int:
         """How many steps ``add(**step)`` would take, raising as it would on bad input;
@@ -229,70 +295,65 @@ class NstepBuffer:
                              f"got a batch of {k}")
         return k
 
-    def _add_step(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Fold one converted step of every environment."""
+    def _add_step(self, s: Folding, rows: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Folding]:
+        """Fold one converted step of every environment into ``s``: the rows it emits and the state after.
+
+        The step is written into column ``s.cur + 1`` of ``s.ring``, which holds no pending step
+        of ``s`` (at most n - 1 are pending), so ``s`` itself stays valid."""
         n = self._n
-        cur = self._cur = (self._cur + 1) % n
-        for name, ring in self._ring.items():
+        cur = (s.cur + 1) % n
+        for name, ring in s.ring.items():
             ring[:, cur] = rows[name]
-        for name, acc in self._acc.items():
-            acc[:, cur] = 0.0
-            acc += self._weight[cur].reshape((n,) + (1,) * (acc.ndim - 2)) * rows[name][:, None]
+        acc = {}
+        for name, a in s.acc.items():
+            a = a.copy()
+            a[:, cur] = 0.0
+            a += self._weight[cur].reshape((n,) + (1,) * (a.ndim - 2)) * rows[name][:, None]
+            acc[name] = a
         done = rows[self._done]
         trunc = None if self._truncated is None else rows[self._truncated]
         # count_nonzero: the cheapest "any" numpy has for a few flags.
-        if self._steady and not np.count_nonzero(done) and (trunc is None or not np.count_nonzero(trunc)):
+        if s.steady and not np.count_nonzero(done) and (trunc is None or not np.count_nonzero(trunc)):
             # Every environment holds n-1 pending steps and none ends: each emits its oldest.
-            return self._rows(slice(None), (cur + 1) % n, self._full_fold, truncate=False)
+            after = Folding(s.ring, acc, cur, s.count, True)
+            return self._rows(after, slice(None), (cur + 1) % n, self._full_fold, truncate=False), after
         ends = done != 0 if trunc is None else np.logical_or(done, trunc)
-        count = self._count + 1
+        count = s.count + 1
         emit = np.where(ends, count, count == n)
-        self._set_count(np.where(ends, 0, np.minimum(count, n - 1)))
-        return self._flush(emit, count, truncate=False)
-
-    def on_episode_end(self, env: int | None = None) -> dict[str, np.ndarray]:
-        """End the current episode of every environment, or of environment ``env``, without a flag.
-
-        Emits the pending steps as if the last step added had been flagged truncated: folded up
-        to it, ``done`` 0 (the target still bootstraps from its next observation) and
-        ``truncated`` 1 when the env_dict has that field.  The next add starts a new episode.
-        """
-        chosen = np.ones(len(self._count), bool) if env is None else self._envs == self._env_index(env)
-        emit = np.where(chosen, self._count, 0)
-        self._set_count(np.where(chosen, 0, self._count))
-        return self._flush(emit, emit, truncate=True)
+        after = self._folding(s.ring, acc, cur, np.where(ends, 0, np.minimum(count, n - 1)))
+        return self._flush(after, emit, count, truncate=False), after
 
     # -- bookkeeping ------------------------------------------------------------
-    def _set_count(self, count: np.ndarray) -> None:
-        self._count = count
-        # Cached because add() checks it on every call.
-        self._steady = bool((count == self._n - 1).all())
+    def _folding(self, ring: dict[str, np.ndarray], acc: dict[str, np.ndarray], cur: int,
+                 count: np.ndarray) -> Folding:
+        return Folding(ring, acc, cur, count, bool((count == self._n - 1).all()))
 
     def _env_index(self, env: Any) -> int:
-        return checks.integer("env", env, low=0, high=len(self._count) - 1)
+        return checks.integer("env", env, low=0, high=len(self._state.count) - 1)
 
-    def _flush(self, emit: np.ndarray, count: np.ndarray, *, truncate: bool) -> dict[str, np.ndarray]:
-        """Emit the ``emit[e]`` oldest of the ``count[e]`` pending steps of each environment ``e``."""
+    def _flush(self, s: Folding, emit: np.ndarray, count: np.ndarray, *, truncate: bool) -> dict[str, np.ndarray]:
+        """Emit the ``emit[e]`` oldest of the ``count[e]`` steps of each environment ``e`` that
+        were pending up to column ``s.cur``."""
         total = int(emit.sum())
         envs = np.repeat(self._envs, emit)
         # j: position of a row among its environment's emitted rows, oldest first.
         j = np.arange(total) - np.repeat(np.cumsum(emit) - emit, emit)
         pending = count[envs]
-        cols = (self._cur - pending + 1 + j) % self._n
-        return self._rows(envs, cols, pending - j, truncate=truncate)
+        cols = (s.cur - pending + 1 + j) % self._n
+        return self._rows(s, envs, cols, pending - j, truncate=truncate)
 
-    def _rows(self, envs: Any, cols: Any, m: np.ndarray, *, truncate: bool) -> dict[str, np.ndarray]:
-        """Transitions starting at ``(envs, cols)``, folded over ``m`` steps up to column ``_cur``."""
+    def _rows(self, s: Folding, envs: Any, cols: Any, m: np.ndarray, *, truncate: bool) -> dict[str, np.ndarray]:
+        """Transitions starting at ``(envs, cols)``, folded over ``m`` steps up to column ``s.cur``."""
         out = {}
         for name, spec in self._out_specs.items():
             if name == _DISCOUNT:
                 out[name] = self._discounts[m]
-            elif name in self._acc:
-                out[name] = self._acc[name][envs, cols].astype(spec.dtype)
+            elif name in s.acc:
+                out[name] = s.acc[name][envs, cols].astype(spec.dtype)
             elif name == self._truncated and truncate:
                 out[name] = np.ones(len(m), spec.dtype)
             elif name in self._last_step_fields:
-                out[name] = _take(self._ring[name], envs, self._cur)
+                out[name] = _take(s.ring[name], envs, s.cur)
             else:
-                out[name] = _take(self._ring[name], envs, cols)
+                out[name] = _take(s.ring[name], envs, cols)
         return out

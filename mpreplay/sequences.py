@@ -18,8 +18,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import checks
-from ._ext.gate import deadline
-from ._ext.ring import Ring
 from ._ext.schema import EPISODE_START_ARRAY, EPISODE_STEP_ARRAY
 from .compression import FrameWriter
 
@@ -65,6 +63,12 @@ class SequenceCutter:
         first = checks.integer("first", first, low=0)
         self._stored = first  # steps of the current episode
         self._next = -(-first // self.period) * self.period  # offset of the next sequence not announced yet
+
+    def copy(self) -> "SequenceCutter":
+        """A cutter of its own in this one's state."""
+        other = SequenceCutter.__new__(SequenceCutter)
+        other.__dict__.update(self.__dict__)
+        return other
 
     @property
     def stored(self) -> int:
@@ -141,6 +145,27 @@ class SavedEpisode(NamedTuple):
     first: int
 
 
+class _Episode:
+    """The episode a :class:`SequenceWriter` is storing: how it is cut, where this writer began
+    storing it (``start``: 0, or a saved episode's oldest kept step), and each stored step from
+    ``first`` (episode offset) on -- slot, generation, priority -- that a sequence not opened yet
+    may start at or cover."""
+
+    def __init__(self, spec: SequenceSpec, first: int):
+        self.cutter = SequenceCutter(spec.length, spec.period, pad_end=spec.pad_end, first=first)
+        self.start = first  # episode offset of the first step this writer stores (0, or a loaded one's)
+        self.first = first
+        self.slots: list[int] = []
+        self.generations: list[int] = []
+        self.priorities: list[float] = []
+
+    def copy(self) -> "_Episode":
+        other = _Episode.__new__(_Episode)
+        other.cutter, other.start, other.first = self.cutter.copy(), self.start, self.first
+        other.slots, other.generations, other.priorities = self.slots[:], self.generations[:], self.priorities[:]
+        return other
+
+
 class SequenceWriter:
     """The writing side of a sequence buffer, private to one writer (a buffer object
     or one of its episode writers).
@@ -151,24 +176,15 @@ class SequenceWriter:
     stored -- complete: with ``next_of``, its next observation too -- the sequence is
     opened in the table with its initial priority: R2D2's rule over the per-step
     priorities given with its steps, or the largest stored.  A flagged step (done or
-    truncated) ends its episode.
+    truncated) ends its episode.  A write publishes its steps and the sequences they
+    complete together, or (raising) nothing: the writer then stands where it stood.
     """
 
-    def __init__(self, spec: SequenceSpec, frames: FrameWriter, ring: Ring, flags: list[str]):
+    def __init__(self, spec: SequenceSpec, frames: FrameWriter, flags: list[str]):
         self._spec = spec
         self._frames = frames
-        self._ring = ring
         self._flags = flags
-        self._begin(0)
-
-    def _begin(self, first: int) -> None:
-        """Start an episode at step ``first`` (0, or where a saved one's oldest kept step was)."""
-        self._cutter = SequenceCutter(self._spec.length, self._spec.period, pad_end=self._spec.pad_end, first=first)
-        self._start = first      # episode offset of the first step this writer stores
-        self._first = first      # episode offset of the oldest step still listed below
-        self._slots: list[int] = []
-        self._generations: list[int] = []
-        self._priorities: list[float] = []
+        self._episode = _Episode(spec, 0)
 
     def write(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
               timeout: float | None, end_episode: bool = False, start_priorities: bool = False,
@@ -177,9 +193,7 @@ class SequenceWriter:
 
         ``start_priorities``: ``priorities`` are those of the sequences starting at each
         step (a saved buffer's), not per-step ones to fold; ``resume``: the episode begun
-        at that step (``_begin(resume)``) keeps none of its older steps (see
-        :meth:`FrameWriter.write_rows`)."""
-        until = deadline(timeout)
+        at that step keeps none of its older steps (see :meth:`FrameWriter.write_rows`)."""
         flagged = self._flagged(k, rows)
         ends = np.flatnonzero(flagged)
         later = ends[ends + 1 < k] + 1  # the rows starting an episode after a flagged one
@@ -188,35 +202,55 @@ class SequenceWriter:
         episode_first[later] = later
         np.maximum.accumulate(episode_first, out=episode_first)
         steps = np.arange(k, dtype=np.int64) - episode_first
-        steps[episode_first == 0] += self._first + len(self._slots)
+        stored = self._episode.first + len(self._episode.slots)
+        steps[episode_first == 0] += stored
         # Where this writer stores an episode's first step, so that a snapshot tells two
         # episodes of a lane apart even where the later one's episode_step goes on from the other's.
         starts = np.zeros(k, dtype=np.uint8)
         starts[later] = 1
-        starts[:1] = self._first + len(self._slots) == self._start
-        slots, generations = self._frames.write_rows(k, rows, priorities, timeout, end_episode,
-                                                     {EPISODE_STEP_ARRAY: steps, EPISODE_START_ARRAY: starts}, resume)
+        starts[:1] = stored == self._episode.start
         prio = np.full(k, np.nan) if priorities is None else np.asarray(priorities, dtype=np.float64)
+        after: list[_Episode] = []
+
+        def opening(slots: np.ndarray, generations: np.ndarray, waiting: int) -> tuple | None:
+            # The steps' slots are known, nothing is published yet: cut a copy of the episode.
+            episode, opened = self._cut(self._episode.copy(), k, slots, generations, prio, flagged, ends,
+                                        end_episode, waiting, start_priorities)
+            after.append(episode)
+            if not opened:
+                return None
+            columns = list(zip(*opened))
+            return (np.array(columns[0], dtype=np.int64), np.array(columns[1], dtype=np.uint64),
+                    np.array(columns[2], dtype=np.int64), np.array(columns[3], dtype=np.float64))
+
+        slots, _ = self._frames.write_rows(k, rows, priorities, timeout, end_episode,
+                                           {EPISODE_STEP_ARRAY: steps, EPISODE_START_ARRAY: starts}, resume=resume,
+                                           opening=opening)
+        self._episode = after[0]
+        return int(slots[0]) if len(slots) else None
+
+    def _cut(self, episode: _Episode, k: int, slots: np.ndarray, generations: np.ndarray, prio: np.ndarray,
+             flagged: np.ndarray, ends: np.ndarray, end_episode: bool, waiting: int,
+             start_priorities: bool) -> tuple[_Episode, list[tuple[int, int, int, float]]]:
+        """Move ``episode`` past ``k`` steps stored in ``slots`` (``flagged`` per step, ``ends``
+        the flagged ones): the episode after them (the next one, if they end it) and the
+        sequences they complete, to open."""
         opened: list[tuple[int, int, int, float]] = []
         bounds = sorted({*(ends + 1).tolist(), k})
         a = 0
         for b in bounds:
             # Steps a..b-1: one episode's, ended by a flag, by end_episode, or still open.
-            self._slots += slots[a:b].tolist()
-            self._generations += generations[a:b].tolist()
-            self._priorities += prio[a:b].tolist()
+            episode.slots += slots[a:b].tolist()
+            episode.generations += generations[a:b].tolist()
+            episode.priorities += prio[a:b].tolist()
             ended = (b > a and flagged[b - 1]) or (b == k and end_episode)
-            complete = self._first + len(self._slots) - (0 if ended else self._frames.waiting)
-            self._open(*self._cutter.add(complete - self._cutter.stored), opened, start_priorities)
+            complete = episode.first + len(episode.slots) - (0 if ended else waiting)
+            self._open(episode, *episode.cutter.add(complete - episode.cutter.stored), opened, start_priorities)
             if ended:
-                self._open(*self._cutter.end_episode(), opened, start_priorities)
-                self._begin(0)
+                self._open(episode, *episode.cutter.end_episode(), opened, start_priorities)
+                episode = _Episode(self._spec, 0)
             a = b
-        if opened:
-            columns = list(zip(*opened))
-            self._ring.open_sequences(np.array(columns[0], dtype=np.int64), np.array(columns[1], dtype=np.uint64),
-                                      np.array(columns[2], dtype=np.int64), np.array(columns[3]), until)
-        return int(slots[0]) if len(slots) else None
+        return episode, opened
 
     def _flagged(self, k: int, rows: Mapping[str, np.ndarray]) -> np.ndarray:
         """Per row, whether its done or truncated flag ends its episode."""
@@ -225,23 +259,24 @@ class SequenceWriter:
             flagged |= rows[flag].reshape(k) != 0
         return flagged
 
-    def _open(self, offsets: np.ndarray, steps: np.ndarray, opened: list, start_priorities: bool) -> None:
+    def _open(self, episode: _Episode, offsets: np.ndarray, steps: np.ndarray, opened: list,
+              start_priorities: bool) -> None:
         """List the sequences at episode ``offsets`` for opening, then forget the steps
         no later sequence starts at or before."""
         for offset, n in zip(offsets.tolist(), steps.tolist()):
-            i = offset - self._first
-            step_priorities = np.array(self._priorities[i:i + n])
+            i = offset - episode.first
+            step_priorities = np.array(episode.priorities[i:i + n])
             if start_priorities:
                 p = step_priorities[0]
             elif np.isnan(step_priorities).any():
                 p = np.nan
             else:
                 p = float(sequence_priority(step_priorities[None, :], eta=self._spec.eta)[0])
-            opened.append((self._slots[i], self._generations[i], n, p))
-        drop = min(len(self._slots), max(0, self._cutter.next_start - self._first))
+            opened.append((episode.slots[i], episode.generations[i], n, p))
+        drop = min(len(episode.slots), max(0, episode.cutter.next_start - episode.first))
         if drop:
-            del self._slots[:drop], self._generations[:drop], self._priorities[:drop]
-            self._first += drop
+            del episode.slots[:drop], episode.generations[:drop], episode.priorities[:drop]
+            episode.first += drop
 
     # -- loading a saved buffer's episodes --------------------------------------------
     @property
@@ -287,7 +322,7 @@ class SequenceWriter:
                       first: int) -> None:
         """Store one saved episode whose first row is step ``first``; it ends."""
         self.write(0, {}, None, None, end_episode=True)
-        self._begin(first)
+        self._episode = _Episode(self._spec, first)
         self.write(k, rows, priorities, None, end_episode=True, start_priorities=priorities is not None,
                    resume=first)
 
@@ -324,7 +359,7 @@ class SequenceWriter:
 
     def _take_lane(self, placed: list[tuple[SequenceWriter, list[int]]], widths: list[int], rooms: list[int]) -> int:
         """Claim one more lane for a load (this writer's first); returns its index, or -1 when none is free."""
-        writer = self if not placed else SequenceWriter(self._spec, self._frames.sibling(), self._ring, self._flags)
+        writer = self if not placed else SequenceWriter(self._spec, self._frames.sibling(), self._flags)
         try:
             width = writer._frames.claim_lane()
         except ValueError:  # every lane has a live writer
@@ -337,7 +372,7 @@ class SequenceWriter:
     def reset(self) -> None:
         """Forget the episode in progress and give the lane back (after a fork or clear)."""
         self._frames.reset()
-        self._begin(0)
+        self._episode = _Episode(self._spec, 0)
 
     def release_lane(self) -> None:
         """Give this writer's lane back, for another writer (its steps stay)."""

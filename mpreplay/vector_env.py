@@ -40,6 +40,7 @@ gymnasium is imported only to read spaces.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from . import checks
+from ._ext.gate import deadline
 from .nstep import NstepBuffer
 from .spec import convert_batch, parse_env_dict
 
@@ -401,6 +403,11 @@ class VectorTransitions:
 
 # ---------------------------------------------------------------------- writing
 
+def _left(until: float) -> float | None:
+    """The seconds from now to the monotonic deadline ``until`` (None: no limit), at least 0."""
+    return None if until == np.inf else max(0.0, until - time.monotonic())
+
+
 class VectorWriter:
     """Stores :class:`TransitionBatch` es in a replay buffer, each sub-environment's episodes in order.
 
@@ -417,22 +424,25 @@ class VectorWriter:
         self._buffer = buffer
         self._writers = [buffer.episode_writer() for _ in range(num_envs)]
         self._batched = all(w is buffer for w in self._writers)
-        # A batch a timeout interrupted, and the sub-environments of it already written.
+        # A batch an exception interrupted, and its steps done before (see add); another drops it.
         self._partial: tuple[TransitionBatch, int] | None = None
 
     def add(self, batch: TransitionBatch, priorities: Any = None, *, timeout: float | None = None) -> None:
         """Store ``batch`` (with one priority per row, for a prioritized buffer).
 
-        Priorities and values are checked for the whole batch before anything is stored.
-        ``timeout`` bounds each ``add`` of the buffer.  Through per-sub-environment writers,
-        when a sub-environment's add times out the sub-environments before it stay written, and
-        ``add`` called again with the same batch writes the others; a compressed buffer that
-        cannot rebuild a sub-environment's observations (ValueError: they are not the stacked
-        or next observations of its steps) refuses that sub-environment's rows and the later
-        ones, the earlier stay written.
+        Priorities and values are checked for the whole batch before anything is stored;
+        ``timeout`` is one deadline for the whole call, every wait inside it included.
+
+        A buffer that takes the batch in one ``add`` stores all of it or, raising, none.  Through
+        per-sub-environment writers it is stored in steps, each all or nothing: every
+        sub-environment's rows, then its episode's end.  When one raises (TimeoutError; ValueError
+        from a compressed buffer that cannot rebuild the observations), the steps before it stay
+        done and the writer notes how far the batch got: ``add`` called again with the same batch
+        (object) goes on from the step that raised, so each transition is stored once.
         """
         if not isinstance(batch, TransitionBatch):
             raise TypeError(f"batch: expected a TransitionBatch, got {type(batch).__name__}")
+        until = deadline(checks.seconds("timeout", timeout))
         if priorities is not None:
             limit = getattr(self._buffer, "max_priority", None)
             if limit is None:
@@ -454,18 +464,19 @@ class VectorWriter:
         ended = np.zeros(len(self._writers), bool)
         ended[batch.ended] = True
         first = self._partial[1] if self._partial is not None and self._partial[0] is batch else 0
-        for e in range(first, len(self._writers)):
+        self._partial = None
+        for step in range(first, 2 * len(self._writers)):
+            e, end = divmod(step, 2)
             lo, hi = bounds[e], bounds[e + 1]
             try:
-                if hi > lo:
+                if end and ended[e]:
+                    self._writers[e].on_episode_end(timeout=_left(until))
+                elif not end and hi > lo:
                     self._store(self._writers[e], {k: v[lo:hi] for k, v in rows.items()},
-                                None if priorities is None else priorities[lo:hi], timeout)
-            except TimeoutError:
-                self._partial = (batch, e)
+                                None if priorities is None else priorities[lo:hi], _left(until))
+            except BaseException:
+                self._partial = (batch, step)
                 raise
-            if ended[e]:
-                self._writers[e].on_episode_end()
-        self._partial = None
 
     @staticmethod
     def _store(writer: Any, rows: dict[str, np.ndarray], priorities: np.ndarray | None,

@@ -42,6 +42,13 @@ def default_termination_signals():
         signal.signal(sig, handler)
 
 
+@pytest.fixture
+def memory_of():
+    """``memory_of(buffer)``: the bytes of each array of the buffer's memory, by name, to compare
+    with a later reading (for a check that applies only when a call raises)."""
+    return _buffer_state
+
+
 def _chi_square_critical(dof: int, significance: float) -> float:
     # Wilson-Hilferty approximation (no scipy): within 5% for dof >= 3 at small
     # significance, erring high, so it never makes the test stricter than exact.
