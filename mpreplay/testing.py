@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -32,6 +34,7 @@ def _reload_ray_auth() -> None:
 _RAY_SOCKET_TAIL = 70
 _SOCKET_PATH_MAX = 107
 _TEMP_PREFIX = "mpr-ray-"
+_DRIVER_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def _ray_temp_dir() -> str:
@@ -84,6 +87,10 @@ class LoopbackRayCluster:
     def __enter__(self) -> LoopbackRayCluster:
         # Ray reads some of these at import: set them first.
         self._saved_env = {k: os.environ.get(k) for k in (*self._ENV, "RAY_AUTH_TOKEN", "RAY_TMPDIR")}
+        # ray.init sets SIGTERM/SIGINT handlers of its own in the driver and leaves them after shutdown:
+        # the process gets its own back on exit (a buffer created later then unlinks on SIGTERM).
+        self._saved_handlers = ({sig: signal.getsignal(sig) for sig in _DRIVER_SIGNALS}
+                                if threading.current_thread() is threading.main_thread() else {})
         os.environ.update(self._ENV)
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
         import ray
@@ -134,6 +141,8 @@ class LoopbackRayCluster:
             else:
                 os.environ[key] = value
         _reload_ray_auth()
+        for sig, handler in self._saved_handlers.items():
+            signal.signal(sig, handler)
         ray_constants.ENABLE_RAY_CLUSTER = self._saved_cluster_flag
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 
 import pytest
@@ -21,3 +22,13 @@ def test_a_cluster_starts_and_leaves_nothing_behind_under_a_tmpdir_too_deep_for_
     with LoopbackRayCluster(1):
         assert ray.get(ray.put(41)) + 1 == 42
     assert os.listdir(deep) == []
+
+
+def test_the_signal_handlers_the_process_had_are_back_once_the_cluster_is_gone():
+    ray = pytest.importorskip("ray")
+    from mpreplay.testing import LoopbackRayCluster
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    with LoopbackRayCluster(1):
+        assert ray.is_initialized()
+    assert {sig: signal.getsignal(sig) for sig in before} == before

@@ -406,6 +406,7 @@ def test_a_buffer_created_in_a_child_is_unlinked_when_the_child_returns(method):
 
 @METHODS
 @pytest.mark.timeout(60)
+@pytest.mark.usefixtures("default_termination_signals")  # as in a program that sets no SIGTERM handler
 def test_a_buffer_created_in_a_child_is_unlinked_when_the_child_is_terminated(method):
     ctx = mp.get_context(method)
     queue = ctx.Queue()
