@@ -366,6 +366,8 @@ class Worker:
 
     def per_run(self, frames: int) -> dict[str, Any]:
         """``frames`` frames of the loop on the full buffer: CPU seconds of this process."""
+        if self.per is None:
+            raise RuntimeError("per_run needs a per_build first")
         items, noise = self.per_work
         return {"cpu": timed_drive(self.per, frames, items, noise, first_sample=0)}
 
@@ -376,6 +378,8 @@ class Worker:
         return {"variants": list(self.frames.variants), "note": self.frames.note}
 
     def tput_run(self, calls: int, variant: str) -> dict[str, Any]:
+        if self.frames is None:
+            raise RuntimeError("tput_run needs a tput_build first")
         return self.frames.run(calls, variant)
 
     def seq_build(self, capacity: int, batch: int, mean_length: int, seed: int) -> dict[str, Any]:
@@ -385,7 +389,12 @@ class Worker:
         return {"memory": self.frames.memory()}
 
     def seq_run(self, calls: int) -> dict[str, Any]:
+        if self.frames is None:
+            raise RuntimeError("seq_run needs a seq_build first")
         return self.frames.run(calls, "new")
+
+
+COMMANDS = ("hello", "per_build", "per_run", "tput_build", "tput_run", "seq_build", "seq_run")
 
 
 def serve(name: str, requests: Any, answers: Any) -> None:
@@ -397,6 +406,8 @@ def serve(name: str, requests: Any, answers: Any) -> None:
         if command == "quit":
             break
         try:
+            if command not in COMMANDS:
+                raise ValueError(f"unknown command {command!r}; expected one of {', '.join(COMMANDS)}")
             answer = {"ok": True, **getattr(worker, command)(**request)}
         except Exception as exc:  # the parent reports it as the contender's reason
             traceback.print_exc()
