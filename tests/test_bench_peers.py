@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from mpreplay.bench import peer_worker, peers, per
+from mpreplay.bench import peer_worker, peers, per, per_peers
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -88,14 +88,14 @@ def test_what_a_library_prints_to_stdout_does_not_garble_the_answers(tmp_path):
 
 def test_the_worker_answers_each_command_with_one_line_of_json():
     requests = io.StringIO("".join(json.dumps(r) + "\n" for r in [
-        {"cmd": "hello"}, {"cmd": "per_build", "capacity": 100, "seed": 0}, {"cmd": "per_run", "frames": 40},
+        {"cmd": "hello"}, {"cmd": "per_build", "capacity": 100, "seed": 0}, {"cmd": "per_run", "frames": 40, "min_cpu": 0.01},
         {"cmd": "quit"}, {"cmd": "hello"}]))
     answers = io.StringIO()
     peer_worker.serve("floor", requests, answers)
     hello, built, ran = [json.loads(line) for line in answers.getvalue().splitlines()]  # nothing after quit
     assert hello["ok"] and "numpy" in hello["versions"]
     assert built["ok"] and built["seconds"] >= 0
-    assert ran["ok"] and ran["cpu"] >= 0
+    assert ran["ok"] and ran["cpu"] >= 0.01 and ran["frames"] % 40 == 0
 
 
 def test_a_failing_command_is_answered_with_its_error_and_the_worker_goes_on():
@@ -159,3 +159,15 @@ def test_each_peer_of_the_venv_loads_and_runs_the_loop(name):
         assert worker.request("per_run", frames=50)["cpu"] > 0
     finally:
         worker.close()
+
+
+def test_targets_compare_each_sampled_layout_with_mpreplay_storing_it_the_same_way(capsys):
+    tput = per_peers.Measured(rows=[{"contender": name, "cpu_ms": ms} for name, ms in [
+        ("mpreplay compressed", 1.0), ("mpreplay plain", 3.0), ("cpprb compressed", 2.0), ("cpprb plain", 2.4),
+        ("torchrl plain", 30.0)]])
+    per_peers.targets(None, tput)
+    rows = {cells[0]: cells[1:] for cells in (
+        [c.strip() for c in re.split(r"[│┃]|\s{2,}", line) if c.strip()] for line in capsys.readouterr().out.splitlines())
+        if cells and cells[0].startswith("sample(256)")}
+    assert rows["sample(256), compressed"][:3] == ["cpprb compressed", "2.00", "yes"]
+    assert rows["sample(256), plain"][:3] == ["cpprb plain", "0.80", "no"]

@@ -364,12 +364,18 @@ class Worker:
         self.per, self.per_work = buffer, (items, noise)
         return {"seconds": time.perf_counter() - start}
 
-    def per_run(self, frames: int) -> dict[str, Any]:
-        """``frames`` frames of the loop on the full buffer: CPU seconds of this process."""
+    def per_run(self, frames: int, min_cpu: float = 0.0) -> dict[str, Any]:
+        """Runs of ``frames`` frames of the loop on the full buffer until they took ``min_cpu``
+        CPU seconds of this process (a fast buffer's round is then not a few ms that one
+        interruption can double): the CPU seconds and the frames."""
         if self.per is None:
             raise RuntimeError("per_run needs a per_build first")
         items, noise = self.per_work
-        return {"cpu": timed_drive(self.per, frames, items, noise, first_sample=0)}
+        cpu, done = 0.0, 0
+        while done == 0 or cpu < min_cpu:
+            cpu += timed_drive(self.per, frames, items, noise, first_sample=0)
+            done += frames
+        return {"cpu": cpu, "frames": done}
 
     def tput_build(self, capacity: int, layout: str, seed: int) -> dict[str, Any]:
         self.frames = None

@@ -27,6 +27,7 @@ WORKER = Path(__file__).with_name("peer_worker.py")
 ENV_VAR = "MPREPLAY_PEERS"
 LOCAL = ("mpreplay", "cpprb", "floor")  # run by this interpreter
 PEERS = ("tianshou", "torchrl", "flashbax")  # run by the peers' venv
+_MPREPLAY_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding this mpreplay package
 SETUP_HINT = f"create it with `python -m mpreplay.bench.peers --setup DIR` and pass --peers DIR (or set {ENV_VAR})"
 
 
@@ -66,6 +67,8 @@ class PeerProcess:
         env = dict(os.environ)
         if name in PEERS:  # the peers' venv has its own packages: nothing of this checkout's path
             env.pop("PYTHONPATH", None)
+        else:  # the mpreplay this process runs, be it a checkout found through the working directory
+            env["PYTHONPATH"] = os.pathsep.join([_MPREPLAY_ROOT, *filter(None, [env.get("PYTHONPATH")])])
         self._process = subprocess.Popen([python, str(WORKER), name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=self._stderr, text=True, env=env)
         self.hello: dict[str, Any] = {}
@@ -79,7 +82,11 @@ class PeerProcess:
         except (BrokenPipeError, OSError):
             line = ""
         if not line:
-            raise PeerError(f"{self.name}'s worker exited ({self._process.poll()}): {self.stderr_tail()}")
+            try:  # its output closed: it is exiting, and its status says how
+                status = self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                status = "still running, its output closed"
+            raise PeerError(f"{self.name}'s worker exited ({status}): {self.stderr_tail()}")
         answer = json.loads(line)
         if not answer.pop("ok"):
             raise PeerError(answer["error"])
@@ -100,7 +107,10 @@ class PeerProcess:
                 self._process.kill()
                 self._process.wait()
         for stream in (self._process.stdin, self._process.stdout, self._stderr):
-            stream.close()
+            try:
+                stream.close()
+            except OSError:  # a "quit" still buffered for a worker that is gone
+                pass
 
 
 def start(name: str, python: str | None, why_not: str = "") -> PeerProcess | Unavailable:

@@ -44,8 +44,8 @@ _DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
 _QUICK_SIZES = (1_000, 3_000)
 _NAIVE_MAX_CAPACITY = 10_000
 _SKIPPED = "skipped (O(N) per sample)"
-_PEER_FRAMES, _PEER_ROUNDS = 5_000, 5
-_QUICK_PEERS = ((1_000, 3_000), 300, 1)  # sizes, frames, rounds
+_PEER_FRAMES, _PEER_ROUNDS = 3_000, 5
+_QUICK_PEERS = ((1_000, 3_000), 300, 1, 0.05)  # sizes, frames, rounds, CPU seconds a round
 _TPUT = (20_000, 10, 5)  # capacity, calls, rounds
 _QUICK_TPUT = (2_000, 2, 1)
 
@@ -224,11 +224,14 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
                        f"--setup DIR` (default: ${ENV_VAR}); runs the peers' tables")
     peers.add_argument("--peer-sizes", nargs="+", type=_capacity, metavar="CAPACITY",
                        help=f"capacities of the loop at capacity (default {' '.join(f'{s:.0e}' for s in _DEFAULT_SIZES)})")
-    peers.add_argument("--peer-frames", type=positive_int, help=f"frames a round (default {_PEER_FRAMES:,})")
+    peers.add_argument("--peer-frames", type=positive_int, help=f"frames a round, repeated while under "
+                       f"{per_peers.MIN_CPU:g} CPU s (default {_PEER_FRAMES:,})")
     peers.add_argument("--peer-rounds", type=positive_int, help=f"rounds, medians reported (default {_PEER_ROUNDS})")
     peers.add_argument("--tput-capacity", type=_capacity, help=f"transitions stored for sample(256) (default {_TPUT[0]:,})")
     peers.add_argument("--tput-calls", type=positive_int, help=f"sample calls a round (default {_TPUT[1]})")
     peers.add_argument("--only-peers", action="store_true", help="skip the table above (frames = capacity, 2 x capacity)")
+    peers.add_argument("--peer-tables", nargs="+", choices=("loop", "tput"), default=("loop", "tput"),
+                       help="which peers' tables to run (default both)")
     peers.add_argument("--plot-peers", metavar="FILE.png", help="draw µs per frame vs capacity, every contender")
     peers.add_argument("--json", metavar="FILE", help="write the peers' tables' figures as JSON")
     args = parser.parse_args(list(argv))
@@ -247,16 +250,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"Peers (Tianshou, TorchRL, flashbax) not run: give --peers DIR (or set {ENV_VAR}), DIR made by "
               "`python -m mpreplay.bench.peers --setup DIR`.")
         return 0
-    sizes, frames, rounds = _QUICK_PEERS if args.quick else (_DEFAULT_SIZES, _PEER_FRAMES, _PEER_ROUNDS)
-    loop = per_peers.loop_at_capacity(directory, args.peer_sizes or sizes, args.peer_frames or frames,
-                                      args.peer_rounds or rounds, args.seed)
-    per_peers.print_loop(loop)
-    capacity, calls, rounds = _QUICK_TPUT if args.quick else _TPUT
-    capacity, calls = args.tput_capacity or capacity, args.tput_calls or calls
-    tput = per_peers.throughput(directory, capacity, calls, args.peer_rounds or rounds, args.seed)
-    per_peers.print_throughput(tput, capacity)
+    loop = tput = None
+    if "loop" in args.peer_tables:
+        sizes, frames, rounds, min_cpu = (_QUICK_PEERS if args.quick else
+                                          (_DEFAULT_SIZES, _PEER_FRAMES, _PEER_ROUNDS, per_peers.MIN_CPU))
+        loop = per_peers.loop_at_capacity(directory, args.peer_sizes or sizes, args.peer_frames or frames,
+                                          args.peer_rounds or rounds, args.seed, min_cpu)
+        per_peers.print_loop(loop)
+    if "tput" in args.peer_tables:
+        capacity, calls, rounds = _QUICK_TPUT if args.quick else _TPUT
+        capacity, calls = args.tput_capacity or capacity, args.tput_calls or calls
+        tput = per_peers.throughput(directory, capacity, calls, args.peer_rounds or rounds, args.seed)
+        per_peers.print_throughput(tput, capacity)
     per_peers.targets(loop, tput)
-    if args.plot_peers:
+    if args.plot_peers and loop is not None:
         per_peers.plot(loop, args.plot_peers)
         print(f"plot written to {args.plot_peers}")
     if args.json:
