@@ -20,6 +20,12 @@ process: every contender runs on one thread, so on an idle machine this is
 the wall time, and on a busy one it leaves out the time other processes held
 the core.  Each figure is the median over repeats, and the repeats interleave
 the contenders so slow drift of the machine hits all of them alike.
+
+With ``--peers DIR`` (or ``$MPREPLAY_PEERS``), two more tables compare mpreplay with
+Tianshou, TorchRL, flashbax and cpprb, each in a worker process of its own, the peers
+with the interpreter of the venv ``python -m mpreplay.bench.peers --setup DIR`` makes:
+the same loop on full buffers of each capacity, and ``sample(256)`` of Atari
+transitions (:mod:`mpreplay.bench.per_peers`).
 """
 from __future__ import annotations
 
