@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from mpreplay.bench import per
+from mpreplay.bench.peers import ENV_VAR
 
 _QUICK_ROWS = [(f"{c:,}", f"{f:,}") for c in (1_000, 3_000) for f in (c, 2 * c)]
 
@@ -27,14 +28,21 @@ def _expected_buffers() -> list[str]:
     return names
 
 
+@pytest.fixture(autouse=True)
+def no_peers(monkeypatch):
+    """The peers' tables run only with a peers' venv (tests/test_bench_peers.py covers them)."""
+    monkeypatch.delenv(ENV_VAR, raising=False)
+
+
 def test_quick_run_exits_zero_with_a_row_per_buffer_and_size(capsys):
     assert per.main(["--quick"]) == 0
-    rows = _table_rows(capsys.readouterr().out)
-    assert rows == {(name, c, f) for name in _expected_buffers() for c, f in _QUICK_ROWS}
+    out = capsys.readouterr().out
+    assert _table_rows(out) == {(name, c, f) for name in _expected_buffers() for c, f in _QUICK_ROWS}
+    assert f"Peers (Tianshou, TorchRL, flashbax) not run: give --peers DIR (or set {ENV_VAR})" in out
 
 
 def test_naive_buffer_is_reported_skipped_above_its_capacity_limit():
-    contenders = [per._Contender("numpy", per._NumpyPER, max_capacity=40), per._Contender("floor", per._Floor)]
+    contenders = [per._Contender("numpy", per._NumpyPER, max_capacity=40), per._Contender("floor", per.Floor)]
     row = per._measure(contenders, capacity=41, frames=41, repeats=1, seed=0)
     assert row.seconds["numpy"] is None
     assert row.seconds["floor"] > 0

@@ -1,21 +1,21 @@
 """Smoke tests of ``mpreplay bench seq`` (figures are the benchmark's business) and of its stream."""
 import contextlib
-import importlib.util
 import io
-import sys
+import os
 
 import numpy as np
 import pytest
 
 from mpreplay import cli
-from mpreplay.bench import seq
+from mpreplay.bench import peers, seq
 
 
 @pytest.fixture(scope="module")
 def quick_report() -> str:
-    """What ``--quick`` prints, run once for the tests that read it."""
+    """What ``--quick`` prints without a peers' venv, run once for the tests that read it."""
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out):
+        patch.delenv(peers.ENV_VAR, raising=False)
         assert seq.main(["--quick"]) == 0
     return out.getvalue()
 
@@ -40,20 +40,24 @@ def test_quick_run_reports_every_mpreplay_row_and_both_targets(quick_report):
     assert "÷ TorchRL PrioritizedSliceSampler" in out and "bytes per step ÷ one frame" in out
 
 
-def test_quick_run_has_a_torchrl_row_exactly_when_torchrl_is_installed(quick_report):
-    out = quick_report
-    installed = importlib.util.find_spec("torchrl") is not None
-    assert ("TorchRL PrioritizedSliceSampler " in out or "TorchRL SliceSampler (uniform" in out) == installed
-    assert ("TorchRL is not installed" in out) != installed
+def test_without_the_peers_venv_torchrl_is_unavailable_and_the_speed_target_unjudged(quick_report):
+    assert "TorchRL unavailable: no peers venv given" in quick_report
+    assert "TorchRL PrioritizedSliceSampler" not in quick_report.split("Targets")[0]
+    assert "not measured" in quick_report
 
 
-def test_without_torchrl_the_run_says_so_and_leaves_the_speed_target_unjudged(capsys, monkeypatch):
-    for name in ["torchrl", *(m for m in sys.modules if m.startswith("torchrl."))]:
-        monkeypatch.setitem(sys.modules, name, None)  # makes `import torchrl...` fail, even once imported
-    assert seq.main(["--quick", "--repeats", "1"]) == 0
+def test_a_peers_venv_without_an_interpreter_is_named(tmp_path, capsys):
+    assert seq.main(["--quick", "--repeats", "1", "--peers", str(tmp_path)]) == 0
+    assert f"TorchRL unavailable: no interpreter at {tmp_path}/bin/python" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(os.environ.get(peers.ENV_VAR, "/nonexistent"), "bin", "python")),
+                    reason=f"no peers' venv: set {peers.ENV_VAR}=DIR after `python -m mpreplay.bench.peers --setup DIR`")
+def test_with_the_peers_venv_torchrl_prioritized_slice_sampler_is_timed_and_judged(capsys):
+    assert seq.main(["--quick", "--repeats", "1", "--peers", os.environ[peers.ENV_VAR]]) == 0
     out = capsys.readouterr().out
-    assert "TorchRL is not installed" in out
-    assert "not measured" in out
+    assert "│ TorchRL PrioritizedSliceSampler" in out or "\nTorchRL PrioritizedSliceSampler" in out
+    assert "not measured" not in out
 
 
 def test_a_capacity_below_one_sequence_is_refused(capsys):

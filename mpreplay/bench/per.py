@@ -20,15 +20,19 @@ process: every contender runs on one thread, so on an idle machine this is
 the wall time, and on a busy one it leaves out the time other processes held
 the core.  Each figure is the median over repeats, and the repeats interleave
 the contenders so slow drift of the machine hits all of them alike.
+
+With ``--peers DIR`` (or ``$MPREPLAY_PEERS``), two more tables compare mpreplay with
+Tianshou, TorchRL, flashbax and cpprb, each in a worker process of its own, the peers
+with the interpreter of the venv ``python -m mpreplay.bench.peers --setup DIR`` makes:
+the same loop on full buffers of each capacity, and ``sample(256)`` of Atari
+transitions (:mod:`mpreplay.bench.per_peers`).
 """
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib.util
 import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,19 +40,20 @@ from typing import Any
 import numpy as np
 
 import mpreplay
+from mpreplay.bench import per_peers
 from mpreplay.bench._report import positive_int, print_table
+from mpreplay.bench.peer_worker import (ALPHA, BATCH, BETA, CONTENDERS, EPS, Floor, as_cpprb, env_dict, timed_drive,
+                                        workload)
+from mpreplay.bench.peers import ENV_VAR, peers_directory
 
-BATCH = 32
-ALPHA, BETA, EPS = 0.6, 0.4, 1e-4
-OBS_SHAPE = (4,)
-# Distinct prebuilt transitions and noise vectors the loop cycles through, so
-# no buffer sees the same object twice in a row; primes keep the two cycles
-# from lining up.
-_POOL, _NOISE_POOL = 61, 67
 _DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
 _QUICK_SIZES = (1_000, 3_000)
 _NAIVE_MAX_CAPACITY = 10_000
 _SKIPPED = "skipped (O(N) per sample)"
+_PEER_FRAMES, _PEER_ROUNDS = 3_000, 5
+_QUICK_PEERS = ((1_000, 3_000), 300, 1, 0.05)  # sizes, frames, rounds, CPU seconds a round
+_TPUT = (20_000, 10, 5)  # capacity, calls, rounds
+_QUICK_TPUT = (2_000, 2, 1)
 
 
 def _repeats_for(frames: int) -> int:
@@ -61,24 +66,13 @@ def _repeats_for(frames: int) -> int:
 
 
 # -- contenders ---------------------------------------------------------------
-def _env_dict(scalar_shape: tuple[int, ...] | None) -> dict[str, dict[str, Any]]:
-    scalar = {} if scalar_shape is None else {"shape": scalar_shape}
-    return {
-        "obs": {"shape": OBS_SHAPE, "dtype": np.float32},
-        "act": {**scalar, "dtype": np.int64},
-        "rew": {**scalar, "dtype": np.float32},
-        "next_obs": {"shape": OBS_SHAPE, "dtype": np.float32},
-        "done": {**scalar, "dtype": np.float32},
-    }
-
-
 class _NumpyPER:
     """Proportional replay the textbook way: normalise every priority and
     call ``choice(p=...)`` on each sample, O(N) per sample."""
 
     def __init__(self, size: int, seed: int):
         self._fields = {name: np.zeros((size,) + tuple(spec.get("shape", ())), spec["dtype"])
-                        for name, spec in _env_dict(None).items()}
+                        for name, spec in env_dict(None).items()}
         self._weight = np.zeros(size)
         self._size, self._next, self._stored = size, 0, 0
         self._max_priority = 1.0
@@ -106,47 +100,11 @@ class _NumpyPER:
         self._max_priority = max(self._max_priority, float(priorities.max()))
 
 
-class _Floor:
-    """A buffer that stores nothing: every method returns at once."""
-
-    def __init__(self, size: int, seed: int):
-        rng = np.random.default_rng(seed)
-        self._batch = {name: np.zeros((BATCH,) + tuple(spec.get("shape", ())), spec["dtype"])
-                       for name, spec in _env_dict(None).items()}
-        self._batch["indexes"] = rng.integers(0, size, BATCH)
-        self._batch["weights"] = rng.random(BATCH)
-
-    def add(self, **fields: np.ndarray) -> None:
-        return None
-
-    def sample(self, batch_size: int) -> dict[str, np.ndarray]:
-        return self._batch
-
-    def update_priorities(self, indexes: np.ndarray, priorities: np.ndarray) -> None:
-        return None
-
-
-def _make_mpreplay(size: int, seed: int) -> mpreplay.PrioritizedReplayBuffer:
-    return mpreplay.PrioritizedReplayBuffer(size, _env_dict(None), alpha=ALPHA, eps=EPS, seed=seed)
-
-
 def _make_compat(size: int, seed: int) -> Any:
     from mpreplay.compat import cpprb
 
     # cpprb's constructor takes no seed, and neither does its compat layer.
-    return cpprb.PrioritizedReplayBuffer(size, _env_dict((1,)), alpha=ALPHA, eps=EPS)
-
-
-def _make_cpprb(size: int, seed: int) -> Any:
-    import cpprb
-
-    # cpprb's sampler seeds itself from std::random_device: `seed` cannot reach it.
-    return cpprb.PrioritizedReplayBuffer(size, _env_dict((1,)), alpha=ALPHA, eps=EPS)
-
-
-def _as_cpprb(transition: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    # cpprb stores a field without shape as shape (1,).
-    return {name: value.reshape(1) if value.ndim == 0 else value for name, value in transition.items()}
+    return cpprb.PrioritizedReplayBuffer(size, env_dict((1,)), alpha=ALPHA, eps=EPS)
 
 
 def _same(transition: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -164,53 +122,21 @@ class _Contender:
 
 
 def _contenders(api: str = "native") -> list[_Contender]:
-    found = [_Contender("mpreplay", _make_mpreplay)]
+    found = [_Contender("mpreplay", CONTENDERS["mpreplay"].make)]
     if api == "compat":
         found.append(_Contender("compat", _make_compat))
     found.append(_Contender("numpy", _NumpyPER, max_capacity=_NAIVE_MAX_CAPACITY))
     if importlib.util.find_spec("cpprb") is not None:
-        found.append(_Contender("cpprb", _make_cpprb, _as_cpprb))
-    found.append(_Contender("floor", _Floor))
+        found.append(_Contender("cpprb", CONTENDERS["cpprb"].make, as_cpprb))
+    found.append(_Contender("floor", Floor))
     return found
 
 
 # -- the loop -----------------------------------------------------------------
-def _workload(seed: int) -> tuple[list[dict[str, np.ndarray]], list[np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    pool = [{
-        "obs": rng.standard_normal(OBS_SHAPE).astype(np.float32),
-        "act": np.asarray(rng.integers(0, 4), dtype=np.int64),
-        "rew": np.asarray(rng.standard_normal(), dtype=np.float32),
-        "next_obs": rng.standard_normal(OBS_SHAPE).astype(np.float32),
-        "done": np.asarray(rng.random() < 0.01, dtype=np.float32),
-    } for _ in range(_POOL)]
-    noise = [rng.uniform(-0.5, 0.5, BATCH) for _ in range(_NOISE_POOL)]
-    return pool, noise
-
-
-def _drive(buffer: Any, frames: int, pool: Sequence[dict[str, np.ndarray]], noise: Sequence[np.ndarray]) -> float:
-    """Run the loop for ``frames`` frames; return the CPU seconds it took."""
-    add, sample, update = buffer.add, buffer.sample, buffer.update_priorities
-    n_pool, n_noise, clip = len(pool), len(noise), np.clip
-    start = time.process_time()
-    for t in range(frames):
-        add(**pool[t % n_pool])
-        if t >= BATCH:  # t + 1 stored, more than BATCH
-            batch = sample(BATCH)
-            update(batch["indexes"], clip(batch["weights"] + noise[t % n_noise], 0.01, 1.0))
-    return time.process_time() - start
-
-
 def _run_once(contender: _Contender, capacity: int, frames: int, seed: int,
               pool: Sequence[dict[str, np.ndarray]], noise: Sequence[np.ndarray]) -> float:
     buffer = contender.make(capacity, seed)
-    transitions = [contender.convert(t) for t in pool]
-    gc.collect()
-    gc.disable()  # a collection inside one run but not another is noise, not buffer cost
-    try:
-        return _drive(buffer, frames, transitions, noise)
-    finally:
-        gc.enable()
+    return timed_drive(buffer, frames, [contender.convert(t) for t in pool], noise)
 
 
 @dataclass
@@ -222,7 +148,7 @@ class _Row:
 
 
 def _measure(contenders: Sequence[_Contender], capacity: int, frames: int, repeats: int, seed: int) -> _Row:
-    pool, noise = _workload(seed)
+    pool, noise = workload(seed)
     runs: dict[str, list[float]] = {c.name: [] for c in contenders}
     active = [c for c in contenders if c.max_capacity is None or capacity <= c.max_capacity]
     for r in range(repeats):
@@ -297,12 +223,62 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--api", choices=("native", "compat"), default="native",
                         help="compat: also run mpreplay.compat.cpprb's PrioritizedReplayBuffer, cpprb's API "
                              "over mpreplay (default: native only)")
-    return parser.parse_args(list(argv))
+    peers = parser.add_argument_group(
+        "peers", "the same loop at full capacity and sample(256) of Atari transitions, against Tianshou, TorchRL, "
+                 "flashbax and cpprb, each in a worker process (mpreplay.bench.per_peers)")
+    peers.add_argument("--peers", metavar="DIR", help="the peers' venv, made by `python -m mpreplay.bench.peers "
+                       f"--setup DIR` (default: ${ENV_VAR}); runs the peers' tables")
+    peers.add_argument("--peer-sizes", nargs="+", type=_capacity, metavar="CAPACITY",
+                       help=f"capacities of the loop at capacity (default {' '.join(f'{s:.0e}' for s in _DEFAULT_SIZES)})")
+    peers.add_argument("--peer-frames", type=positive_int, help=f"frames a round, repeated while under "
+                       f"{per_peers.MIN_CPU:g} CPU s (default {_PEER_FRAMES:,})")
+    peers.add_argument("--peer-rounds", type=positive_int, help=f"rounds, medians reported (default {_PEER_ROUNDS})")
+    peers.add_argument("--tput-capacity", type=_capacity, help=f"transitions stored for sample(256) (default {_TPUT[0]:,})")
+    peers.add_argument("--tput-calls", type=positive_int, help=f"sample calls a round (default {_TPUT[1]})")
+    peers.add_argument("--only-peers", action="store_true", help="skip the table above (frames = capacity, 2 x capacity)")
+    peers.add_argument("--peer-tables", nargs="+", choices=("loop", "tput"), default=("loop", "tput"),
+                       help="which peers' tables to run (default both)")
+    peers.add_argument("--plot-peers", metavar="FILE.png", help="draw µs per frame vs capacity, every contender")
+    peers.add_argument("--json", metavar="FILE", help="write the peers' tables' figures as JSON")
+    args = parser.parse_args(list(argv))
+    if args.only_peers and peers_directory(args.peers) is None:
+        parser.error(f"--only-peers: give --peers DIR (or set {ENV_VAR})")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark and print the table; returns the exit status."""
+    """Run the benchmark and print the tables; returns the exit status."""
     args = _parse(sys.argv[1:] if argv is None else argv)
+    if not args.only_peers:
+        _ramp(args)
+    directory = peers_directory(args.peers)
+    if directory is None:
+        print(f"Peers (Tianshou, TorchRL, flashbax) not run: give --peers DIR (or set {ENV_VAR}), DIR made by "
+              "`python -m mpreplay.bench.peers --setup DIR`.")
+        return 0
+    loop = tput = None
+    if "loop" in args.peer_tables:
+        sizes, frames, rounds, min_cpu = (_QUICK_PEERS if args.quick else
+                                          (_DEFAULT_SIZES, _PEER_FRAMES, _PEER_ROUNDS, per_peers.MIN_CPU))
+        loop = per_peers.loop_at_capacity(directory, args.peer_sizes or sizes, args.peer_frames or frames,
+                                          args.peer_rounds or rounds, args.seed, min_cpu)
+        per_peers.print_loop(loop)
+    if "tput" in args.peer_tables:
+        capacity, calls, rounds = _QUICK_TPUT if args.quick else _TPUT
+        capacity, calls = args.tput_capacity or capacity, args.tput_calls or calls
+        tput = per_peers.throughput(directory, capacity, calls, args.peer_rounds or rounds, args.seed)
+        per_peers.print_throughput(tput, capacity)
+    per_peers.targets(loop, tput)
+    if args.plot_peers and loop is not None:
+        per_peers.plot(loop, args.plot_peers)
+        print(f"plot written to {args.plot_peers}")
+    if args.json:
+        per_peers.dump(args.json, loop=loop, throughput=tput)
+    return 0
+
+
+def _ramp(args: argparse.Namespace) -> None:
+    """The table of frames = capacity and 2 x capacity, from empty: mpreplay, numpy, cpprb, floor."""
     sizes = args.sizes or (_QUICK_SIZES if args.quick else _DEFAULT_SIZES)
     contenders = _contenders(args.api)
     rows = []
@@ -323,4 +299,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.plot:
         _plot(rows, args.plot)
         print(f"plot written to {args.plot}")
-    return 0

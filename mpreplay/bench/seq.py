@@ -17,12 +17,13 @@ Contenders, prioritized (alpha 0.6, beta 0.6), sampling ``B`` (64) sequences of 
   ``PrioritizedSliceSampler`` (``slice_len=80``, ``traj_key="episode"``), its usual setup:
   trajectory boundaries found at each sample, as a buffer written between samples needs (its
   sampler also reads the sampled rows once for their done flags before the buffer gathers them).
-  When TorchRL is installed but its prioritized samplers cannot run (their C++ extension was
-  built for another torch), its uniform ``SliceSampler`` stands in, labelled so, and the speed
-  target is not judged.
+  It runs in a worker process with the peers' venv (``--peers DIR``, or ``$MPREPLAY_PEERS``; made
+  by ``python -m mpreplay.bench.peers --setup DIR``): the torch that TorchRL's compiled trees were
+  built for.  Without it, the run says why and leaves the speed target unjudged.
 
-A round times ``C`` sample calls of every contender in turn (wall clock and process CPU time,
-every thread counted); figures are medians over ``R`` rounds, ratios from the same run.  Memory:
+A round times ``C`` sample calls of every contender in turn (wall clock and CPU time of the
+process that samples, every thread counted); figures are medians over ``R`` rounds, ratios from
+the same run.  Memory:
 bytes of each buffer per stored step (mpreplay: its segment's pages in /dev/shm, as ``mpreplay ls``
 shows them; TorchRL: its storage's tensors) against one frame (84 x 84 bytes) and against storing
 each sampleable sequence whole (80 steps' fields per sequence, as a store without shared steps does).
@@ -31,10 +32,9 @@ Targets: mpreplay compressed >= 3x TorchRL's sampled steps per second; <= 1.1 fr
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,11 +42,11 @@ import numpy as np
 
 import mpreplay
 from mpreplay import MPPrioritizedSequenceReplayBuffer
+from mpreplay.bench import peers
 from mpreplay.bench._report import positive_int, print_table
+from mpreplay.bench.peer_frames import FRAME, STACK, episodes
 from mpreplay.monitor import list_segments
 
-FRAME = (84, 84)
-STACK = 4
 ONE_FRAME = int(np.prod(FRAME))  # bytes: the limit of a per-step frame store
 LENGTH, PERIOD = 80, 40  # R2D2's sequences
 ALPHA, BETA = 0.6, 0.6
@@ -57,36 +57,26 @@ STEP_BYTES = sum(int(np.prod(f.get("shape", ()))) * np.dtype(f["dtype"]).itemsiz
 LAYOUTS = {"compressed": {"stack_compress": "obs"}, "uncompressed": {}}
 
 
-def episodes(seed: int, steps: int, mean_length: int) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
-    """Episodes of the synthetic stream, ``steps`` steps in all: (fields, per-step priorities).
-
-    Each step's stack is the previous one shifted by one new frame, as a frame-stacking
-    wrapper makes them; an episode starts with its first frame repeated.
-    """
-    rng = np.random.default_rng(seed)
-    added = 0
-    while added < steps:
-        k = int(min(rng.geometric(1 / mean_length), 4 * mean_length, steps - added))
-        frames = rng.integers(0, 256, (k,) + FRAME, dtype=np.uint8)
-        index = np.maximum(0, np.arange(k)[:, None] - np.arange(STACK - 1, -1, -1)[None, :])
-        done = np.zeros(k, np.float32)
-        done[-1] = 1.0
-        yield ({"obs": np.moveaxis(frames[index], 1, -1), "act": rng.integers(0, 6, k),
-                "rew": rng.standard_normal(k).astype(np.float32), "done": done},
-               rng.uniform(0.01, 2.0, k))
-        added += k
-
-
 # -- contenders ------------------------------------------------------------------
 @dataclass
 class _Contender:
     name: str
     add: Callable[[int, dict[str, np.ndarray], np.ndarray], None]  # (episode id, fields, priorities)
-    sample: Callable[[], Any]
+    run: Callable[[int], tuple[float, float]]  # calls -> (wall, CPU) seconds a call, after one untimed call
     memory: Callable[[], tuple[int, int, int]] | None  # (bytes, stored steps, sampleable sequences or -1)
     close: Callable[[], None]
     wall: list[float] = field(default_factory=list)  # seconds per call, one entry per round
     cpu: list[float] = field(default_factory=list)
+
+
+def _timed(sample: Callable[[], Any]) -> Callable[[int], tuple[float, float]]:
+    def run(calls: int) -> tuple[float, float]:
+        sample()  # first-touch page faults and lazy setup stay out of the timing
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(calls):
+            sample()
+        return (time.perf_counter() - wall) / calls, (time.process_time() - cpu) / calls
+    return run
 
 
 def _mpreplay(layout: str, capacity: int, batch: int, seed: int, *, new_arrays: bool) -> list[_Contender]:
@@ -105,77 +95,32 @@ def _mpreplay(layout: str, capacity: int, batch: int, seed: int, *, new_arrays: 
         return segment.nbytes, rb.get_stored_size(), int(rb.stats()["sequences"])
 
     out = [_Contender(f"mpreplay {layout}, out=", lambda _, fields, priorities: rb.add(priorities=priorities, **fields),
-                      reuse, memory, rb.close)]
+                      _timed(reuse), memory, rb.close)]
     if new_arrays:
-        out.append(_Contender(f"mpreplay {layout}, new arrays", lambda *_: None, lambda: rb.sample(batch, BETA),
+        out.append(_Contender(f"mpreplay {layout}, new arrays", lambda *_: None, _timed(lambda: rb.sample(batch, BETA)),
                               None, lambda: None))
     return out
 
 
-def _torchrl_samplers() -> tuple[Any, str | None]:
-    """TorchRL's sampler class to use and, when it is not PrioritizedSliceSampler, why.
+def _torchrl(worker: peers.PeerProcess, capacity: int, batch: int, episode: int, seed: int) -> _Contender:
+    """TorchRL's PrioritizedSliceSampler in its worker, filled there with the same stream."""
+    nbytes, stored = worker.request("seq_build", capacity=capacity, batch=batch, mean_length=episode, seed=seed)["memory"]
 
-    Raises ImportError when TorchRL is not installed."""
-    from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler, SliceSampler
+    def run(calls: int) -> tuple[float, float]:
+        timing = worker.request("seq_run", calls=calls)
+        return timing["wall"] / calls, timing["cpu"] / calls
 
-    try:
-        PrioritizedSliceSampler(max_capacity=2, alpha=ALPHA, beta=BETA, slice_len=1)
-    except RuntimeError as exc:
-        import torch
-        import torchrl
-
-        try:  # the usual cause: TorchRL's compiled segment trees were built against another torch
-            importlib.import_module("torchrl._torchrl")
-            cause = str(exc)
-        except ImportError as why:
-            cause = f"its C++ extension does not load: {str(why).split('.so: ', 1)[-1][:60]}..."
-        return SliceSampler, (f"TorchRL {torchrl.__version__}'s PrioritizedSliceSampler does not run with torch "
-                              f"{torch.__version__} ({cause}); its uniform SliceSampler stands in")
-    return PrioritizedSliceSampler, None
-
-
-def _torchrl(sampler_class: Any, capacity: int, batch: int) -> _Contender:
-    import torch
-    from tensordict import TensorDict
-    from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
-
-    prioritized = sampler_class.__name__.startswith("Prioritized")
-    options = {"max_capacity": capacity, "alpha": ALPHA, "beta": BETA} if prioritized else {}
-    sampler = sampler_class(slice_len=LENGTH, traj_key="episode", **options)
-    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity), sampler=sampler, batch_size=batch * LENGTH)
-    row_bytes = [0]
-
-    def add(episode: int, fields: dict[str, np.ndarray], priorities: np.ndarray) -> None:
-        k = len(priorities)
-        data = {key: torch.from_numpy(value) for key, value in fields.items()}
-        data["done"] = data["done"].bool()
-        data["episode"] = torch.full((k,), episode, dtype=torch.int64)
-        steps = TensorDict(data, batch_size=[k])
-        row_bytes[0] = sum(t[0].nbytes for t in steps.values())
-        index = rb.extend(steps)
-        if prioritized:
-            rb.update_priority(index, torch.as_tensor(priorities, dtype=torch.float32))  # the trees' dtype
-
-    def memory() -> tuple[int, int, int]:
-        # LazyTensorStorage allocates every field for the whole capacity at its first write;
-        # the sampler's priority trees are not counted.
-        return capacity * row_bytes[0], len(rb), -1
-
-    label = "TorchRL " + sampler_class.__name__ + ("" if prioritized else " (uniform, stand-in)")
-    return _Contender(label, add, lambda: rb.sample().reshape(batch, LENGTH), memory, lambda: None)
+    return _Contender("TorchRL PrioritizedSliceSampler", lambda *_: None, run, lambda: (nbytes, stored, -1),
+                      worker.close)
 
 
 # -- measuring -------------------------------------------------------------------
 def _time_rounds(contenders: list[_Contender], repeats: int, calls: int) -> None:
-    for c in contenders:  # warm-up: first-touch page faults and lazy setup stay out of the rounds
-        c.sample()
     for _ in range(repeats):
         for c in contenders:
-            wall, cpu = time.perf_counter(), time.process_time()
-            for _ in range(calls):
-                c.sample()
-            c.wall.append((time.perf_counter() - wall) / calls)
-            c.cpu.append((time.process_time() - cpu) / calls)
+            wall, cpu = c.run(calls)
+            c.wall.append(wall)
+            c.cpu.append(cpu)
 
 
 def _rate(c: _Contender, steps: int) -> tuple[float, float]:
@@ -200,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=positive_int, help="rounds; figures are their medians (default 7)")
     parser.add_argument("--calls", type=positive_int, help="sample calls per contender and round (default 5)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--peers", metavar="DIR", help="the peers' venv, where TorchRL runs (default: "
+                        f"${peers.ENV_VAR}; made by `python -m mpreplay.bench.peers --setup DIR`)")
     args = parser.parse_args(argv)
     quick = args.quick
     capacity = args.capacity or (3_000 if quick else 100_000)
@@ -216,17 +163,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         contenders += _mpreplay("compressed", capacity, batch, args.seed, new_arrays=True)
         contenders += _mpreplay("uncompressed", capacity, batch, args.seed, new_arrays=False)
-        try:
-            sampler_class, note = _torchrl_samplers()
-        except ImportError:
-            note = "TorchRL is not installed (pip install torchrl): no TorchRL row, its ratio is not measured"
+        worker = peers.launch(["torchrl"], args.peers)["torchrl"]
+        if isinstance(worker, peers.Unavailable):
+            note = f"TorchRL unavailable: {worker.reason}; its ratio is not measured"
         else:
-            import torch
-            import torchrl
-
-            versions += [f"torchrl {torchrl.__version__}",
-                         f"torch {torch.__version__} ({torch.get_num_threads()} threads)"]
-            contenders.append(_torchrl(sampler_class, capacity, batch))
+            versions.append(peers.describe(worker))
+            try:
+                contenders.append(_torchrl(worker, capacity, batch, episode, args.seed))
+            except peers.PeerError as exc:
+                worker.close()
+                note = f"TorchRL failed: {exc}; its ratio is not measured"
         for i, (fields, priorities) in enumerate(episodes(args.seed, capacity + capacity // 4, episode)):
             for c in contenders:
                 c.add(i, fields, priorities)
@@ -267,13 +213,15 @@ def _report(contenders: list[_Contender], memory: dict[str, tuple[int, int, int]
     print_table(f"Memory per stored step (one frame: {ONE_FRAME:,} B; a step's fields: {STEP_BYTES:,} B)",
                 ["buffer", "MiB", "steps", "bytes / step", "÷ one frame", "÷ sequences stored whole"], rows)
 
-    speed = None
-    if torch_row is not None and torch_row.startswith("TorchRL Prioritized"):
-        speed = rates[contenders[0].name][0] / rates[torch_row][0]
+    speed = per_cpu = None
+    if torch_row is not None:
+        speed, per_cpu = (rates[contenders[0].name][i] / rates[torch_row][i] for i in (0, 1))
     nbytes, stored, _ = memory[contenders[0].name]
     frames = nbytes / stored / ONE_FRAME
     print_table("Targets (this run)", ["target", "measured", "goal", "met"], [
         ["mpreplay compressed ÷ TorchRL PrioritizedSliceSampler, steps/s",
          "" if speed is None else f"{speed:.2f}", f">= {SPEED_TARGET:g}", _judged(speed, SPEED_TARGET, True)],
+        ["the same, steps per CPU-second", "" if per_cpu is None else f"{per_cpu:.2f}", f">= {SPEED_TARGET:g}",
+         _judged(per_cpu, SPEED_TARGET, True)],
         ["mpreplay compressed, bytes per step ÷ one frame", f"{frames:.3f}", f"<= {MEMORY_TARGET:g}",
          _judged(frames, MEMORY_TARGET, False)]])

@@ -1,0 +1,436 @@
+"""The side of a benchmark that runs beside one replay library, in that library's interpreter.
+
+``PYTHON peer_worker.py NAME`` serves one contender -- ``mpreplay``, ``cpprb``, ``floor`` (run by
+mpreplay's interpreter) or ``tianshou``, ``torchrl``, ``flashbax`` (run by the peers' venv that
+``python -m mpreplay.bench.peers --setup DIR`` makes) -- so every library is timed in a process of
+its own, with the versions it was installed with.  This file imports only the standard library
+and numpy (and, once asked, the library it drives): the peers' venv has no mpreplay.
+
+Protocol: the parent writes one JSON object per line to stdin, ``{"cmd": NAME, ...arguments}``;
+the worker answers each with one line on stdout, ``{"ok": true, ...results}`` or
+``{"ok": false, "error": "Type: message"}``.  Anything a library prints goes to stderr, so it
+cannot garble an answer.  Commands: ``hello`` (import the library; answers its versions),
+``per_build``/``per_run`` (:mod:`mpreplay.bench.per`'s loop), ``tput_build``/``tput_run`` and
+``seq_build``/``seq_run`` (:mod:`mpreplay.bench.peer_frames`), ``quit``.
+
+The loop of ``mpreplay bench per`` lives here too (:func:`workload`, :func:`drive`), so the
+in-process table and the peers' table time one and the same loop.
+"""
+from __future__ import annotations
+
+import gc
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+if __package__:  # imported as mpreplay.bench.peer_worker
+    from . import peer_frames
+else:  # a script, run by an interpreter that may not have mpreplay
+    # Its folder leaves the path: the benchmarks' modules there (ray.py, memory.py, ...) would
+    # shadow the packages a library looks for.
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    _spec = importlib.util.spec_from_file_location("peer_frames", os.path.join(_HERE, "peer_frames.py"))
+    peer_frames = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(peer_frames)
+
+BATCH = 32
+ALPHA, BETA, EPS = 0.6, 0.4, 1e-4
+OBS_SHAPE = (4,)
+# Distinct prebuilt transitions and noise vectors the loop cycles through, so no buffer sees the
+# same object twice in a row; primes keep the two cycles from lining up.
+POOL, NOISE_POOL = 61, 67
+PREFILL_CHUNK = 10_000
+
+
+# -- the loop of `bench per` --------------------------------------------------------------
+def env_dict(scalar_shape: tuple[int, ...] | None) -> dict[str, dict[str, Any]]:
+    """The transition's fields, cpprb's way; scalars get ``scalar_shape`` (cpprb stores them as (1,))."""
+    scalar = {} if scalar_shape is None else {"shape": scalar_shape}
+    return {
+        "obs": {"shape": OBS_SHAPE, "dtype": np.float32},
+        "act": {**scalar, "dtype": np.int64},
+        "rew": {**scalar, "dtype": np.float32},
+        "next_obs": {"shape": OBS_SHAPE, "dtype": np.float32},
+        "done": {**scalar, "dtype": np.float32},
+    }
+
+
+def workload(seed: int) -> tuple[list[dict[str, np.ndarray]], list[np.ndarray]]:
+    """The transitions the loop adds and the noise it perturbs the weights with."""
+    rng = np.random.default_rng(seed)
+    pool = [{
+        "obs": rng.standard_normal(OBS_SHAPE).astype(np.float32),
+        "act": np.asarray(rng.integers(0, 4), dtype=np.int64),
+        "rew": np.asarray(rng.standard_normal(), dtype=np.float32),
+        "next_obs": rng.standard_normal(OBS_SHAPE).astype(np.float32),
+        "done": np.asarray(rng.random() < 0.01, dtype=np.float32),
+    } for _ in range(POOL)]
+    noise = [rng.uniform(-0.5, 0.5, BATCH) for _ in range(NOISE_POOL)]
+    return pool, noise
+
+
+def drive(buffer: Any, frames: int, pool: Sequence[dict[str, Any]], noise: Sequence[np.ndarray], *,
+          first_sample: int = BATCH) -> float:
+    """Run the loop for ``frames`` frames; return the CPU seconds it took.
+
+    Each frame adds one transition and, from frame ``first_sample`` on (by default once more than
+    32 are stored), samples 32, perturbs their weights and writes them back as priorities."""
+    add, sample, update = buffer.add, buffer.sample, buffer.update_priorities
+    n_pool, n_noise, clip = len(pool), len(noise), np.clip
+    start = time.process_time()
+    for t in range(frames):
+        add(**pool[t % n_pool])
+        if t >= first_sample:
+            batch = sample(BATCH)
+            update(batch["indexes"], clip(batch["weights"] + noise[t % n_noise], 0.01, 1.0))
+    return time.process_time() - start
+
+
+def timed_drive(buffer: Any, frames: int, pool: Sequence[dict[str, Any]], noise: Sequence[np.ndarray], *,
+                first_sample: int = BATCH) -> float:
+    """:func:`drive` with the garbage collector off: a collection inside one run but not another
+    is noise, not buffer cost."""
+    gc.collect()
+    gc.disable()
+    try:
+        return drive(buffer, frames, pool, noise, first_sample=first_sample)
+    finally:
+        gc.enable()
+
+
+class Floor:
+    """A buffer that stores nothing: every method returns at once (what the loop itself costs)."""
+
+    def __init__(self, size: int, seed: int):
+        rng = np.random.default_rng(seed)
+        self._batch = {name: np.zeros((BATCH,) + tuple(spec.get("shape", ())), spec["dtype"])
+                       for name, spec in env_dict(None).items()}
+        self._batch["indexes"] = rng.integers(0, size, BATCH)
+        self._batch["weights"] = rng.random(BATCH)
+
+    def add(self, **fields: np.ndarray) -> None:
+        return None
+
+    def sample(self, batch_size: int) -> dict[str, np.ndarray]:
+        return self._batch
+
+    def update_priorities(self, indexes: np.ndarray, priorities: np.ndarray) -> None:
+        return None
+
+
+def as_cpprb(transition: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """cpprb stores a field without shape as shape (1,)."""
+    return {name: value.reshape(1) if value.ndim == 0 else value for name, value in transition.items()}
+
+
+# -- each library behind the loop's three calls ---------------------------------------------
+class Contender(NamedTuple):
+    """How the worker makes, feeds and fills one library's buffer for the loop."""
+
+    make: Callable[[int, int], Any]  # (capacity, seed) -> add(**item) / sample(n) / update_priorities
+    convert: Callable[[dict[str, np.ndarray]], dict[str, Any]]  # transition -> the item add takes
+    fill: Callable[[Any, dict[str, np.ndarray], np.ndarray], None]  # (buffer, columns, priorities), untimed
+
+
+def _chunks(columns: dict[str, np.ndarray], priorities: np.ndarray) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+    for i in range(0, len(priorities), PREFILL_CHUNK):
+        yield {k: v[i:i + PREFILL_CHUNK] for k, v in columns.items()}, priorities[i:i + PREFILL_CHUNK]
+
+
+def _make_mpreplay(capacity: int, seed: int) -> Any:
+    import mpreplay
+
+    return mpreplay.PrioritizedReplayBuffer(capacity, env_dict(None), alpha=ALPHA, eps=EPS, seed=seed)
+
+
+def _fill_by_add(rb: Any, columns: dict[str, np.ndarray], priorities: np.ndarray) -> None:
+    for rows, p in _chunks(columns, priorities):
+        rb.add(**rows, priorities=p)
+
+
+def _make_cpprb(capacity: int, seed: int) -> Any:
+    import cpprb
+
+    # cpprb's sampler seeds itself from std::random_device: `seed` cannot reach it.
+    return cpprb.PrioritizedReplayBuffer(capacity, env_dict((1,)), alpha=ALPHA, eps=EPS)
+
+
+def _fill_cpprb(rb: Any, columns: dict[str, np.ndarray], priorities: np.ndarray) -> None:
+    _fill_by_add(rb, {k: v.reshape(len(v), -1) for k, v in columns.items()}, priorities)
+
+
+class _Tianshou:
+    """``tianshou.data.PrioritizedReplayBuffer``; items are Tianshou ``Batch``es."""
+
+    def __init__(self, capacity: int, seed: int):
+        from tianshou.data import PrioritizedReplayBuffer
+
+        np.random.seed(seed)  # Tianshou draws from numpy's global generator
+        self.rb = PrioritizedReplayBuffer(capacity, alpha=ALPHA, beta=BETA)
+
+    @staticmethod
+    def convert(t: dict[str, np.ndarray]) -> dict[str, Any]:
+        from tianshou.data import Batch
+
+        return {"batch": Batch(obs=t["obs"], act=t["act"], rew=t["rew"], obs_next=t["next_obs"],
+                               terminated=bool(t["done"]), truncated=False)}
+
+    def add(self, batch: Any) -> None:
+        self.rb.add(batch)
+
+    def sample(self, n: int) -> dict[str, Any]:
+        batch, indexes = self.rb.sample(n)
+        return {"indexes": indexes, "weights": batch.weight, "batch": batch}
+
+    def update_priorities(self, indexes: np.ndarray, priorities: np.ndarray) -> None:
+        self.rb.update_weight(indexes, priorities)
+
+    def fill(self, columns: dict[str, np.ndarray], priorities: np.ndarray) -> None:
+        from tianshou.data import Batch
+
+        # What Tianshou's own ReplayBuffer.from_data does: hand the buffer whole arrays, set its size.
+        done = columns["done"] > 0
+        self.rb.set_batch(Batch(obs=columns["obs"], act=columns["act"], rew=columns["rew"].astype(float),
+                                obs_next=columns["next_obs"], terminated=done, truncated=np.zeros_like(done),
+                                done=done))
+        self.rb._size = len(priorities)
+        self.rb.update_weight(np.arange(len(priorities)), priorities)
+
+
+class _TorchRL:
+    """``torchrl.data.PrioritizedReplayBuffer`` over a ``LazyTensorStorage``; items are TensorDicts."""
+
+    def __init__(self, capacity: int, seed: int):
+        import torch
+        from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer
+
+        torch.manual_seed(seed)
+        self.rb = PrioritizedReplayBuffer(alpha=ALPHA, beta=BETA, eps=EPS, storage=LazyTensorStorage(capacity),
+                                          batch_size=BATCH)
+        self._torch = torch
+
+    @staticmethod
+    def convert(t: dict[str, np.ndarray]) -> dict[str, Any]:
+        import torch
+        from tensordict import TensorDict
+
+        return {"item": TensorDict({k: torch.from_numpy(np.array(v)) for k, v in t.items()}, [])}
+
+    def add(self, item: Any) -> None:
+        self.rb.add(item)
+
+    def sample(self, n: int) -> dict[str, Any]:
+        batch, info = self.rb.sample(n, return_info=True)
+        return {"indexes": info["index"], "weights": np.asarray(info["priority_weight"]), "batch": batch}
+
+    def update_priorities(self, indexes: Any, priorities: np.ndarray) -> None:
+        self.rb.update_priority(indexes, self._torch.as_tensor(priorities, dtype=self._torch.float32))
+
+    def fill(self, columns: dict[str, np.ndarray], priorities: np.ndarray) -> None:
+        from tensordict import TensorDict
+
+        for rows, p in _chunks(columns, priorities):
+            index = self.rb.extend(TensorDict({k: self._torch.from_numpy(v) for k, v in rows.items()}, [len(p)]))
+            self.rb.update_priority(index, self._torch.as_tensor(p, dtype=self._torch.float32))
+
+
+class _Flashbax:
+    """flashbax's prioritised trajectory buffer with sequences of one step: a transition buffer.
+
+    Jitted, each on its own: ``add`` and ``set_priorities`` (the state donated, so its arrays are
+    updated in place rather than copied), and a ``sample`` that also splits the key and turns
+    probabilities into importance weights.  The state stays a Python variable between the
+    calls, as in a loop whose environment is not JAX; items come from numpy."""
+
+    def __init__(self, capacity: int, seed: int):
+        import flashbax
+        import jax
+        import jax.numpy as jnp
+
+        with warnings.catch_warnings():  # it says max_size sets the time axis to max_size: as meant
+            warnings.simplefilter("ignore")
+            buffer = flashbax.make_prioritised_trajectory_buffer(
+                add_batch_size=1, sample_batch_size=BATCH, sample_sequence_length=1, period=1, min_length_time_axis=1,
+                max_size=capacity, priority_exponent=ALPHA, device="cpu")
+        example = {k: jnp.zeros(v.shape[2:], v.dtype) for k, v in self.convert(workload(0)[0][0])["item"].items()}
+        self.state = buffer.init(example)
+        self.key = jax.random.PRNGKey(seed)
+        self._add = jax.jit(buffer.add, donate_argnums=0)
+        self._set = jax.jit(buffer.set_priorities, donate_argnums=0)
+
+        def sample(state: Any, key: Any) -> Any:
+            key, draw = jax.random.split(key)
+            batch = buffer.sample(state, draw)
+            stored = jnp.where(state.is_full, capacity, state.current_index)
+            weights = (stored * batch.probabilities) ** -BETA
+            return key, batch.experience, batch.indices, weights / weights.max()
+
+        self._sample = jax.jit(sample)
+
+    @staticmethod
+    def _host(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        # JAX computes in 32 bits unless told otherwise: act is stored as int32.
+        return {k: np.asarray(v, np.int32 if k == "act" else v.dtype) for k, v in rows.items()}
+
+    @classmethod
+    def convert(cls, t: dict[str, np.ndarray]) -> dict[str, Any]:
+        return {"item": {k: v[None, None] for k, v in cls._host(t).items()}}  # (add batch 1, time 1, ...)
+
+    def add(self, item: Any) -> None:
+        self.state = self._add(self.state, item)
+
+    def sample(self, n: int) -> dict[str, Any]:
+        self.key, experience, indexes, weights = self._sample(self.state, self.key)
+        return {"indexes": indexes, "weights": np.asarray(weights), "batch": experience}
+
+    def update_priorities(self, indexes: Any, priorities: np.ndarray) -> None:
+        self.state = self._set(self.state, indexes, priorities)
+
+    def fill(self, columns: dict[str, np.ndarray], priorities: np.ndarray) -> None:
+        for rows, _ in _chunks(columns, priorities):
+            self.state = self._add(self.state, {k: v[None] for k, v in self._host(rows).items()})
+        self.state = self._set(self.state, np.arange(len(priorities)), priorities)
+
+
+def _same(t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return t
+
+
+CONTENDERS: dict[str, Contender] = {
+    "mpreplay": Contender(_make_mpreplay, _same, _fill_by_add),
+    "cpprb": Contender(_make_cpprb, as_cpprb, _fill_cpprb),
+    "floor": Contender(Floor, _same, lambda rb, columns, priorities: None),
+    "tianshou": Contender(_Tianshou, _Tianshou.convert, _Tianshou.fill),
+    "torchrl": Contender(_TorchRL, _TorchRL.convert, _TorchRL.fill),
+    "flashbax": Contender(_Flashbax, _Flashbax.convert, _Flashbax.fill),
+}
+# The distribution whose version names each library, and what else its figures depend on.
+_DISTRIBUTIONS = {"mpreplay": ["mpreplay", "numpy"], "cpprb": ["cpprb", "numpy"], "floor": ["numpy"],
+                  "tianshou": ["tianshou", "numpy", "numba", "torch"], "torchrl": ["torchrl", "tensordict", "torch"],
+                  "flashbax": ["flashbax", "jax", "jaxlib"]}
+_IMPORTS = {"mpreplay": "mpreplay", "cpprb": "cpprb", "floor": "numpy", "tianshou": "tianshou.data",
+            "torchrl": "torchrl.data", "flashbax": "flashbax"}
+
+
+# -- the worker -------------------------------------------------------------------------------
+class Worker:
+    """One contender's commands; its state (the buffer being timed) lives between them."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.per: Any = None
+        self.per_work: tuple[list[dict[str, Any]], list[np.ndarray]] | None = None
+        self.frames: Any = None  # the buffer of a tput_ or seq_ command (peer_frames)
+
+    def hello(self) -> dict[str, Any]:
+        import importlib
+        from importlib.metadata import PackageNotFoundError, version
+
+        importlib.import_module(_IMPORTS[self.name])
+        versions = {}
+        for dist in _DISTRIBUTIONS[self.name]:
+            try:
+                versions[dist] = version(dist)
+            except PackageNotFoundError:
+                versions[dist] = getattr(sys.modules.get(dist), "__version__", "not installed")
+        threads = None
+        if "torch" in sys.modules:
+            threads = sys.modules["torch"].get_num_threads()
+        return {"versions": versions, "python": sys.version.split()[0], "torch_threads": threads}
+
+    def per_build(self, capacity: int, seed: int) -> dict[str, Any]:
+        """A buffer of ``capacity`` rows, full, with random priorities, warmed up by a few frames."""
+        contender = CONTENDERS[self.name]
+        self.per = None
+        gc.collect()
+        start = time.perf_counter()
+        pool, noise = workload(seed)
+        buffer = contender.make(capacity, seed)
+        rng = np.random.default_rng(seed)
+        rows = np.arange(capacity) % len(pool)
+        columns = {k: np.stack([t[k] for t in pool])[rows] for k in pool[0]}
+        contender.fill(buffer, columns, rng.uniform(0.01, 1.0, capacity))
+        items = [contender.convert(t) for t in pool]
+        drive(buffer, 2 * BATCH, items, noise, first_sample=0)  # compiles what is compiled lazily
+        self.per, self.per_work = buffer, (items, noise)
+        return {"seconds": time.perf_counter() - start}
+
+    def per_run(self, frames: int, min_cpu: float = 0.0) -> dict[str, Any]:
+        """Runs of ``frames`` frames of the loop on the full buffer until they took ``min_cpu``
+        CPU seconds of this process (a fast buffer's round is then not a few ms that one
+        interruption can double): the CPU seconds and the frames."""
+        if self.per is None:
+            raise RuntimeError("per_run needs a per_build first")
+        items, noise = self.per_work
+        cpu, done = 0.0, 0
+        while done == 0 or cpu < min_cpu:
+            cpu += timed_drive(self.per, frames, items, noise, first_sample=0)
+            done += frames
+        return {"cpu": cpu, "frames": done}
+
+    def tput_build(self, capacity: int, layout: str, seed: int) -> dict[str, Any]:
+        self.frames = None
+        gc.collect()
+        self.frames = peer_frames.transitions_buffer(self.name, layout, capacity, seed)
+        return {"variants": list(self.frames.variants), "note": self.frames.note}
+
+    def tput_run(self, calls: int, variant: str) -> dict[str, Any]:
+        if self.frames is None:
+            raise RuntimeError("tput_run needs a tput_build first")
+        return self.frames.run(calls, variant)
+
+    def seq_build(self, capacity: int, batch: int, mean_length: int, seed: int) -> dict[str, Any]:
+        self.frames = None
+        gc.collect()
+        self.frames = peer_frames.slice_buffer(capacity, batch, mean_length, seed)
+        return {"memory": self.frames.memory()}
+
+    def seq_run(self, calls: int) -> dict[str, Any]:
+        if self.frames is None:
+            raise RuntimeError("seq_run needs a seq_build first")
+        return self.frames.run(calls, "new")
+
+
+COMMANDS = ("hello", "per_build", "per_run", "tput_build", "tput_run", "seq_build", "seq_run")
+
+
+def serve(name: str, requests: Any, answers: Any) -> None:
+    """Answer ``requests`` (lines of JSON) on ``answers`` until ``quit`` or end of input."""
+    worker = Worker(name)
+    for line in requests:
+        request = json.loads(line)
+        command = request.pop("cmd")
+        if command == "quit":
+            break
+        try:
+            if command not in COMMANDS:
+                raise ValueError(f"unknown command {command!r}; expected one of {', '.join(COMMANDS)}")
+            answer = {"ok": True, **getattr(worker, command)(**request)}
+        except Exception as exc:  # the parent reports it as the contender's reason
+            traceback.print_exc()
+            answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        answers.write(json.dumps(answer) + "\n")
+        answers.flush()
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) != 1 or argv[0] not in CONTENDERS:
+        print(f"usage: peer_worker.py {{{','.join(CONTENDERS)}}}", file=sys.stderr)
+        return 2
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # what libraries print goes to stderr
+    serve(argv[0], sys.stdin, answers)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

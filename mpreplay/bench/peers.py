@@ -1,0 +1,193 @@
+"""The peers of the benchmarks -- Tianshou, TorchRL, flashbax -- each in a worker process of its own.
+
+``python -m mpreplay.bench.peers --setup DIR`` makes a venv at ``DIR`` with the versions pinned in
+``peers-requirements.txt`` beside this file (one place for them): TorchRL's wheel loads only with
+the torch it was built for, flashbax only with a jax it knows, so they live apart from mpreplay's
+environment.  ``--check DIR`` says what each peer there loads with, or why it does not.
+
+A benchmark given that directory (``--peers DIR``, or the environment variable
+``MPREPLAY_PEERS``) runs each contender as ``PYTHON peer_worker.py NAME``: the peers with the
+venv's interpreter, mpreplay, cpprb and the floor with this one.  A peer that cannot be started
+or loaded is reported as :class:`Unavailable` with the reason, never replaced.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+REQUIREMENTS = Path(__file__).with_name("peers-requirements.txt")
+WORKER = Path(__file__).with_name("peer_worker.py")
+ENV_VAR = "MPREPLAY_PEERS"
+LOCAL = ("mpreplay", "cpprb", "floor")  # run by this interpreter
+PEERS = ("tianshou", "torchrl", "flashbax")  # run by the peers' venv
+_MPREPLAY_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding this mpreplay package
+SETUP_HINT = f"create it with `python -m mpreplay.bench.peers --setup DIR` and pass --peers DIR (or set {ENV_VAR})"
+
+
+class PeerError(RuntimeError):
+    """A worker answered a command with an error, or died; the message is the reason."""
+
+
+class Unavailable(NamedTuple):
+    """A contender that could not be started or loaded, and why."""
+
+    name: str
+    reason: str
+
+
+def peers_directory(directory: str | None) -> str | None:
+    """``directory``, else the environment's ``MPREPLAY_PEERS``, else None."""
+    return directory or os.environ.get(ENV_VAR) or None
+
+
+def peers_python(directory: str | None) -> tuple[str | None, str]:
+    """The peers' interpreter in ``directory`` (or ``MPREPLAY_PEERS``), or None and why not."""
+    directory = peers_directory(directory)
+    if directory is None:
+        return None, f"no peers venv given: {SETUP_HINT}"
+    python = Path(directory) / "bin" / "python"
+    if not python.exists():
+        return None, f"no interpreter at {python}: {SETUP_HINT}"
+    return str(python), ""
+
+
+class PeerProcess:
+    """One contender's worker process and its line-per-command protocol."""
+
+    def __init__(self, name: str, python: str):
+        self.name = name
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        env = dict(os.environ)
+        if name in PEERS:  # the peers' venv has its own packages: nothing of this checkout's path
+            env.pop("PYTHONPATH", None)
+        else:  # the mpreplay this process runs, be it a checkout found through the working directory
+            env["PYTHONPATH"] = os.pathsep.join([_MPREPLAY_ROOT, *filter(None, [env.get("PYTHONPATH")])])
+        self._process = subprocess.Popen([python, str(WORKER), name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=self._stderr, text=True, env=env)
+        self.hello: dict[str, Any] = {}
+
+    def request(self, cmd: str, **arguments: Any) -> dict[str, Any]:
+        """Send one command; its answer, or :class:`PeerError` with the reason."""
+        try:
+            self._process.stdin.write(json.dumps({"cmd": cmd, **arguments}) + "\n")
+            self._process.stdin.flush()
+            line = self._process.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:
+            try:  # its output closed: it is exiting, and its status says how
+                status = self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                status = "still running, its output closed"
+            raise PeerError(f"{self.name}'s worker exited ({status}): {self.stderr_tail()}")
+        answer = json.loads(line)
+        if not answer.pop("ok"):
+            raise PeerError(answer["error"])
+        return answer
+
+    def stderr_tail(self, lines: int = 3) -> str:
+        self._stderr.seek(0)
+        text = [line.strip() for line in self._stderr.read().splitlines() if line.strip()]
+        return " | ".join(text[-lines:]) or "nothing on stderr"
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            try:
+                self._process.stdin.write('{"cmd": "quit"}\n')
+                self._process.stdin.flush()
+                self._process.wait(timeout=30)
+            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+                self._process.kill()
+                self._process.wait()
+        for stream in (self._process.stdin, self._process.stdout, self._stderr):
+            try:
+                stream.close()
+            except OSError:  # a "quit" still buffered for a worker that is gone
+                pass
+
+
+def start(name: str, python: str | None, why_not: str = "") -> PeerProcess | Unavailable:
+    """A started worker for ``name`` that has loaded its library, or why there is none."""
+    if python is None:
+        return Unavailable(name, why_not)
+    try:
+        process = PeerProcess(name, python)
+    except OSError as exc:
+        return Unavailable(name, f"cannot run {python}: {exc}")
+    try:
+        process.hello = process.request("hello")
+    except PeerError as exc:
+        process.close()
+        return Unavailable(name, f"does not load: {exc}")
+    return process
+
+
+def launch(names: Iterable[str], directory: str | None) -> dict[str, PeerProcess | Unavailable]:
+    """Workers for ``names``: LOCAL ones with this interpreter, PEERS with the venv's."""
+    python, why_not = peers_python(directory)
+    return {name: start(name, sys.executable if name in LOCAL else python, why_not) for name in names}
+
+
+def close_all(workers: Iterable[PeerProcess | Unavailable]) -> None:
+    for worker in workers:
+        if isinstance(worker, PeerProcess):
+            worker.close()
+
+
+def describe(worker: PeerProcess | Unavailable) -> str:
+    """``tianshou 2.0.1 (numpy 2.4.6, ...)`` or ``tianshou: unavailable: <reason>``."""
+    if isinstance(worker, Unavailable):
+        return f"{worker.name}: unavailable: {worker.reason}"
+    versions = dict(worker.hello["versions"])
+    main = versions.pop(worker.name, None)
+    extra = [f"{k} {v}" for k, v in versions.items()]
+    if worker.hello.get("torch_threads"):
+        extra.append(f"{worker.hello['torch_threads']} torch threads")
+    head = worker.name if main is None else f"{worker.name} {main}"
+    return f"{head} ({', '.join(extra)}; Python {worker.hello['python']})"
+
+
+# -- making the venv -----------------------------------------------------------------------------
+def setup(directory: str, python: str = sys.executable) -> int:
+    """Make the peers' venv at ``directory`` from ``peers-requirements.txt``; check what loads."""
+    steps = [[python, "-m", "venv", directory],
+             [str(Path(directory) / "bin" / "python"), "-m", "pip", "install", "--upgrade", "pip"],
+             [str(Path(directory) / "bin" / "python"), "-m", "pip", "install", "-r", str(REQUIREMENTS)]]
+    for step in steps:
+        print("+", " ".join(step), flush=True)
+        status = subprocess.call(step)
+        if status != 0:
+            print(f"mpreplay.bench.peers: `{' '.join(step)}` failed with status {status}", file=sys.stderr)
+            return status
+    return check(directory)
+
+
+def check(directory: str | None) -> int:
+    """Print what each peer in ``directory`` loads with, or why it does not; 1 if any does not."""
+    workers = launch(PEERS, directory)
+    try:
+        for worker in workers.values():
+            print(describe(worker))
+    finally:
+        close_all(workers.values())
+    return int(any(isinstance(w, Unavailable) for w in workers.values()))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mpreplay.bench.peers", description=__doc__.split("\n\n")[1])
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--setup", metavar="DIR", help="make the peers' venv at DIR (about 6 GB: torch's wheel)")
+    group.add_argument("--check", metavar="DIR", help="say what each peer in DIR loads with")
+    args = parser.parse_args(argv)
+    return setup(args.setup) if args.setup else check(args.check)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

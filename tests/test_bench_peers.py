@@ -1,0 +1,173 @@
+"""The peers' plumbing: workers, their protocol, and how a peer that cannot run is reported.
+
+CI has no peers' venv (it is gigabytes); the tests that need one run only where
+``MPREPLAY_PEERS`` names it.  No timing is asserted.
+"""
+import io
+import json
+import os
+import re
+import stat
+import sys
+
+import pytest
+
+from mpreplay.bench import peer_worker, peers, per, per_peers
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _fake_venv(tmp_path, modules: dict[str, str]):
+    """A directory laid out as a venv whose python is this interpreter seeing only ``modules``
+    (name -> source) besides the standard library and what this interpreter has installed."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    for name, source in modules.items():
+        (lib / f"{name}.py").write_text(source)
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{lib}" exec "{sys.executable}" "$@"\n')
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    return str(tmp_path)
+
+
+def _first_cells(text: str) -> set[str]:
+    """The first cell of every table row, from rich's layout or the plain one."""
+    return {cells[0] for cells in ([c.strip() for c in re.split(r"[│┃]|\s{2,}", line) if c.strip()]
+                                   for line in text.splitlines()) if cells}
+
+
+@pytest.fixture(autouse=True)
+def no_peers_from_the_environment(monkeypatch):
+    monkeypatch.delenv(peers.ENV_VAR, raising=False)
+
+
+def test_without_a_venv_every_peer_is_unavailable_saying_how_to_make_one():
+    found = peers.launch(peers.PEERS, None)
+    for name in peers.PEERS:
+        assert isinstance(found[name], peers.Unavailable)
+        assert "--setup DIR" in found[name].reason
+
+
+def test_a_venv_without_an_interpreter_is_named_in_the_reason(tmp_path):
+    found = peers.launch(["torchrl"], str(tmp_path))["torchrl"]
+    assert isinstance(found, peers.Unavailable)
+    assert f"no interpreter at {tmp_path}/bin/python" in found.reason
+
+
+def test_the_environment_variable_names_the_venv(tmp_path, monkeypatch):
+    monkeypatch.setenv(peers.ENV_VAR, str(tmp_path))
+    assert peers.peers_python(None) == (None, f"no interpreter at {tmp_path}/bin/python: {peers.SETUP_HINT}")
+
+
+def test_a_peer_whose_library_fails_to_import_is_unavailable_with_the_import_error(tmp_path):
+    directory = _fake_venv(tmp_path, {"flashbax": "raise ImportError('built for another jax')"})
+    found = peers.launch(["flashbax"], directory)["flashbax"]
+    assert found == peers.Unavailable("flashbax", "does not load: ImportError: built for another jax")
+
+
+def test_a_worker_that_dies_at_start_is_unavailable_with_its_last_words(tmp_path):
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text("#!/bin/sh\necho 'this interpreter is broken' >&2\nexit 3\n")
+    python.chmod(0o755)
+    found = peers.launch(["tianshou"], str(tmp_path))["tianshou"]
+    assert isinstance(found, peers.Unavailable)
+    assert "exited (3)" in found.reason and "this interpreter is broken" in found.reason
+
+
+def test_what_a_library_prints_to_stdout_does_not_garble_the_answers(tmp_path):
+    directory = _fake_venv(tmp_path, {"flashbax": "print('hello from the library')\n__version__ = '9.9'"})
+    worker = peers.launch(["flashbax"], directory)["flashbax"]
+    assert isinstance(worker, peers.PeerProcess)
+    try:
+        assert worker.hello["versions"]["flashbax"] == "9.9"
+    finally:
+        worker.close()
+
+
+def test_the_worker_answers_each_command_with_one_line_of_json():
+    requests = io.StringIO("".join(json.dumps(r) + "\n" for r in [
+        {"cmd": "hello"}, {"cmd": "per_build", "capacity": 100, "seed": 0}, {"cmd": "per_run", "frames": 40, "min_cpu": 0.01},
+        {"cmd": "quit"}, {"cmd": "hello"}]))
+    answers = io.StringIO()
+    peer_worker.serve("floor", requests, answers)
+    hello, built, ran = [json.loads(line) for line in answers.getvalue().splitlines()]  # nothing after quit
+    assert hello["ok"] and "numpy" in hello["versions"]
+    assert built["ok"] and built["seconds"] >= 0
+    assert ran["ok"] and ran["cpu"] >= 0.01 and ran["frames"] % 40 == 0
+
+
+def test_a_failing_command_is_answered_with_its_error_and_the_worker_goes_on():
+    worker = peers.start("floor", sys.executable)
+    assert isinstance(worker, peers.PeerProcess)
+    try:
+        with pytest.raises(peers.PeerError, match="per_run needs a per_build first"):
+            worker.request("per_run", frames=10)
+        with pytest.raises(peers.PeerError, match="unknown command 'per_walk'"):
+            worker.request("per_walk")
+        worker.request("per_build", capacity=64, seed=1)
+        assert worker.request("per_run", frames=10)["cpu"] >= 0
+    finally:
+        worker.close()
+
+
+def test_every_local_contender_runs_the_loop_in_its_worker():
+    workers = peers.launch(peers.LOCAL, None)
+    try:
+        for name, worker in workers.items():
+            if name == "cpprb" and isinstance(worker, peers.Unavailable):
+                continue  # cpprb is optional
+            worker.request("per_build", capacity=200, seed=0)
+            assert worker.request("per_run", frames=100)["cpu"] > 0
+    finally:
+        peers.close_all(workers.values())
+
+
+def test_bench_per_with_a_missing_venv_reports_each_peer_unavailable_and_measures_the_rest(tmp_path, capsys):
+    directory = str(tmp_path / "nowhere")
+    assert per.main(["--only-peers", "--quick", "--peers", directory, "--tput-capacity", "600"]) == 0
+    out = capsys.readouterr().out
+    for name in peers.PEERS:
+        assert f"{name}: unavailable: no interpreter at {directory}/bin/python" in out
+    buffers = _first_cells(out)
+    assert {"mpreplay", "floor", "mpreplay compressed", "mpreplay plain"} <= buffers
+    assert not buffers & set(peers.PEERS)
+
+
+def test_only_peers_without_a_venv_is_refused(capsys):
+    with pytest.raises(SystemExit) as exc:
+        per.main(["--only-peers"])
+    assert exc.value.code == 2
+    assert "--only-peers" in capsys.readouterr().err
+
+
+# -- with the real peers' venv ---------------------------------------------------------------
+_VENV = os.environ.get(peers.ENV_VAR)
+needs_venv = pytest.mark.skipif(
+    not _VENV or not os.path.exists(os.path.join(_VENV, "bin", "python")),
+    reason=f"no peers' venv: set {peers.ENV_VAR}=DIR after `python -m mpreplay.bench.peers --setup DIR`")
+
+
+@needs_venv
+@pytest.mark.parametrize("name", peers.PEERS)
+def test_each_peer_of_the_venv_loads_and_runs_the_loop(name):
+    worker = peers.launch([name], _VENV)[name]
+    assert isinstance(worker, peers.PeerProcess), worker
+    try:
+        worker.request("per_build", capacity=300, seed=0)
+        assert worker.request("per_run", frames=50)["cpu"] > 0
+    finally:
+        worker.close()
+
+
+def test_targets_compare_each_sampled_layout_with_mpreplay_storing_it_the_same_way(capsys):
+    tput = per_peers.Measured(rows=[{"contender": name, "cpu_ms": ms} for name, ms in [
+        ("mpreplay compressed", 1.0), ("mpreplay plain", 3.0), ("cpprb compressed", 2.0), ("cpprb plain", 2.4),
+        ("torchrl plain", 30.0)]])
+    per_peers.targets(None, tput)
+    rows = {cells[0]: cells[1:] for cells in (
+        [c.strip() for c in re.split(r"[│┃]|\s{2,}", line) if c.strip()] for line in capsys.readouterr().out.splitlines())
+        if cells and cells[0].startswith("sample(256)")}
+    assert rows["sample(256), compressed"][:3] == ["cpprb compressed", "2.00", "yes"]
+    assert rows["sample(256), plain"][:3] == ["cpprb plain", "0.80", "no"]
