@@ -49,6 +49,7 @@ from .nstep import NstepBuffer
 from .prefetch import Prefetcher
 from .spec import convert_batch, parse_env_dict
 from .compression import Compression, FrameWriter, with_next_fields
+from .saved_episodes import load_episodes, split_episodes, stack_age, transition_episodes
 from .sequences import SequenceWriter
 
 __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer", "BufferClosed"]
@@ -56,6 +57,7 @@ __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrior
 
 # Times read() copies rows that writers keep overwriting before it gives up.
 _READ_ATTEMPTS = 100
+_DEPTH = "frames.depth"  # in the rows a compressed buffer's save copies: each slot's depth (no field's name)
 
 # Attributes that view a buffer's memory: close() replaces them with _CLOSED.
 _VIEWS = ("_header", "_generation", "_tree", "_selector", "_fields", "_ring", "_lock", "_frames", "_writer", "_lanes",
@@ -560,12 +562,27 @@ class ReplayBuffer(BufferCalls):
 
         Other processes may keep writing a shared buffer meanwhile: as in
         ``get_all_transitions``, the file holds every transition complete when the
-        call started and not overwritten before its rows were copied, oldest first,
-        with the priority each had when the call started.
+        call started and not overwritten before its rows were copied, oldest first
+        (lane by lane), with the priority each had when the call started.  A
+        compressed buffer's file also numbers each transition's episode and names
+        its lane (see :meth:`load_transitions`).
         """
-        rows, raw = self._snapshot(priorities=self._saved_priorities(priorities))
+        priorities = self._saved_priorities(priorities)
+        if self._compression is None:
+            rows, raw = self._snapshot(priorities=priorities)
+            episodes = None
+        else:
+            rows, raw = self._snapshot(priorities=priorities, slots=True, copy=self._copy_rows_and_depths)
+            slots, depths = rows.pop("indexes"), rows.pop(_DEPTH)
+            episodes = transition_episodes(slots, self._lanes, depths)
         fileformat.write_transitions(file, rows, self._file_specs(), nstep=self._nstep_settings(), priorities=raw,
-                                     safe=safe, compress=compress)
+                                     episodes=episodes, safe=safe, compress=compress)
+
+    def _copy_rows_and_depths(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        """:meth:`_copy_rows`, and in ``rows[_DEPTH]`` each slot's earlier frames in its episode."""
+        rows = self._copy_rows(slots)
+        rows[_DEPTH] = self._memory.arrays["depth"][slots]
+        return rows
 
     def _saved_priorities(self, priorities: Any) -> bool:
         """``save_transitions``'s ``priorities`` flag, checked (prioritized buffers only)."""
@@ -583,18 +600,35 @@ class ReplayBuffer(BufferCalls):
         buffer and ignored by a uniform one; a prioritized buffer gives the
         transitions its default priority when the file has none.  Transitions saved
         by a buffer that folds n steps load, as they are, into one with the same
-        ``size`` and ``gamma`` only.  The loaded transitions end an episode: a
-        compressed buffer (``next_of``, ``stack_compress``) stores them as
-        consecutive steps, and raises ValueError, changing nothing, if it cannot
-        (a stack whose older frames were not saved, more slots than a lane holds).
+        ``size`` and ``gamma`` only.
+
+        A compressed buffer (``next_of``, ``stack_compress``) ends its episode in progress
+        and gives back each episode of a compressed buffer's file whole, in its lane and in
+        the order saved: each saved lane goes through a lane of its own while lanes are free
+        (this object's first, then lanes claimed for the call and given back after it); with
+        fewer free lanes, or shorter ones, the episodes follow one another through the lanes
+        there are, an episode never split.  A lane's oldest rows make room for loaded ones,
+        but loaded rows never overwrite each other: a file the free lanes cannot hold raises
+        ValueError, changing nothing.  Loaded episodes end.  A file without episodes (an
+        uncompressed buffer's, or of format version 1) is stored as consecutive steps
+        after the episode in progress, which then ends; ValueError, changing nothing, if it
+        cannot be (a stack whose older frames were not saved, more slots than a lane holds).
         """
         self._check_open()
-        rows, priorities = fileformat.read_transitions(file, self._specs, nstep=self._nstep_settings())
+        rows, priorities = fileformat.read_transitions(file, self._specs, nstep=self._nstep_settings(),
+                                                       episodes=None if self._compression is not None else False)
         if not isinstance(self, PrioritizedReplayBuffer):
             priorities = None
+        ids, lanes = rows.pop(fileformat.EPISODE_ID, None), rows.pop(fileformat.EPISODE_LANE, None)
         k, rows = convert_batch(self._specs, rows)
         if k == 0:
             return 0
+        if ids is not None:
+            # The file records no step per row: an episode whose oldest rows were overwritten
+            # before the save resumes from the older frames its first row's stacks hold.
+            episodes = split_episodes(ids, lanes, lambda row: stack_age(rows, row, self._compression.stack))
+            load_episodes(self._writer, rows, priorities, episodes)
+            return k
         # What add() does, minus two things: n-step rows were folded before they
         # were saved and must not be folded again, and the rows end an episode so
         # that a compressed buffer publishes the last one rather than waiting for

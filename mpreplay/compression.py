@@ -340,6 +340,13 @@ class FrameWriter:
         lo, hi = self._arrays["lanes"][self._claim(deadline(timeout)), [LANE_START, LANE_END]]
         return int(hi - lo)
 
+    def load_episode(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
+                     first: int) -> None:
+        """End the episode in progress, then store ``k`` converted rows of a saved episode whose
+        first row is step ``first`` (resumed there, see :meth:`write_rows`); it ends."""
+        self.write_rows(0, {}, None, None, end_episode=True)
+        self.write_rows(k, rows, priorities, None, end_episode=True, resume=first)
+
     def reset(self) -> None:
         """Forget the episode in progress and give the lane back (after a fork or clear).
 

@@ -30,7 +30,8 @@ or stored) holding only plain numeric arrays:
     later version); ``safe`` is the flag the file was saved with; ``count`` is
     the number of transitions; ``priorities`` tells whether the
     ``priorities`` array is present; ``episodes`` whether the ``episode.id`` and
-    ``episode.lane`` arrays are (a sequence buffer's file: its rows are steps).
+    ``episode.lane`` arrays are (the file of a sequence buffer, whose rows are
+    steps, or of a compressed one: ``next_of``, ``stack_compress``).
 
 ``<field>``, one per entry of ``fields``
     shape ``(count,) + shape``, the field's dtype, C order, oldest transition first.
@@ -40,15 +41,18 @@ or stored) holding only plain numeric arrays:
     and ``alpha`` are applied).
 
 ``episode.id`` and ``episode.lane``, only when ``"episodes": true``
-    int64, shape ``(count,)``: each step's episode, numbered 0, 1, ... in the
+    int64, shape ``(count,)``: each row's episode, numbered 0, 1, ... in the
     order of the rows (an episode's rows are consecutive), and the lane of the
     saving buffer it was stored in (a lane's rows are consecutive, oldest first;
     an episode is in one lane).  Its first row may be a later step than the
-    episode's first (a lane keeps the newest steps).  The names are no
-    identifiers, so no field can take them.
+    episode's first (a lane keeps the newest rows).  The names are no
+    identifiers, so no field can take them.  A compressed buffer rebuilds a
+    row from the rows around it in its episode, so its file records them;
+    an uncompressed transition buffer's does not.
 
 Version 1 is version 2 without ``episodes`` (nor its arrays); it is still read,
-except by a sequence buffer, which needs each step's lane and episode.
+except by a sequence buffer, which needs each step's lane and episode (a
+compressed transition buffer loads it as one episode, as before).
 
 Plain numpy reads it all without unpickling anything::
 
@@ -162,11 +166,12 @@ def write_transitions(file: File, rows: dict[str, np.ndarray], specs: dict[str, 
 
 
 def read_transitions(file: File, specs: dict[str, FieldSpec], *, nstep: tuple[int, float] | None = None,
-                     episodes: bool = False) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+                     episodes: bool | None = False) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
     """``(rows, priorities or None)`` saved in ``file``, checked to be transitions of ``specs``
     folded with ``nstep`` (as :func:`write_transitions` takes them).  With ``episodes``
     the file must record each step's episode and lane, and ``rows`` holds them as
-    ``rows[EPISODE_ID]`` and ``rows[EPISODE_LANE]``; without, they are left out.
+    ``rows[EPISODE_ID]`` and ``rows[EPISODE_LANE]``; with None, ``rows`` holds them when
+    the file records them; with False, they are left out.
 
     The whole file is read and checked first; anything wrong raises
     :class:`TransitionFileError`.
@@ -183,7 +188,7 @@ def read_transitions(file: File, specs: dict[str, FieldSpec], *, nstep: tuple[in
             raise TransitionFileError("file: it records no episode or lane per step (it was not saved by a "
                                       "sequence buffer)")
         arrays = _read_arrays(archive, meta)
-    if not episodes:
+    if episodes is False:
         for name in (EPISODE_ID, EPISODE_LANE):
             arrays.pop(name, None)
     return arrays, arrays.pop(PRIORITIES, None)

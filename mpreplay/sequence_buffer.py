@@ -20,17 +20,17 @@ crash handling, with ``ext/sequences.pyx`` naming which slots start a sequence.
 """
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from . import fileformat
-from ._ext.schema import EPISODE_START_ARRAY, EPISODE_STEP_ARRAY, LANE_START, SEQUENCE_STEPS_ARRAY
+from ._ext.schema import EPISODE_START_ARRAY, EPISODE_STEP_ARRAY, SEQUENCE_STEPS_ARRAY
 from .buffer import PrioritizedReplayBuffer, ReplayBuffer, SharedMemoryBuffer
 from .fileformat import TransitionFileError
-from .sequences import SavedEpisode, SequenceSpec
+from .saved_episodes import SavedEpisode, lanes_of, load_episodes, number_episodes, split_episodes
+from .sequences import SequenceSpec
 from .spec import FieldSpec, convert_batch
 
 __all__ = ["SequenceReplayBuffer", "PrioritizedSequenceReplayBuffer", "MPSequenceReplayBuffer",
@@ -135,13 +135,13 @@ class SequenceReplayBuffer(ReplayBuffer):
         rows, raw = self._snapshot(priorities=self._saved_priorities(priorities), slots=True,
                                    copy=self._copy_saved_rows)
         slots, starts, steps = rows.pop("indexes"), rows.pop(_EPISODE_START), rows[_EPISODE_STEP]
-        lanes = np.searchsorted(self._lanes[:, LANE_START], slots, side="right") - 1
+        lanes = lanes_of(slots, self._lanes)
         # An episode begins where a lane does, where a writer stored an episode's first step, and
         # (never in a lane written whole) after a step that is not listed.
         begins = np.ones(len(slots), dtype=bool)
-        begins[1:] = (lanes[1:] != lanes[:-1]) | (starts[1:] != 0) | (steps[1:] != steps[:-1] + 1)
+        begins[1:] = (starts[1:] != 0) | (steps[1:] != steps[:-1] + 1)
         fileformat.write_transitions(file, rows, self._file_specs(), nstep=self._nstep_settings(), priorities=raw,
-                                     episodes=(np.cumsum(begins) - 1, lanes), safe=safe, compress=compress)
+                                     episodes=(number_episodes(lanes, begins), lanes), safe=safe, compress=compress)
 
     def _copy_saved_rows(self, slots: np.ndarray) -> dict[str, np.ndarray]:
         rows = self._copy_rows(slots)
@@ -173,15 +173,7 @@ class SequenceReplayBuffer(ReplayBuffer):
         ids, lanes = rows.pop(fileformat.EPISODE_ID), rows.pop(fileformat.EPISODE_LANE)
         episodes = _saved_episodes(ids, lanes, np.asarray(rows.pop(_EPISODE_STEP), dtype=np.int64))
         k, rows = convert_batch(self._specs, rows)
-        slots = []
-        for e, episode in enumerate(episodes):
-            a, b = episode.start, episode.stop
-            try:
-                slots.append(self._writer.episode_slots(b - a, {name: r[a:b] for name, r in rows.items()},
-                                                        episode.first))
-            except ValueError as exc:
-                raise TransitionFileError(f"file: episode {e} (rows {a} to {b - 1}): {exc}") from exc
-        self._writer.load(rows, priorities, episodes, slots)
+        load_episodes(self._writer, rows, priorities, episodes)
         return k
 
 
@@ -197,8 +189,7 @@ def _saved_episodes(ids: np.ndarray, lanes: np.ndarray, steps: np.ndarray) -> li
         i = int(bad[0])
         raise TransitionFileError(f"file: {_EPISODE_STEP!r}: episode {ids[i]} has step {steps[i - 1]} then "
                                   f"{steps[i]} (rows {i - 1} and {i}); an episode's steps count up by one")
-    bounds = [0, *(np.flatnonzero(ids[1:] != ids[:-1]) + 1).tolist(), len(ids)]
-    return [SavedEpisode(int(lanes[a]), a, b, int(steps[a])) for a, b in itertools.pairwise(bounds)]
+    return split_episodes(ids, lanes, lambda row: int(steps[row]))
 
 
 class PrioritizedSequenceReplayBuffer(SequenceReplayBuffer, PrioritizedReplayBuffer):

@@ -6,14 +6,14 @@ steps).  :class:`SequenceCutter` decides them as a writer stores an episode's
 steps; :class:`SequenceWriter` is the writing side of a sequence buffer (see
 :mod:`mpreplay.sequence_buffer`): it stores steps in its lane and opens each
 sequence once its last step is stored, and loads a saved buffer's episodes
-(:class:`SavedEpisode`) back; :func:`sequence_priority` is R2D2's priority of a
-sequence from its TD errors.
+back (through :func:`mpreplay.saved_episodes.load_episodes`);
+:func:`sequence_priority` is R2D2's priority of a sequence from its TD errors.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from . import checks
 from ._ext.schema import EPISODE_START_ARRAY, EPISODE_STEP_ARRAY
 from .compression import FrameWriter
 
-__all__ = ["SavedEpisode", "SequenceCutter", "SequenceSpec", "SequenceWriter", "sequence_priority"]
+__all__ = ["SequenceCutter", "SequenceSpec", "SequenceWriter", "sequence_priority"]
 
 
 @dataclass(frozen=True)
@@ -133,16 +133,6 @@ def sequence_priority(td_errors: Any, mask: Any = None, *, eta: float = 0.9) -> 
         raise ValueError(f"mask: expected at least one True per sequence, row {int(empty[0])} has none")
     kept = np.where(real, td, 0.0)  # |td| >= 0, so 0 never raises a maximum
     return eta * kept.max(axis=1) + (1.0 - eta) * kept.sum(axis=1) / counts
-
-
-class SavedEpisode(NamedTuple):
-    """One episode of a saved buffer (or what its lane kept of it): rows ``start`` to ``stop - 1``
-    of the file, saved from lane ``lane``; its first row is step ``first`` of the episode."""
-
-    lane: int
-    start: int
-    stop: int
-    first: int
 
 
 class _Episode:
@@ -294,80 +284,23 @@ class SequenceWriter:
                              "before its last row")
         return self._frames.episode_slots(k, rows, first)
 
-    def load(self, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
-             episodes: Sequence[SavedEpisode], slots: Sequence[int]) -> None:
-        """Store a saved buffer's ``episodes`` (``slots``: what each takes, :meth:`episode_slots`),
-        each ended, with the sequences they had; ``priorities``: per row, those of the
-        sequences starting there (a saved buffer's), or None.
+    def claim_lane(self) -> int:
+        """Hold a lane from now on (see :meth:`FrameWriter.claim_lane`); returns its slots."""
+        return self._frames.claim_lane()
 
-        Each saved lane goes through a lane of its own while lanes are free -- this writer's
-        (its episode in progress ends), then lanes claimed for the call and given back after
-        it -- its episodes one after another, as saved.  An episode that finds no room left
-        there goes to a newly claimed lane or, when none is free, to the first lane taken with
-        room for it.  An episode is never split, and no loaded step overwrites another; when
-        the episodes do not fit, ValueError is raised before anything is stored.
-        """
-        placed = self._place(episodes, slots)
-        try:
-            for writer, taken in placed:
-                for e in taken:
-                    a, b = episodes[e].start, episodes[e].stop
-                    writer._load_episode(b - a, {name: r[a:b] for name, r in rows.items()},
-                                         None if priorities is None else priorities[a:b], episodes[e].first)
-        finally:
-            for writer, _ in placed[1:]:
-                writer.release_lane()
+    def sibling(self) -> SequenceWriter:
+        """Another writer of the same buffer in this process, holding no lane yet."""
+        return SequenceWriter(self._spec, self._frames.sibling(), self._flags)
 
-    def _load_episode(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
-                      first: int) -> None:
-        """Store one saved episode whose first row is step ``first``; it ends."""
+    def load_episode(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
+                     first: int) -> None:
+        """End the episode in progress, then store a saved episode whose first row is step
+        ``first``, with the sequences it had (``priorities``: per row, those of the sequences
+        starting there, or None); it ends.  See :func:`mpreplay.saved_episodes.load_episodes`."""
         self.write(0, {}, None, None, end_episode=True)
         self._episode = _Episode(self._spec, first)
         self.write(k, rows, priorities, None, end_episode=True, start_priorities=priorities is not None,
                    resume=first)
-
-    def _place(self, episodes: Sequence[SavedEpisode], slots: Sequence[int]) -> list[tuple[SequenceWriter, list[int]]]:
-        """Claim the lanes ``episodes`` go through (see :meth:`load`); returns per lane its
-        writer (this one first) and the episodes it takes.  Raises ValueError, every lane
-        claimed here given back, when they do not fit."""
-        placed: list[tuple[SequenceWriter, list[int]]] = []
-        widths: list[int] = []
-        rooms: list[int] = []  # per lane, the slots it has left for loaded steps
-        had_lane, free, current = self.has_lane, True, -1
-        try:
-            for e, (episode, need) in enumerate(zip(episodes, slots)):
-                if e == 0 or episode.lane != episodes[e - 1].lane or rooms[current] < need:
-                    current = self._take_lane(placed, widths, rooms) if free else -1
-                    free = current >= 0
-                    if current < 0 or rooms[current] < need:
-                        current = next((i for i, room in enumerate(rooms) if room >= need), -1)
-                    if current < 0:
-                        raise ValueError(
-                            f"load_transitions: no room for the file's episode {e} (rows {episode.start} to "
-                            f"{episode.stop - 1}, {need} slots): the {len(widths)} lane(s) of "
-                            f"{', '.join(map(str, widths)) or 'no'} slots this buffer could give it have at most "
-                            f"{max(rooms, default=0)} left; load into a buffer with more or longer lanes "
-                            "(lanes=, size=), or with fewer writers holding lanes")
-                rooms[current] -= need
-                placed[current][1].append(e)
-        except BaseException:
-            for writer, _ in placed:
-                if writer is not self or not had_lane:
-                    writer.release_lane()
-            raise
-        return placed
-
-    def _take_lane(self, placed: list[tuple[SequenceWriter, list[int]]], widths: list[int], rooms: list[int]) -> int:
-        """Claim one more lane for a load (this writer's first); returns its index, or -1 when none is free."""
-        writer = self if not placed else SequenceWriter(self._spec, self._frames.sibling(), self._flags)
-        try:
-            width = writer._frames.claim_lane()
-        except ValueError:  # every lane has a live writer
-            return -1
-        placed.append((writer, []))
-        widths.append(width)
-        rooms.append(width)
-        return len(placed) - 1
 
     def reset(self) -> None:
         """Forget the episode in progress and give the lane back (after a fork or clear)."""

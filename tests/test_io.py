@@ -301,20 +301,6 @@ def test_transitions_move_between_compressed_and_plain_buffers(source_kw, target
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
-def test_stacks_a_stack_compressed_buffer_cannot_rebuild_are_refused(unchanged):
-    env = {"obs": {"shape": (2, 3), "dtype": np.uint8}, "act": {"dtype": np.int64}, "done": {}}
-    source = ReplayBuffer(38, env, stack_compress="obs")
-    for e in range(11):
-        for t in range(5):
-            frames = [max(10 * e + t - lag, 10 * e) for lag in (2, 1, 0)]
-            source.add(obs=np.tile(np.array(frames, np.uint8), (2, 1)), act=t, done=float(t == 4))
-    # The ring wrapped mid-episode: the oldest stack holds frames no longer stored.
-    assert source.get_all_transitions()["obs"][0, 0].tolist() == [32, 33, 34]
-    target = ReplayBuffer(38, env, stack_compress="obs")
-    with unchanged(target), pytest.raises(ValueError, match="stack_compress"):
-        load_transitions(target, io.BytesIO(_saved(source)))
-
-
 # -- files and paths ----------------------------------------------------------------------------
 
 def test_a_path_is_written_exactly_as_given(tmp_path):
