@@ -44,6 +44,13 @@ class BuildKernels(build_ext):
         if self.parallel is None:
             self.parallel = _cores()
 
+    def build_extensions(self):
+        # A Python built as a shared library may link its extensions with an rpath to its own lib
+        # folder (pyenv's do): the kernels link no library there, and a wheel must not make the
+        # loader search a folder of the machine that built it.
+        self.compiler.linker_so = [arg for arg in self.compiler.linker_so if not arg.startswith("-Wl,-rpath")]
+        super().build_extensions()
+
     def run(self):
         super().run()
         if not self.inplace:
