@@ -10,6 +10,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from ._version import __version__
+
 _BENCHMARKS = {
     "memory": "bytes per transition with next_of / stack_compress vs one frame per step; cost of rebuilding stacks",
     "learner": "a learner step (sample 256 Atari stacks, 5 ms of training) with and without prefetched batches",
@@ -26,6 +28,7 @@ _BENCHMARKS = {
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="mpreplay", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="run a benchmark", add_help=False)
     bench.add_argument("name", choices=sorted(_BENCHMARKS), help="; ".join(f"{k}: {v}" for k, v in _BENCHMARKS.items()))

@@ -107,9 +107,11 @@ def _cast(spec: FieldSpec, value: np.ndarray) -> np.ndarray:
     if src == dst:
         return value
     if src.kind in "biu" and dst.kind in "biu":
-        # Integer literals arrive as int64: accept them wherever they fit.
-        lo, hi = (0, 1) if dst.kind == "b" else (np.iinfo(dst).min, np.iinfo(dst).max)
-        if value.size and (value.min() < lo or value.max() > hi):
+        # Integer literals arrive as int64: accept them wherever they fit.  The extremes are
+        # compared as Python ints: numpy 1.x compares uint64 with int64 bounds in float64, where
+        # 2**63 equals int64's max.
+        lo, hi = (0, 1) if dst.kind == "b" else (int(np.iinfo(dst).min), int(np.iinfo(dst).max))
+        if value.size and (int(value.min()) < lo or int(value.max()) > hi):
             raise ValueError(f"field {spec.name!r}: values out of range for dtype {dst} ([{lo}, {hi}])")
         return value.astype(dst)
     if not np.can_cast(src, dst, "same_kind"):

@@ -5,7 +5,15 @@ import sys
 
 import pytest
 
+import mpreplay
 from mpreplay import cli
+
+
+def test_version_prints_the_package_version_and_exits_0(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"mpreplay {mpreplay.__version__}\n"
 
 
 def test_a_bench_whose_library_is_missing_names_it_and_exits_1(monkeypatch, capsys):

@@ -1,6 +1,7 @@
 """Specification of mpreplay.compat.cpprb_files: files written by cpprb's save_transitions, read without running code.
 
-The tests against the real cpprb need it installed (the ``test`` extra has it).
+The tests against the real cpprb need it installed (the ``test`` extra has it below Python 3.13, where cpprb
+has wheels); without it they skip.
 Files in the layout of cpprb 10.1 with numpy 1.x (the oldest cpprb files) are built here by hand: the
 same six members cpprb's ``save_transitions`` passes to ``np.savez_compressed``, pickled with protocol 3
 and numpy 1's module names, which is what the files in cpprb's own ``test/v1`` folder hold.
@@ -140,8 +141,8 @@ HISTORIES = {
 
 @pytest.fixture(scope="module")
 def cpprb() -> Any:
-    import cpprb
-    return cpprb
+    return pytest.importorskip("cpprb", reason="cpprb is not installed (the test extra has it where it has wheels: "
+                                               "Python < 3.13)")
 
 
 def _steps(rng: np.random.Generator, k: int, options: dict[str, Any]) -> dict[str, np.ndarray]:
