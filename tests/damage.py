@@ -1,10 +1,12 @@
 """What the damage tests share: real segments of each kind of buffer, their manifests taken apart
-and put together (the layout of :mod:`mpreplay.manifest`), and the seeded damage the fuzzers do
-to JSON records, bytes and segments."""
+and put together (the layout of :mod:`mpreplay.manifest`), transitions files taken apart and put
+together, and the seeded damage the fuzzers do to JSON records, bytes and segments."""
 from __future__ import annotations
 
+import io
 import json
 import os
+import zipfile
 import random
 import struct
 from collections.abc import Callable, Iterator
@@ -206,3 +208,23 @@ def damaged_segment(raw: bytes, rng: random.Random) -> bytes:
                     else struct.pack("<d", rng.choice(FLOATS)))
             data[at:at + 8] = word
     return bytes(data)
+
+
+def file_members(file: Any) -> dict[str, Any]:
+    """The arrays of a transitions file (a path or a file object), its metadata record decoded."""
+    members = dict(np.load(file, allow_pickle=False))
+    members["metadata.json"] = json.loads(members["metadata.json"].tobytes())
+    return members
+
+
+def file_archive(members: dict[str, Any]) -> io.BytesIO:
+    """A transitions file of ``members`` (as :func:`file_members` returns them, edited or not)."""
+    f = io.BytesIO()
+    with zipfile.ZipFile(f, "w") as archive:
+        for name, value in members.items():
+            if name == "metadata.json":
+                value = np.frombuffer(json.dumps(value).encode(), dtype=np.uint8)
+            with archive.open(f"{name}.npy", "w") as member:
+                np.lib.format.write_array(member, np.asarray(value), allow_pickle=False)
+    f.seek(0)
+    return f

@@ -2,9 +2,6 @@
 and the same sampleable sequences."""
 from __future__ import annotations
 
-import io
-import json
-import zipfile
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +10,8 @@ import pytest
 
 from mpreplay import MPPrioritizedSequenceReplayBuffer, SequenceReplayBuffer
 from mpreplay.fileformat import TransitionFileError
+
+import damage  # tests/damage.py: transitions files taken apart and put together
 
 ENV = {"tag": {"shape": (3,), "dtype": np.int64}, "done": {}}
 STACKED = {"tag": {"shape": (3,), "dtype": np.int64}, "obs": {"shape": (3, 3, 4), "dtype": np.uint8},
@@ -216,25 +215,6 @@ def test_a_file_the_free_lanes_cannot_hold_is_refused_and_changes_nothing(writte
 
 
 # -- bad files change nothing ----------------------------------------------------------------------------
-def _members(path: Any) -> dict[str, Any]:
-    """The arrays of a saved file, its metadata record decoded."""
-    members = dict(np.load(path, allow_pickle=False))
-    members["metadata.json"] = json.loads(members["metadata.json"].tobytes())
-    return members
-
-
-def _archive(members: dict[str, Any]) -> io.BytesIO:
-    f = io.BytesIO()
-    with zipfile.ZipFile(f, "w") as archive:
-        for name, value in members.items():
-            if name == "metadata.json":
-                value = np.frombuffer(json.dumps(value).encode(), dtype=np.uint8)
-            with archive.open(f"{name}.npy", "w") as member:
-                np.lib.format.write_array(member, np.asarray(value), allow_pickle=False)
-    f.seek(0)
-    return f
-
-
 def _stacked_file(tmp_path: Any) -> tuple[Any, SequenceReplayBuffer]:
     """A stack-compressed buffer's file: episodes of 6, 9 and 5 steps; and a buffer for it holding one."""
     def make():
@@ -250,10 +230,10 @@ def _stacked_file(tmp_path: Any) -> tuple[Any, SequenceReplayBuffer]:
 
 def test_a_bad_stack_in_a_later_episode_changes_nothing(tmp_path, unchanged):
     path, target = _stacked_file(tmp_path)
-    members = _members(path)
+    members = damage.file_members(path)
     members["obs"][10, 0, 0, 0] ^= 1  # step 4 of episode 1: no longer step 3 shifted
     with unchanged(target), pytest.raises(TransitionFileError, match=r"episode 1 \(rows 6 to 14\): field 'obs'"):
-        target.load_transitions(_archive(members))
+        target.load_transitions(damage.file_archive(members))
 
 
 def _without_first_row(members: dict[str, Any]) -> None:
@@ -265,9 +245,9 @@ def _without_first_row(members: dict[str, Any]) -> None:
 
 def test_an_episode_kept_from_a_step_younger_than_its_stack_rebuilds_its_repeated_first_frame(tmp_path):
     path, target = _stacked_file(tmp_path)
-    members = _members(path)
+    members = damage.file_members(path)
     _without_first_row(members)  # episode 0 now starts at step 1: its stack repeats step 0's frame
-    target.load_transitions(_archive(members))
+    target.load_transitions(damage.file_archive(members))
     loaded = target.get_all_transitions()
     np.testing.assert_array_equal(loaded["obs"][4:], members["obs"])
     np.testing.assert_array_equal(loaded["episode_step"][4:], members["episode_step"])
@@ -275,11 +255,11 @@ def test_an_episode_kept_from_a_step_younger_than_its_stack_rebuilds_its_repeate
 
 def test_a_young_stack_whose_older_frames_do_not_repeat_the_first_is_refused(tmp_path, unchanged):
     path, target = _stacked_file(tmp_path)
-    members = _members(path)
+    members = damage.file_members(path)
     _without_first_row(members)
     members["obs"][0, 0, 0, 0] ^= 1  # step 1 of its episode: stack positions 0..2 must be step 0's frame
     with unchanged(target), pytest.raises(TransitionFileError, match="do not repeat the episode's first frame"):
-        target.load_transitions(_archive(members))
+        target.load_transitions(damage.file_archive(members))
 
 
 def _as_version_1(members: dict[str, Any]) -> None:
@@ -311,9 +291,9 @@ INVALID = {
 @pytest.mark.parametrize("change, message", INVALID.values(), ids=INVALID.keys())
 def test_a_file_whose_episodes_are_inconsistent_is_refused_and_changes_nothing(change, message, tmp_path, unchanged):
     _continuing_lanes(ended=False).save_transitions(tmp_path / "two.npz")
-    members = _members(tmp_path / "two.npz")
+    members = damage.file_members(tmp_path / "two.npz")
     change(members)
     target = SequenceReplayBuffer(400, ENV, length=4, period=2, lanes=2, seed=0)
     target.add(**_episode(5, 0, 6))
     with unchanged(target), pytest.raises(TransitionFileError, match=message):
-        target.load_transitions(_archive(members))
+        target.load_transitions(damage.file_archive(members))

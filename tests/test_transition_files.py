@@ -3,9 +3,7 @@ every transition, in its lane and episode, for every lane count and wrap positio
 from __future__ import annotations
 
 import io
-import json
 import multiprocessing as mp
-import zipfile
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +12,8 @@ import pytest
 
 from mpreplay import MPPrioritizedReplayBuffer, MPReplayBuffer, ReplayBuffer
 from mpreplay.fileformat import TransitionFileError
+
+import damage  # tests/damage.py: transitions files taken apart and put together
 
 ENV = {"tag": {"shape": (3,), "dtype": np.int64}, "obs": {"shape": (3, 3, 4), "dtype": np.uint8},
        "next_obs": {"shape": (3, 3, 4), "dtype": np.uint8}, "done": {}}
@@ -83,21 +83,7 @@ def _members(rb: Any) -> dict[str, Any]:
     f = io.BytesIO()
     rb.save_transitions(f)
     f.seek(0)
-    members = dict(np.load(f, allow_pickle=False))
-    members["metadata.json"] = json.loads(members["metadata.json"].tobytes())
-    return members
-
-
-def _archive(members: dict[str, Any]) -> io.BytesIO:
-    f = io.BytesIO()
-    with zipfile.ZipFile(f, "w") as archive:
-        for name, value in members.items():
-            if name == "metadata.json":
-                value = np.frombuffer(json.dumps(value).encode(), dtype=np.uint8)
-            with archive.open(f"{name}.npy", "w") as member:
-                np.lib.format.write_array(member, np.asarray(value), allow_pickle=False)
-    f.seek(0)
-    return f
+    return damage.file_members(f)
 
 
 # -- every transition, in its lane and episode ---------------------------------------------------------
@@ -259,7 +245,7 @@ def test_an_episode_cut_short_stays_apart_from_the_one_before_it_in_its_lane():
     members["metadata.json"]["count"] = len(keep)
     members["episode.id"] = np.array([0, 0, 1, 1, 1, 1, 1])
     once = make()
-    once.load_transitions(_archive(members))
+    once.load_transitions(damage.file_archive(members))
     twice = _reloaded(once, make)
     _assert_same(twice, once)
     assert _tags(twice) == [(0, 0, 1), (0, 0, 2)] + [(1, 0, s) for s in range(3, 8)]
@@ -296,7 +282,7 @@ def test_a_bad_stack_in_a_later_episode_changes_nothing(unchanged):
     members["obs"][10, 0, 0, 0] ^= 1  # step 4 of episode 1: no longer step 3 shifted
     target = _target()
     with unchanged(target), pytest.raises(TransitionFileError, match=r"episode 1 \(rows 6 to 14\): field 'obs'"):
-        target.load_transitions(_archive(members))
+        target.load_transitions(damage.file_archive(members))
 
 
 def test_a_file_whose_episode_is_in_two_lanes_is_refused_and_changes_nothing(unchanged):
@@ -304,7 +290,7 @@ def test_a_file_whose_episode_is_in_two_lanes_is_refused_and_changes_nothing(unc
     members["episode.lane"][10:] = 1
     target = _target()
     with unchanged(target), pytest.raises(TransitionFileError, match="episode 1 is in lanes 0 and 1"):
-        target.load_transitions(_archive(members))
+        target.load_transitions(damage.file_archive(members))
 
 
 # -- files of format version 1 (no episodes) load as before ---------------------------------------------
@@ -312,7 +298,7 @@ def _as_version_1(members: dict[str, Any]) -> io.BytesIO:
     meta = members["metadata.json"]
     meta["format_version"] = 1
     del meta["episodes"], members["episode.id"], members["episode.lane"]
-    return _archive(members)
+    return damage.file_archive(members)
 
 
 def test_a_format_version_1_file_loads_as_the_steps_of_one_episode():
