@@ -199,7 +199,7 @@ class NstepBuffer:
 
     @property
     def num_envs(self) -> int | None:
-        """Number of environments folded side by side (None: single-step add)."""
+        """Number of environments folded side by side (None for a single-step add)."""
         return self._num_envs
 
     def output_env_dict(self) -> dict[str, dict[str, Any]]:

@@ -156,7 +156,7 @@ class ParameterStore:
 
     @property
     def version(self) -> int:
-        """Version of the last complete publish (0: the template)."""
+        """Version of the last complete publish (0 for the template)."""
         return int(self._counter()[0]) // 2
 
     def _counter(self) -> np.ndarray:

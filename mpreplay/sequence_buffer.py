@@ -196,9 +196,9 @@ class PrioritizedSequenceReplayBuffer(SequenceReplayBuffer, PrioritizedReplayBuf
     """Prioritized sequence replay (R2D2): a sequence is drawn with probability
     ``(p + eps) ** alpha / sum (p_j + eps) ** alpha``.
 
-    ``add(..., priorities=)`` takes one priority per step (e.g. the actor's |TD| errors):
+    ``add(..., priorities=)`` takes one priority per step (e.g. the actor's ``|TD|`` errors):
     a sequence's initial priority is R2D2's ``eta * max + (1 - eta) * mean`` over its real
-    steps (:func:`~mpreplay.sequences.sequence_priority`); without them, the largest
+    steps (:func:`~mpreplay.sequence_priority`); without them, the largest
     stored.  ``update_priorities(indexes, p)`` sets a sequence's priority; an update of a
     sequence overwritten since it was sampled is dropped, as for transitions.
 

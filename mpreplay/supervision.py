@@ -66,12 +66,15 @@ class Context:
 
     Attributes
     ----------
-    role : "actor" or "learner"
+    role : str
+        ``"actor"`` or ``"learner"``.
     rank : int
         0 .. num_actors-1 for actors (kept across restarts); 0 for the learner.
     num_actors : int
-    buffer : the ``buffer`` given to :func:`launch`, attached in this process
-    params : the ``params`` given to :func:`launch` (None if none), attached in this process
+    buffer
+        The ``buffer`` given to :func:`launch`, attached in this process.
+    params
+        The ``params`` given to :func:`launch` (None if none), attached in this process.
     stop : StopFlag
         Set when the run is ending: return soon after ``stop.is_set()``.
         Any process may ``stop.set()`` to end the run.
@@ -94,11 +97,14 @@ class RunResult:
 
     Attributes
     ----------
-    value : what the learner returned (None without a learner, or if it did not return)
-    reason : why the run ended: "learner" (it returned), "actors" (no learner,
-        all actors returned), "timeout", "stopped" (a process set ``ctx.stop``)
-        or "signal" (a SIGINT/SIGTERM whose previous handler returned)
-    restarts : actor rank -> how many times it was restarted
+    value
+        What the learner returned (None without a learner, or if it did not return).
+    reason : str
+        Why the run ended: ``"learner"`` (it returned), ``"actors"`` (no learner,
+        all actors returned), ``"timeout"``, ``"stopped"`` (a process set ``ctx.stop``)
+        or ``"signal"`` (a SIGINT/SIGTERM whose previous handler returned).
+    restarts : dict
+        Actor rank -> how many times it was restarted.
     """
 
     value: Any

@@ -263,7 +263,7 @@ class VectorTransitions:
 
     @property
     def needs_reset(self) -> np.ndarray:
-        """Disabled mode: the sub-environments whose episode ended and that were not reset yet (a bool mask)."""
+        """In Disabled mode, the sub-environments whose episode ended and that were not reset yet (a bool mask)."""
         return self._needs_reset.copy()
 
     def env_dict(self) -> dict[str, dict[str, Any]]:

@@ -20,7 +20,7 @@ class ShardServer:
 
     Parameters
     ----------
-    buffer : PrioritizedReplayBuffer, or a callable returning one
+    buffer : mpreplay.PrioritizedReplayBuffer, or a callable returning one
         The buffer served.  A shared buffer's handle attaches in the server's
         process (the server never unlinks it); a callable runs in the
         server's process, which then owns the buffer (and its segment) and

@@ -8,8 +8,8 @@ The classes keep cpprb's shapes (``(batch, 1)`` scalar fields), dtypes
 (``weights`` float32, ``indexes`` uint64) and rules (running maximum
 priority, ``Nstep`` timing, unknown ``add`` keys ignored), and store
 everything in mpreplay's buffers: their speed, whole rows only, crash-safe
-shared memory, stale priority updates dropped.  The README's "Coming from
-cpprb" lists every difference.  cpprb itself is never imported.
+shared memory, stale priority updates dropped.  The documentation's "Coming
+from cpprb" page (docs/cpprb.md) lists every difference.  cpprb itself is never imported.
 """
 from . import HER, LaBER, PyReplayBuffer, multiprocessing
 from .buffers import (MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer,

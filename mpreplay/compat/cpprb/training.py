@@ -50,7 +50,7 @@ def train(buffer: Any, env: Any, get_action: Callable, update_policy: Callable, 
     """Run ``env`` with ``get_action(obs, step, episode, is_warmup)`` for ``max_steps`` steps
     (or ``max_episodes`` episodes), adding each transition to ``buffer`` and, after
     ``n_warmups`` steps, calling ``update_policy(sample, step, episode)`` on a sample of
-    ``batch_size``; with a prioritized buffer its return value (|TD|) becomes the sampled
+    ``batch_size``; with a prioritized buffer its return value (``|TD|``) becomes the sampled
     transitions' priorities.  The callbacks are cpprb's: ``after_step(obs, step_result,
     step, episode)`` makes the transition dict, ``done_check(transition)`` ends episodes,
     ``obs_update(transition)`` gives the next observation, ``rew_sum(total, transition)``
