@@ -1,0 +1,86 @@
+"""Sphinx configuration of mpreplay's documentation site.
+
+Build (from the repository's root, with the ``docs`` extra installed)::
+
+    python -m sphinx -W --keep-going -n -b html docs build/docs
+
+Warnings are errors and every cross-reference must resolve (``-n``): a
+Markdown link to a page, heading or image that does not exist fails the build.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import mpreplay
+
+project = "mpreplay"
+author = "the mpreplay authors"
+copyright = "the mpreplay authors"  # noqa: A001 (Sphinx's name)
+release = mpreplay.__version__
+version = release
+
+extensions = [
+    "myst_parser",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.napoleon",
+]
+
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
+root_doc = "index"
+templates_path = ["_templates"]
+exclude_patterns = ["_build", "api/generated/*.rst~"]
+
+# Markdown: GitHub's heading anchors (level 1-4), so a link such as
+# ``files.md#file-format`` works on the repository host and here alike; a link to a
+# page, an anchor or an image that does not exist is a warning, hence an error.
+myst_heading_anchors = 4
+myst_enable_extensions = ["colon_fence"]
+
+# The API pages: one stub per name of a module's __all__ (api/generated/, written
+# at build time), so a new public name needs no line in these sources.
+autosummary_generate = True
+autosummary_ignore_module_all = False
+autosummary_imported_members = True
+autodoc_member_order = "bysource"
+autodoc_typehints = "signature"
+autodoc_typehints_format = "fully-qualified"  # a short name can be ambiguous: the compat layer mirrors the native classes
+autodoc_default_options = {"members": True}
+
+# The docstrings' "Parameters" / "Attributes" sections are numpydoc's; their types are
+# prose ("int, optional", "function"), shown as written rather than linked.
+napoleon_google_docstring = False
+napoleon_use_param = False
+napoleon_use_rtype = False
+napoleon_use_ivar = False
+napoleon_preprocess_types = False
+
+nitpicky = True
+# Names of other projects (numpy, the standard library, torch, gymnasium, Ray) are not linked:
+# the build reads no inventory over the network.  Every reference to a name of mpreplay must
+# resolve to a documented object.
+nitpick_ignore_regex = [(r"py:.*", r"(numpy|np|collections|typing|os|logging|zipfile|pathlib|multiprocessing|"
+                                   r"threading|torch|gymnasium|ray)\..*")]
+# Internal types that appear in public signatures (the state an NstepBuffer preview returns, a
+# parsed env_dict): not public names, so not documented.
+nitpick_ignore = [("py:class", "mpreplay.nstep.Folding"), ("py:class", "mpreplay.spec.FieldSpec"),
+                  ("py:class", "mpreplay.compat.cpprb.fields.Fields")]
+
+html_theme = "furo"
+html_title = f"mpreplay {release}"
+
+
+def _dataclass_factories(app, what, name, obj, options, signature, return_annotation):
+    """A dataclass field's default factory as ``name()``: its default shows as ``<factory>``,
+    which is not Python, and Sphinx then misreads the whole signature."""
+    if signature and "<factory>" in signature and dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            if f.default_factory is not dataclasses.MISSING:
+                factory = getattr(f.default_factory, "__name__", "factory")
+                signature = re.sub(rf"(\b{f.name}: [^=]*?)( ?= ?)<factory>", rf"\1\2{factory}()", signature)
+    return signature, return_annotation
+
+
+def setup(app):
+    app.connect("autodoc-process-signature", _dataclass_factories)

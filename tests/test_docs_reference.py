@@ -1,0 +1,88 @@
+"""The documentation site: it builds with warnings as errors, its API reference has an entry for
+every public name, and the README's links lead somewhere.
+
+The site is built once per test session from a copy of ``docs/`` (the build writes the
+reference's generated pages into its source folder, which must stay the checkout's own), with
+the command the development page gives.  Without the ``docs`` extra (Sphinx, MyST, Furo) those
+tests skip; CI's docs step installs it and runs them.
+"""
+from __future__ import annotations
+
+import importlib
+import re
+import shutil
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# The modules whose __all__ the reference documents in full (docs/api/index.md lists them).
+MODULES = ["mpreplay", "mpreplay.vector_env", "mpreplay.returns", "mpreplay.sharded", "mpreplay.compat.cpprb"]
+BUILD_TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The built site's folder, built by ``python -m sphinx -W --keep-going -n -b html``."""
+    for module in ("sphinx", "myst_parser", "furo"):
+        pytest.importorskip(module, reason=f"{module} is not installed (the docs extra: pip install -e '.[docs]')")
+    work = tmp_path_factory.mktemp("docs")
+    shutil.copytree(ROOT / "docs", work / "docs", ignore=shutil.ignore_patterns("generated"))
+    shutil.copy(ROOT / "README.md", work / "README.md")  # docs/install.md includes a part of it
+    proc = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-n", "-b", "html",
+                           str(work / "docs"), str(work / "html")],
+                          capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
+    return work / "html", proc
+
+
+def inventory(html: Path) -> set[str]:
+    """The Python objects the site documents: the names in its objects.inv."""
+    data = (html / "objects.inv").read_bytes()
+    body = zlib.decompress(data.split(b"\n", 4)[4]).decode()
+    return {line.split(" ", 1)[0] for line in body.splitlines() if re.match(r"\S+ py:\w+ ", line)}
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT_S + 60)
+def test_the_site_builds_with_warnings_as_errors(site):
+    html, proc = site
+    assert proc.returncode == 0, f"the docs build failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    assert (html / "index.html").is_file()
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT_S + 60)
+@pytest.mark.parametrize("module", MODULES)
+def test_every_public_name_has_a_reference_entry(site, module):
+    html, proc = site
+    assert (html / "objects.inv").is_file(), f"no inventory: the build failed\n{proc.stderr[-3000:]}"
+    documented = inventory(html)
+    missing = [name for name in importlib.import_module(module).__all__ if f"{module}.{name}" not in documented]
+    assert not missing, f"{module}: no reference entry for {missing} (is the module in docs/api/index.md?)"
+
+
+def readme_links() -> list[str]:
+    text = re.sub(r"```.*?```", "", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S)
+    return [target for target in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"[a-z]+:", target)]
+
+
+def github_anchors(markdown: str) -> set[str]:
+    """The anchors the repository host (and MyST, myst_heading_anchors) gives a page's headings."""
+    text = re.sub(r"```.*?```", "", markdown, flags=re.S)
+    anchors = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchors.add(slug)
+    return anchors
+
+
+def test_readme_links_lead_to_files_and_headings_that_exist():
+    links = readme_links()
+    assert links, "the README links nowhere: the link pattern changed?"
+    for target in links:
+        path, _, anchor = target.partition("#")
+        page = ROOT / path if path else ROOT / "README.md"
+        assert page.is_file(), f"README links to {target}: no such file"
+        if anchor:
+            assert anchor in github_anchors(page.read_text(encoding="utf-8")), f"README links to {target}: no such heading"
