@@ -16,7 +16,7 @@ import mpreplay
 
 project = "mpreplay"
 author = "the mpreplay authors"
-copyright = "the mpreplay authors"  # noqa: A001 (Sphinx's name)
+copyright = "the mpreplay authors"
 release = mpreplay.__version__
 version = release
 
@@ -60,8 +60,8 @@ nitpicky = True
 # Names of other projects (numpy, the standard library, torch, gymnasium, Ray) are not linked:
 # the build reads no inventory over the network.  Every reference to a name of mpreplay must
 # resolve to a documented object.
-nitpick_ignore_regex = [(r"py:.*", r"(numpy|np|collections|typing|os|logging|zipfile|pathlib|multiprocessing|"
-                                   r"threading|torch|gymnasium|ray)\..*")]
+_OTHER_PROJECTS = "numpy|np|collections|typing|os|logging|zipfile|pathlib|multiprocessing|threading|torch|gymnasium|ray"
+nitpick_ignore_regex = [(r"py:.*", rf"({_OTHER_PROJECTS})\..*")]
 # Internal types that appear in public signatures (the state an NstepBuffer preview returns, a
 # parsed env_dict): not public names, so not documented.
 nitpick_ignore = [("py:class", "mpreplay.nstep.Folding"), ("py:class", "mpreplay.spec.FieldSpec"),

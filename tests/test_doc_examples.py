@@ -78,15 +78,20 @@ BASH_RUN = [b for b in BLOCKS if b.language == "bash" and b.not_run_reason is No
 BASH_NOT_RUN = [b for b in BLOCKS if b.language == "bash" and b.not_run_reason is not None]
 
 
-def skip_without_optional_libraries(code: str) -> None:
-    """Skip, naming the library, when the program imports an optional one that is missing."""
+def optional_libraries(code: str) -> set[str]:
+    """The optional libraries a program imports (directly, or through an mpreplay module)."""
+    needed = set()
     for node in ast.walk(ast.parse(code)):
         names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                  else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-        for name in names:
-            for module, library in OPTIONAL.items():
-                if (name == module or name.startswith(module + ".")) and importlib.util.find_spec(library) is None:
-                    pytest.skip(f"needs {library}, which is not installed")
+        needed.update(library for name in names for module, library in OPTIONAL.items()
+                      if name == module or name.startswith(module + "."))
+    return needed
+
+
+def python_param(block: Block):
+    """A block as a test parameter; one that needs Ray carries the suite's ``ray`` mark."""
+    return pytest.param(block, id=block.id, marks=[pytest.mark.ray] if "ray" in optional_libraries(block.code) else [])
 
 
 def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -124,9 +129,11 @@ def test_python_block_has_no_placeholder(block):
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-@pytest.mark.parametrize("block", PYTHON, ids=lambda b: b.id)
+@pytest.mark.parametrize("block", [python_param(b) for b in PYTHON])
 def test_python_block_runs(block, tmp_path):
-    skip_without_optional_libraries(block.code)
+    for library in sorted(optional_libraries(block.code)):
+        if importlib.util.find_spec(library) is None:
+            pytest.skip(f"needs {library}, which is not installed")
     (tmp_path / "example.py").write_text(block.code, encoding="utf-8")
     proc = run([sys.executable, "example.py"], tmp_path)
     assert proc.returncode == 0, f"{block.id} failed:\n{proc.stdout}\n{proc.stderr}"

@@ -63,15 +63,15 @@ def test_every_public_name_has_a_reference_entry(site, module):
 
 
 def readme_links() -> list[str]:
-    text = re.sub(r"```.*?```", "", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S)
+    text = re.sub(r"```.*?```", "", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.DOTALL)
     return [target for target in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"[a-z]+:", target)]
 
 
 def github_anchors(markdown: str) -> set[str]:
     """The anchors the repository host (and MyST, myst_heading_anchors) gives a page's headings."""
-    text = re.sub(r"```.*?```", "", markdown, flags=re.S)
+    text = re.sub(r"```.*?```", "", markdown, flags=re.DOTALL)
     anchors = set()
-    for heading in re.findall(r"^#{1,6} (.+)$", text, flags=re.M):
+    for heading in re.findall(r"^#{1,6} (.+)$", text, flags=re.MULTILINE):
         slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
         anchors.add(slug)
     return anchors
