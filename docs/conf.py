@@ -10,6 +10,7 @@ Markdown link to a page, heading or image that does not exist fails the build.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 
 import mpreplay
@@ -82,5 +83,13 @@ def _dataclass_factories(app, what, name, obj, options, signature, return_annota
     return signature, return_annotation
 
 
+def _no_builtin_docstrings(app, what, name, obj, options, lines):
+    """A constant (``__version__``, ``NEXT_STEP``) shows its value, not the docstring of ``str``."""
+    builtin_doc = type(obj).__doc__ if type(obj).__module__ == "builtins" else None
+    if what in ("data", "attribute") and builtin_doc and "\n".join(lines).strip() == inspect.cleandoc(builtin_doc):
+        lines.clear()
+
+
 def setup(app):
     app.connect("autodoc-process-signature", _dataclass_factories)
+    app.connect("autodoc-process-docstring", _no_builtin_docstrings)
