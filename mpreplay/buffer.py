@@ -32,7 +32,8 @@ from ._ext.prioritized import PrioritizedSelector
 from ._ext.calls import BufferCalls, PrioritizedCalls
 from ._ext.ring import Ring
 from ._ext.slots import Slots, recover
-from ._ext.schema import INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED
+from ._ext.schema import (INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, RESERVED, SAMPLES,
+                          STALE, STORED, WAITERS)
 from ._ext.processes import process_token
 from ._ext.schema import (MANIFEST_ARRAY, MEMBERS_ARRAY, ROWS_ARRAY, TORN, TREE_ARRAY, WRITERS_ARRAY, field_array,
                           row_layout, segment_arrays)
@@ -43,6 +44,7 @@ from ._ext.sumtree import PriorityTree, tree_buffer_size
 from ._ext.uniform import UniformSelector, uniform_state_size
 from . import fileformat, manifest
 from .errors import BufferClosed
+from .inspect import Inspection
 from .limiter import RateLimiter
 from .memory import FileMemory, HeapMemory, Layout, SharedMemory
 from .nstep import NstepBuffer
@@ -61,7 +63,7 @@ _DEPTH = "frames.depth"  # in the rows a compressed buffer's save copies: each s
 
 # Attributes that view a buffer's memory: close() replaces them with _CLOSED.
 _VIEWS = ("_header", "_generation", "_tree", "_selector", "_fields", "_ring", "_lock", "_frames", "_writer", "_lanes",
-          "_sequences")
+          "_sequences", "_gate")
 
 
 class _Closed:
@@ -214,7 +216,7 @@ class ReplayBuffer(BufferCalls):
         self._frames, outputs = (None, None) if c is None else c.make_frames(self._specs, arrays)
         self._sequences = (None if self._sequence is None
                            else Sequences(arrays[SEQUENCE_STEPS_ARRAY], self._lanes, self._sequence.length))
-        gate = Gate(self._header, arrays["limits"], self._make_lock(create))
+        self._gate = gate = Gate(self._header, arrays["limits"], self._make_lock(create))
         slots = Slots(self._header, self._lanes, self._generation, arrays["owner"], arrays["state"],
                       arrays[WRITERS_ARRAY], self._selector, self._frames, self._sequences)
         # A sequence's samples also carry each step's index in its episode.
@@ -646,22 +648,47 @@ class ReplayBuffer(BufferCalls):
 
     def stats(self) -> dict[str, float | None]:
         """Counters since creation: stored, inserts, samples, stale updates dropped,
-        torn rows resampled, lock wait seconds and lock acquisitions; and who holds
-        the lock now: ``lock_holder_pid`` and ``lock_held_seconds`` (None when free,
-        and for a local buffer), so a call waiting with ``timeout=None`` can be explained."""
+        torn rows resampled, lock wait seconds and lock acquisitions, and how many times
+        a process died holding the lock and the next holder repaired the buffer
+        (``lock_recoveries``; 0 for a local buffer); ``reserved``, the rows writers
+        reserved (what a rate limiter counts as inserted: more than ``inserts`` while
+        writes are under way, or where a writer died copying), and ``blocked_calls``, the
+        calls waiting now for the rate limiter or busy slots; and who holds the lock
+        now: ``lock_holder_pid`` and ``lock_held_seconds`` (None when free, and for a
+        local buffer), so a call waiting with ``timeout=None`` can be explained."""
         h = self._header
         holder = self._lock.holder() if self._lock is not None else None
         return {
             "stored": int(h[STORED]),
             "inserts": int(h[INSERTS]),
+            "reserved": int(h[RESERVED]),
             "samples": int(h[SAMPLES]),
             "stale_updates_dropped": int(h[STALE]),
             "torn_rows_resampled": int(h[TORN]),
+            "blocked_calls": int(h[WAITERS]),
             "lock_wait_seconds": int(h[LOCK_WAIT_NS]) * 1e-9,
             "lock_acquisitions": int(h[LOCK_HOLDS]),
+            "lock_recoveries": 0 if self._lock is None else self._lock.recoveries,
             "lock_holder_pid": None if holder is None else holder[0],
             "lock_held_seconds": None if holder is None else holder[1],
         }
+
+    def verify(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """Check that the buffer is consistent -- an fsck: under the lock (``timeout`` bounds
+        the wait, as in :meth:`add`), every count, the selector's state, the lanes and the
+        sequence index are checked against the slot states (see :mod:`mpreplay.consistency`).
+        Returns a report (slots, complete, waiting, being written, drawable, lanes); raises
+        :class:`~mpreplay.errors.CorruptBufferError` listing every disagreement.  Safe at any
+        time, other processes running; taking the lock first repairs what a holder that died
+        left, as any call does."""
+        return self.inspection().verify(checks.seconds("timeout", timeout))
+
+    def inspection(self) -> Inspection:
+        """The operator's and tester's view of this buffer's memory, selector and lock
+        (:mod:`mpreplay.inspect`): what the public API does not show, without private names."""
+        self._check_open()
+        return Inspection(self._memory, self._gate, self._ring, self._selector, capacity=self._size,
+                          sequence_length=None if self._sequence is None else self._sequence.length)
 
 
 _NSTEP_KEYS = {"size", "gamma", "rew", "next", "done", "truncated"}

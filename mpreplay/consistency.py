@@ -1,0 +1,144 @@
+"""The consistency check of a table's memory (``buffer.verify()``): an fsck.
+
+The slot states are the truth, as crash recovery holds them (docs/architecture.md,
+"Crash handling"); everything else the table keeps is derived from them and is
+checked against them here: the stored count, the selector's state (a priority
+tree's inner nodes recomputed from its leaves; a uniform selector's packed members
+against each slot's place), which items may be drawn, the sequence index, the lanes
+and the counters.  Run it with the table's lock held (``Inspection.verify`` does),
+so that no call is half way through a change.  The checks read the arrays by their
+segment schema names only, in numpy: O(capacity), no Python loop over slots.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ._ext.schema import (COMPLETE, EMPTY, INSERTS, LANE_CURSOR, LANE_END, LANE_START, LIMIT_MAX_DIFF, LIMIT_MIN_DIFF,
+                          LIMIT_ON, LOCK_HOLDS, LOCK_WAIT_NS, MEMBERS_ARRAY, RESERVED, SAMPLES, SEQUENCE_STEPS_ARRAY,
+                          STALE, STORED, TORN, TREE_ARRAY, WAITERS, WAITING, WRITER_INSERTS, WRITERS_ARRAY)
+from ._ext.sumtree import TREE_HEAD_LEN, PriorityTree, leaf_views
+from .errors import CorruptBufferError
+
+_CUMULATIVE = {"inserts": INSERTS, "samples": SAMPLES, "stale": STALE, "torn": TORN, "lock_wait_ns": LOCK_WAIT_NS,
+               "lock_holds": LOCK_HOLDS, "reserved": RESERVED, "waiters": WAITERS}
+_SHOWN = 5  # slots named per problem
+
+
+def check_arrays(arrays: Mapping[str, np.ndarray], capacity: int, sequence_length: int | None) -> dict[str, Any]:
+    """Check a table's arrays (by schema name) against its slot states.
+
+    Returns a report (``slots``, ``complete``, ``waiting``, ``being_written``, ``drawable``,
+    ``lanes``) when everything agrees; else raises CorruptBufferError listing every
+    disagreement found.
+    """
+    problems: list[str] = []
+    state, generation, owner = arrays["state"], arrays["generation"], arrays["owner"]
+    header = arrays["header"]
+    odd = (generation & 1).astype(bool)
+    _where(problems, (state != EMPTY) & (state != COMPLETE) & (state != WAITING), "state: not EMPTY, COMPLETE or WAITING")
+    _where(problems, odd & (state != EMPTY), "state: a slot being written (odd generation) is not EMPTY")
+    _where(problems, (owner != 0) & ~odd, "owner: a published slot (even generation) names a writer")
+    complete = int(np.count_nonzero(state == COMPLETE))
+    if header[STORED] != complete:
+        problems.append(f"header STORED: {int(header[STORED])}, but {complete} slots are COMPLETE")
+    for name, at in _CUMULATIVE.items():
+        if header[at] < 0:
+            problems.append(f"header {name.upper()}: negative ({int(header[at])})")
+    if header[INSERTS] > header[RESERVED]:
+        problems.append(f"header INSERTS: {int(header[INSERTS])} published, more than the "
+                        f"{int(header[RESERVED])} RESERVED")
+    _check_writers(problems, arrays[WRITERS_ARRAY], int(header[INSERTS]))
+    _check_limits(problems, arrays["limits"])
+    _check_lanes(problems, arrays["lanes"], capacity)
+
+    drawable = (state == COMPLETE) & ~odd
+    if sequence_length is not None:
+        steps = arrays[SEQUENCE_STEPS_ARRAY]
+        _where(problems, (steps < 0) | (steps > sequence_length),
+               f"sequence_steps: outside 0..{sequence_length}")
+        _where(problems, (steps > 0) & ~drawable, "sequence_steps: a sequence starts at a slot not COMPLETE")
+        drawable &= steps > 0
+    if TREE_ARRAY in arrays:
+        _check_tree(problems, arrays[TREE_ARRAY], capacity, drawable)
+    else:
+        _check_members(problems, arrays[MEMBERS_ARRAY], capacity, drawable)
+    if problems:
+        raise CorruptBufferError(problems)
+    return {"slots": capacity, "complete": complete, "waiting": int(np.count_nonzero(state == WAITING)),
+            "being_written": int(np.count_nonzero(odd)), "drawable": int(np.count_nonzero(drawable)),
+            "lanes": len(arrays["lanes"])}
+
+
+def _where(problems: list[str], bad: np.ndarray, what: str) -> None:
+    """Note ``what`` with the first slots where ``bad`` holds, if any."""
+    slots = np.flatnonzero(bad)
+    if slots.size:
+        more = f" and {slots.size - _SHOWN} more" if slots.size > _SHOWN else ""
+        problems.append(f"{what} at slots {slots[:_SHOWN].tolist()}{more}")
+
+
+def _check_writers(problems: list[str], writers: np.ndarray, inserts: int) -> None:
+    counted = writers[:, WRITER_INSERTS]
+    if (counted < 0).any():
+        problems.append(f"writers: negative inserts in rows {np.flatnonzero(counted < 0).tolist()}")
+    elif counted.sum() > inserts:
+        problems.append(f"writers: {int(counted.sum())} inserts counted per writer, more than the {inserts} INSERTS")
+
+
+def _check_limits(problems: list[str], limits: np.ndarray) -> None:
+    if not np.isfinite(limits).all():
+        problems.append(f"limits: not finite ({limits.tolist()})")
+    elif limits[LIMIT_ON] and limits[LIMIT_MIN_DIFF] > limits[LIMIT_MAX_DIFF]:
+        problems.append(f"limits: min_diff {limits[LIMIT_MIN_DIFF]} above max_diff {limits[LIMIT_MAX_DIFF]}")
+
+
+def _check_lanes(problems: list[str], lanes: np.ndarray, capacity: int) -> None:
+    """The lanes split the slots into consecutive rings, each cursor inside its ring."""
+    end = 0
+    for i, lane in enumerate(lanes):
+        start, stop, cursor = (int(v) for v in lane[[LANE_START, LANE_END, LANE_CURSOR]])
+        if start != end or not start < stop <= capacity:
+            problems.append(f"lanes: lane {i} spans [{start}, {stop}), expected to start at {end} and end by "
+                            f"{capacity}")
+        elif not start <= cursor < stop:
+            problems.append(f"lanes: lane {i}'s cursor {cursor} is outside its slots [{start}, {stop})")
+        end = stop
+    if end != capacity:
+        problems.append(f"lanes: the last lane ends at {end}, expected {capacity}")
+
+
+def _check_tree(problems: list[str], tree: np.ndarray, capacity: int, drawable: np.ndarray) -> None:
+    """Leaves against the slot states, the header against the leaves, and every inner entry
+    against the one recomputed from its children (bit for bit: none is ever adjusted by a delta)."""
+    weights, raw = leaf_views(tree, capacity)
+    _where(problems, ~(weights >= 0) | ~np.isfinite(weights), "tree: a leaf weight is negative or not finite")
+    _where(problems, (weights > 0) & ~drawable, "tree: a slot that may not be drawn has a weight")
+    _where(problems, (weights > 0) != (raw > -np.inf), "tree: a leaf's raw priority disagrees with its weight")
+    stored = raw[raw > -np.inf]
+    if stored.size and not tree[0] >= stored.max():
+        problems.append(f"tree: max_ever {tree[0]} is below the largest raw priority stored, {stored.max()}")
+    rebuilt = tree.copy()
+    PriorityTree(rebuilt, capacity, reset=False).rebuild()
+    inner = np.flatnonzero(rebuilt[TREE_HEAD_LEN:].view(np.uint64) != tree[TREE_HEAD_LEN:].view(np.uint64))
+    if inner.size:
+        problems.append(f"tree: {inner.size} inner entries differ from their children's, first at entry "
+                        f"{int(inner[0]) + TREE_HEAD_LEN}: {tree[inner[0] + TREE_HEAD_LEN]} where its children make "
+                        f"{rebuilt[inner[0] + TREE_HEAD_LEN]}")
+
+
+def _check_members(problems: list[str], state: np.ndarray, capacity: int, drawable: np.ndarray) -> None:
+    """The uniform selector's state (ext/uniform.pyx): the count, the packed members and each
+    slot's place among them, against the slots that may be drawn."""
+    count, members, position = int(state[0]), state[1:1 + capacity], state[1 + capacity:]
+    placed = position >= 0
+    _where(problems, placed != drawable, "members: drawable slots and the selector's members differ")
+    if count != int(np.count_nonzero(placed)):
+        problems.append(f"members: the count is {count}, but {int(np.count_nonzero(placed))} slots have a place")
+    elif ((members[:count] < 0) | (members[:count] >= capacity)).any():
+        problems.append(f"members: a member is no slot in [0, {capacity})")
+    elif not (position[members[:count]] == np.arange(count)).all():
+        problems.append("members: the packed members and the slots' places disagree")
+    _where(problems, position >= max(count, 0), "members: a slot's place is past the member count")
