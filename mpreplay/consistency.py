@@ -16,9 +16,33 @@ from typing import Any
 
 import numpy as np
 
-from ._ext.schema import (COMPLETE, EMPTY, INSERTS, LANE_CURSOR, LANE_END, LANE_START, LIMIT_MAX_DIFF, LIMIT_MIN_DIFF,
-                          LIMIT_ON, LOCK_HOLDS, LOCK_WAIT_NS, MEMBERS_ARRAY, RESERVED, SAMPLES, SEQUENCE_STEPS_ARRAY,
-                          STALE, STORED, TORN, TREE_ARRAY, WAITERS, WAITING, WRITER_INSERTS, WRITERS_ARRAY)
+from ._ext.schema import (
+    COMPLETE,
+    EMPTY,
+    INSERTS,
+    LANE_CURSOR,
+    LANE_END,
+    LANE_START,
+    LIMIT_MAX_DIFF,
+    LIMIT_MIN_DIFF,
+    LIMIT_MIN_SIZE,
+    LIMIT_ON,
+    LIMIT_SPI,
+    LOCK_HOLDS,
+    LOCK_WAIT_NS,
+    MEMBERS_ARRAY,
+    RESERVED,
+    SAMPLES,
+    SEQUENCE_STEPS_ARRAY,
+    STALE,
+    STORED,
+    TORN,
+    TREE_ARRAY,
+    WAITERS,
+    WAITING,
+    WRITER_INSERTS,
+    WRITERS_ARRAY,
+)
 from ._ext.sumtree import TREE_HEAD_LEN, PriorityTree, leaf_views
 from .errors import CorruptBufferError
 
@@ -89,8 +113,9 @@ def _check_writers(problems: list[str], writers: np.ndarray, inserts: int) -> No
 
 
 def _check_limits(problems: list[str], limits: np.ndarray) -> None:
-    if not np.isfinite(limits).all():
-        problems.append(f"limits: not finite ({limits.tolist()})")
+    # The diffs may be infinite (MinSize has no error buffer); nothing may be NaN.
+    if np.isnan(limits).any() or not np.isfinite(limits[[LIMIT_ON, LIMIT_SPI, LIMIT_MIN_SIZE]]).all():
+        problems.append(f"limits: not numbers ({limits.tolist()})")
     elif limits[LIMIT_ON] and limits[LIMIT_MIN_DIFF] > limits[LIMIT_MAX_DIFF]:
         problems.append(f"limits: min_diff {limits[LIMIT_MIN_DIFF]} above max_diff {limits[LIMIT_MAX_DIFF]}")
 

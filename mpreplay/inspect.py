@@ -30,13 +30,25 @@ import numpy as np
 
 from . import checks
 from ._ext.gate import deadline
-from ._ext.schema import (CLOSED, EPOCH, INSERTS, LOCK_HOLDS, LOCK_WAIT_NS, RESERVED, SAMPLES, STALE, STORED, TORN,
-                          TREE_ARRAY, WAITERS)
+from ._ext.schema import (
+    CLOSED,
+    EPOCH,
+    INSERTS,
+    LOCK_HOLDS,
+    LOCK_WAIT_NS,
+    RESERVED,
+    SAMPLES,
+    STALE,
+    STORED,
+    TORN,
+    TREE_ARRAY,
+    WAITERS,
+)
 from ._ext.slots import FAULT_SITES, arm_fault
 from ._ext.sumtree import leaf_views
 from .consistency import check_arrays
 
-__all__ = ["Inspection", "Reservation", "FAULT_SITES", "arm_fault"]
+__all__ = ["FAULT_SITES", "Inspection", "Reservation", "arm_fault"]
 
 # The header's counters by name (the schema's order; the rest of the header is spare).
 COUNTERS = {"stored": STORED, "inserts": INSERTS, "samples": SAMPLES, "stale": STALE, "torn": TORN,

@@ -56,7 +56,7 @@ def _assert_holds(buffer: ReplayBuffer, numbers) -> None:
 
 def _priorities(buffer: PrioritizedReplayBuffer) -> np.ndarray:
     """Raw priority of every stored transition, oldest first."""
-    return buffer._snapshot(priorities=True)[1]
+    return buffer.inspection().priorities(buffer.get_all_transitions(indexes=True)["indexes"])[1]
 
 
 def _saved(buffer: ReplayBuffer, **kwargs: Any) -> bytes:

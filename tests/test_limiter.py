@@ -198,7 +198,7 @@ def test_the_ratio_stays_within_the_error_buffer_with_two_writers(method):
         writers = [ctx.Process(target=_add_until_stopped, args=(buffer, r, stop)) for r in range(2)]
         for w in writers:
             w.start()
-        header = buffer._header
+        header = buffer.inspection().arrays["header"]
         offset = spi * min_size
         sampled = 0
         while sampled < 10_000:

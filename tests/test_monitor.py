@@ -156,9 +156,9 @@ def test_top_goes_on_when_a_writer_is_killed_mid_run_and_shows_it_gone(method, c
 
 
 def _hold_lock(buffer, held) -> None:
-    buffer._lock.acquire()
-    held.set()
-    time.sleep(120)
+    with buffer.inspection().holding_lock():
+        held.set()
+        time.sleep(120)
 
 
 @METHODS

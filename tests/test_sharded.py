@@ -520,12 +520,9 @@ def test_stale_updates_are_dropped_over_ray(served):
 def test_a_shard_that_does_not_answer_in_time_is_dropped(served):
     buffers, servers = served
     client = ShardedReplay(servers.values(), timeout=2.0, prefetch=0, batches_per_call=1, seed=7)
-    buffers[2]._lock.acquire()  # its server's next draw waits for the lock
-    try:
+    with buffers[2].inspection().holding_lock():  # its server's next draw waits for the lock
         with pytest.warns(ShardLostWarning, match="no answer within 2.0 s"):
             ids = client.sample(32)["id"]
-    finally:
-        buffers[2]._lock.release()
     assert len(client.shard_ids()) == 2 and not np.isin(ids, IDS[2]).any()
 
 

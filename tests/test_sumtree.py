@@ -660,4 +660,4 @@ def test_leaf_views_reject_storage_that_cannot_hold_the_tree(buf, capacity, matc
 def test_a_heap_buffers_tree_starts_on_a_cache_line():
     for size in (9, 1000):
         buffer = PrioritizedReplayBuffer(size, {"obs": {}})
-        assert buffer._memory.arrays[TREE_ARRAY].ctypes.data % 64 == 0
+        assert buffer.inspection().arrays[TREE_ARRAY].ctypes.data % 64 == 0

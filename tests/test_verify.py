@@ -9,11 +9,19 @@ import threading
 
 import numpy as np
 import pytest
-
-from mpreplay import (CorruptBufferError, MPPrioritizedReplayBuffer, MPPrioritizedSequenceReplayBuffer,
-                      MPReplayBuffer, PrioritizedReplayBuffer, PrioritizedSequenceReplayBuffer, ReplayBuffer,
-                      SequenceReplayBuffer)
 from mpreplay._ext.schema import LANE_CURSOR, RESERVED, STORED, TREE_ARRAY
+
+from mpreplay import (
+    CorruptBufferError,
+    MPPrioritizedReplayBuffer,
+    MPPrioritizedSequenceReplayBuffer,
+    MPReplayBuffer,
+    PrioritizedReplayBuffer,
+    PrioritizedSequenceReplayBuffer,
+    ReplayBuffer,
+    SampleToInsertRatio,
+    SequenceReplayBuffer,
+)
 from mpreplay.inspect import arm_fault
 
 METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
@@ -49,12 +57,16 @@ def _shared_prioritized():
     return MPPrioritizedReplayBuffer(CAPACITY, ENV)
 
 
+def _rate_limited():
+    return MPPrioritizedReplayBuffer(CAPACITY, ENV, rate_limiter=SampleToInsertRatio(1.0, 8, 1000.0))
+
+
 def _shared_sequences():
     return MPPrioritizedSequenceReplayBuffer(CAPACITY, ENV, length=4, lanes=2)
 
 
 KINDS = pytest.mark.parametrize("make", [_uniform, _prioritized, _next_of, _sequences, _prioritized_sequences,
-                                         _shared_uniform, _shared_prioritized, _shared_sequences],
+                                         _shared_uniform, _shared_prioritized, _rate_limited, _shared_sequences],
                                 ids=lambda make: make.__name__.strip("_"))
 
 
