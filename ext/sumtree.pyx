@@ -419,15 +419,6 @@ cdef class PriorityTree:
             with nogil:
                 self.fix_each(&slots[0], slots.shape[0])
 
-    def clear(self, const int64_t[::1] slots not None):
-        """Make ``slots`` unsampleable."""
-        cdef Py_ssize_t k = slots.shape[0], j
-        with nogil:
-            for j in range(k):
-                self.write_leaf(slots[j], 0.0, 0.0)
-            for j in range(k):
-                self.fix_up(slots[j])
-
     def fix_slots(self, Py_ssize_t first, Py_ssize_t last):
         """Bring the ancestors of slots ``first..last`` up to date (``fix_range``; for tests)."""
         if not 0 <= first <= last < self.capacity:
@@ -444,15 +435,6 @@ cdef class PriorityTree:
         with nogil:
             for j in range(k):
                 self.write_leaf(slots[j], values[j], raw[j])
-
-    def get(self, const int64_t[::1] slots not None, double[::1] values not None,
-            double[::1] raw not None):
-        """Read leaf weights and raw priorities of ``slots`` (raw is -inf when unsampleable)."""
-        cdef Py_ssize_t k = slots.shape[0], j
-        with nogil:
-            for j in range(k):
-                values[j] = self.leaf_weight(slots[j])
-                raw[j] = self.leaf_raw(slots[j])
 
     def search(self, const double[::1] prefix not None, int64_t[::1] out not None):
         """For each prefix sum, the slot whose cumulative range contains it (one path at a time)."""
