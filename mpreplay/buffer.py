@@ -102,8 +102,9 @@ class ReplayBuffer(BufferCalls):
     nstep : mapping, optional
         Fold rewards over n steps before storing, with an :class:`~mpreplay.NstepBuffer`:
         ``{"size": n, "gamma": 0.99, "rew": "rew", "next": "next_obs", "done": "done",
-        "truncated": None}`` (cpprb's ``Nstep=`` is accepted too).  Stored transitions then
-        carry a ``discount`` field, gamma ** m; each process folds its own steps.
+        "truncated": None}``.  Stored transitions then carry a ``discount`` field, gamma ** m;
+        each process folds its own steps.  (cpprb's spelling ``Nstep=`` raises TypeError:
+        ``mpreplay.compat.cpprb`` takes it, with cpprb's timing.)
     next_of : str or list of str, optional
         Store each of these observations once: ``next_<key>`` is rebuilt from the slot of
         the observation it equals (cpprb's option).  ``next_<key>`` is added to the fields
@@ -134,7 +135,7 @@ class ReplayBuffer(BufferCalls):
 
     def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *,
                  default_dtype: Any = None, seed: int | None = None, rate_limiter: RateLimiter | None = None,
-                 nstep: Mapping[str, Any] | None = None, Nstep: Mapping[str, Any] | None = None,
+                 nstep: Mapping[str, Any] | None = None, Nstep: None = None,
                  next_of: str | list[str] | None = None, stack_compress: str | list[str] | None = None,
                  lanes: int = 1, mmap_prefix: str | os.PathLike | None = None):
         size = checks.capacity("size", size)
@@ -147,7 +148,7 @@ class ReplayBuffer(BufferCalls):
                                 f"got {type(rate_limiter).__name__}")
             rate_limiter.check(size)
         self._size = size
-        self._nstep_args = _nstep_args(env_dict, default_dtype, nstep if Nstep is None else Nstep, nstep, Nstep)
+        self._nstep_args = _nstep_args(env_dict, default_dtype, nstep, Nstep)
         self._make_folders()
         self._specs = parse_env_dict(self._nstep.output_env_dict() if self._nstep else env_dict, default_dtype)
         self._specs = with_next_fields(self._specs, next_of)
@@ -543,8 +544,7 @@ class ReplayBuffer(BufferCalls):
         config = {key: self.__dict__[key] for key in self._CONFIG}
         return _handle(type(self), config, lambda buffer, layout: self._memory.handle())
 
-    def save_transitions(self, file: Any, *, safe: bool = True, compress: bool = True,
-                         priorities: bool = False) -> None:
+    def save_transitions(self, file: Any, *, compress: bool = True, priorities: bool = False) -> None:
         """Write every stored transition, oldest first, to ``file`` in mpreplay's file format
         (:mod:`mpreplay.fileformat`).
 
@@ -554,9 +554,6 @@ class ReplayBuffer(BufferCalls):
             A path is written atomically: the archive goes to a temporary file in
             the same folder, is flushed to disk, then renamed over ``file`` (no
             ``.npz`` suffix is added).  A file object is written in place.
-        safe : bool
-            cpprb's flag, recorded in the file: mpreplay always writes plain
-            transitions any numpy can read.
         compress : bool
             Deflate the arrays (as ``np.savez_compressed``); else store them (as ``np.savez``).
         priorities : bool
@@ -578,7 +575,7 @@ class ReplayBuffer(BufferCalls):
             slots, depths = rows.pop("indexes"), rows.pop(_DEPTH)
             episodes = transition_episodes(slots, self._lanes, depths)
         fileformat.write_transitions(file, rows, self._file_specs(), nstep=self._nstep_settings(), priorities=raw,
-                                     episodes=episodes, safe=safe, compress=compress)
+                                     episodes=episodes, compress=compress)
 
     def _copy_rows_and_depths(self, slots: np.ndarray) -> dict[str, np.ndarray]:
         """:meth:`_copy_rows`, and in ``rows[_DEPTH]`` each slot's earlier frames in its episode."""
@@ -694,10 +691,11 @@ class ReplayBuffer(BufferCalls):
 _NSTEP_KEYS = {"size", "gamma", "rew", "next", "done", "truncated"}
 
 
-def _nstep_args(env_dict: Any, default_dtype: Any, options: Any, nstep: Any, Nstep: Any) -> tuple | None:
+def _nstep_args(env_dict: Any, default_dtype: Any, options: Any, Nstep: Any) -> tuple | None:
     """The n-step folder's arguments (picklable, so shared handles can rebuild it)."""
-    if nstep is not None and Nstep is not None:
-        raise TypeError("nstep: give nstep= or cpprb's Nstep=, not both")
+    if Nstep is not None:
+        raise TypeError("Nstep: mpreplay's buffers take nstep= (cpprb's spelling, with cpprb's timing, is "
+                        "mpreplay.compat.cpprb's)")
     if options is None:
         return None
     if not isinstance(options, Mapping) or "size" not in options:

@@ -439,9 +439,9 @@ class _SavingBuffer(PrioritizedReplayBuffer):
 def test_each_shard_saves_its_own_file():
     buffers = [_fill(_SavingBuffer(8, ENV, alpha=ALPHA, eps=EPS), [i], [1.0]) for i in range(2)]
     client = _client(buffers)
-    assert client.save_transitions("/data/shard-{shard}.npz", safe=True) == {
+    assert client.save_transitions("/data/shard-{shard}.npz", compress=False) == {
         0: "/data/shard-0.npz", 1: "/data/shard-1.npz"}
-    assert buffers[1].saved == ["/data/shard-1.npz", {"safe": True}]
+    assert buffers[1].saved == ["/data/shard-1.npz", {"compress": False}]
 
 
 def test_saving_several_shards_to_one_path_is_refused():
