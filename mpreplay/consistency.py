@@ -16,35 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from ._ext.schema import (
-    COMPLETE,
-    EMPTY,
-    INSERTS,
-    LANE_CURSOR,
-    LANE_END,
-    LANE_START,
-    LIMIT_MAX_DIFF,
-    LIMIT_MIN_DIFF,
-    LIMIT_MIN_SIZE,
-    LIMIT_ON,
-    LIMIT_SPI,
-    LOCK_HOLDS,
-    LOCK_WAIT_NS,
-    MEMBERS_ARRAY,
-    RESERVED,
-    SAMPLES,
-    SEQUENCE_STEPS_ARRAY,
-    STALE,
-    STORED,
-    TORN,
-    TREE_ARRAY,
-    WAITERS,
-    WAITING,
-    WRITER_INSERTS,
-    WRITERS_ARRAY,
-)
+from ._ext.lock import SharedLock, read_holder
+from ._ext.processes import describe_process
+from ._ext.schema import (COMPLETE, EMPTY, INSERTS, LANE_CURSOR, LANE_END, LANE_START, LIMIT_MAX_DIFF, LIMIT_MIN_DIFF,
+                          LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI, LOCK_HOLDS, LOCK_WAIT_NS, MEMBERS_ARRAY, RESERVED,
+                          SAMPLES, SEQUENCE_STEPS_ARRAY, STALE, STORED, TORN, TREE_ARRAY, WAITERS, WAITING,
+                          WRITER_INSERTS, WRITERS_ARRAY)
 from ._ext.sumtree import TREE_HEAD_LEN, PriorityTree, leaf_views
 from .errors import CorruptBufferError
+from .monitor import SHM_DIR, BufferView
 
 _CUMULATIVE = {"inserts": INSERTS, "samples": SAMPLES, "stale": STALE, "torn": TORN, "lock_wait_ns": LOCK_WAIT_NS,
                "lock_holds": LOCK_HOLDS, "reserved": RESERVED, "waiters": WAITERS}
@@ -94,6 +74,33 @@ def check_arrays(arrays: Mapping[str, np.ndarray], capacity: int, sequence_lengt
     return {"slots": capacity, "complete": complete, "waiting": int(np.count_nonzero(state == WAITING)),
             "being_written": int(np.count_nonzero(odd)), "drawable": int(np.count_nonzero(drawable)),
             "lanes": len(arrays["lanes"])}
+
+
+def verify_segment(name: str, timeout: float | None = None, shm_dir: str = SHM_DIR) -> dict[str, Any]:
+    """:func:`check_arrays` of the buffer segment ``name``, from outside the programs that use it
+    (``mpreplay verify NAME``): mapped by its checked manifest, under its lock, taken within
+    ``timeout`` seconds (None: no limit; TimeoutError naming the holder).  Changes nothing: a
+    segment whose last lock holder died waits for its buffer's next call to repair it, so this
+    raises RuntimeError saying so (the lock counts the death all the same)."""
+    with BufferView(name, shm_dir, writable=True) as view:
+        sequence = view.document["sequence"]
+        lock = SharedLock(view.arrays["lock"], False, on_recover=_refuse_repair)
+        try:
+            if not lock.acquire(timeout):
+                holder = read_holder(view.arrays["lock"])
+                who = "another process" if holder is None else f"{describe_process(holder[0])}, for {holder[1]:.1f} s"
+                raise TimeoutError(f"{name}: timed out waiting for the lock, held by {who}")
+            try:
+                return check_arrays(view.arrays, view.capacity, None if sequence is None else sequence["length"])
+            finally:
+                lock.release()
+        finally:
+            del lock  # before the mapping goes: the lock holds a view of it
+
+
+def _refuse_repair() -> None:
+    raise RuntimeError("a process died holding the lock; the buffer's next call repairs what it left (this "
+                       "check changes nothing): verify again after it")
 
 
 def _where(problems: list[str], bad: np.ndarray, what: str) -> None:

@@ -148,18 +148,21 @@ class Reading:
 
 
 class BufferView:
-    """A read-only mapping of the buffer segment ``name`` (never its lock, never a write)."""
+    """A read-only mapping of the buffer segment ``name`` (never its lock, never a write).
 
-    def __init__(self, name: str, shm_dir: str = SHM_DIR):
+    ``writable`` maps it for writing too: only for ``mpreplay verify``, which takes the lock
+    (a mutex is taken by writing to it; see :func:`mpreplay.consistency.verify_segment`)."""
+
+    def __init__(self, name: str, shm_dir: str = SHM_DIR, *, writable: bool = False):
         """Map segment ``name`` of ``shm_dir``; ValueError when it is no buffer's segment this
         version can read (the message says why), OSError when it cannot be opened."""
         path = os.path.join(shm_dir, name)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NONBLOCK)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
                 raise ValueError(f"{name}: not a replay buffer segment (no manifest)")
-            self._map = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+            self._map = mmap.mmap(fd, 0, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
         finally:
             os.close(fd)
         try:

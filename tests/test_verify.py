@@ -6,22 +6,16 @@ import multiprocessing as mp
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
-from mpreplay._ext.schema import LANE_CURSOR, RESERVED, STORED, TREE_ARRAY
 
-from mpreplay import (
-    CorruptBufferError,
-    MPPrioritizedReplayBuffer,
-    MPPrioritizedSequenceReplayBuffer,
-    MPReplayBuffer,
-    PrioritizedReplayBuffer,
-    PrioritizedSequenceReplayBuffer,
-    ReplayBuffer,
-    SampleToInsertRatio,
-    SequenceReplayBuffer,
-)
+from mpreplay import (CorruptBufferError, MPPrioritizedReplayBuffer, MPPrioritizedSequenceReplayBuffer,
+                      MPReplayBuffer, PrioritizedReplayBuffer, PrioritizedSequenceReplayBuffer, ReplayBuffer,
+                      SampleToInsertRatio, SequenceReplayBuffer)
+from mpreplay._ext.schema import LANE_CURSOR, RESERVED, STORED, TREE_ARRAY
+from mpreplay.cli import main
 from mpreplay.inspect import arm_fault
 
 METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
@@ -226,3 +220,66 @@ def test_verify_waits_for_the_lock_no_longer_than_its_timeout():
             done.set()
             holder.join(30)
         assert buffer.verify()["complete"] == 0
+
+
+# -- mpreplay verify NAME: the same check from any shell --------------------------------------
+
+def test_mpreplay_verify_reports_a_consistent_buffer(capsys):
+    with MPPrioritizedReplayBuffer(CAPACITY, ENV) as buffer:
+        _add_episode(buffer, 40)
+        assert main(["verify", buffer.name]) == 0
+    assert f"{buffer.name}: consistent: slots 64, complete 40" in capsys.readouterr().out
+
+
+def test_mpreplay_verify_names_each_disagreement_and_exits_1(capsys):
+    with MPReplayBuffer(CAPACITY, ENV) as buffer:
+        _add_episode(buffer, 40)
+        buffer.inspection().writable("header")[STORED] = 3
+        assert main(["verify", buffer.name]) == 1
+    assert "header STORED: 3, but 40 slots are COMPLETE" in capsys.readouterr().out
+
+
+def _hold_the_lock_and_wait(buffer, held) -> None:
+    with buffer.inspection().holding_lock():
+        held.set()
+        time.sleep(120)
+
+
+@METHODS
+@pytest.mark.timeout(120)
+def test_mpreplay_verify_leaves_a_dead_holders_repair_to_the_buffer(method, capsys):
+    ctx = mp.get_context(method)
+    with MPPrioritizedReplayBuffer(CAPACITY, ENV) as buffer:
+        _add_episode(buffer, 40)
+        held = ctx.Event()
+        holder = ctx.Process(target=_hold_the_lock_and_wait, args=(buffer, held))
+        holder.start()
+        assert held.wait(60)
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.join(30)
+        assert main(["verify", buffer.name]) == 1
+        assert "died holding the lock" in capsys.readouterr().err
+        assert buffer.verify()["complete"] == 40  # the buffer's own call repairs it
+        assert buffer.stats()["lock_recoveries"] == 1
+        assert main(["verify", buffer.name]) == 0
+
+
+@pytest.mark.timeout(60)
+def test_mpreplay_verify_gives_up_on_a_held_lock_after_its_timeout(capsys):
+    with MPReplayBuffer(CAPACITY, ENV) as buffer:
+        held, done = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with buffer.inspection().holding_lock():
+                held.set()
+                done.wait(30)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            assert held.wait(30)
+            assert main(["verify", buffer.name, "--timeout", "0.05"]) == 1
+        finally:
+            done.set()
+            holder.join(30)
+    assert "timed out waiting for the lock, held by" in capsys.readouterr().err
