@@ -459,33 +459,6 @@ cdef class PriorityTree:
             with nogil:
                 self.descend_many(&scratch[0], &out[0], k)
 
-    def sample(self, const double[::1] r not None, int64_t[::1] out not None,
-               double[::1] values not None, bint stratified=True):
-        """Draw ``len(r)`` slots from uniforms ``r`` in [0, 1).
-
-        ``stratified``: draw j lands in the j-th of ``len(r)`` equal strata of
-        the total mass (Ape-X); otherwise every draw covers the whole mass.
-        Writes the chosen slots to ``out`` and their leaf weights to ``values``;
-        returns the total mass the draws were made against.
-        """
-        cdef Py_ssize_t k = r.shape[0], j
-        cdef double total = self.total_mass()
-        cdef double width
-        if out.shape[0] < k or values.shape[0] < k:
-            raise ValueError("out and values must hold len(r) entries")
-        if not total > 0.0:
-            raise ValueError("the tree holds no sampleable slot")
-        cdef double[::1] scratch = np.empty(k, np.float64)
-        if k:
-            with nogil:
-                width = total / k if stratified else total
-                for j in range(k):
-                    scratch[j] = ((j if stratified else 0) + r[j]) * width
-                self.descend_many(&scratch[0], &out[0], k)
-                for j in range(k):
-                    values[j] = self.leaf_weight(out[j])
-        return total
-
     def rebuild(self):
         """Recompute every inner entry from the leaves (after a crash mid-update)."""
         with nogil:

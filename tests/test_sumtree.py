@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpreplay import PrioritizedReplayBuffer
+from mpreplay._ext.prioritized import PrioritizedSelector
 from mpreplay._ext.schema import TREE_ARRAY
 from mpreplay._ext.sumtree import TREE_HEAD_LEN, PriorityTree, leaf_views, tree_buffer_size
 
@@ -52,6 +53,12 @@ def _leaves(tree: PriorityTree, buf: np.ndarray) -> tuple[np.ndarray, np.ndarray
     """Copies of the leaves' weights and raw priorities, through the module's one reading of them."""
     values, raw = leaf_views(buf, tree.capacity)
     return values.copy(), raw.copy()
+
+
+def _draw(tree: PriorityTree, k: int, rng: np.random.Generator, *, stratified: bool) -> np.ndarray:
+    """``k`` slots drawn from the tree as sampling does: through a selector whose weights are the
+    priorities themselves (alpha 1, eps 0), the uniforms taken from ``rng``."""
+    return PrioritizedSelector(tree, 1.0, 0.0).sample_items(k, rng, stratified)
 
 
 def _search_many(tree: PriorityTree, prefixes) -> np.ndarray:
@@ -398,28 +405,23 @@ def test_search_lands_on_a_sampleable_slot_for_any_leaves_and_prefixes_up_to_the
     assert (np.asarray(leaves)[found] > 0).all()
 
 
-def test_sample_draws_each_stratum_of_the_total_mass():
-    tree, buf = _tree(9, [1.0, 0.0, 3.0, 2.0, 0.0, 5.0, 1.0])
-    r = np.random.default_rng(0).random(8)
-    out, values = np.empty(8, dtype=np.int64), np.empty(8)
-    total = tree.sample(r, out, values, True)
-    assert total == 12.0
-    np.testing.assert_array_equal(out, _search(tree, (np.arange(8) + r) * total / 8))
-    np.testing.assert_array_equal(values, _leaves(tree, buf)[0][out])
+def test_a_stratified_draw_descends_from_each_stratum_of_the_total_mass():
+    tree, _ = _tree(9, [1.0, 0.0, 3.0, 2.0, 0.0, 5.0, 1.0])
+    r = np.random.default_rng(0).random(8)  # the uniforms the selector draws from the same generator
+    drawn = _draw(tree, 8, np.random.default_rng(0), stratified=True)
+    np.testing.assert_array_equal(drawn, _search(tree, (np.arange(8) + r) * 12.0 / 8))
 
 
-def test_unstratified_sample_draws_over_the_whole_mass():
+def test_an_unstratified_draw_descends_from_anywhere_in_the_total_mass():
     tree, _ = _tree(9, [1.0, 0.0, 3.0, 2.0, 0.0, 5.0, 1.0])
     r = np.random.default_rng(0).random(8)
-    out, values = np.empty(8, dtype=np.int64), np.empty(8)
-    tree.sample(r, out, values, False)
-    np.testing.assert_array_equal(out, _search(tree, r * 12.0))
+    drawn = _draw(tree, 8, np.random.default_rng(0), stratified=False)
+    np.testing.assert_array_equal(drawn, _search(tree, r * 12.0))
 
 
-def test_sample_from_an_empty_tree_raises():
+def test_an_empty_tree_draws_nothing():
     tree, _ = _tree(4)
-    with pytest.raises(ValueError, match="no sampleable slot"):
-        tree.sample(_f64(0.5), np.empty(1, dtype=np.int64), np.empty(1), True)
+    assert _draw(tree, 3, np.random.default_rng(0), stratified=True).size == 0
 
 
 # -- property test against the numpy reference ------------------------------------------
@@ -509,11 +511,9 @@ def test_stratified_draws_land_on_each_slot_in_exact_proportion_to_its_weight(ca
     values[-1] = 2.0
     tree, _ = _tree(capacity, values)
     k = int(values.sum())
-    out, drawn = np.empty(k, dtype=np.int64), np.empty(k)
-    total = tree.sample(rng.random(k), out, drawn, True)
-    assert total == k
+    assert tree.total() == k
+    out = _draw(tree, k, rng, stratified=True)
     np.testing.assert_array_equal(np.bincount(out, minlength=capacity), values)
-    np.testing.assert_array_equal(drawn, values[out])
 
 
 @pytest.mark.parametrize("capacity", [9, 65, 4097])
@@ -523,8 +523,7 @@ def test_unstratified_draws_land_in_proportion_to_the_weights(capacity):
     values[0] = 1.0
     tree, _ = _tree(capacity, values)
     n = 200_000
-    out, drawn = np.empty(n, dtype=np.int64), np.empty(n)
-    tree.sample(rng.random(n), out, drawn, False)
+    out = _draw(tree, n, rng, stratified=False)
     counts = np.bincount(out, minlength=capacity)
     expected = n * values / values.sum()
     assert (counts[values == 0] == 0).all()
