@@ -685,7 +685,8 @@ class ReplayBuffer(BufferCalls):
         (:mod:`mpreplay.inspect`): what the public API does not show, without private names."""
         self._check_open()
         return Inspection(self._memory, self._gate, self._ring, self._selector, capacity=self._size,
-                          sequence_length=None if self._sequence is None else self._sequence.length)
+                          sequence_length=None if self._sequence is None else self._sequence.length,
+                          one_lane=self._writer is None)
 
 
 _NSTEP_KEYS = {"size", "gamma", "rew", "next", "done", "truncated"}

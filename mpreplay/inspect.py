@@ -66,10 +66,12 @@ class Inspection:
     Made by :meth:`ReplayBuffer.inspection`; valid while the buffer is open.
     """
 
-    def __init__(self, memory: Any, gate: Any, ring: Any, selector: Any, *, capacity: int, sequence_length: int | None):
+    def __init__(self, memory: Any, gate: Any, ring: Any, selector: Any, *, capacity: int,
+                 sequence_length: int | None, one_lane: bool):
         self._memory, self._gate, self._ring, self._selector = memory, gate, ring, selector
         self.capacity = capacity
         self.sequence_length = sequence_length
+        self._one_lane = one_lane  # every writer shares lane 0 (an uncompressed transition buffer)
 
     @property
     def arrays(self) -> Mapping[str, np.ndarray]:
@@ -133,7 +135,11 @@ class Inspection:
     def reserve(self, k: int, *, timeout: float | None = None) -> Reservation:
         """Reserve ``k`` slots as a writer does before copying its rows, and stop there: the
         slots are being written (odd generations, this process's token) until
-        :meth:`Reservation.publish`.  Uncompressed buffers only (one lane)."""
+        :meth:`Reservation.publish`.  Uncompressed transition buffers only, whose writers share
+        one lane (TypeError otherwise: a compressed or sequence writer writes in a lane of its own)."""
+        if not self._one_lane:
+            raise TypeError("reserve: only the writers of an uncompressed transition buffer share a lane; a "
+                            "compressed or sequence buffer's writer claims its own")
         k = checks.integer("k", k, low=1)
         start, reserved = self._ring.reserve(k, deadline(checks.seconds("timeout", timeout)))
         return Reservation(self._ring, start, reserved)

@@ -111,6 +111,11 @@ def test_a_write_in_progress_verifies_and_is_reported():
         assert buffer.verify()["being_written"] == 0
 
 
+def test_a_reservation_is_refused_where_writers_have_lanes_of_their_own():
+    with pytest.raises(TypeError, match="reserve: only the writers of an uncompressed transition buffer"):
+        _next_of().inspection().reserve(1)
+
+
 def _add_and_die_publishing(buffer) -> None:
     arm_fault("publish")
     _add_episode(buffer, 8, first=1000)
