@@ -56,7 +56,7 @@ def check_arrays(arrays: Mapping[str, np.ndarray], capacity: int, sequence_lengt
                         f"{int(header[RESERVED])} RESERVED")
     _check_writers(problems, arrays[WRITERS_ARRAY], int(header[INSERTS]))
     _check_limits(problems, arrays["limits"])
-    _check_lanes(problems, arrays["lanes"], capacity)
+    lanes_sound = _check_lanes(problems, arrays["lanes"], capacity)
 
     drawable = (state == COMPLETE) & ~odd
     if sequence_length is not None:
@@ -64,6 +64,8 @@ def check_arrays(arrays: Mapping[str, np.ndarray], capacity: int, sequence_lengt
         _where(problems, (steps < 0) | (steps > sequence_length),
                f"sequence_steps: outside 0..{sequence_length}")
         _where(problems, (steps > 0) & ~drawable, "sequence_steps: a sequence starts at a slot not COMPLETE")
+        if lanes_sound:  # a sequence's window is walked in its lane
+            _check_sequence_steps(problems, steps, drawable, arrays["lanes"])
         drawable &= steps > 0
     if TREE_ARRAY in arrays:
         _check_tree(problems, arrays[TREE_ARRAY], capacity, drawable)
@@ -127,8 +129,10 @@ def _check_limits(problems: list[str], limits: np.ndarray) -> None:
         problems.append(f"limits: min_diff {limits[LIMIT_MIN_DIFF]} above max_diff {limits[LIMIT_MAX_DIFF]}")
 
 
-def _check_lanes(problems: list[str], lanes: np.ndarray, capacity: int) -> None:
-    """The lanes split the slots into consecutive rings, each cursor inside its ring."""
+def _check_lanes(problems: list[str], lanes: np.ndarray, capacity: int) -> bool:
+    """The lanes split the slots into consecutive rings, each cursor inside its ring; True when
+    they do."""
+    found = len(problems)
     end = 0
     for i, lane in enumerate(lanes):
         start, stop, cursor = (int(v) for v in lane[[LANE_START, LANE_END, LANE_CURSOR]])
@@ -140,6 +144,23 @@ def _check_lanes(problems: list[str], lanes: np.ndarray, capacity: int) -> None:
         end = stop
     if end != capacity:
         problems.append(f"lanes: the last lane ends at {end}, expected {capacity}")
+    return len(problems) == found
+
+
+def _check_sequence_steps(problems: list[str], steps: np.ndarray, complete: np.ndarray, lanes: np.ndarray) -> None:
+    """Every step of an open sequence is stored: its window in its lane (a ring) holds
+    ``steps`` complete slots from its first (docs/architecture.md, "Sequences")."""
+    starts = np.flatnonzero(steps > 0)
+    if not starts.size:
+        return
+    lane = np.searchsorted(lanes[:, LANE_START], starts, side="right") - 1
+    low, high = lanes[lane, LANE_START], lanes[lane, LANE_END]
+    offsets = np.arange(int(steps.max()))
+    window = low[:, None] + (starts[:, None] - low[:, None] + offsets) % (high - low)[:, None]
+    real = offsets < steps[starts][:, None]
+    broken = (real & ~complete[window]).any(axis=1)
+    _where(problems, np.isin(np.arange(len(steps)), starts[broken]),
+           "sequence_steps: a sequence holds a step that is not stored")
 
 
 def _check_tree(problems: list[str], tree: np.ndarray, capacity: int, drawable: np.ndarray) -> None:

@@ -198,6 +198,14 @@ def test_a_sequence_over_a_step_not_stored_is_named():
         buffer.verify()
 
 
+def test_a_sequence_missing_a_later_step_is_named():
+    buffer = PrioritizedSequenceReplayBuffer(CAPACITY, ENV, length=4, lanes=2)
+    _add_episode(buffer, 4)  # one sequence, at slot 0, of four real steps
+    buffer.inspection().writable("state")[2] = 0  # its third step is no longer stored
+    with pytest.raises(CorruptBufferError, match=r"a sequence holds a step that is not stored at slots \[0\]"):
+        buffer.verify()
+
+
 def test_the_error_lists_every_problem_in_its_message():
     error = _damaged(lambda view: (view.writable("header").__setitem__(STORED, 7),
                                    view.writable("state").__setitem__(5, 9)))
