@@ -647,9 +647,10 @@ class ReplayBuffer(BufferCalls):
         """Counters since creation: stored, inserts, samples, stale updates dropped,
         torn rows resampled, lock wait seconds and lock acquisitions, and how many times
         a process died holding the lock and the next holder repaired the buffer
-        (``lock_recoveries``; 0 for a local buffer); ``reserved``, the rows writers
+        (``lock_recoveries``; 0 for a local buffer); ``reserved``, the slots writers
         reserved (what a rate limiter counts as inserted: more than ``inserts`` while
-        writes are under way, or where a writer died copying), and ``blocked_calls``, the
+        writes are under way, where a writer died copying, and by the slots a compressed
+        buffer gives frames alone), and ``blocked_calls``, the
         calls waiting now for the rate limiter or busy slots; and who holds the lock
         now: ``lock_holder_pid`` and ``lock_held_seconds`` (None when free, and for a
         local buffer), so a call waiting with ``timeout=None`` can be explained."""

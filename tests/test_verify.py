@@ -107,6 +107,8 @@ def test_a_write_in_progress_verifies_and_is_reported():
         _add_episode(buffer, 10)
         reservation = buffer.inspection().reserve(3)
         assert buffer.verify()["being_written"] == 3
+        stats = buffer.stats()
+        assert stats["reserved"] - stats["inserts"] == 3
         reservation.publish()
         assert buffer.verify()["being_written"] == 0
 
