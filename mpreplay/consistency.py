@@ -59,6 +59,8 @@ def check_arrays(arrays: Mapping[str, np.ndarray], capacity: int, sequence_lengt
     lanes_sound = _check_lanes(problems, arrays["lanes"], capacity)
 
     drawable = (state == COMPLETE) & ~odd
+    if "nxt" in arrays and lanes_sound:
+        _check_frames(problems, arrays["nxt"], arrays["depth"], drawable, odd, arrays["lanes"])
     if sequence_length is not None:
         steps = arrays[SEQUENCE_STEPS_ARRAY]
         _where(problems, (steps < 0) | (steps > sequence_length),
@@ -145,6 +147,43 @@ def _check_lanes(problems: list[str], lanes: np.ndarray, capacity: int) -> bool:
     if end != capacity:
         problems.append(f"lanes: the last lane ends at {end}, expected {capacity}")
     return len(problems) == found
+
+
+def _lane_of(slots: np.ndarray, lanes: np.ndarray) -> np.ndarray:
+    return np.searchsorted(lanes[:, LANE_START], slots, side="right") - 1
+
+
+def _back(slots: np.ndarray, j: np.ndarray, lanes: np.ndarray) -> np.ndarray:
+    """The slots ``j`` before ``slots`` in their lanes (rings): where earlier frames lie."""
+    lane = _lane_of(slots, lanes)
+    low, high = lanes[lane, LANE_START][:, None], lanes[lane, LANE_END][:, None]
+    return low + (slots[:, None] - low - j) % (high - low)
+
+
+def _check_frames(problems: list[str], nxt: np.ndarray, depth: np.ndarray, complete: np.ndarray, odd: np.ndarray,
+                  lanes: np.ndarray) -> None:
+    """A complete row of a compressed table reads only frames that are stored: its own slot and the
+    ``depth`` before it in its lane, and its next observation's (``nxt``, in the same lane), none
+    of them being written (a write retires the rows that read its slots; ext/frames.pyx)."""
+    rows = np.flatnonzero(complete)
+    if not rows.size:
+        return
+    size = len(nxt)
+    following = nxt[rows]
+    has_next = following >= 0
+    stray = has_next & ((following >= size) | (_lane_of(np.clip(following, 0, size - 1), lanes)
+                                               != _lane_of(rows, lanes)))
+    _where(problems, np.isin(np.arange(size), rows[stray]), "nxt: a row's next observation lies outside its lane")
+    if stray.any():
+        return
+    broken = np.zeros(len(rows), dtype=bool)
+    for readers, where in ((rows, np.ones(len(rows), dtype=bool)), (following, has_next)):
+        at = readers[where]
+        reach = np.arange(int(depth[at].max()) + 1 if at.size else 1)
+        frames = _back(at, reach, lanes)
+        unread = reach > depth[at][:, None]
+        broken[np.flatnonzero(where)] |= (odd[frames] & ~unread).any(axis=1)
+    _where(problems, np.isin(np.arange(size), rows[broken]), "frames: a complete row reads a slot being written")
 
 
 def _check_sequence_steps(problems: list[str], steps: np.ndarray, complete: np.ndarray, lanes: np.ndarray) -> None:

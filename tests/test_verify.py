@@ -208,6 +208,26 @@ def test_a_sequence_missing_a_later_step_is_named():
         buffer.verify()
 
 
+def _compressed_with_an_episode():
+    buffer = PrioritizedReplayBuffer(CAPACITY, ENV, next_of="obs", lanes=2)
+    _add_episode(buffer, 10)  # slots 0..9, the last next frame at 10, in lane 0 = [0, 32)
+    return buffer
+
+
+def test_a_row_whose_next_observation_lies_in_another_lane_is_named():
+    buffer = _compressed_with_an_episode()
+    buffer.inspection().writable("nxt")[3] = 40
+    with pytest.raises(CorruptBufferError, match=r"nxt: a row's next observation lies outside its lane at slots \[3\]"):
+        buffer.verify()
+
+
+def test_a_row_reading_a_frame_being_written_is_named():
+    buffer = _compressed_with_an_episode()
+    buffer.inspection().writable("generation")[10] += 1  # the episode's last next frame: odd, "being written"
+    with pytest.raises(CorruptBufferError, match=r"frames: a complete row reads a slot being written at slots \[9\]"):
+        buffer.verify()
+
+
 def test_the_error_lists_every_problem_in_its_message():
     error = _damaged(lambda view: (view.writable("header").__setitem__(STORED, 7),
                                    view.writable("state").__setitem__(5, 9)))
