@@ -88,6 +88,8 @@ def verify_segment(name: str, timeout: float | None = None, shm_dir: str = SHM_D
     raises RuntimeError saying so (the lock counts the death all the same)."""
     with BufferView(name, shm_dir, writable=True) as view:
         sequence = view.document["sequence"]
+        if "lock" not in view.arrays:
+            raise ValueError(f"{name}: the segment has no lock to check it under")
         lock = SharedLock(view.arrays["lock"], False, on_recover=_refuse_repair)
         try:
             if not lock.acquire(timeout):
