@@ -107,6 +107,16 @@ cdef class Gate:
         """In a forked child: the parent's hold on the lock is not this process's."""
         self._holder = 0
 
+    def hold(self, double deadline=INFINITY):
+        """Take the lock as a call does (TimeoutError by ``deadline``, BufferClosed), for Python
+        code that must see the table still: ``verify`` and ``mpreplay.inspect``.  A dead
+        holder's repair runs first.  :meth:`let_go` gives it back."""
+        self.acquire(deadline)
+
+    def let_go(self):
+        """Give back the lock :meth:`hold` took (a no-op unless this thread holds it)."""
+        self.release()
+
     cdef int acquire(self, double deadline=INFINITY) except -1:
         # Take the lock by `deadline` (monotonic seconds), or raise TimeoutError
         # naming its holder.  Raises BufferClosed, without holding the lock, once

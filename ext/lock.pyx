@@ -215,15 +215,26 @@ cdef object _holder(const LockWords* sh):
     return int(pid), max(0.0, (_coarse_ns() - since) * 1e-9)
 
 
-def read_holder(const unsigned char[::1] region not None):
-    """What :meth:`SharedLock.holder` says of the lock in ``region``, read from a mapping
-    that may be read-only (a monitor's); None when free or when ``region`` holds no lock."""
+cdef const LockWords* _words_in(const unsigned char[::1] region) except? NULL:
+    # The lock's words in a mapping that may be read-only (a monitor's); NULL when it holds no lock.
     if region.shape[0] < LOCK_NBYTES or <uintptr_t>&region[0] % 8:
         raise ValueError(f"region: expected at least LOCK_NBYTES={LOCK_NBYTES} bytes aligned to 8")
     cdef const LockWords* sh = <const LockWords*>&region[0]
-    if sh.magic != _MAGIC:
-        return None
-    return _holder(sh)
+    return sh if sh.magic == _MAGIC else NULL
+
+
+def read_holder(const unsigned char[::1] region not None):
+    """What :meth:`SharedLock.holder` says of the lock in ``region``, read from a mapping
+    that may be read-only (a monitor's); None when free or when ``region`` holds no lock."""
+    cdef const LockWords* sh = _words_in(region)
+    return None if sh == NULL else _holder(sh)
+
+
+def read_recoveries(const unsigned char[::1] region not None):
+    """What :attr:`SharedLock.recoveries` says of the lock in ``region``, read as
+    :func:`read_holder` reads; None when ``region`` holds no lock."""
+    cdef const LockWords* sh = _words_in(region)
+    return None if sh == NULL else int(sh.recoveries)
 
 
 cdef class SharedLock:

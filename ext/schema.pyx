@@ -98,7 +98,3 @@ def segment_arrays(Py_ssize_t size, Py_ssize_t lanes, tuple selector, list field
         out.append(("lock", (lock_nbytes,), np.uint8))
     return out
 
-
-def publications(const uint64_t[::1] generations not None):
-    """How many times each slot was published: a tag that changes whenever the slot is rewritten."""
-    return np.asarray(generations) >> np.uint64(1)

@@ -419,15 +419,6 @@ cdef class PriorityTree:
             with nogil:
                 self.fix_each(&slots[0], slots.shape[0])
 
-    def clear(self, const int64_t[::1] slots not None):
-        """Make ``slots`` unsampleable."""
-        cdef Py_ssize_t k = slots.shape[0], j
-        with nogil:
-            for j in range(k):
-                self.write_leaf(slots[j], 0.0, 0.0)
-            for j in range(k):
-                self.fix_up(slots[j])
-
     def fix_slots(self, Py_ssize_t first, Py_ssize_t last):
         """Bring the ancestors of slots ``first..last`` up to date (``fix_range``; for tests)."""
         if not 0 <= first <= last < self.capacity:
@@ -444,15 +435,6 @@ cdef class PriorityTree:
         with nogil:
             for j in range(k):
                 self.write_leaf(slots[j], values[j], raw[j])
-
-    def get(self, const int64_t[::1] slots not None, double[::1] values not None,
-            double[::1] raw not None):
-        """Read leaf weights and raw priorities of ``slots`` (raw is -inf when unsampleable)."""
-        cdef Py_ssize_t k = slots.shape[0], j
-        with nogil:
-            for j in range(k):
-                values[j] = self.leaf_weight(slots[j])
-                raw[j] = self.leaf_raw(slots[j])
 
     def search(self, const double[::1] prefix not None, int64_t[::1] out not None):
         """For each prefix sum, the slot whose cumulative range contains it (one path at a time)."""
@@ -476,33 +458,6 @@ cdef class PriorityTree:
         if k:
             with nogil:
                 self.descend_many(&scratch[0], &out[0], k)
-
-    def sample(self, const double[::1] r not None, int64_t[::1] out not None,
-               double[::1] values not None, bint stratified=True):
-        """Draw ``len(r)`` slots from uniforms ``r`` in [0, 1).
-
-        ``stratified``: draw j lands in the j-th of ``len(r)`` equal strata of
-        the total mass (Ape-X); otherwise every draw covers the whole mass.
-        Writes the chosen slots to ``out`` and their leaf weights to ``values``;
-        returns the total mass the draws were made against.
-        """
-        cdef Py_ssize_t k = r.shape[0], j
-        cdef double total = self.total_mass()
-        cdef double width
-        if out.shape[0] < k or values.shape[0] < k:
-            raise ValueError("out and values must hold len(r) entries")
-        if not total > 0.0:
-            raise ValueError("the tree holds no sampleable slot")
-        cdef double[::1] scratch = np.empty(k, np.float64)
-        if k:
-            with nogil:
-                width = total / k if stratified else total
-                for j in range(k):
-                    scratch[j] = ((j if stratified else 0) + r[j]) * width
-                self.descend_many(&scratch[0], &out[0], k)
-                for j in range(k):
-                    values[j] = self.leaf_weight(out[j])
-        return total
 
     def rebuild(self):
         """Recompute every inner entry from the leaves (after a crash mid-update)."""

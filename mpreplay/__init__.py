@@ -1,7 +1,7 @@
 """mpreplay: prioritized experience replay in shared memory for multi-process RL."""
 from ._version import __version__
 from .buffer import MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
-from .errors import BufferClosed, IncompatibleSegmentError
+from .errors import BufferClosed, CorruptBufferError, IncompatibleSegmentError
 from .launcher import ChildFailed, Context, RunResult, StopFlag, launch
 from .limiter import MinSize, RateLimiter, SampleToInsertRatio
 from .memory import SharedMemoryError
@@ -24,6 +24,7 @@ __all__ = [
     "MPPrioritizedSequenceReplayBuffer",
     "sequence_priority",
     "BufferClosed",
+    "CorruptBufferError",
     "SharedMemoryError",
     "IncompatibleSegmentError",
     "RateLimiter",

@@ -32,7 +32,8 @@ from ._ext.prioritized import PrioritizedSelector
 from ._ext.calls import BufferCalls, PrioritizedCalls
 from ._ext.ring import Ring
 from ._ext.slots import Slots, recover
-from ._ext.schema import INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED
+from ._ext.schema import (INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, RESERVED, SAMPLES,
+                          STALE, STORED, WAITERS)
 from ._ext.processes import process_token
 from ._ext.schema import (MANIFEST_ARRAY, MEMBERS_ARRAY, ROWS_ARRAY, TORN, TREE_ARRAY, WRITERS_ARRAY, field_array,
                           row_layout, segment_arrays)
@@ -43,6 +44,7 @@ from ._ext.sumtree import PriorityTree, tree_buffer_size
 from ._ext.uniform import UniformSelector, uniform_state_size
 from . import fileformat, manifest
 from .errors import BufferClosed
+from .inspect import Inspection
 from .limiter import RateLimiter
 from .memory import FileMemory, HeapMemory, Layout, SharedMemory
 from .nstep import NstepBuffer
@@ -61,7 +63,7 @@ _DEPTH = "frames.depth"  # in the rows a compressed buffer's save copies: each s
 
 # Attributes that view a buffer's memory: close() replaces them with _CLOSED.
 _VIEWS = ("_header", "_generation", "_tree", "_selector", "_fields", "_ring", "_lock", "_frames", "_writer", "_lanes",
-          "_sequences")
+          "_sequences", "_gate")
 
 
 class _Closed:
@@ -100,8 +102,9 @@ class ReplayBuffer(BufferCalls):
     nstep : mapping, optional
         Fold rewards over n steps before storing, with an :class:`~mpreplay.NstepBuffer`:
         ``{"size": n, "gamma": 0.99, "rew": "rew", "next": "next_obs", "done": "done",
-        "truncated": None}`` (cpprb's ``Nstep=`` is accepted too).  Stored transitions then
-        carry a ``discount`` field, gamma ** m; each process folds its own steps.
+        "truncated": None}``.  Stored transitions then carry a ``discount`` field, gamma ** m;
+        each process folds its own steps.  (cpprb's spelling ``Nstep=`` raises TypeError:
+        ``mpreplay.compat.cpprb`` takes it, with cpprb's timing.)
     next_of : str or list of str, optional
         Store each of these observations once: ``next_<key>`` is rebuilt from the slot of
         the observation it equals (cpprb's option).  ``next_<key>`` is added to the fields
@@ -132,7 +135,7 @@ class ReplayBuffer(BufferCalls):
 
     def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *,
                  default_dtype: Any = None, seed: int | None = None, rate_limiter: RateLimiter | None = None,
-                 nstep: Mapping[str, Any] | None = None, Nstep: Mapping[str, Any] | None = None,
+                 nstep: Mapping[str, Any] | None = None, Nstep: None = None,
                  next_of: str | list[str] | None = None, stack_compress: str | list[str] | None = None,
                  lanes: int = 1, mmap_prefix: str | os.PathLike | None = None):
         size = checks.capacity("size", size)
@@ -145,7 +148,7 @@ class ReplayBuffer(BufferCalls):
                                 f"got {type(rate_limiter).__name__}")
             rate_limiter.check(size)
         self._size = size
-        self._nstep_args = _nstep_args(env_dict, default_dtype, nstep if Nstep is None else Nstep, nstep, Nstep)
+        self._nstep_args = _nstep_args(env_dict, default_dtype, nstep, Nstep)
         self._make_folders()
         self._specs = parse_env_dict(self._nstep.output_env_dict() if self._nstep else env_dict, default_dtype)
         self._specs = with_next_fields(self._specs, next_of)
@@ -214,7 +217,7 @@ class ReplayBuffer(BufferCalls):
         self._frames, outputs = (None, None) if c is None else c.make_frames(self._specs, arrays)
         self._sequences = (None if self._sequence is None
                            else Sequences(arrays[SEQUENCE_STEPS_ARRAY], self._lanes, self._sequence.length))
-        gate = Gate(self._header, arrays["limits"], self._make_lock(create))
+        self._gate = gate = Gate(self._header, arrays["limits"], self._make_lock(create))
         slots = Slots(self._header, self._lanes, self._generation, arrays["owner"], arrays["state"],
                       arrays[WRITERS_ARRAY], self._selector, self._frames, self._sequences)
         # A sequence's samples also carry each step's index in its episode.
@@ -541,8 +544,7 @@ class ReplayBuffer(BufferCalls):
         config = {key: self.__dict__[key] for key in self._CONFIG}
         return _handle(type(self), config, lambda buffer, layout: self._memory.handle())
 
-    def save_transitions(self, file: Any, *, safe: bool = True, compress: bool = True,
-                         priorities: bool = False) -> None:
+    def save_transitions(self, file: Any, *, compress: bool = True, priorities: bool = False) -> None:
         """Write every stored transition, oldest first, to ``file`` in mpreplay's file format
         (:mod:`mpreplay.fileformat`).
 
@@ -552,9 +554,6 @@ class ReplayBuffer(BufferCalls):
             A path is written atomically: the archive goes to a temporary file in
             the same folder, is flushed to disk, then renamed over ``file`` (no
             ``.npz`` suffix is added).  A file object is written in place.
-        safe : bool
-            cpprb's flag, recorded in the file: mpreplay always writes plain
-            transitions any numpy can read.
         compress : bool
             Deflate the arrays (as ``np.savez_compressed``); else store them (as ``np.savez``).
         priorities : bool
@@ -576,7 +575,7 @@ class ReplayBuffer(BufferCalls):
             slots, depths = rows.pop("indexes"), rows.pop(_DEPTH)
             episodes = transition_episodes(slots, self._lanes, depths)
         fileformat.write_transitions(file, rows, self._file_specs(), nstep=self._nstep_settings(), priorities=raw,
-                                     episodes=episodes, safe=safe, compress=compress)
+                                     episodes=episodes, compress=compress)
 
     def _copy_rows_and_depths(self, slots: np.ndarray) -> dict[str, np.ndarray]:
         """:meth:`_copy_rows`, and in ``rows[_DEPTH]`` each slot's earlier frames in its episode."""
@@ -646,31 +645,59 @@ class ReplayBuffer(BufferCalls):
 
     def stats(self) -> dict[str, float | None]:
         """Counters since creation: stored, inserts, samples, stale updates dropped,
-        torn rows resampled, lock wait seconds and lock acquisitions; and who holds
-        the lock now: ``lock_holder_pid`` and ``lock_held_seconds`` (None when free,
-        and for a local buffer), so a call waiting with ``timeout=None`` can be explained."""
+        torn rows resampled, lock wait seconds and lock acquisitions, and how many times
+        a process died holding the lock and the next holder repaired the buffer
+        (``lock_recoveries``; 0 for a local buffer); ``reserved``, the slots writers
+        reserved (what a rate limiter counts as inserted: more than ``inserts`` while
+        writes are under way, where a writer died copying, and by the slots a compressed
+        buffer gives frames alone), and ``blocked_calls``, the
+        calls waiting now for the rate limiter or busy slots; and who holds the lock
+        now: ``lock_holder_pid`` and ``lock_held_seconds`` (None when free, and for a
+        local buffer), so a call waiting with ``timeout=None`` can be explained."""
         h = self._header
         holder = self._lock.holder() if self._lock is not None else None
         return {
             "stored": int(h[STORED]),
             "inserts": int(h[INSERTS]),
+            "reserved": int(h[RESERVED]),
             "samples": int(h[SAMPLES]),
             "stale_updates_dropped": int(h[STALE]),
             "torn_rows_resampled": int(h[TORN]),
+            "blocked_calls": int(h[WAITERS]),
             "lock_wait_seconds": int(h[LOCK_WAIT_NS]) * 1e-9,
             "lock_acquisitions": int(h[LOCK_HOLDS]),
+            "lock_recoveries": 0 if self._lock is None else self._lock.recoveries,
             "lock_holder_pid": None if holder is None else holder[0],
             "lock_held_seconds": None if holder is None else holder[1],
         }
+
+    def verify(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """Check that the buffer is consistent -- an fsck: under the lock (``timeout`` bounds
+        the wait, as in :meth:`add`), every count, the selector's state, the lanes and the
+        sequence index are checked against the slot states (see :mod:`mpreplay.consistency`).
+        Returns a report (slots, complete, waiting, being written, drawable, lanes); raises
+        :class:`~mpreplay.errors.CorruptBufferError` listing every disagreement.  Safe at any
+        time, other processes running; taking the lock first repairs what a holder that died
+        left, as any call does."""
+        return self.inspection().verify(checks.seconds("timeout", timeout))
+
+    def inspection(self) -> Inspection:
+        """The operator's and tester's view of this buffer's memory, selector and lock
+        (:mod:`mpreplay.inspect`): what the public API does not show, without private names."""
+        self._check_open()
+        return Inspection(self._memory, self._gate, self._ring, self._selector, capacity=self._size,
+                          sequence_length=None if self._sequence is None else self._sequence.length,
+                          one_lane=self._writer is None)
 
 
 _NSTEP_KEYS = {"size", "gamma", "rew", "next", "done", "truncated"}
 
 
-def _nstep_args(env_dict: Any, default_dtype: Any, options: Any, nstep: Any, Nstep: Any) -> tuple | None:
+def _nstep_args(env_dict: Any, default_dtype: Any, options: Any, Nstep: Any) -> tuple | None:
     """The n-step folder's arguments (picklable, so shared handles can rebuild it)."""
-    if nstep is not None and Nstep is not None:
-        raise TypeError("nstep: give nstep= or cpprb's Nstep=, not both")
+    if Nstep is not None:
+        raise TypeError("Nstep: mpreplay's buffers take nstep= (cpprb's spelling, with cpprb's timing, is "
+                        "mpreplay.compat.cpprb's)")
     if options is None:
         return None
     if not isinstance(options, Mapping) or "size" not in options:

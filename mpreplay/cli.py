@@ -1,5 +1,6 @@
 """Command line: ``mpreplay bench NAME``, ``demo``, ``inspect FILE``, and ``ls``, ``top``, ``rm``
-(the buffers of this machine, seen from outside: :mod:`mpreplay.monitor`)."""
+(the buffers of this machine, seen from outside: :mod:`mpreplay.monitor`), ``verify NAME`` (one
+buffer checked under its lock: :func:`mpreplay.consistency.verify_segment`)."""
 from __future__ import annotations
 
 import argparse
@@ -43,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between frames (default 1)")
     top.add_argument("--plain", action="store_true", help="plain text even when rich is installed")
+    verify = sub.add_parser("verify", help="check one buffer's counts, selector and lanes against its slot "
+                                           "states, under its lock (exit 1 naming each disagreement)")
+    verify.add_argument("name", help="the segment")
+    verify.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the lock (default 10)")
     rm = sub.add_parser("rm", help="unlink segments whose owner is gone (--dead), or the ones named")
     rm.add_argument("names", nargs="*", help="segments to unlink")
     rm.add_argument("--dead", action="store_true", help="every segment whose owner process is gone")
@@ -79,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.interval > 0:
             parser.error(f"--interval: expected seconds > 0, got {args.interval}")
         return _top(args.name, args.once, args.interval, args.plain)
+    if args.command == "verify":
+        if not args.timeout >= 0:
+            parser.error(f"--timeout: expected seconds >= 0, got {args.timeout}")
+        return _verify(args.name, args.timeout)
     if args.command == "rm":
         if bool(args.names) == args.dead:
             parser.error("rm: name segments, or give --dead (not both)")
@@ -174,6 +183,24 @@ def _rich_table(rows: Sequence[tuple[str, str]]):
     for label, value in rows:
         table.add_row(label, value)
     return table
+
+
+def _verify(name: str, timeout: float) -> int:
+    from .consistency import verify_segment
+    from .errors import CorruptBufferError
+
+    try:
+        report = verify_segment(name, timeout)
+    except CorruptBufferError as exc:
+        print(f"{name}: inconsistent")
+        for problem in exc.problems:
+            print(f"  {problem}")
+        return 1
+    except (OSError, ValueError, RuntimeError) as exc:  # TimeoutError is an OSError
+        print(f"mpreplay verify: {exc}", file=sys.stderr)
+        return 1
+    print(f"{name}: consistent: " + ", ".join(f"{key} {value:,}" for key, value in report.items()))
+    return 0
 
 
 def _rm(names: list[str], dead: bool, force: bool) -> int:

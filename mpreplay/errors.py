@@ -2,7 +2,7 @@
 from ._ext.gate import BufferClosed  # raised by the kernels too: defined where they can reach it
 from .memory import SharedMemoryError
 
-__all__ = ["BufferClosed", "IncompatibleSegmentError"]
+__all__ = ["BufferClosed", "CorruptBufferError", "IncompatibleSegmentError"]
 
 
 class IncompatibleSegmentError(SharedMemoryError):
@@ -10,3 +10,13 @@ class IncompatibleSegmentError(SharedMemoryError):
     process computes for the buffer (another mpreplay version made it, another configuration,
     or its manifest is damaged).  The message names both mpreplay versions and the first
     entry that differs."""
+
+
+class CorruptBufferError(RuntimeError):
+    """``verify()`` found a buffer whose derived state disagrees with its slot states
+    (a damaged segment, or a defect).  ``problems`` lists every disagreement found, each
+    naming the array or counter and where; the message lists them too."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__(f"the buffer is inconsistent ({len(self.problems)} problems): " + "; ".join(self.problems))

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import manifest
-from ._ext.lock import read_holder
+from ._ext.lock import read_holder, read_recoveries
 from ._ext.processes import describe_process, token_alive, token_pid
 from ._ext.sumtree import leaf_views
 from ._ext.schema import (CLOSED, INSERTS, LANE_OWNER, LIMIT_MAX_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI,
@@ -148,18 +148,21 @@ class Reading:
 
 
 class BufferView:
-    """A read-only mapping of the buffer segment ``name`` (never its lock, never a write)."""
+    """A read-only mapping of the buffer segment ``name`` (never its lock, never a write).
 
-    def __init__(self, name: str, shm_dir: str = SHM_DIR):
+    ``writable`` maps it for writing too: only for ``mpreplay verify``, which takes the lock
+    (a mutex is taken by writing to it; see :func:`mpreplay.consistency.verify_segment`)."""
+
+    def __init__(self, name: str, shm_dir: str = SHM_DIR, *, writable: bool = False):
         """Map segment ``name`` of ``shm_dir``; ValueError when it is no buffer's segment this
         version can read (the message says why), OSError when it cannot be opened."""
         path = os.path.join(shm_dir, name)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NONBLOCK)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
                 raise ValueError(f"{name}: not a replay buffer segment (no manifest)")
-            self._map = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+            self._map = mmap.mmap(fd, 0, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
         finally:
             os.close(fd)
         try:
@@ -195,6 +198,10 @@ class BufferView:
     def lock_holder(self) -> tuple[int, float] | None:
         """``(pid, seconds)`` of the process holding the lock now, or None."""
         return read_holder(self.arrays["lock"]) if "lock" in self.arrays else None
+
+    def lock_recoveries(self) -> int:
+        """How many times a process died holding the lock and the next holder repaired the buffer."""
+        return (read_recoveries(self.arrays["lock"]) or 0) if "lock" in self.arrays else 0
 
     def lanes(self) -> dict[int, int]:
         """Writer token -> the lane it fills, for buffers whose writers have lanes (compressed)."""
@@ -264,6 +271,9 @@ def frame(view: BufferView, before: Reading, after: Reading) -> list[tuple[str, 
     holder = view.lock_holder()
     rows.append(("lock holder", "free" if holder is None
                  else f"{_describe_pid(holder[0])} for {holder[1] * 1e3:,.1f} ms"))
+    recoveries = view.lock_recoveries()
+    if recoveries:  # a run where no holder died shows no row for it
+        rows.append(("lock recoveries", f"{recoveries:,} (holders that died with the lock; the next repaired)"))
     rows.append(("stale updates/s", f"{rate(STALE):,.0f}"))
     rows.append(("torn rows/s", f"{rate(TORN):,.0f}"))
     lanes = view.lanes()

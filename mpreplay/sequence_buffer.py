@@ -81,10 +81,9 @@ class SequenceReplayBuffer(ReplayBuffer):
     def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *, length: int,
                  period: int | None = None, pad_end: bool = True, lanes: int = 1, eta: float = 0.9,
                  **options: Any):
-        for option in ("nstep", "Nstep"):
-            if options.get(option) is not None:
-                raise ValueError(f"{option}: a sequence buffer stores single steps; compute n-step "
-                                 "targets inside the sampled sequences")
+        if options.get("nstep") is not None:
+            raise ValueError("nstep: a sequence buffer stores single steps; compute n-step "
+                             "targets inside the sampled sequences")
         if _EPISODE_STEP in env_dict:
             raise ValueError(f"env_dict: {_EPISODE_STEP!r} is the name a sequence buffer gives each step's "
                              "index in its episode; call the field something else")
@@ -126,8 +125,7 @@ class SequenceReplayBuffer(ReplayBuffer):
         each step's index in its episode (safe while others write, as for transitions)."""
         return super().get_all_transitions(indexes=indexes)
 
-    def save_transitions(self, file: Any, *, safe: bool = True, compress: bool = True,
-                         priorities: bool = False) -> None:
+    def save_transitions(self, file: Any, *, compress: bool = True, priorities: bool = False) -> None:
         """Write every stored step, lane by lane and oldest first, with its ``episode_step``, its
         episode and its lane (see :meth:`ReplayBuffer.save_transitions` and
         :mod:`mpreplay.fileformat`).  With ``priorities``, each step carries the priority of the
@@ -141,7 +139,7 @@ class SequenceReplayBuffer(ReplayBuffer):
         begins = np.ones(len(slots), dtype=bool)
         begins[1:] = (starts[1:] != 0) | (steps[1:] != steps[:-1] + 1)
         fileformat.write_transitions(file, rows, self._file_specs(), nstep=self._nstep_settings(), priorities=raw,
-                                     episodes=(number_episodes(lanes, begins), lanes), safe=safe, compress=compress)
+                                     episodes=(number_episodes(lanes, begins), lanes), compress=compress)
 
     def _copy_saved_rows(self, slots: np.ndarray) -> dict[str, np.ndarray]:
         rows = self._copy_rows(slots)

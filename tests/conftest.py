@@ -13,7 +13,7 @@ import pytest
 
 def _buffer_state(buffer: Any) -> dict[str, bytes]:
     """The bytes of every array of a buffer's memory block: header, generations, trees, fields."""
-    return {name: arr.tobytes() for name, arr in buffer._memory.arrays.items()}
+    return {name: arr.tobytes() for name, arr in buffer.inspection().arrays.items()}
 
 
 @pytest.fixture

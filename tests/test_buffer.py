@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import pytest
 
 from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
-from mpreplay._ext.schema import MEMBERS_ARRAY, TREE_ARRAY
+from mpreplay._ext.schema import MEMBERS_ARRAY, TREE_ARRAY, field_array
 from mpreplay._ext.sumtree import TREE_HEAD_LEN
 
 ENV = {"obs": {"shape": (3,)}, "act": {"dtype": np.int64}, "rew": {}, "done": {"dtype": np.uint8}}
@@ -42,10 +42,7 @@ def _is_transition(batch: dict[str, np.ndarray], numbers) -> None:
 
 def _priorities_of(buffer: PrioritizedReplayBuffer) -> np.ndarray:
     """The raw priority stored for every slot in use."""
-    slots = np.arange(buffer.get_stored_size(), dtype=np.int64)
-    values, raw = np.empty(len(slots)), np.empty(len(slots))
-    buffer._tree.get(slots, values, raw)
-    return raw
+    return buffer.inspection().priorities(np.arange(buffer.get_stored_size()))[1]
 
 
 def _filled(cls):
@@ -163,7 +160,7 @@ def test_batch_that_reaches_the_end_wraps_to_the_start(cls):
     assert buffer.add(**_rows(3, 4)) == 3
     assert buffer.get_next_index() == 2
     _is_transition(buffer.get_all_transitions(), range(2, 7))
-    np.testing.assert_array_equal(buffer._fields["act"], [5, 6, 2, 3, 4])
+    np.testing.assert_array_equal(buffer.inspection().arrays[field_array("act")], [5, 6, 2, 3, 4])
 
 
 @BOTH
@@ -203,8 +200,9 @@ def test_batched_and_one_by_one_adds_give_identical_contents(cls, lengths):
         assert first == firsts[0]
         start += k
     assert (batched.get_stored_size(), batched.get_next_index()) == (single.get_stored_size(), single.get_next_index())
+    batched_arrays, single_arrays = batched.inspection().arrays, single.inspection().arrays
     for name in ENV:
-        assert batched._fields[name].tobytes() == single._fields[name].tobytes(), name
+        assert batched_arrays[field_array(name)].tobytes() == single_arrays[field_array(name)].tobytes(), name
     assert _selectable(batched) == _selectable(single)
 
 
@@ -228,8 +226,8 @@ def _selectable(buffer) -> bytes | set:
     set, which rows skipped by a batch never reach), or the set of uniform members (whose
     order depends on the order of removals)."""
     if isinstance(buffer, PrioritizedReplayBuffer):
-        return buffer._memory.arrays[TREE_ARRAY][TREE_HEAD_LEN:].tobytes()
-    state = buffer._memory.arrays[MEMBERS_ARRAY]
+        return buffer.inspection().arrays[TREE_ARRAY][TREE_HEAD_LEN:].tobytes()
+    state = buffer.inspection().arrays[MEMBERS_ARRAY]
     return set(state[1:1 + state[0]].tolist())
 
 
@@ -713,7 +711,7 @@ def test_sample_fills_the_arrays_given_in_out(cls):
     again = buffer.sample(4, out=first)
     for name in ENV:
         assert again[name] is first[name]
-    np.testing.assert_array_equal(again["obs"], buffer._fields["obs"][again["indexes"]])
+    np.testing.assert_array_equal(again["obs"], buffer.inspection().arrays[field_array("obs")][again["indexes"]])
 
 
 @BOTH
@@ -872,8 +870,8 @@ def test_a_slot_tag_changes_when_the_slot_is_rewritten():
 def test_a_slot_held_by_a_writer_has_no_tag():
     buffer = PrioritizedReplayBuffer(4, {"obs": {}})
     buffer.add(obs=np.arange(4.0))
-    start, _ = buffer._ring.reserve(1)
-    assert buffer.slot_tags([start]).tolist() == [-1]
+    reservation = buffer.inspection().reserve(1)
+    assert buffer.slot_tags(reservation.slots).tolist() == [-1]
 
 
 def test_leaf_mass_is_the_total_and_the_smallest_leaf():

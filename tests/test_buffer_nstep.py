@@ -1,4 +1,4 @@
-"""Buffers that fold n steps themselves (``nstep=``, cpprb's ``Nstep=``)."""
+"""Buffers that fold n steps themselves (``nstep=``; cpprb's ``Nstep=`` is the compat layer's)."""
 from __future__ import annotations
 
 import io
@@ -43,8 +43,8 @@ def test_a_folding_buffer_stores_what_an_nstep_buffer_emits(cls):
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
-def test_cpprbs_nstep_dict_is_accepted():
-    buffer = ReplayBuffer(16, ENV, Nstep={"size": 2, "gamma": 0.5, "rew": "rew", "next": "next_obs"})
+def test_a_dict_in_cpprbs_nstep_form_is_accepted():
+    buffer = ReplayBuffer(16, ENV, nstep={"size": 2, "gamma": 0.5, "rew": "rew", "next": "next_obs"})
     _play(buffer, _episode(3))
     stored = buffer.get_all_transitions()
     np.testing.assert_allclose(stored["rew"], [1 + 0.5 * 2, 2 + 0.5 * 3, 3])
@@ -126,9 +126,9 @@ def test_consecutive_steps_in_one_add_fold_as_single_adds():
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
-def test_cpprbs_nstep_names_may_be_lists():
+def test_nstep_names_may_be_lists():
     env = {**ENV, "rew2": {}}
-    buffer = ReplayBuffer(16, env, Nstep={"size": 2, "gamma": 0.5, "rew": ["rew", "rew2"], "next": ["next_obs"]})
+    buffer = ReplayBuffer(16, env, nstep={"size": 2, "gamma": 0.5, "rew": ["rew", "rew2"], "next": ["next_obs"]})
     for step in _episode(3):
         buffer.add(rew2=2 * step["rew"], **step)
     stored = buffer.get_all_transitions()
@@ -157,9 +157,10 @@ def test_bad_nstep_settings_are_rejected(options, error):
         ReplayBuffer(16, ENV, nstep=options)
 
 
-def test_nstep_and_cpprbs_nstep_together_are_rejected():
-    with pytest.raises(TypeError, match="not both"):
-        ReplayBuffer(16, ENV, nstep={"size": 2}, Nstep={"size": 2})
+@pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer, MPPrioritizedReplayBuffer])
+def test_cpprbs_nstep_spelling_is_refused_naming_the_native_one(cls):
+    with pytest.raises(TypeError, match=r"Nstep: mpreplay's buffers take nstep= .*mpreplay\.compat\.cpprb"):
+        cls(16, ENV, Nstep={"size": 2})
 
 
 def _fold_in_child(buffer) -> None:

@@ -241,7 +241,7 @@ def test_compression_stores_far_fewer_bytes():
            "act": {"dtype": np.int64}, "rew": {}, "done": {}}
     plain = ReplayBuffer(1000, env)
     compressed = ReplayBuffer(1000, env, next_of="obs", stack_compress="obs")
-    assert compressed._memory.layout.nbytes < plain._memory.layout.nbytes / 7
+    assert compressed.inspection().nbytes < plain.inspection().nbytes / 7
 
 
 # -- several writer processes -------------------------------------------------------

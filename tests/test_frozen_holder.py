@@ -23,9 +23,9 @@ RETURNS_WITHIN = 10.0
 
 
 def _hold_lock(buffer, held) -> None:
-    buffer._lock.acquire()
-    held.set()
-    time.sleep(120)
+    with buffer.inspection().holding_lock():
+        held.set()
+        time.sleep(120)
 
 
 def _sample_with_timeout(buffer, queue) -> None:
@@ -129,14 +129,14 @@ def test_an_add_that_timed_out_after_reserving_leaves_its_slots_to_the_next_writ
     ctx = mp.get_context(method)
     with MPPrioritizedReplayBuffer(4, ENV) as buffer:
         buffer.add(obs=np.zeros((4, 4)))
-        start, reserved = buffer._ring.reserve(2)
+        reservation = buffer.inspection().reserve(2)
         held = ctx.Event()
         holder = ctx.Process(target=_hold_lock, args=(buffer, held))
         holder.start()
         assert held.wait(60)
         os.kill(holder.pid, signal.SIGSTOP)
         with pytest.raises(TimeoutError):
-            buffer._ring.publish(start, reserved, deadline=time.monotonic() + TIMEOUT)
+            reservation.publish(timeout=TIMEOUT)
         os.kill(holder.pid, signal.SIGKILL)
         holder.join(10)
         writer = ctx.Process(target=_add_nines, args=(buffer,))

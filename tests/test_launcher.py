@@ -30,15 +30,15 @@ class Board:
     def __init__(self, size: int, name: str | None = None):
         layout = Layout()
         layout.add("cells", (size,), np.int64)
-        self._memory = SharedMemory(layout, name=name)
-        self.cells = self._memory.arrays["cells"]  # stays readable after close: the mapping lives on
-        self.name = self._memory.name
+        self.memory = SharedMemory(layout, name=name)
+        self.cells = self.memory.arrays["cells"]  # stays readable after close: the mapping lives on
+        self.name = self.memory.name
 
     def __reduce__(self):
         return Board, (len(self.cells), self.name)
 
     def close(self) -> None:
-        self._memory.close()
+        self.memory.close()
 
 
 def segment_exists(name: str) -> bool:

@@ -6,6 +6,7 @@ import multiprocessing as mp
 import os
 import resource
 import signal
+import threading
 import time
 
 import numpy as np
@@ -154,6 +155,19 @@ def test_a_blocked_sample_wakes_when_another_process_inserts(method):
         writer.join(10)
 
 
+@pytest.mark.timeout(60)
+def test_stats_count_the_calls_blocked_now():
+    with MPReplayBuffer(100, ENV, rate_limiter=MinSize(8)) as buffer:
+        sampler = threading.Thread(target=lambda: buffer.sample(2, timeout=30))
+        sampler.start()
+        while buffer.stats()["blocked_calls"] == 0:  # until the sample sleeps in the limiter
+            time.sleep(0.01)
+        assert buffer.stats()["blocked_calls"] == 1
+        buffer.add(obs=np.zeros((8, 2)), id=np.arange(8))
+        sampler.join(30)
+        assert buffer.stats()["blocked_calls"] == 0
+
+
 @pytest.mark.timeout(30)
 def test_a_blocked_sample_times_out_with_a_clear_error():
     with MPReplayBuffer(100, ENV, rate_limiter=MinSize(8)) as buffer:
@@ -198,7 +212,7 @@ def test_the_ratio_stays_within_the_error_buffer_with_two_writers(method):
         writers = [ctx.Process(target=_add_until_stopped, args=(buffer, r, stop)) for r in range(2)]
         for w in writers:
             w.start()
-        header = buffer._header
+        header = buffer.inspection().arrays["header"]
         offset = spi * min_size
         sampled = 0
         while sampled < 10_000:

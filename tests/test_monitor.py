@@ -156,9 +156,9 @@ def test_top_goes_on_when_a_writer_is_killed_mid_run_and_shows_it_gone(method, c
 
 
 def _hold_lock(buffer, held) -> None:
-    buffer._lock.acquire()
-    held.set()
-    time.sleep(120)
+    with buffer.inspection().holding_lock():
+        held.set()
+        time.sleep(120)
 
 
 @METHODS
@@ -176,6 +176,25 @@ def test_top_reads_a_buffer_whose_lock_a_stopped_process_holds_and_names_it(meth
             os.kill(holder.pid, signal.SIGKILL)
             holder.join(30)
         assert re.search(rf"lock holder\s+process {holder.pid} \(stopped\) for [\d,.]+ ms", capsys.readouterr().out)
+
+
+@METHODS
+@pytest.mark.timeout(120)
+def test_top_counts_the_lock_holders_that_died_once_repaired(method, capsys):
+    ctx = mp.get_context(method)
+    with MPPrioritizedReplayBuffer(64, ENV) as buffer:
+        assert main(["top", buffer.name, "--once", "--interval", "0.1", "--plain"]) == 0
+        assert "lock recoveries" not in capsys.readouterr().out  # none died: no row
+        for _ in range(2):
+            held = ctx.Event()
+            holder = ctx.Process(target=_hold_lock, args=(buffer, held))
+            holder.start()
+            assert held.wait(60)
+            os.kill(holder.pid, signal.SIGKILL)
+            holder.join(30)
+            buffer.add(obs=np.ones(4))  # takes the lock over and repairs
+        assert main(["top", buffer.name, "--once", "--interval", "0.1", "--plain"]) == 0
+        assert re.search(r"lock recoveries\s+2 \(holders that died", capsys.readouterr().out)
 
 
 def _segment_bytes(name: str) -> bytes:

@@ -73,9 +73,9 @@ def _write_forever(buffer, rank: int) -> None:
 
 
 def _hold_lock(buffer, held) -> None:
-    buffer._lock.acquire()
-    held.set()
-    time.sleep(60)
+    with buffer.inspection().holding_lock():
+        held.set()
+        time.sleep(60)
 
 
 def _sample_and_report(buffer, queue) -> None:
@@ -241,7 +241,7 @@ def test_a_process_killed_holding_the_lock_does_not_block_the_others(method, no_
             holder.join(10)
             _assert_consistent(buffer.sample(8))
             buffer.add(**_rows(np.arange(10, 12)))
-        assert buffer._lock.recoveries == 3
+        assert buffer.stats()["lock_recoveries"] == 3
 
 
 # -- priority updates ---------------------------------------------------------------
@@ -253,10 +253,10 @@ def test_an_update_for_a_slot_overwritten_by_another_process_is_dropped(no_leak)
         writer = pickle.loads(pickle.dumps(buffer))  # another handle, as in a writer process
         writer.add(**_rows(np.arange(100, 104)))
         writer.close()
-        before = buffer._memory.arrays["tree"].copy()
+        before = buffer.inspection().arrays["tree"].copy()
         buffer.update_priorities(batch["indexes"], np.full(4, 50.0))
         assert buffer.stats()["stale_updates_dropped"] == 4
-        assert (buffer._memory.arrays["tree"] == before).all()
+        assert (buffer.inspection().arrays["tree"] == before).all()
         assert buffer.get_max_priority() == 1.0
 
 
@@ -372,8 +372,9 @@ def test_local_and_shared_buffers_store_the_same_bytes(no_leak):
         for b in (local, shared):
             b.add(**_rows(np.arange(11)), priorities=np.arange(11) + 0.5)
             b.update_priorities(np.arange(3), np.array([4.0, 5.0, 6.0]))
-        for name, array in local._memory.arrays.items():
-            other = shared._memory.arrays[name]
+        shared_arrays = shared.inspection().arrays
+        for name, array in local.inspection().arrays.items():
+            other = shared_arrays[name]
             if name == "header":  # the shared lock counts its acquisitions there
                 array, other = array[:LOCK_WAIT_NS], other[:LOCK_WAIT_NS]
             if name in ("manifest", "writers", "lock"):  # which class, who made it and who wrote
@@ -444,6 +445,8 @@ def _call_every_method(buffer) -> dict[str, Any]:
         "stats": buffer.stats,
         "read": lambda: buffer.read([0]),
         "batches": lambda: buffer.batches(2),
+        "verify": buffer.verify,
+        "inspection": buffer.inspection,
     }
 
 

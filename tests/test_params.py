@@ -11,7 +11,6 @@ import time
 import numpy as np
 import pytest
 
-from mpreplay import params as params_module
 from mpreplay.params import ParameterStore, ParameterStoreTimeout
 
 METHODS = ["spawn", "fork"]
@@ -237,16 +236,17 @@ def test_a_writer_dead_mid_publish_makes_reads_time_out_instead_of_hanging(metho
             store.read()
 
 
+@pytest.mark.timeout(60)
 def test_timeout_0_reads_once_and_does_not_wait(monkeypatch):
-    pauses = []
-    monkeypatch.setattr(params_module, "_pause", pauses.append)
     with ParameterStore(template(), timeout=0) as store:
         store.publish(params(2))
         assert store.read()[1] == 1
-        store._seq[0] += 1  # a publish that never ends: the counter stays odd
+        kill_a_writer_mid_publish(store, "fork")  # a publish that never ends: the counter stays odd
+        pauses = []
+        monkeypatch.setattr(time, "sleep", pauses.append)  # every retry pauses first
         with pytest.raises(ParameterStoreTimeout, match="within 0.0 s"):
             store.read()
-    assert pauses == []  # one try, no retry
+        assert pauses == []  # one try, no retry
 
 
 @pytest.mark.timeout(60)

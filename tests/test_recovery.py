@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mpreplay import MinSize, MPPrioritizedReplayBuffer, MPPrioritizedSequenceReplayBuffer
-from mpreplay._ext.slots import FAULT_SITES, arm_fault
+from mpreplay.inspect import FAULT_SITES, arm_fault
 
 METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 ENV = {"obs": {"shape": (4,), "dtype": np.int64}, "id": {"dtype": np.int64}}
@@ -59,11 +59,13 @@ def _kill_child_at(method: str, buffer, site: str, target=_die_at) -> None:
 
 
 def _assert_consistent(buffer) -> None:
-    rows, raw = buffer._snapshot(priorities=True)
+    rows = buffer.get_all_transitions(indexes=True)
     assert buffer.get_stored_size() == len(rows["id"])
     assert (rows["obs"] == rows["id"][:, None]).all()
-    expected_total = float(np.sum((raw + EPS) ** ALPHA))
-    assert buffer._tree.total() == pytest.approx(expected_total, rel=1e-12)
+    view = buffer.inspection()
+    expected_total = float(np.sum((view.priorities(rows["indexes"])[1] + EPS) ** ALPHA))
+    assert view.total_weight == pytest.approx(expected_total, rel=1e-12)
+    buffer.verify()
 
 
 def test_every_fault_site_is_exercised():
@@ -78,7 +80,7 @@ def test_a_holder_killed_at_each_site_leaves_counts_and_tree_consistent(method, 
         buffer.add(**_rows(np.arange(CAPACITY)))
         _kill_child_at(method, buffer, site)
         _assert_consistent(buffer)  # its lock acquisition recovers
-        assert buffer._lock.recoveries == 1
+        assert buffer.stats()["lock_recoveries"] == 1
         # A full lap later the buffer is full again, and the limiter knows it.
         buffer.add(**_rows(np.arange(2000, 2000 + CAPACITY)))
         assert buffer.get_stored_size() == CAPACITY
@@ -102,7 +104,8 @@ def test_a_writer_killed_storing_a_compressed_step_that_completes_another_leaves
         _kill_child_at(method, buffer, site, _complete_then_die)
         stored = buffer.get_all_transitions()
         assert buffer.get_stored_size() == len(stored["id"])
-        assert buffer._lock.recoveries == 1
+        assert buffer.stats()["lock_recoveries"] == 1
+        buffer.verify()
         buffer.add(obs=np.full(4, 7), id=7, next_obs=np.full(4, 8))
         buffer.on_episode_end()
         assert buffer.get_stored_size() == len(buffer.get_all_transitions()["id"])
@@ -122,10 +125,11 @@ def test_a_writer_killed_opening_a_sequence_leaves_counts_and_tree_consistent(me
     with MPPrioritizedSequenceReplayBuffer(CAPACITY, env, length=4, alpha=ALPHA, eps=EPS, lanes=2) as buffer:
         _kill_child_at(method, buffer, "open", _open_then_die)
         assert buffer.get_stored_size() == 4
-        assert buffer._lock.recoveries == 0  # nothing yet: the next acquisition recovers
+        assert buffer.stats()["lock_recoveries"] == 0  # nothing yet: the next acquisition recovers
         buffer.add(obs=np.ones((4, 4), np.int64), id=np.arange(10, 14), done=np.array([0, 0, 0, 1.0]))
-        assert buffer._lock.recoveries == 1
+        assert buffer.stats()["lock_recoveries"] == 1
+        buffer.verify()
         batch = buffer.sample(32)
         assert set(batch["id"][:, 0].tolist()) == {10}
         total = float(np.sum((buffer.get_max_priority() + EPS) ** ALPHA))
-        assert buffer._tree.total() == pytest.approx(total, rel=1e-12)
+        assert buffer.inspection().total_weight == pytest.approx(total, rel=1e-12)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mpreplay import MPPrioritizedReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
-from mpreplay._ext.schema import ROWS_ARRAY, row_layout
+from mpreplay._ext.schema import ROWS_ARRAY, field_array, row_layout
 
 _PER_FIELDS = [("obs", (4,), np.float32), ("act", (), np.int64), ("rew", (), np.float32),
                ("next_obs", (4,), np.float32), ("done", (), np.float32)]
@@ -37,10 +37,11 @@ def _env():
 def test_the_fields_of_a_buffer_are_views_of_one_array_of_rows(cls):
     buffer = cls(100, _env())
     try:
-        rows = buffer._memory.arrays[ROWS_ARRAY]
+        arrays = buffer.inspection().arrays
+        rows = arrays[ROWS_ARRAY]
         assert rows.shape == (100, 64)
         for name in ("obs", "act", "rew", "next_obs", "done"):
-            field = buffer._fields[name]
+            field = arrays[field_array(name)]
             assert np.shares_memory(field, rows)
             assert field.strides[0] == 64
     finally:
@@ -49,7 +50,7 @@ def test_the_fields_of_a_buffer_are_views_of_one_array_of_rows(cls):
 
 def test_no_row_straddles_a_cache_line():
     buffer = PrioritizedReplayBuffer(1000, _env())
-    start = buffer._memory.arrays[ROWS_ARRAY].ctypes.data
+    start = buffer.inspection().arrays[ROWS_ARRAY].ctypes.data
     assert start % 64 == 0  # with a pitch of 64, every row is one line
 
 
@@ -70,7 +71,7 @@ def test_a_buffer_of_files_keeps_a_file_per_field(tmp_path):
     prefix = str(tmp_path / "replay")
     buffer = ReplayBuffer(16, _env(), mmap_prefix=prefix)
     try:
-        assert ROWS_ARRAY not in buffer._memory.arrays
+        assert ROWS_ARRAY not in buffer.inspection().arrays
         for name in ("obs", "act", "rew", "next_obs", "done"):
             assert (tmp_path / f"replay_{name}.dat").exists()
     finally:

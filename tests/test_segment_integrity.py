@@ -18,7 +18,7 @@ import pytest
 
 import mpreplay
 from mpreplay import manifest, monitor
-from mpreplay._ext.slots import arm_fault
+from mpreplay.inspect import arm_fault
 from mpreplay.cli import main
 from mpreplay.monitor import BufferView, frame, list_segments, remove_segments, summary
 

@@ -274,10 +274,9 @@ def test_arrays_reused_and_mutated_after_add_do_not_change_the_stored_steps():
     assert np.array_equal(rb.sample(1)["obs"][0], np.stack(seen))
 
 
-@pytest.mark.parametrize("option", ["nstep", "Nstep"])
-def test_nstep_folding_is_refused(option):
-    with pytest.raises(ValueError, match=f"{option}: a sequence buffer stores single steps"):
-        SequenceReplayBuffer(64, {**ENV, "rew": {}, "next_obs": {"shape": (2,)}}, length=4, **{option: {"size": 3}})
+def test_nstep_folding_is_refused():
+    with pytest.raises(ValueError, match="nstep: a sequence buffer stores single steps"):
+        SequenceReplayBuffer(64, {**ENV, "rew": {}, "next_obs": {"shape": (2,)}}, length=4, nstep={"size": 3})
 
 
 def test_a_field_named_episode_step_is_refused():

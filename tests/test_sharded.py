@@ -439,9 +439,9 @@ class _SavingBuffer(PrioritizedReplayBuffer):
 def test_each_shard_saves_its_own_file():
     buffers = [_fill(_SavingBuffer(8, ENV, alpha=ALPHA, eps=EPS), [i], [1.0]) for i in range(2)]
     client = _client(buffers)
-    assert client.save_transitions("/data/shard-{shard}.npz", safe=True) == {
+    assert client.save_transitions("/data/shard-{shard}.npz", compress=False) == {
         0: "/data/shard-0.npz", 1: "/data/shard-1.npz"}
-    assert buffers[1].saved == ["/data/shard-1.npz", {"safe": True}]
+    assert buffers[1].saved == ["/data/shard-1.npz", {"compress": False}]
 
 
 def test_saving_several_shards_to_one_path_is_refused():
@@ -520,12 +520,9 @@ def test_stale_updates_are_dropped_over_ray(served):
 def test_a_shard_that_does_not_answer_in_time_is_dropped(served):
     buffers, servers = served
     client = ShardedReplay(servers.values(), timeout=2.0, prefetch=0, batches_per_call=1, seed=7)
-    buffers[2]._lock.acquire()  # its server's next draw waits for the lock
-    try:
+    with buffers[2].inspection().holding_lock():  # its server's next draw waits for the lock
         with pytest.warns(ShardLostWarning, match="no answer within 2.0 s"):
             ids = client.sample(32)["id"]
-    finally:
-        buffers[2]._lock.release()
     assert len(client.shard_ids()) == 2 and not np.isin(ids, IDS[2]).any()
 
 

@@ -115,5 +115,5 @@ def test_saved_priorities_are_the_saved_rows_own():
 
         copy = PrioritizedReplayBuffer(8, ENV)
         copy.load_transitions(f)
-        rows, raw = copy._snapshot(priorities=True)
-        np.testing.assert_array_equal(raw, rows["id"] + 1.0)
+        rows = copy.get_all_transitions(indexes=True)
+        np.testing.assert_array_equal(copy.inspection().priorities(rows["indexes"])[1], rows["id"] + 1.0)

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpreplay import PrioritizedReplayBuffer
+from mpreplay._ext.prioritized import PrioritizedSelector
 from mpreplay._ext.schema import TREE_ARRAY
 from mpreplay._ext.sumtree import TREE_HEAD_LEN, PriorityTree, leaf_views, tree_buffer_size
 
@@ -48,11 +49,16 @@ def _search(tree: PriorityTree, prefixes) -> np.ndarray:
     return out
 
 
-def _leaves(tree: PriorityTree) -> tuple[np.ndarray, np.ndarray]:
-    slots = np.arange(tree.capacity, dtype=np.int64)
-    values, raw = np.empty(tree.capacity), np.empty(tree.capacity)
-    tree.get(slots, values, raw)
-    return values, raw
+def _leaves(tree: PriorityTree, buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Copies of the leaves' weights and raw priorities, through the module's one reading of them."""
+    values, raw = leaf_views(buf, tree.capacity)
+    return values.copy(), raw.copy()
+
+
+def _draw(tree: PriorityTree, k: int, rng: np.random.Generator, *, stratified: bool) -> np.ndarray:
+    """``k`` slots drawn from the tree as sampling does: through a selector whose weights are the
+    priorities themselves (alpha 1, eps 0), the uniforms taken from ``rng``."""
+    return PrioritizedSelector(tree, 1.0, 0.0).sample_items(k, rng, stratified)
 
 
 def _search_many(tree: PriorityTree, prefixes) -> np.ndarray:
@@ -155,8 +161,8 @@ def test_new_tree_has_nothing_to_sample():
 
 def test_leaves_keep_full_float64_precision():
     value = 1.0 + 2.0**-50  # not representable in float32
-    tree, _ = _tree(4, [value, value])
-    values, raw = _leaves(tree)
+    tree, buf = _tree(4, [value, value])
+    values, raw = _leaves(tree, buf)
     assert values[0] == raw[0] == value
     assert tree.total() == 2 * value
 
@@ -207,10 +213,10 @@ def test_root_total_is_the_sum_and_min_max_cover_sampleable_leaves():
 
 
 def test_zero_weight_leaf_is_ignored_by_min_and_max_whatever_its_raw_priority():
-    tree, _ = _tree(4, [2.0, 3.0])
+    tree, buf = _tree(4, [2.0, 3.0])
     tree.set(_slots(1), _f64(0.0), _f64(100.0))
     assert (tree.min(), tree.max()) == (2.0, 2.0)
-    assert _leaves(tree)[1][1] == -math.inf
+    assert _leaves(tree, buf)[1][1] == -math.inf
 
 
 def test_max_tree_holds_raw_priorities_while_sum_and_min_hold_weights():
@@ -220,9 +226,9 @@ def test_max_tree_holds_raw_priorities_while_sum_and_min_hold_weights():
 
 
 def test_set_with_duplicate_slots_keeps_the_last_value():
-    tree, _ = _tree(8, [1.0] * 8)
+    tree, buf = _tree(8, [1.0] * 8)
     tree.set(_slots(3, 5, 3, 3, 5), _f64(10.0, 20.0, 30.0, 40.0, 50.0), _f64(1.0, 2.0, 3.0, 4.0, 5.0))
-    values, raw = _leaves(tree)
+    values, raw = _leaves(tree, buf)
     assert (values[3], raw[3], values[5], raw[5]) == (40.0, 4.0, 50.0, 5.0)
     assert tree.total() == 6.0 + 40.0 + 50.0
     assert tree.max() == 5.0
@@ -249,9 +255,9 @@ def test_set_rejects_arrays_of_different_lengths():
         tree.set(_slots(0, 1), _f64(1.0), _f64(1.0, 2.0))
 
 
-def test_clear_makes_slots_unsampleable():
+def test_a_zero_weight_makes_slots_unsampleable():
     tree, _ = _tree(4, [1.0, 2.0, 4.0, 8.0])
-    tree.clear(_slots(3, 0))
+    tree.set(_slots(3, 0), _f64(0.0, 0.0), _f64(8.0, 1.0))
     assert (tree.total(), tree.min(), tree.max()) == (6.0, 2.0, 4.0)
 
 
@@ -280,7 +286,7 @@ def test_after_many_updates_every_entry_is_what_a_rebuild_from_the_leaves_makes(
     # Parents are recomputed from their children, never adjusted by deltas: no drift.
     tree, buf = _tree(capacity)
     _random_updates(tree, rounds=rounds, batch=batch, seed=1)
-    values, raw = _leaves(tree)
+    values, raw = _leaves(tree, buf)
     assert tree.total() == pytest.approx(math.fsum(values), rel=1e-12)
     fresh, fresh_buf = _tree(capacity)
     fresh.set(np.arange(capacity, dtype=np.int64), values, raw)
@@ -399,28 +405,23 @@ def test_search_lands_on_a_sampleable_slot_for_any_leaves_and_prefixes_up_to_the
     assert (np.asarray(leaves)[found] > 0).all()
 
 
-def test_sample_draws_each_stratum_of_the_total_mass():
+def test_a_stratified_draw_descends_from_each_stratum_of_the_total_mass():
+    tree, _ = _tree(9, [1.0, 0.0, 3.0, 2.0, 0.0, 5.0, 1.0])
+    r = np.random.default_rng(0).random(8)  # the uniforms the selector draws from the same generator
+    drawn = _draw(tree, 8, np.random.default_rng(0), stratified=True)
+    np.testing.assert_array_equal(drawn, _search(tree, (np.arange(8) + r) * 12.0 / 8))
+
+
+def test_an_unstratified_draw_descends_from_anywhere_in_the_total_mass():
     tree, _ = _tree(9, [1.0, 0.0, 3.0, 2.0, 0.0, 5.0, 1.0])
     r = np.random.default_rng(0).random(8)
-    out, values = np.empty(8, dtype=np.int64), np.empty(8)
-    total = tree.sample(r, out, values, True)
-    assert total == 12.0
-    np.testing.assert_array_equal(out, _search(tree, (np.arange(8) + r) * total / 8))
-    np.testing.assert_array_equal(values, _leaves(tree)[0][out])
+    drawn = _draw(tree, 8, np.random.default_rng(0), stratified=False)
+    np.testing.assert_array_equal(drawn, _search(tree, r * 12.0))
 
 
-def test_unstratified_sample_draws_over_the_whole_mass():
-    tree, _ = _tree(9, [1.0, 0.0, 3.0, 2.0, 0.0, 5.0, 1.0])
-    r = np.random.default_rng(0).random(8)
-    out, values = np.empty(8, dtype=np.int64), np.empty(8)
-    tree.sample(r, out, values, False)
-    np.testing.assert_array_equal(out, _search(tree, r * 12.0))
-
-
-def test_sample_from_an_empty_tree_raises():
+def test_an_empty_tree_draws_nothing():
     tree, _ = _tree(4)
-    with pytest.raises(ValueError, match="no sampleable slot"):
-        tree.sample(_f64(0.5), np.empty(1, dtype=np.int64), np.empty(1), True)
+    assert _draw(tree, 3, np.random.default_rng(0), stratified=True).size == 0
 
 
 # -- property test against the numpy reference ------------------------------------------
@@ -444,7 +445,7 @@ def _operation(draw):
 @settings(max_examples=150, deadline=None)
 @given(operations=st.lists(_operation(), min_size=1, max_size=25))
 def test_random_set_and_search_sequences_agree_with_a_numpy_reference(operations):
-    tree, _ = _tree(_CAPACITY)
+    tree, buf = _tree(_CAPACITY)
     reference = _Reference(_CAPACITY)
     for name, *args in operations:
         if name == "set":
@@ -455,7 +456,7 @@ def test_random_set_and_search_sequences_agree_with_a_numpy_reference(operations
             assert tree.max() == reference.max()
         elif reference.total() > 0:
             np.testing.assert_array_equal(_search(tree, args[0]), reference.search(args[0]))
-    values, raw = _leaves(tree)
+    values, raw = _leaves(tree, buf)
     np.testing.assert_array_equal(values, reference.values)
     np.testing.assert_array_equal(raw, np.where(reference.values > 0, reference.raw, -math.inf))
 
@@ -510,11 +511,9 @@ def test_stratified_draws_land_on_each_slot_in_exact_proportion_to_its_weight(ca
     values[-1] = 2.0
     tree, _ = _tree(capacity, values)
     k = int(values.sum())
-    out, drawn = np.empty(k, dtype=np.int64), np.empty(k)
-    total = tree.sample(rng.random(k), out, drawn, True)
-    assert total == k
+    assert tree.total() == k
+    out = _draw(tree, k, rng, stratified=True)
     np.testing.assert_array_equal(np.bincount(out, minlength=capacity), values)
-    np.testing.assert_array_equal(drawn, values[out])
 
 
 @pytest.mark.parametrize("capacity", [9, 65, 4097])
@@ -524,8 +523,7 @@ def test_unstratified_draws_land_in_proportion_to_the_weights(capacity):
     values[0] = 1.0
     tree, _ = _tree(capacity, values)
     n = 200_000
-    out, drawn = np.empty(n, dtype=np.int64), np.empty(n)
-    tree.sample(rng.random(n), out, drawn, False)
+    out = _draw(tree, n, rng, stratified=False)
     counts = np.bincount(out, minlength=capacity)
     expected = n * values / values.sum()
     assert (counts[values == 0] == 0).all()
@@ -572,9 +570,9 @@ def test_a_child_too_light_to_move_the_sum_is_never_drawn_but_its_zero_neighbour
 def test_draws_land_on_sampleable_slots_for_any_weights_at_any_capacity(capacity, positions, weights, fractions):
     slots = np.array([p % capacity for p in positions], dtype=np.int64)
     values = np.array(weights[:len(slots)])
-    tree, _ = _tree(capacity)
+    tree, buf = _tree(capacity)
     tree.set(slots, values, values)
-    live, _ = _leaves(tree)
+    live, _ = _leaves(tree, buf)
     total = tree.total()
     prefixes = [f * total for f in fractions] + [np.nextafter(f * total, math.inf) for f in fractions]
     prefixes += _awkward_prefixes(total)
@@ -642,7 +640,7 @@ def test_leaf_views_show_weights_and_raw_priorities_as_they_change():
     assert (weights == 0).all() and (raw == -math.inf).all()
     tree.set(_slots(0, 64), _f64(2.0, 3.0), _f64(5.0, 6.0))
     assert (weights[0], weights[64], raw[0], raw[64]) == (2.0, 3.0, 5.0, 6.0)
-    tree.clear(_slots(0))
+    tree.set(_slots(0), _f64(0.0), _f64(5.0))
     assert (weights[0], raw[0]) == (0.0, -math.inf)
 
 
@@ -660,4 +658,4 @@ def test_leaf_views_reject_storage_that_cannot_hold_the_tree(buf, capacity, matc
 def test_a_heap_buffers_tree_starts_on_a_cache_line():
     for size in (9, 1000):
         buffer = PrioritizedReplayBuffer(size, {"obs": {}})
-        assert buffer._memory.arrays[TREE_ARRAY].ctypes.data % 64 == 0
+        assert buffer.inspection().arrays[TREE_ARRAY].ctypes.data % 64 == 0

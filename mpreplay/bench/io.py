@@ -14,7 +14,7 @@ Contenders, each on the same buffer and the same folder:
 
 * ``mpreplay`` -- ``save_transitions`` (gather, write to a temporary file,
   fsync, rename) and ``load_transitions`` (read, check, add) into an empty
-  buffer of the same capacity, with ``safe`` True and False;
+  buffer of the same capacity;
 * ``numpy`` -- the same task by hand: ``np.savez(path, **buffer.get_all_transitions())``
   (``np.savez_compressed`` when deflated), with and without an fsync, and
   ``buffer.add(**np.load(path))``.
@@ -125,14 +125,12 @@ def _measure(source: ReplayBuffer, target: ReplayBuffer, folder: str, compress: 
     """Save and load timings of every contender, one compression setting."""
     method = "deflated" if compress else "stored"
     contenders: list[tuple[str, Callable[[ReplayBuffer, str], None], Callable[[ReplayBuffer, str], Any]]] = [
-        (f"mpreplay safe, {method}", lambda b, p: b.save_transitions(p, compress=compress),
-         lambda b, p: b.load_transitions(p)),
-        (f"mpreplay unsafe, {method}", lambda b, p: b.save_transitions(p, safe=False, compress=compress),
+        (f"mpreplay, {method}", lambda b, p: b.save_transitions(p, compress=compress),
          lambda b, p: b.load_transitions(p)),
         (f"np.savez{'_compressed' if compress else ''} + fsync", _numpy_save(compress, True), _numpy_load),
         (f"np.savez{'_compressed' if compress else ''}", _numpy_save(compress, False), _numpy_load),
     ]
-    baseline = contenders[2][0]  # numpy with fsync: as durable as save_transitions
+    baseline = contenders[1][0]  # numpy with fsync: as durable as save_transitions
     times: dict[str, dict[str, list[float]]] = {name: {"save": [], "load": []} for name, _, _ in contenders}
     sizes: dict[str, int] = {}
     for _ in range(repeat):

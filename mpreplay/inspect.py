@@ -1,0 +1,145 @@
+"""The operator's and tester's view of a buffer's internals: :meth:`ReplayBuffer.inspection`.
+
+A buffer's public API says what it stores; this module shows how it stores it,
+for whoever must look underneath -- an operator chasing a damaged segment, a
+test that checks a byte layout or a crash repair -- without naming a private
+attribute of the library, so a refactor that keeps the behaviour keeps them
+working.  ``buffer.inspection()`` gives an :class:`Inspection`:
+
+* ``arrays``: every array of the buffer's memory by its segment schema name
+  (``header``, ``generation``, ``state``, ``tree`` or ``members``, ``rows``,
+  ``field:<name>``, ...; see docs/architecture.md, "Segment schema"), as
+  read-only views; ``nbytes``, the size of the block; ``counters()``, the
+  header by counter name.
+* ``priorities(indexes)`` and ``total_weight``: what the selector holds.
+* ``verify(timeout)``: the consistency check behind ``buffer.verify()``.
+* Test hooks, which change the buffer: ``writable(name)`` (a writable view, to
+  damage a buffer on purpose), ``holding_lock(timeout)`` (hold the lock as a
+  call does: a frozen or killed holder), ``reserve(k)`` (a write stopped
+  between its reservation and its publication: a writer killed or frozen while
+  copying), and :func:`arm_fault` (this process SIGKILLs itself at a site of
+  :data:`FAULT_SITES` inside a critical section).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from . import checks
+from ._ext.gate import deadline
+from ._ext.schema import (CLOSED, EPOCH, INSERTS, LOCK_HOLDS, LOCK_WAIT_NS, RESERVED, SAMPLES, STALE, STORED, TORN,
+                          TREE_ARRAY, WAITERS)
+from ._ext.slots import FAULT_SITES, arm_fault
+from ._ext.sumtree import leaf_views
+from .consistency import check_arrays
+
+__all__ = ["FAULT_SITES", "Inspection", "Reservation", "arm_fault"]
+
+# The header's counters by name (the schema's order; the rest of the header is spare).
+COUNTERS = {"stored": STORED, "inserts": INSERTS, "samples": SAMPLES, "stale": STALE, "torn": TORN,
+            "lock_wait_ns": LOCK_WAIT_NS, "lock_holds": LOCK_HOLDS, "closed": CLOSED, "reserved": RESERVED,
+            "epoch": EPOCH, "waiters": WAITERS}
+
+
+class Reservation:
+    """Slots a writer reserved and has not published (see :meth:`Inspection.reserve`)."""
+
+    def __init__(self, ring: Any, start: int, reserved: np.ndarray):
+        self._ring, self.start, self._reserved = ring, start, reserved
+
+    @property
+    def slots(self) -> np.ndarray:
+        """The reserved slots, in their lane's order."""
+        return np.arange(self.start, self.start + len(self._reserved)) % self._ring.size
+
+    def publish(self, *, timeout: float | None = None) -> None:
+        """Publish the slots as they are (the write's last step); TimeoutError gives them up."""
+        self._ring.publish(self.start, self._reserved, deadline=deadline(checks.seconds("timeout", timeout)))
+
+
+class Inspection:
+    """A buffer's memory, selector and lock as the buffer itself sees them (see the module).
+
+    Made by :meth:`ReplayBuffer.inspection`; valid while the buffer is open.
+    """
+
+    def __init__(self, memory: Any, gate: Any, ring: Any, selector: Any, *, capacity: int,
+                 sequence_length: int | None, one_lane: bool):
+        self._memory, self._gate, self._ring, self._selector = memory, gate, ring, selector
+        self.capacity = capacity
+        self.sequence_length = sequence_length
+        self._one_lane = one_lane  # every writer shares lane 0 (an uncompressed transition buffer)
+
+    @property
+    def arrays(self) -> Mapping[str, np.ndarray]:
+        """Read-only views of every array of the memory block, by segment schema name."""
+        views = {}
+        for name, array in self._memory.arrays.items():
+            view = array.view()
+            view.flags.writeable = False
+            views[name] = view
+        return views
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the memory block (the segment's layout)."""
+        return int(self._memory.layout.nbytes)
+
+    def counters(self) -> dict[str, int]:
+        """The header's counters by name, as they are now (read without the lock)."""
+        header = self._memory.arrays["header"]
+        return {name: int(header[at]) for name, at in COUNTERS.items()}
+
+    def priorities(self, indexes: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(weights, raw)`` copies of the tree's leaves at ``indexes``: each slot's sampling
+        weight (0: not drawable) and raw priority (-inf: not drawable).  Prioritized buffers only."""
+        if TREE_ARRAY not in self._memory.arrays:
+            raise TypeError("priorities: a uniform buffer keeps no priorities")
+        idx = checks.indexes("indexes", indexes)
+        weights, raw = leaf_views(self._memory.arrays[TREE_ARRAY], self.capacity)
+        return weights[idx].copy(), raw[idx].copy()
+
+    @property
+    def total_weight(self) -> float:
+        """The sum of the weights of the drawable items (a prioritized tree's total; a uniform
+        selector's member count)."""
+        return float(self._selector.total_weight)
+
+    def verify(self, timeout: float | None = None) -> dict[str, Any]:
+        """Check, under the lock, that everything derived agrees with the slot states (see
+        ``mpreplay.consistency``): the report, or :class:`~mpreplay.errors.CorruptBufferError`."""
+        with self.holding_lock(timeout):
+            return check_arrays(self._memory.arrays, self.capacity, self.sequence_length)
+
+    # -- test hooks: these change the buffer -----------------------------------------------
+    def writable(self, name: str) -> np.ndarray:
+        """A writable view of array ``name``: to damage a buffer on purpose (tests of ``verify``)."""
+        if name not in self._memory.arrays:
+            raise KeyError(f"name: expected one of {sorted(self._memory.arrays)}, got {name!r}")
+        return self._memory.arrays[name]
+
+    @contextlib.contextmanager
+    def holding_lock(self, timeout: float | None = None) -> Iterator[None]:
+        """Hold the buffer's lock as a call does: every other call waits meanwhile.  Taking it
+        repairs what a holder that died left (see docs/architecture.md, "Crash handling");
+        TimeoutError when it cannot be had within ``timeout``."""
+        self._gate.hold(deadline(checks.seconds("timeout", timeout)))
+        try:
+            yield
+        finally:
+            self._gate.let_go()
+
+    def reserve(self, k: int, *, timeout: float | None = None) -> Reservation:
+        """Reserve ``k`` slots as a writer does before copying its rows, and stop there: the
+        slots are being written (odd generations, this process's token) until
+        :meth:`Reservation.publish`.  Uncompressed transition buffers only, whose writers share
+        one lane (TypeError otherwise: a compressed or sequence writer writes in a lane of its own)."""
+        if not self._one_lane:
+            raise TypeError("reserve: only the writers of an uncompressed transition buffer share a lane; a "
+                            "compressed or sequence buffer's writer claims its own")
+        k = checks.integer("k", k, low=1)
+        start, reserved = self._ring.reserve(k, deadline(checks.seconds("timeout", timeout)))
+        return Reservation(self._ring, start, reserved)
