@@ -1,6 +1,9 @@
 # Declarations shared with ext/ring.pyx, which rebuilds compressed
-# observations and checks the slots a row reads while it samples.
+# observations and checks the slots a row reads while it samples, and with
+# ext/frame_plan.pyx, whose writer's episode writes its frames through a FrameStore.
 from libc.stdint cimport int64_t, uint8_t
+
+from mpreplay._ext.batch_plan cimport FramePlan, FramePlanner
 
 cdef enum:
     MAX_STACK = 64       # frames per stacked observation
@@ -30,3 +33,17 @@ cdef class Frames:
     cdef void rebuild_pair(self, Py_ssize_t key, Py_ssize_t u, uint8_t* out, uint8_t* next_out) noexcept nogil
     cdef Py_ssize_t read_set(self, Py_ssize_t u, int64_t* out) noexcept nogil
     cdef bint reads(self, Py_ssize_t r, Py_ssize_t s) noexcept nogil
+
+
+cdef const uint8_t* array_bytes(object array, Py_ssize_t nbytes, object what, str prefix=*) except? NULL
+
+
+cdef class FrameStore:
+    cdef readonly Py_ssize_t size
+    cdef FramePlanner planner
+    cdef uint8_t** frames     # per key: (size, frame bytes)
+    cdef int64_t* nxt         # per slot: slot of the next observation's newest frame, -1: none
+    cdef uint8_t* depth       # per slot: earlier frames of the same episode
+    cdef object _keep
+
+    cdef void write_frames(self, FramePlan p, const int64_t* slot) noexcept nogil

@@ -13,9 +13,12 @@ Slots of a lane are written in order, so every frame a row reads lies in a
 short window of its lane: :meth:`Frames.read_set` lists them (the sampler
 checks their generations), :meth:`Frames.reads` tells which rows an
 overwrite breaks.
+
+:class:`Frames` is the read side; :class:`FrameStore` the write side, one per
+writer: a planned batch's items (batch_plan.pyx) written into their slots.
 """
 from libc.stdint cimport int64_t, uint32_t, uint8_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
 
 cdef extern from *:
@@ -106,6 +109,7 @@ cdef extern from *:
 
 cimport numpy as cnp
 
+from mpreplay._ext.batch_plan cimport FramePlan, FramePlanner, Observation
 from mpreplay._ext.schema cimport LANE_END, LANE_LEN, LANE_START
 
 import numpy as np
@@ -281,3 +285,134 @@ cdef class Frames:
         with nogil:
             for j in range(slots.shape[0]):
                 self.rebuild(key, slots[j], dst + j * rb)
+
+
+cdef const uint8_t* array_bytes(object array, Py_ssize_t nbytes, object what, str prefix="") except? NULL:
+    """The bytes of ``array``, a C-contiguous ndarray of ``nbytes`` bytes (``prefix + what`` names it)."""
+    if not isinstance(array, cnp.ndarray) or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>array) \
+            or cnp.PyArray_NBYTES(<cnp.ndarray>array) != nbytes:
+        raise ValueError(f"{prefix}{what}: expected a C-contiguous array of {nbytes} bytes")
+    return <const uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>array)
+
+
+cdef uint8_t* _slot_rows(object array, Py_ssize_t size, Py_ssize_t* pitch) except NULL:
+    """The bytes of ``array``, a writable array of ``size`` rows each C-contiguous (alone, or side
+    by side with other fields: schema.row_layout), and in ``pitch`` the bytes from a row to the next."""
+    if not (isinstance(array, cnp.ndarray) and cnp.PyArray_NDIM(<cnp.ndarray>array) >= 1
+            and cnp.PyArray_DIM(<cnp.ndarray>array, 0) == size and array[:1].flags.c_contiguous
+            and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>array)):
+        raise ValueError(f"stored: expected a writable array of {size} rows, each C-contiguous")
+    pitch[0] = cnp.PyArray_STRIDE(<cnp.ndarray>array, 0)
+    return <uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>array)
+
+
+cdef class FrameStore:
+    """The write side of one buffer's frame stores, for one writer's planner: the items of its
+    plans (:class:`~mpreplay._ext.batch_plan.FramePlan`) written into their slots.
+
+    Parameters
+    ----------
+    planner : the writer's FramePlanner
+    frames : per key, its store ``(size,) + frame`` in the buffer
+    nxt, depth : the buffer's per-slot next-frame slots (int64) and depths (uint8)
+    """
+
+    def __cinit__(self):
+        self.frames = NULL
+        self.nxt = NULL
+        self.depth = NULL
+
+    def __init__(self, FramePlanner planner not None, list frames not None, object nxt, object depth):
+        cdef Py_ssize_t q, nk = planner.nkeys
+        if len(frames) != nk:
+            raise ValueError("frames: expected one per key")
+        self.planner = planner
+        self.size = cnp.PyArray_SIZE(depth) if isinstance(depth, cnp.ndarray) else 0
+        self.nxt = <int64_t*>array_bytes(nxt, self.size * 8, "nxt")
+        self.depth = <uint8_t*>array_bytes(depth, self.size, "depth")
+        self.frames = <uint8_t**>calloc(nk + 1, sizeof(uint8_t*))
+        if not self.frames:
+            raise MemoryError()
+        for q in range(nk):
+            self.frames[q] = <uint8_t*>array_bytes(frames[q], self.size * (planner.row_bytes[q] // planner.stack[q]),
+                                                   planner.names[q], "frames of ")
+        self._keep = (frames, nxt, depth)
+
+    def __dealloc__(self):
+        free(self.frames)
+
+    def copy(self, FramePlan p not None, object slots, list stored not None, list rows not None):
+        """Write the planned items into ``slots`` (int64, one per item): their frames, next-frame
+        slots (-1: none yet) and depths, and the rows' values ``rows`` (each ``(k, ...)``,
+        C-contiguous) into the plain per-slot arrays ``stored`` (each ``(size, ...)``)."""
+        cdef Py_ssize_t j, f, rb, nf = len(stored)
+        cdef const int64_t* slot
+        if p.planner is not self.planner or len(rows) != nf:
+            raise ValueError("copy: expected a plan of this episode's planner and one value per stored array")
+        slot = <const int64_t*>array_bytes(slots, p.items * 8, "slots")
+        for j in range(p.items):
+            if not 0 <= slot[j] < self.size:
+                raise ValueError(f"slots: {slot[j]} is outside the {self.size} slots")
+        cdef const uint8_t** sources = <const uint8_t**>malloc(nf * sizeof(uint8_t*) + 1)
+        cdef uint8_t** targets = <uint8_t**>malloc(nf * sizeof(uint8_t*) + 1)
+        cdef Py_ssize_t* pitches = <Py_ssize_t*>malloc(nf * sizeof(Py_ssize_t) + 1)
+        try:
+            if not (sources and targets and pitches):
+                raise MemoryError()
+            for f in range(nf):
+                targets[f] = _slot_rows(stored[f], self.size, &pitches[f])
+                rb = cnp.PyArray_NBYTES(<cnp.ndarray>stored[f]) // self.size
+                sources[f] = array_bytes(rows[f], p.rows * rb, "rows")
+            with nogil:
+                self.write_frames(p, slot)
+            for f in range(nf):
+                rb = cnp.PyArray_NBYTES(<cnp.ndarray>stored[f]) // self.size
+                with nogil:
+                    for j in range(p.items):
+                        if p.item_row[j] >= 0:
+                            memcpy(targets[f] + slot[j] * pitches[f], sources[f] + p.item_row[j] * rb, rb)
+        finally:
+            free(sources)
+            free(targets)
+            free(pitches)
+
+    cdef void write_frames(self, FramePlan p, const int64_t* slot) noexcept nogil:
+        # Each item's frame into its slot, with its depth and no next frame yet: a row's newest
+        # frame, an episode's last next frame, or a frame a resumed row's stack holds.
+        cdef Py_ssize_t q, j, e, n, s, eb, fb, at
+        cdef int64_t row
+        cdef Observation src
+        cdef uint8_t* dst
+        for j in range(p.items):
+            self.depth[slot[j]] = p.item_depth[j]
+            self.nxt[slot[j]] = -1
+        for q in range(self.planner.nkeys):
+            s, eb = self.planner.stack[q], self.planner.elem_bytes[q]
+            fb = self.planner.row_bytes[q] // s
+            n = fb // eb
+            for j in range(p.items):
+                row, at = p.item_row[j], s - 1
+                if row >= 0:
+                    src = self.planner.row(q, p.obs[q], row)
+                elif p.item_source[j] < 0:
+                    # A frame -1 - source steps before the resumed first row (a key of a
+                    # shorter stack never reads it: any of its frames will do).
+                    src = p.obs[q]
+                    at = max(0, s - 1 - (-1 - p.item_source[j]))
+                elif self.planner.has_next[q]:
+                    src = p.next_of(p.item_source[j], q)
+                else:
+                    continue
+                dst = self.frames[q] + slot[j] * fb
+                if s == 1 or src.planar:
+                    memcpy(dst, src.data + at * fb, fb)
+                elif eb == 1 and s == 4 and at == 3:
+                    # The common pixel case: a constant stride the compiler turns into shuffles.
+                    for e in range(n):
+                        dst[e] = src.data[4 * e + 3]
+                elif eb == 1:
+                    for e in range(n):
+                        dst[e] = src.data[e * s + at]
+                else:
+                    for e in range(n):
+                        memcpy(dst + e * eb, src.data + (e * s + at) * eb, eb)

@@ -33,59 +33,13 @@ until one is, and again after ``forget_max_ever()``).
 from libc.math cimport INFINITY
 from libc.stdint cimport int64_t
 
+from mpreplay._ext.tree_node cimport mpr_max8, mpr_min8, mpr_min8_positive, node_child, node_pick, node_prefixes, node_sum
+
 import numpy as np
 
 cdef extern from *:
     void __builtin_prefetch(const void* addr, ...) noexcept nogil
 
-cdef extern from *:
-    """
-    /* The min and max of a node's 8 entries, two lanes at a time where SSE2 is (every x86-64):
-       a recompute is most of an update's work, and these take half the instructions of a
-       scalar chain.  Entries are never NaN, so any order of comparisons gives the same result. */
-    #ifdef __SSE2__
-    #include <emmintrin.h>
-    static inline double mpr_min8(const double* c) {
-        __m128d a = _mm_min_pd(_mm_min_pd(_mm_loadu_pd(c), _mm_loadu_pd(c + 2)),
-                               _mm_min_pd(_mm_loadu_pd(c + 4), _mm_loadu_pd(c + 6)));
-        return _mm_cvtsd_f64(_mm_min_sd(a, _mm_unpackhi_pd(a, a)));
-    }
-    static inline double mpr_max8(const double* c) {
-        __m128d a = _mm_max_pd(_mm_max_pd(_mm_loadu_pd(c), _mm_loadu_pd(c + 2)),
-                               _mm_max_pd(_mm_loadu_pd(c + 4), _mm_loadu_pd(c + 6)));
-        return _mm_cvtsd_f64(_mm_max_sd(a, _mm_unpackhi_pd(a, a)));
-    }
-    /* The min of the positive ones (+inf when none): a weight of 0 is not sampleable. */
-    static inline __m128d mpr_positive_or_inf(__m128d v) {
-        __m128d keep = _mm_cmpgt_pd(v, _mm_setzero_pd());
-        return _mm_or_pd(_mm_and_pd(keep, v), _mm_andnot_pd(keep, _mm_set1_pd(INFINITY)));
-    }
-    static inline double mpr_min8_positive(const double* c) {
-        __m128d a = _mm_min_pd(_mm_min_pd(mpr_positive_or_inf(_mm_loadu_pd(c)), mpr_positive_or_inf(_mm_loadu_pd(c + 2))),
-                               _mm_min_pd(mpr_positive_or_inf(_mm_loadu_pd(c + 4)), mpr_positive_or_inf(_mm_loadu_pd(c + 6))));
-        return _mm_cvtsd_f64(_mm_min_sd(a, _mm_unpackhi_pd(a, a)));
-    }
-    #else
-    static inline double mpr_min8(const double* c) {
-        double m = c[0];
-        for (int i = 1; i < 8; i++) m = c[i] < m ? c[i] : m;
-        return m;
-    }
-    static inline double mpr_max8(const double* c) {
-        double m = c[0];
-        for (int i = 1; i < 8; i++) m = c[i] > m ? c[i] : m;
-        return m;
-    }
-    static inline double mpr_min8_positive(const double* c) {
-        double m = INFINITY;
-        for (int i = 0; i < 8; i++) m = c[i] > 0.0 && c[i] < m ? c[i] : m;
-        return m;
-    }
-    #endif
-    """
-    double mpr_min8(const double* c) noexcept nogil
-    double mpr_max8(const double* c) noexcept nogil
-    double mpr_min8_positive(const double* c) noexcept nogil
 
 TREE_HEAD_LEN = TREE_HEAD
 
@@ -138,50 +92,6 @@ def leaf_views(buf, Py_ssize_t capacity):
     entries = _shape(capacity, start, &levels)
     leaf = TREE_HEAD + start[levels - 1]
     return a[leaf:leaf + capacity], a[leaf + entries:leaf + entries + capacity]
-
-
-cdef inline void _prefixes(const double* c, double* p) noexcept nogil:
-    # The prefix sums of node c (8 sums) in the order _recompute adds them:
-    # p[0] = 0, p[j + 1] = c[0] + ... + c[j].
-    p[0] = 0.0
-    p[1] = c[0]
-    p[2] = p[1] + c[1]
-    p[3] = p[2] + c[2]
-    p[4] = p[3] + c[3]
-    p[5] = p[4] + c[4]
-    p[6] = p[5] + c[5]
-    p[7] = p[6] + c[6]
-    p[8] = p[7] + c[7]
-
-
-cdef inline Py_ssize_t _child(const double* p, double* u) noexcept nogil:
-    # The child of the node of prefix sums p that prefix u falls in, and u made relative to it.
-    # The first child whose prefix exceeds u has positive mass (its prefix grew), so
-    # the count of prefixes at or below u is the child -- unless rounding left u at or
-    # past the node's mass (count 8): then the last child that grew it, so a node of
-    # positive mass never leads into a child of zero mass.  The count has no branch
-    # (the way down is random, a branch would be mispredicted); the rare overflow does.
-    cdef double v = u[0]
-    cdef Py_ssize_t cnt
-    cnt = ((v >= p[1]) + (v >= p[2]) + (v >= p[3]) + (v >= p[4])
-           + (v >= p[5]) + (v >= p[6]) + (v >= p[7]) + (v >= p[8]))
-    if cnt == 8:
-        cnt = ((p[1] < p[8]) + (p[2] < p[8]) + (p[3] < p[8]) + (p[4] < p[8])
-               + (p[5] < p[8]) + (p[6] < p[8]) + (p[7] < p[8]))
-    u[0] = v - p[cnt]
-    return cnt
-
-
-cdef inline Py_ssize_t _pick(const double* c, double* u) noexcept nogil:
-    # The child of node c (8 sums) that prefix u falls in, and u made relative to it.
-    cdef double p[9]
-    _prefixes(c, p)
-    return _child(p, u)
-
-
-cdef inline double _sum8(const double* c) noexcept nogil:
-    # The sum of a node's 8 entries, in the order the descent adds them.
-    return ((((((c[0] + c[1]) + c[2]) + c[3]) + c[4]) + c[5]) + c[6]) + c[7]
 
 
 cdef class PriorityTree:
@@ -306,7 +216,7 @@ cdef class PriorityTree:
     cdef inline void _recompute(self, Py_ssize_t d, Py_ssize_t i) noexcept nogil:
         # Entry i of inner level d from the 8 entries of its node of children.
         cdef Py_ssize_t e = self._start[d] + i, c = self._start[d + 1] + 8 * i
-        self._sum[e] = _sum8(self._sum + c)
+        self._sum[e] = node_sum(self._sum + c)
         self._min[e] = self._min_below(d, c)
         self._max[e] = mpr_max8(self._max + c)
 
@@ -343,7 +253,7 @@ cdef class PriorityTree:
         cdef Py_ssize_t d, n = 0
         u = u if u > 0.0 else 0.0  # below the first slot (or NaN): the first sampleable slot
         for d in range(self._levels):
-            n = 8 * n + _pick(self._sum + self._start[d] + 8 * n, &u)
+            n = 8 * n + node_pick(self._sum + self._start[d] + 8 * n, &u)
         return n
 
     cdef void descend_many(self, double* prefix, int64_t* out, Py_ssize_t k) noexcept nogil:
@@ -357,10 +267,10 @@ cdef class PriorityTree:
         cdef const double* level
         cdef const double* below = self._sum + self._start[1] if last > 0 else NULL
         cdef double root[9]
-        _prefixes(self._sum, root)
+        node_prefixes(self._sum, root)
         for j in range(k):
             prefix[j] = prefix[j] if prefix[j] > 0.0 else 0.0
-            out[j] = n = _child(root, &prefix[j])
+            out[j] = n = node_child(root, &prefix[j])
             if below != NULL:
                 __builtin_prefetch(below + 8 * n)
         if last == 0:
@@ -370,13 +280,13 @@ cdef class PriorityTree:
             below = self._sum + self._start[d + 1]
             for j in range(k):
                 n = 8 * out[j]
-                n = n + _pick(level + n, &prefix[j])
+                n = n + node_pick(level + n, &prefix[j])
                 out[j] = n
                 __builtin_prefetch(below + 8 * n)
         level = self._sum + self._leaf
         for j in range(k):
             n = 8 * out[j]
-            out[j] = n + _pick(level + n, &prefix[j])
+            out[j] = n + node_pick(level + n, &prefix[j])
             if self._large:
                 # A drawn slot's priority is usually updated next: its max leaf (a line of a tree
                 # the descent does not read) is asked for now, so the update finds it cached
@@ -385,7 +295,7 @@ cdef class PriorityTree:
 
     cdef double total_mass(self) noexcept nogil:
         # The descent's prefix of the whole root node.
-        return _sum8(self._sum)
+        return node_sum(self._sum)
 
     cdef double min_weight(self) noexcept nogil:
         # The min of the root node, which sits below level -1 (the sum leaves when it is the only level).

@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from . import checks
-from ._ext.frame_plan import Episode, FramePlan, FramePlanner
+from ._ext.batch_plan import FramePlan, FramePlanner
+from ._ext.frame_plan import Episode
 from ._ext.frames import Frames
 from ._ext.gate import deadline
 from ._ext.ring import Ring
@@ -218,14 +219,14 @@ class FrameWriter:
         the first row is that step of an episode none of whose older steps are stored
         (see :meth:`write_rows`).  Raises ValueError, changing nothing, when a stack or
         next observation cannot be rebuilt bit for bit (the checks run in
-        ``ext/frame_plan.pyx``).
+        ``ext/batch_plan.pyx``).
         """
         obs = [self._observations(k, rows, key, q) for q, key in enumerate(self._keys)]
         nexts: list[tuple[np.ndarray, bool] | None] = [None] * len(self._keys)
         for q, key in self._next_keys:
             nexts[q] = self._observations(k, rows, f"next_{key}", q)
-        return self._planner.plan(k, obs, nexts, self._flags(k, rows), self._episode if episode is None else episode,
-                                  end_episode, resume)
+        episode = self._episode if episode is None else episode
+        return episode.plan(k, obs, nexts, self._flags(k, rows), end_episode, resume)
 
     def episode_slots(self, k: int, rows: Mapping[str, np.ndarray], resume: int = 0) -> int:
         """The slots ``k`` converted rows of one whole episode take when a writer between episodes
@@ -302,8 +303,8 @@ class FrameWriter:
         start, reserved = ring.reserve(plan.items, until, True, lane)
         try:
             slots = lo + (start - lo + np.arange(plan.items, dtype=np.int64)) % (hi - lo)
-            episode.copy(plan, slots, [self._arrays[field_array(name)] for name in self._stored],
-                         [self._rows(k, rows, name) for name in self._stored])
+            episode.store.copy(plan, slots, [self._arrays[field_array(name)] for name in self._stored],
+                               [self._rows(k, rows, name) for name in self._stored])
             row_items = plan.row_items
             row_slots, row_generations = slots[row_items], reserved[row_items] + np.uint64(1)
             for name, values in (meta or {}).items():

@@ -1,7 +1,9 @@
 """The transitions file format (version 2): rows of transitions <-> a file.
 
 The buffers' ``save_transitions`` / ``load_transitions`` use it; this module
-knows rows, field specs and files, and nothing of the buffers.
+knows rows, field specs and files, and nothing of the buffers.  The archive
+around the arrays (opened only once its members' sizes are possible, written
+atomically) is :mod:`mpreplay.npz_archive`'s.
 
 File format
 -----------
@@ -71,28 +73,28 @@ lanes whose rows are not consecutive -- raises :class:`TransitionFileError`
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import secrets
-import struct
-import tokenize
 import zipfile
-import zlib
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from io import BytesIO, TextIOBase
-from typing import IO, Any, Union
+from typing import Any
 
 import numpy as np
 
 from . import checks
 from ._version import __version__
+from .npz_archive import (
+    File,
+    TransitionFileError,
+    damaged,
+    open_archive,
+    short,
+    write_archive,
+)
 from .spec import FieldSpec, parse_env_dict
 
-__all__ = ["EPISODE_ID", "EPISODE_LANE", "FORMAT_VERSION", "TransitionFileError", "damaged", "inspect", "open_archive",
-           "read_metadata", "read_transitions", "write_transitions"]
+__all__ = ["EPISODE_ID", "EPISODE_LANE", "FORMAT_VERSION", "TransitionFileError", "inspect", "read_metadata",
+           "read_transitions", "write_transitions"]
 
 FORMAT_VERSION = 2  # what this module writes; it reads 1 and 2
 METADATA = "metadata.json"  # not an identifier, so no field can take the name
@@ -104,20 +106,6 @@ _KEYS = {1: _KEYS_V1, 2: _KEYS_V1 | {"episodes"}}
 _MAX_METADATA_BYTES = 1 << 20
 _CHUNK = 1 << 22  # bytes read from a member at a time: no second copy of a large array
 _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-# The most bytes one compressed byte of a member holds, by zip compression method (deflate: 1032).
-_INFLATION = {zipfile.ZIP_STORED: 1, zipfile.ZIP_DEFLATED: 1032}
-# What zipfile, zlib and numpy's header parser raise on bytes that are not what they claim to be
-# (the parser tokenizes the header, evaluates it as a literal and sorts its keys: an unclosed bracket
-# is a TokenError, keys of mixed types a TypeError).
-_DAMAGE = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, struct.error, EOFError, OSError, KeyError,
-           IndexError, ValueError, TypeError, SyntaxError, OverflowError, NotImplementedError, RuntimeError,
-           tokenize.TokenError)
-
-File = Union[str, "os.PathLike[str]", IO[bytes]]
-
-
-class TransitionFileError(ValueError):
-    """The file is not a valid transitions file, or does not fit the buffer."""
 
 
 # -- public API --------------------------------------------------------------------------------
@@ -155,14 +143,7 @@ def write_transitions(file: File, rows: dict[str, np.ndarray], specs: dict[str, 
     if episodes is not None:
         arrays[EPISODE_ID], arrays[EPISODE_LANE] = (np.asarray(a, dtype=np.int64) for a in episodes)
 
-    def write(f: IO[bytes]) -> None:
-        _write_archive(f, arrays, compress)
-
-    if _is_path(file):
-        _write_atomically(os.fsdecode(file), write)
-    else:
-        _check_binary(file, "write")
-        write(file)
+    write_archive(file, arrays, compress)
 
 
 def read_transitions(file: File, specs: dict[str, FieldSpec], *, nstep: tuple[int, float] | None = None,
@@ -225,55 +206,6 @@ def _nstep_json(nstep: tuple[int, float] | None) -> dict[str, Any] | None:
     return None if nstep is None else {"size": nstep[0], "gamma": nstep[1]}
 
 
-def _write_archive(f: IO[bytes], arrays: dict[str, np.ndarray], compress: bool) -> None:
-    # What np.savez does, minus its keyword arguments: a field named 'file'
-    # or 'allow_pickle' would collide with them.
-    method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
-    with zipfile.ZipFile(f, "w", compression=method, allowZip64=True) as archive:
-        for name, array in arrays.items():
-            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
-
-
-def _write_atomically(path: str, write: Callable[[IO[bytes]], None]) -> None:
-    """``write`` to a new file in ``path``'s folder, sync it, then rename it to ``path``:
-    a crash never leaves a partial file under the final name."""
-    folder = os.path.dirname(os.path.abspath(path))
-    while True:
-        temp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
-        try:
-            # Mode 0o666 lets the umask decide, as for any new file.
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-            break
-        except FileExistsError:
-            continue
-    try:
-        with open(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-    _fsync_folder(folder)
-
-
-def _fsync_folder(folder: str) -> None:
-    # Makes the rename itself durable; folders cannot be opened on every platform.
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 # -- reading -----------------------------------------------------------------------------------
 
 
@@ -297,79 +229,6 @@ class _Metadata:
         return out
 
 
-@contextlib.contextmanager
-def damaged(problem: str, *, label: str = "file") -> Iterator[None]:
-    """Report any failure to parse an archive inside the block (what zipfile, zlib and
-    numpy's ``.npy`` header parser raise on bad bytes) as a :class:`TransitionFileError`
-    ``"<label>: <problem> (<the error>)"``; other exceptions pass through."""
-    try:
-        yield
-    except TransitionFileError:
-        raise
-    except _DAMAGE as exc:
-        raise TransitionFileError(f"{label}: {problem} ({type(exc).__name__}: {exc})") from exc
-
-
-def _is_path(file: Any) -> bool:
-    return isinstance(file, (str, bytes, os.PathLike))
-
-
-def _check_binary(file: Any, method: str) -> None:
-    if not hasattr(file, method):
-        raise TypeError(f"file: expected a path or a binary file object, got {type(file).__name__}")
-    if isinstance(file, TextIOBase):
-        raise TypeError("file: expected a binary file object, got a text-mode file (open it with 'rb' or 'wb')")
-
-
-@contextlib.contextmanager
-def open_archive(file: File, *, label: str = "file") -> Iterator[zipfile.ZipFile]:
-    """The ``.npz`` archive ``file`` (a path or a binary file object) opened for reading.
-
-    Bytes that are no zip archive raise :class:`TransitionFileError` starting with
-    ``label``; a missing file raises the ``OSError`` of ``open``, an object that is no
-    binary file a ``TypeError``.
-    """
-    if _is_path(file):
-        with open(file, "rb") as f, _zip(f, label) as archive:
-            yield archive
-    else:
-        _check_binary(file, "read")
-        with _zip(file, label) as archive:
-            yield archive
-
-
-@contextlib.contextmanager
-def _zip(f: IO[bytes], label: str) -> Iterator[zipfile.ZipFile]:
-    with damaged("not a readable .npz archive: damaged, truncated or another kind of file", label=label):
-        # A zip is read from its end: a stream that cannot seek is read whole first.
-        seekable = getattr(f, "seekable", None)
-        if seekable is None or not seekable():
-            f = BytesIO(f.read())
-        archive = zipfile.ZipFile(f)
-        size = f.seek(0, os.SEEK_END)  # the archive reads each member from its own offset
-    with archive:
-        _check_sizes(archive, size, label)
-        yield archive
-
-
-def _check_sizes(archive: zipfile.ZipFile, size: int, label: str) -> None:
-    """Refuse a member that claims more bytes than the archive can hold.
-
-    Readers allocate the array a member's ``.npy`` header says before reading its data,
-    once the header agrees with the member's size in the zip's directory: that size must
-    be one the member's compressed bytes can inflate to, and those must lie in the archive.
-    """
-    for info in archive.infolist():
-        inflation = _INFLATION.get(info.compress_type)
-        if inflation is None:
-            raise TransitionFileError(f"{label}: member {_short(info.filename)} uses zip compression method "
-                                      f"{info.compress_type}; numpy's savez writes stored or deflated members")
-        if info.header_offset + info.compress_size > size or info.file_size > info.compress_size * inflation:
-            raise TransitionFileError(f"{label}: member {_short(info.filename)} claims {info.file_size} bytes in "
-                                      f"{info.compress_size} compressed bytes at offset {info.header_offset}, "
-                                      f"which a {size}-byte archive cannot hold")
-
-
 def _read_metadata(archive: zipfile.ZipFile) -> _Metadata:
     members = archive.namelist()
     if len(set(members)) != len(members):
@@ -380,7 +239,7 @@ def _read_metadata(archive: zipfile.ZipFile) -> _Metadata:
     expected = [f"{name}.npy" for name in meta.arrays()]  # in order: the first missing one is named
     for member in members:
         if member not in expected and member != f"{METADATA}.npy":
-            raise TransitionFileError(f"file: unexpected array {_short(member.removesuffix('.npy'))} "
+            raise TransitionFileError(f"file: unexpected array {short(member.removesuffix('.npy'))} "
                                       "(not in the metadata)")
     for member in expected:
         if member not in members:
@@ -398,23 +257,23 @@ def _parse_metadata(raw: bytes) -> _Metadata:
         raise TransitionFileError("file: the metadata record is not a JSON object")
     version = record.get("format_version")
     if type(version) is not int or version not in _KEYS:
-        raise TransitionFileError(f"file: unsupported format version {_short(version)}; "
+        raise TransitionFileError(f"file: unsupported format version {short(version)}; "
                                   f"mpreplay {__version__} reads versions 1 to {FORMAT_VERSION}")
     keys = _KEYS[version]
     if record.keys() != keys:
         missing, unknown = sorted(keys - record.keys()), sorted(record.keys() - keys)
         raise TransitionFileError(f"file: metadata keys of format version {version}: missing {missing}, "
-                                  f"unknown {_short(unknown)}")
+                                  f"unknown {short(unknown)}")
     if not isinstance(record["mpreplay_version"], str):
         raise TransitionFileError("file: metadata 'mpreplay_version': expected a string")
     for key in ("safe", "priorities", "episodes"):
         if key in record and type(record[key]) is not bool:
-            raise TransitionFileError(f"file: metadata {key!r}: expected true or false, got {_short(record[key])}")
+            raise TransitionFileError(f"file: metadata {key!r}: expected true or false, got {short(record[key])}")
     count = record["count"]
     if type(count) is not int or count < 0:
-        raise TransitionFileError(f"file: metadata 'count': expected an integer >= 0, got {_short(count)}")
+        raise TransitionFileError(f"file: metadata 'count': expected an integer >= 0, got {short(count)}")
     if record["compression"] is not None:
-        raise TransitionFileError(f"file: compression layout {_short(record['compression'])} is not supported "
+        raise TransitionFileError(f"file: compression layout {short(record['compression'])} is not supported "
                                   f"by mpreplay {__version__} (it reads plain transitions only)")
     return _Metadata(record, version, _parse_fields(record["fields"]), _parse_nstep(record["nstep"]), count,
                      record["priorities"], record.get("episodes", False))
@@ -429,7 +288,7 @@ def _parse_fields(fields: Any) -> dict[str, FieldSpec]:
                 and isinstance(field["name"], str) and isinstance(field["shape"], list)
                 and isinstance(field["dtype"], str)):
             raise TransitionFileError("file: metadata 'fields': expected objects "
-                                      f"{{'name': str, 'shape': [int, ...], 'dtype': str}}, got {_short(field)}")
+                                      f"{{'name': str, 'shape': [int, ...], 'dtype': str}}, got {short(field)}")
         if field["name"] in env_dict:
             raise TransitionFileError(f"file: metadata 'fields': {field['name']!r} is listed twice")
         env_dict[field["name"]] = {"shape": tuple(field["shape"]), "dtype": field["dtype"]}
@@ -446,7 +305,7 @@ def _parse_nstep(nstep: Any) -> tuple[int, float] | None:
             and nstep["size"] >= 1 and type(nstep["gamma"]) in (int, float) and 0.0 <= nstep["gamma"] <= 1.0):
         return nstep["size"], float(nstep["gamma"])
     raise TransitionFileError("file: metadata 'nstep': expected null or {'size': integer >= 1, "
-                              f"'gamma': number in [0, 1]}}, got {_short(nstep)}")
+                              f"'gamma': number in [0, 1]}}, got {short(nstep)}")
 
 
 def _check_fits(meta: _Metadata, ours: dict[str, FieldSpec], nstep: tuple[int, float] | None) -> None:
@@ -547,11 +406,6 @@ def _describe_nstep(nstep: tuple[int, float] | None) -> str:
     if nstep is None:
         return "one-step transitions"
     return f"rewards folded over {nstep[0]} steps with gamma {nstep[1]}"
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _scalar(value: np.generic) -> str:

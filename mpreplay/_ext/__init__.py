@@ -8,8 +8,8 @@ launched children included -- rather than fail later on some ``_ext`` module.
 import importlib.machinery
 import os
 
-KERNELS = ("schema", "processes", "sumtree", "selector", "uniform", "prioritized", "frames", "frame_plan", "sequences",
-           "gate", "slots", "ring", "calls", "lock", "discount", "termination")
+KERNELS = ("schema", "processes", "sumtree", "selector", "uniform", "prioritized", "episode_state", "batch_plan",
+           "frames", "frame_plan", "sequences", "gate", "slots", "ring", "calls", "lock", "discount", "termination")
 
 
 def _missing() -> list[str]:

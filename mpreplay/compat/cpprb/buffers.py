@@ -34,8 +34,8 @@ import numpy as np
 
 from ... import buffer as native
 from ... import checks, fileformat
-from ..cpprb_files import read_cpprb_file
 from .fields import Fields, option_names
+from .files import read_rows
 from .nstep import NstepBuffer
 
 __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer",
@@ -61,11 +61,6 @@ def _check_context(ctx: Any) -> None:
             raise multiprocessing.ProcessError("ctx: the SyncManager has shut down")
         return
     raise TypeError(f"ctx: expected None, a multiprocessing context or a SyncManager, got {type(ctx).__name__}")
-
-
-def _rewind(file: Any) -> None:
-    if not isinstance(file, (str, bytes, os.PathLike)):
-        file.seek(0)
 
 
 class _Buffer:
@@ -185,26 +180,7 @@ class _Buffer:
         mpreplay buffer with the same fields), or one written by cpprb's ``save_transitions``,
         read without unpickling anything.  Raises ValueError, storing nothing, for a file of
         other fields or n-step settings, or anything else."""
-        try:
-            fileformat.read_metadata(file)
-        except fileformat.TransitionFileError as own:
-            _rewind(file)
-            try:
-                theirs = read_cpprb_file(file)
-            except ValueError as error:
-                raise ValueError(f"load_transitions: neither a transitions file of mpreplay ({own}) "
-                                 f"nor one of cpprb ({error})") from None
-            if theirs.nstep != self.is_Nstep():
-                raise ValueError(f"load_transitions: the file's rows were {'' if theirs.nstep else 'not '}folded "
-                                 f"over n steps, this buffer's are {'' if self.is_Nstep() else 'not'}")
-            try:
-                k, rows = self._fields.rows(self._fields.pick(theirs.transitions))
-            except KeyError as missing:
-                raise ValueError(f"load_transitions: the file lacks a field: {missing}") from None
-        else:
-            _rewind(file)
-            rows, _ = fileformat.read_transitions(file, self._fields.specs, nstep=self._file_nstep())
-            k = len(next(iter(rows.values())))
+        k, rows = read_rows(file, self._fields, self._file_nstep())
         if k:
             self._store(rows, None)
 
