@@ -25,32 +25,49 @@ from typing import Any
 
 import numpy as np
 
-from . import checks
-from ._ext.lock import LOCK_NBYTES, SharedLock, ThreadLock
-from ._ext.gate import Gate, deadline
-from ._ext.prioritized import PrioritizedSelector
+from . import checks, fileformat, manifest
 from ._ext.calls import BufferCalls, PrioritizedCalls
-from ._ext.ring import Ring
-from ._ext.slots import Slots, recover
-from ._ext.schema import INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED
+from ._ext.gate import Gate, deadline
+from ._ext.lock import LOCK_NBYTES, SharedLock, ThreadLock
+from ._ext.prioritized import PrioritizedSelector
 from ._ext.processes import process_token
-from ._ext.schema import (MANIFEST_ARRAY, MEMBERS_ARRAY, ROWS_ARRAY, TORN, TREE_ARRAY, WRITERS_ARRAY, field_array,
-                          row_layout, segment_arrays)
-from ._ext.schema import EPISODE_STEP_ARRAY, SEQUENCE_STEPS_ARRAY
-from ._ext.sequences import Sequences
+from ._ext.ring import Ring
+from ._ext.schema import (
+    EPISODE_STEP_ARRAY,
+    INSERTS,
+    LANE_CURSOR,
+    LANE_END,
+    LANE_START,
+    LOCK_HOLDS,
+    LOCK_WAIT_NS,
+    MANIFEST_ARRAY,
+    MEMBERS_ARRAY,
+    ROWS_ARRAY,
+    SAMPLES,
+    SEQUENCE_STEPS_ARRAY,
+    STALE,
+    STORED,
+    TORN,
+    TREE_ARRAY,
+    WRITERS_ARRAY,
+    field_array,
+    row_layout,
+    segment_arrays,
+)
 from ._ext.selector import Selector
+from ._ext.sequences import Sequences
+from ._ext.slots import Slots, recover
 from ._ext.sumtree import PriorityTree, tree_buffer_size
 from ._ext.uniform import UniformSelector, uniform_state_size
-from . import fileformat, manifest
+from .compression import Compression, FrameWriter, with_next_fields
 from .errors import BufferClosed
 from .limiter import RateLimiter
 from .memory import FileMemory, HeapMemory, Layout, SharedMemory
 from .nstep import NstepBuffer
 from .prefetch import Prefetcher
-from .spec import convert_batch, parse_env_dict
-from .compression import Compression, FrameWriter, with_next_fields
 from .saved_episodes import load_episodes, split_episodes, stack_age, transition_episodes
 from .sequences import SequenceWriter
+from .spec import convert_batch, parse_env_dict
 
 __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer", "BufferClosed"]
 
@@ -276,7 +293,7 @@ class ReplayBuffer(BufferCalls):
         if not self._is_open():
             raise BufferClosed("the replay buffer is closed")
 
-    def __enter__(self) -> "ReplayBuffer":
+    def __enter__(self) -> ReplayBuffer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -521,7 +538,7 @@ class ReplayBuffer(BufferCalls):
         self._priority_folder = (_make_priority_folder(self._nstep_args)
                                  if isinstance(self, PrioritizedReplayBuffer) else None)
 
-    def episode_writer(self) -> "ReplayBuffer":
+    def episode_writer(self) -> ReplayBuffer:
         """A writer for one more stream of episodes into this buffer, in this process.
 
         A buffer that keeps state between the steps of an episode -- an n-step folder
@@ -817,7 +834,7 @@ class PrioritizedReplayBuffer(PrioritizedCalls, ReplayBuffer):
         return self._ring.tags(checks.indexes("indexes", indexes))
 
 
-def _attach(cls: type, config: dict[str, Any], name: str) -> "ReplayBuffer":
+def _attach(cls: type, config: dict[str, Any], name: str) -> ReplayBuffer:
     """Unpickle a shared buffer: map the creator's segment (never owning it), once its manifest
     says it holds the layout this process computes from ``config`` (IncompatibleSegmentError if not)."""
     def attach(buffer: ReplayBuffer, layout: Layout) -> SharedMemory:
@@ -828,7 +845,7 @@ def _attach(cls: type, config: dict[str, Any], name: str) -> "ReplayBuffer":
 
 
 def _handle(cls: type, config: dict[str, Any],
-            memory: Callable[["ReplayBuffer", Layout], HeapMemory | FileMemory | SharedMemory]) -> "ReplayBuffer":
+            memory: Callable[[ReplayBuffer, Layout], HeapMemory | FileMemory | SharedMemory]) -> ReplayBuffer:
     """A buffer object of ``config`` over existing memory (``memory(buffer, layout)``), which it does not own."""
     obj = cls.__new__(cls)
     obj.__dict__.update(config)
@@ -889,7 +906,7 @@ class MPPrioritizedReplayBuffer(SharedMemoryBuffer, PrioritizedReplayBuffer):
     """:class:`PrioritizedReplayBuffer` in shared memory, written and sampled by many processes."""
 
 
-_FORK_SENSITIVE: "weakref.WeakSet[ReplayBuffer]" = weakref.WeakSet()
+_FORK_SENSITIVE: weakref.WeakSet[ReplayBuffer] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:

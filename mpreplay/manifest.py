@@ -28,8 +28,17 @@ import numpy as np
 
 from ._ext.lock import LOCK_NBYTES
 from ._ext.processes import token_pid
-from ._ext.schema import (HEADER_LEN, LANE_LEN, LIMITS_LEN, MANIFEST_NBYTES, MAX_WRITERS, MEMBERS_ARRAY, TREE_ARRAY,
-                          WRITER_LEN, WRITERS_ARRAY)
+from ._ext.schema import (
+    HEADER_LEN,
+    LANE_LEN,
+    LIMITS_LEN,
+    MANIFEST_NBYTES,
+    MAX_WRITERS,
+    MEMBERS_ARRAY,
+    TREE_ARRAY,
+    WRITER_LEN,
+    WRITERS_ARRAY,
+)
 from ._ext.sumtree import tree_buffer_size
 from ._ext.uniform import uniform_state_size
 from ._version import __version__

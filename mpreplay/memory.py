@@ -96,7 +96,7 @@ class HeapMemory:
         self._block = _aligned_zeros(max(layout.nbytes, 1)) if block is None else block
         self.arrays = layout.views(memoryview(self._block))
 
-    def handle(self) -> "HeapMemory":
+    def handle(self) -> HeapMemory:
         """Another view of the same block, which does not own it."""
         return HeapMemory(self.layout, block=self._block)
 
@@ -137,7 +137,7 @@ class FileMemory:
         kind, _, name = array.partition(":")
         return f"{prefix}_{name}.dat" if kind == "field" and name else f"{prefix}.{array.replace(':', '_')}.dat"
 
-    def handle(self) -> "FileMemory":
+    def handle(self) -> FileMemory:
         """Other views of the same maps, which do not own them."""
         return FileMemory(self.layout, self.prefix, maps=self._maps)
 
@@ -246,7 +246,7 @@ class SharedMemory:
         """Whether this process created the segment (and will unlink it)."""
         return self._owner_pid == os.getpid()
 
-    def handle(self) -> "SharedMemory":
+    def handle(self) -> SharedMemory:
         """Another mapping of the same segment, which does not own it."""
         return SharedMemory(self.layout, name=self.name)
 

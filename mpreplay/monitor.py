@@ -25,10 +25,25 @@ import numpy as np
 from . import manifest
 from ._ext.lock import read_holder
 from ._ext.processes import describe_process, token_alive, token_pid
+from ._ext.schema import (
+    CLOSED,
+    INSERTS,
+    LANE_OWNER,
+    LIMIT_MAX_DIFF,
+    LIMIT_MIN_SIZE,
+    LIMIT_ON,
+    LIMIT_SPI,
+    LOCK_HOLDS,
+    LOCK_WAIT_NS,
+    SAMPLES,
+    STALE,
+    STORED,
+    TORN,
+    TREE_ARRAY,
+    WRITER_INSERTS,
+    WRITER_TOKEN,
+)
 from ._ext.sumtree import leaf_views
-from ._ext.schema import (CLOSED, INSERTS, LANE_OWNER, LIMIT_MAX_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI,
-                          LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED, TORN, TREE_ARRAY, WRITER_INSERTS,
-                          WRITER_TOKEN)
 from .memory import SEGMENT_PREFIX
 
 __all__ = ["SHM_DIR", "BufferView", "Reading", "Removal", "Segment", "frame", "list_segments", "remove_segments",
@@ -223,7 +238,7 @@ class BufferView:
         except BufferError:  # a caller still holds an array over the mapping: it unmaps with them
             pass
 
-    def __enter__(self) -> "BufferView":
+    def __enter__(self) -> BufferView:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -36,7 +36,7 @@ class SequenceSpec:
     eta: float
 
     @classmethod
-    def build(cls, length: Any, period: Any, pad_end: Any, eta: Any) -> "SequenceSpec":
+    def build(cls, length: Any, period: Any, pad_end: Any, eta: Any) -> SequenceSpec:
         length = checks.integer("length", length, low=1)
         period = length if period is None else checks.integer("period", period, low=1)
         return cls(length, period, checks.flag("pad_end", pad_end), checks.number("eta", eta, low=0.0, high=1.0))
@@ -64,7 +64,7 @@ class SequenceCutter:
         self._stored = first  # steps of the current episode
         self._next = -(-first // self.period) * self.period  # offset of the next sequence not announced yet
 
-    def copy(self) -> "SequenceCutter":
+    def copy(self) -> SequenceCutter:
         """A cutter of its own in this one's state."""
         other = SequenceCutter.__new__(SequenceCutter)
         other.__dict__.update(self.__dict__)
@@ -149,7 +149,7 @@ class _Episode:
         self.generations: list[int] = []
         self.priorities: list[float] = []
 
-    def copy(self) -> "_Episode":
+    def copy(self) -> _Episode:
         other = _Episode.__new__(_Episode)
         other.cutter, other.start, other.first = self.cutter.copy(), self.start, self.first
         other.slots, other.generations, other.priorities = self.slots[:], self.generations[:], self.priorities[:]

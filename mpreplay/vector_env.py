@@ -493,7 +493,7 @@ class VectorWriter:
                 w.close()
         self._writers = []
 
-    def __enter__(self) -> "VectorWriter":
+    def __enter__(self) -> VectorWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -6,16 +6,21 @@ from __future__ import annotations
 import io
 import json
 import os
-import zipfile
 import random
 import struct
+import zipfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from mpreplay import (MPPrioritizedReplayBuffer, MPPrioritizedSequenceReplayBuffer, MPReplayBuffer,
-                      SampleToInsertRatio, manifest)
+from mpreplay import (
+    MPPrioritizedReplayBuffer,
+    MPPrioritizedSequenceReplayBuffer,
+    MPReplayBuffer,
+    SampleToInsertRatio,
+    manifest,
+)
 from mpreplay.monitor import SHM_DIR
 
 ENV = {"obs": {"shape": (4,)}, "act": {"dtype": np.int64}, "rew": {}, "next_obs": {"shape": (4,)}, "done": {}}

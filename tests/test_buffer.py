@@ -5,9 +5,9 @@ import math
 import os
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import pytest
 
 from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
 from mpreplay._ext.schema import MEMBERS_ARRAY, TREE_ARRAY

@@ -1,13 +1,13 @@
 """launch(): processes, ranks, results, failures, restarts, signals and clean-up."""
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import os
 import signal
 import subprocess
 import sys
-import itertools
 import textwrap
 import threading
 import time

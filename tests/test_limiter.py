@@ -11,8 +11,16 @@ import time
 import numpy as np
 import pytest
 
-from mpreplay import (BufferClosed, MinSize, MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer,
-                      RateLimiter, ReplayBuffer, SampleToInsertRatio)
+from mpreplay import (
+    BufferClosed,
+    MinSize,
+    MPPrioritizedReplayBuffer,
+    MPReplayBuffer,
+    PrioritizedReplayBuffer,
+    RateLimiter,
+    ReplayBuffer,
+    SampleToInsertRatio,
+)
 from mpreplay._ext.schema import RESERVED, SAMPLES
 
 METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])

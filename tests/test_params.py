@@ -5,7 +5,6 @@ import multiprocessing
 import os
 import pickle
 import signal
-
 import time
 
 import numpy as np

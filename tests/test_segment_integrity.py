@@ -13,6 +13,7 @@ import random
 import re
 from typing import Any
 
+import damage  # tests/damage.py: real segments and the fuzzers' damage
 import numpy as np
 import pytest
 
@@ -21,8 +22,6 @@ from mpreplay import manifest, monitor
 from mpreplay._ext.slots import arm_fault
 from mpreplay.cli import main
 from mpreplay.monitor import BufferView, frame, list_segments, remove_segments, summary
-
-import damage  # tests/damage.py: real segments and the fuzzers' damage
 
 pytestmark = pytest.mark.timeout(120, method="thread")
 

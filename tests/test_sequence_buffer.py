@@ -1,16 +1,22 @@
 """Sequence buffers: steps stored once, sequences of one episode sampled (R2D2)."""
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import signal
 import time
 
-import multiprocessing as mp
 import numpy as np
 import pytest
 
-from mpreplay import (MinSize, MPPrioritizedSequenceReplayBuffer, MPSequenceReplayBuffer,
-                      PrioritizedSequenceReplayBuffer, SequenceReplayBuffer, sequence_priority)
+from mpreplay import (
+    MinSize,
+    MPPrioritizedSequenceReplayBuffer,
+    MPSequenceReplayBuffer,
+    PrioritizedSequenceReplayBuffer,
+    SequenceReplayBuffer,
+    sequence_priority,
+)
 
 METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 ENV = {"obs": {"shape": (2,)}, "done": {}}

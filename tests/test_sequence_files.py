@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import damage  # tests/damage.py: transitions files taken apart and put together
 import numpy as np
 import pytest
 
 from mpreplay import MPPrioritizedSequenceReplayBuffer, SequenceReplayBuffer
 from mpreplay.fileformat import TransitionFileError
-
-import damage  # tests/damage.py: transitions files taken apart and put together
 
 ENV = {"tag": {"shape": (3,), "dtype": np.int64}, "done": {}}
 STACKED = {"tag": {"shape": (3,), "dtype": np.int64}, "obs": {"shape": (3, 3, 4), "dtype": np.uint8},

@@ -75,7 +75,7 @@ def test_with_padding_every_step_lies_in_a_sequence_within_the_episode(steps, le
     period = min(period, length)  # longer periods skip steps by design
     covered = np.zeros(steps, dtype=bool)
     for offset, valid in cut_episode(SequenceCutter(length, period), steps):
-        assert 0 <= offset and offset + valid <= steps and 1 <= valid <= length
+        assert offset >= 0 and offset + valid <= steps and 1 <= valid <= length
         covered[offset:offset + valid] = True
     assert covered.all()
 

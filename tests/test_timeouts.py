@@ -17,8 +17,7 @@ import threading
 import numpy as np
 import pytest
 
-from mpreplay import (MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer, SampleToInsertRatio,
-                      SequenceReplayBuffer)
+from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer, SampleToInsertRatio, SequenceReplayBuffer
 from mpreplay.vector_env import TransitionBatch, VectorWriter
 
 STACK = 2

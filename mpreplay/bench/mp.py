@@ -46,9 +46,23 @@ import numpy as np
 import mpreplay
 from mpreplay.bench._report import print_table
 from mpreplay.bench.mp_processes import Result, Timing, gather_limit, run_case
-from mpreplay.bench.mp_workloads import (ATARI, ATARI_SCALE, ATARI_SCALE_WRITERS, BATCH, CPPRB, CPPRB_ATARI_CAPACITY,
-                                         MPREPLAY, QUICK_CAPACITY, QUICK_SWEEP, ROWS_PER_ADD, SMALL, SWEEP, Contender,
-                                         Obs, fill)
+from mpreplay.bench.mp_workloads import (
+    ATARI,
+    ATARI_SCALE,
+    ATARI_SCALE_WRITERS,
+    BATCH,
+    CPPRB,
+    CPPRB_ATARI_CAPACITY,
+    MPREPLAY,
+    QUICK_CAPACITY,
+    QUICK_SWEEP,
+    ROWS_PER_ADD,
+    SMALL,
+    SWEEP,
+    Contender,
+    Obs,
+    fill,
+)
 
 
 def _cases(ctx: Any, contender: Contender, obs: Obs, timing: Timing) -> list[Result]:

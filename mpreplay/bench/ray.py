@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 import mpreplay
+from mpreplay.bench._report import positive_int, print_table
 from mpreplay.sharded import ShardedReplay, ShardServer, start_shard_servers
 from mpreplay.testing import LoopbackRayCluster
-from mpreplay.bench._report import positive_int, print_table
 
 OBS_SHAPE = (84, 84)
 ENV = {"obs": {"shape": OBS_SHAPE, "dtype": np.uint8}, "next_obs": {"shape": OBS_SHAPE, "dtype": np.uint8},

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from mpreplay._ext import discount as _kernel
-from mpreplay.returns import discounted_cumsum_left, discounted_cumsum_right, n_step_returns
 from mpreplay.bench._report import print_table
+from mpreplay.returns import discounted_cumsum_left, discounted_cumsum_right, n_step_returns
 
 GAMMA = 0.99
 TARGETS = (

@@ -12,8 +12,14 @@ shared memory, stale priority updates dropped.  The README's "Coming from
 cpprb" lists every difference.  cpprb itself is never imported.
 """
 from . import HER, LaBER, PyReplayBuffer, multiprocessing
-from .buffers import (MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer,
-                      ReverseReplayBuffer, create_buffer)
+from .buffers import (
+    MPPrioritizedReplayBuffer,
+    MPReplayBuffer,
+    PrioritizedReplayBuffer,
+    ReplayBuffer,
+    ReverseReplayBuffer,
+    create_buffer,
+)
 from .HER import HindsightReplayBuffer
 from .LaBER import LaBERlazy, LaBERmax, LaBERmean
 from .nstep import NstepBuffer

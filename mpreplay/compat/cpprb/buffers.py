@@ -217,7 +217,7 @@ class _Buffer:
         """Release the memory (mpreplay's addition: cpprb buffers live until collected)."""
         self._native.close()
 
-    def __enter__(self) -> "_Buffer":
+    def __enter__(self) -> _Buffer:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -39,7 +39,7 @@ class Fields:
 
     @classmethod
     def parse(cls, env_dict: Mapping[str, Mapping[str, Any]] | None, default_dtype: Any = None,
-              next_of: Any = None) -> "Fields":
+              next_of: Any = None) -> Fields:
         """Parse a cpprb ``env_dict`` (never changing it); ``next_of`` adds ``next_<key>``
         for each key, as cpprb does."""
         if not isinstance(env_dict, Mapping) or not env_dict:
