@@ -185,7 +185,8 @@ class ReplayBuffer(BufferCalls):
         layout = Layout()
         for name, shape, dtype in segment_arrays(
                 self._size, 1 if c is None else c.lanes, self._selector_array(), fields,
-                None if c is None else [(key, c.frame_shape(key, self._specs), self._specs[key].dtype) for key in c.keys],
+                None if c is None else [(key, c.frame_shape(key, self._specs), self._specs[key].dtype)
+                                        for key in c.keys],
                 self._LOCK_NBYTES, self._sequence is not None, rows):
             layout.add(name, shape, dtype)
         if rows and fields:

@@ -234,7 +234,8 @@ def matrix(name: str, values: Any, *, kind: str) -> np.ndarray:
     m = np.ascontiguousarray(m, dtype=np.float64)
     bad = np.argwhere(~np.isfinite(m))
     if bad.size:
-        raise ValueError(f"{name}: expected finite numbers, got {float(m[tuple(bad[0])])!r} at {tuple(int(i) for i in bad[0])}")
+        at = tuple(int(i) for i in bad[0])
+        raise ValueError(f"{name}: expected finite numbers, got {float(m[at])!r} at {at}")
     return m
 
 

@@ -214,7 +214,7 @@ def inspect(file: File) -> str:
         table.append((name, str(len(array)), str(array.shape[1:]), str(array.dtype), low, high))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines.append("")
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
     return "\n".join(lines)
 
 

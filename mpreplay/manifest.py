@@ -205,7 +205,7 @@ def _check(document: dict[str, Any], size: int | None) -> None:
             raise ManifestError(f"the manifest has no {name!r} array")
         have, have_dtype = arrays[name]
         if have_dtype != dtype or len(have) != len(shape) or any(
-                d < 1 if want is None else d != want for d, want in zip(have, shape)):
+                d < 1 if want is None else d != want for d, want in zip(have, shape, strict=True)):
             raise ManifestError(f"array {name!r} is {have_dtype} of shape {tuple(have)}, readers index "
                                 f"{dtype} of shape {tuple('n' if d is None else d for d in shape)}")
 

@@ -9,6 +9,7 @@ local buffer larger than RAM, paged by the operating system.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -54,7 +55,7 @@ class Layout:
     def add_row_views(self, array: str, fields: list[tuple[str, tuple[int, ...], Any]], offsets: list[int]) -> None:
         """Name each of ``fields`` (``(name, shape, dtype)`` of one row) as the view of its bytes,
         at its offset in ``offsets``, in every row of ``array`` (a 2-D uint8 array added before)."""
-        for (name, shape, dtype), offset in zip(fields, offsets):
+        for (name, shape, dtype), offset in zip(fields, offsets, strict=True):
             self.row_views.append((name, array, tuple(int(d) for d in shape), np.dtype(dtype).str, int(offset)))
 
     def views(self, buf: memoryview) -> dict[str, np.ndarray]:
@@ -219,7 +220,8 @@ class SharedMemory:
             try:
                 self._shm = _attach_untracked(name)
             except FileNotFoundError:
-                raise SharedMemoryError(f"shared-memory segment {name!r} no longer exists (its owner closed it)") from None
+                raise SharedMemoryError(
+                    f"shared-memory segment {name!r} no longer exists (its owner closed it)") from None
             if verify is not None:
                 try:
                     verify(self._shm.buf)
@@ -261,10 +263,8 @@ class SharedMemory:
             shm._mmap = None
             shm.close()
         if owner_pid == os.getpid():
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 shm.unlink()
-            except FileNotFoundError:
-                pass
             termination.disown(_shm_path(shm.name))
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ the reason, and every other segment is listed as usual.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
 import os
@@ -196,7 +197,8 @@ class BufferView:
         """The counters now."""
         writers = self.arrays["writers"]
         return Reading(time.monotonic(), self.arrays["header"].copy(),
-                       {int(t): int(n) for t, n in zip(writers[:, WRITER_TOKEN], writers[:, WRITER_INSERTS]) if t})
+                       {int(t): int(n)
+                        for t, n in zip(writers[:, WRITER_TOKEN], writers[:, WRITER_INSERTS], strict=True) if t})
 
     def limiter(self) -> dict[str, float | None] | None:
         """The rate limiter's settings, or None: ``samples_per_insert`` (None for a limiter that
@@ -233,10 +235,8 @@ class BufferView:
 
     def close(self) -> None:
         self.arrays = {}
-        try:
+        with contextlib.suppress(BufferError):  # a caller still holds an array over the mapping: it unmaps with them
             self._map.close()
-        except BufferError:  # a caller still holds an array over the mapping: it unmaps with them
-            pass
 
     def __enter__(self) -> BufferView:
         return self
@@ -289,8 +289,8 @@ def frame(view: BufferView, before: Reading, after: Reading) -> list[tuple[str, 
         rows.append(("writer", f"pid {token_pid(token)}{lane}: {per_s:,.0f} inserts/s ({count:,} in all{state})"))
     priorities = view.priorities()
     if priorities is not None and len(priorities):
-        rows.append(("priorities", f"min {priorities.min():.3g}  median {np.median(priorities):.3g}  "
-                                   f"max {priorities.max():.3g}"))
+        rows.append(("priorities", (f"min {priorities.min():.3g}  median {np.median(priorities):.3g}  "
+                                    f"max {priorities.max():.3g}")))
         rows.append(("histogram", _histogram(priorities)))
     return rows
 

@@ -209,7 +209,7 @@ class SequenceWriter:
             after.append(episode)
             if not opened:
                 return None
-            columns = list(zip(*opened))
+            columns = list(zip(*opened, strict=True))
             return (np.array(columns[0], dtype=np.int64), np.array(columns[1], dtype=np.uint64),
                     np.array(columns[2], dtype=np.int64), np.array(columns[3], dtype=np.float64))
 
@@ -253,7 +253,7 @@ class SequenceWriter:
               start_priorities: bool) -> None:
         """List the sequences at episode ``offsets`` for opening, then forget the steps
         no later sequence starts at or before."""
-        for offset, n in zip(offsets.tolist(), steps.tolist()):
+        for offset, n in zip(offsets.tolist(), steps.tolist(), strict=True):
             i = offset - episode.first
             step_priorities = np.array(episode.priorities[i:i + n])
             if start_priorities:

@@ -83,12 +83,12 @@ def parse_env_dict(env_dict: Mapping[str, Mapping[str, Any]], default_dtype: Any
         raise ValueError("env_dict: expected a non-empty mapping of field name -> {'shape': ..., 'dtype': ...}")
     default = np.float32 if default_dtype is None else default_dtype
     specs: dict[str, FieldSpec] = {}
-    for name, options in env_dict.items():
+    for name, given in env_dict.items():
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"env_dict: field names must be identifiers, got {name!r}")
         if name in _RESERVED:
             raise ValueError(f"env_dict: {name!r} is reserved for sample()/add() keywords")
-        options = {} if options is None else options
+        options = {} if given is None else given
         if not isinstance(options, Mapping):
             raise TypeError(f"env_dict[{name!r}]: expected a mapping, got {type(options).__name__}")
         unknown = set(options) - _OPTIONS
@@ -148,7 +148,8 @@ def convert_batch(specs: Mapping[str, FieldSpec], values: Mapping[str, Any]) -> 
         try:
             arr = np.asarray(values[name])
         except ValueError:
-            raise ValueError(f"field {name!r}: ragged value, expected shape {spec.shape} or (batch,) + {spec.shape}") from None
+            raise ValueError(
+                f"field {name!r}: ragged value, expected shape {spec.shape} or (batch,) + {spec.shape}") from None
         if arr.dtype.kind not in "biufc":
             raise TypeError(f"field {name!r}: expected numbers, got dtype {arr.dtype}")
         nd = len(spec.shape)

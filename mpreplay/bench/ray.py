@@ -80,7 +80,7 @@ def _measure(config: str, buffers: list[Any], args: argparse.Namespace) -> _Figu
     options = {"prefetch": args.prefetch, "batches_per_call": args.batches_per_call, "seed": args.seed}
     with LoopbackRayCluster(MAX_SHARDS, object_store_mb=args.object_store_mb,
                             system_config=_CONFIGS[config]) as cluster:
-        remote = list(start_shard_servers(dict(zip(cluster.node_ids, buffers)), num_cpus=0).values())
+        remote = list(start_shard_servers(dict(zip(cluster.node_ids, buffers, strict=False)), num_cpus=0).values())
         local = [ShardServer(b) for b in buffers]
         runs: dict[int, dict[str, list[tuple[float, float]]]] = {
             k: {"local": [], "ray": []} for k in args.shards}

@@ -11,7 +11,7 @@ everything in mpreplay's buffers: their speed, whole rows only, crash-safe
 shared memory, stale priority updates dropped.  The README's "Coming from
 cpprb" lists every difference.  cpprb itself is never imported.
 """
-from . import HER, LaBER, PyReplayBuffer, multiprocessing
+from . import HER, LaBER, PyReplayBuffer, multiprocessing  # noqa: F401 -- cpprb's submodules, as cpprb.HER etc.
 from .buffers import (
     MPPrioritizedReplayBuffer,
     MPReplayBuffer,

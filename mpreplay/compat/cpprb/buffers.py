@@ -126,7 +126,7 @@ class _Buffer:
         with ``shuffle``."""
         if checks.flag("shuffle", shuffle):
             rows = self._native.get_all_transitions()
-            order = np.random.permutation(len(next(iter(rows.values()))))
+            order = np.random.permutation(len(next(iter(rows.values()))))  # noqa: NPY002 -- as cpprb
             rows = {name: r[order] for name, r in rows.items()}
         else:
             rows = self._rows_by_index()
@@ -196,7 +196,7 @@ class _Buffer:
                                  f"nor one of cpprb ({error})") from None
             if theirs.nstep != self.is_Nstep():
                 raise ValueError(f"load_transitions: the file's rows were {'' if theirs.nstep else 'not '}folded "
-                                 f"over n steps, this buffer's are {'' if self.is_Nstep() else 'not'}")
+                                 f"over n steps, this buffer's are {'' if self.is_Nstep() else 'not'}") from None
             try:
                 k, rows = self._fields.rows(self._fields.pick(theirs.transitions))
             except KeyError as missing:

@@ -46,8 +46,8 @@ class Fields:
             raise ValueError("env_dict: expected a non-empty mapping of field name -> "
                              "{'shape': ..., 'dtype': ...} (a buffer without fields stores nothing)")
         native: dict[str, dict[str, Any]] = {}
-        for name, options in env_dict.items():
-            options = dict(options) if isinstance(options, Mapping) else options
+        for name, given in env_dict.items():
+            options = dict(given) if isinstance(given, Mapping) else given
             if isinstance(options, dict):
                 shape = _cpprb_shape(options.get("shape", 1))
                 if shape is not None:
