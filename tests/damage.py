@@ -227,9 +227,8 @@ def file_archive(members: dict[str, Any]) -> io.BytesIO:
     f = io.BytesIO()
     with zipfile.ZipFile(f, "w") as archive:
         for name, value in members.items():
-            if name == "metadata.json":
-                value = np.frombuffer(json.dumps(value).encode(), dtype=np.uint8)
+            array = np.frombuffer(json.dumps(value).encode(), dtype=np.uint8) if name == "metadata.json" else value
             with archive.open(f"{name}.npy", "w") as member:
-                np.lib.format.write_array(member, np.asarray(value), allow_pickle=False)
+                np.lib.format.write_array(member, np.asarray(array), allow_pickle=False)
     f.seek(0)
     return f

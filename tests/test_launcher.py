@@ -291,7 +291,7 @@ def test_actor_exception_is_raised_with_role_rank_and_traceback(assert_all_gone,
     def actor(ctx):
         ctx.buffer.cells[ctx.rank] = os.getpid()
         if ctx.rank == 1:
-            wait_until(lambda: ctx.buffer.cells.all(), ctx, "every process")
+            wait_until(ctx.buffer.cells.all, ctx, "every process")
             explode()
         ctx.stop.wait()
 

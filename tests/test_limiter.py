@@ -164,9 +164,8 @@ def test_a_blocked_sample_wakes_when_another_process_inserts(method):
 
 @pytest.mark.timeout(30)
 def test_a_blocked_sample_times_out_with_a_clear_error():
-    with MPReplayBuffer(100, ENV, rate_limiter=MinSize(8)) as buffer:
-        with pytest.raises(TimeoutError, match="timed out"):
-            buffer.sample(1, timeout=0.2)
+    with MPReplayBuffer(100, ENV, rate_limiter=MinSize(8)) as buffer, pytest.raises(TimeoutError, match="timed out"):
+        buffer.sample(1, timeout=0.2)
 
 
 @pytest.mark.timeout(30)
