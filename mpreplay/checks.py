@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import reprlib
 import sys
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -137,6 +137,10 @@ def dtype(name: str, value: Any, options: tuple[Any, ...]) -> np.dtype:
     return got
 
 
+@overload
+def seconds(name: str, value: Any, *, allow_none: Literal[False]) -> float: ...
+@overload
+def seconds(name: str, value: Any, *, allow_none: bool = True) -> float | None: ...
 def seconds(name: str, value: Any, *, allow_none: bool = True) -> float | None:
     """A time in seconds: a finite number >= 0, or None (no limit) when ``allow_none``.
 

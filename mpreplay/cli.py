@@ -9,8 +9,12 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from ._version import __version__
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 _BENCHMARKS = {
     "memory": "bytes per transition with next_of / stack_compress vs one frame per step; cost of rebuilding stacks",
@@ -166,7 +170,7 @@ def _rich():
     return Console()
 
 
-def _rich_table(rows: Sequence[tuple[str, str]]):
+def _rich_table(rows: Sequence[tuple[str, str]]) -> Table:
     from rich.table import Table
 
     table = Table(title=f"mpreplay top  {datetime.now():%H:%M:%S}", show_header=False, title_justify="left")

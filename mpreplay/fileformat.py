@@ -83,13 +83,16 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from io import BytesIO, TextIOBase
-from typing import IO, Any, Union
+from typing import IO, TYPE_CHECKING, Any, Union
 
 import numpy as np
 
 from . import checks
 from ._version import __version__
 from .spec import FieldSpec, parse_env_dict
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # typing's own from Python 3.13
 
 __all__ = ["EPISODE_ID", "EPISODE_LANE", "FORMAT_VERSION", "TransitionFileError", "damaged", "inspect", "open_archive",
            "read_metadata", "read_transitions", "write_transitions"]
@@ -148,7 +151,8 @@ def write_transitions(file: File, rows: dict[str, np.ndarray], specs: dict[str, 
         "priorities": priorities is not None,
         "episodes": episodes is not None,
     }
-    arrays = {METADATA: np.frombuffer(json.dumps(record, allow_nan=False).encode(), dtype=np.uint8)}
+    metadata = np.frombuffer(json.dumps(record, allow_nan=False).encode(), dtype=np.uint8)
+    arrays: dict[str, np.ndarray] = {METADATA: metadata}
     arrays.update((name, rows[name]) for name in specs)
     if priorities is not None:
         arrays[PRIORITIES] = priorities
@@ -310,7 +314,7 @@ def damaged(problem: str, *, label: str = "file") -> Iterator[None]:
         raise TransitionFileError(f"{label}: {problem} ({type(exc).__name__}: {exc})") from exc
 
 
-def _is_path(file: Any) -> bool:
+def _is_path(file: Any) -> TypeIs[str | bytes | os.PathLike[str] | os.PathLike[bytes]]:
     return isinstance(file, (str, bytes, os.PathLike))
 
 

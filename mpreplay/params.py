@@ -259,7 +259,7 @@ class ParameterStore:
             dest[key] = view
         return dest
 
-    def _to_user(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    def _to_user(self, arrays: dict[str, Any]) -> dict[str, Any]:
         tensor_keys = [key for key, _, _, is_tensor in self._spec if is_tensor]
         if tensor_keys:
             import torch  # the template held tensors, so torch is installed

@@ -166,7 +166,8 @@ def _child_main(function: bytes, shared: bytes, job: _Job, stop: StopFlag, conn:
     except Exception as exc:
         failed = True
         # The first frame is this wrapper: start the traceback at the user's code.
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
+        frames = exc.__traceback__
+        text = "".join(traceback.format_exception(type(exc), exc, frames.tb_next if frames else None))
         reply = cloudpickle.dumps(("error", text))
     conn.send_bytes(reply)
     conn.close()
