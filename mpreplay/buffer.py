@@ -25,49 +25,32 @@ from typing import Any
 
 import numpy as np
 
-from . import checks, fileformat, manifest
-from ._ext.calls import BufferCalls, PrioritizedCalls
-from ._ext.gate import Gate, deadline
+from . import checks
 from ._ext.lock import LOCK_NBYTES, SharedLock, ThreadLock
+from ._ext.gate import Gate, deadline
 from ._ext.prioritized import PrioritizedSelector
-from ._ext.processes import process_token
+from ._ext.calls import BufferCalls, PrioritizedCalls
 from ._ext.ring import Ring
-from ._ext.schema import (
-    EPISODE_STEP_ARRAY,
-    INSERTS,
-    LANE_CURSOR,
-    LANE_END,
-    LANE_START,
-    LOCK_HOLDS,
-    LOCK_WAIT_NS,
-    MANIFEST_ARRAY,
-    MEMBERS_ARRAY,
-    ROWS_ARRAY,
-    SAMPLES,
-    SEQUENCE_STEPS_ARRAY,
-    STALE,
-    STORED,
-    TORN,
-    TREE_ARRAY,
-    WRITERS_ARRAY,
-    field_array,
-    row_layout,
-    segment_arrays,
-)
-from ._ext.selector import Selector
-from ._ext.sequences import Sequences
 from ._ext.slots import Slots, recover
+from ._ext.schema import INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED
+from ._ext.processes import process_token
+from ._ext.schema import (MANIFEST_ARRAY, MEMBERS_ARRAY, ROWS_ARRAY, TORN, TREE_ARRAY, WRITERS_ARRAY, field_array,
+                          row_layout, segment_arrays)
+from ._ext.schema import EPISODE_STEP_ARRAY, SEQUENCE_STEPS_ARRAY
+from ._ext.sequences import Sequences
+from ._ext.selector import Selector
 from ._ext.sumtree import PriorityTree, tree_buffer_size
 from ._ext.uniform import UniformSelector, uniform_state_size
-from .compression import Compression, FrameWriter, with_next_fields
+from . import fileformat, manifest
 from .errors import BufferClosed
 from .limiter import RateLimiter
 from .memory import FileMemory, HeapMemory, Layout, SharedMemory
 from .nstep import NstepBuffer
 from .prefetch import Prefetcher
+from .spec import convert_batch, parse_env_dict
+from .compression import Compression, FrameWriter, with_next_fields
 from .saved_episodes import load_episodes, split_episodes, stack_age, transition_episodes
 from .sequences import SequenceWriter
-from .spec import convert_batch, parse_env_dict
 
 __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer", "BufferClosed"]
 
