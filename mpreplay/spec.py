@@ -142,8 +142,7 @@ def convert_batch(specs: Mapping[str, FieldSpec], values: Mapping[str, Any]) -> 
     if missing:
         raise ValueError(f"missing field {missing[0]!r}; expected fields {list(specs)}")
     rows: dict[str, np.ndarray] = {}
-    k = None
-    first = None
+    k, first = 0, None  # the batch length, and the field that set it
     for name, spec in specs.items():
         try:
             arr = np.asarray(values[name])
@@ -159,7 +158,7 @@ def convert_batch(specs: Mapping[str, FieldSpec], values: Mapping[str, Any]) -> 
             arr = arr.reshape(-1, 1)
         elif arr.ndim != nd + 1 or arr.shape[1:] != spec.shape:
             raise ValueError(f"field {name!r}: expected shape {spec.shape} or (batch,) + {spec.shape}, got {arr.shape}")
-        if k is None:
+        if first is None:
             k, first = arr.shape[0], name
         elif arr.shape[0] != k:
             raise ValueError(f"field {name!r}: batch length {arr.shape[0]} disagrees with {k} of field {first!r}")
