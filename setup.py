@@ -97,7 +97,8 @@ def _generated_sources_current(names: list[str]) -> bool:
 
 def _vector_math() -> tuple[list[tuple[str, str]], list[str]]:
     """Macros and libraries for ext/batch_math.pxd: glibc's vector math library on x86-64 Linux."""
-    if sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64") and ctypes.util.find_library("mvec"):
+    if (sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
+            and ctypes.util.find_library("mvec")):
         return [("MPR_LIBMVEC", "1")], ["mvec"]
     return [], []
 

@@ -8,8 +8,12 @@ from .memory import SharedMemoryError
 from .nstep import NstepBuffer
 from .params import ParameterStore, ParameterStoreTimeout
 from .returns import NStepReturns, discounted_cumsum_left, discounted_cumsum_right, gae, n_step_returns
-from .sequence_buffer import (MPPrioritizedSequenceReplayBuffer, MPSequenceReplayBuffer,
-                              PrioritizedSequenceReplayBuffer, SequenceReplayBuffer)
+from .sequence_buffer import (
+    MPPrioritizedSequenceReplayBuffer,
+    MPSequenceReplayBuffer,
+    PrioritizedSequenceReplayBuffer,
+    SequenceReplayBuffer,
+)
 from .sequences import sequence_priority
 
 __all__ = [

@@ -171,7 +171,8 @@ class ReplayBuffer(BufferCalls):
         layout = Layout()
         for name, shape, dtype in segment_arrays(
                 self._size, 1 if c is None else c.lanes, self._selector_array(), fields,
-                None if c is None else [(key, c.frame_shape(key, self._specs), self._specs[key].dtype) for key in c.keys],
+                None if c is None else [(key, c.frame_shape(key, self._specs), self._specs[key].dtype)
+                                        for key in c.keys],
                 self._LOCK_NBYTES, self._sequence is not None, rows):
             layout.add(name, shape, dtype)
         if rows and fields:
@@ -279,7 +280,7 @@ class ReplayBuffer(BufferCalls):
         if not self._is_open():
             raise BufferClosed("the replay buffer is closed")
 
-    def __enter__(self) -> "ReplayBuffer":
+    def __enter__(self) -> ReplayBuffer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -524,7 +525,7 @@ class ReplayBuffer(BufferCalls):
         self._priority_folder = (_make_priority_folder(self._nstep_args)
                                  if isinstance(self, PrioritizedReplayBuffer) else None)
 
-    def episode_writer(self) -> "ReplayBuffer":
+    def episode_writer(self) -> ReplayBuffer:
         """A writer for one more stream of episodes into this buffer, in this process.
 
         A buffer that keeps state between the steps of an episode -- an n-step folder
@@ -844,7 +845,7 @@ class PrioritizedReplayBuffer(PrioritizedCalls, ReplayBuffer):
         return self._ring.tags(checks.indexes("indexes", indexes))
 
 
-def _attach(cls: type, config: dict[str, Any], name: str) -> "ReplayBuffer":
+def _attach(cls: type, config: dict[str, Any], name: str) -> ReplayBuffer:
     """Unpickle a shared buffer: map the creator's segment (never owning it), once its manifest
     says it holds the layout this process computes from ``config`` (IncompatibleSegmentError if not)."""
     def attach(buffer: ReplayBuffer, layout: Layout) -> SharedMemory:
@@ -855,7 +856,7 @@ def _attach(cls: type, config: dict[str, Any], name: str) -> "ReplayBuffer":
 
 
 def _handle(cls: type, config: dict[str, Any],
-            memory: Callable[["ReplayBuffer", Layout], HeapMemory | FileMemory | SharedMemory]) -> "ReplayBuffer":
+            memory: Callable[[ReplayBuffer, Layout], HeapMemory | FileMemory | SharedMemory]) -> ReplayBuffer:
     """A buffer object of ``config`` over existing memory (``memory(buffer, layout)``), which it does not own."""
     obj = cls.__new__(cls)
     obj.__dict__.update(config)
@@ -916,7 +917,7 @@ class MPPrioritizedReplayBuffer(SharedMemoryBuffer, PrioritizedReplayBuffer):
     """:class:`PrioritizedReplayBuffer` in shared memory, written and sampled by many processes."""
 
 
-_FORK_SENSITIVE: "weakref.WeakSet[ReplayBuffer]" = weakref.WeakSet()
+_FORK_SENSITIVE: weakref.WeakSet[ReplayBuffer] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import reprlib
 import sys
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -137,6 +137,10 @@ def dtype(name: str, value: Any, options: tuple[Any, ...]) -> np.dtype:
     return got
 
 
+@overload
+def seconds(name: str, value: Any, *, allow_none: Literal[False]) -> float: ...
+@overload
+def seconds(name: str, value: Any, *, allow_none: bool = True) -> float | None: ...
 def seconds(name: str, value: Any, *, allow_none: bool = True) -> float | None:
     """A time in seconds: a finite number >= 0, or None (no limit) when ``allow_none``.
 
@@ -234,7 +238,8 @@ def matrix(name: str, values: Any, *, kind: str) -> np.ndarray:
     m = np.ascontiguousarray(m, dtype=np.float64)
     bad = np.argwhere(~np.isfinite(m))
     if bad.size:
-        raise ValueError(f"{name}: expected finite numbers, got {float(m[tuple(bad[0])])!r} at {tuple(int(i) for i in bad[0])}")
+        at = tuple(int(i) for i in bad[0])
+        raise ValueError(f"{name}: expected finite numbers, got {float(m[at])!r} at {at}")
     return m
 
 

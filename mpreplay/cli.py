@@ -4,14 +4,18 @@ buffer checked under its lock: :func:`mpreplay.consistency.verify_segment`)."""
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib
 import json
 import sys
 import time
 from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING
 
 from ._version import __version__
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 _BENCHMARKS = {
     "memory": "bytes per transition with next_of / stack_compress vs one frame per step; cost of rebuilding stacks",
@@ -19,7 +23,8 @@ _BENCHMARKS = {
     "io": "save_transitions/load_transitions of 100k Atari-like frames: MB/s and file size vs np.savez/np.load",
     "mp": "shared prioritized buffer: 1-2 writer processes and a learner vs cpprb and the memory gather limit",
     "per": "prioritized replay: add one, sample 32, update 32 per frame vs naive numpy, cpprb and the floor "
-           "(--peers DIR: also Tianshou, TorchRL and flashbax, from the venv `python -m mpreplay.bench.peers --setup DIR` makes)",
+           "(--peers DIR: also Tianshou, TorchRL and flashbax, from the venv "
+           "`python -m mpreplay.bench.peers --setup DIR` makes)",
     "ray": "sharded replay over a 3-node loopback Ray cluster: sampled transitions/s vs the same client without Ray",
     "seq": "R2D2 sequences (64 x 80 compressed Atari stacks): sampled steps/s vs TorchRL's slice sampler; bytes/step",
     "returns": "discounted cumulative sums and n-step folding vs lfilter, numba loops and np.cumsum",
@@ -111,7 +116,7 @@ def _ls(as_json: bool) -> int:
          _mib(r["bytes"]), r["kind"],
          "–" if r["capacity"] is None else f"{r['stored']:,} / {r['capacity']:,}",
          "–" if r["writers_alive"] is None else str(r["writers_alive"]),
-         "–" if r["created"] is None else f"{datetime.datetime.fromtimestamp(r['created']):%Y-%m-%d %H:%M:%S}"]
+         "–" if r["created"] is None else f"{datetime.fromtimestamp(r['created']):%Y-%m-%d %H:%M:%S}"]
         for r in rows])
     # Listed all the same, with why: damaged, or made by an mpreplay of another manifest format.
     for r in rows:
@@ -128,7 +133,7 @@ def _print_columns(header: Sequence[str] | None, rows: Sequence[Sequence[str]]) 
     lines = rows if header is None else [header, *rows]
     widths = [max(len(str(r[i])) for r in lines) for i in range(len(lines[0]))]
     for cells in lines:
-        print("  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip())
+        print("  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
 
 
 def _top(name: str | None, once: bool, interval: float, plain: bool) -> int:
@@ -154,7 +159,7 @@ def _top(name: str | None, once: bool, interval: float, plain: bool) -> int:
                 after = view.read()
                 rows = frame(view, before, after)
                 if rich is None:
-                    print(f"mpreplay top  {datetime.datetime.now():%H:%M:%S}")
+                    print(f"mpreplay top  {datetime.now():%H:%M:%S}")
                     _print_columns(None, rows)
                     print(flush=True)
                 else:
@@ -174,10 +179,10 @@ def _rich():
     return Console()
 
 
-def _rich_table(rows: Sequence[tuple[str, str]]):
+def _rich_table(rows: Sequence[tuple[str, str]]) -> Table:
     from rich.table import Table
 
-    table = Table(title=f"mpreplay top  {datetime.datetime.now():%H:%M:%S}", show_header=False, title_justify="left")
+    table = Table(title=f"mpreplay top  {datetime.now():%H:%M:%S}", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
     for label, value in rows:

@@ -34,8 +34,7 @@ from ._ext.frame_plan import Episode
 from ._ext.frames import Frames
 from ._ext.gate import deadline
 from ._ext.ring import Ring
-from ._ext.schema import LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START
-from ._ext.schema import field_array, frames_array
+from ._ext.schema import LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, field_array, frames_array
 from .spec import FieldSpec
 
 __all__ = ["Compression", "FrameWriter", "with_next_fields"]
@@ -74,7 +73,7 @@ class Compression:
 
     @classmethod
     def build(cls, specs: Mapping[str, FieldSpec], next_of: Any, stack_compress: Any, lanes: Any,
-              done: str | None, truncated: str | None, *, in_lanes: bool = False) -> "Compression | None":
+              done: str | None, truncated: str | None, *, in_lanes: bool = False) -> Compression | None:
         """Check the options against the field specs (``specs`` includes ``next_<key>``).
 
         ``in_lanes``: the buffer keeps each writer's episodes in a lane of its own even

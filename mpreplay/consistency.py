@@ -18,10 +18,33 @@ import numpy as np
 
 from ._ext.lock import SharedLock, read_holder
 from ._ext.processes import describe_process
-from ._ext.schema import (COMPLETE, EMPTY, INSERTS, LANE_CURSOR, LANE_END, LANE_START, LIMIT_MAX_DIFF, LIMIT_MIN_DIFF,
-                          LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI, LOCK_HOLDS, LOCK_WAIT_NS, MEMBERS_ARRAY, RESERVED,
-                          SAMPLES, SEQUENCE_STEPS_ARRAY, STALE, STORED, TORN, TREE_ARRAY, WAITERS, WAITING,
-                          WRITER_INSERTS, WRITERS_ARRAY)
+from ._ext.schema import (
+    COMPLETE,
+    EMPTY,
+    INSERTS,
+    LANE_CURSOR,
+    LANE_END,
+    LANE_START,
+    LIMIT_MAX_DIFF,
+    LIMIT_MIN_DIFF,
+    LIMIT_MIN_SIZE,
+    LIMIT_ON,
+    LIMIT_SPI,
+    LOCK_HOLDS,
+    LOCK_WAIT_NS,
+    MEMBERS_ARRAY,
+    RESERVED,
+    SAMPLES,
+    SEQUENCE_STEPS_ARRAY,
+    STALE,
+    STORED,
+    TORN,
+    TREE_ARRAY,
+    WAITERS,
+    WAITING,
+    WRITER_INSERTS,
+    WRITERS_ARRAY,
+)
 from ._ext.sumtree import TREE_HEAD_LEN, PriorityTree, leaf_views
 from .errors import CorruptBufferError
 from .monitor import SHM_DIR, BufferView

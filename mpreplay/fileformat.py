@@ -136,7 +136,8 @@ def write_transitions(file: File, rows: dict[str, np.ndarray], specs: dict[str, 
         "priorities": priorities is not None,
         "episodes": episodes is not None,
     }
-    arrays = {METADATA: np.frombuffer(json.dumps(record, allow_nan=False).encode(), dtype=np.uint8)}
+    metadata = np.frombuffer(json.dumps(record, allow_nan=False).encode(), dtype=np.uint8)
+    arrays: dict[str, np.ndarray] = {METADATA: metadata}
     arrays.update((name, rows[name]) for name in specs)
     if priorities is not None:
         arrays[PRIORITIES] = priorities
@@ -195,7 +196,7 @@ def inspect(file: File) -> str:
         table.append((name, str(len(array)), str(array.shape[1:]), str(array.dtype), low, high))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines.append("")
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
     return "\n".join(lines)
 
 

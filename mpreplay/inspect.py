@@ -30,8 +30,20 @@ import numpy as np
 
 from . import checks
 from ._ext.gate import deadline
-from ._ext.schema import (CLOSED, EPOCH, INSERTS, LOCK_HOLDS, LOCK_WAIT_NS, RESERVED, SAMPLES, STALE, STORED, TORN,
-                          TREE_ARRAY, WAITERS)
+from ._ext.schema import (
+    CLOSED,
+    EPOCH,
+    INSERTS,
+    LOCK_HOLDS,
+    LOCK_WAIT_NS,
+    RESERVED,
+    SAMPLES,
+    STALE,
+    STORED,
+    TORN,
+    TREE_ARRAY,
+    WAITERS,
+)
 from ._ext.slots import FAULT_SITES, arm_fault
 from ._ext.sumtree import leaf_views
 from .consistency import check_arrays

@@ -28,8 +28,17 @@ import numpy as np
 
 from ._ext.lock import LOCK_NBYTES
 from ._ext.processes import token_pid
-from ._ext.schema import (HEADER_LEN, LANE_LEN, LIMITS_LEN, MANIFEST_NBYTES, MAX_WRITERS, MEMBERS_ARRAY, TREE_ARRAY,
-                          WRITER_LEN, WRITERS_ARRAY)
+from ._ext.schema import (
+    HEADER_LEN,
+    LANE_LEN,
+    LIMITS_LEN,
+    MANIFEST_NBYTES,
+    MAX_WRITERS,
+    MEMBERS_ARRAY,
+    TREE_ARRAY,
+    WRITER_LEN,
+    WRITERS_ARRAY,
+)
 from ._ext.sumtree import tree_buffer_size
 from ._ext.uniform import uniform_state_size
 from ._version import __version__
@@ -191,14 +200,14 @@ def _check(document: dict[str, Any], size: int | None) -> None:
         arrays[name] = shape, dtype
     need = {**_READ, **{name: want for name, want in _IF_THERE.items() if name in arrays}}
     need[document["selector"]] = _SELECTORS[document["selector"]](capacity)
-    for name, (dtype, shape) in need.items():
+    for name, (want_dtype, want_shape) in need.items():
         if name not in arrays:
             raise ManifestError(f"the manifest has no {name!r} array")
         have, have_dtype = arrays[name]
-        if have_dtype != dtype or len(have) != len(shape) or any(
-                d < 1 if want is None else d != want for d, want in zip(have, shape)):
+        if have_dtype != want_dtype or len(have) != len(want_shape) or any(
+                d < 1 if want is None else d != want for d, want in zip(have, want_shape, strict=True)):
             raise ManifestError(f"array {name!r} is {have_dtype} of shape {tuple(have)}, readers index "
-                                f"{dtype} of shape {tuple('n' if d is None else d for d in shape)}")
+                                f"{want_dtype} of shape {tuple('n' if d is None else d for d in want_shape)}")
 
 
 def _array(entry: Any, nbytes: int) -> tuple[str, list[int], np.dtype]:

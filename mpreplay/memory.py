@@ -9,6 +9,7 @@ local buffer larger than RAM, paged by the operating system.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -54,7 +55,7 @@ class Layout:
     def add_row_views(self, array: str, fields: list[tuple[str, tuple[int, ...], Any]], offsets: list[int]) -> None:
         """Name each of ``fields`` (``(name, shape, dtype)`` of one row) as the view of its bytes,
         at its offset in ``offsets``, in every row of ``array`` (a 2-D uint8 array added before)."""
-        for (name, shape, dtype), offset in zip(fields, offsets):
+        for (name, shape, dtype), offset in zip(fields, offsets, strict=True):
             self.row_views.append((name, array, tuple(int(d) for d in shape), np.dtype(dtype).str, int(offset)))
 
     def views(self, buf: memoryview) -> dict[str, np.ndarray]:
@@ -96,7 +97,7 @@ class HeapMemory:
         self._block = _aligned_zeros(max(layout.nbytes, 1)) if block is None else block
         self.arrays = layout.views(memoryview(self._block))
 
-    def handle(self) -> "HeapMemory":
+    def handle(self) -> HeapMemory:
         """Another view of the same block, which does not own it."""
         return HeapMemory(self.layout, block=self._block)
 
@@ -137,7 +138,7 @@ class FileMemory:
         kind, _, name = array.partition(":")
         return f"{prefix}_{name}.dat" if kind == "field" and name else f"{prefix}.{array.replace(':', '_')}.dat"
 
-    def handle(self) -> "FileMemory":
+    def handle(self) -> FileMemory:
         """Other views of the same maps, which do not own them."""
         return FileMemory(self.layout, self.prefix, maps=self._maps)
 
@@ -219,7 +220,8 @@ class SharedMemory:
             try:
                 self._shm = _attach_untracked(name)
             except FileNotFoundError:
-                raise SharedMemoryError(f"shared-memory segment {name!r} no longer exists (its owner closed it)") from None
+                raise SharedMemoryError(
+                    f"shared-memory segment {name!r} no longer exists (its owner closed it)") from None
             if verify is not None:
                 try:
                     verify(self._shm.buf)
@@ -246,7 +248,7 @@ class SharedMemory:
         """Whether this process created the segment (and will unlink it)."""
         return self._owner_pid == os.getpid()
 
-    def handle(self) -> "SharedMemory":
+    def handle(self) -> SharedMemory:
         """Another mapping of the same segment, which does not own it."""
         return SharedMemory(self.layout, name=self.name)
 
@@ -261,10 +263,8 @@ class SharedMemory:
             shm._mmap = None
             shm.close()
         if owner_pid == os.getpid():
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 shm.unlink()
-            except FileNotFoundError:
-                pass
             termination.disown(_shm_path(shm.name))
 
     def close(self) -> None:

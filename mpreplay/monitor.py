@@ -12,6 +12,7 @@ the reason, and every other segment is listed as usual.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
 import os
@@ -25,10 +26,25 @@ import numpy as np
 from . import manifest
 from ._ext.lock import read_holder, read_recoveries
 from ._ext.processes import describe_process, token_alive, token_pid
+from ._ext.schema import (
+    CLOSED,
+    INSERTS,
+    LANE_OWNER,
+    LIMIT_MAX_DIFF,
+    LIMIT_MIN_SIZE,
+    LIMIT_ON,
+    LIMIT_SPI,
+    LOCK_HOLDS,
+    LOCK_WAIT_NS,
+    SAMPLES,
+    STALE,
+    STORED,
+    TORN,
+    TREE_ARRAY,
+    WRITER_INSERTS,
+    WRITER_TOKEN,
+)
 from ._ext.sumtree import leaf_views
-from ._ext.schema import (CLOSED, INSERTS, LANE_OWNER, LIMIT_MAX_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI,
-                          LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED, TORN, TREE_ARRAY, WRITER_INSERTS,
-                          WRITER_TOKEN)
 from .memory import SEGMENT_PREFIX
 
 __all__ = ["SHM_DIR", "BufferView", "Reading", "Removal", "Segment", "frame", "list_segments", "remove_segments",
@@ -184,7 +200,8 @@ class BufferView:
         """The counters now."""
         writers = self.arrays["writers"]
         return Reading(time.monotonic(), self.arrays["header"].copy(),
-                       {int(t): int(n) for t, n in zip(writers[:, WRITER_TOKEN], writers[:, WRITER_INSERTS]) if t})
+                       {int(t): int(n)
+                        for t, n in zip(writers[:, WRITER_TOKEN], writers[:, WRITER_INSERTS], strict=True) if t})
 
     def limiter(self) -> dict[str, float | None] | None:
         """The rate limiter's settings, or None: ``samples_per_insert`` (None for a limiter that
@@ -225,12 +242,10 @@ class BufferView:
 
     def close(self) -> None:
         self.arrays = {}
-        try:
+        with contextlib.suppress(BufferError):  # a caller still holds an array over the mapping: it unmaps with them
             self._map.close()
-        except BufferError:  # a caller still holds an array over the mapping: it unmaps with them
-            pass
 
-    def __enter__(self) -> "BufferView":
+    def __enter__(self) -> BufferView:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -284,8 +299,8 @@ def frame(view: BufferView, before: Reading, after: Reading) -> list[tuple[str, 
         rows.append(("writer", f"pid {token_pid(token)}{lane}: {per_s:,.0f} inserts/s ({count:,} in all{state})"))
     priorities = view.priorities()
     if priorities is not None and len(priorities):
-        rows.append(("priorities", f"min {priorities.min():.3g}  median {np.median(priorities):.3g}  "
-                                   f"max {priorities.max():.3g}"))
+        rows.append(("priorities", (f"min {priorities.min():.3g}  median {np.median(priorities):.3g}  "
+                                    f"max {priorities.max():.3g}")))
         rows.append(("histogram", _histogram(priorities)))
     return rows
 

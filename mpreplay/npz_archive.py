@@ -19,9 +19,12 @@ import zipfile
 import zlib
 from collections.abc import Callable, Iterator
 from io import BytesIO, TextIOBase
-from typing import IO, Any, Union
+from typing import IO, TYPE_CHECKING, Any, Union
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # typing's own from Python 3.13
 
 __all__ = ["File", "TransitionFileError", "damaged", "open_archive", "short", "write_archive"]
 
@@ -123,7 +126,7 @@ def damaged(problem: str, *, label: str = "file") -> Iterator[None]:
         raise TransitionFileError(f"{label}: {problem} ({type(exc).__name__}: {exc})") from exc
 
 
-def _is_path(file: Any) -> bool:
+def _is_path(file: Any) -> TypeIs[str | bytes | os.PathLike[str] | os.PathLike[bytes]]:
     return isinstance(file, (str, bytes, os.PathLike))
 
 

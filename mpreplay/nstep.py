@@ -146,7 +146,8 @@ class NstepBuffer:
             raise TypeError(f"{arg}: expected a field name, a list of field names or None, got {value!r}")
         return tuple(names)
 
-    def _check_keys(self, rew: Any, next: Any, done: str, truncated: str | None) -> tuple[tuple[str, ...], tuple[str, ...], str, str | None]:
+    def _check_keys(self, rew: Any, next: Any, done: str,
+                    truncated: str | None) -> tuple[tuple[str, ...], tuple[str, ...], str, str | None]:
         rews, nexts = self._names("rew", rew, "rew"), self._names("next", next, "next_obs")
         keys = [("rew", k) for k in rews] + [("next", k) for k in nexts] + [("done", done)]
         if truncated is not None:
@@ -305,8 +306,8 @@ class NstepBuffer:
         for name, ring in s.ring.items():
             ring[:, cur] = rows[name]
         acc = {}
-        for name, a in s.acc.items():
-            a = a.copy()
+        for name, held in s.acc.items():
+            a = held.copy()
             a[:, cur] = 0.0
             a += self._weight[cur].reshape((n,) + (1,) * (a.ndim - 2)) * rows[name][:, None]
             acc[name] = a

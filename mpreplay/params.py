@@ -235,7 +235,8 @@ class ParameterStore:
             return out, before // 2
         return self._to_user(dest), before // 2
 
-    def read_if_newer(self, last_version: int, out: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], int] | None:
+    def read_if_newer(self, last_version: int,
+                      out: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], int] | None:
         """Like :meth:`read`, but None (and no copy) unless a version newer than ``last_version`` exists."""
         if self.version <= last_version:
             return None
@@ -258,7 +259,7 @@ class ParameterStore:
             dest[key] = view
         return dest
 
-    def _to_user(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    def _to_user(self, arrays: dict[str, Any]) -> dict[str, Any]:
         tensor_keys = [key for key, _, _, is_tensor in self._spec if is_tensor]
         if tensor_keys:
             import torch  # the template held tensors, so torch is installed

@@ -102,7 +102,7 @@ class Prefetcher(Iterator[dict[str, Any]]):
                                         name="mpreplay-prefetch", daemon=True)
         self._thread.start()
 
-    def __iter__(self) -> "Prefetcher":
+    def __iter__(self) -> Prefetcher:
         return self
 
     def __next__(self) -> dict[str, Any]:
@@ -131,7 +131,7 @@ class Prefetcher(Iterator[dict[str, Any]]):
         if self._thread is not threading.current_thread():
             self._thread.join()
 
-    def __enter__(self) -> "Prefetcher":
+    def __enter__(self) -> Prefetcher:
         return self
 
     def __exit__(self, *exc: object) -> None:

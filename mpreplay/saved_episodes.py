@@ -170,7 +170,7 @@ def _place(writer: EpisodeWriter, episodes: Sequence[SavedEpisode],
     rooms: list[int] = []  # per lane, the slots it has left for loaded rows
     had_lane, free, current = writer.has_lane, True, -1
     try:
-        for e, (episode, need) in enumerate(zip(episodes, slots)):
+        for e, (episode, need) in enumerate(zip(episodes, slots, strict=True)):
             if e == 0 or episode.lane != episodes[e - 1].lane or rooms[current] < need:
                 current = _take_lane(writer, placed, widths, rooms) if free else -1
                 free = current >= 0

@@ -7,8 +7,8 @@ episode's end also keeps a shorter final sequence, padded).  ``sample`` returns
 every field as ``(batch, length, ...)`` with a boolean ``mask`` (False on padding,
 whose values are zeros), ``episode_step`` (each step's index in its episode: a
 sequence whose first is 0 starts its episode, so its zero initial state is exact),
-the sequences' ``indexes`` and, prioritized, their importance ``weights``.  Each sequence is one item of the selector: prioritized
-buffers draw it in proportion to its priority ** alpha.
+the sequences' ``indexes`` and, prioritized, their importance ``weights``.  Each sequence is one
+item of the selector: prioritized buffers draw it in proportion to its priority ** alpha.
 
 Recurrent state is a field like any other: store the state each step started
 from (e.g. ``h`` and ``c``) and take the first step's, ``batch["h"][:, 0]``, as

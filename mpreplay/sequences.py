@@ -36,7 +36,7 @@ class SequenceSpec:
     eta: float
 
     @classmethod
-    def build(cls, length: Any, period: Any, pad_end: Any, eta: Any) -> "SequenceSpec":
+    def build(cls, length: Any, period: Any, pad_end: Any, eta: Any) -> SequenceSpec:
         length = checks.integer("length", length, low=1)
         period = length if period is None else checks.integer("period", period, low=1)
         return cls(length, period, checks.flag("pad_end", pad_end), checks.number("eta", eta, low=0.0, high=1.0))
@@ -64,7 +64,7 @@ class SequenceCutter:
         self._stored = first  # steps of the current episode
         self._next = -(-first // self.period) * self.period  # offset of the next sequence not announced yet
 
-    def copy(self) -> "SequenceCutter":
+    def copy(self) -> SequenceCutter:
         """A cutter of its own in this one's state."""
         other = SequenceCutter.__new__(SequenceCutter)
         other.__dict__.update(self.__dict__)
@@ -149,7 +149,7 @@ class _Episode:
         self.generations: list[int] = []
         self.priorities: list[float] = []
 
-    def copy(self) -> "_Episode":
+    def copy(self) -> _Episode:
         other = _Episode.__new__(_Episode)
         other.cutter, other.start, other.first = self.cutter.copy(), self.start, self.first
         other.slots, other.generations, other.priorities = self.slots[:], self.generations[:], self.priorities[:]
@@ -209,7 +209,7 @@ class SequenceWriter:
             after.append(episode)
             if not opened:
                 return None
-            columns = list(zip(*opened))
+            columns = list(zip(*opened, strict=True))
             return (np.array(columns[0], dtype=np.int64), np.array(columns[1], dtype=np.uint64),
                     np.array(columns[2], dtype=np.int64), np.array(columns[3], dtype=np.float64))
 
@@ -253,7 +253,7 @@ class SequenceWriter:
               start_priorities: bool) -> None:
         """List the sequences at episode ``offsets`` for opening, then forget the steps
         no later sequence starts at or before."""
-        for offset, n in zip(offsets.tolist(), steps.tolist()):
+        for offset, n in zip(offsets.tolist(), steps.tolist(), strict=True):
             i = offset - episode.first
             step_priorities = np.array(episode.priorities[i:i + n])
             if start_priorities:

@@ -83,12 +83,12 @@ def parse_env_dict(env_dict: Mapping[str, Mapping[str, Any]], default_dtype: Any
         raise ValueError("env_dict: expected a non-empty mapping of field name -> {'shape': ..., 'dtype': ...}")
     default = np.float32 if default_dtype is None else default_dtype
     specs: dict[str, FieldSpec] = {}
-    for name, options in env_dict.items():
+    for name, given in env_dict.items():
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"env_dict: field names must be identifiers, got {name!r}")
         if name in _RESERVED:
             raise ValueError(f"env_dict: {name!r} is reserved for sample()/add() keywords")
-        options = {} if options is None else options
+        options = {} if given is None else given
         if not isinstance(options, Mapping):
             raise TypeError(f"env_dict[{name!r}]: expected a mapping, got {type(options).__name__}")
         unknown = set(options) - _OPTIONS
@@ -142,13 +142,13 @@ def convert_batch(specs: Mapping[str, FieldSpec], values: Mapping[str, Any]) -> 
     if missing:
         raise ValueError(f"missing field {missing[0]!r}; expected fields {list(specs)}")
     rows: dict[str, np.ndarray] = {}
-    k = None
-    first = None
+    k, first = 0, None  # the batch length, and the field that set it
     for name, spec in specs.items():
         try:
             arr = np.asarray(values[name])
         except ValueError:
-            raise ValueError(f"field {name!r}: ragged value, expected shape {spec.shape} or (batch,) + {spec.shape}") from None
+            raise ValueError(
+                f"field {name!r}: ragged value, expected shape {spec.shape} or (batch,) + {spec.shape}") from None
         if arr.dtype.kind not in "biufc":
             raise TypeError(f"field {name!r}: expected numbers, got dtype {arr.dtype}")
         nd = len(spec.shape)
@@ -158,7 +158,7 @@ def convert_batch(specs: Mapping[str, FieldSpec], values: Mapping[str, Any]) -> 
             arr = arr.reshape(-1, 1)
         elif arr.ndim != nd + 1 or arr.shape[1:] != spec.shape:
             raise ValueError(f"field {name!r}: expected shape {spec.shape} or (batch,) + {spec.shape}, got {arr.shape}")
-        if k is None:
+        if first is None:
             k, first = arr.shape[0], name
         elif arr.shape[0] != k:
             raise ValueError(f"field {name!r}: batch length {arr.shape[0]} disagrees with {k} of field {first!r}")

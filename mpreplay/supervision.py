@@ -2,6 +2,7 @@
 and how the parent starts, watches, restarts and stops them.  See :mod:`mpreplay.launcher`."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import signal
 import sys
@@ -171,7 +172,8 @@ def _child_main(function: bytes, shared: bytes, job: _Job, stop: StopFlag, conn:
     except Exception as exc:
         failed = True
         # The first frame is this wrapper: start the traceback at the user's code.
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
+        frames = exc.__traceback__
+        text = "".join(traceback.format_exception(type(exc), exc, frames.tb_next if frames else None))
         reply = cloudpickle.dumps(("error", text))
     conn.send_bytes(reply)
     conn.close()
@@ -333,10 +335,8 @@ class Run:
         """Read the child's one reply if it has arrived (or note that it never will)."""
         if child.conn is None or not child.conn.poll():
             return
-        try:
+        with contextlib.suppress(EOFError):  # it died without replying; its exit code tells the rest
             child.reply = cloudpickle.loads(child.conn.recv_bytes())
-        except EOFError:
-            pass  # it died without replying; its exit code tells the rest
         child.conn.close()
         child.conn = None
         if child.reply is not None and child.reply[0] == "error":

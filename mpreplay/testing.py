@@ -69,7 +69,8 @@ class LoopbackRayCluster:
     cluster it finds: refuses to start if Ray is already initialised in this process.
     """
 
-    _ENV: ClassVar[dict[str, str]] = {"RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    _ENV: ClassVar[dict[str, str]] = {"RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0",
+                                      "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
     def __init__(self, nodes: int = 3, *, cpus_per_node: int = 1, object_store_mb: int = 128,
                  namespace: str | None = None, system_config: Mapping[str, Any] | None = None):

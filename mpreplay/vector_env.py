@@ -59,7 +59,7 @@ _MODES = (NEXT_STEP, SAME_STEP, DISABLED)
 
 # The folder takes a sub-environment's index with each step: it comes back with every row folded.
 _ENV = "env"
-_FLAG_FIELDS = {"rew": {}, "done": {}}
+_FLAG_FIELDS: dict[str, dict[str, Any]] = {"rew": {}, "done": {}}
 
 
 # ------------------------------------------------------------------- spaces -> fields
@@ -77,6 +77,7 @@ class _Leaf:
 def _leaves(space: Any, name: str, path: tuple[str | int, ...] = ()) -> list[_Leaf]:
     from gymnasium import spaces
 
+    children: list[tuple[str | int, Any]]  # (key, space): a Dict's names, a Tuple's positions
     if isinstance(space, spaces.Dict):
         children = list(space.spaces.items())
     elif isinstance(space, spaces.Tuple):
@@ -493,7 +494,7 @@ class VectorWriter:
                 w.close()
         self._writers = []
 
-    def __enter__(self) -> "VectorWriter":
+    def __enter__(self) -> VectorWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -75,7 +75,8 @@ def assert_frequencies():
         observed = counts[possible]
         statistic = float(((observed - expected) ** 2 / expected).sum())
         critical = _chi_square_critical(len(expected) - 1, significance)
-        assert statistic < critical, f"chi-square {statistic:.1f} >= {critical:.1f}: counts {observed} vs expected {expected}"
+        assert statistic < critical, (f"chi-square {statistic:.1f} >= {critical:.1f}: "
+                                      f"counts {observed} vs expected {expected}")
 
     return check
 

@@ -6,16 +6,21 @@ from __future__ import annotations
 import io
 import json
 import os
-import zipfile
 import random
 import struct
+import zipfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from mpreplay import (MPPrioritizedReplayBuffer, MPPrioritizedSequenceReplayBuffer, MPReplayBuffer,
-                      SampleToInsertRatio, manifest)
+from mpreplay import (
+    MPPrioritizedReplayBuffer,
+    MPPrioritizedSequenceReplayBuffer,
+    MPReplayBuffer,
+    SampleToInsertRatio,
+    manifest,
+)
 from mpreplay.monitor import SHM_DIR
 
 ENV = {"obs": {"shape": (4,)}, "act": {"dtype": np.int64}, "rew": {}, "next_obs": {"shape": (4,)}, "done": {}}
@@ -222,9 +227,8 @@ def file_archive(members: dict[str, Any]) -> io.BytesIO:
     f = io.BytesIO()
     with zipfile.ZipFile(f, "w") as archive:
         for name, value in members.items():
-            if name == "metadata.json":
-                value = np.frombuffer(json.dumps(value).encode(), dtype=np.uint8)
+            array = np.frombuffer(json.dumps(value).encode(), dtype=np.uint8) if name == "metadata.json" else value
             with archive.open(f"{name}.npy", "w") as member:
-                np.lib.format.write_array(member, np.asarray(value), allow_pickle=False)
+                np.lib.format.write_array(member, np.asarray(array), allow_pickle=False)
     f.seek(0)
     return f

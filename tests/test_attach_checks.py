@@ -13,12 +13,11 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import damage  # tests/damage.py: real segments and the fuzzers' damage
 import pytest
 
 import mpreplay
 from mpreplay import IncompatibleSegmentError, SharedMemoryError, manifest
-
-import damage  # tests/damage.py: real segments and the fuzzers' damage
 
 METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 pytestmark = pytest.mark.timeout(120, method="thread")

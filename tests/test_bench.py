@@ -57,7 +57,8 @@ def test_table_falls_back_to_plain_text_without_rich(capsys, monkeypatch):
     assert per.main(["--sizes", "100", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "│" not in out and "┃" not in out
-    assert _table_rows(out) == {(name, c, f) for name in _expected_buffers() for c, f in [("100", "100"), ("100", "200")]}
+    sizes = [("100", "100"), ("100", "200")]
+    assert _table_rows(out) == {(name, c, f) for name in _expected_buffers() for c, f in sizes}
 
 
 def test_plot_writes_a_png(tmp_path):

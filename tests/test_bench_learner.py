@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("torch", reason="bench learner trains a torch network (pip install '.[torch]')")
 
-from mpreplay.bench import learner  # noqa: E402
+from mpreplay.bench import learner
 
 
 def test_a_short_run_reports_every_way_and_the_ratio_to_the_target(capsys):

@@ -88,7 +88,8 @@ def test_what_a_library_prints_to_stdout_does_not_garble_the_answers(tmp_path):
 
 def test_the_worker_answers_each_command_with_one_line_of_json():
     requests = io.StringIO("".join(json.dumps(r) + "\n" for r in [
-        {"cmd": "hello"}, {"cmd": "per_build", "capacity": 100, "seed": 0}, {"cmd": "per_run", "frames": 40, "min_cpu": 0.01},
+        {"cmd": "hello"}, {"cmd": "per_build", "capacity": 100, "seed": 0},
+        {"cmd": "per_run", "frames": 40, "min_cpu": 0.01},
         {"cmd": "quit"}, {"cmd": "hello"}]))
     answers = io.StringIO()
     peer_worker.serve("floor", requests, answers)
@@ -167,7 +168,8 @@ def test_targets_compare_each_sampled_layout_with_mpreplay_storing_it_the_same_w
         ("torchrl plain", 30.0)]])
     per_peers.targets(None, tput)
     rows = {cells[0]: cells[1:] for cells in (
-        [c.strip() for c in re.split(r"[│┃]|\s{2,}", line) if c.strip()] for line in capsys.readouterr().out.splitlines())
+        [c.strip() for c in re.split(r"[│┃]|\s{2,}", line) if c.strip()]
+        for line in capsys.readouterr().out.splitlines())
         if cells and cells[0].startswith("sample(256)")}
     assert rows["sample(256), compressed"][:3] == ["cpprb compressed", "2.00", "yes"]
     assert rows["sample(256), plain"][:3] == ["cpprb plain", "0.80", "no"]

@@ -5,9 +5,9 @@ import math
 import os
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import pytest
 
 from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
 from mpreplay._ext.schema import MEMBERS_ARRAY, TREE_ARRAY, field_array
@@ -545,7 +545,8 @@ _BAD_FOR_ANY_BUFFER = [
     pytest.param(lambda b: b.add(**_with(_row(0), rew=None)), TypeError, "'rew'", id="add-none-value"),
     pytest.param(lambda b: b.add(**_with(_rows(0, 2), act=np.arange(3))), ValueError, "'act'",
                  id="add-batch-lengths-disagree"),
-    pytest.param(lambda b: b.add(**_bad_last_row(6, "done", 300)), ValueError, "'done'", id="add-wrapping-batch-bad-last-row"),
+    pytest.param(lambda b: b.add(**_bad_last_row(6, "done", 300)), ValueError, "'done'",
+                 id="add-wrapping-batch-bad-last-row"),
     pytest.param(lambda b: b.add(**_bad_last_row(20, "act", 0.5)), TypeError, "'act'",
                  id="add-oversized-batch-bad-last-row"),
     pytest.param(lambda b: b.sample(0), ValueError, "batch_size", id="sample-batch-size-zero"),
@@ -599,11 +600,13 @@ _BAD_FOR_PRIORITIZED_BUFFER = [
     pytest.param(lambda b: b.update_priorities([0, 1], [math.inf, 1.0]), ValueError, "priorities", id="update-inf"),
     pytest.param(lambda b: b.update_priorities([0, 1], [1.0, -1.0]), ValueError, "priorities", id="update-negative"),
     pytest.param(lambda b: b.update_priorities([0, 1], [1.0]), ValueError, "priorities", id="update-too-few"),
-    pytest.param(lambda b: b.update_priorities([0, 1], [1.0, 2.0, 3.0]), ValueError, "priorities", id="update-too-many"),
+    pytest.param(lambda b: b.update_priorities([0, 1], [1.0, 2.0, 3.0]), ValueError, "priorities",
+                 id="update-too-many"),
     pytest.param(lambda b: b.update_priorities([0, 8], [1.0, 2.0]), ValueError, "indexes", id="update-index-capacity"),
     pytest.param(lambda b: b.update_priorities([-1], [1.0]), ValueError, "indexes", id="update-index-negative"),
     pytest.param(lambda b: b.update_priorities([2**40], [1.0]), ValueError, "indexes", id="update-index-huge"),
-    pytest.param(lambda b: b.update_priorities([0.0, 1.5], [1.0, 2.0]), ValueError, "indexes", id="update-fractional-index"),
+    pytest.param(lambda b: b.update_priorities([0.0, 1.5], [1.0, 2.0]), ValueError, "indexes",
+                 id="update-fractional-index"),
     pytest.param(lambda b: b.update_priorities([[0, 1]], [1.0, 2.0]), ValueError, "indexes", id="update-index-2d"),
     # The int64 and float64 arrays sample() hands out take a path of their own: the same refusals.
     pytest.param(lambda b: b.update_priorities(np.array([0, 1]), np.array([1.0, math.nan])), ValueError,
@@ -627,7 +630,8 @@ _BAD_FOR_PRIORITIZED_BUFFER = [
 
 
 @pytest.mark.parametrize("call, error, field", _BAD_FOR_PRIORITIZED_BUFFER)
-def test_bad_input_to_a_prioritized_buffer_raises_naming_the_argument_and_changes_nothing(call, error, field, unchanged):
+def test_bad_input_to_a_prioritized_buffer_raises_naming_the_argument_and_changes_nothing(call, error, field,
+                                                                                         unchanged):
     buffer = _filled(PrioritizedReplayBuffer)
     with unchanged(buffer), pytest.raises(error, match=field):
         call(buffer)
@@ -772,7 +776,7 @@ def test_a_batch_the_caller_still_holds_is_never_refilled(cls):
     copies = [{name: array.copy() for name, array in batch.items()} for batch in held]
     for _ in range(10):
         buffer.sample(4)
-    for batch, copy in zip(held, copies):
+    for batch, copy in zip(held, copies, strict=True):
         for name in copy:
             np.testing.assert_array_equal(batch[name], copy[name])
 
@@ -916,9 +920,8 @@ def test_a_field_of_shape_one_takes_a_scalar_for_one_transition():
 def test_a_number_that_does_not_fit_a_field_of_shape_one_is_refused_and_changes_nothing(value, error, unchanged):
     buffer = ReplayBuffer(8, {"act": {"shape": 1, "dtype": np.uint8}})
     buffer.add(act=3)
-    with unchanged(buffer):
-        with pytest.raises(error, match="act"):
-            buffer.add(act=value)
+    with unchanged(buffer), pytest.raises(error, match="act"):
+        buffer.add(act=value)
     np.testing.assert_array_equal(buffer.get_all_transitions()["act"], [[3]])
 
 
@@ -937,9 +940,8 @@ def test_a_single_float_priority_takes_the_fast_path_and_is_stored():
 @pytest.mark.parametrize("priority", [-1.0, math.nan, math.inf], ids=["negative", "nan", "inf"])
 def test_a_bad_single_float_priority_is_refused_and_changes_nothing(priority, unchanged):
     buffer = PrioritizedReplayBuffer(8, ENV)
-    with unchanged(buffer):
-        with pytest.raises(ValueError, match="priorities"):
-            buffer.add(obs=np.zeros(3, np.float32), act=1, rew=0.5, done=0, priorities=priority)
+    with unchanged(buffer), pytest.raises(ValueError, match="priorities"):
+        buffer.add(obs=np.zeros(3, np.float32), act=1, rew=0.5, done=0, priorities=priority)
 
 
 def test_a_complex_field_stores_complex_values():
@@ -951,9 +953,8 @@ def test_a_complex_field_stores_complex_values():
 
 def test_complex_values_are_refused_in_a_float_field(unchanged):
     buffer = ReplayBuffer(8, ENV)
-    with unchanged(buffer):
-        with pytest.raises(TypeError, match="rew"):
-            buffer.add(obs=np.zeros(3), act=1, rew=1j, done=0)
+    with unchanged(buffer), pytest.raises(TypeError, match="rew"):
+        buffer.add(obs=np.zeros(3), act=1, rew=1j, done=0)
 
 
 # -- reading slots --------------------------------------------------------------------------------

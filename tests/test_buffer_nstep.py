@@ -153,7 +153,7 @@ def test_without_a_reward_field_only_the_flags_and_next_observations_move():
     pytest.param({"size": 3, "rew": "reward"}, ValueError, id="unknown-reward-field"),
 ])
 def test_bad_nstep_settings_are_rejected(options, error):
-    with pytest.raises(error, match="nstep|size|gamma|rew|reward"):
+    with pytest.raises(error, match=r"nstep|size|gamma|rew|reward"):
         ReplayBuffer(16, ENV, nstep=options)
 
 

@@ -23,7 +23,7 @@ def test_a_bool_is_not_an_integer():
 
 
 def test_an_integral_float_is_not_an_integer():
-    with pytest.raises(ValueError, match="size: expected an integer >= 1, got 4.0"):
+    with pytest.raises(ValueError, match=r"size: expected an integer >= 1, got 4\.0"):
         checks.integer("size", 4.0, low=1)
 
 
@@ -57,7 +57,7 @@ def test_a_bool_is_not_a_number():
 
 
 def test_a_numeric_string_is_not_a_number():
-    with pytest.raises(TypeError, match="beta: expected a number, got '0.5'"):
+    with pytest.raises(TypeError, match=r"beta: expected a number, got '0\.5'"):
         checks.number("beta", "0.5", low=0.0)
 
 

@@ -386,7 +386,7 @@ def test_an_nstep_buffer_needs_a_done_field():
 
 def test_a_prioritized_nstep_row_gets_the_priority_of_its_first_step(assert_frequencies):
     buffer = cpprb.PrioritizedReplayBuffer(16, NSTEP_ENV, alpha=1.0, eps=0.0, Nstep={"size": 2, "rew": "rew"})
-    for step, p in zip(_nstep_steps([0, 0, 0]), [1.0, 3.0, 9.0]):
+    for step, p in zip(_nstep_steps([0, 0, 0]), [1.0, 3.0, 9.0], strict=True):
         buffer.add(**step, priorities=p)
     counts = np.bincount(buffer.sample(4000)["obs"].ravel().astype(int), minlength=2)
     assert_frequencies(counts, np.array([1.0, 3.0]))
@@ -415,7 +415,7 @@ def test_a_file_of_nstep_rows_is_refused_by_a_buffer_that_does_not_fold():
     f = io.BytesIO()
     source.save_transitions(f)
     f.seek(0)
-    with pytest.raises(ValueError, match="nstep|n-step|folded"):
+    with pytest.raises(ValueError, match=r"nstep|n-step|folded"):
         cpprb.ReplayBuffer(8, {"done": {}}).load_transitions(f)
 
 

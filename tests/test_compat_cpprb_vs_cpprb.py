@@ -9,7 +9,7 @@ import pytest
 
 real = pytest.importorskip("cpprb", reason="cpprb is not installed (pip install '.[bench]' installs it)")
 
-from mpreplay.compat import cpprb as compat  # noqa: E402
+from mpreplay.compat import cpprb as compat
 
 ENV = {"obs": {"shape": (4,)}, "act": {"dtype": np.int64}, "rew": {}, "next_obs": {"shape": (4,)},
        "done": {"shape": 1}, "mask": {"shape": (2, 3), "dtype": np.uint8}}
@@ -80,14 +80,14 @@ def test_importance_weights_equal_cpprbs_for_the_same_slots():
     theirs, ours = _pair("PrioritizedReplayBuffer", alpha=0.6, eps=1e-4)
     transitions = _transitions(SIZE)
     priorities = np.random.default_rng(1).uniform(0.1, 3.0, SIZE)
-    for t, p in zip(transitions, priorities):
+    for t, p in zip(transitions, priorities, strict=True):
         theirs.add(**t, priorities=p)
         ours.add(**t, priorities=p)
     want = theirs.sample(256, beta=0.4)
     got = ours.sample(256, beta=0.4)
     # Different random draws, one formula: compare each slot's weight where both drew it.
-    wanted = dict(zip(want["indexes"].tolist(), want["weights"].tolist()))
-    common = [(i, w) for i, w in zip(got["indexes"].tolist(), got["weights"].tolist()) if i in wanted]
+    wanted = dict(zip(want["indexes"].tolist(), want["weights"].tolist(), strict=True))
+    common = [(i, w) for i, w in zip(got["indexes"].tolist(), got["weights"].tolist(), strict=True) if i in wanted]
     assert common
     for slot, weight in common:
         assert weight == pytest.approx(wanted[slot], rel=1e-5), slot
@@ -120,7 +120,7 @@ def test_nstep_rows_differ_from_cpprbs_only_where_documented():
     nstep = {"size": 3, "gamma": 0.9, "rew": "rew", "next": "next_obs"}
     theirs, ours = _pair("ReplayBuffer", Nstep=nstep)
     dones = [0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0]
-    transitions = [{**t, "done": float(d)} for t, d in zip(_transitions(len(dones)), dones)]
+    transitions = [{**t, "done": float(d)} for t, d in zip(_transitions(len(dones)), dones, strict=True)]
     _fill([theirs, ours], transitions)
     for b in (theirs, ours):
         b.on_episode_end()

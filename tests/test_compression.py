@@ -133,7 +133,7 @@ def test_four_uint8_frame_stacks_sampled_with_their_next_ones_are_exact(frame, o
 @pytest.mark.parametrize("option", ["next_of", "both"])
 def test_nstep_rows_rebuild_their_next_observation_n_steps_ahead(option):
     env = _env(False)
-    step_env = {k: v for k, v in env.items()}
+    step_env = dict(env)
     compressed = ReplayBuffer(96, step_env, nstep={"size": 3, "gamma": 0.9}, **OPTIONS[option])
     folder = NstepBuffer(step_env, 3, 0.9)
     plain = ReplayBuffer(96, {**step_env, "discount": {}})
@@ -197,7 +197,7 @@ def test_a_stack_that_does_not_continue_the_episode_is_rejected_and_changes_noth
     buffer = ReplayBuffer(64, _env(False), stack_compress="obs")
     steps = _episode(0, 4, "call")
     buffer.add(**steps[0])
-    with unchanged(buffer), pytest.raises(ValueError, match="'obs'.*shifted by one frame"):
+    with unchanged(buffer), pytest.raises(ValueError, match=r"'obs'.*shifted by one frame"):
         buffer.add(**steps[2])
     buffer.add(**steps[1])
 
@@ -278,7 +278,8 @@ def test_three_writers_each_fill_a_lane_and_every_sample_is_exact(method):
             batch = buffer.sample(16)
             for j, i in enumerate(batch["id"]):
                 want = _expected(i)
-                assert np.array_equal(batch["obs"][j], want["obs"]) and np.array_equal(batch["next_obs"][j], want["next_obs"])
+                assert np.array_equal(batch["obs"][j], want["obs"])
+                assert np.array_equal(batch["next_obs"][j], want["next_obs"])
             buffer.update_priorities(batch["indexes"], np.ones(16))
             checked += 16
         for w in writers:

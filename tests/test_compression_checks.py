@@ -110,7 +110,7 @@ def test_a_first_step_must_repeat_its_frame_in_every_position(dtype, stack, layo
     buffer = _buffer(dtype, stack)
     steps = _episode(3, dtype, stack, layout=layout)
     _flip_byte(steps["obs"][0], FRAME[0] * FRAME[1] - 1, 0, 0)
-    with unchanged(buffer), pytest.raises(ValueError, match="field 'obs': row 0 .*first frame of an episode"):
+    with unchanged(buffer), pytest.raises(ValueError, match=r"field 'obs': row 0 .*first frame of an episode"):
         buffer.add(**steps)
 
 
@@ -234,7 +234,7 @@ def test_a_first_step_added_alone_must_repeat_its_frame_in_every_position(dtype,
     buffer = _buffer(dtype, 4)
     steps = _episode(3, dtype, 4, layout=layout)
     _flip_byte(steps["obs"][0], FRAME[0] * FRAME[1] - 1, 0, 0)
-    with unchanged(buffer), pytest.raises(ValueError, match="field 'obs': row 0 .*first frame of an episode"):
+    with unchanged(buffer), pytest.raises(ValueError, match=r"field 'obs': row 0 .*first frame of an episode"):
         buffer.add(**_step(steps, 0))
 
 

@@ -385,7 +385,7 @@ def test_a_refusal_names_the_file_and_the_global_found(tmp_path):
 
 def test_a_state_set_on_an_admitted_global_is_refused():
     # BUILD on what find_class returned would otherwise change the loader's own objects.
-    with pytest.raises(ValueError, match="holds a state set on numpy.dtype"):
+    with pytest.raises(ValueError, match=r"holds a state set on numpy\.dtype"):
         read_cpprb_transitions(_with("data", _object_header() + _opcodes("cnumpy", "dtype", "}b.")))
 
 
@@ -423,9 +423,10 @@ def test_numpy_reconstruction_with_arguments_cpprb_never_writes_is_refused(case)
 # -- malformed files ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("raw", [b"", b"not a zip archive", b"PK\x03\x04" + b"\0" * 40], ids=["empty", "text", "zip magic"])
+@pytest.mark.parametrize("raw", [b"", b"not a zip archive", b"PK\x03\x04" + b"\0" * 40],
+                         ids=["empty", "text", "zip magic"])
 def test_bytes_that_are_no_npz_archive_raise_value_error(raw):
-    with pytest.raises(ValueError, match="not a readable .npz archive"):
+    with pytest.raises(ValueError, match=r"not a readable \.npz archive"):
         read_cpprb_transitions(io.BytesIO(raw))
 
 
@@ -487,7 +488,7 @@ def test_a_pickle_opcode_numpy_never_writes_for_these_arrays_is_refused(opcode):
 
 def test_a_pickled_length_beyond_the_member_is_refused_before_allocating():
     # The unpickler would allocate the 2**60 bytes this BINBYTES8 claims before reading them.
-    with pytest.raises(ValueError, match="member 'data' is not a readable pickle .*bytes8"):
+    with pytest.raises(ValueError, match=r"member 'data' is not a readable pickle .*bytes8"):
         read_cpprb_transitions(_with("data", _pickled(b"\x8e" + (2**60).to_bytes(8, "little") + b"abc.")))
 
 

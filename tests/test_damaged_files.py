@@ -17,14 +17,13 @@ import zipfile
 from collections.abc import Callable
 from typing import Any
 
+import damage  # tests/damage.py: real segments and the fuzzers' damage
 import numpy as np
 import pytest
 
 from mpreplay import PrioritizedReplayBuffer, ReplayBuffer
 from mpreplay.compat.cpprb_files import read_cpprb_transitions
 from mpreplay.fileformat import TransitionFileError
-
-import damage  # tests/damage.py: real segments and the fuzzers' damage
 
 ENV = {"obs": {"shape": (3,)}, "act": {"dtype": np.int64}, "rew": {}, "done": {"dtype": np.uint8}}
 pytestmark = [

@@ -20,8 +20,8 @@ gym = pytest.importorskip("gymnasium")
 pytest.importorskip("matplotlib")
 
 from mpreplay import cli
-from mpreplay.demo.task import POSITIONS, WINDOW, Config, hide_velocity, solve_point, vector_env
 from mpreplay.demo.r2d2 import R2D2_SOLVED_RETURN, R2D2Config, nstep_targets, trained_steps
+from mpreplay.demo.task import POSITIONS, WINDOW, Config, hide_velocity, solve_point, vector_env
 from mpreplay.memory import SEGMENT_PREFIX
 
 GAMMA = 0.5

@@ -10,8 +10,8 @@ from mpreplay import MPReplayBuffer, ReplayBuffer
 
 FRAME = (2, 2)
 STACK = 3
-ENV = {"obs": {"shape": FRAME + (STACK,), "dtype": np.uint8}, "next_obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
-       "rew": {}, "done": {}}
+ENV = {"obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
+       "next_obs": {"shape": FRAME + (STACK,), "dtype": np.uint8}, "rew": {}, "done": {}}
 KINDS = [ReplayBuffer, MPReplayBuffer]
 
 
@@ -46,7 +46,7 @@ def test_interleaved_episodes_through_their_own_writers_are_stored_exactly(kind)
     with kind(4 * 64, ENV, next_of="obs", stack_compress="obs", lanes=2) as buffer:
         writers = [buffer.episode_writer(), buffer.episode_writer()]
         streams = [[s for episode in _episodes(i) for s in episode] for i in range(2)]
-        for a, b in zip(*streams):  # one step of each stream in turn
+        for a, b in zip(*streams, strict=True):  # one step of each stream in turn
             writers[0].add(**a)
             writers[1].add(**b)
         stored = buffer.get_all_transitions()
@@ -68,7 +68,8 @@ def test_each_writer_of_a_folding_buffer_folds_its_own_episodes():
             a.add(obs=t, rew=1.0, next_obs=t + 1, done=0.0)
             b.add(obs=100 + t, rew=2.0, next_obs=101 + t, done=float(t == 2))
         stored = buffer.get_all_transitions()
-    got = {float(o): (float(r), float(n)) for o, r, n in zip(stored["obs"], stored["rew"], stored["next_obs"])}
+    got = {float(o): (float(r), float(n))
+           for o, r, n in zip(stored["obs"], stored["rew"], stored["next_obs"], strict=True)}
     assert got == {0.0: (1.5, 2.0), 1.0: (1.5, 3.0), 100.0: (3.0, 102.0), 101.0: (3.0, 103.0), 102.0: (2.0, 103.0)}
 
 

@@ -271,7 +271,7 @@ NSTEP_MISMATCHES = {
 @pytest.mark.parametrize("saved, wanted", NSTEP_MISMATCHES.values(), ids=NSTEP_MISMATCHES.keys())
 def test_an_nstep_mismatch_is_refused_and_the_buffer_untouched(saved, wanted, unchanged):
     data, target = _saved(_played(saved)), _played(wanted)
-    with unchanged(target), pytest.raises(ValueError, match="nstep: the file holds .* fold rewards twice or not"):
+    with unchanged(target), pytest.raises(ValueError, match=r"nstep: the file holds .* fold rewards twice or not"):
         load_transitions(target, io.BytesIO(data))
 
 
@@ -406,12 +406,10 @@ def _archive(members: dict[str, Any]) -> bytes:
     f = io.BytesIO()
     with zipfile.ZipFile(f, "w") as archive:
         for name, value in members.items():
-            if isinstance(value, dict | list):
-                value = json.dumps(value).encode()
-            if isinstance(value, bytes):
-                value = np.frombuffer(value, dtype=np.uint8)
+            record = json.dumps(value).encode() if isinstance(value, dict | list) else value
+            array = np.frombuffer(record, dtype=np.uint8) if isinstance(record, bytes) else record
             with archive.open(f"{name}.npy", "w") as member:
-                np.lib.format.write_array(member, value, allow_pickle=True)
+                np.lib.format.write_array(member, array, allow_pickle=True)
     return f.getvalue()
 
 
@@ -455,8 +453,10 @@ INVALID = {
     "unknown metadata key": (lambda m, meta: meta.update(extra=1), r"unknown \['extra'\]"),
     "field missing": (_drop_field, r"differ from the buffer's .*missing \['done'\]"),
     "extra field": (_add_field, r"differ from the buffer's .*extra \['extra'\]"),
-    "shape mismatch": (_reshape_obs, r"field 'obs': the file stores shape \(4,\) float32, the buffer expects shape \(3,\)"),
-    "dtype mismatch": (_retype_act, r"field 'act': the file stores shape \(\) int32, the buffer expects shape \(\) int64"),
+    "shape mismatch": (_reshape_obs,
+                       r"field 'obs': the file stores shape \(4,\) float32, the buffer expects shape \(3,\)"),
+    "dtype mismatch": (_retype_act,
+                       r"field 'act': the file stores shape \(\) int32, the buffer expects shape \(\) int64"),
     "array disagrees with its metadata": (lambda m, meta: m.update(obs=m["obs"].astype(np.float64)),
                                           r"array 'obs' is shape \(5, 3\) float64; expected shape \(5, 3\) float32"),
     "count larger than the arrays": (lambda m, meta: meta.update(count=6), r"array 'obs' is shape \(5, 3\)"),
@@ -475,7 +475,8 @@ INVALID = {
     "malformed nstep": (lambda m, meta: meta.update(nstep={"size": 0, "gamma": 0.9}), "'nstep': expected null"),
     "malformed safe flag": (lambda m, meta: meta.update(safe="yes"), "'safe': expected true or false"),
     "malformed fields": (lambda m, meta: meta.update(fields="obs"), "'fields': expected a non-empty list"),
-    "object dtype field": (lambda m, meta: _field(meta, "act").update(dtype="|O"), "'fields': .*bool, integer or float"),
+    "object dtype field": (lambda m, meta: _field(meta, "act").update(dtype="|O"),
+                           "'fields': .*bool, integer or float"),
     "metadata not JSON": (lambda m, meta: m.update({"metadata.json": b"{not json"}), "not UTF-8 JSON"),
     "metadata not UTF-8": (lambda m, meta: m.update({"metadata.json": b"\xff\xfe"}), "not UTF-8 JSON"),
     "metadata not an object": (lambda m, meta: m.update({"metadata.json": [1, 2]}), "not a JSON object"),

@@ -1,13 +1,13 @@
 """launch(): processes, ranks, results, failures, restarts, signals and clean-up."""
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import os
 import signal
 import subprocess
 import sys
-import itertools
 import textwrap
 import threading
 import time
@@ -291,7 +291,7 @@ def test_actor_exception_is_raised_with_role_rank_and_traceback(assert_all_gone,
     def actor(ctx):
         ctx.buffer.cells[ctx.rank] = os.getpid()
         if ctx.rank == 1:
-            wait_until(lambda: ctx.buffer.cells.all(), ctx, "every process")
+            wait_until(ctx.buffer.cells.all, ctx, "every process")
             explode()
         ctx.stop.wait()
 

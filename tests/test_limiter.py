@@ -12,8 +12,16 @@ import time
 import numpy as np
 import pytest
 
-from mpreplay import (BufferClosed, MinSize, MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer,
-                      RateLimiter, ReplayBuffer, SampleToInsertRatio)
+from mpreplay import (
+    BufferClosed,
+    MinSize,
+    MPPrioritizedReplayBuffer,
+    MPReplayBuffer,
+    PrioritizedReplayBuffer,
+    RateLimiter,
+    ReplayBuffer,
+    SampleToInsertRatio,
+)
 from mpreplay._ext.schema import RESERVED, SAMPLES
 
 METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
@@ -170,9 +178,8 @@ def test_stats_count_the_calls_blocked_now():
 
 @pytest.mark.timeout(30)
 def test_a_blocked_sample_times_out_with_a_clear_error():
-    with MPReplayBuffer(100, ENV, rate_limiter=MinSize(8)) as buffer:
-        with pytest.raises(TimeoutError, match="timed out"):
-            buffer.sample(1, timeout=0.2)
+    with MPReplayBuffer(100, ENV, rate_limiter=MinSize(8)) as buffer, pytest.raises(TimeoutError, match="timed out"):
+        buffer.sample(1, timeout=0.2)
 
 
 @pytest.mark.timeout(30)

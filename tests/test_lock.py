@@ -227,9 +227,8 @@ def test_acquire_by_the_holding_thread_raises_instead_of_deadlocking():
 
 def test_with_block_releases_the_lock_when_it_raises():
     lock = _heap_lock()
-    with pytest.raises(KeyError):
-        with lock:
-            raise KeyError("boom")
+    with pytest.raises(KeyError), lock:
+        raise KeyError("boom")
     assert lock.acquire(timeout=0)
     lock.release()
 

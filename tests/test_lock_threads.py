@@ -32,7 +32,7 @@ def test_a_sample_that_times_out_in_the_rate_limiter_leaves_another_threads_hold
             sampler_started.set()
             try:
                 buffer.sample(32, timeout=0.15)
-            except BaseException as error:  # noqa: BLE001 -- the test asserts which one
+            except BaseException as error:  # the test asserts which one
                 raised.append(error)
             sampled.set()
 

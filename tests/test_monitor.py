@@ -75,7 +75,7 @@ def test_ls_lists_a_buffer_another_process_made_with_its_figures(owned, capsys):
 def test_ls_prints_one_line_per_segment(owned, capsys):
     buffer, owner = owned
     assert main(["ls"]) == 0
-    (line,) = [l for l in capsys.readouterr().out.splitlines() if l.startswith(buffer.name)]
+    (line,) = [row for row in capsys.readouterr().out.splitlines() if row.startswith(buffer.name)]
     assert re.search(rf"{owner.pid} \(alive\)\s+[\d.]+ MiB\s+prioritized\s+100 / 1,000\s+1\s", line)
 
 
@@ -238,7 +238,8 @@ def test_rm_dead_removes_the_segment_of_a_killed_owner_and_keeps_a_live_one(meth
 def test_rm_refuses_a_segment_whose_owner_is_alive_and_says_why(capsys):
     with MPReplayBuffer(64, ENV) as buffer:
         assert main(["rm", buffer.name]) == 1
-        assert re.search(rf"kept {buffer.name}: its owner, process {os.getpid()} \(\w+\), is alive", capsys.readouterr().out)
+        kept = rf"kept {buffer.name}: its owner, process {os.getpid()} \(\w+\), is alive"
+        assert re.search(kept, capsys.readouterr().out)
         assert buffer.name in {s.name for s in list_segments()}
 
 

@@ -63,7 +63,7 @@ class _Reference:
 
     def add(self, steps):
         rows = []
-        for pending, step in zip(self.pending, steps):
+        for pending, step in zip(self.pending, steps, strict=True):
             pending.append(step)
             if step["done"] or step.get("trunc"):
                 rows += [_fold(pending[i:], self.gamma, False) for i in range(len(pending))]
@@ -271,8 +271,8 @@ def test_outputs_feed_a_replay_buffer_including_zero_rows(buffer_class):
     buffer = buffer_class(64, {**env_dict, "discount": {}})
     outputs = []
     for t in range(6):
-        steps = [_step(10 * e + t, done=(e == 0 and t == 4), trunc=0.0) | {"obs": np.full(2, t), "next_obs": np.full(2, t + 1)}
-                 for e in range(2)]
+        steps = [_step(10 * e + t, done=(e == 0 and t == 4), trunc=0.0)
+                 | {"obs": np.full(2, t), "next_obs": np.full(2, t + 1)} for e in range(2)]
         outputs.append(folder.add(**_batch(steps)))
         buffer.add(**outputs[-1])
     assert any(len(o["act"]) == 0 for o in outputs)

@@ -5,7 +5,6 @@ import multiprocessing
 import os
 import pickle
 import signal
-
 import time
 
 import numpy as np
@@ -88,7 +87,8 @@ def test_read_if_newer_is_none_until_a_newer_version_exists(store):
     ([1, 2], TypeError, "params: expected a mapping"),
     ({"w": np.zeros((3, 2))}, ValueError, r"params: expected the keys \['w', 'b'\]; missing \['b'\], unknown \[\]"),
     ({**params(1), "x": np.zeros(1)}, ValueError, r"missing \[\], unknown \['x'\]"),
-    ({"w": np.zeros((2, 3)), "b": np.zeros(4, np.int64)}, ValueError, r"params\['w'\]: expected shape \(3, 2\), got \(2, 3\)"),
+    ({"w": np.zeros((2, 3)), "b": np.zeros(4, np.int64)}, ValueError,
+     r"params\['w'\]: expected shape \(3, 2\), got \(2, 3\)"),
     ({"w": np.zeros((3, 2)), "b": np.zeros(4)}, TypeError, r"params\['b'\]: cannot store dtype float64 as int64"),
     ({"w": np.zeros((3, 2)), "b": np.array(["a"] * 4)}, TypeError, r"params\['b'\]: expected a numeric array"),
 ])
@@ -116,8 +116,10 @@ def test_bad_template_is_rejected(bad, kwargs, error, match):
 
 @pytest.mark.parametrize("out, error, match", [
     ({"w": np.empty((3, 2), np.float32)}, ValueError, r"out: expected the keys"),
-    ({"w": np.empty((2, 3), np.float32), "b": np.empty(4, np.int64)}, ValueError, r"out\['w'\]: expected shape \(3, 2\)"),
-    ({"w": np.empty((3, 2), np.int32), "b": np.empty(4, np.int64)}, TypeError, r"out\['w'\]: cannot hold dtype float32"),
+    ({"w": np.empty((2, 3), np.float32), "b": np.empty(4, np.int64)}, ValueError,
+     r"out\['w'\]: expected shape \(3, 2\)"),
+    ({"w": np.empty((3, 2), np.int32), "b": np.empty(4, np.int64)}, TypeError,
+     r"out\['w'\]: cannot hold dtype float32"),
     ({"w": np.empty((3, 2), np.float32), "b": [0, 0, 0, 0]}, TypeError, r"out\['b'\]: expected a numpy array"),
     ({"w": np.empty((3, 2), np.float32), "b": np.broadcast_to(np.int64(0), (4,))}, ValueError, "read-only"),
 ])
@@ -244,7 +246,7 @@ def test_timeout_0_reads_once_and_does_not_wait(monkeypatch):
         kill_a_writer_mid_publish(store, "fork")  # a publish that never ends: the counter stays odd
         pauses = []
         monkeypatch.setattr(time, "sleep", pauses.append)  # every retry pauses first
-        with pytest.raises(ParameterStoreTimeout, match="within 0.0 s"):
+        with pytest.raises(ParameterStoreTimeout, match=r"within 0\.0 s"):
             store.read()
         assert pauses == []  # one try, no retry
 

@@ -31,7 +31,7 @@ def prefetch_threads() -> int:
 def test_prefetched_batches_are_the_batches_sample_would_draw():
     reference, buffer = filled(seed=7), filled(seed=7)
     with buffer.batches(16, beta=0.5) as batches:
-        for _, batch in zip(range(10), batches):
+        for _, batch in zip(range(10), batches, strict=False):
             expected = reference.sample(16, beta=0.5)
             assert batch.keys() == expected.keys()
             for name in expected:
@@ -47,7 +47,7 @@ def test_a_uniform_buffer_prefetches_fields_and_indexes():
 
 def test_batches_reuse_prefetch_plus_one_sets_of_arrays():
     with filled().batches(8, prefetch=2) as batches:
-        addresses = {batch["obs"].__array_interface__["data"][0] for _, batch in zip(range(30), batches)}
+        addresses = {batch["obs"].__array_interface__["data"][0] for _, batch in zip(range(30), batches, strict=False)}
     assert len(addresses) <= 3
 
 
@@ -63,23 +63,22 @@ def test_a_batch_is_not_refilled_while_the_caller_holds_it():
 def test_priorities_updated_from_the_training_thread_while_prefetching_are_applied():
     buffer = filled()
     with buffer.batches(8) as batches:
-        for _, batch in zip(range(50), batches):
+        for _, batch in zip(range(50), batches, strict=False):
             buffer.update_priorities(batch["indexes"], np.full(8, 1000.0))
     assert buffer.get_max_priority() == 1000.0
 
 
 def test_every_row_of_every_batch_is_a_stored_transition():
     with filled().batches(32, prefetch=3) as batches:
-        for _, batch in zip(range(50), batches):
+        for _, batch in zip(range(50), batches, strict=False):
             np.testing.assert_array_equal(batch["obs"], np.repeat(batch["act"][:, None], 3, axis=1))
             np.testing.assert_array_equal(batch["act"], batch["indexes"])
 
 
 def test_a_rate_limiter_that_holds_samples_back_past_the_timeout_raises_timeout_error():
     buffer = PrioritizedReplayBuffer(64, ENV, rate_limiter=MinSize(10))
-    with buffer.batches(8, timeout=0.2) as batches:
-        with pytest.raises(TimeoutError, match="timeout=0.2"):
-            next(batches)
+    with buffer.batches(8, timeout=0.2) as batches, pytest.raises(TimeoutError, match=r"timeout=0\.2"):
+        next(batches)
 
 
 def test_close_stops_a_thread_that_waits_for_the_rate_limiter_without_limit():
@@ -146,7 +145,7 @@ def test_prefetched_rows_are_whole_while_another_process_writes(method):
     writer.start()
     try:
         with buffer.batches(32, prefetch=2) as batches:
-            for _, batch in zip(range(300), batches):
+            for _, batch in zip(range(300), batches, strict=False):
                 np.testing.assert_array_equal(batch["obs"], np.repeat(batch["act"][:, None], 3, axis=1))
     finally:
         writer.join(30)

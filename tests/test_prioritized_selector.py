@@ -68,7 +68,7 @@ def test_a_priority_weighs_the_same_set_alone_or_in_a_batch(lanes):
 
     def leaves(buffer: PrioritizedReplayBuffer) -> dict[int, float]:
         drawn = buffer.sample_leaves(50 * size)
-        return dict(zip(drawn["indexes"].tolist(), drawn["leaf"].tolist()))
+        return dict(zip(drawn["indexes"].tolist(), drawn["leaf"].tolist(), strict=True))
 
     alone_leaves, batch_leaves = leaves(alone), leaves(batch)
     assert set(alone_leaves) == set(batch_leaves) == set(range(size))

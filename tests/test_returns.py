@@ -42,11 +42,11 @@ def reference(x, gamma, dones, axis, right):
 
 
 def reference_n_step(rewards, dones, gamma, n):
-    T = len(rewards)
-    returns, discounts, steps = np.zeros(T), np.zeros(T), np.zeros(T, np.int64)
-    for t in range(T):
+    length = len(rewards)
+    returns, discounts, steps = np.zeros(length), np.zeros(length), np.zeros(length, np.int64)
+    for t in range(length):
         total, m = 0.0, 0
-        while m < n and t + m < T:
+        while m < n and t + m < length:
             total += gamma**m * float(rewards[t + m])
             m += 1
             if dones[t + m - 1]:
@@ -121,7 +121,7 @@ def test_input_is_not_modified(direction):
     x, gamma, dones = rng.standard_normal((3, 3000)), rng.uniform(0, 1, (3, 3000)), rng.random((3, 3000)) < 0.1
     copies = [a.copy() for a in (x, gamma, dones)]
     DIRECTIONS[direction](x, gamma, dones=dones)
-    for before, after in zip(copies, (x, gamma, dones)):
+    for before, after in zip(copies, (x, gamma, dones), strict=True):
         np.testing.assert_array_equal(before, after)
 
 
@@ -170,7 +170,8 @@ def test_out_overlapping_the_input_gives_the_same_result(direction):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_long_rows_with_per_step_gamma_and_resets_match_reference(direction, dtype):
     rng = np.random.default_rng(14)
-    x, gamma, dones = rng.standard_normal((2, 6000)).astype(dtype), rng.uniform(0.9, 1, (2, 6000)), rng.random((2, 6000)) < 0.001
+    x = rng.standard_normal((2, 6000)).astype(dtype)
+    gamma, dones = rng.uniform(0.9, 1, (2, 6000)), rng.random((2, 6000)) < 0.001
     result = DIRECTIONS[direction](x, gamma, dones=dones)
     assert_within_one_rounding(result, reference(x.astype(np.float64), gamma, dones, 1, direction == "right"))
 
@@ -278,7 +279,8 @@ def test_n_step_returns_fold_each_row_along_the_time_axis():
     rewards, dones = rng.standard_normal((30, 3)), rng.random((30, 3)) < 0.2
     result = n_step_returns(rewards, dones, 0.9, 4, axis=0)
     for column in range(3):
-        np.testing.assert_allclose(result.returns[:, column], reference_n_step(rewards[:, column], dones[:, column], 0.9, 4)[0])
+        want = reference_n_step(rewards[:, column], dones[:, column], 0.9, 4)[0]
+        np.testing.assert_allclose(result.returns[:, column], want)
 
 
 def test_n_step_returns_without_dones_stop_only_at_the_array_end():

@@ -14,7 +14,8 @@ from mpreplay import MPReplayBuffer, ReplayBuffer
 
 METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 STACK, FRAME = 4, (6, 6)
-ENV = {"obs": {"shape": FRAME + (STACK,), "dtype": np.uint8}, "next_obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
+ENV = {"obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
+       "next_obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
        "act": {"dtype": np.int64}, "done": {"dtype": np.uint8}}
 COMPRESSED = {"next_of": "obs", "stack_compress": "obs"}
 EPISODES, LENGTH = 3, 23

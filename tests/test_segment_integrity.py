@@ -13,16 +13,15 @@ import random
 import re
 from typing import Any
 
+import damage  # tests/damage.py: real segments and the fuzzers' damage
 import numpy as np
 import pytest
 
 import mpreplay
 from mpreplay import manifest, monitor
-from mpreplay.inspect import arm_fault
 from mpreplay.cli import main
+from mpreplay.inspect import arm_fault
 from mpreplay.monitor import BufferView, frame, list_segments, remove_segments, summary
-
-import damage  # tests/damage.py: real segments and the fuzzers' damage
 
 pytestmark = pytest.mark.timeout(120, method="thread")
 

@@ -1,16 +1,22 @@
 """Sequence buffers: steps stored once, sequences of one episode sampled (R2D2)."""
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import signal
 import time
 
-import multiprocessing as mp
 import numpy as np
 import pytest
 
-from mpreplay import (MinSize, MPPrioritizedSequenceReplayBuffer, MPSequenceReplayBuffer,
-                      PrioritizedSequenceReplayBuffer, SequenceReplayBuffer, sequence_priority)
+from mpreplay import (
+    MinSize,
+    MPPrioritizedSequenceReplayBuffer,
+    MPSequenceReplayBuffer,
+    PrioritizedSequenceReplayBuffer,
+    SequenceReplayBuffer,
+    sequence_priority,
+)
 
 METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 ENV = {"obs": {"shape": (2,)}, "done": {}}
@@ -36,7 +42,7 @@ def _fill(rb, lengths, first_episode=0, batch=False):
 def _starts(rb, draws=4000):
     """The (episode, first step, real steps) of every sequence drawn in ``draws`` draws."""
     b = rb.sample(draws)
-    return {(int(o[0, 0]), int(o[0, 1]), int(m.sum())) for o, m in zip(b["obs"], b["mask"])}
+    return {(int(o[0, 0]), int(o[0, 1]), int(m.sum())) for o, m in zip(b["obs"], b["mask"], strict=True)}
 
 
 def _expected(lengths, length, period, pad_end=True):
@@ -67,7 +73,7 @@ def test_a_sequence_holds_consecutive_steps_of_one_episode():
     rb = SequenceReplayBuffer(400, ENV, length=5, period=3)
     _fill(rb, [7, 12, 3, 9, 16])
     b = rb.sample(500)
-    for obs, mask in zip(b["obs"], b["mask"]):
+    for obs, mask in zip(b["obs"], b["mask"], strict=True):
         real = obs[mask]
         assert (real[:, 0] == real[0, 0]).all()
         assert (np.diff(real[:, 1]) == 1).all()
@@ -148,7 +154,7 @@ def test_overwritten_steps_retire_their_sequences_first():
     b = rb.sample(2000)
     stored = rb.get_all_transitions()
     kept = {(int(o[0]), int(o[1])) for o in stored["obs"]}
-    for obs, mask in zip(b["obs"], b["mask"]):
+    for obs, mask in zip(b["obs"], b["mask"], strict=True):
         steps = {(int(o[0]), int(o[1])) for o in obs[mask]}
         assert steps <= kept
         assert len({e for e, _ in steps}) == 1
@@ -246,16 +252,14 @@ def test_compressed_sequences_equal_uncompressed_ones_byte_for_byte(options):
 def test_a_bad_step_leaves_the_buffer_unchanged(unchanged):
     rb = SequenceReplayBuffer(64, ENV, length=4)
     rb.add(obs=_step(0, 0)["obs"], done=0.0)
-    with unchanged(rb):
-        with pytest.raises(ValueError, match="field 'obs'"):
-            rb.add(obs=np.zeros((2, 3), np.float32), done=np.zeros(2, np.float32))
+    with unchanged(rb), pytest.raises(ValueError, match="field 'obs'"):
+        rb.add(obs=np.zeros((2, 3), np.float32), done=np.zeros(2, np.float32))
 
 
 def test_a_bad_initial_priority_leaves_the_buffer_unchanged(unchanged):
     rb = PrioritizedSequenceReplayBuffer(64, ENV, length=4)
-    with unchanged(rb):
-        with pytest.raises(ValueError, match="priorities"):
-            rb.add(obs=np.zeros((2, 2), np.float32), done=np.zeros(2, np.float32), priorities=[1.0, -1.0])
+    with unchanged(rb), pytest.raises(ValueError, match="priorities"):
+        rb.add(obs=np.zeros((2, 2), np.float32), done=np.zeros(2, np.float32), priorities=[1.0, -1.0])
 
 
 def test_arrays_reused_and_mutated_after_add_do_not_change_the_stored_steps():
@@ -356,7 +360,7 @@ def _actor_killed_mid_episode(rb, actor: int) -> None:
 
 
 def _check_sequences(batch) -> None:
-    for obs, mask in zip(batch["obs"], batch["mask"]):
+    for obs, mask in zip(batch["obs"], batch["mask"], strict=True):
         real = obs[mask]
         assert len(real) >= 1 and (real[:, 0] == real[0, 0]).all(), real
         assert (np.diff(real[:, 1]) == 1).all(), real
@@ -387,7 +391,7 @@ def test_writer_processes_killed_mid_episode_never_yield_a_torn_or_mixed_sequenc
         batch = rb.sample(2000)
         _check_sequences(batch)
         # A killed writer's unfinished episode (7 steps) keeps its one complete sequence.
-        unfinished = [(o, m) for o, m in zip(batch["obs"], batch["mask"]) if o[0, 0] in (1099.0, 2099.0)]
+        unfinished = [(o, m) for o, m in zip(batch["obs"], batch["mask"], strict=True) if o[0, 0] in (1099.0, 2099.0)]
         assert unfinished and all(o[0, 1] == 0 and m.all() for o, m in unfinished)
     finally:
         rb.close()
@@ -424,7 +428,8 @@ def test_sample_fills_the_arrays_given_as_out():
 def test_an_out_array_of_the_wrong_shape_is_refused_by_name():
     rb = SequenceReplayBuffer(64, ENV, length=4)
     _fill(rb, [6])
-    with pytest.raises(ValueError, match=r"out\['mask'\]: expected a writable C-contiguous bool array of shape \(3, 4\)"):
+    with pytest.raises(ValueError,
+                       match=r"out\['mask'\]: expected a writable C-contiguous bool array of shape \(3, 4\)"):
         rb.sample(3, out={"mask": np.zeros(3, bool)})
 
 
@@ -470,6 +475,6 @@ def test_a_sample_carries_each_steps_index_in_its_episode():
     rb = SequenceReplayBuffer(64, ENV, length=4, period=2)
     _fill(rb, [5])
     b = rb.sample(200)
-    for steps, obs, mask in zip(b["episode_step"], b["obs"], b["mask"]):
+    for steps, obs, mask in zip(b["episode_step"], b["obs"], b["mask"], strict=True):
         assert steps[mask].tolist() == obs[mask][:, 1].astype(int).tolist()
         assert not steps[~mask].any()

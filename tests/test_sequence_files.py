@@ -5,18 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import damage  # tests/damage.py: transitions files taken apart and put together
 import numpy as np
 import pytest
 
 from mpreplay import MPPrioritizedSequenceReplayBuffer, SequenceReplayBuffer
 from mpreplay.fileformat import TransitionFileError
 
-import damage  # tests/damage.py: transitions files taken apart and put together
-
 ENV = {"tag": {"shape": (3,), "dtype": np.int64}, "done": {}}
 STACKED = {"tag": {"shape": (3,), "dtype": np.int64}, "obs": {"shape": (3, 3, 4), "dtype": np.uint8},
            "next_obs": {"shape": (3, 3, 4), "dtype": np.uint8}, "done": {}}
-COMPRESSIONS = pytest.mark.parametrize("options", [{"stack_compress": "obs"}, {"stack_compress": "obs", "next_of": "obs"}],
+COMPRESSIONS = pytest.mark.parametrize("options",
+                                       [{"stack_compress": "obs"}, {"stack_compress": "obs", "next_of": "obs"}],
                                        ids=["stack", "stack+next_of"])
 
 
@@ -35,7 +35,7 @@ def _episode(writer: int, episode: int, n: int, *, ended: bool = True, rng: Any 
 
 def _write(writers: list, lengths: list[list[int]], **kwargs: Any) -> None:
     """Writer w stores episodes of ``lengths[w]`` steps, each ended by its done flag."""
-    for w, (writer, ns) in enumerate(zip(writers, lengths)):
+    for w, (writer, ns) in enumerate(zip(writers, lengths, strict=True)):
         for e, n in enumerate(ns):
             writer.add(**_episode(w, e, n, **kwargs))
 
@@ -50,7 +50,7 @@ def _reloaded(rb: Any, path: Any, make: Callable[[], Any]) -> Any:
 def _steps(rb: Any) -> list[tuple[int, ...]]:
     """(writer, episode, step, episode_step) of every stored step, in the order listed (lane by lane)."""
     t = rb.get_all_transitions()
-    return [(*tag, s) for tag, s in zip(t["tag"].tolist(), t["episode_step"].tolist())]
+    return [(*tag, s) for tag, s in zip(t["tag"].tolist(), t["episode_step"].tolist(), strict=True)]
 
 
 def _windows(rb: Any, draws: int = 3000) -> set[tuple[int, int, int, int]]:
@@ -58,7 +58,7 @@ def _windows(rb: Any, draws: int = 3000) -> set[tuple[int, int, int, int]]:
     each checked to hold consecutive steps of one episode."""
     b = rb.sample(draws)
     out = set()
-    for tag, mask, steps in zip(b["tag"], b["mask"], b["episode_step"]):
+    for tag, mask, steps in zip(b["tag"], b["mask"], b["episode_step"], strict=True):
         real = tag[mask]
         assert (real[:, :2] == real[0, :2]).all(), f"a sequence mixes episodes: {real.tolist()}"
         assert (np.diff(real[:, 2]) == 1).all() and (steps[mask] == real[:, 2]).all(), real.tolist()

@@ -16,9 +16,9 @@ def cut_episode(cutter: SequenceCutter, steps: int) -> list[tuple[int, int]]:
     found = []
     for _ in range(steps):
         offsets, valid = cutter.add(1)
-        found += zip(offsets.tolist(), valid.tolist())
+        found += zip(offsets.tolist(), valid.tolist(), strict=True)
     offsets, valid = cutter.end_episode()
-    return found + list(zip(offsets.tolist(), valid.tolist()))
+    return found + list(zip(offsets.tolist(), valid.tolist(), strict=True))
 
 
 # -- SequenceCutter ---------------------------------------------------------------------------------
@@ -36,7 +36,8 @@ def test_a_sequence_is_announced_when_its_last_step_is_stored_and_not_before():
 
 def test_adding_steps_in_one_batch_announces_what_adding_them_one_by_one_does():
     offsets, valid = SequenceCutter(5, 2).add(12)
-    assert list(zip(offsets.tolist(), valid.tolist())) == cut_episode(SequenceCutter(5, 2, pad_end=False), 12)
+    cut = cut_episode(SequenceCutter(5, 2, pad_end=False), 12)
+    assert list(zip(offsets.tolist(), valid.tolist(), strict=True)) == cut
 
 
 def test_the_padded_final_sequence_keeps_the_steps_no_full_sequence_covers():
@@ -75,7 +76,7 @@ def test_with_padding_every_step_lies_in_a_sequence_within_the_episode(steps, le
     period = min(period, length)  # longer periods skip steps by design
     covered = np.zeros(steps, dtype=bool)
     for offset, valid in cut_episode(SequenceCutter(length, period), steps):
-        assert 0 <= offset and offset + valid <= steps and 1 <= valid <= length
+        assert offset >= 0 and offset + valid <= steps and 1 <= valid <= length
         covered[offset:offset + valid] = True
     assert covered.all()
 

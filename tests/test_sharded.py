@@ -79,7 +79,7 @@ def test_rows_are_whole_transitions_and_indexes_name_their_shard_and_slot():
     batch = client.sample(64)
     assert (batch["obs"] == np.stack([batch["id"], -batch["id"]], axis=1)).all()
     ids = client.shard_ids()
-    for shard, slot, row_id in zip(*split_indexes(batch["indexes"])[:2], batch["id"]):
+    for shard, slot, row_id in zip(*split_indexes(batch["indexes"])[:2], batch["id"], strict=True):
         buffer = buffers[ids.index(shard)]
         assert buffer.get_all_transitions()["id"][slot] == row_id
 
@@ -251,7 +251,7 @@ def test_each_update_is_held_to_the_largest_priority_of_its_own_shard():
     client = ShardedReplay([ShardServer(small), ShardServer(large)], prefetch=0, batches_per_call=1, seed=1)
     between = (small.max_priority + large.max_priority) / 2
     drawn = client.sample(8)["indexes"]  # the two shards weigh the same: 4 rows each
-    indexes = {int(sid): index for sid, index in zip(split_indexes(drawn)[0], drawn)}
+    indexes = {int(sid): index for sid, index in zip(split_indexes(drawn)[0], drawn, strict=True)}
     with pytest.raises(ValueError, match="priorities: expected finite values in"):
         client.update_priorities([indexes[1]], [between])
     client.update_priorities([indexes[0]], [between])
@@ -446,7 +446,7 @@ def test_each_shard_saves_its_own_file():
 
 def test_saving_several_shards_to_one_path_is_refused():
     client = _client([_fill(_SavingBuffer(8, ENV), [i], [1.0]) for i in range(2)])
-    with pytest.raises(ValueError, match="path: expected a '{shard}' placeholder"):
+    with pytest.raises(ValueError, match=r"path: expected a '\{shard\}' placeholder"):
         client.save_transitions("/data/all.npz")
 
 
@@ -471,7 +471,7 @@ def served(cluster, request):
 
     buffers = _buffers(MPPrioritizedReplayBuffer)
     prefix = f"{request.node.name}-"
-    servers = start_shard_servers(dict(zip(cluster.node_ids, buffers)), name_prefix=prefix, num_cpus=0)
+    servers = start_shard_servers(dict(zip(cluster.node_ids, buffers, strict=False)), name_prefix=prefix, num_cpus=0)
     yield buffers, servers
     for handle in servers.values():
         ray.kill(handle)
@@ -520,9 +520,9 @@ def test_stale_updates_are_dropped_over_ray(served):
 def test_a_shard_that_does_not_answer_in_time_is_dropped(served):
     buffers, servers = served
     client = ShardedReplay(servers.values(), timeout=2.0, prefetch=0, batches_per_call=1, seed=7)
-    with buffers[2].inspection().holding_lock():  # its server's next draw waits for the lock
-        with pytest.warns(ShardLostWarning, match="no answer within 2.0 s"):
-            ids = client.sample(32)["id"]
+    # Holding the lock of one shard's buffer: its server's next draw waits for it.
+    with buffers[2].inspection().holding_lock(), pytest.warns(ShardLostWarning, match=r"no answer within 2\.0 s"):
+        ids = client.sample(32)["id"]
     assert len(client.shard_ids()) == 2 and not np.isin(ids, IDS[2]).any()
 
 
@@ -580,7 +580,7 @@ def test_learner_goes_on_when_a_shard_node_is_removed_and_a_new_one_joins_by_nam
     extra = cluster.add_node()
     nodes = [*cluster.node_ids[:2], extra]
     prefix = "rejoin-"
-    servers = start_shard_servers(dict(zip(nodes, buffers)), name_prefix=prefix, num_cpus=0)
+    servers = start_shard_servers(dict(zip(nodes, buffers, strict=False)), name_prefix=prefix, num_cpus=0)
     client = ShardedReplay(discover=prefix, rediscover_every=0.0, seed=6)
     try:
         assert len(client.shard_ids()) == 3

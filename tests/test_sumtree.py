@@ -88,7 +88,7 @@ class _Reference:
         self.raw = np.zeros(capacity)
 
     def set(self, slots, values, raw) -> None:
-        for s, v, r in zip(slots, values, raw):  # in order: the last duplicate wins
+        for s, v, r in zip(slots, values, raw, strict=True):  # in order: the last duplicate wins
             self.values[s], self.raw[s] = v, r
 
     def total(self) -> float:
@@ -244,7 +244,7 @@ def test_setting_many_slots_at_once_builds_the_tree_setting_them_one_by_one_buil
     batched, batched_buf = _tree(capacity)
     batched.set(slots, values, raw)
     single, single_buf = _tree(capacity)
-    for s, v, r in zip(slots, values, raw):
+    for s, v, r in zip(slots, values, raw, strict=True):
         single.set(_slots(int(s)), _f64(v), _f64(r))
     assert batched_buf.tobytes() == single_buf.tobytes()
 

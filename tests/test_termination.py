@@ -197,13 +197,13 @@ def test_a_forked_child_has_room_for_as_many_segments_as_any_process():
 
 @pytest.mark.parametrize("name", ["", "/" + "x" * 63], ids=["empty", "too long"])
 def test_a_name_that_does_not_fit_is_refused(name):
-    with pytest.raises(ValueError, match="name: expected a segment name of 1..63 bytes"):
+    with pytest.raises(ValueError, match=r"name: expected a segment name of 1\.\.63 bytes"):
         termination.own(name)
 
 
 @pytest.mark.parametrize("sig", [0, -1, 65])
 def test_a_number_that_is_no_signal_is_refused(sig):
-    with pytest.raises(ValueError, match="sig: expected a signal number in 1..64"):
+    with pytest.raises(ValueError, match=r"sig: expected a signal number in 1\.\.64"):
         termination.guard(sig)
 
 

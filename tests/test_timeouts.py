@@ -9,6 +9,7 @@ the buffer holds exactly what a buffer without a limiter holds after the same ca
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import multiprocessing as mp
 import pickle
@@ -17,8 +18,7 @@ import threading
 import numpy as np
 import pytest
 
-from mpreplay import (MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer, SampleToInsertRatio,
-                      SequenceReplayBuffer)
+from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer, SampleToInsertRatio, SequenceReplayBuffer
 from mpreplay.vector_env import TransitionBatch, VectorWriter
 
 STACK = 2
@@ -233,10 +233,8 @@ def _write_with_retries(buffer, timeouts) -> None:
 
 def _sample_while(buffer, process) -> None:
     while process.is_alive():
-        try:
+        with contextlib.suppress(TimeoutError):
             buffer.sample(1, timeout=0.05)
-        except TimeoutError:
-            pass
         process.join(0.005)
 
 
@@ -346,10 +344,8 @@ def test_a_vector_add_on_a_shared_buffer_bounds_the_episode_end_it_passes_on_by_
         caller.join(30)  # generous: the point is that it returns at all
         unblock = pickle.loads(pickle.dumps(buffer))
         while caller.is_alive():  # a call that waits without limit: let it finish, then fail
-            try:
+            with contextlib.suppress(TimeoutError):
                 unblock.sample(1, timeout=0.05)
-            except TimeoutError:
-                pass
             caller.join(0.05)
         unblock.close()
     assert outcome == ["TimeoutError"]

@@ -7,13 +7,12 @@ import multiprocessing as mp
 from collections.abc import Callable
 from typing import Any
 
+import damage  # tests/damage.py: transitions files taken apart and put together
 import numpy as np
 import pytest
 
 from mpreplay import MPPrioritizedReplayBuffer, MPReplayBuffer, ReplayBuffer
 from mpreplay.fileformat import TransitionFileError
-
-import damage  # tests/damage.py: transitions files taken apart and put together
 
 ENV = {"tag": {"shape": (3,), "dtype": np.int64}, "obs": {"shape": (3, 3, 4), "dtype": np.uint8},
        "next_obs": {"shape": (3, 3, 4), "dtype": np.uint8}, "done": {}}

@@ -203,7 +203,7 @@ def test_a_sync_vector_env_stores_what_each_sub_environment_alone_stores(mode, n
     stored, completed = _run_vector(_make("sync", mode), nstep=nstep, truncated=truncated, layout=layout)
     assert (completed >= 3).all()
     _assert_same_as_reference(stored, completed, _env_of_toy, functools.partial(
-        lambda i, n, **kw: _reference(i, n, **kw), nstep=nstep, truncated=truncated, layout=layout))
+        _reference, nstep=nstep, truncated=truncated, layout=layout))
 
 
 @pytest.mark.parametrize("nstep, layout", [(1, "plain"), (3, "both")])
@@ -217,7 +217,7 @@ def test_an_async_vector_env_stores_what_each_sub_environment_alone_stores(metho
     finally:
         env.close()
     _assert_same_as_reference(stored, completed, _env_of_toy, functools.partial(
-        lambda i, n, **kw: _reference(i, n, **kw), nstep=nstep, truncated=False, layout=layout))
+        _reference, nstep=nstep, truncated=False, layout=layout))
 
 
 @pytest.mark.parametrize("layout", ["plain", "both"])
@@ -229,7 +229,7 @@ def test_dict_and_tuple_observations_are_stored_as_one_field_per_leaf(mode, nste
                                     nested=True)
     assert {"obs_frame", "obs_pos_0", "obs_pos_1", "next_obs_frame", "next_obs_pos_0", "next_obs_pos_1"} <= set(stored)
     _assert_same_as_reference(stored, completed, _env_of_toy, functools.partial(
-        lambda i, n, **kw: _reference(i, n, **kw), nstep=nstep, truncated=True, layout=layout, nested=True))
+        _reference, nstep=nstep, truncated=True, layout=layout, nested=True))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -244,8 +244,8 @@ def test_no_stored_transition_joins_two_episodes(mode):
 def test_only_terminal_steps_are_done_and_truncated_ones_bootstrap(mode):
     stored, _ = _run_vector(_make("sync", mode), nstep=3, truncated=True, layout="plain")
     env, episode = _env_of_toy(stored), _episode_of(stored)
-    ending = np.array([_ending(int(i), int(e)) for i, e in zip(env, episode)])
-    ends = stored["next_obs"][:, 2, -1] == [_length(int(i), int(e)) for i, e in zip(env, episode)]
+    ending = np.array([_ending(int(i), int(e)) for i, e in zip(env, episode, strict=True)])
+    ends = stored["next_obs"][:, 2, -1] == [_length(int(i), int(e)) for i, e in zip(env, episode, strict=True)]
     assert np.array_equal(stored["done"] == 1, ends & (ending != "truncated"))
     assert np.array_equal(stored["truncated"] == 1, ends & (ending != "terminated"))
 
@@ -402,7 +402,8 @@ def test_a_refused_step_changes_nothing(bad, match):
                 actors[1].step(args["actions"], args["obs"], args["rewards"], args["terminated"], args["truncated"],
                                info)
         batches = [a.step(act, obs, rew, term, trunc, info) for a in actors]
-        assert {k: v.tobytes() for k, v in batches[0].rows.items()} == {k: v.tobytes() for k, v in batches[1].rows.items()}
+        first, second = ({k: v.tobytes() for k, v in b.rows.items()} for b in batches[:2])
+        assert first == second
         assert np.array_equal(batches[0].envs, batches[1].envs)
 
 
@@ -489,9 +490,8 @@ def test_priorities_reach_the_rows_they_were_given_for():
 
 def test_priorities_for_a_uniform_buffer_are_refused():
     actor, batches = _one_batch()
-    with ReplayBuffer(64, actor.env_dict()) as buffer:
-        with pytest.raises(TypeError, match="priorities"):
-            VectorWriter(buffer, NUM_ENVS).add(batches[-1], priorities=np.ones(len(batches[-1])))
+    with ReplayBuffer(64, actor.env_dict()) as buffer, pytest.raises(TypeError, match="priorities"):
+        VectorWriter(buffer, NUM_ENVS).add(batches[-1], priorities=np.ones(len(batches[-1])))
 
 
 @pytest.mark.parametrize("layout", ["plain", "next_of"])
@@ -556,7 +556,7 @@ def test_an_actor_process_writes_a_shared_buffer_as_the_reference_loop_does(meth
         stored = buffer.get_all_transitions()
     completed = np.array([(_episode_of(stored)[_env_of_toy(stored) == i]).max() for i in range(NUM_ENVS)])
     _assert_same_as_reference(stored, completed, _env_of_toy, functools.partial(
-        lambda i, n, **kw: _reference(i, n, **kw), nstep=3, truncated=False, layout=layout))
+        _reference, nstep=3, truncated=False, layout=layout))
 
 
 def test_a_batch_a_timeout_interrupted_is_finished_by_adding_it_again():

@@ -11,9 +11,17 @@ import time
 import numpy as np
 import pytest
 
-from mpreplay import (CorruptBufferError, MPPrioritizedReplayBuffer, MPPrioritizedSequenceReplayBuffer,
-                      MPReplayBuffer, PrioritizedReplayBuffer, PrioritizedSequenceReplayBuffer, ReplayBuffer,
-                      SampleToInsertRatio, SequenceReplayBuffer)
+from mpreplay import (
+    CorruptBufferError,
+    MPPrioritizedReplayBuffer,
+    MPPrioritizedSequenceReplayBuffer,
+    MPReplayBuffer,
+    PrioritizedReplayBuffer,
+    PrioritizedSequenceReplayBuffer,
+    ReplayBuffer,
+    SampleToInsertRatio,
+    SequenceReplayBuffer,
+)
 from mpreplay._ext.schema import LANE_CURSOR, RESERVED, STORED, TREE_ARRAY
 from mpreplay.cli import main
 from mpreplay.inspect import arm_fault

@@ -36,10 +36,10 @@ TOOLS = ROOT / "build" / "wheel-tools"
 def _is_cpython(python: str, version: str) -> bool:
     """Whether ``python`` runs and is CPython ``version`` with the GIL (a free-threaded build makes
     another ABI's wheels)."""
-    probe = "import sys, sysconfig; print('%d.%d' % sys.version_info[:2], sys.implementation.name, " \
-            "bool(sysconfig.get_config_var('Py_GIL_DISABLED')))"
+    probe = ("import sys, sysconfig; print('%d.%d' % sys.version_info[:2], sys.implementation.name, "
+             "bool(sysconfig.get_config_var('Py_GIL_DISABLED')))")
     try:
-        run = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60)
+        run = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
     except OSError:
         return False
     return run.returncode == 0 and run.stdout.split() == [version, "cpython", "False"]

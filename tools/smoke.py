@@ -45,7 +45,7 @@ def expect(condition: bool, failure: str) -> None:
 
 def check_rows(batch: dict[str, np.ndarray]) -> None:
     ids = batch["id"]
-    expect(((0 <= ids) & (ids < ROWS)).all(), f"ids out of range: {ids}")
+    expect(((ids >= 0) & (ids < ROWS)).all(), f"ids out of range: {ids}")
     expect((batch["obs"] == ids[:, None]).all() and (batch["rew"] == ids).all(), "a row mixes two transitions")
 
 
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         batch = buffer.sample(64, beta=0.4)
         check_rows(batch)
         weights = batch["weights"]
-        expect(weights.shape == (64,) and ((0 < weights) & (weights <= 1)).all(), f"importance weights {weights}")
+        expect(weights.shape == (64,) and ((weights > 0) & (weights <= 1)).all(), f"importance weights {weights}")
         buffer.update_priorities(batch["indexes"], np.full(64, 0.5))
         with tempfile.TemporaryDirectory() as folder:
             path = os.path.join(folder, "rows.npz")

@@ -20,7 +20,8 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]
         widths = [max(len(r[i]) for r in [columns, *rows]) for i in range(len(columns))]
         print(title)
         for cells in [columns, *rows]:
-            print("  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
+            print("  ".join(c.ljust(w) if i < left else c.rjust(w)
+                            for i, (c, w) in enumerate(zip(cells, widths, strict=True))))
         print()
         return
     table = Table(title=title, title_justify="left")

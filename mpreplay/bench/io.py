@@ -158,10 +158,12 @@ def _print_table(raw_mb: float, rows: list[dict[str, Any]]) -> None:
     header = ("contender", "file MB", "raw/file", "save MB/s", "save ratio", "load MB/s", "load ratio")
     table = [header] + [(
         row["name"], f"{row['size'] / 1e6:.1f}", f"{raw_mb * 1e6 / row['size']:.1f}",
-        f"{raw_mb / row['save']:.0f}", f"{row['save ratio']:.2f}", f"{raw_mb / row['load']:.0f}", f"{row['load ratio']:.2f}",
+        f"{raw_mb / row['save']:.0f}", f"{row['save ratio']:.2f}",
+        f"{raw_mb / row['load']:.0f}", f"{row['load ratio']:.2f}",
     ) for row in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for r in table:
-        print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))))
+        print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                        for i, (cell, w) in enumerate(zip(r, widths, strict=True))))
     print("ratio = median time of numpy + fsync (np.savez or np.savez_compressed; np.load + add) with the same "
           "compression over this row's; above 1 = faster")

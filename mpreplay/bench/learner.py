@@ -138,7 +138,7 @@ def _ways(buffer: mpreplay.PrioritizedReplayBuffer, batch_size: int,
         with buffer.batches(batch_size, prefetch=2) as batches:
             next(batches)  # the thread's start and first batches are not a step
             start = time.perf_counter()
-            for _, batch in zip(range(steps), batches):
+            for _, batch in zip(range(steps), batches, strict=False):
                 train()
                 buffer.update_priorities(batch["indexes"], new_priorities())
             return time.perf_counter() - start

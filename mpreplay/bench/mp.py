@@ -46,9 +46,23 @@ import numpy as np
 import mpreplay
 from mpreplay.bench._report import print_table
 from mpreplay.bench.mp_processes import Result, Timing, gather_limit, run_case
-from mpreplay.bench.mp_workloads import (ATARI, ATARI_SCALE, ATARI_SCALE_WRITERS, BATCH, CPPRB, CPPRB_ATARI_CAPACITY,
-                                         MPREPLAY, QUICK_CAPACITY, QUICK_SWEEP, ROWS_PER_ADD, SMALL, SWEEP, Contender,
-                                         Obs, fill)
+from mpreplay.bench.mp_workloads import (
+    ATARI,
+    ATARI_SCALE,
+    ATARI_SCALE_WRITERS,
+    BATCH,
+    CPPRB,
+    CPPRB_ATARI_CAPACITY,
+    MPREPLAY,
+    QUICK_CAPACITY,
+    QUICK_SWEEP,
+    ROWS_PER_ADD,
+    SMALL,
+    SWEEP,
+    Contender,
+    Obs,
+    fill,
+)
 
 
 def _cases(ctx: Any, contender: Contender, obs: Obs, timing: Timing) -> list[Result]:
@@ -152,7 +166,7 @@ def _targets(results: Sequence[Result], sweep: Sequence[Result]) -> list[_Target
                                     alone[ATARI.label], limit, 0.9))
     learners = [r for r in sweep if r.buffer == "mpreplay"]
     limits = [r for r in sweep if r.buffer == "gather"]
-    for learner, gather in list(zip(learners, limits))[1:]:
+    for learner, gather in list(zip(learners, limits, strict=False))[1:]:
         where = f"capacity {learner.capacity:,} vs {learners[0].capacity:,}"
         out.append(_compare_samples("(d) learner sampled rows/s", where, learner, learners[0], 0.9))
         out.append(_compare_samples("(d) for scale: gather limit", where, gather, limits[0], 0.9))
@@ -316,8 +330,8 @@ def _main_atari_scale(ctx: Any, contenders: Sequence[Contender], obs: Obs, timin
     _print_setting(timing, args, contenders, ATARI_SCALE_WRITERS + 1)
     print("Writers add episodes of consecutive frame stacks; the learner samples 256 + updates 256. Per CPU s: rows "
           "per CPU second of the processes doing them;\nlock wait: share of window x processes spent waiting for "
-          "the lock; faults/sample: the learner's minor page faults per sample call (mpreplay samples into its previous "
-          "batch: out=).")
+          "the lock; faults/sample: the learner's minor page faults per sample call (mpreplay samples into its "
+          "previous batch: out=).")
     _mp_table(f"Atari scale: (84, 84, 4) uint8, {ATARI_SCALE_WRITERS} writers + learner", _ATARI_COLUMNS,
               [_atari_cells(r) for r in results], group=0)
     return 0

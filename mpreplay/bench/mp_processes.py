@@ -226,13 +226,13 @@ def run_case(ctx: Any, buffer: Any, contender: Contender, obs: Obs, writers: int
             procs.append(proc)
             conns.append(mine)
         # Getting ready includes a writer's lap of its ring: allow 1 ms per slot of the buffer.
-        for conn, proc in zip(conns, procs):
+        for conn, proc in zip(conns, procs, strict=True):
             _receive(conn, proc, max(_REPLY_TIMEOUT, obs.capacity * 1e-3))
         marks = _marks(timing)
         for conn in conns:
             conn.send(marks)
         before, after = _snapshot_at(buffer, marks[0]), _snapshot_at(buffer, marks[-1])
-        reports = [_receive(conn, proc) for conn, proc in zip(conns, procs)]
+        reports = [_receive(conn, proc) for conn, proc in zip(conns, procs, strict=True)]
     finally:
         _stop(procs)
         for conn in conns:
@@ -294,7 +294,8 @@ def gather_limit(obs: Obs, timing: Timing) -> Result:
         busy_at_start = _machine_busy_seconds()
         trace = run_until(marks, gather, 1)
         busy = _machine_busy_seconds()  # read at once: the loop ended at the last mark
-        del sources, pairs, gather
+        pairs.clear()
+        del sources, gather
     finally:
         memory.close()
     window = marks[-1] - marks[0]

@@ -30,10 +30,10 @@ class Obs:
     capacity: int
     lanes: int = 0
 
-    def resized(self, capacity: int) -> "Obs":
+    def resized(self, capacity: int) -> Obs:
         return Obs(self.label, self.shape, self.dtype, capacity, self.lanes)
 
-    def uncompressed(self, capacity: int) -> "Obs":
+    def uncompressed(self, capacity: int) -> Obs:
         return Obs(self.label, self.shape, self.dtype, capacity)
 
 

@@ -137,7 +137,7 @@ def _cpprb(layout: str, capacity: int, seed: int) -> Timed:
 def _tianshou(layout: str, capacity: int, seed: int) -> Timed:
     from tianshou.data import Batch, PrioritizedReplayBuffer
 
-    np.random.seed(seed)
+    np.random.seed(seed)  # noqa: NPY002 -- Tianshou draws from numpy's global generator
     compressed = layout == "compressed"
     options = {"stack_num": STACK, "ignore_obs_next": True, "save_only_last_obs": True} if compressed else {}
     rb = PrioritizedReplayBuffer(capacity, alpha=ALPHA, beta=BETA, **options)

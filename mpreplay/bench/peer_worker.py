@@ -141,7 +141,8 @@ class Contender(NamedTuple):
     fill: Callable[[Any, dict[str, np.ndarray], np.ndarray], None]  # (buffer, columns, priorities), untimed
 
 
-def _chunks(columns: dict[str, np.ndarray], priorities: np.ndarray) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+def _chunks(columns: dict[str, np.ndarray],
+            priorities: np.ndarray) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
     for i in range(0, len(priorities), PREFILL_CHUNK):
         yield {k: v[i:i + PREFILL_CHUNK] for k, v in columns.items()}, priorities[i:i + PREFILL_CHUNK]
 
@@ -174,7 +175,7 @@ class _Tianshou:
     def __init__(self, capacity: int, seed: int):
         from tianshou.data import PrioritizedReplayBuffer
 
-        np.random.seed(seed)  # Tianshou draws from numpy's global generator
+        np.random.seed(seed)  # noqa: NPY002 -- Tianshou draws from numpy's global generator
         self.rb = PrioritizedReplayBuffer(capacity, alpha=ALPHA, beta=BETA)
 
     @staticmethod

@@ -13,6 +13,7 @@ or loaded is reported as :class:`Unavailable` with the reason, never replaced.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -63,7 +64,7 @@ class PeerProcess:
 
     def __init__(self, name: str, python: str):
         self.name = name
-        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 -- closed by close()
         env = dict(os.environ)
         if name in PEERS:  # the peers' venv has its own packages: nothing of this checkout's path
             env.pop("PYTHONPATH", None)
@@ -107,10 +108,8 @@ class PeerProcess:
                 self._process.kill()
                 self._process.wait()
         for stream in (self._process.stdin, self._process.stdout, self._stderr):
-            try:
+            with contextlib.suppress(OSError):  # a "quit" still buffered for a worker that is gone
                 stream.close()
-            except OSError:  # a "quit" still buffered for a worker that is gone
-                pass
 
 
 def start(name: str, python: str | None, why_not: str = "") -> PeerProcess | Unavailable:

@@ -42,8 +42,18 @@ import numpy as np
 import mpreplay
 from mpreplay.bench import per_peers
 from mpreplay.bench._report import positive_int, print_table
-from mpreplay.bench.peer_worker import (ALPHA, BATCH, BETA, CONTENDERS, EPS, Floor, as_cpprb, env_dict, timed_drive,
-                                        workload)
+from mpreplay.bench.peer_worker import (
+    ALPHA,
+    BATCH,
+    BETA,
+    CONTENDERS,
+    EPS,
+    Floor,
+    as_cpprb,
+    env_dict,
+    timed_drive,
+    workload,
+)
 from mpreplay.bench.peers import ENV_VAR, peers_directory
 
 _DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
@@ -179,16 +189,16 @@ def _cells(row: _Row) -> list[list[str]]:
 
 
 def _plot(rows: Sequence[_Row], path: str) -> None:
-    import matplotlib
+    import matplotlib as mpl
 
-    matplotlib.use("Agg")
+    mpl.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 5))
     for name in rows[0].seconds:
         points = sorted((r.frames, r.seconds[name]) for r in rows if r.seconds[name] is not None)
         if points:
-            ax.plot(*zip(*points), marker="o", label=name)
+            ax.plot(*zip(*points, strict=True), marker="o", label=name)
     ax.set(xscale="log", yscale="log", xlabel="frames (capacity = frames or frames / 2)",
            ylabel="median CPU seconds", title=f"add 1, sample {BATCH}, update {BATCH} per frame")
     ax.grid(True, which="both", alpha=0.3)
@@ -229,13 +239,16 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     peers.add_argument("--peers", metavar="DIR", help="the peers' venv, made by `python -m mpreplay.bench.peers "
                        f"--setup DIR` (default: ${ENV_VAR}); runs the peers' tables")
     peers.add_argument("--peer-sizes", nargs="+", type=_capacity, metavar="CAPACITY",
-                       help=f"capacities of the loop at capacity (default {' '.join(f'{s:.0e}' for s in _DEFAULT_SIZES)})")
+                       help="capacities of the loop at capacity "
+                            f"(default {' '.join(f'{s:.0e}' for s in _DEFAULT_SIZES)})")
     peers.add_argument("--peer-frames", type=positive_int, help=f"frames a round, repeated while under "
                        f"{per_peers.MIN_CPU:g} CPU s (default {_PEER_FRAMES:,})")
     peers.add_argument("--peer-rounds", type=positive_int, help=f"rounds, medians reported (default {_PEER_ROUNDS})")
-    peers.add_argument("--tput-capacity", type=_capacity, help=f"transitions stored for sample(256) (default {_TPUT[0]:,})")
+    peers.add_argument("--tput-capacity", type=_capacity,
+                       help=f"transitions stored for sample(256) (default {_TPUT[0]:,})")
     peers.add_argument("--tput-calls", type=positive_int, help=f"sample calls a round (default {_TPUT[1]})")
-    peers.add_argument("--only-peers", action="store_true", help="skip the table above (frames = capacity, 2 x capacity)")
+    peers.add_argument("--only-peers", action="store_true",
+                       help="skip the table above (frames = capacity, 2 x capacity)")
     peers.add_argument("--peer-tables", nargs="+", choices=("loop", "tput"), default=("loop", "tput"),
                        help="which peers' tables to run (default both)")
     peers.add_argument("--plot-peers", metavar="FILE.png", help="draw µs per frame vs capacity, every contender")

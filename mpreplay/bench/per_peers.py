@@ -104,7 +104,7 @@ def throughput(directory: str | None, capacity: int, calls: int, rounds: int, se
             if isinstance(worker, Unavailable):
                 measured.reasons[label] = f"unavailable: {worker.reason}"
                 continue
-            if not any(v.startswith(name + " ") or v.startswith(name + ":") for v in measured.versions):
+            if not any(v.startswith((name + " ", name + ":")) for v in measured.versions):
                 measured.versions.append(describe(worker))
             try:
                 built = worker.request("tput_build", capacity=capacity, layout=layout, seed=seed)
@@ -135,8 +135,9 @@ def print_loop(measured: Measured) -> None:
         us = row["us"]
         for name in PER_CONTENDERS:
             if name in us:
-                cells.append([name, f"{row['capacity']:,}", f"{row['frames'][name]:,} x {row['rounds']}", f"{us[name]:.2f}",
-                              _ratio(us[name], us.get("floor")), _ratio(us[name], us.get("mpreplay"))])
+                cells.append([name, f"{row['capacity']:,}", f"{row['frames'][name]:,} x {row['rounds']}",
+                              f"{us[name]:.2f}", _ratio(us[name], us.get("floor")),
+                              _ratio(us[name], us.get("mpreplay"))])
     print_table("The loop at capacity (add 1, sample 32, perturb, update 32; each buffer full): median CPU µs a frame "
                 f"of each worker process, rounds of >= {MIN_CPU:g} CPU s",
                 ["buffer", "capacity", "frames x rounds", "µs/frame", "÷ floor", "÷ mpreplay"],
@@ -202,9 +203,9 @@ def _judge(ratios: dict[str, float]) -> list[str]:
 
 def plot(loop: Measured, path: str) -> None:
     """µs per frame against capacity, one line per contender (log-log)."""
-    import matplotlib
+    import matplotlib as mpl
 
-    matplotlib.use("Agg")
+    mpl.use("Agg")
     import matplotlib.pyplot as plt
 
     labels = {line.split(" (")[0].split()[0]: line.split(" (")[0] for line in loop.versions}
@@ -212,7 +213,7 @@ def plot(loop: Measured, path: str) -> None:
     for name in PER_CONTENDERS:
         points = [(r["capacity"], r["us"][name]) for r in loop.rows if name in r["us"]]
         if points:
-            ax.plot(*zip(*points), marker="o", label=labels.get(name, name))
+            ax.plot(*zip(*points, strict=True), marker="o", label=labels.get(name, name))
     ax.set(xscale="log", yscale="log", xlabel="capacity (buffer full)", ylabel="median CPU µs per frame",
            title="add 1, sample 32, perturb, update 32 per frame")
     ax.grid(True, which="both", alpha=0.3)

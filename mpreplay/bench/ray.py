@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 import mpreplay
+from mpreplay.bench._report import positive_int, print_table
 from mpreplay.sharded import ShardedReplay, ShardServer, start_shard_servers
 from mpreplay.testing import LoopbackRayCluster
-from mpreplay.bench._report import positive_int, print_table
 
 OBS_SHAPE = (84, 84)
 ENV = {"obs": {"shape": OBS_SHAPE, "dtype": np.uint8}, "next_obs": {"shape": OBS_SHAPE, "dtype": np.uint8},
@@ -80,7 +80,7 @@ def _measure(config: str, buffers: list[Any], args: argparse.Namespace) -> _Figu
     options = {"prefetch": args.prefetch, "batches_per_call": args.batches_per_call, "seed": args.seed}
     with LoopbackRayCluster(MAX_SHARDS, object_store_mb=args.object_store_mb,
                             system_config=_CONFIGS[config]) as cluster:
-        remote = list(start_shard_servers(dict(zip(cluster.node_ids, buffers)), num_cpus=0).values())
+        remote = list(start_shard_servers(dict(zip(cluster.node_ids, buffers, strict=False)), num_cpus=0).values())
         local = [ShardServer(b) for b in buffers]
         runs: dict[int, dict[str, list[tuple[float, float]]]] = {
             k: {"local": [], "ray": []} for k in args.shards}

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from mpreplay._ext import discount as _kernel
-from mpreplay.returns import discounted_cumsum_left, discounted_cumsum_right, n_step_returns
 from mpreplay.bench._report import print_table
+from mpreplay.returns import discounted_cumsum_left, discounted_cumsum_right, n_step_returns
 
 GAMMA = 0.99
 TARGETS = (
@@ -171,8 +171,9 @@ def _speed_rows(sizes, batch_shape, baselines, repeat, clock):
                     methods["numpy loop"] = _numpy_loop
                 # Fewer repeats where one call already takes long enough for a stable median.
                 reps = max(3, repeat // 3) if x.size >= 10**7 else repeat
-                seconds = {name: _median_seconds(lambda f=f: f(x, right), reps, clock) for name, f in methods.items()}
-                seconds["np.cumsum"] = _median_seconds(lambda: np.cumsum(x, axis=-1), reps, clock)
+                seconds = {name: _median_seconds(lambda f=f, x=x, right=right: f(x, right), reps, clock)
+                           for name, f in methods.items()}
+                seconds["np.cumsum"] = _median_seconds(lambda x=x: np.cumsum(x, axis=-1), reps, clock)
                 rows.append(
                     [
                         label,
@@ -229,8 +230,8 @@ def _n_step_rows(size, baselines, repeat, clock):
     rows = []
     for n in (3, 10):
         for what, mine, theirs in (
-            ("fold into outputs", lambda: mpreplay_into(n), lambda: into(rewards, dones, GAMMA, n, *outputs)),
-            ("whole call", lambda: n_step_returns(rewards, dones, GAMMA, n), lambda: numba_call(n)),
+            ("fold into outputs", lambda n=n: mpreplay_into(n), lambda n=n: into(rewards, dones, GAMMA, n, *outputs)),
+            ("whole call", lambda n=n: n_step_returns(rewards, dones, GAMMA, n), lambda n=n: numba_call(n)),
         ):
             mp = _median_seconds(mine, repeat, clock)
             nb = _median_seconds(theirs, repeat, clock) if into else None

@@ -104,7 +104,8 @@ def _mpreplay(layout: str, capacity: int, batch: int, seed: int, *, new_arrays: 
 
 def _torchrl(worker: peers.PeerProcess, capacity: int, batch: int, episode: int, seed: int) -> _Contender:
     """TorchRL's PrioritizedSliceSampler in its worker, filled there with the same stream."""
-    nbytes, stored = worker.request("seq_build", capacity=capacity, batch=batch, mean_length=episode, seed=seed)["memory"]
+    reply = worker.request("seq_build", capacity=capacity, batch=batch, mean_length=episode, seed=seed)
+    nbytes, stored = reply["memory"]
 
     def run(calls: int) -> tuple[float, float]:
         timing = worker.request("seq_run", calls=calls)

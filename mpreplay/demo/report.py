@@ -52,7 +52,7 @@ class Monitor:
 
     def _drain(self) -> None:
         rows = self._log.get_all_transitions()
-        for rank, episode, eps, ret, steps, when in zip(*(rows[k].tolist() for k in EPISODE_FIELDS)):
+        for rank, episode, eps, ret, steps, when in zip(*(rows[k].tolist() for k in EPISODE_FIELDS), strict=True):
             if episode <= self._seen.get(rank, -1):  # read before: the log keeps its rows
                 continue
             self._seen[rank], self._steps[rank] = episode, steps
@@ -74,7 +74,7 @@ class Monitor:
         previous = self._history[0]
         self._history.append(current)
         dt = max(now - previous[0], 1e-9)
-        rates = [(c - p) / dt for c, p in zip(current[1:], previous[1:])]
+        rates = [(c - p) / dt for c, p in zip(current[1:], previous[1:], strict=True)]
         episodes = self.episodes.arrays()
         return {
             "elapsed": now - self.start,
@@ -199,9 +199,9 @@ def print_summary(summary: Mapping[str, Any], plain: bool) -> None:
 
 def plot(episodes: Episodes, summary: Mapping[str, Any], path: str) -> None:
     """Returns against wall time and against env steps, with running means and the goal."""
-    import matplotlib
+    import matplotlib as mpl
 
-    matplotlib.use("Agg")
+    mpl.use("Agg")
     from matplotlib import pyplot as plt
 
     ep = episodes.arrays()

@@ -40,7 +40,7 @@ class _Shard:
         """The updates not sent yet, as ``(keys, priorities)`` (``(None, None)`` when there are none)."""
         if not self.updates:
             return None, None
-        keys, priorities = (np.concatenate(a) for a in zip(*self.updates))
+        keys, priorities = (np.concatenate(a) for a in zip(*self.updates, strict=True))
         self.updates.clear()
         return keys, priorities
 
@@ -267,7 +267,7 @@ class ShardedReplay:
     def _collect(self, rnd: _Round) -> None:
         """Wait for a round's replies and turn complete batches into ready ones; draw the rest again."""
         replies: list[dict[str, Any] | None] = []
-        for shard, call, carried in zip(rnd.shards, rnd.calls, rnd.carried):
+        for shard, call, carried in zip(rnd.shards, rnd.calls, rnd.carried, strict=True):
             try:
                 reply = shard.link.wait(call, self._timeout)
             except ShardUnavailable as exc:
@@ -293,7 +293,7 @@ class ShardedReplay:
 
     def _assemble(self, rnd: _Round, replies: list[dict[str, Any] | None], b: int) -> _Batch | None:
         parts, probabilities, floor = [], [], np.inf
-        for j, (shard, reply) in enumerate(zip(rnd.shards, replies)):
+        for j, (shard, reply) in enumerate(zip(rnd.shards, replies, strict=True)):
             count = rnd.counts[b, j]
             part = None if reply is None else reply["batches"][b]
             if count and (part is None or len(part["keys"]) != count):

@@ -1,6 +1,7 @@
 """Shard servers as Ray actors, one pinned to each node, found by name."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -12,16 +13,12 @@ __all__ = ["SHARD_NAME_PREFIX", "node_buffer", "start_shard_servers"]
 SHARD_NAME_PREFIX = "mpreplay-shard-"  # start_shard_servers names each server this + its node id
 
 
+@functools.cache
 def _ray_server_class() -> Any:
+    """ShardServer as a Ray actor class, made once (and only once Ray is needed)."""
     import ray
 
-    global _RAY_SERVER
-    if _RAY_SERVER is None:
-        _RAY_SERVER = ray.remote(ShardServer)
-    return _RAY_SERVER
-
-
-_RAY_SERVER: Any = None
+    return ray.remote(ShardServer)
 
 
 def start_shard_servers(buffer: Callable[[], PrioritizedReplayBuffer] | Mapping[str, Any], *,

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_SHARD_IDS", "MAX_SLOTS", "key_of", "keys_valid", "shard_index", "split_index", "split_indexes", "split_keys",
-           "tags_match"]
+__all__ = ["MAX_SHARD_IDS", "MAX_SLOTS", "key_of", "keys_valid", "shard_index", "split_index", "split_indexes",
+           "split_keys", "tags_match"]
 
 _SLOT_BITS, _TAG_BITS, _SHARD_BITS = 32, 20, 11
 _SLOT_MASK = (1 << _SLOT_BITS) - 1

@@ -73,9 +73,10 @@ def link(shard: Any) -> LocalLink:
     try:
         from ray.actor import ActorHandle
     except ImportError:
-        ActorHandle = ()  # without Ray nothing is a handle
-    if isinstance(shard, ActorHandle):
-        return RayLink(shard)
+        pass  # without Ray nothing is a handle
+    else:
+        if isinstance(shard, ActorHandle):
+            return RayLink(shard)
     raise TypeError(f"shard: expected a ShardServer or a Ray actor handle of one, got {type(shard).__name__}")
 
 

@@ -64,13 +64,11 @@ class HindsightReplayBuffer:
         self.goal_func = goal_func or (lambda s: s)
         self.state, self.action, self.next_state = state, action, next_state
         self.strategy = strategy
-        self.additional_goals = 1 if strategy == "final" else checks.integer("additional_goals", additional_goals, low=0)
+        self.additional_goals = (1 if strategy == "final"
+                                 else checks.integer("additional_goals", additional_goals, low=0))
         self.prioritized = checks.flag("prioritized", prioritized)
         state_dict = dict(env_dict[state])
-        if goal_shape:
-            goal_dict = {**state_dict, "shape": goal_shape}
-        else:
-            goal_dict = state_dict
+        goal_dict = {**state_dict, "shape": goal_shape} if goal_shape else state_dict
         self.goal_shape = tuple(np.array(goal_dict.get("shape", 1), ndmin=1).tolist())
         goal_dict.pop("add_shape", None)
         main = PrioritizedReplayBuffer if self.prioritized else ReplayBuffer

@@ -11,9 +11,15 @@ everything in mpreplay's buffers: their speed, whole rows only, crash-safe
 shared memory, stale priority updates dropped.  The documentation's "Coming
 from cpprb" page (docs/cpprb.md) lists every difference.  cpprb itself is never imported.
 """
-from . import HER, LaBER, PyReplayBuffer, multiprocessing
-from .buffers import (MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer,
-                      ReverseReplayBuffer, create_buffer)
+from . import HER, LaBER, PyReplayBuffer, multiprocessing  # noqa: F401 -- cpprb's submodules, as cpprb.HER etc.
+from .buffers import (
+    MPPrioritizedReplayBuffer,
+    MPReplayBuffer,
+    PrioritizedReplayBuffer,
+    ReplayBuffer,
+    ReverseReplayBuffer,
+    create_buffer,
+)
 from .HER import HindsightReplayBuffer
 from .LaBER import LaBERlazy, LaBERmax, LaBERmean
 from .nstep import NstepBuffer

@@ -121,7 +121,7 @@ class _Buffer:
         with ``shuffle``."""
         if checks.flag("shuffle", shuffle):
             rows = self._native.get_all_transitions()
-            order = np.random.permutation(len(next(iter(rows.values()))))
+            order = np.random.permutation(len(next(iter(rows.values()))))  # noqa: NPY002 -- as cpprb
             rows = {name: r[order] for name, r in rows.items()}
         else:
             rows = self._rows_by_index()
@@ -193,7 +193,7 @@ class _Buffer:
         """Release the memory (mpreplay's addition: cpprb buffers live until collected)."""
         self._native.close()
 
-    def __enter__(self) -> "_Buffer":
+    def __enter__(self) -> _Buffer:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -39,15 +39,15 @@ class Fields:
 
     @classmethod
     def parse(cls, env_dict: Mapping[str, Mapping[str, Any]] | None, default_dtype: Any = None,
-              next_of: Any = None) -> "Fields":
+              next_of: Any = None) -> Fields:
         """Parse a cpprb ``env_dict`` (never changing it); ``next_of`` adds ``next_<key>``
         for each key, as cpprb does."""
         if not isinstance(env_dict, Mapping) or not env_dict:
             raise ValueError("env_dict: expected a non-empty mapping of field name -> "
                              "{'shape': ..., 'dtype': ...} (a buffer without fields stores nothing)")
         native: dict[str, dict[str, Any]] = {}
-        for name, options in env_dict.items():
-            options = dict(options) if isinstance(options, Mapping) else options
+        for name, given in env_dict.items():
+            options = dict(given) if isinstance(given, Mapping) else given
             if isinstance(options, dict):
                 shape = _cpprb_shape(options.get("shape", 1))
                 if shape is not None:

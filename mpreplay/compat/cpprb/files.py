@@ -34,7 +34,7 @@ def read_rows(file: Any, fields: Fields, nstep: tuple[int, float] | None) -> tup
         folded = nstep is not None
         if theirs.nstep != folded:
             raise ValueError(f"load_transitions: the file's rows were {'' if theirs.nstep else 'not '}folded "
-                             f"over n steps, this buffer's are {'' if folded else 'not'}")
+                             f"over n steps, this buffer's are {'' if folded else 'not'}") from None
         try:
             return fields.rows(fields.pick(theirs.transitions))
         except KeyError as missing:

@@ -1,8 +1,9 @@
 """cpprb's ``cpprb.multiprocessing``: numpy-indexable arrays and values shared between processes.
 
 cpprb builds its shared buffers from these and some programs use them directly.  Both backends
-are kept: ``"sharedctypes"`` (multiprocessing's shared ctypes, inherited by child processes) and ``"SharedMemory"`` (a named segment that pickles to its name, so it also reaches
-processes that are not children).  The segments are mpreplay's: the creating process unlinks its
+are kept: ``"sharedctypes"`` (multiprocessing's shared ctypes, inherited by child processes) and
+``"SharedMemory"`` (a named segment that pickles to its name, so it also reaches processes that
+are not children).  The segments are mpreplay's: the creating process unlinks its
 segment on ``close()``, when the object is collected, at exit and on SIGTERM, where cpprb only
 unlinks at exit.
 """
@@ -133,14 +134,14 @@ def _backend(backend: Any) -> str:
     return backend
 
 
-def RawArray(ctx: Any, ctype: Any, len_: int, backend: str) -> SharedMemoryArray | ctypesArray:  # noqa: N802
+def RawArray(ctx: Any, ctype: Any, len_: int, backend: str) -> SharedMemoryArray | ctypesArray:
     """A shared array of ``len_`` elements of ``ctype`` on ``backend``."""
     if _backend(backend) == "SharedMemory":
         return SharedMemoryArray(ctype, len_)
     return ctypesArray(ctx, ctype, len_)
 
 
-def RawValue(ctx: Any, ctype: Any, init: Any, backend: str) -> Any:  # noqa: N802
+def RawValue(ctx: Any, ctype: Any, init: Any, backend: str) -> Any:
     """A shared value of ``ctype`` on ``backend``: its ``value`` is read and written."""
     if _backend(backend) == "SharedMemory":
         return SharedMemoryValue(ctype, init)

@@ -44,7 +44,7 @@ class SelectiveReplayBuffer:
         """Add one step or consecutive steps (the first axis); returns the index of the first.
         Steps beyond the capacity are dropped; every done step ends an episode."""
         rows = {}
-        for name, value in zip(_FIELDS, (obs, act, rew, next_obs, done)):
+        for name, value in zip(_FIELDS, (obs, act, rew, next_obs, done), strict=True):
             width = self._data[name].shape[1]
             try:
                 arr = np.asarray(value, dtype=np.float64).reshape(-1, width)
@@ -116,4 +116,4 @@ class SelectiveReplayBuffer:
         batch_size = checks.integer("batch_size", batch_size, low=1)
         if self._next == 0:
             raise ValueError("sample: the buffer holds no step yet")
-        return self._encode_sample(np.random.randint(0, self._next, batch_size))
+        return self._encode_sample(np.random.randint(0, self._next, batch_size))  # noqa: NPY002 -- as cpprb

@@ -57,7 +57,7 @@ def train(buffer: Any, env: Any, get_action: Callable, update_policy: Callable, 
     sums episode rewards and ``episode_callback(episode, episode_step, reward)`` is told
     of each episode.  Both gym's and gymnasium's ``reset``/``step`` are understood.
     """
-    warnings.warn("cpprb.train is a beta API in cpprb; its signature may change there")
+    warnings.warn("cpprb.train is a beta API in cpprb; its signature may change there", stacklevel=2)
     logger = logger or _default_logger()
     if max_steps >= _SIZE_T_LIMIT:
         raise ValueError(f"max_steps: expected fewer than {_SIZE_T_LIMIT}, got {max_steps}")
@@ -88,7 +88,8 @@ def train(buffer: Any, env: Any, get_action: Callable, update_policy: Callable, 
         episode_reward = rew_sum(episode_reward, transition) if rew_sum is not None else transition["rew"]
         if done_check(transition) if done_check is not None else transition["done"]:
             seconds = max(time.perf_counter() - start, 1e-9)
-            logger.info(f"{episode: 6}th episode: {episode_step + 1: 5} steps ({step + 1: 7} in all), "
+            # cpprb's own line, in cpprb's own format.
+            logger.info(f"{episode: 6}th episode: {episode_step + 1: 5} steps ({step + 1: 7} in all), "  # noqa: G004
                         f"{float(episode_reward): =+7.2f} reward, {(episode_step + 1) / seconds: =+5.2f} steps/s")
             if episode_callback is not None:
                 episode_callback(episode, episode_step, episode_reward)

@@ -14,7 +14,7 @@ import numpy as np
 try:
     from gymnasium.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, Tuple
 except ImportError:  # cpprb also takes gym's spaces
-    from gym.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, Tuple
+    from gym.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, Tuple  # type: ignore[no-redef]
 
 __all__ = ["create_env_dict", "create_before_add_func"]
 
