@@ -1222,7 +1222,7 @@ cdef class Ring:
                         else:
                             stale += 1
                         if m == UPDATE_CHUNK or (j == k - 1 and m):
-                            self._selector.set_each(live_slots, live_priorities, m)
+                            self._selector.update_items(live_slots, live_priorities, m)
                             m = 0
                             fault(F_UPDATE)
                     if k:

@@ -72,7 +72,7 @@ def recover(uint64_t[::1] generation not None, uint8_t[::1] state not None, int6
             if state[s] == COMPLETE:
                 stored += 1
             if state[s] != COMPLETE or (sequences is not None and sequences.steps(s) == 0):
-                selector.clear(s)
+                selector.remove_item(s)
                 if sequences is not None:
                     sequences.close(s)
         header[STORED] = stored
@@ -174,7 +174,7 @@ cdef class Slots:
             self.header[STORED] -= 1
             fault(F_RETIRE)
         self.state[s] = EMPTY
-        self.selector.clear(s)
+        self.selector.remove_item(s)
         if self.sequences is not None:
             self.sequences.close(s)
 
@@ -233,7 +233,7 @@ cdef class Slots:
                     p = priorities[j]
                 if st == COMPLETE:
                     if self.sequences is None:
-                        self.selector.set(s, p)
+                        self.selector.insert_item(s, p)
                     fault(F_PUBLISH)
                     self.header[STORED] += 1
                     self.header[INSERTS] += 1
@@ -264,7 +264,7 @@ cdef class Slots:
                 fault(F_COMPLETE)
                 self.header[STORED] += 1
                 if self.sequences is None:
-                    self.selector.set(s, p)
+                    self.selector.insert_item(s, p)
                     self.selector.fix(s)
                 done += 1
         return done
@@ -283,7 +283,7 @@ cdef class Slots:
                 p = priorities[j] if priorities != NULL and priorities[j] == priorities[j] else default
                 self.sequences.open(s, steps[j])
                 fault(F_OPEN)
-                self.selector.set(s, p)
+                self.selector.insert_item(s, p)
                 self.selector.fix(s)
                 opened += 1
         return opened

@@ -10,6 +10,7 @@ from .params import ParameterStore, ParameterStoreTimeout
 from .returns import NStepReturns, discounted_cumsum_left, discounted_cumsum_right, gae, n_step_returns
 from .sequence_buffer import (MPPrioritizedSequenceReplayBuffer, MPSequenceReplayBuffer,
                               PrioritizedSequenceReplayBuffer, SequenceReplayBuffer)
+from .selectors import SelectorSpec
 from .sequences import sequence_priority
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "MPSequenceReplayBuffer",
     "MPPrioritizedSequenceReplayBuffer",
     "sequence_priority",
+    "SelectorSpec",
     "BufferClosed",
     "SharedMemoryError",
     "IncompatibleSegmentError",
