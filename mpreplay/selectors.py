@@ -83,6 +83,7 @@ SELECTORS: tuple[SelectorEntry, ...] = (
                   "in proportion to (priority + eps) ** alpha", by_priority=True, options=_prioritized_options,
                   array=TREE_ARRAY),
     SelectorEntry("fifo", "fifo", "FifoSelector", "the oldest inserted item first", ordered=True),
+    SelectorEntry("lifo", "lifo", "LifoSelector", "the newest inserted item first", ordered=True),
 )
 
 _BY_NAME = {e.name: e for e in SELECTORS}

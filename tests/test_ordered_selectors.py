@@ -15,6 +15,7 @@ from mpreplay.selectors import SelectorSpec
 # Each ordered selector's key of an item (priority, insertion number): the smallest is drawn first.
 KEYS = {
     "fifo": lambda priority, number: (number,),
+    "lifo": lambda priority, number: (-number,),
 }
 ORDERED = pytest.mark.parametrize("name", sorted(KEYS))
 ENV = {"id": {"dtype": np.int64}}
