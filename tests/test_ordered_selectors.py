@@ -16,6 +16,7 @@ from mpreplay.selectors import SelectorSpec
 KEYS = {
     "fifo": lambda priority, number: (number,),
     "lifo": lambda priority, number: (-number,),
+    "max_heap": lambda priority, number: (-priority,),
 }
 ORDERED = pytest.mark.parametrize("name", sorted(KEYS))
 ENV = {"id": {"dtype": np.int64}}
