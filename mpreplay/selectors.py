@@ -85,6 +85,7 @@ SELECTORS: tuple[SelectorEntry, ...] = (
     SelectorEntry("fifo", "fifo", "FifoSelector", "the oldest inserted item first", ordered=True),
     SelectorEntry("lifo", "lifo", "LifoSelector", "the newest inserted item first", ordered=True),
     SelectorEntry("max_heap", "max_heap", "MaxHeapSelector", "the highest priority first", by_priority=True, ordered=True),
+    SelectorEntry("min_heap", "min_heap", "MinHeapSelector", "the lowest priority first", by_priority=True, ordered=True),
 )
 
 _BY_NAME = {e.name: e for e in SELECTORS}

@@ -17,6 +17,7 @@ KEYS = {
     "fifo": lambda priority, number: (number,),
     "lifo": lambda priority, number: (-number,),
     "max_heap": lambda priority, number: (-priority,),
+    "min_heap": lambda priority, number: (priority,),
 }
 ORDERED = pytest.mark.parametrize("name", sorted(KEYS))
 ENV = {"id": {"dtype": np.int64}}
