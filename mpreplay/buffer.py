@@ -34,7 +34,7 @@ from ._ext.slots import Slots, recover
 from ._ext.schema import INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, SAMPLES, STALE, STORED
 from ._ext.processes import process_token
 from ._ext.schema import MANIFEST_ARRAY, ROWS_ARRAY, TORN, WRITERS_ARRAY, field_array, row_layout, segment_arrays
-from ._ext.schema import EPISODE_STEP_ARRAY, SEQUENCE_STEPS_ARRAY
+from ._ext.schema import EPISODE_STEP_ARRAY, SEQUENCE_STEPS_ARRAY, TIMES_SAMPLED_ARRAY
 from ._ext.sequences import Sequences
 from ._ext.selector import Selector
 from ._ext.sumtree import PriorityTree
@@ -93,6 +93,12 @@ class ReplayBuffer(BufferCalls):
         transition equally likely), ``"fifo"`` (oldest first), ``"lifo"`` (newest first), or any
         other registered selector that draws by no priority (those that do take a
         :class:`PrioritizedReplayBuffer`).
+    max_times_sampled : int, optional
+        Retire a transition once it has been sampled this many times (Reverb's option): it is
+        no longer drawn, stored or listed, counted in the table's memory, so across processes
+        and through crash recovery.  A sample of ``k`` then needs ``k`` stored transitions
+        (it waits for the rate limiter's say, or raises ValueError without one).  Not for
+        sequence buffers.
     default_dtype : numpy dtype, optional
         dtype of fields that do not name one (float32 when None).
     seed : int, optional
@@ -129,7 +135,8 @@ class ReplayBuffer(BufferCalls):
     """
 
     _CONFIG: tuple[str, ...] = (  # what a handle carries
-        "_size", "_specs", "_nstep_args", "_compression", "_mmap_prefix", "_thread_lock", "_selector_spec")
+        "_size", "_specs", "_nstep_args", "_compression", "_mmap_prefix", "_thread_lock", "_selector_spec",
+        "_max_times_sampled")
     _LOCK_NBYTES = 0  # a local buffer has no lock in its memory: its threads take a ThreadLock
     _sequence: Any = None  # a sequence buffer's SequenceSpec (mpreplay.sequence_buffer)
 
@@ -138,9 +145,13 @@ class ReplayBuffer(BufferCalls):
                  nstep: Mapping[str, Any] | None = None, Nstep: Mapping[str, Any] | None = None,
                  next_of: str | list[str] | None = None, stack_compress: str | list[str] | None = None,
                  lanes: int = 1, mmap_prefix: str | os.PathLike | None = None,
-                 selector: str | SelectorSpec = "uniform"):
+                 selector: str | SelectorSpec = "uniform", max_times_sampled: int | None = None):
         size = checks.capacity("size", size)
         self._selector_spec = self._check_selector(SelectorSpec.of(selector))
+        self._max_times_sampled = (None if max_times_sampled is None
+                                   else checks.integer("max_times_sampled", max_times_sampled, low=1))
+        if self._max_times_sampled is not None and self._sequence is not None:
+            raise ValueError("max_times_sampled: a sequence buffer's items are sequences; it does not retire them")
         if mmap_prefix is not None and not isinstance(mmap_prefix, (str, os.PathLike)):
             raise TypeError(f"mmap_prefix: expected a path prefix (str) or None, got {type(mmap_prefix).__name__}")
         self._mmap_prefix = None if mmap_prefix is None else os.fspath(mmap_prefix)
@@ -174,7 +185,7 @@ class ReplayBuffer(BufferCalls):
         for name, shape, dtype in segment_arrays(
                 self._size, 1 if c is None else c.lanes, self._selector_array(), fields,
                 None if c is None else [(key, c.frame_shape(key, self._specs), self._specs[key].dtype) for key in c.keys],
-                self._LOCK_NBYTES, self._sequence is not None, rows):
+                self._LOCK_NBYTES, self._sequence is not None, rows, self._max_times_sampled is not None):
             layout.add(name, shape, dtype)
         if rows and fields:
             layout.add_row_views(ROWS_ARRAY, [(field_array(name), shape, dtype) for name, shape, dtype in fields],
@@ -230,7 +241,7 @@ class ReplayBuffer(BufferCalls):
                            else Sequences(arrays[SEQUENCE_STEPS_ARRAY], self._lanes, self._sequence.length))
         gate = Gate(self._header, arrays["limits"], self._make_lock(create))
         slots = Slots(self._header, self._lanes, self._generation, arrays["owner"], arrays["state"],
-                      arrays[WRITERS_ARRAY], self._selector, self._frames, self._sequences)
+                      arrays[WRITERS_ARRAY], self._selector, self._frames, self._sequences, *self._times_sampled())
         # A sequence's samples also carry each step's index in its episode.
         sampled = list(self._fields.items()) + ([] if self._sequences is None
                                                  else [(EPISODE_STEP_ARRAY, arrays[EPISODE_STEP_ARRAY])])
@@ -242,6 +253,10 @@ class ReplayBuffer(BufferCalls):
                                           [flag for flag in (c.done, c.truncated) if flag is not None])
         # One transition goes straight to the kernel (Ring.add_one) unless it is folded or planned first.
         self._bind_calls(self._ring, self._nstep is None and self._writer is None, **self._call_options())
+
+    def _times_sampled(self) -> tuple[np.ndarray | None, int]:
+        """Each slot's draw count and the count that retires it (None, 0: no max_times_sampled)."""
+        return self._memory.arrays.get(TIMES_SAMPLED_ARRAY), self._max_times_sampled or 0
 
     def _call_options(self) -> dict[str, Any]:
         """What the per-step calls take beyond the kernel (see ``calls.pyx``)."""
@@ -259,6 +274,7 @@ class ReplayBuffer(BufferCalls):
             "next_of": [] if c is None else list(c.next_of),
             "stack_compress": [] if c is None else list(c.stack),
             "selector": self._selector_spec.name,
+            "max_times_sampled": self._max_times_sampled,
             "sequence": None if self._sequence is None else {"length": self._sequence.length,
                                                              "period": self._sequence.period},
             "arrays": [[name, list(shape), dtype, offset] for name, shape, dtype, offset in layout.entries],
@@ -886,7 +902,7 @@ class SharedMemoryBuffer:
         self._thread_lock = None  # processes take the segment's lock
         self._lock = SharedLock(arrays["lock"], create,
                                 on_recover=functools.partial(recover, self._generation, arrays["state"], self._header,
-                                                             self._selector, self._sequences),
+                                                             self._selector, self._sequences, *self._times_sampled()),
                                 counters=self._header[LOCK_WAIT_NS:LOCK_HOLDS + 1])
         return self._lock
 
