@@ -126,7 +126,7 @@ class SelectorSpec:
         object.__setattr__(self, "options", tuple(sorted(options.items())))
 
     @classmethod
-    def of(cls, selector: "str | SelectorSpec") -> "SelectorSpec":
+    def of(cls, selector: str | SelectorSpec) -> SelectorSpec:
         """``selector`` as a spec: a name becomes the spec of its defaults."""
         if isinstance(selector, SelectorSpec):
             return selector

@@ -171,7 +171,7 @@ def test_a_second_view_of_the_same_state_draws_the_same_items(name):
 
 @NAMES
 def test_a_state_array_of_the_wrong_length_is_refused(name):
-    array, length, dtype = selectors.state_array(name, 8)
+    _, length, dtype = selectors.state_array(name, 8)
     with pytest.raises(ValueError, match="state: expected"):
         selectors.make(SelectorSpec(name), np.zeros(length - 1, dtype), 8, True)
 
