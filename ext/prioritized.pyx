@@ -14,6 +14,10 @@ from numpy.random cimport bitgen_t
 from mpreplay._ext.batch_math cimport mpr_batch_lanes, mpr_exp_each, mpr_log_each
 from mpreplay._ext.sumtree cimport PriorityTree
 
+import numpy as np
+
+from mpreplay._ext.sumtree import leaf_views, tree_buffer_size
+
 
 def weight_lanes(lanes=None):
     """How many weights one vector exp or log computes: 4 (AVX2), 2 (other x86-64 with glibc's
@@ -22,17 +26,36 @@ def weight_lanes(lanes=None):
     return mpr_batch_lanes(0 if lanes is None else lanes)
 
 
-cdef class PrioritizedSelector(Selector):
-    """Selects items of ``tree`` in proportion to ``(priority + eps) ** alpha``.
+STATE_DTYPE = np.float64
 
-    A new item without a priority gets the largest stored now, or with ``max_ever``
-    the largest ever set, at least 1.0 (cpprb's running maximum, which never falls).
+
+def state_size(Py_ssize_t capacity):
+    """Number of float64 entries the tree of a selector over ``capacity`` items needs."""
+    return tree_buffer_size(capacity)
+
+
+def priority_views(state, Py_ssize_t capacity):
+    """``(weights, priorities)`` of every item, views of ``state`` (see ``sumtree.leaf_views``)."""
+    return leaf_views(state, capacity)
+
+
+cdef class PrioritizedSelector(Selector):
+    """Selects items in proportion to ``(priority + eps) ** alpha``, over the priority tree held
+    in ``state`` (``state_size(capacity)`` float64 entries, heap or shared segment).
+
+    ``reset`` starts with no drawable item; pass False to attach to a tree another process
+    already initialised.  A new item without a priority gets the largest stored now, or with
+    ``max_ever`` the largest ever set, at least 1.0 (cpprb's running maximum, which never falls).
     """
 
-    def __init__(self, PriorityTree tree not None, double alpha, double eps, bint max_ever=False):
-        self._tree = tree
+    def __init__(self, double[::1] state not None, Py_ssize_t capacity, bint reset=True, double alpha=0.6,
+                 double eps=1e-4, bint max_ever=False):
+        if state.shape[0] != state_size(capacity):
+            raise ValueError(f"state: expected {state_size(capacity)} float64 entries for capacity {capacity}, "
+                             f"got {state.shape[0]}")
+        self.tree = PriorityTree(state, capacity, reset=reset)
         self._max_ever = max_ever
-        self.capacity = tree.capacity
+        self.capacity = capacity
         self.alpha = alpha
         self.eps = eps
         self._last_priority = NAN
@@ -41,11 +64,18 @@ cdef class PrioritizedSelector(Selector):
         self.max_priority = (min(1e300, pow(DBL_MAX / (2.0 * self.capacity + 2.0), 1.0 / alpha) - eps)
                              if alpha > 0.0 else 1e300)
 
-    cdef void set(self, Py_ssize_t item, double priority) noexcept nogil:
-        cdef int64_t one = item
-        self.set_each(&one, &priority, 1)
+    def largest_priority(self):
+        """The largest priority of a drawable item, -inf when none: the max tree's root."""
+        return self.tree.max_raw()
 
-    cdef void set_each(self, const int64_t* items, const double* priorities, Py_ssize_t k) noexcept nogil:
+    cdef void insert_item(self, Py_ssize_t item, double priority) noexcept nogil:
+        cdef int64_t one = item
+        self.weigh_each(&one, &priority, 1)
+
+    cdef void update_items(self, const int64_t* items, const double* priorities, Py_ssize_t k) noexcept nogil:
+        self.weigh_each(items, priorities, k)
+
+    cdef void weigh_each(self, const int64_t* items, const double* priorities, Py_ssize_t k) noexcept nogil:
         # The weights of a chunk at a time, as one batch: (p + eps) ** alpha as
         # exp(alpha * log(p + eps)) through batch_math.pxd, some 2.5 times faster than pow a
         # priority.  Relative error within (1 + |alpha * ln(p + eps)|) * 1e-15 (where the weight
@@ -71,60 +101,60 @@ cdef class PrioritizedSelector(Selector):
             if m == 1:
                 self._last_priority, self._last_weight = priorities[c], w[0]
             for j in range(m):
-                self._tree.write_leaf(items[c + j], w[j], priorities[c + j])
+                self.tree.write_leaf(items[c + j], w[j], priorities[c + j])
 
-    cdef void clear(self, Py_ssize_t item) noexcept nogil:
-        self._tree.write_leaf(item, 0.0, 0.0)
+    cdef void remove_item(self, Py_ssize_t item) noexcept nogil:
+        self.tree.write_leaf(item, 0.0, 0.0)
 
     cdef void fix(self, Py_ssize_t item) noexcept nogil:
-        self._tree.fix_up(item)
+        self.tree.fix_up(item)
 
     cdef void fix_range(self, Py_ssize_t first, Py_ssize_t last) noexcept nogil:
-        self._tree.fix_range(first, last)
+        self.tree.fix_range(first, last)
 
     cdef void prefetch(self, const int64_t* items, Py_ssize_t k) noexcept nogil:
-        self._tree.prefetch_paths(items, k)
+        self.tree.prefetch_paths(items, k)
 
     cdef void fix_each(self, const int64_t* items, Py_ssize_t k) noexcept nogil:
-        self._tree.fix_each(items, k)
+        self.tree.fix_each(items, k)
 
     cdef void rebuild(self) noexcept nogil:
-        self._tree.rebuild_inner()
+        self.tree.rebuild_inner()
 
     cdef double default_priority(self) noexcept nogil:
         cdef double p
         if self._max_ever:
-            p = self._tree.max_raw_ever()
+            p = self.tree.max_raw_ever()
             return p if p > 1.0 else 1.0
-        p = self._tree.max_raw()
+        p = self.tree.max_raw()
         return 1.0 if p == -INFINITY else p
 
     cdef double total(self) noexcept nogil:
-        return self._tree.total_mass()
+        return self.tree.total_mass()
 
     cdef double smallest(self) noexcept nogil:
-        return self._tree.min_weight()
+        return self.tree.min_weight()
 
     cdef double weight(self, Py_ssize_t item) noexcept nogil:
-        return self._tree.leaf_weight(item)
+        return self.tree.leaf_weight(item)
 
     cdef double priority(self, Py_ssize_t item) noexcept nogil:
         # A leaf of weight zero keeps -inf as its raw priority: priority 0 with eps 0.
-        cdef double p = self._tree.leaf_raw(item)
+        cdef double p = self.tree.leaf_raw(item)
         return 0.0 if p == -INFINITY else p
 
     cdef void draw(self, int64_t* items, double* scratch, Py_ssize_t k, Py_ssize_t nstrata,
                    bitgen_t* rng) noexcept nogil:
         # The prefix sums in `scratch`, then the tree descends them all together.
         cdef Py_ssize_t j
-        cdef double width = self._tree.total_mass() / nstrata
+        cdef double width = self.tree.total_mass() / nstrata
         if nstrata > 1:
             for j in range(k):
                 scratch[j] = (j + rng.next_double(rng.state)) * width
         else:
             for j in range(k):
                 scratch[j] = rng.next_double(rng.state) * width
-        self._tree.descend_many(scratch, items, k)
+        self.tree.descend_many(scratch, items, k)
 
     cdef Py_ssize_t draw_one(self, bitgen_t* rng) noexcept nogil:
-        return self._tree.descend(rng.next_double(rng.state) * self._tree.total_mass())
+        return self.tree.descend(rng.next_double(rng.state) * self.tree.total_mass())

@@ -36,7 +36,7 @@ from mpreplay._ext.frame_plan cimport Episode, FramePlan
 from mpreplay._ext.frames cimport MAX_STACK, Frames
 from mpreplay._ext.gate cimport Gate, deadline_of
 from mpreplay._ext.processes cimport describe_process, token_alive, token_pid
-from mpreplay._ext.schema cimport (COMPLETE, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, SAMPLES, STALE, TORN,
+from mpreplay._ext.schema cimport (COMPLETE, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, SAMPLES, STALE, STORED, TORN,
                                    WAITING, being_written)
 from mpreplay._ext.selector cimport Selector, importance_weights
 from mpreplay._ext.sequences cimport Sequences
@@ -799,6 +799,8 @@ cdef class Ring:
                 slots[j] = self._selector.draw_one(self._bitgen)
             values[j] = self._selector.weight(slots[j])
             gens[j] = self._slots.gen[slots[j]]
+            if self._slots.max_times:
+                self._slots.count_draw(slots[j])  # a later draw of the batch that finds it retired draws again
         return self._selector.smallest()
 
     cdef void _gather(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
@@ -942,8 +944,12 @@ cdef class Ring:
         cdef bint wake
         self._gate.acquire(deadline)
         try:
-            while not (self._selector.total() > 0.0 and self._gate.can_sample(d.b)):
+            while not (self._selector.total() > 0.0 and self._gate.can_sample(d.b)
+                       and (self._slots.max_times == 0 or self._header[STORED] >= d.b)):
                 if not self._gate.limited():
+                    if self._selector.total() > 0.0 and self._gate.can_sample(d.b):
+                        raise ValueError(f"sample: {d.b} rows asked of a buffer whose rows retire after "
+                                         f"max_times_sampled draws, {self._header[STORED]} drawable")
                     raise ValueError("sample: the buffer holds no transition yet")
                 self._gate.block(deadline, "sample: the rate limiter holds samples back until more is inserted")
             with nogil:  # the descent waits on cache misses: let the caller's other threads run
@@ -1222,7 +1228,7 @@ cdef class Ring:
                         else:
                             stale += 1
                         if m == UPDATE_CHUNK or (j == k - 1 and m):
-                            self._selector.set_each(live_slots, live_priorities, m)
+                            self._selector.update_items(live_slots, live_priorities, m)
                             m = 0
                             fault(F_UPDATE)
                     if k:

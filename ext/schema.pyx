@@ -24,6 +24,8 @@ MEMBERS_ARRAY = "members"
 # step's index in its episode, and 1 where a writer stored the first step of an episode (its step 0,
 # or a loaded episode's oldest kept step): what a saved buffer needs to give back the same episodes.
 SEQUENCE_STEPS_ARRAY = "sequence_steps"
+# Buffers with max_times_sampled: per slot, the draws since it was published.
+TIMES_SAMPLED_ARRAY = "times_sampled"
 EPISODE_STEP_ARRAY = "episode_step"
 EPISODE_START_ARRAY = "episode_start"
 
@@ -64,7 +66,7 @@ def row_layout(list fields):
 
 
 def segment_arrays(Py_ssize_t size, Py_ssize_t lanes, tuple selector, list fields, list frames,
-                   Py_ssize_t lock_nbytes, bint sequences=False, bint rows=False):
+                   Py_ssize_t lock_nbytes, bint sequences=False, bint rows=False, bint times_sampled=False):
     """``(name, shape, dtype)`` of every array of a buffer, in layout order.
 
     ``selector``: ``(name, length, dtype)`` of the selector's one array (TREE_ARRAY for
@@ -73,7 +75,8 @@ def segment_arrays(Py_ssize_t size, Py_ssize_t lanes, tuple selector, list field
     ``(key, frame_shape, dtype)`` of the compressed observations, or None for an
     uncompressed buffer; ``lock_nbytes``: 0 for a buffer without a lock; ``sequences``:
     whether the table samples sequences of steps; ``rows``: the fields side by side in one
-    ROWS_ARRAY (see row_layout) instead of an array each.
+    ROWS_ARRAY (see row_layout) instead of an array each; ``times_sampled``: a count of draws
+    per slot (TIMES_SAMPLED_ARRAY, a buffer with ``max_times_sampled``).
     """
     out = [(MANIFEST_ARRAY, (MANIFEST_NBYTES,), np.uint8),
            ("header", (HEADER_LEN,), np.int64),
@@ -84,6 +87,8 @@ def segment_arrays(Py_ssize_t size, Py_ssize_t lanes, tuple selector, list field
            ("owner", (size,), np.int64),
            ("state", (size,), np.uint8),
            (selector[0], (selector[1],), selector[2])]
+    if times_sampled:
+        out.append((TIMES_SAMPLED_ARRAY, (size,), np.int64))
     if rows and fields:
         out.append((ROWS_ARRAY, (size, row_layout(fields)[0]), np.uint8))
     else:

@@ -1,7 +1,8 @@
-# What a replay table's sample() draws, in proportion to what.  A selector keeps one weight
-# per item (a slot, or a sequence) and draws items by weight; the table tells it which items
-# may be drawn.  A new way of selecting is a new subclass in a file of its own
-# (ext/prioritized.pyx is the one there is).  See docs/architecture.md.
+# What a replay table's sample() draws.  A selector keeps the items (slots, or sequences) that
+# may be drawn and draws among them by its rule; the table tells it which items come and go
+# (Reverb's ItemSelector: insert, update, remove, sample).  A new way of selecting is a
+# subclass in a kernel file of its own and one entry of mpreplay/selectors.py (the registry):
+# see docs/architecture.md, "Selectors".
 from libc.stdint cimport int64_t
 from numpy.random cimport bitgen_t
 
@@ -10,25 +11,27 @@ from mpreplay._ext.batch_math cimport mpr_exp_each, mpr_log_each
 
 cdef class Selector:
     cdef readonly Py_ssize_t capacity
-    cdef readonly double alpha, eps
-    cdef readonly double max_priority   # the largest priority whose weights cannot overflow a sum
+    cdef readonly double max_priority   # the largest priority accepted (a prioritized one: no sum overflows)
 
-    # Called with the table's lock held.  set/clear change one item's weight; fix
-    # brings what is derived from the weights up to date again after them.
-    cdef void set(self, Py_ssize_t item, double priority) noexcept nogil
-    cdef void set_each(self, const int64_t* items, const double* priorities, Py_ssize_t k) noexcept nogil
-    cdef void clear(self, Py_ssize_t item) noexcept nogil
+    # Called with the table's lock held.  insert_item makes an item that may not be drawn
+    # drawable; update_items gives drawable items new priorities (an item not drawable is left
+    # alone); remove_item makes an item not drawable (nothing when it is not).  fix brings what
+    # is derived from the items up to date again after them.
+    cdef void insert_item(self, Py_ssize_t item, double priority) noexcept nogil
+    cdef void update_items(self, const int64_t* items, const double* priorities, Py_ssize_t k) noexcept nogil
+    cdef void remove_item(self, Py_ssize_t item) noexcept nogil
     cdef void fix(self, Py_ssize_t item) noexcept nogil
     cdef void fix_range(self, Py_ssize_t first, Py_ssize_t last) noexcept nogil  # fix of first..last
     cdef void fix_each(self, const int64_t* items, Py_ssize_t k) noexcept nogil  # fix of items[0..k)
-    cdef void prefetch(self, const int64_t* items, Py_ssize_t k) noexcept nogil  # ahead of set and fix_each
+    cdef void prefetch(self, const int64_t* items, Py_ssize_t k) noexcept nogil  # ahead of update_items and fix_each
     cdef void rebuild(self) noexcept nogil          # after a crash: everything derived, from the weights
-    cdef double default_priority(self) noexcept nogil  # for a new item without one: the largest stored
+    cdef double default_priority(self) noexcept nogil  # for a new item given none
     cdef double total(self) noexcept nogil
     cdef double smallest(self) noexcept nogil       # the smallest positive weight, inf when none
-    cdef double weight(self, Py_ssize_t item) noexcept nogil
+    cdef double weight(self, Py_ssize_t item) noexcept nogil    # 0: not drawable
     cdef double priority(self, Py_ssize_t item) noexcept nogil  # as given (0 for an item not drawn)
-    # k draws in proportion to the weights, draw j in stratum j of nstrata (1: unstratified).
+    # k draws by the selector's rule (random ones: in proportion to the weights, draw j in
+    # stratum j of nstrata, 1: unstratified; ordered ones: the first k in order, see the registry).
     cdef void draw(self, int64_t* items, double* scratch, Py_ssize_t k, Py_ssize_t nstrata,
                    bitgen_t* rng) noexcept nogil
     cdef Py_ssize_t draw_one(self, bitgen_t* rng) noexcept nogil

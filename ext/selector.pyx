@@ -5,6 +5,7 @@ A table calls the ``cdef`` methods with its lock held.  The ``def`` methods belo
 drive the same code from Python, one call at a time, for a selector's own tests
 and for tools that own it alone.
 """
+from libc.math cimport INFINITY
 from libc.stdint cimport int64_t
 from numpy.random cimport bitgen_t
 from cpython.pycapsule cimport PyCapsule_GetPointer
@@ -30,31 +31,40 @@ cdef int _check(Py_ssize_t item, Py_ssize_t capacity) except -1:
 
 
 cdef class Selector:
-    """Abstract: a table is built with a subclass (PrioritizedSelector)."""
+    """Abstract: a table is built with a subclass, one per entry of mpreplay.selectors."""
 
     def __init__(self, *args, **kwargs):
         if type(self) is Selector:
             raise TypeError("Selector is an interface: use a subclass such as PrioritizedSelector")
 
     def insert(self, Py_ssize_t item, double priority=1.0):
-        """Make ``item`` drawable with ``priority``."""
+        """Make ``item`` drawable with ``priority`` (an item drawable already is left as it is)."""
         _check(item, self.capacity)
-        self.set(item, priority)
-        self.fix(item)
+        if self.weight(item) == 0.0:
+            self.insert_item(item, priority)
+            self.fix(item)
+
+    def update(self, Py_ssize_t item, double priority):
+        """Give the drawable ``item`` a new ``priority`` (an item not drawable is left alone)."""
+        cdef int64_t one = item
+        _check(item, self.capacity)
+        if self.weight(item) > 0.0:
+            self.update_items(&one, &priority, 1)
+            self.fix_each(&one, 1)
 
     def remove(self, Py_ssize_t item):
         """Make ``item`` not drawable."""
         _check(item, self.capacity)
-        self.clear(item)
+        self.remove_item(item)
         self.fix(item)
 
     def recompute(self):
-        """Recompute everything derived from the items' weights (what crash recovery calls)."""
+        """Recompute everything derived from the items (what crash recovery calls)."""
         self.rebuild()
 
     def sample_items(self, Py_ssize_t k, rng not None, bint stratified=False):
-        """``k`` items drawn by weight with the numpy Generator ``rng``; draw ``j`` in
-        stratum ``j`` of ``k`` when ``stratified``.  Empty when nothing is drawable."""
+        """``k`` items drawn by the selector's rule with the numpy Generator ``rng``; draw ``j``
+        in stratum ``j`` of ``k`` when ``stratified``.  Empty when nothing is drawable."""
         if k < 1:
             raise ValueError(f"k: expected an integer >= 1, got {k}")
         cdef int64_t[::1] items = np.empty(k, np.int64)
@@ -70,6 +80,11 @@ cdef class Selector:
         _check(item, self.capacity)
         return self.weight(item)
 
+    def item_priority(self, Py_ssize_t item):
+        """The priority ``item`` was given (0: not drawable)."""
+        _check(item, self.capacity)
+        return self.priority(item)
+
     @property
     def total_weight(self):
         """The sum of the weights of the drawable items."""
@@ -80,16 +95,30 @@ cdef class Selector:
         """The smallest positive weight (inf when nothing is drawable)."""
         return self.smallest()
 
-    cdef void set(self, Py_ssize_t item, double priority) noexcept nogil:
+    @property
+    def new_item_priority(self):
+        """The priority an item inserted without one gets now."""
+        return self.default_priority()
+
+    def largest_priority(self):
+        """The largest priority of a drawable item, -inf when none (a scan of every item)."""
+        cdef Py_ssize_t i
+        cdef double p, best = -INFINITY
+        with nogil:
+            for i in range(self.capacity):
+                if self.weight(i) > 0.0:
+                    p = self.priority(i)
+                    if p > best:
+                        best = p
+        return best
+
+    cdef void insert_item(self, Py_ssize_t item, double priority) noexcept nogil:
         pass
 
-    cdef void set_each(self, const int64_t* items, const double* priorities, Py_ssize_t k) noexcept nogil:
-        # set() of items[j] to priorities[j], j < k; a subclass may weigh them all at once.
-        cdef Py_ssize_t j
-        for j in range(k):
-            self.set(items[j], priorities[j])
+    cdef void update_items(self, const int64_t* items, const double* priorities, Py_ssize_t k) noexcept nogil:
+        pass  # a selector that draws by no priority keeps none
 
-    cdef void clear(self, Py_ssize_t item) noexcept nogil:
+    cdef void remove_item(self, Py_ssize_t item) noexcept nogil:
         pass
 
     cdef void fix(self, Py_ssize_t item) noexcept nogil:
@@ -101,7 +130,7 @@ cdef class Selector:
             self.fix(item)
 
     cdef void prefetch(self, const int64_t* items, Py_ssize_t k) noexcept nogil:
-        # Ask for the memory that set() and fix_each() of items[0..k) will touch, so its
+        # Ask for the memory that update_items() and fix_each() of items[0..k) will touch, so its
         # cache misses overlap instead of stalling one by one.  A hint: doing nothing is correct.
         pass
 

@@ -25,11 +25,15 @@ cdef class Slots:
     cdef Py_ssize_t writer_row         # this process's row of `writers`; -1: none yet, -2: none left
     cdef int64_t token                 # this process as a writer (see processes.process_token)
     cdef readonly Py_ssize_t size
+    cdef int64_t* times_sampled        # per slot: its draws since published (max_times_sampled tables), or NULL
+    cdef readonly int64_t max_times    # draws after which an item retires; 0: never
+    cdef object _times_keep
 
     cdef Py_ssize_t slot(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t j) noexcept nogil
     cdef void fix_run(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k) noexcept nogil
     cdef int64_t busy_owner(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil
     cdef void retire(self, Py_ssize_t s) noexcept nogil
+    cdef void count_draw(self, Py_ssize_t s) noexcept nogil
     cdef void retire_readers(self, Py_ssize_t lane, Py_ssize_t s) noexcept nogil
     cdef Py_ssize_t reserve(self, Py_ssize_t k, uint64_t* reserved, bint insert, Py_ssize_t lane) noexcept nogil
     cdef int note_writer(self) except -1

@@ -49,7 +49,8 @@ cdef void fault(int site) noexcept nogil:
 
 
 def recover(uint64_t[::1] generation not None, uint8_t[::1] state not None, int64_t[::1] header not None,
-            Selector selector not None, Sequences sequences=None):
+            Selector selector not None, Sequences sequences=None, int64_t[::1] times_sampled=None,
+            int64_t max_times=0):
     """With the lock held, after its previous holder died: make everything derived agree
     with the slots again (the lock's ``on_recover``).
 
@@ -61,7 +62,9 @@ def recover(uint64_t[::1] generation not None, uint8_t[::1] state not None, int6
     the stored count -- which the rate limiter reads -- is recounted.  The
     cumulative counters (inserts, samples, reservations) change by single
     stores and cannot be torn.  In a sequence table an item is a sequence:
-    only slots where one starts (``sequences``) may keep their weight.  See
+    only slots where one starts (``sequences``) may keep their weight.  With
+    ``max_times_sampled``, an item drawn that many times (``times_sampled``) retires, as the
+    draw that reached the count would have retired it.  See
     docs/architecture.md, "Crash handling".
     """
     cdef Py_ssize_t s, stored = 0
@@ -69,10 +72,12 @@ def recover(uint64_t[::1] generation not None, uint8_t[::1] state not None, int6
         for s in range(generation.shape[0]):
             if being_written(generation[s]):
                 state[s] = EMPTY
+            if max_times and times_sampled[s] >= max_times:
+                state[s] = EMPTY
             if state[s] == COMPLETE:
                 stored += 1
             if state[s] != COMPLETE or (sequences is not None and sequences.steps(s) == 0):
-                selector.clear(s)
+                selector.remove_item(s)
                 if sequences is not None:
                     sequences.close(s)
         header[STORED] = stored
@@ -91,13 +96,20 @@ cdef class Slots:
     frames : the Frames of a compressed table, or None
     sequences : the Sequences of a sequence table (the selector's items are sequences,
         weighed by :meth:`open_sequences`), or None (its items are the slots, weighed on publication)
+    times_sampled, max_times : an int64 per slot counting its draws since it was published, and the
+        draws after which it retires (Reverb's max_times_sampled); None and 0: items never retire so
     """
 
     def __init__(self, int64_t[::1] header not None, int64_t[:, ::1] lanes not None,
                  uint64_t[::1] generation not None, int64_t[::1] owner not None, uint8_t[::1] state not None,
                  int64_t[:, ::1] writers not None, Selector selector not None, Frames frames=None,
-                 Sequences sequences=None):
+                 Sequences sequences=None, int64_t[::1] times_sampled=None, int64_t max_times=0):
         self.header = header
+        if max_times and (times_sampled is None or times_sampled.shape[0] != generation.shape[0]):
+            raise ValueError("times_sampled: expected an int64 count per slot with max_times")
+        self._times_keep = times_sampled
+        self.times_sampled = &times_sampled[0] if max_times else NULL
+        self.max_times = max_times
         self.writers = writers
         self.writer_row = -1
         self.lanes = lanes
@@ -174,9 +186,17 @@ cdef class Slots:
             self.header[STORED] -= 1
             fault(F_RETIRE)
         self.state[s] = EMPTY
-        self.selector.clear(s)
+        self.selector.remove_item(s)
         if self.sequences is not None:
             self.sequences.close(s)
+
+    cdef void count_draw(self, Py_ssize_t s) noexcept nogil:
+        # Lock held, max_times set: one more draw of s, which retires it at the count.  The count
+        # is stored first: a holder killed between the two leaves recover() to retire it.
+        self.times_sampled[s] += 1
+        if self.times_sampled[s] >= self.max_times:
+            self.retire(s)
+            self.selector.fix(s)
 
     cdef void retire_readers(self, Py_ssize_t lane, Py_ssize_t s) noexcept nogil:
         # Lock held, slot s about to be overwritten: retire every row whose
@@ -203,6 +223,8 @@ cdef class Slots:
             self.gen[s] = g
             fault(F_RESERVE)
             self.owner[s] = self.token
+            if self.times_sampled != NULL:
+                self.times_sampled[s] = 0
             reserved[j] = g
             self.retire(s)
         self.fix_run(lane, start, k)
@@ -233,7 +255,7 @@ cdef class Slots:
                     p = priorities[j]
                 if st == COMPLETE:
                     if self.sequences is None:
-                        self.selector.set(s, p)
+                        self.selector.insert_item(s, p)
                     fault(F_PUBLISH)
                     self.header[STORED] += 1
                     self.header[INSERTS] += 1
@@ -264,7 +286,7 @@ cdef class Slots:
                 fault(F_COMPLETE)
                 self.header[STORED] += 1
                 if self.sequences is None:
-                    self.selector.set(s, p)
+                    self.selector.insert_item(s, p)
                     self.selector.fix(s)
                 done += 1
         return done
@@ -283,7 +305,7 @@ cdef class Slots:
                 p = priorities[j] if priorities != NULL and priorities[j] == priorities[j] else default
                 self.sequences.open(s, steps[j])
                 fault(F_OPEN)
-                self.selector.set(s, p)
+                self.selector.insert_item(s, p)
                 self.selector.fix(s)
                 opened += 1
         return opened

@@ -18,8 +18,13 @@ from libc.math cimport INFINITY
 from libc.stdint cimport int64_t
 from numpy.random cimport bitgen_t
 
+import numpy as np
 
-def uniform_state_size(Py_ssize_t capacity):
+
+STATE_DTYPE = np.int64
+
+
+def state_size(Py_ssize_t capacity):
     """Number of int64 entries the state of a selector over ``capacity`` items needs."""
     if capacity < 1:
         raise ValueError(f"capacity: expected an integer >= 1, got {capacity}")
@@ -34,23 +39,21 @@ cdef class UniformSelector(Selector):
     """
 
     def __init__(self, int64_t[::1] state not None, Py_ssize_t capacity, bint reset=True):
-        if state.shape[0] != uniform_state_size(capacity):
-            raise ValueError(f"state: expected {uniform_state_size(capacity)} int64 entries for capacity "
+        if state.shape[0] != state_size(capacity):
+            raise ValueError(f"state: expected {state_size(capacity)} int64 entries for capacity "
                              f"{capacity}, got {state.shape[0]}")
         self._state = state
         self._count = &state[0]
         self._members = &state[1]
         self._position = &state[1 + capacity]
         self.capacity = capacity
-        self.alpha = 0.0
-        self.eps = 0.0
         self.max_priority = 1e300  # priorities are accepted and play no part in selection
         if reset:
             self._count[0] = 0
             for i in range(capacity):
                 self._position[i] = -1
 
-    cdef void set(self, Py_ssize_t item, double priority) noexcept nogil:
+    cdef void insert_item(self, Py_ssize_t item, double priority) noexcept nogil:
         cdef int64_t n = self._count[0]
         if self._position[item] >= 0:
             return
@@ -58,7 +61,7 @@ cdef class UniformSelector(Selector):
         self._members[n] = item
         self._count[0] = n + 1
 
-    cdef void clear(self, Py_ssize_t item) noexcept nogil:
+    cdef void remove_item(self, Py_ssize_t item) noexcept nogil:
         cdef int64_t at = self._position[item], last
         if at < 0:
             return

@@ -14,6 +14,7 @@ from .sequence_buffer import (
     PrioritizedSequenceReplayBuffer,
     SequenceReplayBuffer,
 )
+from .selectors import SelectorSpec
 from .sequences import sequence_priority
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "MPSequenceReplayBuffer",
     "MPPrioritizedSequenceReplayBuffer",
     "sequence_priority",
+    "SelectorSpec",
     "BufferClosed",
     "CorruptBufferError",
     "SharedMemoryError",

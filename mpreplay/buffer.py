@@ -28,27 +28,25 @@ import numpy as np
 from . import checks
 from ._ext.lock import LOCK_NBYTES, SharedLock, ThreadLock
 from ._ext.gate import Gate, deadline
-from ._ext.prioritized import PrioritizedSelector
 from ._ext.calls import BufferCalls, PrioritizedCalls
 from ._ext.ring import Ring
 from ._ext.slots import Slots, recover
 from ._ext.schema import (INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, RESERVED, SAMPLES,
                           STALE, STORED, WAITERS)
 from ._ext.processes import process_token
-from ._ext.schema import (MANIFEST_ARRAY, MEMBERS_ARRAY, ROWS_ARRAY, TORN, TREE_ARRAY, WRITERS_ARRAY, field_array,
-                          row_layout, segment_arrays)
-from ._ext.schema import EPISODE_STEP_ARRAY, SEQUENCE_STEPS_ARRAY
+from ._ext.schema import MANIFEST_ARRAY, ROWS_ARRAY, TORN, WRITERS_ARRAY, field_array, row_layout, segment_arrays
+from ._ext.schema import EPISODE_STEP_ARRAY, SEQUENCE_STEPS_ARRAY, TIMES_SAMPLED_ARRAY
 from ._ext.sequences import Sequences
 from ._ext.selector import Selector
-from ._ext.sumtree import PriorityTree, tree_buffer_size
-from ._ext.uniform import UniformSelector, uniform_state_size
-from . import fileformat, manifest
+from ._ext.sumtree import PriorityTree
+from . import fileformat, manifest, selectors
 from .errors import BufferClosed
 from .inspect import Inspection
 from .limiter import RateLimiter
 from .memory import FileMemory, HeapMemory, Layout, SharedMemory
 from .nstep import NstepBuffer
 from .prefetch import Prefetcher
+from .selectors import SelectorSpec
 from .spec import convert_batch, parse_env_dict
 from .compression import Compression, FrameWriter, with_next_fields
 from .saved_episodes import load_episodes, split_episodes, stack_age, transition_episodes
@@ -83,7 +81,7 @@ _CLOSED = _Closed()
 
 
 class ReplayBuffer(BufferCalls):
-    """Uniform FIFO experience replay.
+    """Experience replay, uniform unless another selector is given.
 
     Parameters
     ----------
@@ -92,6 +90,17 @@ class ReplayBuffer(BufferCalls):
     env_dict : mapping
         cpprb-style field specs, e.g. ``{"obs": {"shape": (4,)}, "act": {"dtype": np.int64}, "rew": {}}``.
         A missing shape means a scalar; a missing dtype means ``default_dtype``.
+    selector : str or SelectorSpec
+        What ``sample`` draws (see :mod:`mpreplay.selectors`): ``"uniform"`` (every stored
+        transition equally likely), ``"fifo"`` (oldest first), ``"lifo"`` (newest first), or any
+        other registered selector that draws by no priority (those that do take a
+        :class:`PrioritizedReplayBuffer`).
+    max_times_sampled : int, optional
+        Retire a transition once it has been sampled this many times (Reverb's option): it is
+        no longer drawn, stored or listed, counted in the table's memory, so across processes
+        and through crash recovery.  A sample of ``k`` then needs ``k`` stored transitions
+        (it waits for the rate limiter's say, or raises ValueError without one).  Not for
+        sequence buffers.
     default_dtype : numpy dtype, optional
         dtype of fields that do not name one (float32 when None).
     seed : int, optional
@@ -129,7 +138,8 @@ class ReplayBuffer(BufferCalls):
     """
 
     _CONFIG: tuple[str, ...] = (  # what a handle carries
-        "_size", "_specs", "_nstep_args", "_compression", "_mmap_prefix", "_thread_lock")
+        "_size", "_specs", "_nstep_args", "_compression", "_mmap_prefix", "_thread_lock", "_selector_spec",
+        "_max_times_sampled")
     _LOCK_NBYTES = 0  # a local buffer has no lock in its memory: its threads take a ThreadLock
     _sequence: Any = None  # a sequence buffer's SequenceSpec (mpreplay.sequence_buffer)
 
@@ -137,8 +147,14 @@ class ReplayBuffer(BufferCalls):
                  default_dtype: Any = None, seed: int | None = None, rate_limiter: RateLimiter | None = None,
                  nstep: Mapping[str, Any] | None = None, Nstep: None = None,
                  next_of: str | list[str] | None = None, stack_compress: str | list[str] | None = None,
-                 lanes: int = 1, mmap_prefix: str | os.PathLike | None = None):
+                 lanes: int = 1, mmap_prefix: str | os.PathLike | None = None,
+                 selector: str | SelectorSpec = "uniform", max_times_sampled: int | None = None):
         size = checks.capacity("size", size)
+        self._selector_spec = self._check_selector(SelectorSpec.of(selector))
+        self._max_times_sampled = (None if max_times_sampled is None
+                                   else checks.integer("max_times_sampled", max_times_sampled, low=1))
+        if self._max_times_sampled is not None and self._sequence is not None:
+            raise ValueError("max_times_sampled: a sequence buffer's items are sequences; it does not retire them")
         if mmap_prefix is not None and not isinstance(mmap_prefix, (str, os.PathLike)):
             raise TypeError(f"mmap_prefix: expected a path prefix (str) or None, got {type(mmap_prefix).__name__}")
         self._mmap_prefix = None if mmap_prefix is None else os.fspath(mmap_prefix)
@@ -173,19 +189,29 @@ class ReplayBuffer(BufferCalls):
                 self._size, 1 if c is None else c.lanes, self._selector_array(), fields,
                 None if c is None else [(key, c.frame_shape(key, self._specs), self._specs[key].dtype)
                                         for key in c.keys],
-                self._LOCK_NBYTES, self._sequence is not None, rows):
+                self._LOCK_NBYTES, self._sequence is not None, rows,
+                self._max_times_sampled is not None):
             layout.add(name, shape, dtype)
         if rows and fields:
             layout.add_row_views(ROWS_ARRAY, [(field_array(name), shape, dtype) for name, shape, dtype in fields],
                                  row_layout(fields)[1])
         return layout
 
-    def _selector_array(self) -> tuple[str, int, type]:
-        """Name, length and dtype of the selector's array: uniform selection keeps its members."""
-        return MEMBERS_ARRAY, uniform_state_size(self._size), np.int64
+    def _check_selector(self, spec: SelectorSpec) -> SelectorSpec:
+        """``spec``, if this class's API drives it (priorities given and updated: a prioritized buffer)."""
+        prioritized = isinstance(self, PrioritizedReplayBuffer)
+        if spec.entry.by_priority != prioritized:
+            raise ValueError(f"selector: {spec.name!r} draws by {'no ' if prioritized else ''}priority: build a "
+                             f"{'' if prioritized else 'Prioritized'}{'ReplayBuffer'} (or its MP or sequence twin) "
+                             f"with it")
+        return spec
+
+    def _selector_array(self) -> tuple[str, int, np.dtype]:
+        """Name, length and dtype of the selector's array (see :mod:`mpreplay.selectors`)."""
+        return selectors.state_array(self._selector_spec.name, self._size)
 
     def _make_selector(self, array: np.ndarray, create: bool) -> Selector:
-        return UniformSelector(array, self._size, reset=create)
+        return selectors.make(self._selector_spec, array, self._size, create)
 
     def _allocate(self, layout: Layout) -> HeapMemory | FileMemory | SharedMemory:
         return HeapMemory(layout) if self._mmap_prefix is None else FileMemory(layout, self._mmap_prefix)
@@ -220,7 +246,7 @@ class ReplayBuffer(BufferCalls):
                            else Sequences(arrays[SEQUENCE_STEPS_ARRAY], self._lanes, self._sequence.length))
         self._gate = gate = Gate(self._header, arrays["limits"], self._make_lock(create))
         slots = Slots(self._header, self._lanes, self._generation, arrays["owner"], arrays["state"],
-                      arrays[WRITERS_ARRAY], self._selector, self._frames, self._sequences)
+                      arrays[WRITERS_ARRAY], self._selector, self._frames, self._sequences, *self._times_sampled())
         # A sequence's samples also carry each step's index in its episode.
         sampled = list(self._fields.items()) + ([] if self._sequences is None
                                                  else [(EPISODE_STEP_ARRAY, arrays[EPISODE_STEP_ARRAY])])
@@ -232,6 +258,10 @@ class ReplayBuffer(BufferCalls):
                                           [flag for flag in (c.done, c.truncated) if flag is not None])
         # One transition goes straight to the kernel (Ring.add_one) unless it is folded or planned first.
         self._bind_calls(self._ring, self._nstep is None and self._writer is None, **self._call_options())
+
+    def _times_sampled(self) -> tuple[np.ndarray | None, int]:
+        """Each slot's draw count and the count that retires it (None, 0: no max_times_sampled)."""
+        return self._memory.arrays.get(TIMES_SAMPLED_ARRAY), self._max_times_sampled or 0
 
     def _call_options(self) -> dict[str, Any]:
         """What the per-step calls take beyond the kernel (see ``calls.pyx``)."""
@@ -248,7 +278,8 @@ class ReplayBuffer(BufferCalls):
             "fields": {name: {"shape": list(s.shape), "dtype": s.dtype.str} for name, s in self._specs.items()},
             "next_of": [] if c is None else list(c.next_of),
             "stack_compress": [] if c is None else list(c.stack),
-            "selector": self._selector_array()[0],
+            "selector": self._selector_spec.name,
+            "max_times_sampled": self._max_times_sampled,
             "sequence": None if self._sequence is None else {"length": self._sequence.length,
                                                              "period": self._sequence.period},
             "arrays": [[name, list(shape), dtype, offset] for name, shape, dtype, offset in layout.entries],
@@ -749,6 +780,12 @@ class PrioritizedReplayBuffer(PrioritizedCalls, ReplayBuffer):
         What a transition added without a priority gets: the largest priority stored
         now, or the largest ever set (at least 1.0, never falling until ``clear()``:
         cpprb's rule, shared by every process of a shared buffer).
+    selector : str or SelectorSpec, optional
+        Another selector that draws by priority: ``"max_heap"`` (the highest priority first),
+        ``"min_heap"`` (the lowest first), see :mod:`mpreplay.selectors`; or
+        ``SelectorSpec("prioritized", alpha=..., eps=..., new_priority=...)``, the default
+        (``alpha``, ``eps`` and ``new_priority`` are its options: given ``selector``, they stay
+        at their defaults here).
     weights_dtype : numpy dtype
         dtype of ``sample``'s importance ``weights``: float64, or float32 (what a float32
         loss takes without a cast).
@@ -759,57 +796,60 @@ class PrioritizedReplayBuffer(PrioritizedCalls, ReplayBuffer):
         As for :class:`ReplayBuffer`.
     """
 
-    _CONFIG = ReplayBuffer._CONFIG + ("_alpha", "_eps", "_new_priority", "_float32_weights", "_uint64_indexes")
+    _CONFIG = ReplayBuffer._CONFIG + ("_float32_weights", "_uint64_indexes")
+    _tree: PriorityTree | None  # the prioritized selector's tree, None with another selector
 
     def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *, alpha: float = 0.6,
-                 eps: float = 1e-4, new_priority: str = "max_stored", weights_dtype: Any = np.float64,
-                 indexes_dtype: Any = np.int64, **options: Any):
-        self._alpha, self._eps = checks.number("alpha", alpha, low=0.0), checks.number("eps", eps, low=0.0)
-        self._new_priority = checks.choice("new_priority", new_priority, ("max_stored", "max_ever"))
+                 eps: float = 1e-4, new_priority: str = "max_stored", selector: str | SelectorSpec | None = None,
+                 weights_dtype: Any = np.float64, indexes_dtype: Any = np.int64, **options: Any):
+        given = {"alpha": alpha, "eps": eps, "new_priority": new_priority}
+        if selector is None:
+            selector = SelectorSpec("prioritized", **given)
+        else:
+            for name, default in (("alpha", 0.6), ("eps", 1e-4), ("new_priority", "max_stored")):
+                if not (type(given[name]) is type(default) and given[name] == default):
+                    raise TypeError(f"{name}: an option of the prioritized selector; with selector= give it "
+                                    f"there: SelectorSpec('prioritized', {name}=...)")
         self._float32_weights = checks.dtype("weights_dtype", weights_dtype, (np.float64, np.float32)) == np.float32
         self._uint64_indexes = checks.dtype("indexes_dtype", indexes_dtype, (np.int64, np.uint64)) == np.uint64
-        super().__init__(size, env_dict, **options)
-
-    def _selector_array(self) -> tuple[str, int, type]:
-        return TREE_ARRAY, tree_buffer_size(self._size), np.float64
+        super().__init__(size, env_dict, selector=selector, **options)
 
     def _call_options(self) -> dict[str, Any]:
         return {"float32_weights": self._float32_weights, "uint64_indexes": self._uint64_indexes}
 
     def _make_selector(self, array: np.ndarray, create: bool) -> Selector:
-        self._tree = PriorityTree(array, self._size, reset=create)
-        return PrioritizedSelector(self._tree, self._alpha, self._eps, self._new_priority == "max_ever")
+        selector = super()._make_selector(array, create)
+        self._tree = getattr(selector, "tree", None)
+        return selector
 
     @property
-    def alpha(self) -> float:
-        """Prioritisation exponent."""
-        return self._alpha
+    def alpha(self) -> float | None:
+        """Prioritisation exponent (None: the selector has none)."""
+        return self._selector_spec.kernel_options().get("alpha")
 
     @property
-    def eps(self) -> float:
-        """Added to every priority."""
-        return self._eps
+    def eps(self) -> float | None:
+        """Added to every priority (None: the selector adds nothing)."""
+        return self._selector_spec.kernel_options().get("eps")
 
     def leaf_mass(self) -> tuple[float, float]:
         """``(total, smallest)``: the sum of the leaf weights (p + eps) ** alpha of the stored
         transitions and the smallest positive one (inf when none)."""
-        return float(self._tree.total()), float(self._tree.min())
+        return float(self._selector.total_weight), float(self._selector.smallest_weight)
 
     def get_max_priority(self) -> float:
         """Largest priority stored now (1.0 when the buffer is empty)."""
-        m = self._tree.max()
+        m = self._selector.largest_priority()
         return 1.0 if m == -np.inf else float(m)
 
     def default_priority(self) -> float:
         """The priority a transition added now without one gets (see ``new_priority``)."""
-        if self._new_priority == "max_ever":
-            return max(1.0, float(self._tree.max_ever()))
-        return self.get_max_priority()
+        return float(self._selector.new_item_priority)
 
     def clear(self) -> None:
         """Forget every transition (and, with ``new_priority="max_ever"``, the priorities ever set)."""
         super().clear()
-        if self._new_priority == "max_ever":
+        if self._tree is not None and self._selector_spec.kernel_options()["max_ever"]:
             self._tree.forget_max_ever()
 
     @property
@@ -891,7 +931,7 @@ class SharedMemoryBuffer:
         self._thread_lock = None  # processes take the segment's lock
         self._lock = SharedLock(arrays["lock"], create,
                                 on_recover=functools.partial(recover, self._generation, arrays["state"], self._header,
-                                                             self._selector, self._sequences),
+                                                             self._selector, self._sequences, *self._times_sampled()),
                                 counters=self._header[LOCK_WAIT_NS:LOCK_HOLDS + 1])
         return self._lock
 

@@ -28,19 +28,16 @@ import numpy as np
 
 from ._ext.lock import LOCK_NBYTES
 from ._ext.processes import token_pid
+from . import selectors
 from ._ext.schema import (
     HEADER_LEN,
     LANE_LEN,
     LIMITS_LEN,
     MANIFEST_NBYTES,
     MAX_WRITERS,
-    MEMBERS_ARRAY,
-    TREE_ARRAY,
     WRITER_LEN,
     WRITERS_ARRAY,
 )
-from ._ext.sumtree import tree_buffer_size
-from ._ext.uniform import uniform_state_size
 from ._version import __version__
 from .errors import IncompatibleSegmentError
 
@@ -49,7 +46,8 @@ __all__ = ["MAGIC", "NBYTES", "VERSION", "ManifestError", "check_segment", "deco
 MAGIC = b"mpreplay"
 NBYTES = MANIFEST_NBYTES
 # 2: the document names the mpreplay version that wrote it and the layout's size (``nbytes``).
-VERSION = 2
+# 3: ``selector`` names the selector (an entry of mpreplay.selectors), no longer its array.
+VERSION = 3
 _HEAD = struct.Struct("<8sQ")
 _DTYPE = re.compile(r"[<>|][biufc][0-9]{1,2}")  # numpy's dtype.str of the numeric dtypes
 _WORD = 8  # every array starts on an 8-byte boundary: readers load counters and lock words whole
@@ -64,11 +62,6 @@ _READ = {
     WRITERS_ARRAY: (np.dtype(np.int64), (MAX_WRITERS, WRITER_LEN)),
 }
 _IF_THERE = {"lock": (np.dtype(np.uint8), (LOCK_NBYTES,))}  # local buffers have no lock in their memory
-# The selector's array, by the name the manifest's "selector" gives it, for a capacity.
-_SELECTORS = {
-    TREE_ARRAY: lambda capacity: (np.dtype(np.float64), (tree_buffer_size(capacity),)),
-    MEMBERS_ARRAY: lambda capacity: (np.dtype(np.int64), (uniform_state_size(capacity),)),
-}
 
 
 class ManifestError(ValueError):
@@ -169,7 +162,7 @@ _ENTRIES = {
     "class": (lambda v: isinstance(v, str) and v.isidentifier(), "a class name"),
     "owner": (lambda v: _whole(v) and v < 2**63 and token_pid(v) > 0, "a process token (a pid and a start time)"),
     "created": (lambda v: type(v) in (int, float) and 0 <= v <= _LATEST, "a time in seconds since 1970"),
-    "selector": (lambda v: v in (TREE_ARRAY, MEMBERS_ARRAY), f"{TREE_ARRAY!r} or {MEMBERS_ARRAY!r}"),
+    "selector": (lambda v: v in selectors.names(), f"a selector's name {list(selectors.names())}"),
     "fields": (lambda v: isinstance(v, dict), "an object"),
     "next_of": (_names, "a list of field names"),
     "stack_compress": (_names, "a list of field names"),
@@ -199,7 +192,8 @@ def _check(document: dict[str, Any], size: int | None) -> None:
             raise ManifestError(f"the manifest lists array {_short(name)} twice")
         arrays[name] = shape, dtype
     need = {**_READ, **{name: want for name, want in _IF_THERE.items() if name in arrays}}
-    need[document["selector"]] = _SELECTORS[document["selector"]](capacity)
+    array, length, dtype = selectors.state_array(document["selector"], capacity)
+    need[array] = dtype, (length,)
     for name, (want_dtype, want_shape) in need.items():
         if name not in arrays:
             raise ManifestError(f"the manifest has no {name!r} array")

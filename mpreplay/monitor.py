@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from . import manifest
+from . import manifest, selectors
 from ._ext.lock import read_holder, read_recoveries
 from ._ext.processes import describe_process, token_alive, token_pid
 from ._ext.schema import (
@@ -40,11 +40,9 @@ from ._ext.schema import (
     STALE,
     STORED,
     TORN,
-    TREE_ARRAY,
     WRITER_INSERTS,
     WRITER_TOKEN,
 )
-from ._ext.sumtree import leaf_views
 from .memory import SEGMENT_PREFIX
 
 __all__ = ["SHM_DIR", "BufferView", "Reading", "Removal", "Segment", "frame", "list_segments", "remove_segments",
@@ -68,13 +66,13 @@ class Segment:
 
     @property
     def kind(self) -> str:
-        """``"prioritized"``, ``"uniform"`` (``", sequences of N"``, ``", compressed"`` appended),
-        ``"unreadable"`` or ``"other"``."""
+        """The selector's name (``"prioritized"``, ``"uniform"``, ``"fifo"``, ... with ``", sequences
+        of N"``, ``", compressed"`` appended), ``"unreadable"`` or ``"other"``."""
         if self.problem is not None:
             return "unreadable"
         if self.document is None:
             return "other"
-        kind = "prioritized" if self.document.get("selector") == TREE_ARRAY else "uniform"
+        kind = self.document["selector"]  # checked: a registered selector's name
         sequence = self.document.get("sequence")
         if isinstance(sequence, dict) and isinstance(sequence.get("length"), int):
             kind += f", sequences of {sequence['length']}"
@@ -226,14 +224,10 @@ class BufferView:
         return {int(t): lane for lane, t in enumerate(owners) if t} if len(owners) > 1 else {}
 
     def priorities(self) -> np.ndarray | None:
-        """The priorities of the transitions that may be drawn now (None: uniform selection)."""
-        if self.document["selector"] != TREE_ARRAY:  # the manifest was checked to hold the tree it names
-            return None
-        weights, raw = leaf_views(self.arrays[TREE_ARRAY], self.capacity)
-        # Copied first: writers change leaves meanwhile, and the mask must judge the values returned.
-        weights, raw = weights.copy(), raw.copy()
-        # Priorities are finite (the buffers refuse others): any other value is not shown.
-        return raw[(weights > 0) & np.isfinite(raw)]
+        """The priorities of the transitions that may be drawn now (None: a selector that keeps
+        none).  Priorities are finite (the buffers refuse others): any other value is not shown."""
+        name = self.document["selector"]  # the manifest was checked to hold the array it names
+        return selectors.priorities(name, self.arrays[selectors.entry(name).array_name], self.capacity)
 
     @property
     def closed(self) -> bool:

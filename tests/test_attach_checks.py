@@ -89,7 +89,7 @@ def test_a_handle_refuses_a_segment_of_another_layout_and_names_the_first_differ
 
 
 @pytest.mark.parametrize("change, found", [
-    (damage.setting("version", 3), "manifest format 3"),
+    (damage.setting("version", 4), "manifest format 4"),
     (lambda d: d["fields"]["obs"].__setitem__("shape", [5]), "'fields' is {'obs': {'shape': [5],"),
     (damage.setting("class", "MPReplayBuffer"), "'class' is 'MPReplayBuffer' in the segment"),
     (damage.setting("nbytes", 10**6), "the manifest describes 1000000 bytes, the segment holds"),

@@ -8,6 +8,8 @@ launched children included -- rather than fail later on some ``_ext`` module.
 import importlib.machinery
 import os
 
+# The kernels every buffer imports (setup.py builds every ext/*.pyx; a selector's kernel beyond
+# these is checked when a buffer is built with it, see mpreplay/selectors.py).
 KERNELS = ("schema", "processes", "sumtree", "selector", "uniform", "prioritized", "episode_state", "batch_plan",
            "frames", "frame_plan", "sequences", "gate", "slots", "ring", "calls", "lock", "discount", "termination")
 

@@ -1,0 +1,5 @@
+from mpreplay._ext.heap cimport HeapSelector
+
+
+cdef class FifoSelector(HeapSelector):
+    pass

@@ -1,0 +1,133 @@
+"""The ordered selectors: a batch of k is the first k drawable items in the selector's order.
+
+Each is compared with a model of its order: items keyed by their insertion number or their
+priority, ties to the item inserted first (see mpreplay.selectors).  What every selector does is
+in test_selector_contract.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mpreplay import PrioritizedReplayBuffer, ReplayBuffer, selectors
+from mpreplay.selectors import SelectorSpec
+
+# Each ordered selector's key of an item (priority, insertion number): the smallest is drawn first.
+KEYS = {
+    "fifo": lambda priority, number: (number,),
+    "lifo": lambda priority, number: (-number,),
+    "max_heap": lambda priority, number: (-priority,),
+    "min_heap": lambda priority, number: (priority,),
+}
+ORDERED = pytest.mark.parametrize("name", sorted(KEYS))
+ENV = {"id": {"dtype": np.int64}}
+
+
+def test_every_ordered_selector_of_the_registry_is_modelled_here():
+    assert {name for name in selectors.names() if selectors.entry(name).ordered} == set(KEYS)
+
+
+class Model:
+    """The drawable items and their order, kept in Python."""
+
+    def __init__(self, name: str):
+        self.key, self.items, self.inserts = KEYS[name], {}, 0
+
+    def insert(self, item: int, priority: float) -> None:
+        if item not in self.items:
+            self.items[item] = [priority, self.inserts]
+            self.inserts += 1
+
+    def update(self, item: int, priority: float) -> None:
+        if item in self.items:
+            self.items[item][0] = priority
+
+    def remove(self, item: int) -> None:
+        self.items.pop(item, None)
+
+    def order(self) -> list[int]:
+        return sorted(self.items, key=lambda i: (*self.key(*self.items[i]), self.items[i][1]))
+
+
+def _selector(name: str, capacity: int):
+    _, length, dtype = selectors.state_array(name, capacity)
+    return selectors.make(SelectorSpec(name), np.zeros(length, dtype), capacity, True)
+
+
+def _both(name: str, capacity: int, items_priorities):
+    selector, model = _selector(name, capacity), Model(name)
+    for item, priority in items_priorities:
+        selector.insert(item, priority)
+        model.insert(item, priority)
+    return selector, model
+
+
+def _draw(selector, k: int) -> list[int]:
+    return selector.sample_items(k, np.random.default_rng(0)).tolist()
+
+
+@ORDERED
+def test_a_batch_is_the_first_items_in_order_each_once(name):
+    selector, model = _both(name, 16, [(5, 2.0), (2, 7.0), (9, 1.0), (4, 7.0), (11, 3.0)])
+    assert _draw(selector, 3) == model.order()[:3]
+    assert _draw(selector, 5) == model.order()
+
+
+@ORDERED
+def test_a_batch_larger_than_the_drawable_items_repeats_them_in_order(name):
+    selector, model = _both(name, 8, [(1, 1.0), (6, 2.0), (3, 3.0)])
+    assert _draw(selector, 7) == (model.order() * 3)[:7]
+
+
+@ORDERED
+def test_drawing_removes_nothing_so_the_next_batch_is_the_same(name):
+    selector, _ = _both(name, 8, [(1, 1.0), (6, 2.0), (3, 3.0)])
+    assert _draw(selector, 2) == _draw(selector, 2)
+
+
+@ORDERED
+def test_removing_the_first_item_makes_the_next_one_first(name):
+    selector, model = _both(name, 8, [(0, 4.0), (1, 2.0), (2, 9.0), (3, 1.0)])
+    first = model.order()[0]
+    selector.remove(first)
+    model.remove(first)
+    assert _draw(selector, 3) == model.order()
+
+
+@ORDERED
+def test_the_order_survives_a_recompute(name):
+    selector, model = _both(name, 32, [(i, float(p)) for i, p in zip(range(0, 32, 3), [5, 1, 5, 2, 8, 1, 3, 5, 2, 7, 4])])
+    selector.recompute()
+    assert _draw(selector, 11) == model.order()
+
+
+@ORDERED
+def test_any_mix_of_inserts_updates_and_removals_keeps_the_order_of_the_model(name):
+    rng = np.random.default_rng(3)
+    selector, model = _selector(name, 48), Model(name)
+    for step in range(3_000):
+        item, priority, op = int(rng.integers(48)), float(rng.integers(4)), rng.random()
+        if op < 0.45:
+            selector.insert(item, priority)
+            model.insert(item, priority)
+        elif op < 0.7:
+            selector.update(item, priority)
+            model.update(item, priority)
+        else:
+            selector.remove(item)
+            model.remove(item)
+        if step % 50 == 0 and model.items:
+            assert _draw(selector, len(model.items)) == model.order()
+
+
+@ORDERED
+def test_a_buffer_samples_its_rows_in_the_selectors_order(name):
+    by_priority = selectors.entry(name).by_priority
+    buffer = (PrioritizedReplayBuffer if by_priority else ReplayBuffer)(8, ENV, selector=name)
+    model = Model(name)
+    priorities = [3.0, 1.0, 4.0, 1.0, 5.0]
+    for slot, p in enumerate(priorities):
+        buffer.add(id=slot, **({"priorities": p} if by_priority else {}))
+        model.insert(slot, p)
+    batch = buffer.sample(4)
+    assert batch["indexes"].tolist() == batch["id"].tolist() == model.order()[:4]
