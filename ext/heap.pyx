@@ -54,6 +54,38 @@ cdef class HeapSelector(Selector):
     subclass gives ``key_of``).  ``reset`` starts with no drawable item; pass False to attach to
     a state another process already initialised."""
 
+    @staticmethod
+    def check_state(state, Py_ssize_t capacity, drawable):
+        """What disagrees in ``state`` (laid out above) with ``drawable`` (a bool per item: the
+        items the slot states say may be drawn), as sentences; empty when all agrees: the count,
+        each drawable item's place in the heap and back, and the heap's order by key."""
+        state = np.asarray(state)
+        count, inserts = int(state[0]), int(state[1])
+        heap = state[_HEAD:_HEAD + capacity]
+        position = state[_HEAD + capacity:_HEAD + 2 * capacity]
+        number = state[_HEAD + 2 * capacity:_HEAD + 3 * capacity]
+        key = state[_HEAD + 3 * capacity:_HEAD + 4 * capacity].view(np.float64)
+        placed = position >= 0
+        problems = []
+        wrong = np.flatnonzero(placed != np.asarray(drawable, dtype=bool))
+        if wrong.size:
+            problems.append(f"heap: drawable slots and the heap's items differ at slots {wrong[:8].tolist()}")
+        if count != int(np.count_nonzero(placed)):
+            return problems + [f"heap: the count is {count}, but {int(np.count_nonzero(placed))} items have a place"]
+        items = heap[:count]
+        if ((items < 0) | (items >= capacity)).any():
+            return problems + [f"heap: an entry is no item in [0, {capacity})"]
+        if not (position[items] == np.arange(count)).all():
+            return problems + ["heap: its entries and the items' places disagree"]
+        if (number[placed] >= inserts).any():
+            problems.append(f"heap: an item's insertion number is not below the {inserts} insertions")
+        child = np.arange(1, count)
+        a, b = items[(child - 1) >> 1], items[child]  # each parent before its child
+        out_of_order = (key[a] > key[b]) | ((key[a] == key[b]) & (number[a] > number[b]))
+        if out_of_order.any():
+            problems.append(f"heap: {int(np.count_nonzero(out_of_order))} entries come before their parent")
+        return problems
+
     def __init__(self, int64_t[::1] state not None, Py_ssize_t capacity, bint reset=True):
         cdef Py_ssize_t i
         if type(self) is HeapSelector:

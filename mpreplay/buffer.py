@@ -719,7 +719,7 @@ class ReplayBuffer(BufferCalls):
         self._check_open()
         return Inspection(self._memory, self._gate, self._ring, self._selector, capacity=self._size,
                           sequence_length=None if self._sequence is None else self._sequence.length,
-                          one_lane=self._writer is None)
+                          one_lane=self._writer is None, selector_name=self._selector_spec.name)
 
 
 _NSTEP_KEYS = {"size", "gamma", "rew", "next", "done", "truncated"}

@@ -46,6 +46,7 @@ from ._ext.schema import (
     WRITERS_ARRAY,
 )
 from ._ext.sumtree import TREE_HEAD_LEN, PriorityTree, leaf_views
+from . import selectors
 from .errors import CorruptBufferError
 from .monitor import SHM_DIR, BufferView
 
@@ -54,7 +55,8 @@ _CUMULATIVE = {"inserts": INSERTS, "samples": SAMPLES, "stale": STALE, "torn": T
 _SHOWN = 5  # slots named per problem
 
 
-def check_arrays(arrays: Mapping[str, np.ndarray], capacity: int, sequence_length: int | None) -> dict[str, Any]:
+def check_arrays(arrays: Mapping[str, np.ndarray], capacity: int, sequence_length: int | None,
+                 selector: str) -> dict[str, Any]:
     """Check a table's arrays (by schema name) against its slot states.
 
     Returns a report (``slots``, ``complete``, ``waiting``, ``being_written``, ``drawable``,
@@ -94,8 +96,11 @@ def check_arrays(arrays: Mapping[str, np.ndarray], capacity: int, sequence_lengt
         drawable &= steps > 0
     if TREE_ARRAY in arrays:
         _check_tree(problems, arrays[TREE_ARRAY], capacity, drawable)
-    else:
+    elif MEMBERS_ARRAY in arrays:
         _check_members(problems, arrays[MEMBERS_ARRAY], capacity, drawable)
+    else:  # a selector that checks its own state (see mpreplay.selectors)
+        own = arrays[selectors.entry(selector).array_name]
+        problems += selectors.check_state(selector, own, capacity, drawable)
     if problems:
         raise CorruptBufferError(problems)
     return {"slots": capacity, "complete": complete, "waiting": int(np.count_nonzero(state == WAITING)),
@@ -120,7 +125,8 @@ def verify_segment(name: str, timeout: float | None = None, shm_dir: str = SHM_D
                 who = "another process" if holder is None else f"{describe_process(holder[0])}, for {holder[1]:.1f} s"
                 raise TimeoutError(f"{name}: timed out waiting for the lock, held by {who}")
             try:
-                return check_arrays(view.arrays, view.capacity, None if sequence is None else sequence["length"])
+                return check_arrays(view.arrays, view.capacity, None if sequence is None else sequence["length"],
+                                    view.document["selector"])
             finally:
                 lock.release()
         finally:

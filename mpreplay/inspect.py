@@ -79,10 +79,11 @@ class Inspection:
     """
 
     def __init__(self, memory: Any, gate: Any, ring: Any, selector: Any, *, capacity: int,
-                 sequence_length: int | None, one_lane: bool):
+                 sequence_length: int | None, one_lane: bool, selector_name: str):
         self._memory, self._gate, self._ring, self._selector = memory, gate, ring, selector
         self.capacity = capacity
         self.sequence_length = sequence_length
+        self.selector_name = selector_name  # its entry in mpreplay.selectors
         self._one_lane = one_lane  # every writer shares lane 0 (an uncompressed transition buffer)
 
     @property
@@ -124,7 +125,7 @@ class Inspection:
         """Check, under the lock, that everything derived agrees with the slot states (see
         ``mpreplay.consistency``): the report, or :class:`~mpreplay.errors.CorruptBufferError`."""
         with self.holding_lock(timeout):
-            return check_arrays(self._memory.arrays, self.capacity, self.sequence_length)
+            return check_arrays(self._memory.arrays, self.capacity, self.sequence_length, self.selector_name)
 
     # -- test hooks: these change the buffer -----------------------------------------------
     def writable(self, name: str) -> np.ndarray:

@@ -164,6 +164,16 @@ def make(spec: SelectorSpec, state: np.ndarray, capacity: int, reset: bool) -> A
     return getattr(_module(spec.entry), spec.entry.cls)(state, capacity, reset, **spec.kernel_options())
 
 
+def check_state(name: str, state: np.ndarray, capacity: int, drawable: np.ndarray) -> list[str]:
+    """What disagrees in selector ``name``'s ``state`` with ``drawable`` (per item: whether the
+    slot states let it be drawn), as sentences for a buffer's ``verify()``; a kernel
+    without a ``check_state`` of its own is checked by mpreplay.consistency (the tree, the
+    uniform members)."""
+    e = entry(name)
+    check = getattr(getattr(_module(e), e.cls), "check_state", None)
+    return [] if check is None else list(check(state, capacity, drawable))
+
+
 def priorities(name: str, state: np.ndarray, capacity: int) -> np.ndarray | None:
     """The priorities of the items drawable now, read from outside without the lock (None: the
     selector keeps no priorities).  Copied before they are judged: writers change them meanwhile."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mpreplay import PrioritizedReplayBuffer, ReplayBuffer, selectors
+from mpreplay import CorruptBufferError, PrioritizedReplayBuffer, ReplayBuffer, selectors
 from mpreplay.selectors import SelectorSpec
 
 # Each ordered selector's key of an item (priority, insertion number): the smallest is drawn first.
@@ -131,3 +131,34 @@ def test_a_buffer_samples_its_rows_in_the_selectors_order(name):
         model.insert(slot, p)
     batch = buffer.sample(4)
     assert batch["indexes"].tolist() == batch["id"].tolist() == model.order()[:4]
+
+
+@ORDERED
+def test_verify_names_a_heap_whose_entries_and_places_disagree(name):
+    buffer = _buffer_of(name)
+    damaged = buffer.inspection().writable(f"selector:{name}")
+    damaged[2], damaged[3] = damaged[3].copy(), damaged[2].copy()  # the heap's first two entries swapped
+    with pytest.raises(CorruptBufferError, match="heap: its entries and the items' places disagree"):
+        buffer.verify()
+
+
+@ORDERED
+def test_verify_names_a_heap_out_of_order(name):
+    buffer = _buffer_of(name)
+    damaged = buffer.inspection().writable(f"selector:{name}")
+    capacity = buffer.get_buffer_size()
+    keys = damaged[2 + 3 * capacity:2 + 4 * capacity].view(np.float64)
+    keys[damaged[2]] = np.inf  # the first item's key now orders it last
+    with pytest.raises(CorruptBufferError, match="entries come before their parent"):
+        buffer.verify()
+
+
+def _buffer_of(name: str):
+    """A buffer of selector ``name`` holding 8 items of distinct priorities."""
+    if selectors.entry(name).by_priority:
+        buffer = PrioritizedReplayBuffer(16, ENV, selector=name)
+        buffer.add(id=np.arange(8), priorities=np.arange(8) + 1.0)
+    else:
+        buffer = ReplayBuffer(16, ENV, selector=name)
+        buffer.add(id=np.arange(8))
+    return buffer

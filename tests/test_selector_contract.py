@@ -279,3 +279,14 @@ def test_the_prioritized_options_go_with_the_prioritized_selector_only():
     with pytest.raises(TypeError, match="alpha: an option of the prioritized selector"):
         PrioritizedReplayBuffer(8, ENV, alpha=0.5, selector=SelectorSpec("prioritized"))
     assert PrioritizedReplayBuffer(8, ENV, selector=SelectorSpec("prioritized", alpha=0.5)).alpha == 0.5
+
+
+@NAMES
+@pytest.mark.parametrize("shared", [False, True])
+def test_verify_finds_the_selectors_state_agreeing_with_the_slots_after_adds_samples_updates_and_wraps(name, shared):
+    with _buffer(name, 16, shared) as buffer:
+        buffer.add(**_rows(np.arange(40)))
+        buffer.sample(8)
+        if selectors.entry(name).by_priority:
+            buffer.update_priorities(np.arange(4), np.array([9.0, 0.5, 3.0, 7.0]))
+        assert buffer.verify()["drawable"] == 16
