@@ -4,6 +4,7 @@ cimport numpy as cnp
 from libc.stdint cimport int64_t, uint64_t, uint8_t
 from numpy.random cimport bitgen_t
 
+from mpreplay._ext.codec cimport Staging
 from mpreplay._ext.frames cimport Frames
 from mpreplay._ext.gate cimport Gate
 from mpreplay._ext.selector cimport Selector
@@ -14,11 +15,6 @@ from mpreplay._ext.slots cimport Slots
 # Compressed observations a row may have (obs and next_obs of each compressed key).
 cdef enum:
     MAX_FRAME_OUTPUTS = 64
-
-
-# Element kinds the single-transition fast path converts without numpy.
-cdef enum Kind:
-    K_OTHER, K_F32, K_F64, K_I8, K_I16, K_I32, K_I64, K_U8, K_U16, K_U32, K_U64, K_BOOL
 
 
 cdef enum:
@@ -57,7 +53,6 @@ cdef class Ring:
     cdef Slots _slots
     cdef Selector _selector
     cdef readonly Py_ssize_t size
-    cdef list _names, _stages
     cdef Py_ssize_t _nfields
     # Sample outputs: the fields, the compressed observations, (sequence tables) the mask.
     cdef Py_ssize_t _nout
@@ -76,15 +71,11 @@ cdef class Ring:
     cdef Py_ssize_t _batch_row_bytes                # what one row of a fresh batch holds, indexes and weights too
     cdef list _spares                               # SPARE_BATCHES batches handed out (see _take_spare), or None
     cdef uint8_t** _dst
-    cdef uint8_t** _stage
-    cdef const uint8_t** _src    # per field, during add_one: the row to copy (a caller's array or the stage)
     cdef Py_ssize_t* _rowbytes   # per field: the bytes of one slot's value
     cdef Py_ssize_t* _pitch      # per field: from one slot's value to the next (the rowbytes, or a row of fields)
     cdef Py_ssize_t* _row_lines  # the fields whose line of a row no earlier field's shares
     cdef Py_ssize_t _nrow_lines  # how many; 0 while the fields fit a core's cache (no prefetch)
-    cdef Kind* _kinds
-    cdef bint* _one              # per field: shape (1,), which a number or a 0-d array fills
-    cdef int* _typenums
+    cdef Staging _staging        # the one-row adds' values, staged (see ext/codec.pyx)
     cdef object _bitgen_owner
     cdef bitgen_t* _bitgen
     cdef object _sampled             # per slot: the generation this handle sampled (None: nothing yet)
@@ -100,8 +91,6 @@ cdef class Ring:
                                      const int64_t[::1] steps, const double[::1] priorities) except -1
     cdef Py_ssize_t _reserve_waiting(self, Py_ssize_t k, uint64_t* reserved, bint insert,
                                      double deadline, Py_ssize_t lane, Py_ssize_t skip=*) except -1
-    cdef bint _stage_value(self, Py_ssize_t i, object value) except -1
-    cdef int _flag_set(self, Py_ssize_t i) except -2
     cdef double _draw(self, int64_t* slots, double* values, uint64_t* gens, Py_ssize_t k,
                       Py_ssize_t nstrata) noexcept nogil
     cdef void _gather(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil

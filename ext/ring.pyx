@@ -12,14 +12,11 @@ See docs/architecture.md, "Concurrency protocol".
 The same code serves the local buffers (a lock of their process) and the shared ones; every
 array it touches belongs to the caller's memory (heap or segment).
 """
-from libc.float cimport FLT_MAX
 from libc.math cimport INFINITY, NAN
 from libc.stdint cimport int64_t, uint64_t, uint8_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 from cpython.pycapsule cimport PyCapsule_GetPointer
-from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
-from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_Size
 from cpython.list cimport PyList_GET_ITEM
 from cpython.tuple cimport PyTuple_GET_ITEM
@@ -31,6 +28,7 @@ from numpy.random cimport bitgen_t
 cdef extern from *:
     void __builtin_prefetch(const void* addr) noexcept nogil
 
+from mpreplay._ext.codec cimport Staging
 from mpreplay._ext.atomics cimport _atomic_cas, _mpreplay_acquire_fence
 from mpreplay._ext.frame_plan cimport Episode, FramePlan
 from mpreplay._ext.frames cimport MAX_STACK, Frames
@@ -50,55 +48,6 @@ cnp.import_array()
 
 cdef uint64_t NOT_SAMPLED = 0xFFFFFFFFFFFFFFFFULL
 cdef int LOCKED_REDRAW_AFTER = 4  # rounds of torn rows before redrawn rows are copied under the lock
-
-cdef bint _narrow_to_float(const double* src, float* dst, Py_ssize_t n) noexcept nogil:
-    # False when a finite value would overflow float32: the general path then says so.
-    cdef Py_ssize_t j
-    cdef double x
-    for j in range(n):
-        x = src[j]
-        if not (-FLT_MAX <= x <= FLT_MAX or x != x or x == INFINITY or x == -INFINITY):
-            return False
-        dst[j] = <float>x
-    return True
-
-
-cdef Kind _kind_of(object dtype):
-    cdef dict kinds = {
-        "f4": K_F32, "f8": K_F64, "i1": K_I8, "i2": K_I16, "i4": K_I32, "i8": K_I64,
-        "u1": K_U8, "u2": K_U16, "u4": K_U32, "u8": K_U64, "b1": K_BOOL,
-    }
-    return kinds.get(f"{dtype.kind}{dtype.itemsize}", K_OTHER)
-
-
-cdef bint _store_int(Kind kind, long long x, uint8_t* dst) noexcept nogil:
-    """Write integer ``x`` as ``kind``; False if it does not fit."""
-    if kind == K_F32:
-        (<float*>dst)[0] = <float>x
-    elif kind == K_F64:
-        (<double*>dst)[0] = <double>x
-    elif kind == K_I64:
-        (<int64_t*>dst)[0] = x
-    elif kind == K_I32 and -2147483648LL <= x <= 2147483647LL:
-        (<int*>dst)[0] = <int>x
-    elif kind == K_I16 and -32768 <= x <= 32767:
-        (<short*>dst)[0] = <short>x
-    elif kind == K_I8 and -128 <= x <= 127:
-        (<signed char*>dst)[0] = <signed char>x
-    elif kind == K_U8 and 0 <= x <= 255:
-        dst[0] = <uint8_t>x
-    elif kind == K_U16 and 0 <= x <= 65535:
-        (<unsigned short*>dst)[0] = <unsigned short>x
-    elif kind == K_U32 and 0 <= x <= 4294967295LL:
-        (<unsigned int*>dst)[0] = <unsigned int>x
-    elif kind == K_U64 and x >= 0:
-        (<uint64_t*>dst)[0] = <uint64_t>x
-    elif kind == K_BOOL and (x == 0 or x == 1):
-        dst[0] = <uint8_t>x
-    else:
-        return False
-    return True
-
 
 cdef object _checked_out(object arr, str name, tuple shape, object dtype):
     if not (isinstance(arr, np.ndarray) and arr.shape == shape and arr.dtype == dtype
@@ -184,12 +133,8 @@ cdef class Ring:
     """
     def __cinit__(self):
         self._dst = NULL
-        self._stage = NULL
-        self._src = NULL
         self._rowbytes = NULL
-        self._kinds = NULL
-        self._one = NULL
-        self._typenums = NULL
+        self._pitch = NULL
         self._out_nd = NULL
         self._out_typenums = NULL
         self._out_dims = NULL
@@ -214,33 +159,19 @@ cdef class Ring:
         self._selector = selector
         self.size = slots.size
         self._nfields = n
-        self._names, self._stages = [], []
         self._dst = <uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
-        self._stage = <uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
-        self._src = <const uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
         self._rowbytes = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
         self._pitch = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
-        self._kinds = <Kind*>malloc(n * sizeof(Kind) + 1)
-        self._typenums = <int*>malloc(n * sizeof(int) + 1)
-        self._one = <bint*>malloc(n * sizeof(bint) + 1)
         self._row_lines = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
-        if not (self._dst and self._stage and self._src and self._rowbytes and self._pitch and self._kinds
-                and self._typenums and self._one and self._row_lines):
+        if not (self._dst and self._rowbytes and self._pitch and self._row_lines):
             raise MemoryError()
         for i, (name, arr) in enumerate(fields):
             # A field's values may sit in rows of several fields (schema.row_layout): each contiguous.
             if not (isinstance(arr, np.ndarray) and arr.shape[0] == self.size and arr[:1].flags.c_contiguous):
                 raise ValueError(f"field {name!r}: expected an array of {self.size} rows, each C-contiguous")
-            stage = np.zeros(arr.shape[1:], dtype=arr.dtype)
-            self._names.append(name)
-            self._stages.append(stage)
             self._dst[i] = <uint8_t*>cnp.PyArray_DATA(arr)
-            self._stage[i] = <uint8_t*>cnp.PyArray_DATA(stage)
-            self._rowbytes[i] = stage.nbytes
+            self._rowbytes[i] = arr.dtype.itemsize * int(np.prod(arr.shape[1:], dtype=np.int64))
             self._pitch[i] = arr.strides[0]
-            self._kinds[i] = _kind_of(arr.dtype)
-            self._one[i] = arr.shape[1:] == (1,)
-            self._typenums[i] = arr.dtype.num
         self._fields_keepalive = [arr for _, arr in fields]
         self._nrow_lines = 0
         if sum(arr.nbytes for _, arr in fields) > PREFETCH_ROWS_ABOVE:
@@ -250,6 +181,7 @@ cdef class Ring:
                     self._row_lines[self._nrow_lines] = i
                     self._nrow_lines += 1
         self._describe_outputs([(name, arr.shape[1:], arr.dtype) for name, arr in fields])
+        self._staging = Staging([(name, arr.shape[1:], arr.dtype) for name, arr in fields])
         self.set_rng(rng)
         self._sampled = None
 
@@ -297,13 +229,8 @@ cdef class Ring:
 
     def __dealloc__(self):
         free(self._dst)
-        free(self._stage)
-        free(self._src)
         free(self._rowbytes)
         free(self._pitch)
-        free(self._kinds)
-        free(self._typenums)
-        free(self._one)
         free(self._row_lines)
         free(self._out_nd)
         free(self._out_typenums)
@@ -586,56 +513,6 @@ cdef class Ring:
                 kp[j] = self._slots.gen[slots[j]] == gens[j, 0] and self._slots.gen[oldest[j]] == gens[j, 1]
         return keep
 
-    cdef bint _stage_value(self, Py_ssize_t i, object value) except -1:
-        """Convert ``value`` into field i's staging row; False = not a fast-path case."""
-        cdef cnp.ndarray arr
-        cdef Py_ssize_t d
-        cdef int overflow = 0
-        cdef long long x
-        cdef double x64
-        cdef Kind kind = self._kinds[i]
-        cdef Py_ssize_t nd = self._out_nd[i] - 1  # a row's dimensions (the one-row adds write transitions only)
-        cdef const cnp.npy_intp* dims = self._out_dims + i * MAX_OUTPUT_DIMS + 1
-        if cnp.PyArray_CheckExact(value):
-            arr = <cnp.ndarray>value
-            if not cnp.PyArray_ISCARRAY_RO(arr) or not cnp.PyArray_ISNOTSWAPPED(arr):
-                return False
-            if not (cnp.PyArray_NDIM(arr) == 0 and self._one[i]):  # a 0-d array fills a (1,) field
-                if cnp.PyArray_NDIM(arr) != nd:
-                    return False
-                for d in range(nd):
-                    if cnp.PyArray_DIM(arr, d) != dims[d]:
-                        return False
-            if cnp.PyArray_TYPE(arr) == self._typenums[i]:
-                # Copied straight from the caller's array once the slot is reserved.
-                self._src[i] = <const uint8_t*>cnp.PyArray_DATA(arr)
-                return True
-            if kind == K_F32 and cnp.PyArray_TYPE(arr) == cnp.NPY_DOUBLE:
-                # float64 observations into a float32 field: numpy's default dtype
-                # meeting the buffer's, the most common conversion of all.
-                self._src[i] = self._stage[i]
-                return _narrow_to_float(<const double*>cnp.PyArray_DATA(arr), <float*>self._stage[i],
-                                        cnp.PyArray_SIZE(arr))
-            return False
-        if not (self._one[i] or nd == 0):  # a number fills a field of one element
-            return False
-        self._src[i] = self._stage[i]
-        if PyFloat_CheckExact(value):
-            if kind == K_F32:
-                x64 = PyFloat_AS_DOUBLE(value)
-                return _narrow_to_float(&x64, <float*>self._stage[i], 1)
-            if kind == K_F64:
-                (<double*>self._stage[i])[0] = PyFloat_AS_DOUBLE(value)
-            else:
-                return False
-            return True
-        if value is True or value is False:
-            return _store_int(kind, 1 if value is True else 0, self._stage[i])
-        if PyLong_CheckExact(value):
-            x = PyLong_AsLongLongAndOverflow(value, &overflow)
-            return overflow == 0 and _store_int(kind, x, self._stage[i])
-        return False
-
     cpdef Py_ssize_t add_one(self, dict values, double priority=-1.0, object timeout=None) except -2:
         """Store one transition given as Python scalars and exact-dtype arrays.
 
@@ -644,7 +521,6 @@ cdef class Ring:
         ``priority`` means "the stored maximum".
         """
         cdef Py_ssize_t i, slot
-        cdef PyObject* item
         cdef uint64_t reserved
         cdef bint wake
         cdef double deadline
@@ -652,14 +528,12 @@ cdef class Ring:
             raise TypeError("values: expected a dict of the fields, got None")
         if self._frames is not None or self._sequences is not None or PyDict_Size(values) != self._nfields:
             return -1
-        for i in range(self._nfields):
-            item = PyDict_GetItem(values, self._names[i])
-            if item == NULL or not self._stage_value(i, <object>item):
-                return -1
+        if not self._staging.stage_all(values):
+            return -1
         deadline = deadline_of(timeout)
         slot = self._reserve_waiting(1, &reserved, True, deadline, 0)
         for i in range(self._nfields):
-            memcpy(self._dst[i] + slot * self._pitch[i], self._src[i], self._rowbytes[i])
+            memcpy(self._dst[i] + slot * self._pitch[i], self._staging.src[i], self._rowbytes[i])
         try:
             self._gate.acquire(deadline)
         except BaseException:
@@ -674,22 +548,6 @@ cdef class Ring:
         if wake:
             self._gate.wake()
         return slot
-
-    cdef int _flag_set(self, Py_ssize_t i) except -2:
-        # Whether field i's staged value is nonzero (it ends an episode); -1: a kind not judged here.
-        cdef Kind kind = self._kinds[i]
-        cdef const uint8_t* v = self._src[i]
-        cdef Py_ssize_t b
-        if kind == K_F32:
-            return (<const float*>v)[0] != 0.0
-        if kind == K_F64:
-            return (<const double*>v)[0] != 0.0
-        if kind == K_OTHER:
-            return -1
-        for b in range(self._rowbytes[i]):
-            if v[b]:
-                return 1
-        return 0
 
     def add_step(self, dict values not None, double priority, timeout, Episode episode not None):
         """Store one step of a compressed writer's episode, given as Python scalars and
@@ -709,20 +567,17 @@ cdef class Ring:
         cdef uint8_t states[2]
         cdef double item_priority[2]
         cdef const double* row_priority = &priority if priority >= 0.0 else NULL
-        cdef PyObject* item
         cdef FramePlan plan
         cdef bint wake
         cdef double deadline
         if self._sequences is not None or lane < 0 or PyDict_Size(values) != self._nfields + episode.observations:
             return -1
-        for i in range(self._nfields):
-            item = PyDict_GetItem(values, self._names[i])
-            if item == NULL or not self._stage_value(i, <object>item):
-                return -1
+        if not self._staging.stage_all(values):
+            return -1
         if not episode.take_step(values):
             return -1
         for name in episode.flags:
-            flag = self._flag_set(self._names.index(name))
+            flag = self._staging.flag_set(self._staging.names.index(name))
             if flag < 0:
                 return -1
             flagged |= flag
@@ -737,7 +592,7 @@ cdef class Ring:
         with nogil:
             episode.copy_frames(plan, slots)
             for i in range(self._nfields):
-                memcpy(self._dst[i] + row_slot * self._pitch[i], self._src[i], self._rowbytes[i])
+                memcpy(self._dst[i] + row_slot * self._pitch[i], self._staging.src[i], self._rowbytes[i])
             done = episode.settle(plan, slots, row_priority, states, item_priority)
         try:
             self._gate.acquire(deadline)
