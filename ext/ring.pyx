@@ -16,23 +16,20 @@ from libc.math cimport INFINITY, NAN
 from libc.stdint cimport int64_t, uint64_t, uint8_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
-from cpython.pycapsule cimport PyCapsule_GetPointer
-from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_Size
-from cpython.list cimport PyList_GET_ITEM
-from cpython.tuple cimport PyTuple_GET_ITEM
-from cpython.ref cimport Py_REFCNT, PyObject
+from cpython.dict cimport PyDict_Size
 
 cimport numpy as cnp
-from numpy.random cimport bitgen_t
 
 cdef extern from *:
     void __builtin_prefetch(const void* addr) noexcept nogil
 
-from mpreplay._ext.codec cimport Staging
 from mpreplay._ext.atomics cimport _atomic_cas, _mpreplay_acquire_fence
+from mpreplay._ext.codec cimport Staging
 from mpreplay._ext.frame_plan cimport Episode, FramePlan
 from mpreplay._ext.frames cimport MAX_STACK, Frames
 from mpreplay._ext.gate cimport Gate, deadline_of
+from mpreplay._ext.handle cimport NOT_SAMPLED, Handle
+from mpreplay._ext.outputs cimport SPARE_MAX_BYTES, Outputs, Spares, is_vector
 from mpreplay._ext.processes cimport describe_process, token_alive, token_pid
 from mpreplay._ext.schema cimport (COMPLETE, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, SAMPLES, STALE, TORN,
                                    WAITING, being_written)
@@ -46,28 +43,9 @@ import numpy as np
 
 cnp.import_array()
 
-cdef uint64_t NOT_SAMPLED = 0xFFFFFFFFFFFFFFFFULL
 cdef int LOCKED_REDRAW_AFTER = 4  # rounds of torn rows before redrawn rows are copied under the lock
 
-cdef object _checked_out(object arr, str name, tuple shape, object dtype):
-    if not (isinstance(arr, np.ndarray) and arr.shape == shape and arr.dtype == dtype
-            and arr.flags.c_contiguous and arr.flags.writeable):
-        raise ValueError(f"out[{name!r}]: expected a writable C-contiguous {dtype} array of shape {shape}")
-    return arr
-
-
-cdef inline bint _is_vector(object arr, int typenum):
-    # A 1-D C-contiguous aligned array of native `typenum` (read-only allowed).
-    return (cnp.PyArray_Check(arr) and cnp.PyArray_NDIM(<cnp.ndarray>arr) == 1
-            and cnp.PyArray_TYPE(<cnp.ndarray>arr) == typenum and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>arr)
-            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>arr))
-
-
 cdef enum:
-    # Fresh batches kept for reuse once their caller let go of them (see Ring._take_spare): a
-    # loop holds the batch it trains on while it draws the next, so the one before is free.
-    SPARE_BATCHES = 2
-    SPARE_MAX_BYTES = 65536  # larger batches are not kept: their copies dwarf an allocation
     UPDATE_CHUNK = 64        # update() hands the selector this many live updates at a time
     # A sample's scratch of up to this many words (a batch of ~100 uncompressed rows) lives on
     # the stack: a block just past the allocator's per-thread cache costs 50 ns to malloc.
@@ -135,11 +113,6 @@ cdef class Ring:
         self._dst = NULL
         self._rowbytes = NULL
         self._pitch = NULL
-        self._out_nd = NULL
-        self._out_typenums = NULL
-        self._out_dims = NULL
-        self._out_step_bytes = NULL
-        self._record = NULL
         self._row_lines = NULL
 
     def __init__(self, int64_t[::1] header not None, Gate gate not None, Slots slots not None,
@@ -150,10 +123,6 @@ cdef class Ring:
         self._frames = frames
         self._sequences = sequences
         self._length = 1 if sequences is None else sequences.length
-        self._frame_outputs = frame_outputs or []
-        if len(self._frame_outputs) > MAX_FRAME_OUTPUTS:
-            raise ValueError(f"next_of/stack_compress: at most {MAX_FRAME_OUTPUTS} compressed observations "
-                             f"per row, got {len(self._frame_outputs)}")
         self._gate = gate
         self._slots = slots
         self._selector = selector
@@ -180,76 +149,26 @@ cdef class Ring:
                            for j in self._row_lines[:self._nrow_lines]):
                     self._row_lines[self._nrow_lines] = i
                     self._nrow_lines += 1
-        self._describe_outputs([(name, arr.shape[1:], arr.dtype) for name, arr in fields])
-        self._staging = Staging([(name, arr.shape[1:], arr.dtype) for name, arr in fields])
-        self.set_rng(rng)
-        self._sampled = None
-
-    cdef int _describe_outputs(self, list fields) except -1:
-        # The table of sample outputs: what sample() allocates, or checks in `out`, per output.
-        cdef Py_ssize_t i, d, o, lead = 1 if self._sequences is None else 2
-        outputs = fields + [(name, shape, dtype) for name, _, _, shape, dtype in self._frame_outputs]
-        if self._sequences is not None:
-            outputs.append(("mask", (), np.dtype(np.bool_)))
-        n = len(outputs)
-        self._nout = n
-        self._out_names = [name for name, _, _ in outputs]
-        self._out_dtypes = [np.dtype(dtype) for _, _, dtype in outputs]
-        self._out_nd = <int*>malloc(n * sizeof(int) + 1)
-        self._out_typenums = <int*>malloc(n * sizeof(int) + 1)
-        self._out_dims = <cnp.npy_intp*>malloc(n * MAX_OUTPUT_DIMS * sizeof(cnp.npy_intp) + 1)
-        self._out_step_bytes = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
-        if not (self._out_nd and self._out_typenums and self._out_dims and self._out_step_bytes):
-            raise MemoryError()
-        for i, (name, shape, dtype) in enumerate(outputs):
-            if len(shape) + lead > MAX_OUTPUT_DIMS:
-                raise ValueError(f"{name}: expected at most {MAX_OUTPUT_DIMS - lead} dimensions, got shape {shape}")
-            self._out_nd[i] = len(shape) + lead
-            self._out_typenums[i] = self._out_dtypes[i].num
-            self._out_dims[i * MAX_OUTPUT_DIMS + 1] = self._length
-            for d in range(len(shape)):
-                self._out_dims[i * MAX_OUTPUT_DIMS + lead + d] = shape[d]
-            self._out_step_bytes[i] = int(np.prod(shape, dtype=np.int64)) * self._out_dtypes[i].itemsize
-        for o, (_, key, nxt, _, _) in enumerate(self._frame_outputs):
-            self._frame_keys[o], self._frame_next[o], self._frame_partner[o] = key, nxt, -1
-        for o in range(len(self._frame_outputs)):
-            for i in range(len(self._frame_outputs)):
-                if (not self._frame_next[o] and self._frame_next[i] and self._frame_keys[i] == self._frame_keys[o]
-                        and self._frame_partner[i] == -1):
-                    self._frame_partner[o], self._frame_partner[i] = i, -2
-        self._batch_row_bytes = 2 * sizeof(double)
-        for i in range(n):
-            self._batch_row_bytes += self._out_step_bytes[i] * self._length
-        self._spares = [None] * SPARE_BATCHES
-        # Copying a dict that has every key already is cheaper than growing a new one key by key.
-        self._result_keys = tuple(dict.fromkeys(self._out_names + ["indexes"] + extra)
-                                  for extra in ([], ["weights"], ["leaf", "tags"]))
-        self._weighted_keys = tuple(self._result_keys[1])
-        return 0
+        rows = [(name, arr.shape[1:], arr.dtype) for name, arr in fields]
+        self._out = Outputs(rows, frame_outputs or [], self._length, sequences is not None)
+        self._handle = Handle(self.size, rng, Staging(rows), Spares(self._out))
 
     def __dealloc__(self):
         free(self._dst)
         free(self._rowbytes)
         free(self._pitch)
         free(self._row_lines)
-        free(self._out_nd)
-        free(self._out_typenums)
-        free(self._out_dims)
-        free(self._out_step_bytes)
 
     def set_rng(self, object rng):
         """Draw from ``rng`` (a numpy Generator) from now on."""
-        bitgen = rng.bit_generator
-        self._bitgen = <bitgen_t*>PyCapsule_GetPointer(bitgen.capsule, "BitGenerator")
-        self._bitgen_owner = bitgen
+        self._handle.set_rng(rng)
 
     def after_fork(self, object rng):
         """Become the forked child's handle: its own token, random stream and record of samples."""
         self._slots.after_fork()
         self._gate.forget_lock()
-        self.set_rng(rng)
-        self._sampled = None
-        self._record = NULL
+        self._handle.set_rng(rng)
+        self._handle.forget_samples()
 
     def close(self):
         """Mark the buffer closed for every process and wake all blocked callers (see Gate.close)."""
@@ -528,12 +447,12 @@ cdef class Ring:
             raise TypeError("values: expected a dict of the fields, got None")
         if self._frames is not None or self._sequences is not None or PyDict_Size(values) != self._nfields:
             return -1
-        if not self._staging.stage_all(values):
+        if not self._handle.staging.stage_all(values):
             return -1
         deadline = deadline_of(timeout)
         slot = self._reserve_waiting(1, &reserved, True, deadline, 0)
         for i in range(self._nfields):
-            memcpy(self._dst[i] + slot * self._pitch[i], self._staging.src[i], self._rowbytes[i])
+            memcpy(self._dst[i] + slot * self._pitch[i], self._handle.staging.src[i], self._rowbytes[i])
         try:
             self._gate.acquire(deadline)
         except BaseException:
@@ -572,12 +491,12 @@ cdef class Ring:
         cdef double deadline
         if self._sequences is not None or lane < 0 or PyDict_Size(values) != self._nfields + episode.observations:
             return -1
-        if not self._staging.stage_all(values):
+        if not self._handle.staging.stage_all(values):
             return -1
         if not episode.take_step(values):
             return -1
         for name in episode.flags:
-            flag = self._staging.flag_set(self._staging.names.index(name))
+            flag = self._handle.staging.flag_set(self._handle.staging.names.index(name))
             if flag < 0:
                 return -1
             flagged |= flag
@@ -592,7 +511,7 @@ cdef class Ring:
         with nogil:
             episode.copy_frames(plan, slots)
             for i in range(self._nfields):
-                memcpy(self._dst[i] + row_slot * self._pitch[i], self._staging.src[i], self._rowbytes[i])
+                memcpy(self._dst[i] + row_slot * self._pitch[i], self._handle.staging.src[i], self._rowbytes[i])
             done = episode.settle(plan, slots, row_priority, states, item_priority)
         try:
             self._gate.acquire(deadline)
@@ -624,7 +543,7 @@ cdef class Ring:
         cdef Py_ssize_t j, i
         if not self._selector.total() > 0.0:
             return NAN
-        self._selector.draw(slots, values, k, nstrata, self._bitgen)
+        self._selector.draw(slots, values, k, nstrata, self._handle.bitgen)
         fault(F_DRAW)
         if self._nrow_lines:
             # The drawn slots are known now: ask for everything the checks below and the copies
@@ -639,8 +558,8 @@ cdef class Ring:
             for j in range(k):
                 for i in range(self._nrow_lines):
                     __builtin_prefetch(self._dst[self._row_lines[i]] + slots[j] * self._pitch[self._row_lines[i]])
-                if self._record != NULL:
-                    __builtin_prefetch(&self._record[slots[j]])
+                if self._handle.record != NULL:
+                    __builtin_prefetch(&self._handle.record[slots[j]])
         for j in range(k):
             while (being_written(self._slots.gen[slots[j]]) or self._slots.state[slots[j]] != COMPLETE
                    or (self._sequences is not None and self._sequences.steps(slots[j]) == 0)):
@@ -651,7 +570,7 @@ cdef class Ring:
                 self._selector.fix(slots[j])
                 if not self._selector.total() > 0.0:
                     return NAN
-                slots[j] = self._selector.draw_one(self._bitgen)
+                slots[j] = self._selector.draw_one(self._handle.bitgen)
             values[j] = self._selector.weight(slots[j])
             gens[j] = self._slots.gen[slots[j]]
         return self._selector.smallest()
@@ -687,107 +606,17 @@ cdef class Ring:
         # Rebuild the compressed observations of rows (all k, or rows[0..k)) without the lock.
         # Row by row, every output of the row together: obs and next_obs share all frames but
         # one, so the second rebuild reads them from cache instead of memory.
-        cdef Py_ssize_t o, p, j, r, u, nf = self._nfields, n = self._nout - self._nfields
+        cdef Py_ssize_t o, p, j, r, u, nf = self._nfields, n = self._out.n - self._nfields
         for j in range(k):
             r = rows[j] if rows != NULL else j
             for o in range(n):
-                p = self._frame_partner[o]
+                p = self._out.frame_partner[o]
                 if p >= 0:  # a stack and the next one, in one pass over their frames
-                    self._frames.rebuild_pair(self._frame_keys[o], d.sp[r], d.dst[nf + o] + r * self._out_step_bytes[nf + o],
-                                              d.dst[nf + p] + r * self._out_step_bytes[nf + p])
+                    self._frames.rebuild_pair(self._out.frame_keys[o], d.sp[r], d.dst[nf + o] + r * self._out.step_bytes[nf + o],
+                                              d.dst[nf + p] + r * self._out.step_bytes[nf + p])
                 elif p == -1:
-                    u = self._frames._nxt[d.sp[r]] if self._frame_next[o] else d.sp[r]
-                    self._frames.rebuild(self._frame_keys[o], u, d.dst[nf + o] + r * self._out_step_bytes[nf + o])
-
-    cdef dict _take_spare(self, Py_ssize_t b, bint weights, int index_type, int weight_type):
-        # An earlier fresh batch of b rows (with `weights`, weights too; of those numpy types)
-        # that nobody but this table holds any more -- neither the dict nor any array in it --
-        # and that still maps each key to the array it was handed out with: filling it
-        # again is invisible to everyone and spares every allocation and dict insert.
-        # Taken out of _spares with the GIL held throughout, so two threads never take the same.
-        cdef Py_ssize_t k, i, pos, n = self._nout + 1 + weights
-        cdef cnp.npy_intp dims[MAX_OUTPUT_DIMS]
-        cdef PyObject* batch
-        cdef PyObject* key
-        cdef PyObject* arr
-        for k in range(SPARE_BATCHES):
-            batch = PyList_GET_ITEM(self._spares, k)
-            if <object>batch is None or Py_REFCNT(<object>batch) != 1 or PyDict_Size(<object>batch) != n:
-                continue
-            pos = 0
-            for i in range(n):
-                PyDict_Next(<object>batch, &pos, &key, &arr)
-                if (key != PyTuple_GET_ITEM(self._weighted_keys, i) or Py_REFCNT(<object>arr) != 1
-                        or not cnp.PyArray_Check(<object>arr)):
-                    break
-                if cnp.PyArray_BASE(<cnp.ndarray>arr) != NULL:
-                    break  # a view the caller put in: its memory may be seen elsewhere
-                if i < self._nout:
-                    memcpy(dims, self._out_dims + i * MAX_OUTPUT_DIMS, self._out_nd[i] * sizeof(cnp.npy_intp))
-                    dims[0] = b
-                    if not self._fits(<object>arr, i, self._out_nd[i], dims):
-                        break
-                elif not (_is_vector(<object>arr, index_type if i == self._nout else weight_type)
-                          and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>arr) and cnp.PyArray_DIM(<cnp.ndarray>arr, 0) == b):
-                    break
-            else:
-                result = <dict>batch
-                self._spares[k] = None
-                return result
-        return None
-
-    cdef int _keep_spare(self, dict batch) except -1:
-        # Keep a fresh batch for _take_spare: in a free place, else instead of the oldest.
-        cdef Py_ssize_t k
-        for k in range(SPARE_BATCHES):
-            if self._spares[k] is None:
-                self._spares[k] = batch
-                return 0
-        self._spares.pop(0)
-        self._spares.append(batch)
-        return 0
-
-    cdef int _outputs(self, Py_ssize_t b, dict out, dict result, bint spare, uint8_t** dst) except -1:
-        # Put the arrays a batch of b rows is copied into in `result` (fresh ones, or the caller's
-        # from `out`, checked) and where each one's rows go in `dst`; a `spare` result has them.
-        cdef Py_ssize_t i, nd, pos = 0
-        cdef cnp.npy_intp dims[MAX_OUTPUT_DIMS]
-        cdef PyObject* given
-        cdef PyObject* key
-        for i in range(self._nout):
-            if spare:
-                PyDict_Next(result, &pos, &key, &given)
-                dst[i] = <uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>given)
-                continue
-            name = self._out_names[i]
-            nd = self._out_nd[i]
-            memcpy(dims, self._out_dims + i * MAX_OUTPUT_DIMS, nd * sizeof(cnp.npy_intp))
-            dims[0] = b
-            given = NULL if out is None else PyDict_GetItem(out, name)
-            if given == NULL:
-                arr = cnp.PyArray_EMPTY(nd, dims, self._out_typenums[i], 0)
-            elif self._fits(<object>given, i, nd, dims):
-                arr = <object>given
-            else:
-                arr = _checked_out(<object>given, name, tuple([dims[j] for j in range(nd)]), self._out_dtypes[i])
-            result[name] = arr
-            dst[i] = <uint8_t*>cnp.PyArray_DATA(arr)
-        return 0
-
-    cdef bint _fits(self, object arr, Py_ssize_t i, Py_ssize_t nd, const cnp.npy_intp* dims):
-        # Whether `arr` can take output i as it is: the quick yes of _checked_out.
-        cdef Py_ssize_t j
-        cdef cnp.ndarray a
-        if not cnp.PyArray_Check(arr):
-            return False
-        a = <cnp.ndarray>arr
-        if not (cnp.PyArray_NDIM(a) == nd and cnp.PyArray_ISCARRAY(a)
-                and (a.descr is self._out_dtypes[i] or cnp.PyArray_EquivTypes(a.descr, self._out_dtypes[i]))):
-            return False
-        for j in range(nd):
-            if cnp.PyArray_DIM(a, j) != dims[j]:
-                return False
-        return True
+                    u = self._frames._nxt[d.sp[r]] if self._out.frame_next[o] else d.sp[r]
+                    self._frames.rebuild(self._out.frame_keys[o], u, d.dst[nf + o] + r * self._out.step_bytes[nf + o])
 
     cdef double _draw_batch(self, Draws* d, bint stratified, double deadline) except? -1.0:
         # Under the lock, once the rate limiter lets the sample through: draw
@@ -873,7 +702,7 @@ cdef class Ring:
     cdef void _gather_sequences(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
         # Copy the steps of sequences (all k, or rows[0..k)) without the lock, step
         # by step every output together; padding steps become zeros, the mask says so.
-        cdef Py_ssize_t L = self._length, nf = self._nfields, no = self._nout - self._nfields - 1
+        cdef Py_ssize_t L = self._length, nf = self._nfields, no = self._out.n - self._nfields - 1
         cdef Py_ssize_t i, o, j, r, t, n, u, at, rb
         cdef Py_ssize_t n_out = nf + no
         cdef uint8_t* mask = d.dst[n_out]
@@ -886,15 +715,15 @@ cdef class Ring:
                 mask[at] = t < n
                 if t >= n:
                     for i in range(n_out):
-                        memset(d.dst[i] + at * self._out_step_bytes[i], 0, self._out_step_bytes[i])
+                        memset(d.dst[i] + at * self._out.step_bytes[i], 0, self._out.step_bytes[i])
                     continue
                 u = d.window[t]
                 for i in range(nf):
-                    rb = self._out_step_bytes[i]
+                    rb = self._out.step_bytes[i]
                     memcpy(d.dst[i] + at * rb, self._dst[i] + u * self._pitch[i], rb)
                 for o in range(no):
-                    self._frames.rebuild(self._frame_keys[o], self._frames._nxt[u] if self._frame_next[o] else u,
-                                         d.dst[nf + o] + at * self._out_step_bytes[nf + o])
+                    self._frames.rebuild(self._out.frame_keys[o], self._frames._nxt[u] if self._out.frame_next[o] else u,
+                                         d.dst[nf + o] + at * self._out.step_bytes[nf + o])
 
     cpdef dict sample(self, Py_ssize_t batch_size, bint stratified, double beta=-1.0, object timeout=None, dict out=None,
                       bint leaves=False, bint float32_weights=False, bint uint64_indexes=False):
@@ -924,15 +753,15 @@ cdef class Ring:
         cdef int index_type = cnp.NPY_UINT64 if uint64_indexes else cnp.NPY_INT64
         cdef int weight_type = cnp.NPY_FLOAT32 if float32_weights else cnp.NPY_FLOAT64
         # Small fresh batches of the common kinds are reused once their caller let go of them.
-        cdef bint reuse = out is None and not leaves and b * self._batch_row_bytes <= SPARE_MAX_BYTES
-        cdef dict result = self._take_spare(b, beta >= 0.0, index_type, weight_type) if reuse else None
+        cdef bint reuse = out is None and not leaves and b * self._out.batch_row_bytes <= SPARE_MAX_BYTES
+        cdef dict result = self._handle.spares.take(b, beta >= 0.0, index_type, weight_type) if reuse else None
         cdef bint spare = result is not None
         if spare:
             indexes = result["indexes"]
             if beta >= 0.0:
                 weights = result["weights"]
         else:
-            result = (<dict>self._result_keys[2 if leaves else 1 if beta >= 0.0 else 0]).copy()
+            result = (<dict>self._out.result_keys[2 if leaves else 1 if beta >= 0.0 else 0]).copy()
             indexes = cnp.PyArray_EMPTY(1, &nb, index_type, 0)
             if leaves:
                 values = cnp.PyArray_EMPTY(1, &nb, cnp.NPY_FLOAT64, 0)
@@ -941,10 +770,10 @@ cdef class Ring:
         if weights is not None and not float32_weights:
             values = weights  # drawn leaf weights become importance weights in place
         block = _draws_block(&d, b, 2 * self._frames.max_stack if self._frames is not None else 0, self._length,
-                             self._nout, <int64_t*>cnp.PyArray_DATA(indexes),
+                             self._out.n, <int64_t*>cnp.PyArray_DATA(indexes),
                              NULL if values is None else <double*>cnp.PyArray_DATA(values), local)
         try:
-            self._outputs(b, out, result, spare, d.dst)  # a bad `out` raises before anything is drawn
+            self._out.fill(b, out, result, spare, d.dst)  # a bad `out` raises before anything is drawn
             self._gate.check_sample(b)
             vmin = self._draw_batch(&d, stratified, deadline)
             with nogil:
@@ -961,11 +790,7 @@ cdef class Ring:
                 with nogil:
                     self._copy_rows(&d, ntorn, d.tp)
                     ntorn = self._find_torn(&d)
-            if self._record == NULL:
-                self._sampled = np.full(self.size, NOT_SAMPLED, dtype=np.uint64)
-                self._record = <uint64_t*>cnp.PyArray_DATA(<cnp.ndarray>self._sampled)
-            for j in range(b):
-                self._record[d.sp[j]] = d.gp[j]
+            self._handle.note_sampled(d.sp, d.gp, b)
             if not spare:
                 result["indexes"] = indexes
             if leaves:
@@ -987,7 +812,7 @@ cdef class Ring:
             if block != <void*>local:
                 free(block)
         if reuse:
-            self._keep_spare(result)
+            self._handle.spares.keep(result)
         return result
 
     @property
@@ -1046,8 +871,8 @@ cdef class Ring:
         cdef double live_priorities[UPDATE_CHUNK]
         cdef const int64_t* sp
         cdef const double* pp
-        if not ((_is_vector(slots, cnp.NPY_INT64) or _is_vector(slots, cnp.NPY_UINT64))
-                and _is_vector(priorities, cnp.NPY_FLOAT64)
+        if not ((is_vector(slots, cnp.NPY_INT64) or is_vector(slots, cnp.NPY_UINT64))
+                and is_vector(priorities, cnp.NPY_FLOAT64)
                 and cnp.PyArray_DIM(<cnp.ndarray>slots, 0) == cnp.PyArray_DIM(<cnp.ndarray>priorities, 0)):
             return -1
         k = cnp.PyArray_DIM(<cnp.ndarray>slots, 0)
@@ -1069,7 +894,7 @@ cdef class Ring:
                     for j in range(k):
                         s = sp[j]
                         g = self._slots.gen[s]
-                        rec = self._record[s] if self._record != NULL else NOT_SAMPLED
+                        rec = self._handle.record[s] if self._handle.record != NULL else NOT_SAMPLED
                         if (self._slots.state[s] == COMPLETE and (rec == NOT_SAMPLED or rec == g)
                                 and (self._sequences is None or self._sequences.steps(s) > 0)):
                             live_slots[m], live_priorities[m] = s, pp[j]
