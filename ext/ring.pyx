@@ -16,28 +16,25 @@ from libc.math cimport INFINITY, NAN
 from libc.stdint cimport int64_t, uint64_t, uint8_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
-from cpython.dict cimport PyDict_Size
 
 cimport numpy as cnp
 
 cdef extern from *:
     void __builtin_prefetch(const void* addr) noexcept nogil
 
-from mpreplay._ext.atomics cimport _atomic_cas, _mpreplay_acquire_fence
+from mpreplay._ext.atomics cimport _mpreplay_acquire_fence
 from mpreplay._ext.codec cimport Staging
-from mpreplay._ext.frame_plan cimport Episode, FramePlan
+from mpreplay._ext.frame_plan cimport Episode
 from mpreplay._ext.frames cimport MAX_STACK, Frames
 from mpreplay._ext.gate cimport Gate, deadline_of
 from mpreplay._ext.handle cimport NOT_SAMPLED, Handle
-from mpreplay._ext.outputs cimport SPARE_MAX_BYTES, Outputs, Spares, is_vector
-from mpreplay._ext.processes cimport describe_process, token_alive, token_pid
-from mpreplay._ext.schema cimport (COMPLETE, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, SAMPLES, STALE, TORN,
-                                   WAITING, being_written)
+from mpreplay._ext.outputs cimport SPARE_MAX_BYTES, Spares, is_vector
+from mpreplay._ext.schema cimport COMPLETE, LANE_CURSOR, LANE_END, LANE_START, SAMPLES, STALE, TORN, being_written
 from mpreplay._ext.selector cimport Selector, importance_weights
 from mpreplay._ext.sequences cimport Sequences
 from mpreplay._ext.slots cimport F_DRAW, F_UPDATE, Slots, fault
-
-import os
+from mpreplay._ext.table cimport Table
+cimport mpreplay._ext.writes as writes
 
 import numpy as np
 
@@ -50,22 +47,6 @@ cdef enum:
     # A sample's scratch of up to this many words (a batch of ~100 uncompressed rows) lives on
     # the stack: a block just past the allocator's per-thread cache costs 50 ns to malloc.
     DRAWS_ON_STACK = 512
-
-
-# Fields larger than a core's L2 cache (1 MiB on the development machine) miss on most draws:
-# from there sample prefetches the rows it drew; below, the prefetches cost more than they save.
-cdef Py_ssize_t PREFETCH_ROWS_ABOVE = 1 << 20
-
-
-cdef bint _same_line(const uint8_t* a, const uint8_t* b, Py_ssize_t pitch, Py_ssize_t pitch_b) noexcept:
-    # Whether the values of two fields in any one slot start on the same cache line: fields
-    # side by side in rows (schema.row_layout) whose rows are whole lines, or pack a line.
-    cdef Py_ssize_t x = <Py_ssize_t>a, y = <Py_ssize_t>b
-    if pitch != pitch_b or pitch <= 0:
-        return False
-    if pitch % 64 == 0:
-        return x // 64 == y // 64
-    return 64 % pitch == 0 and x // pitch == y // pitch
 
 
 cdef void* _draws_block(Draws* d, Py_ssize_t b, Py_ssize_t R, Py_ssize_t L, Py_ssize_t nout,
@@ -109,55 +90,13 @@ cdef class Ring:
         steps and samples sequences of them: every output gets a second axis of
         ``sequences.length`` steps, and a ``mask`` says which are real (padding is zeros).
     """
-    def __cinit__(self):
-        self._dst = NULL
-        self._rowbytes = NULL
-        self._pitch = NULL
-        self._row_lines = NULL
-
     def __init__(self, int64_t[::1] header not None, Gate gate not None, Slots slots not None,
                  Selector selector not None, list fields not None, object rng,
                  Frames frames=None, list frame_outputs=None, Sequences sequences=None):
-        cdef Py_ssize_t i, n = len(fields)
-        self._header = header
-        self._frames = frames
-        self._sequences = sequences
-        self._length = 1 if sequences is None else sequences.length
-        self._gate = gate
-        self._slots = slots
-        self._selector = selector
-        self.size = slots.size
-        self._nfields = n
-        self._dst = <uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
-        self._rowbytes = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
-        self._pitch = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
-        self._row_lines = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
-        if not (self._dst and self._rowbytes and self._pitch and self._row_lines):
-            raise MemoryError()
-        for i, (name, arr) in enumerate(fields):
-            # A field's values may sit in rows of several fields (schema.row_layout): each contiguous.
-            if not (isinstance(arr, np.ndarray) and arr.shape[0] == self.size and arr[:1].flags.c_contiguous):
-                raise ValueError(f"field {name!r}: expected an array of {self.size} rows, each C-contiguous")
-            self._dst[i] = <uint8_t*>cnp.PyArray_DATA(arr)
-            self._rowbytes[i] = arr.dtype.itemsize * int(np.prod(arr.shape[1:], dtype=np.int64))
-            self._pitch[i] = arr.strides[0]
-        self._fields_keepalive = [arr for _, arr in fields]
-        self._nrow_lines = 0
-        if sum(arr.nbytes for _, arr in fields) > PREFETCH_ROWS_ABOVE:
-            for i in range(n):
-                if not any(_same_line(self._dst[i], self._dst[j], self._pitch[i], self._pitch[j])
-                           for j in self._row_lines[:self._nrow_lines]):
-                    self._row_lines[self._nrow_lines] = i
-                    self._nrow_lines += 1
-        rows = [(name, arr.shape[1:], arr.dtype) for name, arr in fields]
-        self._out = Outputs(rows, frame_outputs or [], self._length, sequences is not None)
-        self._handle = Handle(self.size, rng, Staging(rows), Spares(self._out))
-
-    def __dealloc__(self):
-        free(self._dst)
-        free(self._rowbytes)
-        free(self._pitch)
-        free(self._row_lines)
+        self._table = Table(header, gate, slots, selector, fields, frames, frame_outputs, sequences)
+        self.size = self._table.size
+        self._handle = Handle(self.size, rng, Staging([(name, arr.shape[1:], arr.dtype) for name, arr in fields]),
+                              Spares(self._table.outputs))
 
     def set_rng(self, object rng):
         """Draw from ``rng`` (a numpy Generator) from now on."""
@@ -165,44 +104,16 @@ cdef class Ring:
 
     def after_fork(self, object rng):
         """Become the forked child's handle: its own token, random stream and record of samples."""
-        self._slots.after_fork()
-        self._gate.forget_lock()
+        self._table.slots.after_fork()
+        self._table.gate.forget_lock()
         self._handle.set_rng(rng)
         self._handle.forget_samples()
 
     def close(self):
         """Mark the buffer closed for every process and wake all blocked callers (see Gate.close)."""
-        self._gate.close()
+        self._table.gate.close()
 
-    # -- writers ----------------------------------------------------------------
-    cdef Py_ssize_t _reserve_waiting(self, Py_ssize_t k, uint64_t* reserved, bint insert,
-                                     double deadline, Py_ssize_t lane, Py_ssize_t skip=0) except -1:
-        # Reserve k slots once no live process still writes one of them and
-        # (for inserts) the rate limiter allows it; `skip` (k: the whole lane) moves
-        # the cursor that many slots on first, in the same critical section.
-        cdef int64_t blocker
-        cdef Py_ssize_t s
-        if insert:
-            self._gate.check_insert(k)
-        self._gate.acquire(deadline)
-        try:
-            while True:
-                blocker = self._slots.busy_owner(k, lane)
-                if blocker != 0 and not token_alive(blocker):
-                    for s in range(self.size):
-                        if self._slots.owner[s] == blocker:
-                            self._slots.owner[s] = 0
-                    continue
-                if blocker == 0 and (not insert or self._gate.can_insert(k)):
-                    if skip:
-                        self._slots.lanes[lane, LANE_CURSOR] = self._slots.slot(
-                            lane, self._slots.lanes[lane, LANE_CURSOR], skip)
-                    return self._slots.reserve(k, reserved, insert, lane)
-                self._gate.block(deadline, f"add: {describe_process(token_pid(blocker))} is still writing the next slots"
-                            if blocker else "add: the rate limiter holds inserts back until more is sampled")
-        finally:
-            self._gate.release()
-
+    # -- writers (ext/writes.pyx) ---------------------------------------------
     def reserve(self, Py_ssize_t k, double deadline=INFINITY, bint insert=True, Py_ssize_t lane=0,
                 Py_ssize_t skip=0):
         """Reserve the next ``k`` slots of ``lane`` for writing; returns ``(start, reserved_generations)``.
@@ -214,14 +125,7 @@ cdef class Ring:
         lane starts that many slots past the cursor (the newest rows of a batch longer than
         the lane go where they would have gone had all been written).
         """
-        cdef cnp.ndarray reserved = np.empty(k, dtype=np.uint64)
-        cdef Py_ssize_t n = self._slots.lanes[lane, LANE_END] - self._slots.lanes[lane, LANE_START]
-        if not 0 <= k <= n:
-            raise ValueError(f"k: expected 0 <= k <= {n} (the lane's length), got {k}")
-        if skip and k != n:
-            raise ValueError(f"skip: only a reservation of the whole lane ({n} slots) skips slots, got k={k}")
-        start = self._reserve_waiting(k, <uint64_t*>cnp.PyArray_DATA(reserved), insert, deadline, lane, skip % n)
-        return start, reserved
+        return writes.reserve(self._table, k, deadline, insert, lane, skip)
 
     def publish(self, Py_ssize_t start, const uint64_t[::1] reserved not None, const double[::1] priorities=None,
                 const uint8_t[::1] states=None, Py_ssize_t lane=0, double deadline=INFINITY,
@@ -242,76 +146,14 @@ cdef class Ring:
         ``deadline`` the reservation is given up and undone (``Slots.disown``) -- nothing is
         stored -- and TimeoutError raised.
         """
-        cdef Py_ssize_t k = reserved.shape[0], nc = 0 if complete is None else complete.shape[0], lost
-        cdef Py_ssize_t ns = 0
-        cdef const double* prio = NULL
-        cdef const uint8_t* st = NULL
-        cdef const double* cprio = NULL
-        cdef const int64_t[::1] open_slots
-        cdef const uint64_t[::1] open_generations
-        cdef const int64_t[::1] open_steps
-        cdef const double[::1] open_priorities
-        cdef bint wake
-        if priorities is not None:
-            if priorities.shape[0] != k:
-                raise ValueError("priorities: expected one per reserved slot")
-            prio = &priorities[0] if k else NULL
-        if states is not None:
-            if states.shape[0] != k:
-                raise ValueError("states: expected one per reserved slot")
-            st = &states[0] if k else NULL
-        if nc:
-            if complete_generations is None or complete_generations.shape[0] != nc:
-                raise ValueError("complete_generations: expected one per slot to complete")
-            if complete_priorities is not None:
-                if complete_priorities.shape[0] != nc:
-                    raise ValueError("complete_priorities: expected one per slot to complete")
-                cprio = &complete_priorities[0]
-        if sequences is not None:
-            open_slots, open_generations, open_steps, open_priorities = sequences
-            ns = self._check_sequences(open_slots, open_generations, open_steps, open_priorities)
-        if k == 0 and nc == 0 and ns == 0:
-            return 0
-        try:
-            self._gate.acquire(deadline)
-        except BaseException:
-            if k:
-                self._slots.disown(lane, start, k, &reserved[0])
-            raise
-        try:
-            self._slots.note_writer()
-            lost = self._slots.publish(lane, start, k, &reserved[0], prio, st) if k else 0
-            if nc:
-                self._slots.complete(&complete[0], &complete_generations[0], cprio, nc)
-            if ns:
-                self._slots.open_sequences(&open_slots[0], &open_generations[0], &open_steps[0],
-                                           &open_priorities[0], ns)
-            wake = self._gate.progress()
-        finally:
-            self._gate.release()
-        if wake:
-            self._gate.wake()
-        return lost
-
-    cdef Py_ssize_t _check_sequences(self, const int64_t[::1] slots, const uint64_t[::1] generations,
-                                     const int64_t[::1] steps, const double[::1] priorities) except -1:
-        # How many sequences publish() is asked to open, once their description is checked.
-        cdef Py_ssize_t n = slots.shape[0], j
-        if self._sequences is None:
-            raise ValueError("sequences: this table stores transitions, not sequences")
-        if generations.shape[0] != n or steps.shape[0] != n or priorities.shape[0] != n:
-            raise ValueError("sequences: expected one generation, step count and priority per slot")
-        for j in range(n):
-            if not (0 <= slots[j] < self.size and 1 <= steps[j] <= self._length):
-                raise ValueError(f"sequences: expected a slot in [0, {self.size}) and 1 to {self._length} "
-                                 f"steps, got {slots[j]} and {steps[j]} at position {j}")
-        return n
+        return writes.publish(self._table, start, reserved, priorities, states, lane, deadline, complete,
+                              complete_generations, complete_priorities, sequences)
 
     def abandon(self, Py_ssize_t start, const uint64_t[::1] reserved not None, Py_ssize_t lane=0):
         """Give up an insert reserved by :meth:`reserve`, as :meth:`publish` does at a timeout
         (``Slots.disown``): the slots stay unsampleable, free for the next writer."""
         if reserved.shape[0]:
-            self._slots.disown(lane, start, reserved.shape[0], &reserved[0])
+            self._table.slots.disown(lane, start, reserved.shape[0], &reserved[0])
 
     def claim_lane(self, double deadline=INFINITY):
         """Take a lane for one writer: a free one, or one whose writer process died.
@@ -320,34 +162,12 @@ cdef class Ring:
         until every lane has been used.  A lane this process already holds is not
         free: each writer object of a process (one per stream of episodes) fills a
         lane of its own."""
-        cdef Py_ssize_t l, free = -1
-        cdef int64_t token
-        self._gate.acquire(deadline)
-        try:
-            for l in range(self._slots.lanes.shape[0]):
-                token = self._slots.lanes[l, LANE_OWNER]
-                if token == 0 or not token_alive(token):
-                    if self._slots.gen[self._slots.lanes[l, LANE_START]] == 0:
-                        free = l
-                        break
-                    if free < 0:
-                        free = l
-            if free >= 0:
-                self._slots.lanes[free, LANE_OWNER] = self._slots.token
-                return free
-        finally:
-            self._gate.release()
-        raise ValueError(f"every one of the buffer's {self._slots.lanes.shape[0]} lanes has a live writer: "
-                         "create the buffer with lanes= at least the number of writers (processes, "
-                         "and streams of episodes written from one process)")
+        return writes.claim_lane(self._table, deadline)
 
     def release_lane(self, Py_ssize_t lane):
         """Give this process's lane back (its rows stay).  Without the lock, so that
         close() never waits: only the owner clears its own claim."""
-        cdef int64_t mine = self._slots.token
-        if not 0 <= lane < self._slots.lanes.shape[0]:
-            raise ValueError(f"lane: expected 0 <= lane < {self._slots.lanes.shape[0]}, got {lane}")
-        _atomic_cas(&self._slots.lanes[lane, LANE_OWNER], &mine, 0)
+        writes.release_lane(self._table, lane)
 
     def clear(self):
         """Make every slot unsampleable and restart every lane at its start.
@@ -355,19 +175,7 @@ cdef class Ring:
         Every slot gets a new generation, so priority updates sampled before
         the clear are stale; slots other processes are writing are waited for.
         """
-        cdef cnp.ndarray reserved = np.empty(self.size, dtype=np.uint64)
-        cdef Py_ssize_t s, l
-        for l in range(self._slots.lanes.shape[0]):
-            self._reserve_waiting(self._slots.lanes[l, LANE_END] - self._slots.lanes[l, LANE_START],
-                                  <uint64_t*>cnp.PyArray_DATA(reserved), False, INFINITY, l)
-        self._gate.acquire()
-        try:
-            for s in range(self.size):
-                self._slots.owner[s] = 0
-            for l in range(self._slots.lanes.shape[0]):
-                self._slots.lanes[l, LANE_CURSOR] = self._slots.lanes[l, LANE_START]
-        finally:
-            self._gate.release()
+        writes.clear(self._table)
 
     def snapshot(self, bint priorities=False):
         """Every complete transition now, oldest first (lane by lane), taken under the lock.
@@ -384,38 +192,38 @@ cdef class Ring:
         cdef int64_t* sp = <int64_t*>cnp.PyArray_DATA(slots)
         cdef int64_t* op = <int64_t*>cnp.PyArray_DATA(oldest)
         cdef uint64_t* gp = <uint64_t*>cnp.PyArray_DATA(gens)
-        cdef bint compressed = self._frames is not None
-        self._gate.acquire()
+        cdef bint compressed = self._table.frames is not None
+        self._table.gate.acquire()
         try:
             with nogil:
-                for l in range(self._slots.lanes.shape[0]):
-                    lo = self._slots.lanes[l, LANE_START]
-                    n = self._slots.lanes[l, LANE_END] - lo
-                    cursor = self._slots.lanes[l, LANE_CURSOR]
+                for l in range(self._table.slots.lanes.shape[0]):
+                    lo = self._table.slots.lanes[l, LANE_START]
+                    n = self._table.slots.lanes[l, LANE_END] - lo
+                    cursor = self._table.slots.lanes[l, LANE_CURSOR]
                     for j in range(n):
                         s = lo + (cursor - lo + j) % n
-                        if self._slots.state[s] != COMPLETE or being_written(self._slots.gen[s]):
+                        if self._table.slots.state[s] != COMPLETE or being_written(self._table.slots.gen[s]):
                             continue
                         # A lane is overwritten from its cursor on, oldest first: a
                         # row stays whole while the oldest slot it reads does.
                         o = s
                         if compressed:
-                            c = self._frames.read_set(s, reads)
+                            c = self._table.frames.read_set(s, reads)
                             best = n
                             for t in range(c):
                                 age = ((reads[t] - cursor) % n + n) % n
                                 if age < best:
                                     best, o = age, reads[t]
                         sp[count], op[count] = s, o
-                        gp[2 * count], gp[2 * count + 1] = self._slots.gen[s], self._slots.gen[o]
+                        gp[2 * count], gp[2 * count + 1] = self._table.slots.gen[s], self._table.slots.gen[o]
                         count += 1
             raw = None
             if priorities:
                 raw = np.empty(count)
                 for j in range(count):
-                    raw[j] = self._selector.priority(sp[j])
+                    raw[j] = self._table.selector.priority(sp[j])
         finally:
-            self._gate.release()
+            self._table.gate.release()
         return slots[:count], (oldest[:count], gens[:count]), raw
 
     def unchanged(self, const int64_t[::1] slots not None, tuple guards not None):
@@ -429,7 +237,7 @@ cdef class Ring:
             # The generations must be read after the rows were copied.
             _mpreplay_acquire_fence()
             for j in range(n):
-                kp[j] = self._slots.gen[slots[j]] == gens[j, 0] and self._slots.gen[oldest[j]] == gens[j, 1]
+                kp[j] = self._table.slots.gen[slots[j]] == gens[j, 0] and self._table.slots.gen[oldest[j]] == gens[j, 1]
         return keep
 
     cpdef Py_ssize_t add_one(self, dict values, double priority=-1.0, object timeout=None) except -2:
@@ -439,34 +247,7 @@ cdef class Ring:
         (numpy) conversion path -- then nothing was changed.  A negative
         ``priority`` means "the stored maximum".
         """
-        cdef Py_ssize_t i, slot
-        cdef uint64_t reserved
-        cdef bint wake
-        cdef double deadline
-        if values is None:
-            raise TypeError("values: expected a dict of the fields, got None")
-        if self._frames is not None or self._sequences is not None or PyDict_Size(values) != self._nfields:
-            return -1
-        if not self._handle.staging.stage_all(values):
-            return -1
-        deadline = deadline_of(timeout)
-        slot = self._reserve_waiting(1, &reserved, True, deadline, 0)
-        for i in range(self._nfields):
-            memcpy(self._dst[i] + slot * self._pitch[i], self._handle.staging.src[i], self._rowbytes[i])
-        try:
-            self._gate.acquire(deadline)
-        except BaseException:
-            self._slots.disown(0, slot, 1, &reserved)
-            raise
-        try:
-            self._slots.note_writer()
-            self._slots.publish(0, slot, 1, &reserved, &priority if priority >= 0.0 else NULL, NULL)
-            wake = self._gate.progress()
-        finally:
-            self._gate.release()
-        if wake:
-            self._gate.wake()
-        return slot
+        return writes.add_one(self._table, self._handle, values, priority, timeout)
 
     def add_step(self, dict values not None, double priority, timeout, Episode episode not None):
         """Store one step of a compressed writer's episode, given as Python scalars and
@@ -478,61 +259,7 @@ cdef class Ring:
         or next observation cannot be rebuilt bit for bit (see ext/frame_plan.pyx).
         A negative ``priority`` means "the stored maximum".
         """
-        cdef Py_ssize_t i, j, lane = episode.lane, lo, hi, start, row_slot, done
-        cdef int flag
-        cdef uint8_t flagged = 0
-        cdef uint64_t reserved[2]
-        cdef int64_t slots[2]
-        cdef uint8_t states[2]
-        cdef double item_priority[2]
-        cdef const double* row_priority = &priority if priority >= 0.0 else NULL
-        cdef FramePlan plan
-        cdef bint wake
-        cdef double deadline
-        if self._sequences is not None or lane < 0 or PyDict_Size(values) != self._nfields + episode.observations:
-            return -1
-        if not self._handle.staging.stage_all(values):
-            return -1
-        if not episode.take_step(values):
-            return -1
-        for name in episode.flags:
-            flag = self._handle.staging.flag_set(self._handle.staging.names.index(name))
-            if flag < 0:
-                return -1
-            flagged |= flag
-        # Every check runs here, before anything is written.
-        plan = episode.plan_step(&flagged, values)
-        deadline = deadline_of(timeout)
-        lo, hi = self._slots.lanes[lane, LANE_START], self._slots.lanes[lane, LANE_END]
-        start = self._reserve_waiting(plan.items, reserved, True, deadline, lane)
-        for j in range(plan.items):
-            slots[j] = lo + (start - lo + j) % (hi - lo)
-        row_slot = slots[plan.item_of(0)]
-        with nogil:
-            episode.copy_frames(plan, slots)
-            for i in range(self._nfields):
-                memcpy(self._dst[i] + row_slot * self._pitch[i], self._handle.staging.src[i], self._rowbytes[i])
-            done = episode.settle(plan, slots, row_priority, states, item_priority)
-        try:
-            self._gate.acquire(deadline)
-        except BaseException:
-            self._slots.disown(lane, start, plan.items, reserved)
-            raise
-        try:
-            self._slots.note_writer()
-            # A slot lost to a writer that took it over stays unsampleable, as in publish().
-            self._slots.publish(lane, start, plan.items, reserved, item_priority if row_priority != NULL else NULL,
-                                states)
-            if done:
-                # Rows published WAITING by earlier calls complete with this publication.
-                self._slots.complete(episode.done_slots, episode.done_generations, episode.done_priorities, done)
-            wake = self._gate.progress()
-        finally:
-            self._gate.release()
-        if wake:
-            self._gate.wake()
-        episode.advance_past(plan, slots, reserved, row_priority)
-        return row_slot
+        return writes.add_step(self._table, self._handle, values, priority, timeout, episode)
 
     # -- readers ----------------------------------------------------------------
     cdef double _draw(self, int64_t* slots, double* values, uint64_t* gens, Py_ssize_t k,
@@ -541,11 +268,11 @@ cdef class Ring:
         # plain draws over the whole mass); `values` gets the drawn weights.
         # Returns the smallest weight, or NaN once nothing is sampleable.
         cdef Py_ssize_t j, i
-        if not self._selector.total() > 0.0:
+        if not self._table.selector.total() > 0.0:
             return NAN
-        self._selector.draw(slots, values, k, nstrata, self._handle.bitgen)
+        self._table.selector.draw(slots, values, k, nstrata, self._handle.bitgen)
         fault(F_DRAW)
-        if self._nrow_lines:
+        if self._table.nrow_lines:
             # The drawn slots are known now: ask for everything the checks below and the copies
             # after the lock read of them at once, so their cache misses overlap instead of
             # each stalling in turn -- what the checks read first.  A line is asked for once:
@@ -553,27 +280,27 @@ cdef class Ring:
             # free one even when its line is already on its way (the PER loop at 1e6, against
             # a prefetch per field and a slot's lines together: 2.52 -> 2.48 times the floor).
             for j in range(k):
-                __builtin_prefetch(&self._slots.gen[slots[j]])
-                __builtin_prefetch(&self._slots.state[slots[j]])
+                __builtin_prefetch(&self._table.slots.gen[slots[j]])
+                __builtin_prefetch(&self._table.slots.state[slots[j]])
             for j in range(k):
-                for i in range(self._nrow_lines):
-                    __builtin_prefetch(self._dst[self._row_lines[i]] + slots[j] * self._pitch[self._row_lines[i]])
+                for i in range(self._table.nrow_lines):
+                    __builtin_prefetch(self._table.rows[self._table.row_lines[i]] + slots[j] * self._table.pitch[self._table.row_lines[i]])
                 if self._handle.record != NULL:
                     __builtin_prefetch(&self._handle.record[slots[j]])
         for j in range(k):
-            while (being_written(self._slots.gen[slots[j]]) or self._slots.state[slots[j]] != COMPLETE
-                   or (self._sequences is not None and self._sequences.steps(slots[j]) == 0)):
+            while (being_written(self._table.slots.gen[slots[j]]) or self._table.slots.state[slots[j]] != COMPLETE
+                   or (self._table.sequences is not None and self._table.sequences.steps(slots[j]) == 0)):
                 # A sampleable slot that is being written or holds no complete
                 # transition: a writer died inside its reservation.  Nobody can
                 # vouch for the row: retire it and draw again.
-                self._slots.retire(slots[j])
-                self._selector.fix(slots[j])
-                if not self._selector.total() > 0.0:
+                self._table.slots.retire(slots[j])
+                self._table.selector.fix(slots[j])
+                if not self._table.selector.total() > 0.0:
                     return NAN
-                slots[j] = self._selector.draw_one(self._handle.bitgen)
-            values[j] = self._selector.weight(slots[j])
-            gens[j] = self._slots.gen[slots[j]]
-        return self._selector.smallest()
+                slots[j] = self._table.selector.draw_one(self._handle.bitgen)
+            values[j] = self._table.selector.weight(slots[j])
+            gens[j] = self._table.slots.gen[slots[j]]
+        return self._table.selector.smallest()
 
     cdef void _gather(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
         # Copy rows (all k, or only rows[0..k) of the batch) without the lock.  Values of
@@ -582,8 +309,8 @@ cdef class Ring:
         cdef Py_ssize_t i, j, r, rb, pitch
         cdef const uint8_t* src
         cdef uint8_t* dst
-        for i in range(self._nfields):
-            rb, pitch, src, dst = self._rowbytes[i], self._pitch[i], self._dst[i], d.dst[i]
+        for i in range(self._table.nfields):
+            rb, pitch, src, dst = self._table.rowbytes[i], self._table.pitch[i], self._table.rows[i], d.dst[i]
             for j in range(k):
                 r = rows[j] if rows != NULL else j
                 if rb == 4:
@@ -597,26 +324,26 @@ cdef class Ring:
 
     cdef Py_ssize_t _note_reads(self, Py_ssize_t s, int64_t* slots, uint64_t* gens) noexcept nogil:
         # Lock held: the frames row s reads and their generations now.
-        cdef Py_ssize_t j, c = self._frames.read_set(s, slots)
+        cdef Py_ssize_t j, c = self._table.frames.read_set(s, slots)
         for j in range(c):
-            gens[j] = self._slots.gen[slots[j]]
+            gens[j] = self._table.slots.gen[slots[j]]
         return c
 
     cdef void _gather_frames(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
         # Rebuild the compressed observations of rows (all k, or rows[0..k)) without the lock.
         # Row by row, every output of the row together: obs and next_obs share all frames but
         # one, so the second rebuild reads them from cache instead of memory.
-        cdef Py_ssize_t o, p, j, r, u, nf = self._nfields, n = self._out.n - self._nfields
+        cdef Py_ssize_t o, p, j, r, u, nf = self._table.nfields, n = self._table.outputs.n - self._table.nfields
         for j in range(k):
             r = rows[j] if rows != NULL else j
             for o in range(n):
-                p = self._out.frame_partner[o]
+                p = self._table.outputs.frame_partner[o]
                 if p >= 0:  # a stack and the next one, in one pass over their frames
-                    self._frames.rebuild_pair(self._out.frame_keys[o], d.sp[r], d.dst[nf + o] + r * self._out.step_bytes[nf + o],
-                                              d.dst[nf + p] + r * self._out.step_bytes[nf + p])
+                    self._table.frames.rebuild_pair(self._table.outputs.frame_keys[o], d.sp[r], d.dst[nf + o] + r * self._table.outputs.step_bytes[nf + o],
+                                              d.dst[nf + p] + r * self._table.outputs.step_bytes[nf + p])
                 elif p == -1:
-                    u = self._frames._nxt[d.sp[r]] if self._out.frame_next[o] else d.sp[r]
-                    self._frames.rebuild(self._out.frame_keys[o], u, d.dst[nf + o] + r * self._out.step_bytes[nf + o])
+                    u = self._table.frames._nxt[d.sp[r]] if self._table.outputs.frame_next[o] else d.sp[r]
+                    self._table.frames.rebuild(self._table.outputs.frame_keys[o], u, d.dst[nf + o] + r * self._table.outputs.step_bytes[nf + o])
 
     cdef double _draw_batch(self, Draws* d, bint stratified, double deadline) except? -1.0:
         # Under the lock, once the rate limiter lets the sample through: draw
@@ -624,25 +351,25 @@ cdef class Ring:
         cdef Py_ssize_t j
         cdef double vmin
         cdef bint wake
-        self._gate.acquire(deadline)
+        self._table.gate.acquire(deadline)
         try:
-            while not (self._selector.total() > 0.0 and self._gate.can_sample(d.b)):
-                if not self._gate.limited():
+            while not (self._table.selector.total() > 0.0 and self._table.gate.can_sample(d.b)):
+                if not self._table.gate.limited():
                     raise ValueError("sample: the buffer holds no transition yet")
-                self._gate.block(deadline, "sample: the rate limiter holds samples back until more is inserted")
+                self._table.gate.block(deadline, "sample: the rate limiter holds samples back until more is inserted")
             with nogil:  # the descent waits on cache misses: let the caller's other threads run
                 vmin = self._draw(d.sp, d.vp, d.gp, d.b, d.b if stratified else 1)
-                if vmin == vmin and (d.R or self._sequences is not None):
+                if vmin == vmin and (d.R or self._table.sequences is not None):
                     for j in range(d.b):
                         self._note_row(d, j)
             if vmin != vmin:
                 raise ValueError("sample: the buffer holds no transition yet")
-            self._header[SAMPLES] += d.b
-            wake = self._gate.progress()
+            self._table.header[SAMPLES] += d.b
+            wake = self._table.gate.progress()
         finally:
-            self._gate.release()
+            self._table.gate.release()
         if wake:
-            self._gate.wake()
+            self._table.gate.wake()
         return vmin
 
     cdef void _note_row(self, Draws* d, Py_ssize_t j) noexcept nogil:
@@ -651,8 +378,8 @@ cdef class Ring:
         # oldest it reads: guarding them guards every step (see ext/sequences.pyx).
         if d.R:
             d.rcp[j] = self._note_reads(d.sp[j], d.rsp + j * d.R, d.rgp + j * d.R)
-        if self._sequences is not None:
-            d.stp[j] = self._sequences.steps(d.sp[j])
+        if self._table.sequences is not None:
+            d.stp[j] = self._table.sequences.steps(d.sp[j])
 
     cdef Py_ssize_t _find_torn(self, Draws* d) noexcept nogil:
         # After copying: the rows whose slot (or a frame they read) was rewritten
@@ -661,9 +388,9 @@ cdef class Ring:
         cdef bint bad
         _mpreplay_acquire_fence()  # the generations must be read after the rows were copied
         for j in range(d.b):
-            bad = self._slots.gen[d.sp[j]] != d.gp[j]
+            bad = self._table.slots.gen[d.sp[j]] != d.gp[j]
             for t in range(d.rcp[j] if d.R else 0):
-                bad = bad or self._slots.gen[d.rsp[j * d.R + t]] != d.rgp[j * d.R + t]
+                bad = bad or self._table.slots.gen[d.rsp[j * d.R + t]] != d.rgp[j * d.R + t]
             if bad:
                 d.tp[ntorn] = j
                 ntorn += 1
@@ -676,9 +403,9 @@ cdef class Ring:
         cdef int64_t s1
         cdef double v1, vmin
         cdef uint64_t g1
-        self._gate.acquire(deadline)
+        self._table.gate.acquire(deadline)
         try:
-            self._header[TORN] += ntorn
+            self._table.header[TORN] += ntorn
             for j in range(ntorn):
                 vmin = self._draw(&s1, &v1, &g1, 1, 1)
                 if vmin != vmin:
@@ -688,42 +415,42 @@ cdef class Ring:
             if locked:
                 self._copy_rows(d, ntorn, d.tp)
         finally:
-            self._gate.release()
+            self._table.gate.release()
         return vmin
 
     cdef void _copy_rows(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
-        if self._sequences is not None:
+        if self._table.sequences is not None:
             self._gather_sequences(d, k, rows)
             return
         self._gather(d, k, rows)
-        if self._frames is not None:
+        if self._table.frames is not None:
             self._gather_frames(d, k, rows)
 
     cdef void _gather_sequences(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
         # Copy the steps of sequences (all k, or rows[0..k)) without the lock, step
         # by step every output together; padding steps become zeros, the mask says so.
-        cdef Py_ssize_t L = self._length, nf = self._nfields, no = self._out.n - self._nfields - 1
+        cdef Py_ssize_t L = self._table.length, nf = self._table.nfields, no = self._table.outputs.n - self._table.nfields - 1
         cdef Py_ssize_t i, o, j, r, t, n, u, at, rb
         cdef Py_ssize_t n_out = nf + no
         cdef uint8_t* mask = d.dst[n_out]
         for j in range(k):
             r = rows[j] if rows != NULL else j
             n = d.stp[r]
-            self._sequences.window(d.sp[r], n, d.window)
+            self._table.sequences.window(d.sp[r], n, d.window)
             for t in range(L):
                 at = r * L + t
                 mask[at] = t < n
                 if t >= n:
                     for i in range(n_out):
-                        memset(d.dst[i] + at * self._out.step_bytes[i], 0, self._out.step_bytes[i])
+                        memset(d.dst[i] + at * self._table.outputs.step_bytes[i], 0, self._table.outputs.step_bytes[i])
                     continue
                 u = d.window[t]
                 for i in range(nf):
-                    rb = self._out.step_bytes[i]
-                    memcpy(d.dst[i] + at * rb, self._dst[i] + u * self._pitch[i], rb)
+                    rb = self._table.outputs.step_bytes[i]
+                    memcpy(d.dst[i] + at * rb, self._table.rows[i] + u * self._table.pitch[i], rb)
                 for o in range(no):
-                    self._frames.rebuild(self._out.frame_keys[o], self._frames._nxt[u] if self._out.frame_next[o] else u,
-                                         d.dst[nf + o] + at * self._out.step_bytes[nf + o])
+                    self._table.frames.rebuild(self._table.outputs.frame_keys[o], self._table.frames._nxt[u] if self._table.outputs.frame_next[o] else u,
+                                         d.dst[nf + o] + at * self._table.outputs.step_bytes[nf + o])
 
     cpdef dict sample(self, Py_ssize_t batch_size, bint stratified, double beta=-1.0, object timeout=None, dict out=None,
                       bint leaves=False, bint float32_weights=False, bint uint64_indexes=False):
@@ -753,7 +480,7 @@ cdef class Ring:
         cdef int index_type = cnp.NPY_UINT64 if uint64_indexes else cnp.NPY_INT64
         cdef int weight_type = cnp.NPY_FLOAT32 if float32_weights else cnp.NPY_FLOAT64
         # Small fresh batches of the common kinds are reused once their caller let go of them.
-        cdef bint reuse = out is None and not leaves and b * self._out.batch_row_bytes <= SPARE_MAX_BYTES
+        cdef bint reuse = out is None and not leaves and b * self._table.outputs.batch_row_bytes <= SPARE_MAX_BYTES
         cdef dict result = self._handle.spares.take(b, beta >= 0.0, index_type, weight_type) if reuse else None
         cdef bint spare = result is not None
         if spare:
@@ -761,7 +488,7 @@ cdef class Ring:
             if beta >= 0.0:
                 weights = result["weights"]
         else:
-            result = (<dict>self._out.result_keys[2 if leaves else 1 if beta >= 0.0 else 0]).copy()
+            result = (<dict>self._table.outputs.result_keys[2 if leaves else 1 if beta >= 0.0 else 0]).copy()
             indexes = cnp.PyArray_EMPTY(1, &nb, index_type, 0)
             if leaves:
                 values = cnp.PyArray_EMPTY(1, &nb, cnp.NPY_FLOAT64, 0)
@@ -769,12 +496,12 @@ cdef class Ring:
                 weights = cnp.PyArray_EMPTY(1, &nb, weight_type, 0)
         if weights is not None and not float32_weights:
             values = weights  # drawn leaf weights become importance weights in place
-        block = _draws_block(&d, b, 2 * self._frames.max_stack if self._frames is not None else 0, self._length,
-                             self._out.n, <int64_t*>cnp.PyArray_DATA(indexes),
+        block = _draws_block(&d, b, 2 * self._table.frames.max_stack if self._table.frames is not None else 0, self._table.length,
+                             self._table.outputs.n, <int64_t*>cnp.PyArray_DATA(indexes),
                              NULL if values is None else <double*>cnp.PyArray_DATA(values), local)
         try:
-            self._out.fill(b, out, result, spare, d.dst)  # a bad `out` raises before anything is drawn
-            self._gate.check_sample(b)
+            self._table.outputs.fill(b, out, result, spare, d.dst)  # a bad `out` raises before anything is drawn
+            self._table.gate.check_sample(b)
             vmin = self._draw_batch(&d, stratified, deadline)
             with nogil:
                 self._copy_rows(&d, b, NULL)
@@ -818,18 +545,18 @@ cdef class Ring:
     @property
     def max_priority(self):
         """The largest priority :meth:`check_priorities` and :meth:`update` accept."""
-        return self._selector.max_priority
+        return self._table.selector.max_priority
 
     cdef Py_ssize_t _bad_priority(self, const double* priorities, Py_ssize_t n) noexcept nogil:
         # The first position whose priority is not finite, >= 0 and at most max_priority, or -1.
         cdef Py_ssize_t j
         for j in range(n):
-            if not (priorities[j] >= 0.0 and priorities[j] <= self._selector.max_priority):
+            if not (priorities[j] >= 0.0 and priorities[j] <= self._table.selector.max_priority):
                 return j
         return -1
 
     cdef int _raise_bad_priority(self, const double* priorities, Py_ssize_t bad) except -1:
-        raise ValueError(f"priorities: expected finite values in [0, {self._selector.max_priority:.3g}], "
+        raise ValueError(f"priorities: expected finite values in [0, {self._table.selector.max_priority:.3g}], "
                          f"got {priorities[bad]!r} at position {bad}")
 
     def check_priorities(self, const double[::1] priorities not None):
@@ -851,7 +578,7 @@ cdef class Ring:
         for j in range(n):
             if not 0 <= slots[j] < self.size:
                 raise ValueError(f"indexes: expected slots in [0, {self.size}), got {slots[j]} at position {j}")
-            g = self._slots.gen[slots[j]]
+            g = self._table.slots.gen[slots[j]]
             op[j] = -1 if being_written(g) else <int64_t>(g >> 1)
         return out
 
@@ -878,38 +605,38 @@ cdef class Ring:
         k = cnp.PyArray_DIM(<cnp.ndarray>slots, 0)
         sp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>slots)
         pp = <const double*>cnp.PyArray_DATA(<cnp.ndarray>priorities)
-        self._gate.acquire()
+        self._table.gate.acquire()
         try:
             with nogil:
                 # Checked under the lock, in the one pass before the first change (a uint64
                 # slot of 2**63 or more reads as negative here, and is refused).
                 for j in range(k):
-                    if not (0 <= sp[j] < self.size and self._slots.gen[sp[j]] != 0):
+                    if not (0 <= sp[j] < self.size and self._table.slots.gen[sp[j]] != 0):
                         bad_slot = j
                         break
                 bad_priority = self._bad_priority(pp, k)
                 if bad_slot < 0 and bad_priority < 0:
-                    self._selector.prefetch(sp, k)
+                    self._table.selector.prefetch(sp, k)
                     # The live updates go to the selector in chunks, which it weighs as a batch.
                     for j in range(k):
                         s = sp[j]
-                        g = self._slots.gen[s]
+                        g = self._table.slots.gen[s]
                         rec = self._handle.record[s] if self._handle.record != NULL else NOT_SAMPLED
-                        if (self._slots.state[s] == COMPLETE and (rec == NOT_SAMPLED or rec == g)
-                                and (self._sequences is None or self._sequences.steps(s) > 0)):
+                        if (self._table.slots.state[s] == COMPLETE and (rec == NOT_SAMPLED or rec == g)
+                                and (self._table.sequences is None or self._table.sequences.steps(s) > 0)):
                             live_slots[m], live_priorities[m] = s, pp[j]
                             m += 1
                         else:
                             stale += 1
                         if m == UPDATE_CHUNK or (j == k - 1 and m):
-                            self._selector.set_each(live_slots, live_priorities, m)
+                            self._table.selector.set_each(live_slots, live_priorities, m)
                             m = 0
                             fault(F_UPDATE)
                     if k:
-                        self._selector.fix_each(sp, k)
-                    self._header[STALE] += stale
+                        self._table.selector.fix_each(sp, k)
+                    self._table.header[STALE] += stale
         finally:
-            self._gate.release()
+            self._table.gate.release()
         if bad_slot >= 0:
             raise ValueError(f"indexes: expected slots that hold transitions (0 <= slot < {self.size}, "
                              f"written at least once), got {slots[bad_slot]} at position {bad_slot}")
