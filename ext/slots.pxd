@@ -47,6 +47,9 @@ cdef class Slots:
     cdef inline uint64_t generation(self, Py_ssize_t s) noexcept nogil:
         return self.gen[s]
 
+    cdef inline uint8_t state_of(self, Py_ssize_t s) noexcept nogil:
+        return self.state[s]
+
     cdef inline bint holds_row(self, Py_ssize_t s) noexcept nogil:
         # A complete transition (or step), published: nobody writes it now.
         return self.state[s] == COMPLETE and not being_written(self.gen[s])

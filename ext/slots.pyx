@@ -4,7 +4,7 @@
 Every slot has a generation (even: published, odd: being written), an owner
 (the token of the writer holding its reservation) and a state (EMPTY,
 COMPLETE, WAITING); slots form lanes, rings a writer fills in order.  The
-table (ext/ring.pyx) takes the lock through its gate and calls these steps;
+table (ext/writes.pyx, ext/draws.pyx) takes the lock through its gate and calls these steps;
 they keep the stored count and the selector's weights in step with the slot
 states, and :func:`recover` makes them agree again after a holder died.  See
 docs/architecture.md, "Concurrency protocol" and "Crash handling".

@@ -9,7 +9,8 @@ import importlib.machinery
 import os
 
 KERNELS = ("schema", "processes", "sumtree", "selector", "uniform", "prioritized", "frames", "frame_plan", "sequences",
-           "gate", "slots", "codec", "outputs", "handle", "table", "writes", "ring", "calls", "lock", "discount", "termination")
+           "gate", "slots", "codec", "outputs", "handle", "table", "writes", "gather", "draws", "ring", "calls", "lock",
+           "discount", "termination")
 
 
 def _missing() -> list[str]:
