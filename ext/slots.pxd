@@ -1,4 +1,5 @@
 # The slot table (ext/slots.pyx): what the table kernel calls with the lock held.
+cimport cython
 from libc.stdint cimport int64_t, uint64_t, uint8_t
 
 from mpreplay._ext.frames cimport Frames
@@ -30,30 +31,35 @@ cdef class Slots:
     cdef int64_t token                 # this process as a writer (see processes.process_token)
     cdef readonly Py_ssize_t size
 
-    # What the table reads of the slots and lanes, by name (inline: no call where it read an array).
+    # What the table reads of the slots and lanes, by name (inline: no call where it read an array;
+    # the arrays are bound at construction, so no check that they are).
+    @cython.initializedcheck(False)
     cdef inline Py_ssize_t nlanes(self) noexcept nogil:
         return self.lanes.shape[0]
 
-    cdef inline Py_ssize_t lane_start(self, Py_ssize_t lane) noexcept nogil:
-        return self.lanes[lane, LANE_START]
-
+    @cython.initializedcheck(False)
     cdef inline Py_ssize_t lane_length(self, Py_ssize_t lane) noexcept nogil:
         return self.lanes[lane, LANE_END] - self.lanes[lane, LANE_START]
 
+    @cython.initializedcheck(False)
     cdef inline Py_ssize_t lane_cursor(self, Py_ssize_t lane) noexcept nogil:
         # The lane's next slot to write: its oldest row.
         return self.lanes[lane, LANE_CURSOR]
 
+    @cython.initializedcheck(False)
     cdef inline uint64_t generation(self, Py_ssize_t s) noexcept nogil:
         return self.gen[s]
 
+    @cython.initializedcheck(False)
     cdef inline uint8_t state_of(self, Py_ssize_t s) noexcept nogil:
         return self.state[s]
 
+    @cython.initializedcheck(False)
     cdef inline bint holds_row(self, Py_ssize_t s) noexcept nogil:
         # A complete transition (or step), published: nobody writes it now.
         return self.state[s] == COMPLETE and not being_written(self.gen[s])
 
+    @cython.initializedcheck(False)
     cdef inline void prefetch(self, Py_ssize_t s) noexcept nogil:
         # Ask for the lines holds_row reads of slot s.
         __builtin_prefetch(&self.gen[s])
