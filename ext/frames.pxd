@@ -1,5 +1,5 @@
-# Declarations shared with ext/ring.pyx, which rebuilds compressed
-# observations and checks the slots a row reads while it samples, and with
+# Declarations shared with the draw path (ext/gather.pyx rebuilds compressed observations,
+# ext/draws.pyx checks the slots a row reads while it samples), the slot table, and
 # ext/frame_plan.pyx, whose writer's episode writes its frames through a FrameStore.
 from libc.stdint cimport int64_t, uint8_t
 
@@ -25,6 +25,10 @@ cdef class Frames:
     cdef readonly Py_ssize_t max_stack
     cdef readonly Py_ssize_t max_next   # largest slot distance from a row to its next frame
     cdef object _keep
+
+    cdef inline Py_ssize_t next_slot(self, Py_ssize_t u) noexcept nogil:
+        # The slot of row u's next observation (its newest frame), -1: none.
+        return self._nxt[u]
 
     cdef void _bounds(self, Py_ssize_t u, Py_ssize_t* lo, Py_ssize_t* hi) noexcept nogil
     cdef Py_ssize_t _back(self, Py_ssize_t u, Py_ssize_t b) noexcept nogil

@@ -1,4 +1,4 @@
-# Writer tokens, declared for the kernels that judge writers (ext/slots.pyx, ext/ring.pyx,
+# Writer tokens, declared for the kernels that judge writers (ext/slots.pyx, ext/writes.pyx,
 # ext/gate.pyx): they call these as C functions.
 from libc.stdint cimport int64_t
 

@@ -1,121 +1,19 @@
 # The replay table's declarations: ext/calls.pyx calls its per-step methods without Python.
 cimport cython
 cimport numpy as cnp
-from libc.stdint cimport int64_t, uint64_t, uint8_t
-from numpy.random cimport bitgen_t
 
-from mpreplay._ext.frames cimport Frames
-from mpreplay._ext.gate cimport Gate
-from mpreplay._ext.selector cimport Selector
-from mpreplay._ext.sequences cimport Sequences
-from mpreplay._ext.slots cimport Slots
-
-
-# Compressed observations a row may have (obs and next_obs of each compressed key).
-cdef enum:
-    MAX_FRAME_OUTPUTS = 64
-
-
-# Element kinds the single-transition fast path converts without numpy.
-cdef enum Kind:
-    K_OTHER, K_F32, K_F64, K_I8, K_I16, K_I32, K_I64, K_U8, K_U16, K_U32, K_U64, K_BOOL
-
-
-cdef enum:
-    # The dimensions of a sample output: a row's (numpy 1 allows 32) after the lead (rows, steps).
-    MAX_OUTPUT_DIMS = 34
-
-
-cdef struct Draws:
-    # The scratch of one sample() call: the slots drawn with their weights and
-    # generations, the rows found torn, (compressed buffers) the R frames at
-    # most that each row reads, with their generations, (sequence tables) the
-    # real steps of each sequence drawn and the slots of one, and where each
-    # output's rows go.  It lives in one block per call (on the caller's stack,
-    # or malloc'd when large), so two threads sampling one table never share it.
-    Py_ssize_t b, R
-    int64_t* sp            # the slots: the memory of the `indexes` output
-    double* vp             # their weights, then importance weights: an output's memory, or scratch
-    uint64_t* gp
-    Py_ssize_t* tp
-    int64_t* stp
-    int64_t* window
-    int64_t* rsp
-    uint64_t* rgp
-    Py_ssize_t* rcp
-    uint8_t** dst          # per output (fields, compressed observations, mask): its first row
+from mpreplay._ext.handle cimport Handle
+from mpreplay._ext.table cimport Table
 
 
 @cython.final
 cdef class Ring:
-    cdef int64_t[::1] _header
-    cdef Frames _frames
-    cdef Sequences _sequences
-    cdef Py_ssize_t _length      # steps per sampled item: 1, or a sequence's length
-    cdef list _frame_outputs
-    cdef Gate _gate
-    cdef Slots _slots
-    cdef Selector _selector
+    # A table's handle: the table's shared part, and this handle's own state.
+    cdef Table _table
+    cdef Handle _handle
     cdef readonly Py_ssize_t size
-    cdef list _names, _stages
-    cdef Py_ssize_t _nfields
-    # Sample outputs: the fields, the compressed observations, (sequence tables) the mask.
-    cdef Py_ssize_t _nout
-    cdef list _out_names, _out_dtypes
-    cdef tuple _result_keys           # the keys of a result (plain, with weights, with leaves), as dicts to copy
-    cdef tuple _weighted_keys         # the keys of a result with weights, in order
-    cdef int* _out_nd
-    cdef int* _out_typenums
-    cdef cnp.npy_intp* _out_dims      # per output, MAX_OUTPUT_DIMS: its dimensions, rows first (set per call)
-    cdef Py_ssize_t* _out_step_bytes  # per output: the bytes of one row (of a sequence: of one step)
-    cdef Py_ssize_t _frame_keys[MAX_FRAME_OUTPUTS]  # per compressed observation: its key
-    cdef bint _frame_next[MAX_FRAME_OUTPUTS]        # per compressed observation: of the next slot
-    # per compressed observation: the next observation of its key, rebuilt with it (-1: none;
-    # -2: this is one, rebuilt with the other)
-    cdef Py_ssize_t _frame_partner[MAX_FRAME_OUTPUTS]
-    cdef Py_ssize_t _batch_row_bytes                # what one row of a fresh batch holds, indexes and weights too
-    cdef list _spares                               # SPARE_BATCHES batches handed out (see _take_spare), or None
-    cdef uint8_t** _dst
-    cdef uint8_t** _stage
-    cdef const uint8_t** _src    # per field, during add_one: the row to copy (a caller's array or the stage)
-    cdef Py_ssize_t* _rowbytes   # per field: the bytes of one slot's value
-    cdef Py_ssize_t* _pitch      # per field: from one slot's value to the next (the rowbytes, or a row of fields)
-    cdef Py_ssize_t* _row_lines  # the fields whose line of a row no earlier field's shares
-    cdef Py_ssize_t _nrow_lines  # how many; 0 while the fields fit a core's cache (no prefetch)
-    cdef Kind* _kinds
-    cdef bint* _one              # per field: shape (1,), which a number or a 0-d array fills
-    cdef int* _typenums
-    cdef object _bitgen_owner
-    cdef bitgen_t* _bitgen
-    cdef object _sampled             # per slot: the generation this handle sampled (None: nothing yet)
-    cdef uint64_t* _record           # its memory
-    cdef object _fields_keepalive
 
     cpdef Py_ssize_t add_one(self, dict values, double priority=*, object timeout=*) except -2
     cpdef dict sample(self, Py_ssize_t batch_size, bint stratified, double beta=*, object timeout=*, dict out=*,
                       bint leaves=*, bint float32_weights=*, bint uint64_indexes=*)
     cpdef Py_ssize_t update(self, object slots, object priorities) except -2
-    cdef int _describe_outputs(self, list fields) except -1
-    cdef Py_ssize_t _check_sequences(self, const int64_t[::1] slots, const uint64_t[::1] generations,
-                                     const int64_t[::1] steps, const double[::1] priorities) except -1
-    cdef Py_ssize_t _reserve_waiting(self, Py_ssize_t k, uint64_t* reserved, bint insert,
-                                     double deadline, Py_ssize_t lane, Py_ssize_t skip=*) except -1
-    cdef bint _stage_value(self, Py_ssize_t i, object value) except -1
-    cdef int _flag_set(self, Py_ssize_t i) except -2
-    cdef double _draw(self, int64_t* slots, double* values, uint64_t* gens, Py_ssize_t k,
-                      Py_ssize_t nstrata) noexcept nogil
-    cdef void _gather(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil
-    cdef Py_ssize_t _note_reads(self, Py_ssize_t s, int64_t* slots, uint64_t* gens) noexcept nogil
-    cdef void _gather_frames(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil
-    cdef dict _take_spare(self, Py_ssize_t b, bint weights, int index_type, int weight_type)
-    cdef int _keep_spare(self, dict batch) except -1
-    cdef int _outputs(self, Py_ssize_t b, dict out, dict result, bint spare, uint8_t** dst) except -1
-    cdef bint _fits(self, object arr, Py_ssize_t i, Py_ssize_t nd, const cnp.npy_intp* dims)
-    cdef double _draw_batch(self, Draws* d, bint stratified, double deadline) except? -1.0
-    cdef void _note_row(self, Draws* d, Py_ssize_t j) noexcept nogil
-    cdef Py_ssize_t _find_torn(self, Draws* d) noexcept nogil
-    cdef double _redraw(self, Draws* d, Py_ssize_t ntorn, double deadline, bint locked) except? -1.0
-    cdef void _copy_rows(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil
-    cdef void _gather_sequences(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil
-    cdef Py_ssize_t _bad_priority(self, const double* priorities, Py_ssize_t n) noexcept nogil
-    cdef int _raise_bad_priority(self, const double* priorities, Py_ssize_t bad) except -1

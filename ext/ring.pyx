@@ -1,171 +1,41 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""A replay table: a gate, a slot table and a selector, with the rows they govern.
+"""A replay table's handle: the calls of a table, composed of its parts.
 
-A writer reserves slots under the lock (generation made odd, weight cleared
-so the slot cannot be drawn), copies its rows without the lock, and
-publishes under the lock (generation made even, weight set).  A reader draws
-slots and notes their generations under the lock, gathers rows without it,
-and redraws any row whose generation moved meanwhile (torn).  Priority
-updates apply only where the generation is still the one that was sampled.
-See docs/architecture.md, "Concurrency protocol".
+A table is a shared part (ext/table.pyx: a gate, a slot table, a selector and the rows
+they govern), which every handle of its memory -- threads, processes -- reads and writes
+alike, and a handle's own state (ext/handle.pyx: its draws' random stream, its record of
+sampled generations, its scratch).  :class:`Ring` holds one of each and hands its calls to
+the write path (ext/writes.pyx: reserve, copy, publish) and the draw path (ext/draws.pyx:
+draw, gather, check for torn rows, update); snapshots are listed here.  See
+docs/architecture.md, "Data path" and "Concurrency protocol".
 
 The same code serves the local buffers (a lock of their process) and the shared ones; every
 array it touches belongs to the caller's memory (heap or segment).
 """
-from libc.float cimport FLT_MAX
-from libc.math cimport INFINITY, NAN
+from libc.math cimport INFINITY
 from libc.stdint cimport int64_t, uint64_t, uint8_t
-from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy, memset
-from cpython.pycapsule cimport PyCapsule_GetPointer
-from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
-from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
-from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_Size
-from cpython.list cimport PyList_GET_ITEM
-from cpython.tuple cimport PyTuple_GET_ITEM
-from cpython.ref cimport Py_REFCNT, PyObject
 
 cimport numpy as cnp
-from numpy.random cimport bitgen_t
 
-cdef extern from *:
-    void __builtin_prefetch(const void* addr) noexcept nogil
-
-from mpreplay._ext.atomics cimport _atomic_cas, _mpreplay_acquire_fence
-from mpreplay._ext.frame_plan cimport Episode, FramePlan
+from mpreplay._ext.atomics cimport _mpreplay_acquire_fence
+from mpreplay._ext.codec cimport Staging
+from mpreplay._ext.frame_plan cimport Episode
 from mpreplay._ext.frames cimport MAX_STACK, Frames
-from mpreplay._ext.gate cimport Gate, deadline_of
-from mpreplay._ext.processes cimport describe_process, token_alive, token_pid
-from mpreplay._ext.schema cimport (COMPLETE, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, SAMPLES, STALE, STORED, TORN,
-                                   WAITING, being_written)
-from mpreplay._ext.selector cimport Selector, importance_weights
+from mpreplay._ext.gate cimport Gate
+from mpreplay._ext.outputs cimport Spares
+from mpreplay._ext.selector cimport Selector
 from mpreplay._ext.sequences cimport Sequences
-from mpreplay._ext.slots cimport F_DRAW, F_UPDATE, Slots, fault
-
-import os
+from mpreplay._ext.slots cimport Slots
+cimport mpreplay._ext.draws as draws
+cimport mpreplay._ext.writes as writes
 
 import numpy as np
 
 cnp.import_array()
 
-cdef uint64_t NOT_SAMPLED = 0xFFFFFFFFFFFFFFFFULL
-cdef int LOCKED_REDRAW_AFTER = 4  # rounds of torn rows before redrawn rows are copied under the lock
-
-cdef bint _narrow_to_float(const double* src, float* dst, Py_ssize_t n) noexcept nogil:
-    # False when a finite value would overflow float32: the general path then says so.
-    cdef Py_ssize_t j
-    cdef double x
-    for j in range(n):
-        x = src[j]
-        if not (-FLT_MAX <= x <= FLT_MAX or x != x or x == INFINITY or x == -INFINITY):
-            return False
-        dst[j] = <float>x
-    return True
-
-
-cdef Kind _kind_of(object dtype):
-    cdef dict kinds = {
-        "f4": K_F32, "f8": K_F64, "i1": K_I8, "i2": K_I16, "i4": K_I32, "i8": K_I64,
-        "u1": K_U8, "u2": K_U16, "u4": K_U32, "u8": K_U64, "b1": K_BOOL,
-    }
-    return kinds.get(f"{dtype.kind}{dtype.itemsize}", K_OTHER)
-
-
-cdef bint _store_int(Kind kind, long long x, uint8_t* dst) noexcept nogil:
-    """Write integer ``x`` as ``kind``; False if it does not fit."""
-    if kind == K_F32:
-        (<float*>dst)[0] = <float>x
-    elif kind == K_F64:
-        (<double*>dst)[0] = <double>x
-    elif kind == K_I64:
-        (<int64_t*>dst)[0] = x
-    elif kind == K_I32 and -2147483648LL <= x <= 2147483647LL:
-        (<int*>dst)[0] = <int>x
-    elif kind == K_I16 and -32768 <= x <= 32767:
-        (<short*>dst)[0] = <short>x
-    elif kind == K_I8 and -128 <= x <= 127:
-        (<signed char*>dst)[0] = <signed char>x
-    elif kind == K_U8 and 0 <= x <= 255:
-        dst[0] = <uint8_t>x
-    elif kind == K_U16 and 0 <= x <= 65535:
-        (<unsigned short*>dst)[0] = <unsigned short>x
-    elif kind == K_U32 and 0 <= x <= 4294967295LL:
-        (<unsigned int*>dst)[0] = <unsigned int>x
-    elif kind == K_U64 and x >= 0:
-        (<uint64_t*>dst)[0] = <uint64_t>x
-    elif kind == K_BOOL and (x == 0 or x == 1):
-        dst[0] = <uint8_t>x
-    else:
-        return False
-    return True
-
-
-cdef object _checked_out(object arr, str name, tuple shape, object dtype):
-    if not (isinstance(arr, np.ndarray) and arr.shape == shape and arr.dtype == dtype
-            and arr.flags.c_contiguous and arr.flags.writeable):
-        raise ValueError(f"out[{name!r}]: expected a writable C-contiguous {dtype} array of shape {shape}")
-    return arr
-
-
-cdef inline bint _is_vector(object arr, int typenum):
-    # A 1-D C-contiguous aligned array of native `typenum` (read-only allowed).
-    return (cnp.PyArray_Check(arr) and cnp.PyArray_NDIM(<cnp.ndarray>arr) == 1
-            and cnp.PyArray_TYPE(<cnp.ndarray>arr) == typenum and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>arr)
-            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>arr))
-
-
-cdef enum:
-    # Fresh batches kept for reuse once their caller let go of them (see Ring._take_spare): a
-    # loop holds the batch it trains on while it draws the next, so the one before is free.
-    SPARE_BATCHES = 2
-    SPARE_MAX_BYTES = 65536  # larger batches are not kept: their copies dwarf an allocation
-    UPDATE_CHUNK = 64        # update() hands the selector this many live updates at a time
-    # A sample's scratch of up to this many words (a batch of ~100 uncompressed rows) lives on
-    # the stack: a block just past the allocator's per-thread cache costs 50 ns to malloc.
-    DRAWS_ON_STACK = 512
-
-
-# Fields larger than a core's L2 cache (1 MiB on the development machine) miss on most draws:
-# from there sample prefetches the rows it drew; below, the prefetches cost more than they save.
-cdef Py_ssize_t PREFETCH_ROWS_ABOVE = 1 << 20
-
-
-cdef bint _same_line(const uint8_t* a, const uint8_t* b, Py_ssize_t pitch, Py_ssize_t pitch_b) noexcept:
-    # Whether the values of two fields in any one slot start on the same cache line: fields
-    # side by side in rows (schema.row_layout) whose rows are whole lines, or pack a line.
-    cdef Py_ssize_t x = <Py_ssize_t>a, y = <Py_ssize_t>b
-    if pitch != pitch_b or pitch <= 0:
-        return False
-    if pitch % 64 == 0:
-        return x // 64 == y // 64
-    return 64 % pitch == 0 and x // pitch == y // pitch
-
-
-cdef void* _draws_block(Draws* d, Py_ssize_t b, Py_ssize_t R, Py_ssize_t L, Py_ssize_t nout,
-                        int64_t* slots, double* values, uint64_t* local) except NULL:
-    # Lay d out in one block (every part is 8-byte words): `local` (DRAWS_ON_STACK words) where
-    # it fits, else a fresh one.  `values` NULL: the weights go in the block too.  The caller
-    # frees the block unless it is `local`.
-    cdef Py_ssize_t words = 4 * b + L + 2 * b * R + nout + (b if values == NULL else 0)
-    cdef uint64_t* block = local if words <= DRAWS_ON_STACK else <uint64_t*>malloc(words * sizeof(uint64_t) + 1)
-    if block == NULL:
-        raise MemoryError()
-    d.b, d.R, d.sp = b, R, slots
-    d.gp = block
-    d.tp = <Py_ssize_t*>(d.gp + b)
-    d.stp = <int64_t*>(d.tp + b)
-    d.rcp = <Py_ssize_t*>(d.stp + b)
-    d.window = <int64_t*>(d.rcp + b)
-    d.rsp = <int64_t*>(d.window + L)
-    d.rgp = <uint64_t*>(d.rsp + b * R)
-    d.dst = <uint8_t**>(d.rgp + b * R)
-    d.vp = values if values != NULL else <double*>(d.dst + nout)
-    memset(d.stp, 0, 2 * b * sizeof(int64_t))  # steps and frame counts: 0 until noted
-    return block
-
 
 cdef class Ring:
-    """A replay table composed of a gate, a slot table and a selector, over caller-owned arrays.
+    """A handle of a replay table composed of a gate, a slot table and a selector, over caller-owned arrays.
 
     Parameters
     ----------
@@ -182,181 +52,30 @@ cdef class Ring:
         steps and samples sequences of them: every output gets a second axis of
         ``sequences.length`` steps, and a ``mask`` says which are real (padding is zeros).
     """
-    def __cinit__(self):
-        self._dst = NULL
-        self._stage = NULL
-        self._src = NULL
-        self._rowbytes = NULL
-        self._kinds = NULL
-        self._one = NULL
-        self._typenums = NULL
-        self._out_nd = NULL
-        self._out_typenums = NULL
-        self._out_dims = NULL
-        self._out_step_bytes = NULL
-        self._record = NULL
-        self._row_lines = NULL
-
     def __init__(self, int64_t[::1] header not None, Gate gate not None, Slots slots not None,
                  Selector selector not None, list fields not None, object rng,
                  Frames frames=None, list frame_outputs=None, Sequences sequences=None):
-        cdef Py_ssize_t i, n = len(fields)
-        self._header = header
-        self._frames = frames
-        self._sequences = sequences
-        self._length = 1 if sequences is None else sequences.length
-        self._frame_outputs = frame_outputs or []
-        if len(self._frame_outputs) > MAX_FRAME_OUTPUTS:
-            raise ValueError(f"next_of/stack_compress: at most {MAX_FRAME_OUTPUTS} compressed observations "
-                             f"per row, got {len(self._frame_outputs)}")
-        self._gate = gate
-        self._slots = slots
-        self._selector = selector
-        self.size = slots.size
-        self._nfields = n
-        self._names, self._stages = [], []
-        self._dst = <uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
-        self._stage = <uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
-        self._src = <const uint8_t**>malloc(n * sizeof(uint8_t*) + 1)
-        self._rowbytes = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
-        self._pitch = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
-        self._kinds = <Kind*>malloc(n * sizeof(Kind) + 1)
-        self._typenums = <int*>malloc(n * sizeof(int) + 1)
-        self._one = <bint*>malloc(n * sizeof(bint) + 1)
-        self._row_lines = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
-        if not (self._dst and self._stage and self._src and self._rowbytes and self._pitch and self._kinds
-                and self._typenums and self._one and self._row_lines):
-            raise MemoryError()
-        for i, (name, arr) in enumerate(fields):
-            # A field's values may sit in rows of several fields (schema.row_layout): each contiguous.
-            if not (isinstance(arr, np.ndarray) and arr.shape[0] == self.size and arr[:1].flags.c_contiguous):
-                raise ValueError(f"field {name!r}: expected an array of {self.size} rows, each C-contiguous")
-            stage = np.zeros(arr.shape[1:], dtype=arr.dtype)
-            self._names.append(name)
-            self._stages.append(stage)
-            self._dst[i] = <uint8_t*>cnp.PyArray_DATA(arr)
-            self._stage[i] = <uint8_t*>cnp.PyArray_DATA(stage)
-            self._rowbytes[i] = stage.nbytes
-            self._pitch[i] = arr.strides[0]
-            self._kinds[i] = _kind_of(arr.dtype)
-            self._one[i] = arr.shape[1:] == (1,)
-            self._typenums[i] = arr.dtype.num
-        self._fields_keepalive = [arr for _, arr in fields]
-        self._nrow_lines = 0
-        if sum(arr.nbytes for _, arr in fields) > PREFETCH_ROWS_ABOVE:
-            for i in range(n):
-                if not any(_same_line(self._dst[i], self._dst[j], self._pitch[i], self._pitch[j])
-                           for j in self._row_lines[:self._nrow_lines]):
-                    self._row_lines[self._nrow_lines] = i
-                    self._nrow_lines += 1
-        self._describe_outputs([(name, arr.shape[1:], arr.dtype) for name, arr in fields])
-        self.set_rng(rng)
-        self._sampled = None
-
-    cdef int _describe_outputs(self, list fields) except -1:
-        # The table of sample outputs: what sample() allocates, or checks in `out`, per output.
-        cdef Py_ssize_t i, d, o, lead = 1 if self._sequences is None else 2
-        outputs = fields + [(name, shape, dtype) for name, _, _, shape, dtype in self._frame_outputs]
-        if self._sequences is not None:
-            outputs.append(("mask", (), np.dtype(np.bool_)))
-        n = len(outputs)
-        self._nout = n
-        self._out_names = [name for name, _, _ in outputs]
-        self._out_dtypes = [np.dtype(dtype) for _, _, dtype in outputs]
-        self._out_nd = <int*>malloc(n * sizeof(int) + 1)
-        self._out_typenums = <int*>malloc(n * sizeof(int) + 1)
-        self._out_dims = <cnp.npy_intp*>malloc(n * MAX_OUTPUT_DIMS * sizeof(cnp.npy_intp) + 1)
-        self._out_step_bytes = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t) + 1)
-        if not (self._out_nd and self._out_typenums and self._out_dims and self._out_step_bytes):
-            raise MemoryError()
-        for i, (name, shape, dtype) in enumerate(outputs):
-            if len(shape) + lead > MAX_OUTPUT_DIMS:
-                raise ValueError(f"{name}: expected at most {MAX_OUTPUT_DIMS - lead} dimensions, got shape {shape}")
-            self._out_nd[i] = len(shape) + lead
-            self._out_typenums[i] = self._out_dtypes[i].num
-            self._out_dims[i * MAX_OUTPUT_DIMS + 1] = self._length
-            for d in range(len(shape)):
-                self._out_dims[i * MAX_OUTPUT_DIMS + lead + d] = shape[d]
-            self._out_step_bytes[i] = int(np.prod(shape, dtype=np.int64)) * self._out_dtypes[i].itemsize
-        for o, (_, key, nxt, _, _) in enumerate(self._frame_outputs):
-            self._frame_keys[o], self._frame_next[o], self._frame_partner[o] = key, nxt, -1
-        for o in range(len(self._frame_outputs)):
-            for i in range(len(self._frame_outputs)):
-                if (not self._frame_next[o] and self._frame_next[i] and self._frame_keys[i] == self._frame_keys[o]
-                        and self._frame_partner[i] == -1):
-                    self._frame_partner[o], self._frame_partner[i] = i, -2
-        self._batch_row_bytes = 2 * sizeof(double)
-        for i in range(n):
-            self._batch_row_bytes += self._out_step_bytes[i] * self._length
-        self._spares = [None] * SPARE_BATCHES
-        # Copying a dict that has every key already is cheaper than growing a new one key by key.
-        self._result_keys = tuple(dict.fromkeys(self._out_names + ["indexes"] + extra)
-                                  for extra in ([], ["weights"], ["leaf", "tags"]))
-        self._weighted_keys = tuple(self._result_keys[1])
-        return 0
-
-    def __dealloc__(self):
-        free(self._dst)
-        free(self._stage)
-        free(self._src)
-        free(self._rowbytes)
-        free(self._pitch)
-        free(self._kinds)
-        free(self._typenums)
-        free(self._one)
-        free(self._row_lines)
-        free(self._out_nd)
-        free(self._out_typenums)
-        free(self._out_dims)
-        free(self._out_step_bytes)
+        self._table = Table(header, gate, slots, selector, fields, frames, frame_outputs, sequences)
+        self.size = self._table.size
+        self._handle = Handle(self.size, rng, Staging([(name, arr.shape[1:], arr.dtype) for name, arr in fields]),
+                              Spares(self._table.outputs))
 
     def set_rng(self, object rng):
         """Draw from ``rng`` (a numpy Generator) from now on."""
-        bitgen = rng.bit_generator
-        self._bitgen = <bitgen_t*>PyCapsule_GetPointer(bitgen.capsule, "BitGenerator")
-        self._bitgen_owner = bitgen
+        self._handle.set_rng(rng)
 
     def after_fork(self, object rng):
         """Become the forked child's handle: its own token, random stream and record of samples."""
-        self._slots.after_fork()
-        self._gate.forget_lock()
-        self.set_rng(rng)
-        self._sampled = None
-        self._record = NULL
+        self._table.slots.after_fork()
+        self._table.gate.forget_lock()
+        self._handle.set_rng(rng)
+        self._handle.forget_samples()
 
     def close(self):
         """Mark the buffer closed for every process and wake all blocked callers (see Gate.close)."""
-        self._gate.close()
+        self._table.gate.close()
 
-    # -- writers ----------------------------------------------------------------
-    cdef Py_ssize_t _reserve_waiting(self, Py_ssize_t k, uint64_t* reserved, bint insert,
-                                     double deadline, Py_ssize_t lane, Py_ssize_t skip=0) except -1:
-        # Reserve k slots once no live process still writes one of them and
-        # (for inserts) the rate limiter allows it; `skip` (k: the whole lane) moves
-        # the cursor that many slots on first, in the same critical section.
-        cdef int64_t blocker
-        cdef Py_ssize_t s
-        if insert:
-            self._gate.check_insert(k)
-        self._gate.acquire(deadline)
-        try:
-            while True:
-                blocker = self._slots.busy_owner(k, lane)
-                if blocker != 0 and not token_alive(blocker):
-                    for s in range(self.size):
-                        if self._slots.owner[s] == blocker:
-                            self._slots.owner[s] = 0
-                    continue
-                if blocker == 0 and (not insert or self._gate.can_insert(k)):
-                    if skip:
-                        self._slots.lanes[lane, LANE_CURSOR] = self._slots.slot(
-                            lane, self._slots.lanes[lane, LANE_CURSOR], skip)
-                    return self._slots.reserve(k, reserved, insert, lane)
-                self._gate.block(deadline, f"add: {describe_process(token_pid(blocker))} is still writing the next slots"
-                            if blocker else "add: the rate limiter holds inserts back until more is sampled")
-        finally:
-            self._gate.release()
-
+    # -- writers (ext/writes.pyx) ---------------------------------------------
     def reserve(self, Py_ssize_t k, double deadline=INFINITY, bint insert=True, Py_ssize_t lane=0,
                 Py_ssize_t skip=0):
         """Reserve the next ``k`` slots of ``lane`` for writing; returns ``(start, reserved_generations)``.
@@ -368,14 +87,7 @@ cdef class Ring:
         lane starts that many slots past the cursor (the newest rows of a batch longer than
         the lane go where they would have gone had all been written).
         """
-        cdef cnp.ndarray reserved = np.empty(k, dtype=np.uint64)
-        cdef Py_ssize_t n = self._slots.lanes[lane, LANE_END] - self._slots.lanes[lane, LANE_START]
-        if not 0 <= k <= n:
-            raise ValueError(f"k: expected 0 <= k <= {n} (the lane's length), got {k}")
-        if skip and k != n:
-            raise ValueError(f"skip: only a reservation of the whole lane ({n} slots) skips slots, got k={k}")
-        start = self._reserve_waiting(k, <uint64_t*>cnp.PyArray_DATA(reserved), insert, deadline, lane, skip % n)
-        return start, reserved
+        return writes.reserve(self._table, k, deadline, insert, lane, skip)
 
     def publish(self, Py_ssize_t start, const uint64_t[::1] reserved not None, const double[::1] priorities=None,
                 const uint8_t[::1] states=None, Py_ssize_t lane=0, double deadline=INFINITY,
@@ -396,76 +108,14 @@ cdef class Ring:
         ``deadline`` the reservation is given up and undone (``Slots.disown``) -- nothing is
         stored -- and TimeoutError raised.
         """
-        cdef Py_ssize_t k = reserved.shape[0], nc = 0 if complete is None else complete.shape[0], lost
-        cdef Py_ssize_t ns = 0
-        cdef const double* prio = NULL
-        cdef const uint8_t* st = NULL
-        cdef const double* cprio = NULL
-        cdef const int64_t[::1] open_slots
-        cdef const uint64_t[::1] open_generations
-        cdef const int64_t[::1] open_steps
-        cdef const double[::1] open_priorities
-        cdef bint wake
-        if priorities is not None:
-            if priorities.shape[0] != k:
-                raise ValueError("priorities: expected one per reserved slot")
-            prio = &priorities[0] if k else NULL
-        if states is not None:
-            if states.shape[0] != k:
-                raise ValueError("states: expected one per reserved slot")
-            st = &states[0] if k else NULL
-        if nc:
-            if complete_generations is None or complete_generations.shape[0] != nc:
-                raise ValueError("complete_generations: expected one per slot to complete")
-            if complete_priorities is not None:
-                if complete_priorities.shape[0] != nc:
-                    raise ValueError("complete_priorities: expected one per slot to complete")
-                cprio = &complete_priorities[0]
-        if sequences is not None:
-            open_slots, open_generations, open_steps, open_priorities = sequences
-            ns = self._check_sequences(open_slots, open_generations, open_steps, open_priorities)
-        if k == 0 and nc == 0 and ns == 0:
-            return 0
-        try:
-            self._gate.acquire(deadline)
-        except BaseException:
-            if k:
-                self._slots.disown(lane, start, k, &reserved[0])
-            raise
-        try:
-            self._slots.note_writer()
-            lost = self._slots.publish(lane, start, k, &reserved[0], prio, st) if k else 0
-            if nc:
-                self._slots.complete(&complete[0], &complete_generations[0], cprio, nc)
-            if ns:
-                self._slots.open_sequences(&open_slots[0], &open_generations[0], &open_steps[0],
-                                           &open_priorities[0], ns)
-            wake = self._gate.progress()
-        finally:
-            self._gate.release()
-        if wake:
-            self._gate.wake()
-        return lost
-
-    cdef Py_ssize_t _check_sequences(self, const int64_t[::1] slots, const uint64_t[::1] generations,
-                                     const int64_t[::1] steps, const double[::1] priorities) except -1:
-        # How many sequences publish() is asked to open, once their description is checked.
-        cdef Py_ssize_t n = slots.shape[0], j
-        if self._sequences is None:
-            raise ValueError("sequences: this table stores transitions, not sequences")
-        if generations.shape[0] != n or steps.shape[0] != n or priorities.shape[0] != n:
-            raise ValueError("sequences: expected one generation, step count and priority per slot")
-        for j in range(n):
-            if not (0 <= slots[j] < self.size and 1 <= steps[j] <= self._length):
-                raise ValueError(f"sequences: expected a slot in [0, {self.size}) and 1 to {self._length} "
-                                 f"steps, got {slots[j]} and {steps[j]} at position {j}")
-        return n
+        return writes.publish(self._table, start, reserved, priorities, states, lane, deadline, complete,
+                              complete_generations, complete_priorities, sequences)
 
     def abandon(self, Py_ssize_t start, const uint64_t[::1] reserved not None, Py_ssize_t lane=0):
         """Give up an insert reserved by :meth:`reserve`, as :meth:`publish` does at a timeout
         (``Slots.disown``): the slots stay unsampleable, free for the next writer."""
         if reserved.shape[0]:
-            self._slots.disown(lane, start, reserved.shape[0], &reserved[0])
+            self._table.slots.disown(lane, start, reserved.shape[0], &reserved[0])
 
     def claim_lane(self, double deadline=INFINITY):
         """Take a lane for one writer: a free one, or one whose writer process died.
@@ -474,34 +124,12 @@ cdef class Ring:
         until every lane has been used.  A lane this process already holds is not
         free: each writer object of a process (one per stream of episodes) fills a
         lane of its own."""
-        cdef Py_ssize_t l, free = -1
-        cdef int64_t token
-        self._gate.acquire(deadline)
-        try:
-            for l in range(self._slots.lanes.shape[0]):
-                token = self._slots.lanes[l, LANE_OWNER]
-                if token == 0 or not token_alive(token):
-                    if self._slots.gen[self._slots.lanes[l, LANE_START]] == 0:
-                        free = l
-                        break
-                    if free < 0:
-                        free = l
-            if free >= 0:
-                self._slots.lanes[free, LANE_OWNER] = self._slots.token
-                return free
-        finally:
-            self._gate.release()
-        raise ValueError(f"every one of the buffer's {self._slots.lanes.shape[0]} lanes has a live writer: "
-                         "create the buffer with lanes= at least the number of writers (processes, "
-                         "and streams of episodes written from one process)")
+        return writes.claim_lane(self._table, deadline)
 
     def release_lane(self, Py_ssize_t lane):
         """Give this process's lane back (its rows stay).  Without the lock, so that
         close() never waits: only the owner clears its own claim."""
-        cdef int64_t mine = self._slots.token
-        if not 0 <= lane < self._slots.lanes.shape[0]:
-            raise ValueError(f"lane: expected 0 <= lane < {self._slots.lanes.shape[0]}, got {lane}")
-        _atomic_cas(&self._slots.lanes[lane, LANE_OWNER], &mine, 0)
+        writes.release_lane(self._table, lane)
 
     def clear(self):
         """Make every slot unsampleable and restart every lane at its start.
@@ -509,19 +137,7 @@ cdef class Ring:
         Every slot gets a new generation, so priority updates sampled before
         the clear are stale; slots other processes are writing are waited for.
         """
-        cdef cnp.ndarray reserved = np.empty(self.size, dtype=np.uint64)
-        cdef Py_ssize_t s, l
-        for l in range(self._slots.lanes.shape[0]):
-            self._reserve_waiting(self._slots.lanes[l, LANE_END] - self._slots.lanes[l, LANE_START],
-                                  <uint64_t*>cnp.PyArray_DATA(reserved), False, INFINITY, l)
-        self._gate.acquire()
-        try:
-            for s in range(self.size):
-                self._slots.owner[s] = 0
-            for l in range(self._slots.lanes.shape[0]):
-                self._slots.lanes[l, LANE_CURSOR] = self._slots.lanes[l, LANE_START]
-        finally:
-            self._gate.release()
+        writes.clear(self._table)
 
     def snapshot(self, bint priorities=False):
         """Every complete transition now, oldest first (lane by lane), taken under the lock.
@@ -530,7 +146,9 @@ cdef class Ring:
         once the rows were copied without the lock, which of them were overwritten
         meanwhile; ``raw`` holds the raw priorities when ``priorities`` (else None).
         """
-        cdef Py_ssize_t l, j, n, lo, cursor, s, count = 0, c, t, o, age, best
+        cdef Table t = self._table
+        cdef Slots slot_table = t.slots
+        cdef Py_ssize_t l, j, n, cursor, s, count = 0, c, f, o, age, best
         cdef int64_t reads[2 * MAX_STACK]
         cdef cnp.ndarray slots = np.empty(self.size, dtype=np.int64)
         cdef cnp.ndarray oldest = np.empty(self.size, dtype=np.int64)
@@ -538,44 +156,44 @@ cdef class Ring:
         cdef int64_t* sp = <int64_t*>cnp.PyArray_DATA(slots)
         cdef int64_t* op = <int64_t*>cnp.PyArray_DATA(oldest)
         cdef uint64_t* gp = <uint64_t*>cnp.PyArray_DATA(gens)
-        cdef bint compressed = self._frames is not None
-        self._gate.acquire()
+        cdef bint compressed = t.frames is not None
+        t.gate.acquire()
         try:
             with nogil:
-                for l in range(self._slots.lanes.shape[0]):
-                    lo = self._slots.lanes[l, LANE_START]
-                    n = self._slots.lanes[l, LANE_END] - lo
-                    cursor = self._slots.lanes[l, LANE_CURSOR]
+                for l in range(slot_table.nlanes()):
+                    n = slot_table.lane_length(l)
+                    cursor = slot_table.lane_cursor(l)
                     for j in range(n):
-                        s = lo + (cursor - lo + j) % n
-                        if self._slots.state[s] != COMPLETE or being_written(self._slots.gen[s]):
+                        s = slot_table.slot(l, cursor, j)
+                        if not slot_table.holds_row(s):
                             continue
                         # A lane is overwritten from its cursor on, oldest first: a
                         # row stays whole while the oldest slot it reads does.
                         o = s
                         if compressed:
-                            c = self._frames.read_set(s, reads)
+                            c = t.frames.read_set(s, reads)
                             best = n
-                            for t in range(c):
-                                age = ((reads[t] - cursor) % n + n) % n
+                            for f in range(c):
+                                age = ((reads[f] - cursor) % n + n) % n
                                 if age < best:
-                                    best, o = age, reads[t]
+                                    best, o = age, reads[f]
                         sp[count], op[count] = s, o
-                        gp[2 * count], gp[2 * count + 1] = self._slots.gen[s], self._slots.gen[o]
+                        gp[2 * count], gp[2 * count + 1] = slot_table.generation(s), slot_table.generation(o)
                         count += 1
             raw = None
             if priorities:
                 raw = np.empty(count)
                 for j in range(count):
-                    raw[j] = self._selector.priority(sp[j])
+                    raw[j] = t.selector.priority(sp[j])
         finally:
-            self._gate.release()
+            t.gate.release()
         return slots[:count], (oldest[:count], gens[:count]), raw
 
     def unchanged(self, const int64_t[::1] slots not None, tuple guards not None):
         """Which rows of a :meth:`snapshot` were not overwritten since (call after copying them)."""
         cdef const int64_t[::1] oldest = guards[0]
         cdef const uint64_t[:, ::1] gens = guards[1]
+        cdef Slots slot_table = self._table.slots
         cdef Py_ssize_t j, n = slots.shape[0]
         cdef cnp.ndarray keep = np.empty(n, dtype=np.bool_)
         cdef uint8_t* kp = <uint8_t*>cnp.PyArray_DATA(keep)
@@ -583,58 +201,8 @@ cdef class Ring:
             # The generations must be read after the rows were copied.
             _mpreplay_acquire_fence()
             for j in range(n):
-                kp[j] = self._slots.gen[slots[j]] == gens[j, 0] and self._slots.gen[oldest[j]] == gens[j, 1]
+                kp[j] = slot_table.generation(slots[j]) == gens[j, 0] and slot_table.generation(oldest[j]) == gens[j, 1]
         return keep
-
-    cdef bint _stage_value(self, Py_ssize_t i, object value) except -1:
-        """Convert ``value`` into field i's staging row; False = not a fast-path case."""
-        cdef cnp.ndarray arr
-        cdef Py_ssize_t d
-        cdef int overflow = 0
-        cdef long long x
-        cdef double x64
-        cdef Kind kind = self._kinds[i]
-        cdef Py_ssize_t nd = self._out_nd[i] - 1  # a row's dimensions (the one-row adds write transitions only)
-        cdef const cnp.npy_intp* dims = self._out_dims + i * MAX_OUTPUT_DIMS + 1
-        if cnp.PyArray_CheckExact(value):
-            arr = <cnp.ndarray>value
-            if not cnp.PyArray_ISCARRAY_RO(arr) or not cnp.PyArray_ISNOTSWAPPED(arr):
-                return False
-            if not (cnp.PyArray_NDIM(arr) == 0 and self._one[i]):  # a 0-d array fills a (1,) field
-                if cnp.PyArray_NDIM(arr) != nd:
-                    return False
-                for d in range(nd):
-                    if cnp.PyArray_DIM(arr, d) != dims[d]:
-                        return False
-            if cnp.PyArray_TYPE(arr) == self._typenums[i]:
-                # Copied straight from the caller's array once the slot is reserved.
-                self._src[i] = <const uint8_t*>cnp.PyArray_DATA(arr)
-                return True
-            if kind == K_F32 and cnp.PyArray_TYPE(arr) == cnp.NPY_DOUBLE:
-                # float64 observations into a float32 field: numpy's default dtype
-                # meeting the buffer's, the most common conversion of all.
-                self._src[i] = self._stage[i]
-                return _narrow_to_float(<const double*>cnp.PyArray_DATA(arr), <float*>self._stage[i],
-                                        cnp.PyArray_SIZE(arr))
-            return False
-        if not (self._one[i] or nd == 0):  # a number fills a field of one element
-            return False
-        self._src[i] = self._stage[i]
-        if PyFloat_CheckExact(value):
-            if kind == K_F32:
-                x64 = PyFloat_AS_DOUBLE(value)
-                return _narrow_to_float(&x64, <float*>self._stage[i], 1)
-            if kind == K_F64:
-                (<double*>self._stage[i])[0] = PyFloat_AS_DOUBLE(value)
-            else:
-                return False
-            return True
-        if value is True or value is False:
-            return _store_int(kind, 1 if value is True else 0, self._stage[i])
-        if PyLong_CheckExact(value):
-            x = PyLong_AsLongLongAndOverflow(value, &overflow)
-            return overflow == 0 and _store_int(kind, x, self._stage[i])
-        return False
 
     cpdef Py_ssize_t add_one(self, dict values, double priority=-1.0, object timeout=None) except -2:
         """Store one transition given as Python scalars and exact-dtype arrays.
@@ -643,53 +211,7 @@ cdef class Ring:
         (numpy) conversion path -- then nothing was changed.  A negative
         ``priority`` means "the stored maximum".
         """
-        cdef Py_ssize_t i, slot
-        cdef PyObject* item
-        cdef uint64_t reserved
-        cdef bint wake
-        cdef double deadline
-        if values is None:
-            raise TypeError("values: expected a dict of the fields, got None")
-        if self._frames is not None or self._sequences is not None or PyDict_Size(values) != self._nfields:
-            return -1
-        for i in range(self._nfields):
-            item = PyDict_GetItem(values, self._names[i])
-            if item == NULL or not self._stage_value(i, <object>item):
-                return -1
-        deadline = deadline_of(timeout)
-        slot = self._reserve_waiting(1, &reserved, True, deadline, 0)
-        for i in range(self._nfields):
-            memcpy(self._dst[i] + slot * self._pitch[i], self._src[i], self._rowbytes[i])
-        try:
-            self._gate.acquire(deadline)
-        except BaseException:
-            self._slots.disown(0, slot, 1, &reserved)
-            raise
-        try:
-            self._slots.note_writer()
-            self._slots.publish(0, slot, 1, &reserved, &priority if priority >= 0.0 else NULL, NULL)
-            wake = self._gate.progress()
-        finally:
-            self._gate.release()
-        if wake:
-            self._gate.wake()
-        return slot
-
-    cdef int _flag_set(self, Py_ssize_t i) except -2:
-        # Whether field i's staged value is nonzero (it ends an episode); -1: a kind not judged here.
-        cdef Kind kind = self._kinds[i]
-        cdef const uint8_t* v = self._src[i]
-        cdef Py_ssize_t b
-        if kind == K_F32:
-            return (<const float*>v)[0] != 0.0
-        if kind == K_F64:
-            return (<const double*>v)[0] != 0.0
-        if kind == K_OTHER:
-            return -1
-        for b in range(self._rowbytes[i]):
-            if v[b]:
-                return 1
-        return 0
+        return writes.add_one(self._table, self._handle, values, priority, timeout)
 
     def add_step(self, dict values not None, double priority, timeout, Episode episode not None):
         """Store one step of a compressed writer's episode, given as Python scalars and
@@ -701,352 +223,9 @@ cdef class Ring:
         or next observation cannot be rebuilt bit for bit (see ext/frame_plan.pyx).
         A negative ``priority`` means "the stored maximum".
         """
-        cdef Py_ssize_t i, j, lane = episode.lane, lo, hi, start, row_slot, done
-        cdef int flag
-        cdef uint8_t flagged = 0
-        cdef uint64_t reserved[2]
-        cdef int64_t slots[2]
-        cdef uint8_t states[2]
-        cdef double item_priority[2]
-        cdef const double* row_priority = &priority if priority >= 0.0 else NULL
-        cdef PyObject* item
-        cdef FramePlan plan
-        cdef bint wake
-        cdef double deadline
-        if self._sequences is not None or lane < 0 or PyDict_Size(values) != self._nfields + episode.observations:
-            return -1
-        for i in range(self._nfields):
-            item = PyDict_GetItem(values, self._names[i])
-            if item == NULL or not self._stage_value(i, <object>item):
-                return -1
-        if not episode.take_step(values):
-            return -1
-        for name in episode.flags:
-            flag = self._flag_set(self._names.index(name))
-            if flag < 0:
-                return -1
-            flagged |= flag
-        # Every check runs here, before anything is written.
-        plan = episode.plan_step(&flagged, values)
-        deadline = deadline_of(timeout)
-        lo, hi = self._slots.lanes[lane, LANE_START], self._slots.lanes[lane, LANE_END]
-        start = self._reserve_waiting(plan.items, reserved, True, deadline, lane)
-        for j in range(plan.items):
-            slots[j] = lo + (start - lo + j) % (hi - lo)
-        row_slot = slots[plan.item_of(0)]
-        with nogil:
-            episode.copy_frames(plan, slots)
-            for i in range(self._nfields):
-                memcpy(self._dst[i] + row_slot * self._pitch[i], self._src[i], self._rowbytes[i])
-            done = episode.settle(plan, slots, row_priority, states, item_priority)
-        try:
-            self._gate.acquire(deadline)
-        except BaseException:
-            self._slots.disown(lane, start, plan.items, reserved)
-            raise
-        try:
-            self._slots.note_writer()
-            # A slot lost to a writer that took it over stays unsampleable, as in publish().
-            self._slots.publish(lane, start, plan.items, reserved, item_priority if row_priority != NULL else NULL,
-                                states)
-            if done:
-                # Rows published WAITING by earlier calls complete with this publication.
-                self._slots.complete(episode.done_slots, episode.done_generations, episode.done_priorities, done)
-            wake = self._gate.progress()
-        finally:
-            self._gate.release()
-        if wake:
-            self._gate.wake()
-        episode.advance_past(plan, slots, reserved, row_priority)
-        return row_slot
+        return writes.add_step(self._table, self._handle, values, priority, timeout, episode)
 
-    # -- readers ----------------------------------------------------------------
-    cdef double _draw(self, int64_t* slots, double* values, uint64_t* gens, Py_ssize_t k,
-                      Py_ssize_t nstrata) noexcept nogil:
-        # Lock held.  Draw j lands in stratum j of nstrata (nstrata == 1:
-        # plain draws over the whole mass); `values` gets the drawn weights.
-        # Returns the smallest weight, or NaN once nothing is sampleable.
-        cdef Py_ssize_t j, i
-        if not self._selector.total() > 0.0:
-            return NAN
-        self._selector.draw(slots, values, k, nstrata, self._bitgen)
-        fault(F_DRAW)
-        if self._nrow_lines:
-            # The drawn slots are known now: ask for everything the checks below and the copies
-            # after the lock read of them at once, so their cache misses overlap instead of
-            # each stalling in turn -- what the checks read first.  A line is asked for once:
-            # the misses in flight are few (a dozen or two a core), and a prefetch waits for a
-            # free one even when its line is already on its way (the PER loop at 1e6, against
-            # a prefetch per field and a slot's lines together: 2.52 -> 2.48 times the floor).
-            for j in range(k):
-                __builtin_prefetch(&self._slots.gen[slots[j]])
-                __builtin_prefetch(&self._slots.state[slots[j]])
-            for j in range(k):
-                for i in range(self._nrow_lines):
-                    __builtin_prefetch(self._dst[self._row_lines[i]] + slots[j] * self._pitch[self._row_lines[i]])
-                if self._record != NULL:
-                    __builtin_prefetch(&self._record[slots[j]])
-        for j in range(k):
-            while (being_written(self._slots.gen[slots[j]]) or self._slots.state[slots[j]] != COMPLETE
-                   or (self._sequences is not None and self._sequences.steps(slots[j]) == 0)):
-                # A sampleable slot that is being written or holds no complete
-                # transition: a writer died inside its reservation.  Nobody can
-                # vouch for the row: retire it and draw again.
-                self._slots.retire(slots[j])
-                self._selector.fix(slots[j])
-                if not self._selector.total() > 0.0:
-                    return NAN
-                slots[j] = self._selector.draw_one(self._bitgen)
-            values[j] = self._selector.weight(slots[j])
-            gens[j] = self._slots.gen[slots[j]]
-            if self._slots.max_times:
-                self._slots.count_draw(slots[j])  # a later draw of the batch that finds it retired draws again
-        return self._selector.smallest()
-
-    cdef void _gather(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
-        # Copy rows (all k, or only rows[0..k) of the batch) without the lock.  Values of
-        # 4, 8 and 16 bytes (scalars, small vectors: the common fields) are copied
-        # with a constant size, which compiles to plain loads and stores.
-        cdef Py_ssize_t i, j, r, rb, pitch
-        cdef const uint8_t* src
-        cdef uint8_t* dst
-        for i in range(self._nfields):
-            rb, pitch, src, dst = self._rowbytes[i], self._pitch[i], self._dst[i], d.dst[i]
-            for j in range(k):
-                r = rows[j] if rows != NULL else j
-                if rb == 4:
-                    memcpy(dst + r * 4, src + d.sp[r] * pitch, 4)
-                elif rb == 8:
-                    memcpy(dst + r * 8, src + d.sp[r] * pitch, 8)
-                elif rb == 16:
-                    memcpy(dst + r * 16, src + d.sp[r] * pitch, 16)
-                else:
-                    memcpy(dst + r * rb, src + d.sp[r] * pitch, rb)
-
-    cdef Py_ssize_t _note_reads(self, Py_ssize_t s, int64_t* slots, uint64_t* gens) noexcept nogil:
-        # Lock held: the frames row s reads and their generations now.
-        cdef Py_ssize_t j, c = self._frames.read_set(s, slots)
-        for j in range(c):
-            gens[j] = self._slots.gen[slots[j]]
-        return c
-
-    cdef void _gather_frames(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
-        # Rebuild the compressed observations of rows (all k, or rows[0..k)) without the lock.
-        # Row by row, every output of the row together: obs and next_obs share all frames but
-        # one, so the second rebuild reads them from cache instead of memory.
-        cdef Py_ssize_t o, p, j, r, u, nf = self._nfields, n = self._nout - self._nfields
-        for j in range(k):
-            r = rows[j] if rows != NULL else j
-            for o in range(n):
-                p = self._frame_partner[o]
-                if p >= 0:  # a stack and the next one, in one pass over their frames
-                    self._frames.rebuild_pair(self._frame_keys[o], d.sp[r], d.dst[nf + o] + r * self._out_step_bytes[nf + o],
-                                              d.dst[nf + p] + r * self._out_step_bytes[nf + p])
-                elif p == -1:
-                    u = self._frames._nxt[d.sp[r]] if self._frame_next[o] else d.sp[r]
-                    self._frames.rebuild(self._frame_keys[o], u, d.dst[nf + o] + r * self._out_step_bytes[nf + o])
-
-    cdef dict _take_spare(self, Py_ssize_t b, bint weights, int index_type, int weight_type):
-        # An earlier fresh batch of b rows (with `weights`, weights too; of those numpy types)
-        # that nobody but this table holds any more -- neither the dict nor any array in it --
-        # and that still maps each key to the array it was handed out with: filling it
-        # again is invisible to everyone and spares every allocation and dict insert.
-        # Taken out of _spares with the GIL held throughout, so two threads never take the same.
-        cdef Py_ssize_t k, i, pos, n = self._nout + 1 + weights
-        cdef cnp.npy_intp dims[MAX_OUTPUT_DIMS]
-        cdef PyObject* batch
-        cdef PyObject* key
-        cdef PyObject* arr
-        for k in range(SPARE_BATCHES):
-            batch = PyList_GET_ITEM(self._spares, k)
-            if <object>batch is None or Py_REFCNT(<object>batch) != 1 or PyDict_Size(<object>batch) != n:
-                continue
-            pos = 0
-            for i in range(n):
-                PyDict_Next(<object>batch, &pos, &key, &arr)
-                if (key != PyTuple_GET_ITEM(self._weighted_keys, i) or Py_REFCNT(<object>arr) != 1
-                        or not cnp.PyArray_Check(<object>arr)):
-                    break
-                if cnp.PyArray_BASE(<cnp.ndarray>arr) != NULL:
-                    break  # a view the caller put in: its memory may be seen elsewhere
-                if i < self._nout:
-                    memcpy(dims, self._out_dims + i * MAX_OUTPUT_DIMS, self._out_nd[i] * sizeof(cnp.npy_intp))
-                    dims[0] = b
-                    if not self._fits(<object>arr, i, self._out_nd[i], dims):
-                        break
-                elif not (_is_vector(<object>arr, index_type if i == self._nout else weight_type)
-                          and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>arr) and cnp.PyArray_DIM(<cnp.ndarray>arr, 0) == b):
-                    break
-            else:
-                result = <dict>batch
-                self._spares[k] = None
-                return result
-        return None
-
-    cdef int _keep_spare(self, dict batch) except -1:
-        # Keep a fresh batch for _take_spare: in a free place, else instead of the oldest.
-        cdef Py_ssize_t k
-        for k in range(SPARE_BATCHES):
-            if self._spares[k] is None:
-                self._spares[k] = batch
-                return 0
-        self._spares.pop(0)
-        self._spares.append(batch)
-        return 0
-
-    cdef int _outputs(self, Py_ssize_t b, dict out, dict result, bint spare, uint8_t** dst) except -1:
-        # Put the arrays a batch of b rows is copied into in `result` (fresh ones, or the caller's
-        # from `out`, checked) and where each one's rows go in `dst`; a `spare` result has them.
-        cdef Py_ssize_t i, nd, pos = 0
-        cdef cnp.npy_intp dims[MAX_OUTPUT_DIMS]
-        cdef PyObject* given
-        cdef PyObject* key
-        for i in range(self._nout):
-            if spare:
-                PyDict_Next(result, &pos, &key, &given)
-                dst[i] = <uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>given)
-                continue
-            name = self._out_names[i]
-            nd = self._out_nd[i]
-            memcpy(dims, self._out_dims + i * MAX_OUTPUT_DIMS, nd * sizeof(cnp.npy_intp))
-            dims[0] = b
-            given = NULL if out is None else PyDict_GetItem(out, name)
-            if given == NULL:
-                arr = cnp.PyArray_EMPTY(nd, dims, self._out_typenums[i], 0)
-            elif self._fits(<object>given, i, nd, dims):
-                arr = <object>given
-            else:
-                arr = _checked_out(<object>given, name, tuple([dims[j] for j in range(nd)]), self._out_dtypes[i])
-            result[name] = arr
-            dst[i] = <uint8_t*>cnp.PyArray_DATA(arr)
-        return 0
-
-    cdef bint _fits(self, object arr, Py_ssize_t i, Py_ssize_t nd, const cnp.npy_intp* dims):
-        # Whether `arr` can take output i as it is: the quick yes of _checked_out.
-        cdef Py_ssize_t j
-        cdef cnp.ndarray a
-        if not cnp.PyArray_Check(arr):
-            return False
-        a = <cnp.ndarray>arr
-        if not (cnp.PyArray_NDIM(a) == nd and cnp.PyArray_ISCARRAY(a)
-                and (a.descr is self._out_dtypes[i] or cnp.PyArray_EquivTypes(a.descr, self._out_dtypes[i]))):
-            return False
-        for j in range(nd):
-            if cnp.PyArray_DIM(a, j) != dims[j]:
-                return False
-        return True
-
-    cdef double _draw_batch(self, Draws* d, bint stratified, double deadline) except? -1.0:
-        # Under the lock, once the rate limiter lets the sample through: draw
-        # every row, note what each reads.  Returns the smallest weight.
-        cdef Py_ssize_t j
-        cdef double vmin
-        cdef bint wake
-        self._gate.acquire(deadline)
-        try:
-            while not (self._selector.total() > 0.0 and self._gate.can_sample(d.b)
-                       and (self._slots.max_times == 0 or self._header[STORED] >= d.b)):
-                if not self._gate.limited():
-                    if self._selector.total() > 0.0 and self._gate.can_sample(d.b):
-                        raise ValueError(f"sample: {d.b} rows asked of a buffer whose rows retire after "
-                                         f"max_times_sampled draws, {self._header[STORED]} drawable")
-                    raise ValueError("sample: the buffer holds no transition yet")
-                self._gate.block(deadline, "sample: the rate limiter holds samples back until more is inserted")
-            with nogil:  # the descent waits on cache misses: let the caller's other threads run
-                vmin = self._draw(d.sp, d.vp, d.gp, d.b, d.b if stratified else 1)
-                if vmin == vmin and (d.R or self._sequences is not None):
-                    for j in range(d.b):
-                        self._note_row(d, j)
-            if vmin != vmin:
-                raise ValueError("sample: the buffer holds no transition yet")
-            self._header[SAMPLES] += d.b
-            wake = self._gate.progress()
-        finally:
-            self._gate.release()
-        if wake:
-            self._gate.wake()
-        return vmin
-
-    cdef void _note_row(self, Draws* d, Py_ssize_t j) noexcept nogil:
-        # Lock held: the frames row j reads, with their generations now, and the
-        # steps of a sequence.  The frames a sequence's first step reads are the
-        # oldest it reads: guarding them guards every step (see ext/sequences.pyx).
-        if d.R:
-            d.rcp[j] = self._note_reads(d.sp[j], d.rsp + j * d.R, d.rgp + j * d.R)
-        if self._sequences is not None:
-            d.stp[j] = self._sequences.steps(d.sp[j])
-
-    cdef Py_ssize_t _find_torn(self, Draws* d) noexcept nogil:
-        # After copying: the rows whose slot (or a frame they read) was rewritten
-        # meanwhile go to d.tp; returns how many.
-        cdef Py_ssize_t j, t, ntorn = 0
-        cdef bint bad
-        _mpreplay_acquire_fence()  # the generations must be read after the rows were copied
-        for j in range(d.b):
-            bad = self._slots.gen[d.sp[j]] != d.gp[j]
-            for t in range(d.rcp[j] if d.R else 0):
-                bad = bad or self._slots.gen[d.rsp[j * d.R + t]] != d.rgp[j * d.R + t]
-            if bad:
-                d.tp[ntorn] = j
-                ntorn += 1
-        return ntorn
-
-    cdef double _redraw(self, Draws* d, Py_ssize_t ntorn, double deadline, bint locked) except? -1.0:
-        # Draw the torn rows again; with `locked`, also copy them under the lock.
-        # Returns the smallest weight now.
-        cdef Py_ssize_t j
-        cdef int64_t s1
-        cdef double v1, vmin
-        cdef uint64_t g1
-        self._gate.acquire(deadline)
-        try:
-            self._header[TORN] += ntorn
-            for j in range(ntorn):
-                vmin = self._draw(&s1, &v1, &g1, 1, 1)
-                if vmin != vmin:
-                    raise ValueError("sample: the buffer holds no transition any more")
-                d.sp[d.tp[j]], d.vp[d.tp[j]], d.gp[d.tp[j]] = s1, v1, g1
-                self._note_row(d, d.tp[j])
-            if locked:
-                self._copy_rows(d, ntorn, d.tp)
-        finally:
-            self._gate.release()
-        return vmin
-
-    cdef void _copy_rows(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
-        if self._sequences is not None:
-            self._gather_sequences(d, k, rows)
-            return
-        self._gather(d, k, rows)
-        if self._frames is not None:
-            self._gather_frames(d, k, rows)
-
-    cdef void _gather_sequences(self, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
-        # Copy the steps of sequences (all k, or rows[0..k)) without the lock, step
-        # by step every output together; padding steps become zeros, the mask says so.
-        cdef Py_ssize_t L = self._length, nf = self._nfields, no = self._nout - self._nfields - 1
-        cdef Py_ssize_t i, o, j, r, t, n, u, at, rb
-        cdef Py_ssize_t n_out = nf + no
-        cdef uint8_t* mask = d.dst[n_out]
-        for j in range(k):
-            r = rows[j] if rows != NULL else j
-            n = d.stp[r]
-            self._sequences.window(d.sp[r], n, d.window)
-            for t in range(L):
-                at = r * L + t
-                mask[at] = t < n
-                if t >= n:
-                    for i in range(n_out):
-                        memset(d.dst[i] + at * self._out_step_bytes[i], 0, self._out_step_bytes[i])
-                    continue
-                u = d.window[t]
-                for i in range(nf):
-                    rb = self._out_step_bytes[i]
-                    memcpy(d.dst[i] + at * rb, self._dst[i] + u * self._pitch[i], rb)
-                for o in range(no):
-                    self._frames.rebuild(self._frame_keys[o], self._frames._nxt[u] if self._frame_next[o] else u,
-                                         d.dst[nf + o] + at * self._out_step_bytes[nf + o])
-
+    # -- readers (ext/draws.pyx) -------------------------------------------------
     cpdef dict sample(self, Py_ssize_t batch_size, bint stratified, double beta=-1.0, object timeout=None, dict out=None,
                       bint leaves=False, bint float32_weights=False, bint uint64_indexes=False):
         """Draw ``batch_size`` rows.
@@ -1061,125 +240,22 @@ cdef class Ring:
         the indexes as uint64 (cpprb's types).  Waits at most ``timeout`` seconds
         (None: no limit) while the rate limiter holds samples back, then raises TimeoutError.
         """
-        cdef Py_ssize_t b = batch_size, j, ntorn, rounds = 0
-        cdef double vmin, deadline = deadline_of(timeout)
-        cdef float* w32
-        cdef int64_t* tp
-        cdef cnp.npy_intp nb = batch_size
-        cdef Draws d
-        cdef void* block
-        cdef uint64_t local[DRAWS_ON_STACK]
-        if b < 1:
-            raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size}")
-        cdef cnp.ndarray indexes, values = None, weights = None
-        cdef int index_type = cnp.NPY_UINT64 if uint64_indexes else cnp.NPY_INT64
-        cdef int weight_type = cnp.NPY_FLOAT32 if float32_weights else cnp.NPY_FLOAT64
-        # Small fresh batches of the common kinds are reused once their caller let go of them.
-        cdef bint reuse = out is None and not leaves and b * self._batch_row_bytes <= SPARE_MAX_BYTES
-        cdef dict result = self._take_spare(b, beta >= 0.0, index_type, weight_type) if reuse else None
-        cdef bint spare = result is not None
-        if spare:
-            indexes = result["indexes"]
-            if beta >= 0.0:
-                weights = result["weights"]
-        else:
-            result = (<dict>self._result_keys[2 if leaves else 1 if beta >= 0.0 else 0]).copy()
-            indexes = cnp.PyArray_EMPTY(1, &nb, index_type, 0)
-            if leaves:
-                values = cnp.PyArray_EMPTY(1, &nb, cnp.NPY_FLOAT64, 0)
-            elif beta >= 0.0:
-                weights = cnp.PyArray_EMPTY(1, &nb, weight_type, 0)
-        if weights is not None and not float32_weights:
-            values = weights  # drawn leaf weights become importance weights in place
-        block = _draws_block(&d, b, 2 * self._frames.max_stack if self._frames is not None else 0, self._length,
-                             self._nout, <int64_t*>cnp.PyArray_DATA(indexes),
-                             NULL if values is None else <double*>cnp.PyArray_DATA(values), local)
-        try:
-            self._outputs(b, out, result, spare, d.dst)  # a bad `out` raises before anything is drawn
-            self._gate.check_sample(b)
-            vmin = self._draw_batch(&d, stratified, deadline)
-            with nogil:
-                self._copy_rows(&d, b, NULL)
-                ntorn = self._find_torn(&d)
-            while ntorn:
-                rounds += 1
-                # After a few unlucky rounds (a small ring lapped while this process
-                # was descheduled), copy the redrawn rows under the lock: nobody can
-                # reserve a published slot meanwhile, so they cannot tear.
-                vmin = self._redraw(&d, ntorn, deadline, rounds > LOCKED_REDRAW_AFTER)
-                if rounds > LOCKED_REDRAW_AFTER:
-                    break
-                with nogil:
-                    self._copy_rows(&d, ntorn, d.tp)
-                    ntorn = self._find_torn(&d)
-            if self._record == NULL:
-                self._sampled = np.full(self.size, NOT_SAMPLED, dtype=np.uint64)
-                self._record = <uint64_t*>cnp.PyArray_DATA(<cnp.ndarray>self._sampled)
-            for j in range(b):
-                self._record[d.sp[j]] = d.gp[j]
-            if not spare:
-                result["indexes"] = indexes
-            if leaves:
-                result["leaf"] = values
-                tags = cnp.PyArray_EMPTY(1, &nb, cnp.NPY_INT64, 0)
-                tp = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>tags)
-                for j in range(b):
-                    tp[j] = <int64_t>(d.gp[j] >> 1)
-                result["tags"] = tags
-            elif beta >= 0.0:
-                importance_weights(vmin, d.vp, b, beta)
-                if float32_weights:
-                    w32 = <float*>cnp.PyArray_DATA(weights)
-                    for j in range(b):
-                        w32[j] = <float>d.vp[j]
-                if not spare:
-                    result["weights"] = weights
-        finally:
-            if block != <void*>local:
-                free(block)
-        if reuse:
-            self._keep_spare(result)
-        return result
+        return draws.sample(self._table, self._handle, batch_size, stratified, beta, timeout, out, leaves,
+                            float32_weights, uint64_indexes)
 
     @property
     def max_priority(self):
         """The largest priority :meth:`check_priorities` and :meth:`update` accept."""
-        return self._selector.max_priority
-
-    cdef Py_ssize_t _bad_priority(self, const double* priorities, Py_ssize_t n) noexcept nogil:
-        # The first position whose priority is not finite, >= 0 and at most max_priority, or -1.
-        cdef Py_ssize_t j
-        for j in range(n):
-            if not (priorities[j] >= 0.0 and priorities[j] <= self._selector.max_priority):
-                return j
-        return -1
-
-    cdef int _raise_bad_priority(self, const double* priorities, Py_ssize_t bad) except -1:
-        raise ValueError(f"priorities: expected finite values in [0, {self._selector.max_priority:.3g}], "
-                         f"got {priorities[bad]!r} at position {bad}")
+        return self._table.selector.max_priority
 
     def check_priorities(self, const double[::1] priorities not None):
         """Raise ValueError unless every priority is finite, >= 0 and small
         enough that no sum of leaf weights can overflow."""
-        cdef Py_ssize_t bad = -1
-        if priorities.shape[0]:
-            with nogil:
-                bad = self._bad_priority(&priorities[0], priorities.shape[0])
-        if bad >= 0:
-            self._raise_bad_priority(&priorities[0], bad)
+        draws.check_priorities(self._table, priorities)
 
     def tags(self, const int64_t[::1] slots not None):
         """The slot tags of ``slots`` now (see :meth:`sample`), -1 where a writer holds the slot."""
-        cdef Py_ssize_t j, n = slots.shape[0]
-        cdef cnp.ndarray out = np.empty(n, dtype=np.int64)
-        cdef int64_t* op = <int64_t*>cnp.PyArray_DATA(out)
-        cdef uint64_t g
-        for j in range(n):
-            if not 0 <= slots[j] < self.size:
-                raise ValueError(f"indexes: expected slots in [0, {self.size}), got {slots[j]} at position {j}")
-            g = self._slots.gen[slots[j]]
-            op[j] = -1 if being_written(g) else <int64_t>(g >> 1)
-        return out
+        return draws.tags(self._table, slots)
 
     cpdef Py_ssize_t update(self, object slots, object priorities) except -2:
         """Set priorities of sampled slots; returns how many updates were dropped as stale.
@@ -1191,54 +267,4 @@ cdef class Ring:
         range or a bad priority.  An update whose slot was overwritten since
         this process sampled it, or is being written now, is dropped.
         """
-        cdef Py_ssize_t k, j, s, m = 0, stale = 0, bad_slot = -1, bad_priority = -1
-        cdef uint64_t g, rec
-        cdef int64_t live_slots[UPDATE_CHUNK]
-        cdef double live_priorities[UPDATE_CHUNK]
-        cdef const int64_t* sp
-        cdef const double* pp
-        if not ((_is_vector(slots, cnp.NPY_INT64) or _is_vector(slots, cnp.NPY_UINT64))
-                and _is_vector(priorities, cnp.NPY_FLOAT64)
-                and cnp.PyArray_DIM(<cnp.ndarray>slots, 0) == cnp.PyArray_DIM(<cnp.ndarray>priorities, 0)):
-            return -1
-        k = cnp.PyArray_DIM(<cnp.ndarray>slots, 0)
-        sp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>slots)
-        pp = <const double*>cnp.PyArray_DATA(<cnp.ndarray>priorities)
-        self._gate.acquire()
-        try:
-            with nogil:
-                # Checked under the lock, in the one pass before the first change (a uint64
-                # slot of 2**63 or more reads as negative here, and is refused).
-                for j in range(k):
-                    if not (0 <= sp[j] < self.size and self._slots.gen[sp[j]] != 0):
-                        bad_slot = j
-                        break
-                bad_priority = self._bad_priority(pp, k)
-                if bad_slot < 0 and bad_priority < 0:
-                    self._selector.prefetch(sp, k)
-                    # The live updates go to the selector in chunks, which it weighs as a batch.
-                    for j in range(k):
-                        s = sp[j]
-                        g = self._slots.gen[s]
-                        rec = self._record[s] if self._record != NULL else NOT_SAMPLED
-                        if (self._slots.state[s] == COMPLETE and (rec == NOT_SAMPLED or rec == g)
-                                and (self._sequences is None or self._sequences.steps(s) > 0)):
-                            live_slots[m], live_priorities[m] = s, pp[j]
-                            m += 1
-                        else:
-                            stale += 1
-                        if m == UPDATE_CHUNK or (j == k - 1 and m):
-                            self._selector.update_items(live_slots, live_priorities, m)
-                            m = 0
-                            fault(F_UPDATE)
-                    if k:
-                        self._selector.fix_each(sp, k)
-                    self._header[STALE] += stale
-        finally:
-            self._gate.release()
-        if bad_slot >= 0:
-            raise ValueError(f"indexes: expected slots that hold transitions (0 <= slot < {self.size}, "
-                             f"written at least once), got {slots[bad_slot]} at position {bad_slot}")
-        if bad_priority >= 0:
-            self._raise_bad_priority(pp, bad_priority)
-        return stale
+        return draws.update(self._table, self._handle, slots, priorities)

@@ -1,9 +1,14 @@
 # The slot table (ext/slots.pyx): what the table kernel calls with the lock held.
+cimport cython
 from libc.stdint cimport int64_t, uint64_t, uint8_t
 
 from mpreplay._ext.frames cimport Frames
+from mpreplay._ext.schema cimport COMPLETE, LANE_CURSOR, LANE_END, LANE_START, being_written
 from mpreplay._ext.selector cimport Selector
 from mpreplay._ext.sequences cimport Sequences
+
+cdef extern from *:
+    void __builtin_prefetch(const void* addr) noexcept nogil
 
 # Fault injection sites for the crash tests (arm_fault).
 cdef enum:
@@ -29,9 +34,48 @@ cdef class Slots:
     cdef readonly int64_t max_times    # draws after which an item retires; 0: never
     cdef object _times_keep
 
+    # What the table reads of the slots and lanes, by name (inline: no call where it read an array;
+    # the arrays are bound at construction, so no check that they are).
+    @cython.initializedcheck(False)
+    cdef inline Py_ssize_t nlanes(self) noexcept nogil:
+        return self.lanes.shape[0]
+
+    @cython.initializedcheck(False)
+    cdef inline Py_ssize_t lane_length(self, Py_ssize_t lane) noexcept nogil:
+        return self.lanes[lane, LANE_END] - self.lanes[lane, LANE_START]
+
+    @cython.initializedcheck(False)
+    cdef inline Py_ssize_t lane_cursor(self, Py_ssize_t lane) noexcept nogil:
+        # The lane's next slot to write: its oldest row.
+        return self.lanes[lane, LANE_CURSOR]
+
+    @cython.initializedcheck(False)
+    cdef inline uint64_t generation(self, Py_ssize_t s) noexcept nogil:
+        return self.gen[s]
+
+    @cython.initializedcheck(False)
+    cdef inline uint8_t state_of(self, Py_ssize_t s) noexcept nogil:
+        return self.state[s]
+
+    @cython.initializedcheck(False)
+    cdef inline bint holds_row(self, Py_ssize_t s) noexcept nogil:
+        # A complete transition (or step), published: nobody writes it now.
+        return self.state[s] == COMPLETE and not being_written(self.gen[s])
+
+    @cython.initializedcheck(False)
+    cdef inline void prefetch(self, Py_ssize_t s) noexcept nogil:
+        # Ask for the lines holds_row reads of slot s.
+        __builtin_prefetch(&self.gen[s])
+        __builtin_prefetch(&self.state[s])
+
     cdef Py_ssize_t slot(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t j) noexcept nogil
     cdef void fix_run(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k) noexcept nogil
     cdef int64_t busy_owner(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil
+    cdef void take_over(self, int64_t dead, Py_ssize_t k, Py_ssize_t lane) noexcept nogil
+    cdef void skip(self, Py_ssize_t lane, Py_ssize_t n) noexcept nogil
+    cdef Py_ssize_t claim_lane(self) except -2
+    cdef void release_lane(self, Py_ssize_t lane) noexcept nogil
+    cdef void restart_lanes(self) noexcept nogil
     cdef void retire(self, Py_ssize_t s) noexcept nogil
     cdef void count_draw(self, Py_ssize_t s) noexcept nogil
     cdef void retire_readers(self, Py_ssize_t lane, Py_ssize_t s) noexcept nogil

@@ -4,7 +4,7 @@
 Every slot has a generation (even: published, odd: being written), an owner
 (the token of the writer holding its reservation) and a state (EMPTY,
 COMPLETE, WAITING); slots form lanes, rings a writer fills in order.  The
-table (ext/ring.pyx) takes the lock through its gate and calls these steps;
+table (ext/writes.pyx, ext/draws.pyx) takes the lock through its gate and calls these steps;
 they keep the stored count and the selector's weights in step with the slot
 states, and :func:`recover` makes them agree again after a holder died.  See
 docs/architecture.md, "Concurrency protocol" and "Crash handling".
@@ -12,7 +12,7 @@ docs/architecture.md, "Concurrency protocol" and "Crash handling".
 from mpreplay._ext.atomics cimport _atomic_add, _atomic_cas, _atomic_store
 from mpreplay._ext.processes cimport process_token, token_alive
 from mpreplay._ext.sequences cimport Sequences
-from mpreplay._ext.schema cimport (COMPLETE, EMPTY, INSERTS, LANE_CURSOR, LANE_END, LANE_START, MAX_WRITERS,
+from mpreplay._ext.schema cimport (COMPLETE, EMPTY, INSERTS, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, MAX_WRITERS,
                                    RESERVED, STORED, WAITING, WRITER_INSERTS, WRITER_TOKEN, being_written,
                                    next_reservation)
 
@@ -178,6 +178,53 @@ cdef class Slots:
             if being_written(self.gen[s]) and self.owner[s] != 0 and self.owner[s] != self.token:
                 return self.owner[s]
         return 0
+
+    cdef void take_over(self, int64_t dead, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
+        # Lock held, `dead` (a busy owner) judged dead: the reservations it holds among the
+        # next k slots of the lane are free for the next writer.  What else it held is taken
+        # over when a writer reaches it.
+        cdef Py_ssize_t cursor = self.lanes[lane, LANE_CURSOR], j, s
+        for j in range(k):
+            s = self.slot(lane, cursor, j)
+            if self.owner[s] == dead:
+                self.owner[s] = 0
+
+    cdef void skip(self, Py_ssize_t lane, Py_ssize_t n) noexcept nogil:
+        # Lock held: the lane's cursor moves n slots on (a batch longer than the lane: its
+        # newest rows go where they would have gone had all been written).
+        self.lanes[lane, LANE_CURSOR] = self.slot(lane, self.lanes[lane, LANE_CURSOR], n)
+
+    cdef Py_ssize_t claim_lane(self) except -2:
+        # Lock held: take a lane for a writer of this process, a free one or one whose writer
+        # died; -1: every lane has a live writer.  A lane never written comes first, so the
+        # rows of a writer that finished stay until every lane has been used.
+        cdef Py_ssize_t l, free = -1
+        cdef int64_t token
+        for l in range(self.lanes.shape[0]):
+            token = self.lanes[l, LANE_OWNER]
+            if token == 0 or not token_alive(token):
+                if self.gen[self.lanes[l, LANE_START]] == 0:
+                    free = l
+                    break
+                if free < 0:
+                    free = l
+        if free >= 0:
+            self.lanes[free, LANE_OWNER] = self.token
+        return free
+
+    cdef void release_lane(self, Py_ssize_t lane) noexcept nogil:
+        # Without the lock, so that close() never waits: only the owner clears its own claim.
+        cdef int64_t mine = self.token
+        _atomic_cas(&self.lanes[lane, LANE_OWNER], &mine, 0)
+
+    cdef void restart_lanes(self) noexcept nogil:
+        # Lock held, every slot reserved by this process (clear): no slot has an owner, every
+        # lane starts again at its start.
+        cdef Py_ssize_t s, l
+        for s in range(self.size):
+            self.owner[s] = 0
+        for l in range(self.lanes.shape[0]):
+            self.lanes[l, LANE_CURSOR] = self.lanes[l, LANE_START]
 
     cdef void retire(self, Py_ssize_t s) noexcept nogil:
         # Lock held.  The transition at s (or the sequence starting there) stops

@@ -11,7 +11,8 @@ import os
 # The kernels every buffer imports (setup.py builds every ext/*.pyx; a selector's kernel beyond
 # these is checked when a buffer is built with it, see mpreplay/selectors.py).
 KERNELS = ("schema", "processes", "sumtree", "selector", "uniform", "prioritized", "episode_state", "batch_plan",
-           "frames", "frame_plan", "sequences", "gate", "slots", "ring", "calls", "lock", "discount", "termination")
+           "frames", "frame_plan", "sequences", "gate", "slots", "codec", "outputs", "handle", "table", "writes",
+           "gather", "draws", "ring", "calls", "lock", "discount", "termination")
 
 
 def _missing() -> list[str]:

@@ -1,0 +1,255 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The write path of a replay table: reserve, copy, publish.
+
+A writer reserves slots under the lock (generation made odd, weight cleared so the slot
+cannot be drawn), copies its rows without the lock, and publishes under the lock
+(generation made even, weight set) -- every publication through :func:`publish_locked`,
+which gives the reservation up when the lock cannot be had in time.  The one-row adds
+(:func:`add_one`, :func:`add_step`) stay in C from the call to the publication.  See
+docs/architecture.md, "Data path" and "Concurrency protocol".
+"""
+from libc.math cimport INFINITY
+from libc.string cimport memcpy
+from cpython.dict cimport PyDict_Size
+
+cimport numpy as cnp
+
+from mpreplay._ext.batch_plan cimport FramePlan
+from mpreplay._ext.gate cimport deadline_of
+from mpreplay._ext.processes cimport describe_process, token_alive, token_pid
+
+import numpy as np
+
+cnp.import_array()
+
+
+cdef Py_ssize_t reserve_waiting(Table t, Py_ssize_t k, uint64_t* reserved, bint insert, double deadline,
+                                Py_ssize_t lane, Py_ssize_t skip=0) except -1:
+    # Reserve k slots once no live process still writes one of them and
+    # (for inserts) the rate limiter allows it; `skip` (k: the whole lane) moves
+    # the cursor that many slots on first, in the same critical section.
+    cdef int64_t blocker
+    if insert:
+        t.gate.check_insert(k)
+    t.gate.acquire(deadline)
+    try:
+        while True:
+            blocker = t.slots.busy_owner(k, lane)
+            if blocker != 0 and not token_alive(blocker):
+                t.slots.take_over(blocker, k, lane)
+                continue
+            if blocker == 0 and (not insert or t.gate.can_insert(k)):
+                if skip:
+                    t.slots.skip(lane, skip)
+                return t.slots.reserve(k, reserved, insert, lane)
+            t.gate.block(deadline, f"add: {describe_process(token_pid(blocker))} is still writing the next slots"
+                         if blocker else "add: the rate limiter holds inserts back until more is sampled")
+    finally:
+        t.gate.release()
+
+
+cdef Py_ssize_t publish_locked(Table t, double deadline, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k,
+                               const uint64_t* reserved, const double* priorities, const uint8_t* states,
+                               const int64_t* complete, const uint64_t* complete_generations,
+                               const double* complete_priorities, Py_ssize_t nc, const int64_t* open_slots,
+                               const uint64_t* open_generations, const int64_t* open_steps,
+                               const double* open_priorities, Py_ssize_t ns) except -1:
+    # The one critical section that makes a write readable: the k reserved slots published
+    # (states NULL: all COMPLETE; priorities NULL: the stored maximum), the nc WAITING rows they
+    # complete, the ns sequences they end; then whoever waits for it is woken.  When the lock
+    # cannot be had by the deadline the reservation is given up (Slots.disown) and the error
+    # raised: nothing is stored.  Returns how many slots were lost to a writer that took them over.
+    cdef Py_ssize_t lost = 0
+    cdef bint wake
+    try:
+        t.gate.acquire(deadline)
+    except BaseException:
+        if k:
+            t.slots.disown(lane, start, k, reserved)
+        raise
+    try:
+        t.slots.note_writer()
+        if k:
+            lost = t.slots.publish(lane, start, k, reserved, priorities, states)
+        if nc:
+            t.slots.complete(complete, complete_generations, complete_priorities, nc)
+        if ns:
+            t.slots.open_sequences(open_slots, open_generations, open_steps, open_priorities, ns)
+        wake = t.gate.progress()
+    finally:
+        t.gate.release()
+    if wake:
+        t.gate.wake()
+    return lost
+
+
+cdef tuple reserve(Table t, Py_ssize_t k, double deadline, bint insert, Py_ssize_t lane, Py_ssize_t skip):
+    cdef cnp.ndarray reserved = np.empty(k, dtype=np.uint64)
+    cdef Py_ssize_t n = t.slots.lane_length(lane)
+    if not 0 <= k <= n:
+        raise ValueError(f"k: expected 0 <= k <= {n} (the lane's length), got {k}")
+    if skip and k != n:
+        raise ValueError(f"skip: only a reservation of the whole lane ({n} slots) skips slots, got k={k}")
+    start = reserve_waiting(t, k, <uint64_t*>cnp.PyArray_DATA(reserved), insert, deadline, lane, skip % n)
+    return start, reserved
+
+
+cdef Py_ssize_t _check_sequences(Table t, const int64_t[::1] slots, const uint64_t[::1] generations,
+                                 const int64_t[::1] steps, const double[::1] priorities) except -1:
+    # How many sequences publish() is asked to open, once their description is checked.
+    cdef Py_ssize_t n = slots.shape[0], j
+    if t.sequences is None:
+        raise ValueError("sequences: this table stores transitions, not sequences")
+    if generations.shape[0] != n or steps.shape[0] != n or priorities.shape[0] != n:
+        raise ValueError("sequences: expected one generation, step count and priority per slot")
+    for j in range(n):
+        if not (0 <= slots[j] < t.size and 1 <= steps[j] <= t.length):
+            raise ValueError(f"sequences: expected a slot in [0, {t.size}) and 1 to {t.length} "
+                             f"steps, got {slots[j]} and {steps[j]} at position {j}")
+    return n
+
+
+cdef Py_ssize_t publish(Table t, Py_ssize_t start, const uint64_t[::1] reserved, const double[::1] priorities,
+                        const uint8_t[::1] states, Py_ssize_t lane, double deadline, const int64_t[::1] complete,
+                        const uint64_t[::1] complete_generations, const double[::1] complete_priorities,
+                        tuple sequences) except -1:
+    # Ring.publish, its arguments checked first.
+    cdef Py_ssize_t k = reserved.shape[0], nc = 0 if complete is None else complete.shape[0]
+    cdef Py_ssize_t ns = 0
+    cdef const double* prio = NULL
+    cdef const uint8_t* st = NULL
+    cdef const double* cprio = NULL
+    cdef const int64_t[::1] open_slots
+    cdef const uint64_t[::1] open_generations
+    cdef const int64_t[::1] open_steps
+    cdef const double[::1] open_priorities
+    if priorities is not None:
+        if priorities.shape[0] != k:
+            raise ValueError("priorities: expected one per reserved slot")
+        prio = &priorities[0] if k else NULL
+    if states is not None:
+        if states.shape[0] != k:
+            raise ValueError("states: expected one per reserved slot")
+        st = &states[0] if k else NULL
+    if nc:
+        if complete_generations is None or complete_generations.shape[0] != nc:
+            raise ValueError("complete_generations: expected one per slot to complete")
+        if complete_priorities is not None:
+            if complete_priorities.shape[0] != nc:
+                raise ValueError("complete_priorities: expected one per slot to complete")
+            cprio = &complete_priorities[0]
+    if sequences is not None:
+        open_slots, open_generations, open_steps, open_priorities = sequences
+        ns = _check_sequences(t, open_slots, open_generations, open_steps, open_priorities)
+    if k == 0 and nc == 0 and ns == 0:
+        return 0
+    return publish_locked(t, deadline, lane, start, k, &reserved[0] if k else NULL, prio, st,
+                          &complete[0] if nc else NULL, &complete_generations[0] if nc else NULL, cprio, nc,
+                          &open_slots[0] if ns else NULL, &open_generations[0] if ns else NULL,
+                          &open_steps[0] if ns else NULL, &open_priorities[0] if ns else NULL, ns)
+
+
+cdef inline void _copy_staged(Table t, Handle h, Py_ssize_t slot) noexcept nogil:
+    # The staged values of every field into the slot's rows.
+    cdef Py_ssize_t i
+    for i in range(t.nfields):
+        memcpy(t.rows[i] + slot * t.pitch[i], h.staging.src[i], t.rowbytes[i])
+
+
+cdef Py_ssize_t add_one(Table t, Handle h, dict values, double priority, object timeout) except -2:
+    # Ring.add_one: one transition of Python scalars and exact-dtype arrays, or -1.
+    cdef Py_ssize_t slot
+    cdef uint64_t reserved
+    cdef double deadline
+    if values is None:
+        raise TypeError("values: expected a dict of the fields, got None")
+    if t.frames is not None or t.sequences is not None or PyDict_Size(values) != t.nfields:
+        return -1
+    if not h.staging.stage_all(values):
+        return -1
+    deadline = deadline_of(timeout)
+    slot = reserve_waiting(t, 1, &reserved, True, deadline, 0)
+    _copy_staged(t, h, slot)
+    publish_locked(t, deadline, 0, slot, 1, &reserved, &priority if priority >= 0.0 else NULL, NULL,
+                   NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0)
+    return slot
+
+
+cdef Py_ssize_t add_step(Table t, Handle h, dict values, double priority, object timeout, Episode episode) except -2:
+    # Ring.add_step: one step of a compressed writer's episode, or -1.
+    cdef Py_ssize_t j, lane = episode.lane, start, row_slot, done
+    cdef int flag
+    cdef uint8_t flagged = 0
+    cdef uint64_t reserved[2]
+    cdef int64_t slots[2]
+    cdef uint8_t states[2]
+    cdef double item_priority[2]
+    cdef const double* row_priority = &priority if priority >= 0.0 else NULL
+    cdef FramePlan plan
+    cdef double deadline
+    if t.sequences is not None or lane < 0 or PyDict_Size(values) != t.nfields + episode.observations:
+        return -1
+    if not h.staging.stage_all(values):
+        return -1
+    if not episode.take_step(values):
+        return -1
+    for name in episode.flags:
+        flag = h.staging.flag_set(h.staging.names.index(name))
+        if flag < 0:
+            return -1
+        flagged |= flag
+    # Every check runs here, before anything is written.
+    plan = episode.plan_step(&flagged, values)
+    deadline = deadline_of(timeout)
+    start = reserve_waiting(t, plan.items, reserved, True, deadline, lane)
+    for j in range(plan.items):
+        slots[j] = t.slots.slot(lane, start, j)
+    row_slot = slots[plan.item_of(0)]
+    with nogil:
+        episode.copy_frames(plan, slots)
+        _copy_staged(t, h, row_slot)
+        done = episode.settle(plan, slots, row_priority, states, item_priority)
+    # A slot lost to a writer that took it over stays unsampleable, as in publish().  Rows
+    # published WAITING by earlier calls complete with this publication.
+    publish_locked(t, deadline, lane, start, plan.items, reserved, item_priority if row_priority != NULL else NULL,
+                   states, episode.done_slots, episode.done_generations, episode.done_priorities, done,
+                   NULL, NULL, NULL, NULL, 0)
+    episode.advance_past(plan, slots, reserved, row_priority)
+    return row_slot
+
+
+cdef Py_ssize_t claim_lane(Table t, double deadline) except -1:
+    # Ring.claim_lane: a lane for one writer, under the lock.
+    cdef Py_ssize_t lane
+    t.gate.acquire(deadline)
+    try:
+        lane = t.slots.claim_lane()
+    finally:
+        t.gate.release()
+    if lane < 0:
+        raise ValueError(f"every one of the buffer's {t.slots.nlanes()} lanes has a live writer: "
+                         "create the buffer with lanes= at least the number of writers (processes, "
+                         "and streams of episodes written from one process)")
+    return lane
+
+
+cdef int release_lane(Table t, Py_ssize_t lane) except -1:
+    if not 0 <= lane < t.slots.nlanes():
+        raise ValueError(f"lane: expected 0 <= lane < {t.slots.nlanes()}, got {lane}")
+    t.slots.release_lane(lane)
+    return 0
+
+
+cdef int clear(Table t) except -1:
+    # Ring.clear: every lane reserved whole (waiting for the slots other processes write), then
+    # every lane restarted at its start.
+    cdef cnp.ndarray reserved = np.empty(t.size, dtype=np.uint64)
+    cdef Py_ssize_t l
+    for l in range(t.slots.nlanes()):
+        reserve_waiting(t, t.slots.lane_length(l), <uint64_t*>cnp.PyArray_DATA(reserved), False, INFINITY, l)
+    t.gate.acquire()
+    try:
+        t.slots.restart_lanes()
+    finally:
+        t.gate.release()
+    return 0
