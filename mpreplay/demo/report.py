@@ -68,7 +68,9 @@ class Monitor:
         stats = self._replay.stats()
         now = time.time()
         env_steps = sum(self._steps.values())
-        current = (now, env_steps, stats["inserts"], stats["samples"])
+        inserts, samples = stats["inserts"], stats["samples"]
+        assert inserts is not None and samples is not None  # counters: only the lock holder's entries are None
+        current = (now, env_steps, int(inserts), int(samples))
         while len(self._history) > 1 and now - self._history[1][0] >= _RATE_SPAN:
             self._history.popleft()
         previous = self._history[0]
