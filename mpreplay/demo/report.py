@@ -19,8 +19,9 @@ from .task import GREEDY_EPSILON, WINDOW, Config, env_title, recent_mean, runnin
 
 __all__ = ["EPISODE_FIELDS", "Episodes", "Monitor", "live_view", "plot", "print_summary", "summary", "watch"]
 
-EPISODE_FIELDS = {"rank": {"dtype": np.int64}, "episode": {"dtype": np.int64}, "eps": {"dtype": np.float64},
-                  "ret": {"dtype": np.float64}, "steps": {"dtype": np.int64}, "time": {"dtype": np.float64}}
+EPISODE_FIELDS: dict[str, dict[str, Any]] = {
+    "rank": {"dtype": np.int64}, "episode": {"dtype": np.int64}, "eps": {"dtype": np.float64},
+    "ret": {"dtype": np.float64}, "steps": {"dtype": np.int64}, "time": {"dtype": np.float64}}
 _RATE_SPAN = 5.0  # seconds the live rates average over (env steps arrive an episode at a time)
 
 
