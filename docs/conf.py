@@ -67,6 +67,9 @@ nitpick_ignore_regex = [(r"py:.*", rf"({_OTHER_PROJECTS})\..*")]
 # parsed env_dict): not public names, so not documented.
 nitpick_ignore = [("py:class", "mpreplay.nstep.Folding"), ("py:class", "mpreplay.spec.FieldSpec"),
                   ("py:class", "mpreplay.compat.cpprb.fields.Fields")]
+# Type aliases of typed signatures, shown by name: numpy's ArrayLike, the returns functions'
+# dones (an array, a tensor or None), the type of a ParameterStore.read out= mapping.
+nitpick_ignore += [("py:class", "ArrayLike"), ("py:class", "_Dones"), ("py:class", "mpreplay.params._Out")]
 
 html_theme = "furo"
 html_title = f"mpreplay {release}"

@@ -26,9 +26,12 @@ from __future__ import annotations
 import math
 import reprlib
 import sys
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, overload
 
 import numpy as np
+
+if TYPE_CHECKING:  # named for the type checker only; see is_tensor
+    import torch
 
 __all__ = ["capacity", "flag", "indexes", "integer", "is_tensor", "matrix", "number", "priorities", "seconds"]
 
@@ -164,7 +167,7 @@ def flag(name: str, value: Any) -> bool:
     return bool(value)
 
 
-def is_tensor(value: Any) -> bool:
+def is_tensor(value: Any) -> TypeGuard[torch.Tensor]:
     """Whether ``value`` is a torch tensor (never imports torch)."""
     torch = sys.modules.get("torch")  # a tensor cannot exist unless torch was imported
     return torch is not None and isinstance(value, torch.Tensor)

@@ -148,6 +148,11 @@ class FrameWriter:
 
     def __init__(self, compression: Compression, specs: Mapping[str, FieldSpec], ring: Ring,
                  arrays: Mapping[str, np.ndarray]):
+        self._start(compression, specs, ring, arrays)
+
+    def _start(self, compression: Compression, specs: Mapping[str, FieldSpec], ring: Ring,
+               arrays: Mapping[str, np.ndarray]) -> None:
+        # What __init__ sets, and reset() sets again.
         self._c = compression
         self._specs = specs
         self._ring = ring
@@ -352,7 +357,7 @@ class FrameWriter:
 
         In a forked child the lane is the parent's: giving it back changes nothing."""
         self.release_lane()
-        self.__init__(self._c, self._specs, self._ring, self._arrays)
+        self._start(self._c, self._specs, self._ring, self._arrays)
 
     def release_lane(self) -> None:
         """Give this writer's lane back, for another writer (its rows stay)."""

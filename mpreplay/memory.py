@@ -95,7 +95,7 @@ class HeapMemory:
         self.layout = layout
         self.is_owner = block is None
         self._block = _aligned_zeros(max(layout.nbytes, 1)) if block is None else block
-        self.arrays = layout.views(memoryview(self._block))
+        self.arrays = layout.views(self._block.data)
 
     def handle(self) -> HeapMemory:
         """Another view of the same block, which does not own it."""
@@ -116,7 +116,7 @@ class FileMemory:
 
     shared = False
 
-    def __init__(self, layout: Layout, prefix: str, *, maps: dict[str, np.ndarray] | None = None):
+    def __init__(self, layout: Layout, prefix: str, *, maps: dict[str, np.memmap] | None = None):
         self.layout = layout
         self.prefix = prefix
         self.is_owner = maps is None
@@ -182,6 +182,13 @@ def _attach_untracked(name: str) -> shared_memory.SharedMemory:
         resource_tracker.register = register
 
 
+def _mapping(shm: shared_memory.SharedMemory) -> memoryview:
+    """The whole mapping of a segment this process has open."""
+    buf = shm.buf
+    assert buf is not None, "an open segment is mapped"  # only close() makes it None
+    return buf
+
+
 class SharedMemory:
     """A named segment holding ``layout``.
 
@@ -193,13 +200,15 @@ class SharedMemory:
     """
 
     shared = True
+    # Called once to unmap (and unlink, in the owner); the owner's and an attacher's differ in kind.
+    _finalizer: Callable[[], object]
 
     def __init__(self, layout: Layout, *, name: str | None = None,
                  verify: Callable[[memoryview], None] | None = None):
         self.layout = layout
         self.owner = name is None
         size = max(layout.nbytes, 1)
-        if self.owner:
+        if name is None:
             free = _shm_free_bytes()
             if free is not None and free < size:
                 raise SharedMemoryError(
@@ -211,7 +220,8 @@ class SharedMemory:
             # Reserve the pages now: a tmpfs that runs out later would kill
             # the process with SIGBUS at some random write instead.
             try:
-                os.posix_fallocate(self._shm._fd, 0, size)
+                # The stdlib keeps the segment's descriptor private (typeshed declares no _fd).
+                os.posix_fallocate(self._shm._fd, 0, size)  # type: ignore[attr-defined]
             except (AttributeError, OSError) as exc:
                 self._shm.close()
                 self._shm.unlink()
@@ -224,12 +234,12 @@ class SharedMemory:
                     f"shared-memory segment {name!r} no longer exists (its owner closed it)") from None
             if verify is not None:
                 try:
-                    verify(self._shm.buf)
+                    verify(_mapping(self._shm))
                 except BaseException:
                     self._shm.close()
                     raise
         self.name = self._shm.name
-        self.arrays = layout.views(self._shm.buf)
+        self.arrays = layout.views(_mapping(self._shm))
         # A forked child inherits this object but not the ownership.
         self._owner_pid = os.getpid() if self.owner else None
         if self.owner:
@@ -259,8 +269,9 @@ class SharedMemory:
         except BufferError:
             # Arrays over the mapping are still alive somewhere: let the last
             # of them unmap it, and just close the file descriptor now.
-            shm._buf = None
-            shm._mmap = None
+            # The stdlib has no public way to drop its own references (typeshed declares neither).
+            shm._buf = None  # type: ignore[attr-defined]
+            shm._mmap = None  # type: ignore[attr-defined]
             shm.close()
         if owner_pid == os.getpid():
             with contextlib.suppress(FileNotFoundError):

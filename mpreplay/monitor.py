@@ -346,8 +346,9 @@ def remove_segments(names: list[str] | None, *, dead: bool = False, force: bool 
         if name not in segments:
             refused[name] = f"no mpreplay segment named {name!r} in {shm_dir}"
         elif segments[name].owner_alive and not force:
-            refused[name] = (f"its owner, {describe_process(segments[name].owner_pid)}, is alive "
-                             "(--force removes it anyway)")
+            owner = segments[name].owner_pid
+            assert owner is not None  # an owner found alive was found by its pid
+            refused[name] = f"its owner, {describe_process(owner)}, is alive (--force removes it anyway)"
     if refused:
         return [Removal(name, segments[name].nbytes if name in segments else 0, False,
                         refused.get(name, "another name was refused, so nothing was removed"))

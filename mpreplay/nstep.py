@@ -53,7 +53,7 @@ class Folding(NamedTuple):
     ring: dict[str, np.ndarray]  # per non-reward field, (num_envs, n, ...): the steps of the last n adds
     acc: dict[str, np.ndarray]   # per reward field, (num_envs, n, ...): the running folded reward of each column
     cur: int                     # the column of the newest step
-    count: np.ndarray            # per environment, its pending steps: its newest `count` columns, ending at `cur`
+    pending: np.ndarray          # per environment, its pending steps: its newest `pending` columns, ending at `cur`
     steady: bool                 # every environment holds n - 1 pending steps (cached: add() checks it every call)
 
 
@@ -213,13 +213,13 @@ class NstepBuffer:
 
     def get_pending_count(self, env: int | None = None) -> int:
         """Steps added but not emitted yet, in all environments or in environment ``env``."""
-        count = self._state.count
+        count = self._state.pending
         return int(count.sum() if env is None else count[self._env_index(env)])
 
     def clear(self) -> None:
         """Drop every pending step without emitting it."""
         s = self._state
-        self._state = self._folding(s.ring, s.acc, s.cur, np.zeros_like(s.count))
+        self._state = self._folding(s.ring, s.acc, s.cur, np.zeros_like(s.pending))
         self._preview = None
 
     def add(self, **step: Any) -> dict[str, np.ndarray]:
@@ -261,8 +261,8 @@ class NstepBuffer:
                 out, s = self._add_step(s, {name: r[i:i + 1] for name, r in rows.items()})
                 parts.append(out)
             out = _concat(parts, self._out_specs)
-        elif k != len(s.count):
-            raise ValueError(f"add: expected a leading dimension num_envs={len(s.count)} on every field, "
+        elif k != len(s.pending):
+            raise ValueError(f"add: expected a leading dimension num_envs={len(s.pending)} on every field, "
                              f"got a batch of {k}")
         else:
             out, s = self._add_step(s, rows)
@@ -273,9 +273,9 @@ class NstepBuffer:
         """What :meth:`on_episode_end` would return, and the folder's state after it, without
         changing the folder; :meth:`commit` the state to end the episode."""
         s = self._state
-        chosen = np.ones(len(s.count), bool) if env is None else self._envs == self._env_index(env)
-        emit = np.where(chosen, s.count, 0)
-        after = self._folding(s.ring, s.acc, s.cur, np.where(chosen, 0, s.count))
+        chosen = np.ones(len(s.pending), bool) if env is None else self._envs == self._env_index(env)
+        emit = np.where(chosen, s.pending, 0)
+        after = self._folding(s.ring, s.acc, s.cur, np.where(chosen, 0, s.pending))
         self._preview = after
         return self._flush(after, emit, emit, truncate=True), after
 
@@ -316,10 +316,10 @@ class NstepBuffer:
         # count_nonzero: the cheapest "any" numpy has for a few flags.
         if s.steady and not np.count_nonzero(done) and (trunc is None or not np.count_nonzero(trunc)):
             # Every environment holds n-1 pending steps and none ends: each emits its oldest.
-            after = Folding(s.ring, acc, cur, s.count, True)
+            after = Folding(s.ring, acc, cur, s.pending, True)
             return self._rows(after, slice(None), (cur + 1) % n, self._full_fold, truncate=False), after
         ends = done != 0 if trunc is None else np.logical_or(done, trunc)
-        count = s.count + 1
+        count = s.pending + 1
         emit = np.where(ends, count, count == n)
         after = self._folding(s.ring, acc, cur, np.where(ends, 0, np.minimum(count, n - 1)))
         return self._flush(after, emit, count, truncate=False), after
@@ -330,7 +330,7 @@ class NstepBuffer:
         return Folding(ring, acc, cur, count, bool((count == self._n - 1).all()))
 
     def _env_index(self, env: Any) -> int:
-        return checks.integer("env", env, low=0, high=len(self._state.count) - 1)
+        return checks.integer("env", env, low=0, high=len(self._state.pending) - 1)
 
     def _flush(self, s: Folding, emit: np.ndarray, count: np.ndarray, *, truncate: bool) -> dict[str, np.ndarray]:
         """Emit the ``emit[e]`` oldest of the ``count[e]`` steps of each environment ``e`` that

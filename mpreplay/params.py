@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import numpy as np
 
@@ -62,6 +62,8 @@ __all__ = ["ParameterStore", "ParameterStoreTimeout"]
 
 _SEQ = "seq"
 _PREFIX = "param/"  # keeps user keys apart from the counter in the layout
+
+_Out = TypeVar("_Out", bound=Mapping[str, Any])  # read(out=...) returns the caller's own mapping
 
 
 class ParameterStoreTimeout(TimeoutError):
@@ -199,7 +201,11 @@ class ParameterStore:
         if missing or extra:
             raise ValueError(f"{what}: expected the keys {list(self._arrays)}; missing {missing}, unknown {extra}")
 
-    def read(self, out: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], int]:
+    @overload
+    def read(self, out: None = None) -> tuple[dict[str, Any], int]: ...
+    @overload
+    def read(self, out: _Out) -> tuple[_Out, int]: ...
+    def read(self, out: Mapping[str, Any] | None = None) -> tuple[Mapping[str, Any], int]:
         """A consistent copy of the parameters and its version.
 
         Without ``out``, returns new arrays (tensors for keys whose template
@@ -235,8 +241,12 @@ class ParameterStore:
             return out, before // 2
         return self._to_user(dest), before // 2
 
+    @overload
+    def read_if_newer(self, last_version: int, out: None = None) -> tuple[dict[str, Any], int] | None: ...
+    @overload
+    def read_if_newer(self, last_version: int, out: _Out) -> tuple[_Out, int] | None: ...
     def read_if_newer(self, last_version: int,
-                      out: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], int] | None:
+                      out: Mapping[str, Any] | None = None) -> tuple[Mapping[str, Any], int] | None:
         """Like :meth:`read`, but None (and no copy) unless a version newer than ``last_version`` exists."""
         if self.version <= last_version:
             return None

@@ -19,12 +19,18 @@ Conventions shared by every function:
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import checks
 from ._ext import discount as _kernel
+
+if TYPE_CHECKING:  # torch is optional: only its tensors' type is named here
+    import torch
+
+    _Dones = ArrayLike | torch.Tensor | None
 
 __all__ = [
     "discounted_cumsum_right",
@@ -51,7 +57,26 @@ class NStepReturns(NamedTuple):
     steps: Any
 
 
-def discounted_cumsum_right(x, gamma, *, dones=None, axis: int = -1, out: np.ndarray | None = None):
+@overload
+def discounted_cumsum_right(
+    x: torch.Tensor, gamma: ArrayLike | torch.Tensor, *, dones: _Dones = None, axis: int = -1, out: None = None
+) -> torch.Tensor: ...
+@overload
+def discounted_cumsum_right(
+    x: ArrayLike, gamma: torch.Tensor, *, dones: _Dones = None, axis: int = -1, out: None = None
+) -> torch.Tensor: ...
+@overload
+def discounted_cumsum_right(
+    x: ArrayLike, gamma: ArrayLike, *, dones: _Dones = None, axis: int = -1, out: np.ndarray | None = None
+) -> np.ndarray: ...
+def discounted_cumsum_right(
+    x: ArrayLike | torch.Tensor,
+    gamma: ArrayLike | torch.Tensor,
+    *,
+    dones: _Dones = None,
+    axis: int = -1,
+    out: np.ndarray | None = None,
+) -> np.ndarray | torch.Tensor:
     """Discounted sum of the future: ``y[t] = x[t] + gamma[t] (1 - dones[t]) y[t+1]``.
 
     Parameters
@@ -75,7 +100,26 @@ def discounted_cumsum_right(x, gamma, *, dones=None, axis: int = -1, out: np.nda
     return _cumsum(x, gamma, dones, axis, out, right=True)
 
 
-def discounted_cumsum_left(x, gamma, *, dones=None, axis: int = -1, out: np.ndarray | None = None):
+@overload
+def discounted_cumsum_left(
+    x: torch.Tensor, gamma: ArrayLike | torch.Tensor, *, dones: _Dones = None, axis: int = -1, out: None = None
+) -> torch.Tensor: ...
+@overload
+def discounted_cumsum_left(
+    x: ArrayLike, gamma: torch.Tensor, *, dones: _Dones = None, axis: int = -1, out: None = None
+) -> torch.Tensor: ...
+@overload
+def discounted_cumsum_left(
+    x: ArrayLike, gamma: ArrayLike, *, dones: _Dones = None, axis: int = -1, out: np.ndarray | None = None
+) -> np.ndarray: ...
+def discounted_cumsum_left(
+    x: ArrayLike | torch.Tensor,
+    gamma: ArrayLike | torch.Tensor,
+    *,
+    dones: _Dones = None,
+    axis: int = -1,
+    out: np.ndarray | None = None,
+) -> np.ndarray | torch.Tensor:
     """Discounted sum of the past: ``y[t] = x[t] + gamma[t-1] (1 - dones[t-1]) y[t-1]``.
 
     Takes the same arguments as :func:`discounted_cumsum_right`, whose
@@ -85,7 +129,9 @@ def discounted_cumsum_left(x, gamma, *, dones=None, axis: int = -1, out: np.ndar
     return _cumsum(x, gamma, dones, axis, out, right=False)
 
 
-def n_step_returns(rewards, dones, gamma: float, n: int, *, axis: int = -1) -> NStepReturns:
+def n_step_returns(
+    rewards: ArrayLike | torch.Tensor, dones: _Dones, gamma: float, n: int, *, axis: int = -1
+) -> NStepReturns:
     """Fold up to ``n`` rewards forward from every step, stopping at episode ends.
 
     ``dones`` may be None (no episode ends inside the array).  Returns an
@@ -109,7 +155,27 @@ def n_step_returns(rewards, dones, gamma: float, n: int, *, axis: int = -1) -> N
     return result
 
 
-def gae(rewards, values, dones, gamma: float, lam: float, *, axis: int = -1):
+@overload
+def gae(
+    rewards: torch.Tensor, values: ArrayLike | torch.Tensor, dones: _Dones, gamma: float, lam: float, *, axis: int = -1
+) -> torch.Tensor: ...
+@overload
+def gae(
+    rewards: ArrayLike, values: torch.Tensor, dones: _Dones, gamma: float, lam: float, *, axis: int = -1
+) -> torch.Tensor: ...
+@overload
+def gae(
+    rewards: ArrayLike, values: ArrayLike, dones: _Dones, gamma: float, lam: float, *, axis: int = -1
+) -> np.ndarray: ...
+def gae(
+    rewards: ArrayLike | torch.Tensor,
+    values: ArrayLike | torch.Tensor,
+    dones: _Dones,
+    gamma: float,
+    lam: float,
+    *,
+    axis: int = -1,
+) -> np.ndarray | torch.Tensor:
     """Generalised advantage estimates.
 
     ``values`` has one more step than ``rewards`` along ``axis``:
@@ -145,28 +211,31 @@ def gae(rewards, values, dones, gamma: float, lam: float, *, axis: int = -1):
 # --- numpy path ---------------------------------------------------------------------------------
 
 
-def _cumsum(x, gamma, dones, axis, out, right: bool):
+def _cumsum(x: Any, gamma: Any, dones: _Dones, axis: int, out: np.ndarray | None, right: bool) -> Any:
+    """The right or left sum of ``x``: an array, or a tensor if ``x`` or ``gamma`` is one."""
     if checks.is_tensor(x) or checks.is_tensor(gamma):
         if out is not None:
             raise TypeError("out: not supported with torch tensors")
         return _torch_cumsum(x, gamma, dones, axis, right)
-    x = _as_float_array(x, "x")
-    ax = _check_axis(axis, x.ndim, "x")
-    scalar, gammas = _check_gamma(gamma, x.shape, ax)
-    d = _as_dones(dones, x.shape)
+    xs = _as_float_array(x, "x")
+    ax = _check_axis(axis, xs.ndim, "x")
+    scalar, gammas = _check_gamma(gamma, xs.shape, ax)
+    d = _as_dones(dones, xs.shape)
     if out is None:
-        out = np.empty_like(x)
+        out = np.empty_like(xs)
     else:
-        out = _check_out(out, x)
-        x, gammas, d = (_apart_from(out, a, same_layout_ok=a is x) for a in (x, gammas, d))
+        out = _check_out(out, xs)
+        xs = _apart_from(out, xs, same_layout_ok=True)
+        gammas = _apart_from(out, gammas, same_layout_ok=False)  # a broadcast view, never ``x`` itself
+        d = _apart_from(out, d, same_layout_ok=False)  # a fresh view, never ``x`` itself
     _kernel.discounted_cumsum(
-        _time_last(x, ax), _time_last(out, ax), scalar, _time_last(gammas, ax), _time_last(d, ax), right
+        _time_last(xs, ax), _time_last(out, ax), scalar, _time_last(gammas, ax), _time_last(d, ax), right
     )
     return out
 
 
-def _as_float_array(a, name: str) -> np.ndarray:
-    a = np.asarray(a)
+def _as_float_array(value: ArrayLike, name: str) -> np.ndarray:
+    a = np.asarray(value)
     if a.dtype not in (np.float32, np.float64):
         raise TypeError(f"{name}: expected a float32 or float64 array, got dtype {a.dtype}")
     if a.ndim not in (1, 2):
@@ -174,11 +243,11 @@ def _as_float_array(a, name: str) -> np.ndarray:
     return a
 
 
-def _check_axis(axis, ndim: int, name: str) -> int:
+def _check_axis(axis: int, ndim: int, name: str) -> int:
     return checks.integer(f"axis (of {ndim}-D {name})", axis, low=-ndim, high=ndim - 1) % ndim
 
 
-def _check_values_shape(rewards_shape: tuple, values_shape: tuple, axis) -> int:
+def _check_values_shape(rewards_shape: tuple, values_shape: tuple, axis: int) -> int:
     """The time axis of ``rewards``, once ``values`` is known to have one bootstrap step more on it."""
     ax = _check_axis(axis, len(rewards_shape), "rewards")
     expected = tuple(n + (i == ax) for i, n in enumerate(rewards_shape))
@@ -190,7 +259,7 @@ def _check_values_shape(rewards_shape: tuple, values_shape: tuple, axis) -> int:
     return ax
 
 
-def _check_scalar_gamma(gamma, name: str) -> float:
+def _check_scalar_gamma(gamma: Any, name: str) -> float:
     try:
         value = float(gamma)
     except (TypeError, ValueError):
@@ -200,7 +269,7 @@ def _check_scalar_gamma(gamma, name: str) -> float:
     return value
 
 
-def _check_gamma(gamma, shape: tuple, ax: int) -> tuple[float, np.ndarray | None]:
+def _check_gamma(gamma: ArrayLike, shape: tuple, ax: int) -> tuple[float, np.ndarray | None]:
     """Split ``gamma`` into a scalar or a float64 array view broadcast to ``shape``."""
     if isinstance(gamma, (float, int)):
         return _check_scalar_gamma(gamma, "gamma"), None
@@ -222,7 +291,7 @@ def _check_gamma(gamma, shape: tuple, ax: int) -> tuple[float, np.ndarray | None
         ) from None
 
 
-def _as_dones(dones, shape: tuple) -> np.ndarray | None:
+def _as_dones(dones: _Dones, shape: tuple) -> np.ndarray | None:
     """``dones`` as a uint8 view of booleans shaped like the data, or None."""
     if dones is None:
         return None
@@ -238,7 +307,7 @@ def _as_dones(dones, shape: tuple) -> np.ndarray | None:
     return d.view(np.uint8)
 
 
-def _check_out(out, x: np.ndarray) -> np.ndarray:
+def _check_out(out: Any, x: np.ndarray) -> np.ndarray:
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out: expected a numpy array, got {type(out).__name__}")
     if out.shape != x.shape or out.dtype != x.dtype:
@@ -248,7 +317,13 @@ def _check_out(out, x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _apart_from(out: np.ndarray, a: np.ndarray | None, same_layout_ok: bool):
+@overload
+def _apart_from(out: np.ndarray, a: np.ndarray, same_layout_ok: bool) -> np.ndarray: ...
+@overload
+def _apart_from(out: np.ndarray, a: None, same_layout_ok: bool) -> None: ...
+@overload
+def _apart_from(out: np.ndarray, a: np.ndarray | None, same_layout_ok: bool) -> np.ndarray | None: ...
+def _apart_from(out: np.ndarray, a: np.ndarray | None, same_layout_ok: bool) -> np.ndarray | None:
     """``a``, copied if writing ``out`` could change it before the kernel reads it.
 
     ``out`` exactly on top of ``x`` is safe: the kernels read each step of
@@ -261,6 +336,12 @@ def _apart_from(out: np.ndarray, a: np.ndarray | None, same_layout_ok: bool):
     return a.copy()
 
 
+@overload
+def _time_last(a: np.ndarray, ax: int) -> np.ndarray: ...
+@overload
+def _time_last(a: None, ax: int) -> None: ...
+@overload
+def _time_last(a: np.ndarray | None, ax: int) -> np.ndarray | None: ...
 def _time_last(a: np.ndarray | None, ax: int) -> np.ndarray | None:
     """A 2-D ``(rows, time)`` view of ``a`` for the kernels."""
     if a is None:
@@ -271,7 +352,7 @@ def _time_last(a: np.ndarray | None, ax: int) -> np.ndarray | None:
 # --- torch path ---------------------------------------------------------------------------------
 
 
-def _torch_cumsum(x, gamma, dones, axis, right: bool):
+def _torch_cumsum(x: Any, gamma: Any, dones: _Dones, axis: int, right: bool) -> torch.Tensor:
     import torch
 
     if not isinstance(x, torch.Tensor):
@@ -280,7 +361,7 @@ def _torch_cumsum(x, gamma, dones, axis, right: bool):
 
 
 @functools.cache
-def _cumsum_function():
+def _cumsum_function() -> type[torch.autograd.Function]:
     """The autograd Function, defined on first use so torch stays optional."""
     import torch
 
@@ -288,7 +369,9 @@ def _cumsum_function():
         # The right sum is y = M x with M upper triangular; its adjoint M^T is the
         # left sum with the same links, and d y / d link[c] flows through x's grad.
         @staticmethod
-        def forward(ctx, x, gamma, dones, axis, right):
+        def forward(
+            ctx: Any, x: torch.Tensor, gamma: Any, dones: _Dones, axis: int, right: bool
+        ) -> torch.Tensor:
             gamma_np = gamma.detach().cpu().numpy() if isinstance(gamma, torch.Tensor) else gamma
             y = _cumsum(x.detach().cpu().numpy(), gamma_np, dones, axis, None, right)
             ctx.args = (gamma_np, dones, axis, right)
@@ -299,7 +382,7 @@ def _cumsum_function():
 
         @staticmethod
         @torch.autograd.function.once_differentiable
-        def backward(ctx, grad):
+        def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
             gamma_np, dones, axis, right = ctx.args
             y = ctx.saved_tensors[0].detach().cpu().numpy()
             gx = _cumsum(grad.detach().cpu().numpy(), gamma_np, dones, axis, None, not right)
@@ -313,7 +396,16 @@ def _cumsum_function():
     return DiscountedCumsum
 
 
-def _links_grad(gx: np.ndarray, y: np.ndarray, gamma_np, dones, axis: int, right: bool, shape, dtype):
+def _links_grad(
+    gx: np.ndarray,
+    y: np.ndarray,
+    gamma_np: Any,
+    dones: _Dones,
+    axis: int,
+    right: bool,
+    shape: torch.Size,
+    dtype: torch.dtype,
+) -> torch.Tensor:
     """Gradient with respect to ``gamma``: d loss / d link[c] times (1 - dones[c]).
 
     For the right sum ``y[c] = x[c] + link[c] y[c+1]`` gives
@@ -326,16 +418,17 @@ def _links_grad(gx: np.ndarray, y: np.ndarray, gamma_np, dones, axis: int, right
     gx_t, y_t = np.moveaxis(gx, ax, -1), np.moveaxis(y, ax, -1)
     per_link = np.zeros(gx_t.shape, np.float64)
     per_link[..., :-1] = gx_t[..., :-1] * y_t[..., 1:] if right else gx_t[..., 1:] * y_t[..., :-1]
-    if dones is not None:
-        per_link[np.moveaxis(_as_dones(dones, y.shape).view(bool), ax, -1)] = 0.0
-    per_link = torch.from_numpy(np.moveaxis(per_link, -1, ax))
+    d = _as_dones(dones, y.shape)
+    if d is not None:
+        per_link[np.moveaxis(d.view(bool), ax, -1)] = 0.0
+    links = torch.from_numpy(np.moveaxis(per_link, -1, ax))
     g = np.asarray(gamma_np)
     if y.ndim == 2 and g.ndim == 1 and g.shape[0] == y.shape[ax]:
-        return per_link.sum(dim=1 - ax).to(dtype)
-    return per_link.sum_to_size(shape).to(dtype)
+        return links.sum(dim=1 - ax).to(dtype)
+    return links.sum_to_size(shape).to(dtype)
 
 
-def _torch_n_step(rewards, dones, gamma: float, n: int, axis: int) -> NStepReturns:
+def _torch_n_step(rewards: torch.Tensor, dones: _Dones, gamma: float, n: int, axis: int) -> NStepReturns:
     """Sum of ``n`` shifted, masked copies of ``rewards``; autograd sees only tensor ops."""
     import torch
 
@@ -353,7 +446,7 @@ def _torch_n_step(rewards, dones, gamma: float, n: int, axis: int) -> NStepRetur
     return NStepReturns(returns, discounts, steps)
 
 
-def _torch_gae(rewards, values, dones, gamma: float, lam: float, axis: int):
+def _torch_gae(rewards: Any, values: Any, dones: _Dones, gamma: float, lam: float, axis: int) -> torch.Tensor:
     import torch
 
     r, v = (t if isinstance(t, torch.Tensor) else torch.as_tensor(np.asarray(t)) for t in (rewards, values))

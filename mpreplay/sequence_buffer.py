@@ -30,7 +30,7 @@ from ._ext.schema import EPISODE_START_ARRAY, EPISODE_STEP_ARRAY, SEQUENCE_STEPS
 from .buffer import PrioritizedReplayBuffer, ReplayBuffer, SharedMemoryBuffer
 from .fileformat import TransitionFileError
 from .saved_episodes import SavedEpisode, lanes_of, load_episodes, number_episodes, split_episodes
-from .sequences import SequenceSpec
+from .sequences import SequenceSpec, SequenceWriter
 from .spec import FieldSpec, convert_batch
 
 __all__ = ["SequenceReplayBuffer", "PrioritizedSequenceReplayBuffer", "MPSequenceReplayBuffer",
@@ -89,10 +89,12 @@ class SequenceReplayBuffer(ReplayBuffer):
                              "index in its episode; call the field something else")
         self._sequence = SequenceSpec.build(length, period, pad_end, eta)
         super().__init__(size, env_dict, lanes=lanes, **options)
-        width = self._size // self._compression.lanes
+        compression = self._compression
+        assert compression is not None  # a sequence buffer always stores its steps in lanes
+        width = self._size // compression.lanes
         if width < self._sequence.length:
             raise ValueError(f"length: a sequence of {self._sequence.length} steps does not fit in a lane of "
-                             f"{width} steps (size {self._size}, lanes {self._compression.lanes})")
+                             f"{width} steps (size {self._size}, lanes {compression.lanes})")
 
     @property
     def sequence_length(self) -> int:
@@ -171,7 +173,9 @@ class SequenceReplayBuffer(ReplayBuffer):
         ids, lanes = rows.pop(fileformat.EPISODE_ID), rows.pop(fileformat.EPISODE_LANE)
         episodes = _saved_episodes(ids, lanes, np.asarray(rows.pop(_EPISODE_STEP), dtype=np.int64))
         k, rows = convert_batch(self._specs, rows)
-        load_episodes(self._writer, rows, priorities, episodes)
+        writer = self._writer
+        assert isinstance(writer, SequenceWriter)  # what a sequence buffer writes its steps through
+        load_episodes(writer, rows, priorities, episodes)
         return k
 
 

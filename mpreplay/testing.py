@@ -22,7 +22,8 @@ __all__ = ["LoopbackRayCluster"]
 def _reload_ray_auth() -> None:
     # Ray reads RAY_AUTH_MODE and the token once per process: make it read them again.
     try:
-        from ray._raylet import AuthenticationTokenLoader, Config
+        # Both exist in the Rays that authenticate by token; ray's _raylet stub declares neither.
+        from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
     except ImportError:  # a Ray without token authentication
         return
     Config.initialize("")

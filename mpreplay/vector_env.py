@@ -83,6 +83,7 @@ def _leaves(space: Any, name: str, path: tuple[str | int, ...] = ()) -> list[_Le
     elif isinstance(space, spaces.Tuple):
         children = list(enumerate(space.spaces))
     elif isinstance(space, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
+        assert space.shape is not None  # these spaces always have one (gymnasium's Space makes it optional)
         return [_Leaf(name, path, tuple(space.shape), np.dtype(space.dtype))]
     else:
         raise TypeError(f"{name}: a {type(space).__name__} space has no fixed-shape numeric fields; expected Box, "
@@ -379,8 +380,10 @@ class VectorTransitions:
         envs = np.flatnonzero(cut)
         if self._folder is None or not len(envs):
             return self._empty(envs)
+        obs = self._obs
+        assert obs is not None  # a started sub-environment was given its observations by reset()
         parts = [self._folder.on_episode_end(int(e)) for e in envs]
-        last = {name: self._obs[key] for name, key in self._next.items()}
+        last = {name: obs[key] for name, key in self._next.items()}
         return self._batch(parts, last, np.ones(self._num_envs, bool), envs)
 
     def _batch(self, parts: list[dict[str, np.ndarray]], last: Mapping[str, np.ndarray], real: np.ndarray,

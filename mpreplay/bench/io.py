@@ -41,8 +41,9 @@ import mpreplay
 from mpreplay import ReplayBuffer
 
 FRAME = (84, 84)
-ENV = {"obs": {"shape": FRAME, "dtype": np.uint8}, "act": {"dtype": np.int64}, "rew": {"dtype": np.float32},
-       "done": {"dtype": np.uint8}}
+ENV: dict[str, dict[str, Any]] = {
+    "obs": {"shape": FRAME, "dtype": np.uint8}, "act": {"dtype": np.int64}, "rew": {"dtype": np.float32},
+    "done": {"dtype": np.uint8}}
 _LEVEL_FRAMES = 2_000
 _CHUNK = 2_000  # frames generated at a time
 

@@ -25,6 +25,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -78,7 +79,7 @@ def _filled(capacity: int, compressed: bool) -> mpreplay.PrioritizedReplayBuffer
     """A full buffer of Atari-like episodes: random frames, stacked 4 deep (the first frame of an
     episode repeated), each row with its next stack; compressed with next_of + stack_compress."""
     frame = {"shape": FRAME, "dtype": np.uint8}
-    options = {"next_of": "obs", "stack_compress": "obs"} if compressed else {}
+    options: dict[str, Any] = {"next_of": "obs", "stack_compress": "obs"} if compressed else {}
     buffer = mpreplay.PrioritizedReplayBuffer(capacity, {"obs": frame, "next_obs": frame, "act": {"dtype": np.int64},
                                                          "rew": {}, "done": {}}, seed=0, **options)
     rng = np.random.default_rng(0)

@@ -24,13 +24,13 @@ from mpreplay.bench._report import print_table
 FRAME = (84, 84)
 STACK = 4
 LIMIT = int(np.prod(FRAME))  # one frame per step
-LAYOUTS = {
+LAYOUTS: dict[str, dict[str, Any]] = {
     "obs + next_obs": {},
     "next_of": {"next_of": "obs"},
     "stack_compress": {"stack_compress": "obs"},
     "next_of + stack_compress": {"next_of": "obs", "stack_compress": "obs"},
 }
-ENV = {"obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
+ENV: dict[str, dict[str, Any]] = {"obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
        "next_obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
        "act": {"dtype": np.int64}, "rew": {}, "done": {}}
 

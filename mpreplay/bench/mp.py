@@ -113,11 +113,11 @@ class _Target:
 
 
 def _inserts_per_cpu(r: Result | None) -> float | None:
-    return None if r is None or not r.writer_cpu else r.inserts / r.writer_cpu
+    return None if r is None or not r.writer_cpu or r.inserts is None else r.inserts / r.writer_cpu
 
 
 def _sampled_per_cpu(r: Result | None) -> float | None:
-    return None if r is None or not r.learner_cpu else r.sampled / r.learner_cpu
+    return None if r is None or not r.learner_cpu or r.sampled is None else r.sampled / r.learner_cpu
 
 
 def _find(results: Sequence[Result], **match: Any) -> Result | None:
@@ -132,12 +132,12 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def _compare_inserts(target: str, case: str, a: Result, b: Result | None, goal: float) -> _Target:
-    return _Target(target, case, _ratio(a.inserts, b and b.inserts), goal,
+    return _Target(target, case, _ratio(a.inserts, None if b is None else b.inserts), goal,
                    _ratio(_inserts_per_cpu(a), _inserts_per_cpu(b)))
 
 
 def _compare_samples(target: str, case: str, a: Result, b: Result | None, goal: float) -> _Target:
-    return _Target(target, case, _ratio(a.sampled, b and b.sampled), goal,
+    return _Target(target, case, _ratio(a.sampled, None if b is None else b.sampled), goal,
                    _ratio(_sampled_per_cpu(a), _sampled_per_cpu(b)))
 
 

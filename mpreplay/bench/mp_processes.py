@@ -252,12 +252,12 @@ def run_case(ctx: Any, buffer: Any, contender: Contender, obs: Obs, writers: int
         result.learner_faults = reports[-1].faults / max(1, counts[-1] - counts[0])
         result.sampled = float(np.median(_slice_rates(counts, marks, BATCH)))
         submitted = (counts[-1] - counts[0]) * BATCH
-        if before.stats is not None:
-            result.stale = after.stats["stale_updates_dropped"] - before.stats["stale_updates_dropped"]
+        if before.stats is not None and after.stats is not None:  # the same buffer's: both or neither
+            result.stale = int(after.stats["stale_updates_dropped"] - before.stats["stale_updates_dropped"])
             result.updates = (submitted - result.stale) / window
         else:
             result.updates = submitted / window
-    if before.stats is not None:
+    if before.stats is not None and after.stats is not None:
         waited = after.stats["lock_wait_seconds"] - before.stats["lock_wait_seconds"]
         result.lock_wait = waited / (window * len(roles))
     return result

@@ -126,7 +126,7 @@ class Contender:
 
 @contextmanager
 def _mpreplay_buffer(obs: Obs, ctx: Any) -> Iterator[Any]:
-    compression = {"next_of": "obs", "stack_compress": "obs", "lanes": obs.lanes} if obs.lanes else {}
+    compression: dict[str, Any] = {"next_of": "obs", "stack_compress": "obs", "lanes": obs.lanes} if obs.lanes else {}
     with mpreplay.MPPrioritizedReplayBuffer(obs.capacity, env_dict(obs, ()), alpha=ALPHA, eps=EPS,
                                             **compression) as buffer:
         yield buffer

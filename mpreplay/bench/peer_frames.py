@@ -72,6 +72,7 @@ class Timed:
         return {"cpu": time.process_time() - cpu, "wall": time.perf_counter() - wall, "rows": self.rows * calls}
 
     def memory(self) -> tuple[int, int]:
+        assert self._memory is not None  # asked only of the buffers made with a memory figure
         return self._memory()
 
 
@@ -80,9 +81,9 @@ def _mpreplay(layout: str, capacity: int, seed: int) -> Timed:
     import mpreplay
 
     frame = {"shape": FRAME + (STACK,), "dtype": np.uint8}
-    env = {"obs": frame, "next_obs": frame, "act": {"dtype": np.int64}, "rew": {"dtype": np.float32},
-           "done": {"dtype": np.float32}}
-    options = {"next_of": "obs", "stack_compress": "obs"} if layout == "compressed" else {}
+    env: dict[str, dict[str, Any]] = {"obs": frame, "next_obs": frame, "act": {"dtype": np.int64},
+                                      "rew": {"dtype": np.float32}, "done": {"dtype": np.float32}}
+    options: dict[str, Any] = {"next_of": "obs", "stack_compress": "obs"} if layout == "compressed" else {}
     rb = mpreplay.PrioritizedReplayBuffer(capacity, env, alpha=ALPHA, seed=seed, **options)
     for fields, priorities in transition_episodes(seed, capacity):
         rb.add(**fields, priorities=priorities)
@@ -181,11 +182,11 @@ def _flashbax(layout: str, capacity: int, seed: int) -> Timed:
         buffer = flashbax.make_prioritised_flat_buffer(max_length=capacity, min_length=TPUT_BATCH,
                                                        sample_batch_size=TPUT_BATCH, add_sequences=True,
                                                        priority_exponent=ALPHA, device="cpu")
-    steps = {"obs": [], "act": [], "rew": [], "done": []}
+    pieces: dict[str, list[np.ndarray]] = {"obs": [], "act": [], "rew": [], "done": []}
     for fields, _ in transition_episodes(seed, capacity):
-        for k in steps:
-            steps[k].append(fields[k])
-    steps = {k: np.concatenate(v)[:capacity] for k, v in steps.items()}
+        for k in pieces:
+            pieces[k].append(fields[k])
+    steps = {k: np.concatenate(v)[:capacity] for k, v in pieces.items()}
     steps["act"] = steps["act"].astype(np.int32)  # JAX's default 32 bits
     state = buffer.init({k: jnp.asarray(v[0]) for k, v in steps.items()})
     add = jax.jit(buffer.add, donate_argnums=0)

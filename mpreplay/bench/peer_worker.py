@@ -39,6 +39,7 @@ else:  # a script, run by an interpreter that may not have mpreplay
     _HERE = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
     _spec = importlib.util.spec_from_file_location("peer_frames", os.path.join(_HERE, "peer_frames.py"))
+    assert _spec is not None and _spec.loader is not None  # a .py file beside this one
     peer_frames = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(peer_frames)
 
@@ -67,7 +68,7 @@ def env_dict(scalar_shape: tuple[int, ...] | None) -> dict[str, dict[str, Any]]:
 def workload(seed: int) -> tuple[list[dict[str, np.ndarray]], list[np.ndarray]]:
     """The transitions the loop adds and the noise it perturbs the weights with."""
     rng = np.random.default_rng(seed)
-    pool = [{
+    pool: list[dict[str, np.ndarray]] = [{
         "obs": rng.standard_normal(OBS_SHAPE).astype(np.float32),
         "act": np.asarray(rng.integers(0, 4), dtype=np.int64),
         "rew": np.asarray(rng.standard_normal(), dtype=np.float32),
@@ -369,7 +370,7 @@ class Worker:
         """Runs of ``frames`` frames of the loop on the full buffer until they took ``min_cpu``
         CPU seconds of this process (a fast buffer's round is then not a few ms that one
         interruption can double): the CPU seconds and the frames."""
-        if self.per is None:
+        if self.per is None or self.per_work is None:  # built together by per_build
             raise RuntimeError("per_run needs a per_build first")
         items, noise = self.per_work
         cpu, done = 0.0, 0

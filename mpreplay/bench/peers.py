@@ -72,17 +72,21 @@ class PeerProcess:
             env["PYTHONPATH"] = os.pathsep.join([_MPREPLAY_ROOT, *filter(None, [env.get("PYTHONPATH")])])
         self._process = subprocess.Popen([python, str(WORKER), name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=self._stderr, text=True, env=env)
+        stdin, stdout = self._process.stdin, self._process.stdout
+        assert stdin is not None and stdout is not None  # both are pipes (PIPE above)
+        self._stdin, self._stdout = stdin, stdout
         self.hello: dict[str, Any] = {}
 
     def request(self, cmd: str, **arguments: Any) -> dict[str, Any]:
         """Send one command; its answer, or :class:`PeerError` with the reason."""
         try:
-            self._process.stdin.write(json.dumps({"cmd": cmd, **arguments}) + "\n")
-            self._process.stdin.flush()
-            line = self._process.stdout.readline()
+            self._stdin.write(json.dumps({"cmd": cmd, **arguments}) + "\n")
+            self._stdin.flush()
+            line = self._stdout.readline()
         except (BrokenPipeError, OSError):
             line = ""
         if not line:
+            status: int | str
             try:  # its output closed: it is exiting, and its status says how
                 status = self._process.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -101,13 +105,13 @@ class PeerProcess:
     def close(self) -> None:
         if self._process.poll() is None:
             try:
-                self._process.stdin.write('{"cmd": "quit"}\n')
-                self._process.stdin.flush()
+                self._stdin.write('{"cmd": "quit"}\n')
+                self._stdin.flush()
                 self._process.wait(timeout=30)
             except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
                 self._process.kill()
                 self._process.wait()
-        for stream in (self._process.stdin, self._process.stdout, self._stderr):
+        for stream in (self._stdin, self._stdout, self._stderr):
             with contextlib.suppress(OSError):  # a "quit" still buffered for a worker that is gone
                 stream.close()
 

@@ -196,7 +196,7 @@ def targets(loop: Measured | None, tput: Measured | None) -> None:
 def _judge(ratios: dict[str, float]) -> list[str]:
     if not ratios:
         return ["no peer measured", "", "not judged", ""]
-    closest = min(ratios, key=ratios.get)
+    closest = min(ratios, key=ratios.__getitem__)  # every key is present; get() would type as Optional
     return [closest, f"{ratios[closest]:.2f}", "yes" if ratios[closest] > 1 else "no",
             ", ".join(f"{p.split()[0]} {r:.1f}" for p, r in ratios.items())]
 

@@ -38,8 +38,9 @@ from mpreplay.sharded import ShardedReplay, ShardServer, start_shard_servers
 from mpreplay.testing import LoopbackRayCluster
 
 OBS_SHAPE = (84, 84)
-ENV = {"obs": {"shape": OBS_SHAPE, "dtype": np.uint8}, "next_obs": {"shape": OBS_SHAPE, "dtype": np.uint8},
-       "act": {"dtype": np.int64}, "rew": {"dtype": np.float32}, "done": {"dtype": np.float32}}
+ENV: dict[str, dict[str, Any]] = {
+    "obs": {"shape": OBS_SHAPE, "dtype": np.uint8}, "next_obs": {"shape": OBS_SHAPE, "dtype": np.uint8},
+    "act": {"dtype": np.int64}, "rew": {"dtype": np.float32}, "done": {"dtype": np.float32}}
 MAX_SHARDS = 3
 TARGET = 0.5  # ray / local
 _TUNED = {"max_direct_call_object_size": 256 << 20, "task_rpc_inlined_bytes_limit": 512 << 20,

@@ -14,6 +14,7 @@ and returns float64, so its result is rounded to float32 first.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from collections.abc import Callable
 
@@ -171,9 +172,9 @@ def _speed_rows(sizes, batch_shape, baselines, repeat, clock):
                     methods["numpy loop"] = _numpy_loop
                 # Fewer repeats where one call already takes long enough for a stable median.
                 reps = max(3, repeat // 3) if x.size >= 10**7 else repeat
-                seconds = {name: _median_seconds(lambda f=f, x=x, right=right: f(x, right), reps, clock)
+                seconds = {name: _median_seconds(functools.partial(f, x, right), reps, clock)
                            for name, f in methods.items()}
-                seconds["np.cumsum"] = _median_seconds(lambda x=x: np.cumsum(x, axis=-1), reps, clock)
+                seconds["np.cumsum"] = _median_seconds(functools.partial(np.cumsum, x, axis=-1), reps, clock)
                 rows.append(
                     [
                         label,

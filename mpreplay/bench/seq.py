@@ -51,10 +51,10 @@ ONE_FRAME = int(np.prod(FRAME))  # bytes: the limit of a per-step frame store
 LENGTH, PERIOD = 80, 40  # R2D2's sequences
 ALPHA, BETA = 0.6, 0.6
 SPEED_TARGET, MEMORY_TARGET = 3.0, 1.1
-ENV = {"obs": {"shape": FRAME + (STACK,), "dtype": np.uint8}, "act": {"dtype": np.int64},
+ENV: dict[str, dict[str, Any]] = {"obs": {"shape": FRAME + (STACK,), "dtype": np.uint8}, "act": {"dtype": np.int64},
        "rew": {"dtype": np.float32}, "done": {"dtype": np.float32}}
 STEP_BYTES = sum(int(np.prod(f.get("shape", ()))) * np.dtype(f["dtype"]).itemsize for f in ENV.values())
-LAYOUTS = {"compressed": {"stack_compress": "obs"}, "uncompressed": {}}
+LAYOUTS: dict[str, dict[str, Any]] = {"compressed": {"stack_compress": "obs"}, "uncompressed": {}}
 
 
 # -- contenders ------------------------------------------------------------------
@@ -92,7 +92,9 @@ def _mpreplay(layout: str, capacity: int, batch: int, seed: int, *, new_arrays: 
 
     def memory() -> tuple[int, int, int]:
         segment = next(s for s in list_segments() if s.name == rb.name)
-        return segment.nbytes, rb.get_stored_size(), int(rb.stats()["sequences"])
+        sequences = rb.stats()["sequences"]
+        assert sequences is not None  # a counter: only the lock holder's entries are ever None
+        return segment.nbytes, rb.get_stored_size(), int(sequences)
 
     out = [_Contender(f"mpreplay {layout}, out=", lambda _, fields, priorities: rb.add(priorities=priorities, **fields),
                       _timed(reuse), memory, rb.close)]
@@ -199,10 +201,10 @@ def _report(contenders: list[_Contender], memory: dict[str, tuple[int, int, int]
     torch_row = next((c.name for c in contenders if c.name.startswith("TorchRL")), None)
     rows = []
     for c in contenders:
-        per_s, per_cpu = rates[c.name]
+        per_s, per_cpu_s = rates[c.name]
         vs = ["", ""] if torch_row is None else [f"{per_s / rates[torch_row][0]:.2f}",
-                                                 f"{per_cpu / rates[torch_row][1]:.2f}"]
-        rows.append([c.name, f"{float(np.median(c.wall)) * 1e3:.1f}", f"{per_s:,.0f}", f"{per_cpu:,.0f}", *vs])
+                                                 f"{per_cpu_s / rates[torch_row][1]:.2f}"]
+        rows.append([c.name, f"{float(np.median(c.wall)) * 1e3:.1f}", f"{per_s:,.0f}", f"{per_cpu_s:,.0f}", *vs])
     print_table(f"Sampling {batch} sequences x {LENGTH} steps", ["buffer", "ms / sample", "steps/s",
                 "steps / CPU s", "÷ TorchRL", "÷ TorchRL per CPU s"], rows)
 
@@ -214,7 +216,8 @@ def _report(contenders: list[_Contender], memory: dict[str, tuple[int, int, int]
     print_table(f"Memory per stored step (one frame: {ONE_FRAME:,} B; a step's fields: {STEP_BYTES:,} B)",
                 ["buffer", "MiB", "steps", "bytes / step", "÷ one frame", "÷ sequences stored whole"], rows)
 
-    speed = per_cpu = None
+    speed: float | None = None
+    per_cpu: float | None = None
     if torch_row is not None:
         speed, per_cpu = (rates[contenders[0].name][i] / rates[torch_row][i] for i in (0, 1))
     nbytes, stored, _ = memory[contenders[0].name]

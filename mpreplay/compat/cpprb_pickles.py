@@ -36,7 +36,7 @@ import pickletools
 import re
 import zipfile
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import numpy as np
 
@@ -151,10 +151,18 @@ class _Object:
         self.item = item
 
 
+class _Readable(Protocol):
+    """What the pickle readers call on a stream."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def readline(self, size: int = -1, /) -> bytes: ...
+
+
 class _Unpickler(pickle.Unpickler):
     """Builds only :class:`_Array`, :class:`_Dtype` and numpy scalars; refuses every other global."""
 
-    def __init__(self, stream: IO[bytes]) -> None:
+    def __init__(self, stream: _Readable) -> None:
         super().__init__(stream)
         # Fresh stand-ins per file: nothing one file does to them reaches another.
         builds = {"ndarray": None, "memmap": None, "dtype": self._dtype, "_reconstruct": self._reconstruct,
@@ -212,14 +220,18 @@ def scan(stream: IO[bytes], member: str, label: str) -> None:
     unpickler allocates what a length says before it reads; pickletools reads what is there.)"""
     memo = 0  # entries in the unpickler's memo: pickle numbers them 0, 1, 2, ...
     try:
-        for opcode, arg, _ in pickletools.genops(_Chunked(stream)):
+        # typeshed wants IO[bytes] here; genops only calls read() (and tell() where there is one).
+        for opcode, arg, _ in pickletools.genops(_Chunked(stream)):  # type: ignore[arg-type]
             if opcode.name not in _OPCODES:
                 raise _Refused(f"the pickle opcode {opcode.name}")
-            if opcode.name == "GLOBAL" and tuple(arg.split(" ", 1)) not in _ADMITTED:
-                raise _Refused(f"a reference to {short(arg.replace(' ', '.'))}")
-            if opcode.name == "MEMOIZE":
+            if opcode.name == "GLOBAL":
+                assert isinstance(arg, str)  # pickletools reads it as "module name"
+                if tuple(arg.split(" ", 1)) not in _ADMITTED:
+                    raise _Refused(f"a reference to {short(arg.replace(' ', '.'))}")
+            elif opcode.name == "MEMOIZE":
                 memo += 1
             elif opcode.name in ("BINPUT", "LONG_BINPUT"):
+                assert isinstance(arg, int)  # pickletools reads it as the memo index
                 # The unpickler grows its memo to the largest index it is given.
                 if arg > memo:
                     raise ValueError(f"memo index {arg} after {memo} entries")

@@ -19,8 +19,9 @@ from .task import GREEDY_EPSILON, WINDOW, Config, env_title, recent_mean, runnin
 
 __all__ = ["EPISODE_FIELDS", "Episodes", "Monitor", "live_view", "plot", "print_summary", "summary", "watch"]
 
-EPISODE_FIELDS = {"rank": {"dtype": np.int64}, "episode": {"dtype": np.int64}, "eps": {"dtype": np.float64},
-                  "ret": {"dtype": np.float64}, "steps": {"dtype": np.int64}, "time": {"dtype": np.float64}}
+EPISODE_FIELDS: dict[str, dict[str, Any]] = {
+    "rank": {"dtype": np.int64}, "episode": {"dtype": np.int64}, "eps": {"dtype": np.float64},
+    "ret": {"dtype": np.float64}, "steps": {"dtype": np.int64}, "time": {"dtype": np.float64}}
 _RATE_SPAN = 5.0  # seconds the live rates average over (env steps arrive an episode at a time)
 
 
@@ -68,7 +69,9 @@ class Monitor:
         stats = self._replay.stats()
         now = time.time()
         env_steps = sum(self._steps.values())
-        current = (now, env_steps, stats["inserts"], stats["samples"])
+        inserts, samples = stats["inserts"], stats["samples"]
+        assert inserts is not None and samples is not None  # counters: only the lock holder's entries are None
+        current = (now, env_steps, int(inserts), int(samples))
         while len(self._history) > 1 and now - self._history[1][0] >= _RATE_SPAN:
             self._history.popleft()
         previous = self._history[0]

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .. import checks
 from ..launcher import Context
@@ -121,7 +122,7 @@ def recent_mean(log_rows: Mapping[str, np.ndarray]) -> float:
     return float(returns[-WINDOW:].mean()) if len(returns) >= WINDOW else -math.inf
 
 
-def solve_point(episodes: Mapping[str, Sequence[float]], goal: float) -> tuple[float, int] | None:
+def solve_point(episodes: Mapping[str, ArrayLike], goal: float) -> tuple[float, int] | None:
     """(seconds, env steps) when the mean of the last WINDOW greedy returns first reached ``goal``.
 
     ``episodes``: the lists of a run's ``episodes.json`` (or its :class:`~mpreplay.demo.report.Episodes`, as arrays).

@@ -292,7 +292,8 @@ class ShardedReplay:
             self._collect(self._rounds.pop())
 
     def _assemble(self, rnd: _Round, replies: list[dict[str, Any] | None], b: int) -> _Batch | None:
-        parts, probabilities, floor = [], [], np.inf
+        parts: list[tuple[int, dict[str, Any]]] = []
+        probabilities, floor = [], np.inf
         for j, (shard, reply) in enumerate(zip(rnd.shards, replies, strict=True)):
             count = rnd.counts[b, j]
             part = None if reply is None else reply["batches"][b]
@@ -302,7 +303,7 @@ class ShardedReplay:
                 continue
             scale = rnd.shares[j] / reply["total"]
             floor = min(floor, scale * reply["min"])
-            if count:
+            if count and part is not None:  # count implies part (checked above)
                 parts.append((shard.id, part))
                 probabilities.append(scale * part["leaf"])
         rows = {name: _concat([p[name] for _, p in parts]) for name in parts[0][1] if name not in ("keys", "leaf")}
@@ -328,8 +329,8 @@ class ShardedReplay:
             raise ValueError(f"indexes: expected indexes this client's sample() returned, "
                              f"got {idx[bad[0]]} at position {bad[0]}")
         limits = np.full(self._next_id, np.inf)  # a gone shard's updates are dropped: any finite value does
-        for sid, shard in self._shards.items():
-            limits[sid] = shard.max_priority
+        for sid, held in self._shards.items():
+            limits[sid] = held.max_priority
         p = checks.priorities("priorities", priorities, len(idx), max_priority=limits[ids])
         for sid in np.unique(ids).tolist():
             mine = ids == sid

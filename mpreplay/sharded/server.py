@@ -71,6 +71,7 @@ class ShardServer:
         Importance weights are left to the client: they need every shard's minimum.
         """
         if keys is not None:
+            assert priorities is not None  # the client sends keys and priorities together
             self.update_priorities(keys, priorities)
         b = self._buffer
         batches: list[dict[str, np.ndarray] | None] = []
@@ -101,10 +102,12 @@ class ShardServer:
         self._buffer.update_priorities(slots[live], np.asarray(priorities, dtype=np.float64)[live])
         return dropped
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, float | None]:
         """The buffer's ``stats()``; ``stale_updates_dropped`` includes the updates this server dropped."""
         out = self._buffer.stats()
-        out["stale_updates_dropped"] += self._stale
+        dropped = out["stale_updates_dropped"]
+        assert dropped is not None  # a counter: only the lock holder's entries are ever None
+        out["stale_updates_dropped"] = dropped + self._stale
         return out
 
     def save_transitions(self, *args: Any, **kwargs: Any) -> Any:

@@ -96,9 +96,10 @@ class _Buffer:
                 pass  # nothing was stored: convert as cpprb does, then mpreplay says what is wrong
         values = self._fields.pick(kwargs)
         if self._nstep is not None:
-            values = self._nstep.fold(values)
-            if values is None:
+            folded = self._nstep.fold(values)
+            if folded is None:
                 return None
+            values = folded
         return self._store(values, None)
 
     def _store(self, values: dict[str, Any], priorities: Any) -> int:
@@ -244,7 +245,9 @@ class ReplayBuffer(_Buffer):
         return native.ReplayBuffer(size, fields.env_dict(), mmap_prefix=options["mmap_prefix"])
 
     def _inserted(self) -> int:
-        return int(self._native.stats()["inserts"])
+        inserts = self._native.stats()["inserts"]
+        assert inserts is not None  # a counter: only the lock holder's entries are ever None
+        return int(inserts)
 
     def get_current_episode_len(self) -> int:
         """Transitions stored since the episode began."""
@@ -261,12 +264,13 @@ class ReplayBuffer(_Buffer):
         self._episode_start = self._inserted()
 
 
-class _Prioritized:
-    """cpprb's prioritized replay on top of an mpreplay prioritized buffer."""
+class _Prioritized(_Buffer):
+    """cpprb's prioritized replay on top of an mpreplay prioritized buffer.
+
+    Comes first in the bases of a class that also derives from ReplayBuffer or MPReplayBuffer.
+    """
 
     _native: native.PrioritizedReplayBuffer
-    _fields: Fields
-    _nstep: NstepBuffer | None
 
     def _init_priorities(self, size: int, check_for_update: bool) -> None:
         # Which slots this process sampled: updates of others are dropped (cpprb's
@@ -277,8 +281,9 @@ class _Prioritized:
         if self._sampled is None:
             # Nothing to note per sample: cpprb's calls are mpreplay's, bound straight through
             # (mpreplay takes every index and priority layout cpprb takes).
-            self.sample = self._native.sample
-            self.update_priorities = self._native.update_priorities
+            # Instance attributes over the methods on purpose (mypy checks methods are not reassigned).
+            self.sample = self._native.sample  # type: ignore[method-assign]
+            self.update_priorities = self._native.update_priorities  # type: ignore[method-assign]
         if self._nstep is not None:
             self._priority_nstep = NstepBuffer({"priority": {"shape": (), "dtype": np.float64},
                                                 "done": self._fields.env_dict()["done"]},
@@ -292,7 +297,7 @@ class _Prioritized:
         """Add transitions with ``priorities`` (one per transition, or one for all), or the
         largest priority ever set.  See ``ReplayBuffer.add``."""
         if self._nstep is not None:
-            return self._add_folded(self._fields.pick(kwargs), priorities)
+            return self._add_folded(self._nstep, self._fields.pick(kwargs), priorities)
         if priorities is None and (slot := self._native_add_row(kwargs)) >= 0:
             return slot
         try:
@@ -301,14 +306,14 @@ class _Prioritized:
             # Nothing was stored: convert as cpprb does, then mpreplay says what is wrong.
             return self._store(self._fields.pick(kwargs), priorities)
 
-    def _add_folded(self, values: dict[str, Any], priorities: Any) -> int | None:
+    def _add_folded(self, nstep: NstepBuffer, values: dict[str, Any], priorities: Any) -> int | None:
         k = np.size(values["done"])  # one flag per step
         p = np.full(k, self._native.default_priority()) if priorities is None else priorities
         # Both folders take their steps only once everything is known to be good.
         p = checks.priorities("priorities", p, k, max_priority=self._native.max_priority)
-        rows = self._nstep.fold(values)
+        rows = nstep.fold(values)
         folded = self._priority_nstep.fold({"priority": p, "done": values["done"]})
-        if rows is None:
+        if rows is None or folded is None:  # the two fold the same steps: both complete rows or neither
             return None
         return self._store(rows, folded["priority"])
 
@@ -335,9 +340,12 @@ class _Prioritized:
         return batch
 
     def _own_sampled(self) -> np.ndarray:
+        sampled = self._sampled
+        assert sampled is not None  # called only where updates are checked (check_for_update, shared)
         if self._sampled_pid != os.getpid():  # a forked child has sampled nothing yet
-            self._sampled, self._sampled_pid = np.zeros_like(self._sampled), os.getpid()
-        return self._sampled
+            sampled, self._sampled_pid = np.zeros_like(sampled), os.getpid()
+            self._sampled = sampled
+        return sampled
 
     def update_priorities(self, indexes: Any, priorities: Any) -> None:
         """Set the priorities of sampled transitions; one number sets them all.
@@ -402,6 +410,9 @@ class MPReplayBuffer(_Buffer):
     otherwise unused: the buffer lives in one shared-memory segment whatever they are.
     It pickles to a small handle, so it can be passed to processes of any start method.
     """
+
+    # Which slots this process sampled, of the prioritized subclass: reset when unpickled.
+    _sampled: np.ndarray | None
 
     def __init__(self, size: Any, env_dict: Mapping[str, Mapping[str, Any]] | None = None, *,
                  default_dtype: Any = None, logger: Any = None, ctx: Any = None,
