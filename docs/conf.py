@@ -66,7 +66,11 @@ nitpick_ignore_regex = [(r"py:.*", rf"({_OTHER_PROJECTS})\..*")]
 # Internal types that appear in public signatures (the state an NstepBuffer preview returns, a
 # parsed env_dict): not public names, so not documented.
 nitpick_ignore = [("py:class", "mpreplay.nstep.Folding"), ("py:class", "mpreplay.spec.FieldSpec"),
-                  ("py:class", "mpreplay.compat.cpprb.fields.Fields")]
+                  ("py:class", "mpreplay.compat.cpprb.fields.Fields"),
+                  # a file argument (a path or a binary file object) and a field's spec, by their alias names
+                  ("py:class", "File"), ("py:class", "FieldSpec"),
+                  # modules the reference names but does not render (the archives, cpprb's pickles)
+                  ("py:mod", "mpreplay.npz_archive"), ("py:mod", "mpreplay.compat.cpprb_pickles")]
 # Type aliases of typed signatures, shown by name: numpy's ArrayLike, the returns functions'
 # dones (an array, a tensor or None), the type of a ParameterStore.read out= mapping.
 nitpick_ignore += [("py:class", "ArrayLike"), ("py:class", "_Dones"), ("py:class", "mpreplay.params._Out")]

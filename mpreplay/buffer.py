@@ -824,12 +824,12 @@ class PrioritizedReplayBuffer(PrioritizedCalls, ReplayBuffer):
 
     @property
     def alpha(self) -> float | None:
-        """Prioritisation exponent (None: the selector has none)."""
+        """The prioritisation exponent, or None where the selector has none."""
         return self._selector_spec.kernel_options().get("alpha")
 
     @property
     def eps(self) -> float | None:
-        """Added to every priority (None: the selector adds nothing)."""
+        """What is added to every priority, or None where the selector adds nothing."""
         return self._selector_spec.kernel_options().get("eps")
 
     def leaf_mass(self) -> tuple[float, float]:

@@ -50,6 +50,8 @@ from . import selectors
 from .errors import CorruptBufferError
 from .monitor import SHM_DIR, BufferView
 
+__all__ = ["check_arrays", "verify_segment"]
+
 _CUMULATIVE = {"inserts": INSERTS, "samples": SAMPLES, "stale": STALE, "torn": TORN, "lock_wait_ns": LOCK_WAIT_NS,
                "lock_holds": LOCK_HOLDS, "reserved": RESERVED, "waiters": WAITERS}
 _SHOWN = 5  # slots named per problem

@@ -1,4 +1,4 @@
-"""The operator's and tester's view of a buffer's internals: :meth:`ReplayBuffer.inspection`.
+"""The operator's and tester's view of a buffer's internals: :meth:`mpreplay.ReplayBuffer.inspection`.
 
 A buffer's public API says what it stores; this module shows how it stores it,
 for whoever must look underneath -- an operator chasing a damaged segment, a
@@ -75,7 +75,7 @@ class Reservation:
 class Inspection:
     """A buffer's memory, selector and lock as the buffer itself sees them (see the module).
 
-    Made by :meth:`ReplayBuffer.inspection`; valid while the buffer is open.
+    Made by :meth:`mpreplay.ReplayBuffer.inspection`; valid while the buffer is open.
     """
 
     def __init__(self, memory: Any, gate: Any, ring: Any, selector: Any, *, capacity: int,
