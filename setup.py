@@ -5,6 +5,7 @@ Every build also leaves the compiled kernels in the checkout's mpreplay/_ext/
 its root -- where Python puts the checkout's mpreplay/ first on sys.path, in
 launched child processes and Ray workers too -- imports working kernels.
 """
+
 import ctypes.util
 import glob
 import os
@@ -94,8 +95,11 @@ def _generated_sources_current(names: list[str]) -> bool:
 
 def _vector_math() -> tuple[list[tuple[str, str]], list[str]]:
     """Macros and libraries for ext/batch_math.pxd: glibc's vector math library on x86-64 Linux."""
-    if (sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
-            and ctypes.util.find_library("mvec")):
+    if (
+        sys.platform.startswith("linux")
+        and platform.machine() in ("x86_64", "AMD64")
+        and ctypes.util.find_library("mvec")
+    ):
         return [("MPR_LIBMVEC", "1")], ["mvec"]
     return [], []
 
@@ -110,8 +114,8 @@ extensions = [
         include_dirs=[np.get_include()],
         # Built against numpy 2's headers for numpy 1.23's C API, a wheel imports under numpy 1.x
         # and 2.x alike, whichever numpy its build environment had (numpy 2.5 would target 1.25).
-        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
-                       ("NPY_TARGET_VERSION", "NPY_1_23_API_VERSION")] + _VECTOR_MACROS,
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"), ("NPY_TARGET_VERSION", "NPY_1_23_API_VERSION")]
+        + _VECTOR_MACROS,
         extra_compile_args=["-O3"],
         # Linked to libm by name, the kernels bind exp, log and pow at the C library's current
         # versions; left unversioned, they bind at the oldest, glibc's error-handling wrappers.
@@ -128,5 +132,7 @@ setup(
         include_path=[_headers_by_module_path()],
         compiler_directives={"boundscheck": False, "wraparound": False, "cdivision": True},
         nthreads=_cores(),
-    ) if _CYTHONIZE else extensions,
+    )
+    if _CYTHONIZE
+    else extensions,
 )

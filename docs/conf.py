@@ -7,6 +7,7 @@ Build (from the repository's root, with the ``docs`` extra installed)::
 Warnings are errors and every cross-reference must resolve (``-n``): a
 Markdown link to a page, heading or image that does not exist fails the build.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,7 +47,9 @@ autosummary_ignore_module_all = False
 autosummary_imported_members = True
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
-autodoc_typehints_format = "fully-qualified"  # a short name can be ambiguous: the compat layer mirrors the native classes
+autodoc_typehints_format = (
+    "fully-qualified"  # a short name can be ambiguous: the compat layer mirrors the native classes
+)
 autodoc_default_options = {"members": True}
 
 # The docstrings' "Parameters" / "Attributes" sections are numpydoc's; their types are
@@ -65,12 +68,17 @@ _OTHER_PROJECTS = "numpy|np|collections|typing|os|logging|zipfile|pathlib|multip
 nitpick_ignore_regex = [(r"py:.*", rf"({_OTHER_PROJECTS})\..*")]
 # Internal types that appear in public signatures (the state an NstepBuffer preview returns, a
 # parsed env_dict): not public names, so not documented.
-nitpick_ignore = [("py:class", "mpreplay.nstep.Folding"), ("py:class", "mpreplay.spec.FieldSpec"),
-                  ("py:class", "mpreplay.compat.cpprb.fields.Fields"),
-                  # a file argument (a path or a binary file object) and a field's spec, by their alias names
-                  ("py:class", "File"), ("py:class", "FieldSpec"),
-                  # modules the reference names but does not render (the archives, cpprb's pickles)
-                  ("py:mod", "mpreplay.npz_archive"), ("py:mod", "mpreplay.compat.cpprb_pickles")]
+nitpick_ignore = [
+    ("py:class", "mpreplay.nstep.Folding"),
+    ("py:class", "mpreplay.spec.FieldSpec"),
+    ("py:class", "mpreplay.compat.cpprb.fields.Fields"),
+    # a file argument (a path or a binary file object) and a field's spec, by their alias names
+    ("py:class", "File"),
+    ("py:class", "FieldSpec"),
+    # modules the reference names but does not render (the archives, cpprb's pickles)
+    ("py:mod", "mpreplay.npz_archive"),
+    ("py:mod", "mpreplay.compat.cpprb_pickles"),
+]
 # Type aliases of typed signatures, shown by name: numpy's ArrayLike, the returns functions'
 # dones (an array, a tensor or None), the type of a ParameterStore.read out= mapping.
 nitpick_ignore += [("py:class", "ArrayLike"), ("py:class", "_Dones"), ("py:class", "mpreplay.params._Out")]

@@ -18,6 +18,7 @@ Needs torch, gymnasium (and optionally rich and matplotlib)::
 
 The code lives in mpreplay/demo/apex.py (``mpreplay demo`` runs the same thing).
 """
+
 from mpreplay.demo import main
 
 if __name__ == "__main__":  # the worker processes import this file again: only the parent runs the demo

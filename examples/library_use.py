@@ -10,6 +10,7 @@ does not solve CartPole: ``mpreplay demo`` does, with a network and processes::
 
     python examples/library_use.py --steps 20000
 """
+
 from __future__ import annotations
 
 import argparse

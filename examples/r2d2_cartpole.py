@@ -18,6 +18,7 @@ Needs torch, gymnasium (and optionally rich and matplotlib)::
 The code lives in mpreplay/demo/r2d2.py (``mpreplay demo --agent r2d2`` runs the same thing);
 ``mpreplay demo --hide-velocity`` runs the feed-forward Ape-X agent on the same observations.
 """
+
 import sys
 
 from mpreplay.demo import main

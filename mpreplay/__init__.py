@@ -1,4 +1,5 @@
 """mpreplay: prioritized experience replay in shared memory for multi-process RL."""
+
 from ._version import __version__
 from .buffer import MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
 from .errors import BufferClosed, CorruptBufferError, IncompatibleSegmentError
@@ -8,13 +9,13 @@ from .memory import SharedMemoryError
 from .nstep import NstepBuffer
 from .params import ParameterStore, ParameterStoreTimeout
 from .returns import NStepReturns, discounted_cumsum_left, discounted_cumsum_right, gae, n_step_returns
+from .selectors import SelectorSpec
 from .sequence_buffer import (
     MPPrioritizedSequenceReplayBuffer,
     MPSequenceReplayBuffer,
     PrioritizedSequenceReplayBuffer,
     SequenceReplayBuffer,
 )
-from .selectors import SelectorSpec
 from .sequences import sequence_priority
 
 __all__ = [

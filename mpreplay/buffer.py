@@ -14,6 +14,7 @@ lock.  The protocol (see docs/architecture.md) is the same for both:
 * **update_priorities** -- applied only where the slot still holds what was
   sampled; stale updates are dropped and counted.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,32 +26,50 @@ from typing import Any
 
 import numpy as np
 
-from . import checks
-from ._ext.lock import LOCK_NBYTES, SharedLock, ThreadLock
-from ._ext.gate import Gate, deadline
+from . import checks, fileformat, manifest, selectors
 from ._ext.calls import BufferCalls, PrioritizedCalls
-from ._ext.ring import Ring
-from ._ext.slots import Slots, recover
-from ._ext.schema import (INSERTS, LANE_CURSOR, LANE_END, LANE_START, LOCK_HOLDS, LOCK_WAIT_NS, RESERVED, SAMPLES,
-                          STALE, STORED, WAITERS)
+from ._ext.gate import Gate, deadline
+from ._ext.lock import LOCK_NBYTES, SharedLock, ThreadLock
 from ._ext.processes import process_token
-from ._ext.schema import MANIFEST_ARRAY, ROWS_ARRAY, TORN, WRITERS_ARRAY, field_array, row_layout, segment_arrays
-from ._ext.schema import EPISODE_STEP_ARRAY, SEQUENCE_STEPS_ARRAY, TIMES_SAMPLED_ARRAY
-from ._ext.sequences import Sequences
+from ._ext.ring import Ring
+from ._ext.schema import (
+    EPISODE_STEP_ARRAY,
+    INSERTS,
+    LANE_CURSOR,
+    LANE_END,
+    LANE_START,
+    LOCK_HOLDS,
+    LOCK_WAIT_NS,
+    MANIFEST_ARRAY,
+    RESERVED,
+    ROWS_ARRAY,
+    SAMPLES,
+    SEQUENCE_STEPS_ARRAY,
+    STALE,
+    STORED,
+    TIMES_SAMPLED_ARRAY,
+    TORN,
+    WAITERS,
+    WRITERS_ARRAY,
+    field_array,
+    row_layout,
+    segment_arrays,
+)
 from ._ext.selector import Selector
+from ._ext.sequences import Sequences
+from ._ext.slots import Slots, recover
 from ._ext.sumtree import PriorityTree
-from . import fileformat, manifest, selectors
+from .compression import Compression, FrameWriter, with_next_fields
 from .errors import BufferClosed
 from .inspect import Inspection
 from .limiter import RateLimiter
 from .memory import FileMemory, HeapMemory, Layout, SharedMemory
 from .nstep import NstepBuffer
 from .prefetch import Prefetcher
-from .selectors import SelectorSpec
-from .spec import convert_batch, parse_env_dict
-from .compression import Compression, FrameWriter, with_next_fields
 from .saved_episodes import load_episodes, split_episodes, stack_age, transition_episodes
+from .selectors import SelectorSpec
 from .sequences import SequenceWriter
+from .spec import convert_batch, parse_env_dict
 
 __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer", "BufferClosed"]
 
@@ -60,8 +79,20 @@ _READ_ATTEMPTS = 100
 _DEPTH = "frames.depth"  # in the rows a compressed buffer's save copies: each slot's depth (no field's name)
 
 # Attributes that view a buffer's memory: close() replaces them with _CLOSED.
-_VIEWS = ("_header", "_generation", "_tree", "_selector", "_fields", "_ring", "_lock", "_frames", "_writer", "_lanes",
-          "_sequences", "_gate")
+_VIEWS = (
+    "_header",
+    "_generation",
+    "_tree",
+    "_selector",
+    "_fields",
+    "_ring",
+    "_lock",
+    "_frames",
+    "_writer",
+    "_lanes",
+    "_sequences",
+    "_gate",
+)
 
 
 class _Closed:
@@ -138,21 +169,40 @@ class ReplayBuffer(BufferCalls):
     """
 
     _CONFIG: tuple[str, ...] = (  # what a handle carries
-        "_size", "_specs", "_nstep_args", "_compression", "_mmap_prefix", "_thread_lock", "_selector_spec",
-        "_max_times_sampled")
+        "_size",
+        "_specs",
+        "_nstep_args",
+        "_compression",
+        "_mmap_prefix",
+        "_thread_lock",
+        "_selector_spec",
+        "_max_times_sampled",
+    )
     _LOCK_NBYTES = 0  # a local buffer has no lock in its memory: its threads take a ThreadLock
     _sequence: Any = None  # a sequence buffer's SequenceSpec (mpreplay.sequence_buffer)
 
-    def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *,
-                 default_dtype: Any = None, seed: int | None = None, rate_limiter: RateLimiter | None = None,
-                 nstep: Mapping[str, Any] | None = None, Nstep: None = None,
-                 next_of: str | list[str] | None = None, stack_compress: str | list[str] | None = None,
-                 lanes: int = 1, mmap_prefix: str | os.PathLike | None = None,
-                 selector: str | SelectorSpec = "uniform", max_times_sampled: int | None = None):
+    def __init__(
+        self,
+        size: int,
+        env_dict: Mapping[str, Mapping[str, Any]],
+        *,
+        default_dtype: Any = None,
+        seed: int | None = None,
+        rate_limiter: RateLimiter | None = None,
+        nstep: Mapping[str, Any] | None = None,
+        Nstep: None = None,
+        next_of: str | list[str] | None = None,
+        stack_compress: str | list[str] | None = None,
+        lanes: int = 1,
+        mmap_prefix: str | os.PathLike | None = None,
+        selector: str | SelectorSpec = "uniform",
+        max_times_sampled: int | None = None,
+    ):
         size = checks.capacity("size", size)
         self._selector_spec = self._check_selector(SelectorSpec.of(selector))
-        self._max_times_sampled = (None if max_times_sampled is None
-                                   else checks.integer("max_times_sampled", max_times_sampled, low=1))
+        self._max_times_sampled = (
+            None if max_times_sampled is None else checks.integer("max_times_sampled", max_times_sampled, low=1)
+        )
         if self._max_times_sampled is not None and self._sequence is not None:
             raise ValueError("max_times_sampled: a sequence buffer's items are sequences; it does not retire them")
         if mmap_prefix is not None and not isinstance(mmap_prefix, (str, os.PathLike)):
@@ -160,8 +210,10 @@ class ReplayBuffer(BufferCalls):
         self._mmap_prefix = None if mmap_prefix is None else os.fspath(mmap_prefix)
         if rate_limiter is not None:
             if not isinstance(rate_limiter, RateLimiter):
-                raise TypeError(f"rate_limiter: expected MinSize, SampleToInsertRatio or RateLimiter, "
-                                f"got {type(rate_limiter).__name__}")
+                raise TypeError(
+                    f"rate_limiter: expected MinSize, SampleToInsertRatio or RateLimiter, "
+                    f"got {type(rate_limiter).__name__}"
+                )
             rate_limiter.check(size)
         self._size = size
         self._nstep_args = _nstep_args(env_dict, default_dtype, nstep, Nstep)
@@ -169,9 +221,14 @@ class ReplayBuffer(BufferCalls):
         self._specs = parse_env_dict(self._nstep.output_env_dict() if self._nstep else env_dict, default_dtype)
         self._specs = with_next_fields(self._specs, next_of)
         self._compression = Compression.build(
-            self._specs, next_of, stack_compress, lanes,
-            "done" if "done" in self._specs else None, "truncated" if "truncated" in self._specs else None,
-            in_lanes=self._sequence is not None)
+            self._specs,
+            next_of,
+            stack_compress,
+            lanes,
+            "done" if "done" in self._specs else None,
+            "truncated" if "truncated" in self._specs else None,
+            in_lanes=self._sequence is not None,
+        )
         self._memory = self._allocate(self._layout())
         if rate_limiter is not None:
             self._memory.arrays["limits"][:] = rate_limiter.to_array()
@@ -186,24 +243,32 @@ class ReplayBuffer(BufferCalls):
         rows = self._mmap_prefix is None
         layout = Layout()
         for name, shape, dtype in segment_arrays(
-                self._size, 1 if c is None else c.lanes, self._selector_array(), fields,
-                None if c is None else [(key, c.frame_shape(key, self._specs), self._specs[key].dtype)
-                                        for key in c.keys],
-                self._LOCK_NBYTES, self._sequence is not None, rows,
-                self._max_times_sampled is not None):
+            self._size,
+            1 if c is None else c.lanes,
+            self._selector_array(),
+            fields,
+            None if c is None else [(key, c.frame_shape(key, self._specs), self._specs[key].dtype) for key in c.keys],
+            self._LOCK_NBYTES,
+            self._sequence is not None,
+            rows,
+            self._max_times_sampled is not None,
+        ):
             layout.add(name, shape, dtype)
         if rows and fields:
-            layout.add_row_views(ROWS_ARRAY, [(field_array(name), shape, dtype) for name, shape, dtype in fields],
-                                 row_layout(fields)[1])
+            layout.add_row_views(
+                ROWS_ARRAY, [(field_array(name), shape, dtype) for name, shape, dtype in fields], row_layout(fields)[1]
+            )
         return layout
 
     def _check_selector(self, spec: SelectorSpec) -> SelectorSpec:
         """``spec``, if this class's API drives it (priorities given and updated: a prioritized buffer)."""
         prioritized = isinstance(self, PrioritizedReplayBuffer)
         if spec.entry.by_priority != prioritized:
-            raise ValueError(f"selector: {spec.name!r} draws by {'no ' if prioritized else ''}priority: build a "
-                             f"{'' if prioritized else 'Prioritized'}{'ReplayBuffer'} (or its MP or sequence twin) "
-                             f"with it")
+            raise ValueError(
+                f"selector: {spec.name!r} draws by {'no ' if prioritized else ''}priority: build a "
+                f"{'' if prioritized else 'Prioritized'}{'ReplayBuffer'} (or its MP or sequence twin) "
+                f"with it"
+            )
         return spec
 
     def _selector_array(self) -> tuple[str, int, np.dtype]:
@@ -239,23 +304,43 @@ class ReplayBuffer(BufferCalls):
             else:
                 c.lane_bounds(self._size, self._lanes)
         if create:
-            manifest.encode(self._manifest(self._memory.layout), arrays[MANIFEST_ARRAY],
-                            owner=process_token(os.getpid()), created=time.time())
+            manifest.encode(
+                self._manifest(self._memory.layout),
+                arrays[MANIFEST_ARRAY],
+                owner=process_token(os.getpid()),
+                created=time.time(),
+            )
         self._frames, outputs = (None, None) if c is None else c.make_frames(self._specs, arrays)
-        self._sequences = (None if self._sequence is None
-                           else Sequences(arrays[SEQUENCE_STEPS_ARRAY], self._lanes, self._sequence.length))
+        self._sequences = (
+            None
+            if self._sequence is None
+            else Sequences(arrays[SEQUENCE_STEPS_ARRAY], self._lanes, self._sequence.length)
+        )
         self._gate = gate = Gate(self._header, arrays["limits"], self._make_lock(create))
-        slots = Slots(self._header, self._lanes, self._generation, arrays["owner"], arrays["state"],
-                      arrays[WRITERS_ARRAY], self._selector, self._frames, self._sequences, *self._times_sampled())
+        slots = Slots(
+            self._header,
+            self._lanes,
+            self._generation,
+            arrays["owner"],
+            arrays["state"],
+            arrays[WRITERS_ARRAY],
+            self._selector,
+            self._frames,
+            self._sequences,
+            *self._times_sampled(),
+        )
         # A sequence's samples also carry each step's index in its episode.
-        sampled = list(self._fields.items()) + ([] if self._sequences is None
-                                                 else [(EPISODE_STEP_ARRAY, arrays[EPISODE_STEP_ARRAY])])
-        self._ring = Ring(self._header, gate, slots, self._selector, sampled, rng, self._frames, outputs,
-                          self._sequences)
+        sampled = list(self._fields.items()) + (
+            [] if self._sequences is None else [(EPISODE_STEP_ARRAY, arrays[EPISODE_STEP_ARRAY])]
+        )
+        self._ring = Ring(
+            self._header, gate, slots, self._selector, sampled, rng, self._frames, outputs, self._sequences
+        )
         self._writer = None if c is None else FrameWriter(c, self._specs, self._ring, arrays)
         if self._sequence is not None:
-            self._writer = SequenceWriter(self._sequence, self._writer,
-                                          [flag for flag in (c.done, c.truncated) if flag is not None])
+            self._writer = SequenceWriter(
+                self._sequence, self._writer, [flag for flag in (c.done, c.truncated) if flag is not None]
+            )
         # One transition goes straight to the kernel (Ring.add_one) unless it is folded or planned first.
         self._bind_calls(self._ring, self._nstep is None and self._writer is None, **self._call_options())
 
@@ -280,8 +365,9 @@ class ReplayBuffer(BufferCalls):
             "stack_compress": [] if c is None else list(c.stack),
             "selector": self._selector_spec.name,
             "max_times_sampled": self._max_times_sampled,
-            "sequence": None if self._sequence is None else {"length": self._sequence.length,
-                                                             "period": self._sequence.period},
+            "sequence": None
+            if self._sequence is None
+            else {"length": self._sequence.length, "period": self._sequence.period},
             "arrays": [[name, list(shape), dtype, offset] for name, shape, dtype, offset in layout.entries],
             "nbytes": layout.nbytes,
         }
@@ -348,8 +434,11 @@ class ReplayBuffer(BufferCalls):
                 priority = priorities
             else:
                 priority = checks.number("priorities", priorities, low=0.0, high=self._ring.max_priority)
-            slot = (self._ring.add_one(fields, priority, timeout) if self._writer is None
-                    else self._writer.add_one(fields, priority, timeout))
+            slot = (
+                self._ring.add_one(fields, priority, timeout)
+                if self._writer is None
+                else self._writer.add_one(fields, priority, timeout)
+            )
             if slot >= 0:
                 return slot
         k, rows = convert_batch(self._specs, fields)
@@ -359,8 +448,14 @@ class ReplayBuffer(BufferCalls):
             self._ring.check_priorities(priorities)
         return self._write(k, rows, priorities, timeout)
 
-    def _write(self, k: int, rows: dict[str, np.ndarray], priorities: np.ndarray | None,
-               timeout: float | None, end_episode: bool = False) -> int | None:
+    def _write(
+        self,
+        k: int,
+        rows: dict[str, np.ndarray],
+        priorities: np.ndarray | None,
+        timeout: float | None,
+        end_episode: bool = False,
+    ) -> int | None:
         if self._writer is not None:
             return self._writer.write(k, rows, priorities, timeout, end_episode)
         return self._store(k, rows, priorities, timeout)
@@ -391,16 +486,20 @@ class ReplayBuffer(BufferCalls):
         self._priority_folder.commit(priorities_after)
         return slot
 
-    def _store_folded(self, rows: dict[str, np.ndarray], priorities: np.ndarray | None, timeout: float | None,
-                      end_episode: bool = False) -> int | None:
+    def _store_folded(
+        self,
+        rows: dict[str, np.ndarray],
+        priorities: np.ndarray | None,
+        timeout: float | None,
+        end_episode: bool = False,
+    ) -> int | None:
         """Store what the n-step folder emitted; None when it emitted nothing."""
         k, rows = convert_batch(self._specs, rows)
         if priorities is not None and np.isnan(priorities).any():
             priorities = np.where(np.isnan(priorities), self.default_priority(), priorities)
         return self._write(k, rows, priorities, timeout, end_episode) if k or end_episode else None
 
-    def _store(self, k: int, rows: dict[str, np.ndarray], priorities: np.ndarray | None,
-               timeout: float | None) -> int:
+    def _store(self, k: int, rows: dict[str, np.ndarray], priorities: np.ndarray | None, timeout: float | None) -> int:
         """Write ``k`` converted rows through the ring protocol."""
         size = self._size
         until = deadline(timeout)
@@ -418,16 +517,17 @@ class ReplayBuffer(BufferCalls):
             head = min(k, size - start)
             for name, dst in self._fields.items():
                 src = rows[name]
-                dst[start:start + head] = src[:head]
-                dst[:k - head] = src[head:]
+                dst[start : start + head] = src[:head]
+                dst[: k - head] = src[head:]
         except BaseException:
             self._ring.abandon(start, reserved)
             raise
         self._ring.publish(start, reserved, priorities, deadline=until)
         return first
 
-    def batches(self, batch_size: int, *, prefetch: int = 2, timeout: float | None = None,
-                as_torch: bool = False) -> Prefetcher:
+    def batches(
+        self, batch_size: int, *, prefetch: int = 2, timeout: float | None = None, as_torch: bool = False
+    ) -> Prefetcher:
         """An endless iterator of ``sample(batch_size)`` batches drawn ``prefetch`` ahead on a
         background thread while the caller trains (see :mod:`mpreplay.prefetch`).
 
@@ -437,14 +537,22 @@ class ReplayBuffer(BufferCalls):
         to stop the thread.
         """
         batch_size = checks.integer("batch_size", batch_size, low=1)
-        return self._prefetcher(lambda out, t: self.sample(batch_size, timeout=t, out=out),
-                                prefetch, timeout, as_torch)
+        return self._prefetcher(lambda out, t: self.sample(batch_size, timeout=t, out=out), prefetch, timeout, as_torch)
 
-    def _prefetcher(self, draw: Callable[[dict[str, np.ndarray] | None, float | None], dict[str, np.ndarray]],
-                    prefetch: int, timeout: float | None, as_torch: bool) -> Prefetcher:
+    def _prefetcher(
+        self,
+        draw: Callable[[dict[str, np.ndarray] | None, float | None], dict[str, np.ndarray]],
+        prefetch: int,
+        timeout: float | None,
+        as_torch: bool,
+    ) -> Prefetcher:
         self._check_open()
-        return Prefetcher(draw, checks.integer("prefetch", prefetch, low=1), checks.seconds("timeout", timeout),
-                          checks.flag("as_torch", as_torch))
+        return Prefetcher(
+            draw,
+            checks.integer("prefetch", prefetch, low=1),
+            checks.seconds("timeout", timeout),
+            checks.flag("as_torch", as_torch),
+        )
 
     def get_all_transitions(self, *, indexes: bool = False) -> dict[str, np.ndarray]:
         """Copies of every stored transition, oldest first (lane by lane).
@@ -456,9 +564,12 @@ class ReplayBuffer(BufferCalls):
         """
         return self._snapshot(slots=checks.flag("indexes", indexes))[0]
 
-    def _snapshot(self, priorities: bool = False, slots: bool = False,
-                  copy: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None
-                  ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    def _snapshot(
+        self,
+        priorities: bool = False,
+        slots: bool = False,
+        copy: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None,
+    ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
         """``(rows, raw priorities or None)`` of every complete transition, oldest first;
         with ``slots``, ``rows["indexes"]`` holds their slots.  ``copy`` copies the rows
         of slots (None: :meth:`_copy_rows`).
@@ -499,8 +610,9 @@ class ReplayBuffer(BufferCalls):
         idx = checks.indexes("indexes", indexes)
         bad = np.flatnonzero((idx < 0) | (idx >= self._size))
         if bad.size:
-            raise ValueError(f"indexes: expected slots in [0, {self._size}), got {int(idx[bad[0]])} "
-                             f"at position {int(bad[0])}")
+            raise ValueError(
+                f"indexes: expected slots in [0, {self._size}), got {int(idx[bad[0]])} at position {int(bad[0])}"
+            )
         for _ in range(_READ_ATTEMPTS):
             slots, guards, _ = self._ring.snapshot(False)
             where = np.full(self._size, -1, dtype=np.int64)
@@ -553,8 +665,9 @@ class ReplayBuffer(BufferCalls):
     def _make_folders(self) -> None:
         """This writer's own n-step folders: the rows', and (prioritized) the initial priorities'."""
         self._nstep = _make_nstep(self._nstep_args)
-        self._priority_folder = (_make_priority_folder(self._nstep_args)
-                                 if isinstance(self, PrioritizedReplayBuffer) else None)
+        self._priority_folder = (
+            _make_priority_folder(self._nstep_args) if isinstance(self, PrioritizedReplayBuffer) else None
+        )
 
     def episode_writer(self) -> ReplayBuffer:
         """A writer for one more stream of episodes into this buffer, in this process.
@@ -606,8 +719,15 @@ class ReplayBuffer(BufferCalls):
             rows, raw = self._snapshot(priorities=priorities, slots=True, copy=self._copy_rows_and_depths)
             slots, depths = rows.pop("indexes"), rows.pop(_DEPTH)
             episodes = transition_episodes(slots, self._lanes, depths)
-        fileformat.write_transitions(file, rows, self._file_specs(), nstep=self._nstep_settings(), priorities=raw,
-                                     episodes=episodes, compress=compress)
+        fileformat.write_transitions(
+            file,
+            rows,
+            self._file_specs(),
+            nstep=self._nstep_settings(),
+            priorities=raw,
+            episodes=episodes,
+            compress=compress,
+        )
 
     def _copy_rows_and_depths(self, slots: np.ndarray) -> dict[str, np.ndarray]:
         """:meth:`_copy_rows`, and in ``rows[_DEPTH]`` each slot's earlier frames in its episode."""
@@ -646,8 +766,9 @@ class ReplayBuffer(BufferCalls):
         cannot be (a stack whose older frames were not saved, more slots than a lane holds).
         """
         self._check_open()
-        rows, priorities = fileformat.read_transitions(file, self._specs, nstep=self._nstep_settings(),
-                                                       episodes=None if self._compression is not None else False)
+        rows, priorities = fileformat.read_transitions(
+            file, self._specs, nstep=self._nstep_settings(), episodes=None if self._compression is not None else False
+        )
         if not isinstance(self, PrioritizedReplayBuffer):
             priorities = None
         ids, lanes = rows.pop(fileformat.EPISODE_ID, None), rows.pop(fileformat.EPISODE_LANE, None)
@@ -717,9 +838,16 @@ class ReplayBuffer(BufferCalls):
         """The operator's and tester's view of this buffer's memory, selector and lock
         (:mod:`mpreplay.inspect`): what the public API does not show, without private names."""
         self._check_open()
-        return Inspection(self._memory, self._gate, self._ring, self._selector, capacity=self._size,
-                          sequence_length=None if self._sequence is None else self._sequence.length,
-                          one_lane=self._writer is None, selector_name=self._selector_spec.name)
+        return Inspection(
+            self._memory,
+            self._gate,
+            self._ring,
+            self._selector,
+            capacity=self._size,
+            sequence_length=None if self._sequence is None else self._sequence.length,
+            one_lane=self._writer is None,
+            selector_name=self._selector_spec.name,
+        )
 
 
 _NSTEP_KEYS = {"size", "gamma", "rew", "next", "done", "truncated"}
@@ -728,8 +856,9 @@ _NSTEP_KEYS = {"size", "gamma", "rew", "next", "done", "truncated"}
 def _nstep_args(env_dict: Any, default_dtype: Any, options: Any, Nstep: Any) -> tuple | None:
     """The n-step folder's arguments (picklable, so shared handles can rebuild it)."""
     if Nstep is not None:
-        raise TypeError("Nstep: mpreplay's buffers take nstep= (cpprb's spelling, with cpprb's timing, is "
-                        "mpreplay.compat.cpprb's)")
+        raise TypeError(
+            "Nstep: mpreplay's buffers take nstep= (cpprb's spelling, with cpprb's timing, is mpreplay.compat.cpprb's)"
+        )
     if options is None:
         return None
     if not isinstance(options, Mapping) or "size" not in options:
@@ -799,17 +928,29 @@ class PrioritizedReplayBuffer(PrioritizedCalls, ReplayBuffer):
     _CONFIG = ReplayBuffer._CONFIG + ("_float32_weights", "_uint64_indexes")
     _tree: PriorityTree | None  # the prioritized selector's tree, None with another selector
 
-    def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *, alpha: float = 0.6,
-                 eps: float = 1e-4, new_priority: str = "max_stored", selector: str | SelectorSpec | None = None,
-                 weights_dtype: Any = np.float64, indexes_dtype: Any = np.int64, **options: Any):
+    def __init__(
+        self,
+        size: int,
+        env_dict: Mapping[str, Mapping[str, Any]],
+        *,
+        alpha: float = 0.6,
+        eps: float = 1e-4,
+        new_priority: str = "max_stored",
+        selector: str | SelectorSpec | None = None,
+        weights_dtype: Any = np.float64,
+        indexes_dtype: Any = np.int64,
+        **options: Any,
+    ):
         given = {"alpha": alpha, "eps": eps, "new_priority": new_priority}
         if selector is None:
             selector = SelectorSpec("prioritized", **given)
         else:
             for name, default in (("alpha", 0.6), ("eps", 1e-4), ("new_priority", "max_stored")):
                 if not (type(given[name]) is type(default) and given[name] == default):
-                    raise TypeError(f"{name}: an option of the prioritized selector; with selector= give it "
-                                    f"there: SelectorSpec('prioritized', {name}=...)")
+                    raise TypeError(
+                        f"{name}: an option of the prioritized selector; with selector= give it "
+                        f"there: SelectorSpec('prioritized', {name}=...)"
+                    )
         self._float32_weights = checks.dtype("weights_dtype", weights_dtype, (np.float64, np.float32)) == np.float32
         self._uint64_indexes = checks.dtype("indexes_dtype", indexes_dtype, (np.int64, np.uint64)) == np.uint64
         super().__init__(size, env_dict, selector=selector, **options)
@@ -858,15 +999,23 @@ class PrioritizedReplayBuffer(PrioritizedCalls, ReplayBuffer):
         no sum of leaf weights can overflow below it.  It depends on the capacity, alpha and eps."""
         return self._ring.max_priority
 
-    def batches(self, batch_size: int, beta: float = 0.4, *, prefetch: int = 2, timeout: float | None = None,
-                as_torch: bool = False) -> Prefetcher:
+    def batches(
+        self,
+        batch_size: int,
+        beta: float = 0.4,
+        *,
+        prefetch: int = 2,
+        timeout: float | None = None,
+        as_torch: bool = False,
+    ) -> Prefetcher:
         """An endless iterator of ``sample(batch_size, beta)`` batches drawn ``prefetch`` ahead
         on a background thread; see :meth:`ReplayBuffer.batches`.  Priorities may be updated
         from the caller's thread meanwhile."""
         batch_size = checks.integer("batch_size", batch_size, low=1)
         beta = checks.number("beta", beta, low=0.0)
-        return self._prefetcher(lambda out, t: self.sample(batch_size, beta, timeout=t, out=out),
-                                prefetch, timeout, as_torch)
+        return self._prefetcher(
+            lambda out, t: self.sample(batch_size, beta, timeout=t, out=out), prefetch, timeout, as_torch
+        )
 
     def sample_leaves(self, batch_size: int, *, timeout: float | None = None) -> dict[str, np.ndarray]:
         """Draw as :meth:`sample` does, but give each row's ``leaf`` weight (p + eps) ** alpha and
@@ -876,8 +1025,9 @@ class PrioritizedReplayBuffer(PrioritizedCalls, ReplayBuffer):
         them (:mod:`mpreplay.sharded`).  A slot's tag changes whenever the slot is
         rewritten: :meth:`slot_tags` tells whether a sampled row is still there.
         """
-        return self._ring.sample(checks.integer("batch_size", batch_size, low=1), True, -1.0,
-                                 checks.seconds("timeout", timeout), None, True)
+        return self._ring.sample(
+            checks.integer("batch_size", batch_size, low=1), True, -1.0, checks.seconds("timeout", timeout), None, True
+        )
 
     def slot_tags(self, indexes: Any) -> np.ndarray:
         """The current tag of each slot in ``indexes`` (see :meth:`sample_leaves`); -1 while
@@ -888,6 +1038,7 @@ class PrioritizedReplayBuffer(PrioritizedCalls, ReplayBuffer):
 def _attach(cls: type, config: dict[str, Any], name: str) -> ReplayBuffer:
     """Unpickle a shared buffer: map the creator's segment (never owning it), once its manifest
     says it holds the layout this process computes from ``config`` (IncompatibleSegmentError if not)."""
+
     def attach(buffer: ReplayBuffer, layout: Layout) -> SharedMemory:
         expected = buffer._manifest(layout)
         return SharedMemory(layout, name=name, verify=lambda buf: manifest.check_segment(name, buf, expected))
@@ -895,8 +1046,9 @@ def _attach(cls: type, config: dict[str, Any], name: str) -> ReplayBuffer:
     return _handle(cls, config, attach)
 
 
-def _handle(cls: type, config: dict[str, Any],
-            memory: Callable[[ReplayBuffer, Layout], HeapMemory | FileMemory | SharedMemory]) -> ReplayBuffer:
+def _handle(
+    cls: type, config: dict[str, Any], memory: Callable[[ReplayBuffer, Layout], HeapMemory | FileMemory | SharedMemory]
+) -> ReplayBuffer:
     """A buffer object of ``config`` over existing memory (``memory(buffer, layout)``), which it does not own."""
     obj = cls.__new__(cls)
     obj.__dict__.update(config)
@@ -920,8 +1072,10 @@ class SharedMemoryBuffer:
 
     def _allocate(self, layout: Layout) -> SharedMemory:
         if self._mmap_prefix is not None:
-            raise ValueError("mmap_prefix: a shared buffer lives in a shared-memory segment; only local buffers "
-                             "map their arrays to files")
+            raise ValueError(
+                "mmap_prefix: a shared buffer lives in a shared-memory segment; only local buffers "
+                "map their arrays to files"
+            )
         return SharedMemory(layout)
 
     def _make_lock(self, create: bool) -> SharedLock:
@@ -929,10 +1083,20 @@ class SharedMemoryBuffer:
         # updated: the next owner makes them agree with the slot states again.
         arrays = self._memory.arrays
         self._thread_lock = None  # processes take the segment's lock
-        self._lock = SharedLock(arrays["lock"], create,
-                                on_recover=functools.partial(recover, self._generation, arrays["state"], self._header,
-                                                             self._selector, self._sequences, *self._times_sampled()),
-                                counters=self._header[LOCK_WAIT_NS:LOCK_HOLDS + 1])
+        self._lock = SharedLock(
+            arrays["lock"],
+            create,
+            on_recover=functools.partial(
+                recover,
+                self._generation,
+                arrays["state"],
+                self._header,
+                self._selector,
+                self._sequences,
+                *self._times_sampled(),
+            ),
+            counters=self._header[LOCK_WAIT_NS : LOCK_HOLDS + 1],
+        )
         return self._lock
 
     def _bind(self, create: bool, rng: np.random.Generator) -> None:

@@ -21,6 +21,7 @@ once), a finite number > 0 is "wait at most that long".
 Nothing here imports torch: a tensor can only exist once its caller has
 imported it (:func:`is_tensor`).
 """
+
 from __future__ import annotations
 
 import math
@@ -58,8 +59,12 @@ def integer(name: str, value: Any, *, low: int, high: int | None = None) -> int:
     """
     if type(value) is int and low <= value and (high is None or value <= high):
         return value  # the common case, first: these checks run on every call
-    if (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-            and low <= value and (high is None or value <= high)):
+    if (
+        isinstance(value, (int, np.integer))
+        and not isinstance(value, bool)
+        and low <= value
+        and (high is None or value <= high)
+    ):
         return int(value)
     what = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
     raise ValueError(f"{name}: expected {what}, got {_show(value)}")
@@ -76,8 +81,9 @@ def capacity(name: str, value: Any, *, low: int = 1) -> int:
     try:
         return integer(name, value, low=low)
     except ValueError:
-        raise ValueError(f"{name}: expected an integer >= {low} (an integral float such as 1e6 is accepted), "
-                         f"got {_show(value)}") from None
+        raise ValueError(
+            f"{name}: expected an integer >= {low} (an integral float such as 1e6 is accepted), got {_show(value)}"
+        ) from None
 
 
 def _real(value: Any) -> float | None:
@@ -88,8 +94,11 @@ def _real(value: Any) -> float | None:
     """
     if type(value) is float:
         return value
-    if (isinstance(value, (bool, np.bool_, str, bytes)) or not hasattr(type(value), "__float__")
-            or (isinstance(value, np.ndarray) and value.ndim)):
+    if (
+        isinstance(value, (bool, np.bool_, str, bytes))
+        or not hasattr(type(value), "__float__")
+        or (isinstance(value, np.ndarray) and value.ndim)
+    ):
         return None
     try:
         return float(value)
@@ -97,18 +106,33 @@ def _real(value: Any) -> float | None:
         return None
 
 
-def number(name: str, value: Any, *, low: float = -math.inf, high: float = math.inf,
-           low_open: bool = False, high_open: bool = False, finite: bool = True) -> float:
+def number(
+    name: str,
+    value: Any,
+    *,
+    low: float = -math.inf,
+    high: float = math.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+    finite: bool = True,
+) -> float:
     """``value`` as a ``float`` between ``low`` and ``high`` (included unless ``low_open`` /
     ``high_open``), finite unless ``finite=False`` (which lets the infinities through, never NaN)."""
-    if (type(value) is float and low <= value <= high and not (low_open or high_open)
-            and (value - value == 0.0 or not finite)):
+    if (
+        type(value) is float
+        and low <= value <= high
+        and not (low_open or high_open)
+        and (value - value == 0.0 or not finite)
+    ):
         return value  # the common case, first: these checks run on every call (x - x is 0 when x is finite)
     v = _real(value)
     if v is None:
         raise TypeError(f"{name}: expected a number, got {_show(value)}")
-    if ((finite and not math.isfinite(v)) or not (low < v if low_open else low <= v)
-            or not (v < high if high_open else v <= high)):
+    if (
+        (finite and not math.isfinite(v))
+        or not (low < v if low_open else low <= v)
+        or not (v < high if high_open else v <= high)
+    ):
         if low > -math.inf and high < math.inf:
             span = f" in {'(' if low_open else '['}{_bound(low)}, {_bound(high)}{')' if high_open else ']'}"
         elif low > -math.inf:
@@ -179,8 +203,13 @@ def _numpy(value: Any) -> Any:
 
 def _kernel_ready(array: np.ndarray, dtype: np.dtype) -> bool:
     """Whether ``array`` is what the kernels read as it is: 1-D, C-contiguous, aligned, native ``dtype``."""
-    return (type(array) is np.ndarray and array.dtype is dtype and array.ndim == 1
-            and array.flags.c_contiguous and array.flags.aligned)
+    return (
+        type(array) is np.ndarray
+        and array.dtype is dtype
+        and array.ndim == 1
+        and array.flags.c_contiguous
+        and array.flags.aligned
+    )
 
 
 def _aligned(array: np.ndarray) -> np.ndarray:

@@ -1,6 +1,7 @@
 """Command line: ``mpreplay bench NAME``, ``demo``, ``inspect FILE``, and ``ls``, ``top``, ``rm``
 (the buffers of this machine, seen from outside: :mod:`mpreplay.monitor`), ``verify NAME`` (one
 buffer checked under its lock: :func:`mpreplay.consistency.verify_segment`)."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,8 @@ _BENCHMARKS = {
     "io": "save_transitions/load_transitions of 100k Atari-like frames: MB/s and file size vs np.savez/np.load",
     "mp": "shared prioritized buffer: 1-2 writer processes and a learner vs cpprb and the memory gather limit",
     "per": "prioritized replay: add one, sample 32, update 32 per frame vs naive numpy, cpprb and the floor "
-           "(--peers DIR: also Tianshou, TorchRL and flashbax, from the venv "
-           "`python -m mpreplay.bench.peers --setup DIR` makes)",
+    "(--peers DIR: also Tianshou, TorchRL and flashbax, from the venv "
+    "`python -m mpreplay.bench.peers --setup DIR` makes)",
     "ray": "sharded replay over a 3-node loopback Ray cluster: sampled transitions/s vs the same client without Ray",
     "seq": "R2D2 sequences (64 x 80 compressed Atari stacks): sampled steps/s vs TorchRL's slice sampler; bytes/step",
     "returns": "discounted cumulative sums and n-step folding vs lfilter, numba loops and np.cumsum",
@@ -40,8 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("name", choices=sorted(_BENCHMARKS), help="; ".join(f"{k}: {v}" for k, v in _BENCHMARKS.items()))
     inspect_cmd = sub.add_parser("inspect", help="print a saved transitions file's metadata and a per-array summary")
     inspect_cmd.add_argument("file", help="a file written by save_transitions")
-    sub.add_parser("demo", help="Ape-X DQN (default) or R2D2 (--agent r2d2) on CartPole with a live view "
-                                "(mpreplay demo --help)", add_help=False)
+    sub.add_parser(
+        "demo",
+        help="Ape-X DQN (default) or R2D2 (--agent r2d2) on CartPole with a live view (mpreplay demo --help)",
+        add_help=False,
+    )
     ls = sub.add_parser("ls", help="one line per replay buffer segment on this machine")
     ls.add_argument("--json", action="store_true", help="a JSON list, for scripts")
     top = sub.add_parser("top", help="live figures of one buffer, read-only (never takes its lock)")
@@ -49,8 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between frames (default 1)")
     top.add_argument("--plain", action="store_true", help="plain text even when rich is installed")
-    verify = sub.add_parser("verify", help="check one buffer's counts, selector and lanes against its slot "
-                                           "states, under its lock (exit 1 naming each disagreement)")
+    verify = sub.add_parser(
+        "verify",
+        help="check one buffer's counts, selector and lanes against its slot "
+        "states, under its lock (exit 1 naming each disagreement)",
+    )
     verify.add_argument("name", help="the segment")
     verify.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the lock (default 10)")
     rm = sub.add_parser("rm", help="unlink segments whose owner is gone (--dead), or the ones named")
@@ -78,8 +85,11 @@ def main(argv: list[str] | None = None) -> int:
         except ModuleNotFoundError as exc:
             if (exc.name or "mpreplay").partition(".")[0] == "mpreplay":
                 raise
-            parser.exit(1, f"mpreplay bench {args.name} needs the Python package {exc.name!r}, which is not "
-                           f"installed here (the 'bench' extra brings the libraries it compares against)\n")
+            parser.exit(
+                1,
+                f"mpreplay bench {args.name} needs the Python package {exc.name!r}, which is not "
+                f"installed here (the 'bench' extra brings the libraries it compares against)\n",
+            )
         return int(module.main(rest) or 0)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -111,13 +121,21 @@ def _ls(as_json: bool) -> int:
     if not rows:
         print("no mpreplay segment in /dev/shm")
         return 0
-    _print_columns(["name", "owner", "size", "kind", "fill", "writers", "created"], [
-        [r["name"], "–" if r["owner_pid"] is None else f"{r['owner_pid']} ({'alive' if r['owner_alive'] else 'gone'})",
-         _mib(r["bytes"]), r["kind"],
-         "–" if r["capacity"] is None else f"{r['stored']:,} / {r['capacity']:,}",
-         "–" if r["writers_alive"] is None else str(r["writers_alive"]),
-         "–" if r["created"] is None else f"{datetime.fromtimestamp(r['created']):%Y-%m-%d %H:%M:%S}"]
-        for r in rows])
+    _print_columns(
+        ["name", "owner", "size", "kind", "fill", "writers", "created"],
+        [
+            [
+                r["name"],
+                "–" if r["owner_pid"] is None else f"{r['owner_pid']} ({'alive' if r['owner_alive'] else 'gone'})",
+                _mib(r["bytes"]),
+                r["kind"],
+                "–" if r["capacity"] is None else f"{r['stored']:,} / {r['capacity']:,}",
+                "–" if r["writers_alive"] is None else str(r["writers_alive"]),
+                "–" if r["created"] is None else f"{datetime.fromtimestamp(r['created']):%Y-%m-%d %H:%M:%S}",
+            ]
+            for r in rows
+        ],
+    )
     # Listed all the same, with why: damaged, or made by an mpreplay of another manifest format.
     for r in rows:
         if r["problem"] is not None:

@@ -19,6 +19,7 @@ Each writer -- a process's buffer object, or one of its episode writers
 (``ReplayBuffer.episode_writer``) -- keeps its own :class:`FrameWriter` and
 fills its own lane, so consecutive steps of an episode sit in consecutive slots.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -72,8 +73,17 @@ class Compression:
     truncated: str | None
 
     @classmethod
-    def build(cls, specs: Mapping[str, FieldSpec], next_of: Any, stack_compress: Any, lanes: Any,
-              done: str | None, truncated: str | None, *, in_lanes: bool = False) -> Compression | None:
+    def build(
+        cls,
+        specs: Mapping[str, FieldSpec],
+        next_of: Any,
+        stack_compress: Any,
+        lanes: Any,
+        done: str | None,
+        truncated: str | None,
+        *,
+        in_lanes: bool = False,
+    ) -> Compression | None:
         """Check the options against the field specs (``specs`` includes ``next_<key>``).
 
         ``in_lanes``: the buffer keeps each writer's episodes in a lane of its own even
@@ -119,8 +129,10 @@ class Compression:
         """Lay ``size`` slots out as equal lanes in ``lanes`` (the last takes the rest), each empty."""
         width = size // self.lanes
         if self.keys and width < 2 * _MAX_NEXT:
-            raise ValueError(f"lanes: {self.lanes} lanes leave {width} slots each; "
-                             f"a compressed buffer needs at least {2 * _MAX_NEXT} per lane")
+            raise ValueError(
+                f"lanes: {self.lanes} lanes leave {width} slots each; "
+                f"a compressed buffer needs at least {2 * _MAX_NEXT} per lane"
+            )
         starts = np.arange(self.lanes) * width
         lanes[:, LANE_START] = lanes[:, LANE_CURSOR] = starts
         lanes[:, LANE_END] = np.append(starts[1:], size)
@@ -146,12 +158,14 @@ class FrameWriter:
     the ring in one reservation.
     """
 
-    def __init__(self, compression: Compression, specs: Mapping[str, FieldSpec], ring: Ring,
-                 arrays: Mapping[str, np.ndarray]):
+    def __init__(
+        self, compression: Compression, specs: Mapping[str, FieldSpec], ring: Ring, arrays: Mapping[str, np.ndarray]
+    ):
         self._start(compression, specs, ring, arrays)
 
-    def _start(self, compression: Compression, specs: Mapping[str, FieldSpec], ring: Ring,
-               arrays: Mapping[str, np.ndarray]) -> None:
+    def _start(
+        self, compression: Compression, specs: Mapping[str, FieldSpec], ring: Ring, arrays: Mapping[str, np.ndarray]
+    ) -> None:
         # What __init__ sets, and reset() sets again.
         self._c = compression
         self._specs = specs
@@ -162,22 +176,37 @@ class FrameWriter:
         self._next_keys = [(q, key) for q, key in enumerate(self._keys) if key in compression.next_of]
         self._stacked = [key in compression.stack for key in self._keys]
         # Per key, the axes of a batch with the stack axis moved right after the rows'.
-        self._frames_first = [(0, len(specs[key].shape)) + tuple(range(1, len(specs[key].shape)))
-                              for key in self._keys]
+        self._frames_first = [(0, len(specs[key].shape)) + tuple(range(1, len(specs[key].shape))) for key in self._keys]
         self._stored = compression.stored_fields(specs)
         self._flag_names = [name for name in (compression.done, compression.truncated) if name is not None]
         self._planner = FramePlanner(
-            [(key, specs[key].row_nbytes, specs[key].dtype.itemsize, compression.stack_of(key, specs),
-              key in compression.next_of) for key in self._keys], _MAX_NEXT)
+            [
+                (
+                    key,
+                    specs[key].row_nbytes,
+                    specs[key].dtype.itemsize,
+                    compression.stack_of(key, specs),
+                    key in compression.next_of,
+                )
+                for key in self._keys
+            ],
+            _MAX_NEXT,
+        )
         # The episode in progress: what the next rows are checked against, copied.
         self._episode = self._new_episode()
         self._between: Episode | None = None  # a writer's state between episodes, for episode_slots
 
     def _new_episode(self) -> Episode:
         keys, arrays = self._keys, self._arrays
-        return Episode(self._planner, [arrays[frames_array(key)] for key in keys], arrays["nxt"], arrays["depth"],
-                       tuple(self._specs[key].shape for key in keys), tuple(self._specs[key].dtype for key in keys),
-                       tuple(self._flag_names))
+        return Episode(
+            self._planner,
+            [arrays[frames_array(key)] for key in keys],
+            arrays["nxt"],
+            arrays["depth"],
+            tuple(self._specs[key].shape for key in keys),
+            tuple(self._specs[key].dtype for key in keys),
+            tuple(self._flag_names),
+        )
 
     def sibling(self) -> FrameWriter:
         """Another writer of the same buffer in this process: its own episode, and its own lane once it writes."""
@@ -190,8 +219,7 @@ class FrameWriter:
             return np.empty((0,) + self._specs[name].shape, dtype=self._specs[name].dtype)
         return np.ascontiguousarray(rows[name])
 
-    def _observations(self, k: int, rows: Mapping[str, np.ndarray], name: str,
-                      q: int) -> tuple[np.ndarray, bool]:
+    def _observations(self, k: int, rows: Mapping[str, np.ndarray], name: str, q: int) -> tuple[np.ndarray, bool]:
         """Field ``name`` of the rows as ``(array, planar)`` for the kernel, copied only if it must be.
 
         A stack whose frames are each contiguous and follow one another (a channels-first stack
@@ -213,8 +241,9 @@ class FrameWriter:
             flags |= rows[name].reshape(k) != 0
         return flags
 
-    def plan(self, k: int, rows: Mapping[str, np.ndarray], end_episode: bool, resume: int = 0,
-             episode: Episode | None = None) -> FramePlan:
+    def plan(
+        self, k: int, rows: Mapping[str, np.ndarray], end_episode: bool, resume: int = 0, episode: Episode | None = None
+    ) -> FramePlan:
         """Lay out ``k`` converted rows (and, with ``end_episode``, the end of their episode)
         after ``episode`` (None: the writer's).
 
@@ -252,17 +281,29 @@ class FrameWriter:
         nothing was changed.  A negative ``priority`` means "the stored maximum"."""
         return self._ring.add_step(fields, priority, timeout, self._episode)
 
-    def write(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
-              timeout: float | None, end_episode: bool = False) -> int | None:
+    def write(
+        self,
+        k: int,
+        rows: Mapping[str, np.ndarray],
+        priorities: np.ndarray | None,
+        timeout: float | None,
+        end_episode: bool = False,
+    ) -> int | None:
         """Store ``k`` converted rows; returns the slot of the first, or None."""
         slots, _ = self.write_rows(k, rows, priorities, timeout, end_episode)
         return int(slots[0]) if len(slots) else None
 
-    def write_rows(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
-                   timeout: float | None, end_episode: bool = False,
-                   meta: Mapping[str, np.ndarray] | None = None, resume: int = 0,
-                   opening: Callable[[np.ndarray, np.ndarray, int], tuple | None] | None = None
-                   ) -> tuple[np.ndarray, np.ndarray]:
+    def write_rows(
+        self,
+        k: int,
+        rows: Mapping[str, np.ndarray],
+        priorities: np.ndarray | None,
+        timeout: float | None,
+        end_episode: bool = False,
+        meta: Mapping[str, np.ndarray] | None = None,
+        resume: int = 0,
+        opening: Callable[[np.ndarray, np.ndarray, int], tuple | None] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Store ``k`` converted rows; returns the slot of each row and the generation it
         was published with.  ``meta`` maps per-slot arrays of the buffer's memory to a
         value per row, written with the rows (before they are published).  ``opening``
@@ -287,10 +328,16 @@ class FrameWriter:
                 self.release_lane()  # as if never claimed
             raise
 
-    def _write_plan(self, plan: FramePlan, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
-                    until: float, meta: Mapping[str, np.ndarray] | None,
-                    opening: Callable[[np.ndarray, np.ndarray, int], tuple | None] | None
-                    ) -> tuple[np.ndarray, np.ndarray]:
+    def _write_plan(
+        self,
+        plan: FramePlan,
+        k: int,
+        rows: Mapping[str, np.ndarray],
+        priorities: np.ndarray | None,
+        until: float,
+        meta: Mapping[str, np.ndarray] | None,
+        opening: Callable[[np.ndarray, np.ndarray, int], tuple | None] | None,
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Reserve, copy and publish what ``plan`` laid out, then move the episode past it."""
         episode, ring, lane = self._episode, self._ring, self._episode.lane
         lo, hi = self._arrays["lanes"][lane, [LANE_START, LANE_END]]
@@ -299,16 +346,21 @@ class FrameWriter:
         if priorities is not None:
             priorities = np.ascontiguousarray(priorities, dtype=np.float64)
         if not plan.items:
-            sequences = None if opening is None else opening(np.empty(0, np.int64), np.empty(0, np.uint64),
-                                                             plan.waiting)
+            sequences = (
+                None if opening is None else opening(np.empty(0, np.int64), np.empty(0, np.uint64), plan.waiting)
+            )
             ring.publish(0, np.empty(0, np.uint64), deadline=until, sequences=sequences)
             episode.advance(plan, None, None, priorities)
             return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
         start, reserved = ring.reserve(plan.items, until, True, lane)
         try:
             slots = lo + (start - lo + np.arange(plan.items, dtype=np.int64)) % (hi - lo)
-            episode.store.copy(plan, slots, [self._arrays[field_array(name)] for name in self._stored],
-                               [self._rows(k, rows, name) for name in self._stored])
+            episode.store.copy(
+                plan,
+                slots,
+                [self._arrays[field_array(name)] for name in self._stored],
+                [self._rows(k, rows, name) for name in self._stored],
+            )
             row_items = plan.row_items
             row_slots, row_generations = slots[row_items], reserved[row_items] + np.uint64(1)
             for name, values in (meta or {}).items():
@@ -319,8 +371,7 @@ class FrameWriter:
             ring.abandon(start, reserved, lane)
             raise
         # Rows published WAITING by earlier calls complete with this publication.
-        ring.publish(start, reserved, prio, states, lane, until, complete, generations, complete_priorities,
-                     sequences)
+        ring.publish(start, reserved, prio, states, lane, until, complete, generations, complete_priorities, sequences)
         episode.advance(plan, slots, reserved, priorities)
         return row_slots, row_generations
 
@@ -345,8 +396,7 @@ class FrameWriter:
         lo, hi = self._arrays["lanes"][self._claim(deadline(timeout)), [LANE_START, LANE_END]]
         return int(hi - lo)
 
-    def load_episode(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
-                     first: int) -> None:
+    def load_episode(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None, first: int) -> None:
         """End the episode in progress, then store ``k`` converted rows of a saved episode whose
         first row is step ``first`` (resumed there, see :meth:`write_rows`); it ends."""
         self.write_rows(0, {}, None, None, end_episode=True)

@@ -9,6 +9,7 @@ and the counters.  Run it with the table's lock held (``Inspection.verify`` does
 so that no call is half way through a change.  The checks read the arrays by their
 segment schema names only, in numpy: O(capacity), no Python loop over slots.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from . import selectors
 from ._ext.lock import SharedLock, read_holder
 from ._ext.processes import describe_process
 from ._ext.schema import (
@@ -46,19 +48,27 @@ from ._ext.schema import (
     WRITERS_ARRAY,
 )
 from ._ext.sumtree import TREE_HEAD_LEN, PriorityTree, leaf_views
-from . import selectors
 from .errors import CorruptBufferError
 from .monitor import SHM_DIR, BufferView
 
 __all__ = ["check_arrays", "verify_segment"]
 
-_CUMULATIVE = {"inserts": INSERTS, "samples": SAMPLES, "stale": STALE, "torn": TORN, "lock_wait_ns": LOCK_WAIT_NS,
-               "lock_holds": LOCK_HOLDS, "reserved": RESERVED, "waiters": WAITERS}
+_CUMULATIVE = {
+    "inserts": INSERTS,
+    "samples": SAMPLES,
+    "stale": STALE,
+    "torn": TORN,
+    "lock_wait_ns": LOCK_WAIT_NS,
+    "lock_holds": LOCK_HOLDS,
+    "reserved": RESERVED,
+    "waiters": WAITERS,
+}
 _SHOWN = 5  # slots named per problem
 
 
-def check_arrays(arrays: Mapping[str, np.ndarray], capacity: int, sequence_length: int | None,
-                 selector: str) -> dict[str, Any]:
+def check_arrays(
+    arrays: Mapping[str, np.ndarray], capacity: int, sequence_length: int | None, selector: str
+) -> dict[str, Any]:
     """Check a table's arrays (by schema name) against its slot states.
 
     Returns a report (``slots``, ``complete``, ``waiting``, ``being_written``, ``drawable``,
@@ -69,7 +79,9 @@ def check_arrays(arrays: Mapping[str, np.ndarray], capacity: int, sequence_lengt
     state, generation, owner = arrays["state"], arrays["generation"], arrays["owner"]
     header = arrays["header"]
     odd = (generation & 1).astype(bool)
-    _where(problems, (state != EMPTY) & (state != COMPLETE) & (state != WAITING), "state: not EMPTY, COMPLETE or WAITING")
+    _where(
+        problems, (state != EMPTY) & (state != COMPLETE) & (state != WAITING), "state: not EMPTY, COMPLETE or WAITING"
+    )
     _where(problems, odd & (state != EMPTY), "state: a slot being written (odd generation) is not EMPTY")
     _where(problems, (owner != 0) & ~odd, "owner: a published slot (even generation) names a writer")
     complete = int(np.count_nonzero(state == COMPLETE))
@@ -79,8 +91,9 @@ def check_arrays(arrays: Mapping[str, np.ndarray], capacity: int, sequence_lengt
         if header[at] < 0:
             problems.append(f"header {name.upper()}: negative ({int(header[at])})")
     if header[INSERTS] > header[RESERVED]:
-        problems.append(f"header INSERTS: {int(header[INSERTS])} published, more than the "
-                        f"{int(header[RESERVED])} RESERVED")
+        problems.append(
+            f"header INSERTS: {int(header[INSERTS])} published, more than the {int(header[RESERVED])} RESERVED"
+        )
     _check_writers(problems, arrays[WRITERS_ARRAY], int(header[INSERTS]))
     _check_limits(problems, arrays["limits"])
     lanes_sound = _check_lanes(problems, arrays["lanes"], capacity)
@@ -90,8 +103,7 @@ def check_arrays(arrays: Mapping[str, np.ndarray], capacity: int, sequence_lengt
         _check_frames(problems, arrays["nxt"], arrays["depth"], drawable, odd, arrays["lanes"])
     if sequence_length is not None:
         steps = arrays[SEQUENCE_STEPS_ARRAY]
-        _where(problems, (steps < 0) | (steps > sequence_length),
-               f"sequence_steps: outside 0..{sequence_length}")
+        _where(problems, (steps < 0) | (steps > sequence_length), f"sequence_steps: outside 0..{sequence_length}")
         _where(problems, (steps > 0) & ~drawable, "sequence_steps: a sequence starts at a slot not COMPLETE")
         if lanes_sound:  # a sequence's window is walked in its lane
             _check_sequence_steps(problems, steps, drawable, arrays["lanes"])
@@ -105,9 +117,14 @@ def check_arrays(arrays: Mapping[str, np.ndarray], capacity: int, sequence_lengt
         problems += selectors.check_state(selector, own, capacity, drawable)
     if problems:
         raise CorruptBufferError(problems)
-    return {"slots": capacity, "complete": complete, "waiting": int(np.count_nonzero(state == WAITING)),
-            "being_written": int(np.count_nonzero(odd)), "drawable": int(np.count_nonzero(drawable)),
-            "lanes": len(arrays["lanes"])}
+    return {
+        "slots": capacity,
+        "complete": complete,
+        "waiting": int(np.count_nonzero(state == WAITING)),
+        "being_written": int(np.count_nonzero(odd)),
+        "drawable": int(np.count_nonzero(drawable)),
+        "lanes": len(arrays["lanes"]),
+    }
 
 
 def verify_segment(name: str, timeout: float | None = None, shm_dir: str = SHM_DIR) -> dict[str, Any]:
@@ -127,8 +144,12 @@ def verify_segment(name: str, timeout: float | None = None, shm_dir: str = SHM_D
                 who = "another process" if holder is None else f"{describe_process(holder[0])}, for {holder[1]:.1f} s"
                 raise TimeoutError(f"{name}: timed out waiting for the lock, held by {who}")
             try:
-                return check_arrays(view.arrays, view.capacity, None if sequence is None else sequence["length"],
-                                    view.document["selector"])
+                return check_arrays(
+                    view.arrays,
+                    view.capacity,
+                    None if sequence is None else sequence["length"],
+                    view.document["selector"],
+                )
             finally:
                 lock.release()
         finally:
@@ -136,8 +157,10 @@ def verify_segment(name: str, timeout: float | None = None, shm_dir: str = SHM_D
 
 
 def _refuse_repair() -> None:
-    raise RuntimeError("a process died holding the lock; the buffer's next call repairs what it left (this "
-                       "check changes nothing): verify again after it")
+    raise RuntimeError(
+        "a process died holding the lock; the buffer's next call repairs what it left (this "
+        "check changes nothing): verify again after it"
+    )
 
 
 def _where(problems: list[str], bad: np.ndarray, what: str) -> None:
@@ -172,8 +195,9 @@ def _check_lanes(problems: list[str], lanes: np.ndarray, capacity: int) -> bool:
     for i, lane in enumerate(lanes):
         start, stop, cursor = (int(v) for v in lane[[LANE_START, LANE_END, LANE_CURSOR]])
         if start != end or not start < stop <= capacity:
-            problems.append(f"lanes: lane {i} spans [{start}, {stop}), expected to start at {end} and end by "
-                            f"{capacity}")
+            problems.append(
+                f"lanes: lane {i} spans [{start}, {stop}), expected to start at {end} and end by {capacity}"
+            )
         elif not start <= cursor < stop:
             problems.append(f"lanes: lane {i}'s cursor {cursor} is outside its slots [{start}, {stop})")
         end = stop
@@ -193,8 +217,9 @@ def _back(slots: np.ndarray, j: np.ndarray, lanes: np.ndarray) -> np.ndarray:
     return low + (slots[:, None] - low - j) % (high - low)
 
 
-def _check_frames(problems: list[str], nxt: np.ndarray, depth: np.ndarray, complete: np.ndarray, odd: np.ndarray,
-                  lanes: np.ndarray) -> None:
+def _check_frames(
+    problems: list[str], nxt: np.ndarray, depth: np.ndarray, complete: np.ndarray, odd: np.ndarray, lanes: np.ndarray
+) -> None:
     """A complete row of a compressed table reads only frames that are stored: its own slot and the
     ``depth`` before it in its lane, and its next observation's (``nxt``, in the same lane), none
     of them being written (a write retires the rows that read its slots; ext/frames.pyx)."""
@@ -204,8 +229,9 @@ def _check_frames(problems: list[str], nxt: np.ndarray, depth: np.ndarray, compl
     size = len(nxt)
     following = nxt[rows]
     has_next = following >= 0
-    stray = has_next & ((following >= size) | (_lane_of(np.clip(following, 0, size - 1), lanes)
-                                               != _lane_of(rows, lanes)))
+    stray = has_next & (
+        (following >= size) | (_lane_of(np.clip(following, 0, size - 1), lanes) != _lane_of(rows, lanes))
+    )
     _where(problems, np.isin(np.arange(size), rows[stray]), "nxt: a row's next observation lies outside its lane")
     if stray.any():
         return
@@ -231,8 +257,11 @@ def _check_sequence_steps(problems: list[str], steps: np.ndarray, complete: np.n
     window = low[:, None] + (starts[:, None] - low[:, None] + offsets) % (high - low)[:, None]
     real = offsets < steps[starts][:, None]
     broken = (real & ~complete[window]).any(axis=1)
-    _where(problems, np.isin(np.arange(len(steps)), starts[broken]),
-           "sequence_steps: a sequence holds a step that is not stored")
+    _where(
+        problems,
+        np.isin(np.arange(len(steps)), starts[broken]),
+        "sequence_steps: a sequence holds a step that is not stored",
+    )
 
 
 def _check_tree(problems: list[str], tree: np.ndarray, capacity: int, drawable: np.ndarray) -> None:
@@ -249,15 +278,17 @@ def _check_tree(problems: list[str], tree: np.ndarray, capacity: int, drawable: 
     PriorityTree(rebuilt, capacity, reset=False).rebuild()
     inner = np.flatnonzero(rebuilt[TREE_HEAD_LEN:].view(np.uint64) != tree[TREE_HEAD_LEN:].view(np.uint64))
     if inner.size:
-        problems.append(f"tree: {inner.size} inner entries differ from their children's, first at entry "
-                        f"{int(inner[0]) + TREE_HEAD_LEN}: {tree[inner[0] + TREE_HEAD_LEN]} where its children make "
-                        f"{rebuilt[inner[0] + TREE_HEAD_LEN]}")
+        problems.append(
+            f"tree: {inner.size} inner entries differ from their children's, first at entry "
+            f"{int(inner[0]) + TREE_HEAD_LEN}: {tree[inner[0] + TREE_HEAD_LEN]} where its children make "
+            f"{rebuilt[inner[0] + TREE_HEAD_LEN]}"
+        )
 
 
 def _check_members(problems: list[str], state: np.ndarray, capacity: int, drawable: np.ndarray) -> None:
     """The uniform selector's state (ext/uniform.pyx): the count, the packed members and each
     slot's place among them, against the slots that may be drawn."""
-    count, members, position = int(state[0]), state[1:1 + capacity], state[1 + capacity:]
+    count, members, position = int(state[0]), state[1 : 1 + capacity], state[1 + capacity :]
     placed = position >= 0
     _where(problems, placed != drawable, "members: drawable slots and the selector's members differ")
     if count != int(np.count_nonzero(placed)):

@@ -1,4 +1,5 @@
 """Exceptions of mpreplay."""
+
 from ._ext.gate import BufferClosed  # raised by the kernels too: defined where they can reach it
 from .memory import SharedMemoryError
 

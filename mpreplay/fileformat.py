@@ -71,6 +71,7 @@ disagrees with the arrays, negative or non-finite priorities, episodes or
 lanes whose rows are not consecutive -- raises :class:`TransitionFileError`
 (a ``ValueError``) before the buffer changes.
 """
+
 from __future__ import annotations
 
 import json
@@ -93,8 +94,16 @@ from .npz_archive import (
 )
 from .spec import FieldSpec, parse_env_dict
 
-__all__ = ["EPISODE_ID", "EPISODE_LANE", "FORMAT_VERSION", "TransitionFileError", "inspect", "read_metadata",
-           "read_transitions", "write_transitions"]
+__all__ = [
+    "EPISODE_ID",
+    "EPISODE_LANE",
+    "FORMAT_VERSION",
+    "TransitionFileError",
+    "inspect",
+    "read_metadata",
+    "read_transitions",
+    "write_transitions",
+]
 
 FORMAT_VERSION = 2  # what this module writes; it reads 1 and 2
 METADATA = "metadata.json"  # not an identifier, so no field can take the name
@@ -111,10 +120,17 @@ _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.form
 # -- public API --------------------------------------------------------------------------------
 
 
-def write_transitions(file: File, rows: dict[str, np.ndarray], specs: dict[str, FieldSpec], *,
-                      nstep: tuple[int, float] | None = None, priorities: np.ndarray | None = None,
-                      episodes: tuple[np.ndarray, np.ndarray] | None = None,
-                      safe: bool = True, compress: bool = True) -> None:
+def write_transitions(
+    file: File,
+    rows: dict[str, np.ndarray],
+    specs: dict[str, FieldSpec],
+    *,
+    nstep: tuple[int, float] | None = None,
+    priorities: np.ndarray | None = None,
+    episodes: tuple[np.ndarray, np.ndarray] | None = None,
+    safe: bool = True,
+    compress: bool = True,
+) -> None:
     """Write ``rows`` (fields of the same length, oldest first) to ``file`` (a path or a binary file object).
 
     ``specs`` are the fields' specs, ``nstep`` the ``(size, gamma)`` the rows were
@@ -147,8 +163,9 @@ def write_transitions(file: File, rows: dict[str, np.ndarray], specs: dict[str, 
     write_archive(file, arrays, compress)
 
 
-def read_transitions(file: File, specs: dict[str, FieldSpec], *, nstep: tuple[int, float] | None = None,
-                     episodes: bool | None = False) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+def read_transitions(
+    file: File, specs: dict[str, FieldSpec], *, nstep: tuple[int, float] | None = None, episodes: bool | None = False
+) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
     """``(rows, priorities or None)`` saved in ``file``, checked to be transitions of ``specs``
     folded with ``nstep`` (as :func:`write_transitions` takes them).  With ``episodes``
     the file must record each step's episode and lane, and ``rows`` holds them as
@@ -166,9 +183,11 @@ def read_transitions(file: File, specs: dict[str, FieldSpec], *, nstep: tuple[in
                 raise TransitionFileError(
                     f"file: format version 1 records no episode or lane per step, which a sequence buffer needs "
                     f"to load its episodes apart; mpreplay {__version__} writes format version {FORMAT_VERSION} "
-                    "(read the old file's arrays with numpy and add() its episodes)")
-            raise TransitionFileError("file: it records no episode or lane per step (it was not saved by a "
-                                      "sequence buffer)")
+                    "(read the old file's arrays with numpy and add() its episodes)"
+                )
+            raise TransitionFileError(
+                "file: it records no episode or lane per step (it was not saved by a sequence buffer)"
+            )
         arrays = _read_arrays(archive, meta)
     if episodes is False:
         for name in (EPISODE_ID, EPISODE_LANE):
@@ -240,12 +259,14 @@ def _read_metadata(archive: zipfile.ZipFile) -> _Metadata:
     expected = [f"{name}.npy" for name in meta.arrays()]  # in order: the first missing one is named
     for member in members:
         if member not in expected and member != f"{METADATA}.npy":
-            raise TransitionFileError(f"file: unexpected array {short(member.removesuffix('.npy'))} "
-                                      "(not in the metadata)")
+            raise TransitionFileError(
+                f"file: unexpected array {short(member.removesuffix('.npy'))} (not in the metadata)"
+            )
     for member in expected:
         if member not in members:
-            raise TransitionFileError(f"file: the metadata lists {member.removesuffix('.npy')!r} "
-                                      "but the archive has no such array")
+            raise TransitionFileError(
+                f"file: the metadata lists {member.removesuffix('.npy')!r} but the archive has no such array"
+            )
     return meta
 
 
@@ -258,13 +279,16 @@ def _parse_metadata(raw: bytes) -> _Metadata:
         raise TransitionFileError("file: the metadata record is not a JSON object")
     version = record.get("format_version")
     if type(version) is not int or version not in _KEYS:
-        raise TransitionFileError(f"file: unsupported format version {short(version)}; "
-                                  f"mpreplay {__version__} reads versions 1 to {FORMAT_VERSION}")
+        raise TransitionFileError(
+            f"file: unsupported format version {short(version)}; "
+            f"mpreplay {__version__} reads versions 1 to {FORMAT_VERSION}"
+        )
     keys = _KEYS[version]
     if record.keys() != keys:
         missing, unknown = sorted(keys - record.keys()), sorted(record.keys() - keys)
-        raise TransitionFileError(f"file: metadata keys of format version {version}: missing {missing}, "
-                                  f"unknown {short(unknown)}")
+        raise TransitionFileError(
+            f"file: metadata keys of format version {version}: missing {missing}, unknown {short(unknown)}"
+        )
     if not isinstance(record["mpreplay_version"], str):
         raise TransitionFileError("file: metadata 'mpreplay_version': expected a string")
     for key in ("safe", "priorities", "episodes"):
@@ -274,10 +298,19 @@ def _parse_metadata(raw: bytes) -> _Metadata:
     if type(count) is not int or count < 0:
         raise TransitionFileError(f"file: metadata 'count': expected an integer >= 0, got {short(count)}")
     if record["compression"] is not None:
-        raise TransitionFileError(f"file: compression layout {short(record['compression'])} is not supported "
-                                  f"by mpreplay {__version__} (it reads plain transitions only)")
-    return _Metadata(record, version, _parse_fields(record["fields"]), _parse_nstep(record["nstep"]), count,
-                     record["priorities"], record.get("episodes", False))
+        raise TransitionFileError(
+            f"file: compression layout {short(record['compression'])} is not supported "
+            f"by mpreplay {__version__} (it reads plain transitions only)"
+        )
+    return _Metadata(
+        record,
+        version,
+        _parse_fields(record["fields"]),
+        _parse_nstep(record["nstep"]),
+        count,
+        record["priorities"],
+        record.get("episodes", False),
+    )
 
 
 def _parse_fields(fields: Any) -> dict[str, FieldSpec]:
@@ -285,11 +318,17 @@ def _parse_fields(fields: Any) -> dict[str, FieldSpec]:
         raise TransitionFileError("file: metadata 'fields': expected a non-empty list")
     env_dict: dict[str, dict[str, Any]] = {}
     for field in fields:
-        if not (isinstance(field, dict) and field.keys() == {"name", "shape", "dtype"}
-                and isinstance(field["name"], str) and isinstance(field["shape"], list)
-                and isinstance(field["dtype"], str)):
-            raise TransitionFileError("file: metadata 'fields': expected objects "
-                                      f"{{'name': str, 'shape': [int, ...], 'dtype': str}}, got {short(field)}")
+        if not (
+            isinstance(field, dict)
+            and field.keys() == {"name", "shape", "dtype"}
+            and isinstance(field["name"], str)
+            and isinstance(field["shape"], list)
+            and isinstance(field["dtype"], str)
+        ):
+            raise TransitionFileError(
+                "file: metadata 'fields': expected objects "
+                f"{{'name': str, 'shape': [int, ...], 'dtype': str}}, got {short(field)}"
+            )
         if field["name"] in env_dict:
             raise TransitionFileError(f"file: metadata 'fields': {field['name']!r} is listed twice")
         env_dict[field["name"]] = {"shape": tuple(field["shape"]), "dtype": field["dtype"]}
@@ -302,28 +341,41 @@ def _parse_fields(fields: Any) -> dict[str, FieldSpec]:
 def _parse_nstep(nstep: Any) -> tuple[int, float] | None:
     if nstep is None:
         return None
-    if (isinstance(nstep, dict) and nstep.keys() == {"size", "gamma"} and type(nstep["size"]) is int
-            and nstep["size"] >= 1 and type(nstep["gamma"]) in (int, float) and 0.0 <= nstep["gamma"] <= 1.0):
+    if (
+        isinstance(nstep, dict)
+        and nstep.keys() == {"size", "gamma"}
+        and type(nstep["size"]) is int
+        and nstep["size"] >= 1
+        and type(nstep["gamma"]) in (int, float)
+        and 0.0 <= nstep["gamma"] <= 1.0
+    ):
         return nstep["size"], float(nstep["gamma"])
-    raise TransitionFileError("file: metadata 'nstep': expected null or {'size': integer >= 1, "
-                              f"'gamma': number in [0, 1]}}, got {short(nstep)}")
+    raise TransitionFileError(
+        "file: metadata 'nstep': expected null or {'size': integer >= 1, "
+        f"'gamma': number in [0, 1]}}, got {short(nstep)}"
+    )
 
 
 def _check_fits(meta: _Metadata, ours: dict[str, FieldSpec], nstep: tuple[int, float] | None) -> None:
     """Raise unless the file's transitions are transitions of ``ours`` folded with ``nstep``."""
     if meta.nstep != nstep:
-        raise TransitionFileError(f"nstep: the file holds {_describe_nstep(meta.nstep)} but the buffer stores "
-                                  f"{_describe_nstep(nstep)}; loading would fold rewards twice or not at all")
+        raise TransitionFileError(
+            f"nstep: the file holds {_describe_nstep(meta.nstep)} but the buffer stores "
+            f"{_describe_nstep(nstep)}; loading would fold rewards twice or not at all"
+        )
     theirs = meta.specs
     missing, extra = [n for n in ours if n not in theirs], [n for n in theirs if n not in ours]
     if missing or extra:
-        raise TransitionFileError(f"file: its fields {list(theirs)} differ from the buffer's {list(ours)} "
-                                  f"(missing {missing}, extra {extra})")
+        raise TransitionFileError(
+            f"file: its fields {list(theirs)} differ from the buffer's {list(ours)} (missing {missing}, extra {extra})"
+        )
     for name, spec in ours.items():
         other = theirs[name]
         if (other.shape, other.dtype) != (spec.shape, spec.dtype):
-            raise TransitionFileError(f"field {name!r}: the file stores {_describe(other.shape, other.dtype)}, "
-                                      f"the buffer expects {_describe(spec.shape, spec.dtype)}")
+            raise TransitionFileError(
+                f"field {name!r}: the file stores {_describe(other.shape, other.dtype)}, "
+                f"the buffer expects {_describe(spec.shape, spec.dtype)}"
+            )
 
 
 def _read_arrays(archive: zipfile.ZipFile, meta: _Metadata) -> dict[str, np.ndarray]:
@@ -332,8 +384,10 @@ def _read_arrays(archive: zipfile.ZipFile, meta: _Metadata) -> dict[str, np.ndar
     if priorities is not None:
         bad = ~(np.isfinite(priorities) & (priorities >= 0))
         if bad.any():
-            raise TransitionFileError(f"file: priorities must be finite and >= 0, found {priorities[bad][0]} "
-                                      f"(transition {int(np.argmax(bad))})")
+            raise TransitionFileError(
+                f"file: priorities must be finite and >= 0, found {priorities[bad][0]} "
+                f"(transition {int(np.argmax(bad))})"
+            )
     if meta.episodes:
         _check_episodes(arrays[EPISODE_ID], arrays[EPISODE_LANE])
     return arrays
@@ -349,18 +403,23 @@ def _check_episodes(ids: np.ndarray, lanes: np.ndarray) -> None:
     bad = np.flatnonzero(ids != np.cumsum(first) - 1)
     if bad.size:
         i = int(bad[0])
-        raise TransitionFileError(f"file: array {EPISODE_ID!r}: expected the episodes numbered 0, 1, ... in the "
-                                  f"order of their rows (each episode's rows one after another), row {i} has {ids[i]}")
+        raise TransitionFileError(
+            f"file: array {EPISODE_ID!r}: expected the episodes numbered 0, 1, ... in the "
+            f"order of their rows (each episode's rows one after another), row {i} has {ids[i]}"
+        )
     bad = np.flatnonzero(lanes < 0)
     if bad.size:
-        raise TransitionFileError(f"file: array {EPISODE_LANE!r}: expected lanes >= 0, row {int(bad[0])} has "
-                                  f"{lanes[bad[0]]}")
+        raise TransitionFileError(
+            f"file: array {EPISODE_LANE!r}: expected lanes >= 0, row {int(bad[0])} has {lanes[bad[0]]}"
+        )
     moved = np.flatnonzero(lanes[1:] != lanes[:-1]) + 1
     inside = moved[~first[moved]]
     if inside.size:
         i = int(inside[0])
-        raise TransitionFileError(f"file: episode {ids[i]} is in lanes {lanes[i - 1]} and {lanes[i]} (rows {i - 1} "
-                                  f"and {i}); an episode's steps are in one lane")
+        raise TransitionFileError(
+            f"file: episode {ids[i]} is in lanes {lanes[i - 1]} and {lanes[i]} (rows {i - 1} "
+            f"and {i}); an episode's steps are in one lane"
+        )
     blocks = lanes[np.concatenate(([0], moved))]
     seen, where = np.unique(blocks, return_index=True)
     if len(seen) != len(blocks):
@@ -382,12 +441,14 @@ def _read_array(archive: zipfile.ZipFile, name: str, shape: tuple[int, ...] | No
         if fortran or file_shape != shape or file_dtype.newbyteorder("=") != dtype:
             order = ", Fortran order" if fortran else ""
             expected = f"shape {shape}" if shape is not None else f"at most {_MAX_METADATA_BYTES} items"
-            raise TransitionFileError(f"file: array {name!r} is {_describe(file_shape, file_dtype)}{order}; "
-                                      f"expected {expected} {dtype}")
+            raise TransitionFileError(
+                f"file: array {name!r} is {_describe(file_shape, file_dtype)}{order}; expected {expected} {dtype}"
+            )
         nbytes = math.prod(shape) * dtype.itemsize
         if info.file_size != member.tell() + nbytes:
-            raise TransitionFileError(f"file: array {name!r} holds {info.file_size - member.tell()} bytes of data, "
-                                      f"its header says {nbytes}")
+            raise TransitionFileError(
+                f"file: array {name!r} holds {info.file_size - member.tell()} bytes of data, its header says {nbytes}"
+            )
         out = np.empty(shape, file_dtype)
         flat = out.reshape(-1).view(np.uint8)
         for start in range(0, nbytes, _CHUNK):
@@ -395,7 +456,7 @@ def _read_array(archive: zipfile.ZipFile, name: str, shape: tuple[int, ...] | No
             chunk = member.read(min(_CHUNK, nbytes - start))
             if len(chunk) != min(_CHUNK, nbytes - start):
                 raise TransitionFileError(f"file: array {name!r} is truncated")
-            flat[start:start + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
+            flat[start : start + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
     return out.astype(dtype, copy=False)
 
 

@@ -20,6 +20,7 @@ working.  ``buffer.inspection()`` gives an :class:`Inspection`:
   copying), and :func:`arm_fault` (this process SIGKILLs itself at a site of
   :data:`FAULT_SITES` inside a critical section).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,9 +52,19 @@ from .consistency import check_arrays
 __all__ = ["FAULT_SITES", "Inspection", "Reservation", "arm_fault"]
 
 # The header's counters by name (the schema's order; the rest of the header is spare).
-COUNTERS = {"stored": STORED, "inserts": INSERTS, "samples": SAMPLES, "stale": STALE, "torn": TORN,
-            "lock_wait_ns": LOCK_WAIT_NS, "lock_holds": LOCK_HOLDS, "closed": CLOSED, "reserved": RESERVED,
-            "epoch": EPOCH, "waiters": WAITERS}
+COUNTERS = {
+    "stored": STORED,
+    "inserts": INSERTS,
+    "samples": SAMPLES,
+    "stale": STALE,
+    "torn": TORN,
+    "lock_wait_ns": LOCK_WAIT_NS,
+    "lock_holds": LOCK_HOLDS,
+    "closed": CLOSED,
+    "reserved": RESERVED,
+    "epoch": EPOCH,
+    "waiters": WAITERS,
+}
 
 
 class Reservation:
@@ -78,8 +89,18 @@ class Inspection:
     Made by :meth:`mpreplay.ReplayBuffer.inspection`; valid while the buffer is open.
     """
 
-    def __init__(self, memory: Any, gate: Any, ring: Any, selector: Any, *, capacity: int,
-                 sequence_length: int | None, one_lane: bool, selector_name: str):
+    def __init__(
+        self,
+        memory: Any,
+        gate: Any,
+        ring: Any,
+        selector: Any,
+        *,
+        capacity: int,
+        sequence_length: int | None,
+        one_lane: bool,
+        selector_name: str,
+    ):
         self._memory, self._gate, self._ring, self._selector = memory, gate, ring, selector
         self.capacity = capacity
         self.sequence_length = sequence_length
@@ -151,8 +172,10 @@ class Inspection:
         :meth:`Reservation.publish`.  Uncompressed transition buffers only, whose writers share
         one lane (TypeError otherwise: a compressed or sequence writer writes in a lane of its own)."""
         if not self._one_lane:
-            raise TypeError("reserve: only the writers of an uncompressed transition buffer share a lane; a "
-                            "compressed or sequence buffer's writer claims its own")
+            raise TypeError(
+                "reserve: only the writers of an uncompressed transition buffer share a lane; a "
+                "compressed or sequence buffer's writer claims its own"
+            )
         k = checks.integer("k", k, low=1)
         start, reserved = self._ring.reserve(k, deadline(checks.seconds("timeout", timeout)))
         return Reservation(self._ring, start, reserved)

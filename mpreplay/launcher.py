@@ -46,6 +46,7 @@ Children ignore SIGINT: a Ctrl-C in a terminal reaches the whole process
 group, and only the parent should react.  On Linux, children are also killed
 if the parent dies without cleaning up (``kill -9``).
 """
+
 from __future__ import annotations
 
 import math
@@ -70,8 +71,13 @@ def _actor_functions(actors: Any) -> list[Callable[..., Any]]:
         return []
     if callable(actors):
         return [actors]
-    if (isinstance(actors, tuple) and len(actors) == 2 and callable(actors[0])
-            and isinstance(actors[1], int) and not isinstance(actors[1], bool)):
+    if (
+        isinstance(actors, tuple)
+        and len(actors) == 2
+        and callable(actors[0])
+        and isinstance(actors[1], int)
+        and not isinstance(actors[1], bool)
+    ):
         fn, count = actors
         if count < 0:
             raise ValueError(f"actors: the count in (function, count) must be >= 0, got {count}")
@@ -98,10 +104,19 @@ def _closeables(buffer: Any, params: Any) -> list[Any]:
     return [r for r in resources + [params] if callable(getattr(r, "close", None))]
 
 
-def launch(buffer: Any, actors: Any = None, learner: Callable[..., Any] | None = None, *,
-           params: Any = None, args: tuple = (), start_method: str | None = None,
-           max_restarts: int = 0, timeout: float | None = None, grace: float = 5.0,
-           close: bool = True) -> RunResult:
+def launch(
+    buffer: Any,
+    actors: Any = None,
+    learner: Callable[..., Any] | None = None,
+    *,
+    params: Any = None,
+    args: tuple = (),
+    start_method: str | None = None,
+    max_restarts: int = 0,
+    timeout: float | None = None,
+    grace: float = 5.0,
+    close: bool = True,
+) -> RunResult:
     """Run actors and a learner around shared resources; return when the run ends.
 
     Parameters
@@ -154,8 +169,9 @@ def launch(buffer: Any, actors: Any = None, learner: Callable[..., Any] | None =
     try:
         mp_context = multiprocessing.get_context(start_method)
     except ValueError:
-        raise ValueError(f"start_method: expected one of {multiprocessing.get_all_start_methods()} "
-                         f"or None, got {start_method!r}") from None
+        raise ValueError(
+            f"start_method: expected one of {multiprocessing.get_all_start_methods()} or None, got {start_method!r}"
+        ) from None
     pickled: dict[int, bytes] = {}  # each distinct function once
     for fn in actor_functions:
         pickled.setdefault(id(fn), _dumps(fn, "actors"))

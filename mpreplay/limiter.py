@@ -13,6 +13,7 @@ The settings live in the buffer's memory, so every process of a shared buffer
 obeys the same limiter.  Blocked callers sleep on a futex in the segment;
 they do not spin a core.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,19 +50,26 @@ class RateLimiter:
         if self.min_size_to_sample > capacity:
             raise ValueError(
                 f"min_size_to_sample={self.min_size_to_sample} exceeds the buffer's capacity {capacity}: "
-                "the buffer could never hold enough to sample")
+                "the buffer could never hold enough to sample"
+            )
         window = self.max_diff - self.min_diff
         if window < 2 * max(1.0, self.samples_per_insert):
             raise ValueError(
                 f"the window max_diff - min_diff = {window} is below 2 * max(1, samples_per_insert) = "
                 f"{2 * max(1.0, self.samples_per_insert)}: an insert and a sample could each wait for the "
-                "other forever; widen error_buffer")
+                "other forever; widen error_buffer"
+            )
 
     def to_array(self) -> np.ndarray:
         """The settings as the buffer stores them (the "limits" array of the segment schema)."""
         limits = np.zeros(LIMITS_LEN)
         limits[[LIMIT_ON, LIMIT_SPI, LIMIT_MIN_SIZE, LIMIT_MIN_DIFF, LIMIT_MAX_DIFF]] = (
-            1.0, self.samples_per_insert, self.min_size_to_sample, self.min_diff, self.max_diff)
+            1.0,
+            self.samples_per_insert,
+            self.min_size_to_sample,
+            self.min_diff,
+            self.max_diff,
+        )
         return limits
 
 
@@ -87,8 +95,7 @@ class SampleToInsertRatio(RateLimiter):
     ``(min_diff, max_diff)`` pair.
     """
 
-    def __init__(self, samples_per_insert: float, min_size_to_sample: int,
-                 error_buffer: float | tuple[float, float]):
+    def __init__(self, samples_per_insert: float, min_size_to_sample: int, error_buffer: float | tuple[float, float]):
         spi = checks.number("samples_per_insert", samples_per_insert, low=0.0, low_open=True)
         min_size = checks.integer("min_size_to_sample", min_size_to_sample, low=1)
         if isinstance(error_buffer, tuple):
@@ -99,5 +106,7 @@ class SampleToInsertRatio(RateLimiter):
         super().__init__(spi, min_size_to_sample, lo, hi)
 
     def __repr__(self) -> str:
-        return (f"SampleToInsertRatio(samples_per_insert={self.samples_per_insert}, "
-                f"min_size_to_sample={self.min_size_to_sample}, error_buffer=({self.min_diff}, {self.max_diff}))")
+        return (
+            f"SampleToInsertRatio(samples_per_insert={self.samples_per_insert}, "
+            f"min_size_to_sample={self.min_size_to_sample}, error_buffer=({self.min_diff}, {self.max_diff}))"
+        )

@@ -16,6 +16,7 @@ A segment's bytes are never trusted: :func:`decode` checks every entry a reader 
 (types, numeric dtypes, ranks and lengths of the arrays readers index, every array inside the
 segment) and names the first one that is wrong.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from . import selectors
 from ._ext.lock import LOCK_NBYTES
 from ._ext.processes import token_pid
-from . import selectors
 from ._ext.schema import (
     HEADER_LEN,
     LANE_LEN,
@@ -78,13 +79,12 @@ def encode(description: dict[str, Any], out: np.ndarray, *, owner: int, created:
     """
     text = _text(_document(description, owner, created))
     data = _HEAD.pack(MAGIC, len(text)) + text
-    out[:len(data)] = np.frombuffer(data, np.uint8)
+    out[: len(data)] = np.frombuffer(data, np.uint8)
 
 
 def _document(description: dict[str, Any], owner: int, created: float) -> dict[str, Any]:
     """The document :func:`encode` writes for these arguments, as :func:`decode` reads it back."""
-    document = {"version": VERSION, "mpreplay_version": __version__, **description, "owner": owner,
-                "created": created}
+    document = {"version": VERSION, "mpreplay_version": __version__, **description, "owner": owner, "created": created}
     if _HEAD.size + len(_text(document)) > NBYTES:
         document = {**document, "fields": {}, "fields_omitted": True}
     if _HEAD.size + len(_text(document)) > NBYTES:
@@ -108,15 +108,17 @@ def decode(head: bytes, size: int | None = None) -> dict[str, Any] | None:
     document = _json(head)
     if document is not None:
         if document.get("version") != VERSION:
-            raise ManifestError(f"manifest format {_short(document.get('version'))} (written by "
-                                f"{_maker(document)}); mpreplay {__version__} reads format {VERSION}")
+            raise ManifestError(
+                f"manifest format {_short(document.get('version'))} (written by "
+                f"{_maker(document)}); mpreplay {__version__} reads format {VERSION}"
+            )
         _check(document, size)
     return document
 
 
 def _json(head: bytes) -> dict[str, Any] | None:
     """The JSON object after the magic, unchecked; None without the magic."""
-    if bytes(head[:len(MAGIC)]) != MAGIC:
+    if bytes(head[: len(MAGIC)]) != MAGIC:
         return None
     if len(head) < _HEAD.size:
         raise ManifestError(f"the manifest is cut after {len(head)} bytes")
@@ -125,7 +127,7 @@ def _json(head: bytes) -> dict[str, Any] | None:
     if not 0 < length <= room:
         raise ManifestError(f"its length field says {length} bytes of JSON, the manifest holds 1 to {room}")
     try:
-        document = json.loads(bytes(head[_HEAD.size:_HEAD.size + length]), parse_constant=_no_constant)
+        document = json.loads(bytes(head[_HEAD.size : _HEAD.size + length]), parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ManifestError(f"the manifest is not UTF-8 JSON ({type(exc).__name__}: {_short(str(exc))})") from None
     if not isinstance(document, dict):
@@ -152,8 +154,9 @@ def _names(value: Any) -> bool:
 
 
 def _sequence(value: Any) -> bool:
-    return value is None or (isinstance(value, dict) and all(
-        _whole(value.get(key)) and value[key] >= 1 for key in ("length", "period")))
+    return value is None or (
+        isinstance(value, dict) and all(_whole(value.get(key)) and value[key] >= 1 for key in ("length", "period"))
+    )
 
 
 # What each entry of a document must be: (test, what the message says was expected).
@@ -198,10 +201,15 @@ def _check(document: dict[str, Any], size: int | None) -> None:
         if name not in arrays:
             raise ManifestError(f"the manifest has no {name!r} array")
         have, have_dtype = arrays[name]
-        if have_dtype != want_dtype or len(have) != len(want_shape) or any(
-                d < 1 if want is None else d != want for d, want in zip(have, want_shape, strict=True)):
-            raise ManifestError(f"array {name!r} is {have_dtype} of shape {tuple(have)}, readers index "
-                                f"{want_dtype} of shape {tuple('n' if d is None else d for d in want_shape)}")
+        if (
+            have_dtype != want_dtype
+            or len(have) != len(want_shape)
+            or any(d < 1 if want is None else d != want for d, want in zip(have, want_shape, strict=True))
+        ):
+            raise ManifestError(
+                f"array {name!r} is {have_dtype} of shape {tuple(have)}, readers index "
+                f"{want_dtype} of shape {tuple('n' if d is None else d for d in want_shape)}"
+            )
 
 
 def _array(entry: Any, nbytes: int) -> tuple[str, list[int], np.dtype]:
@@ -210,8 +218,7 @@ def _array(entry: Any, nbytes: int) -> tuple[str, list[int], np.dtype]:
         raise ManifestError(f"an array entry is {_short(entry)}; expected [name, shape, dtype, offset]")
     name, shape, code, offset = entry
     if not (isinstance(shape, list) and len(shape) <= _MAX_RANK and all(_whole(d) for d in shape)):
-        raise ManifestError(f"array {_short(name)}: shape {_short(shape)} is not a list of at most "
-                            f"{_MAX_RANK} sizes")
+        raise ManifestError(f"array {_short(name)}: shape {_short(shape)} is not a list of at most {_MAX_RANK} sizes")
     if not (isinstance(code, str) and _DTYPE.fullmatch(code)):
         raise ManifestError(f"array {_short(name)}: dtype {_short(code)} is not a numeric dtype")
     try:
@@ -219,22 +226,25 @@ def _array(entry: Any, nbytes: int) -> tuple[str, list[int], np.dtype]:
     except TypeError:
         raise ManifestError(f"array {_short(name)}: dtype {_short(code)} is not a numeric dtype") from None
     if dtype.str != code:
-        raise ManifestError(f"array {_short(name)}: dtype {_short(code)} is not written as numpy writes it "
-                            f"({dtype.str!r})")
+        raise ManifestError(
+            f"array {_short(name)}: dtype {_short(code)} is not written as numpy writes it ({dtype.str!r})"
+        )
     if not (_whole(offset) and offset % _WORD == 0):
         raise ManifestError(f"array {_short(name)}: offset {_short(offset)} is not a multiple of {_WORD} bytes")
     # Empty dimensions aside, no array has more items than its segment has bytes (numpy refuses
     # shapes whose product overflows, even with an empty dimension).
     end = offset + math.prod(shape) * dtype.itemsize
     if math.prod(max(d, 1) for d in shape) > nbytes or end > nbytes:
-        raise ManifestError(f"array {_short(name)} of shape {tuple(shape)} {dtype} at offset {offset} "
-                            f"lies past the {nbytes} bytes of the segment")
+        raise ManifestError(
+            f"array {_short(name)} of shape {tuple(shape)} {dtype} at offset {offset} "
+            f"lies past the {nbytes} bytes of the segment"
+        )
     return name, shape, dtype
 
 
 def _short(value: Any, limit: int = 60) -> str:
     text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def check_segment(name: str, buf: memoryview, description: dict[str, Any]) -> None:
@@ -251,23 +261,27 @@ def check_segment(name: str, buf: memoryview, description: dict[str, Any]) -> No
     try:
         document = _json(head)
     except ManifestError as exc:
-        raise IncompatibleSegmentError(f"{name}: its manifest is unreadable ({exc}); this process runs {ours}; "
-                                       "refusing to attach") from None
+        raise IncompatibleSegmentError(
+            f"{name}: its manifest is unreadable ({exc}); this process runs {ours}; refusing to attach"
+        ) from None
     if document is None:
-        raise IncompatibleSegmentError(f"{name}: holds no mpreplay manifest (not a replay buffer's segment); "
-                                       "refusing to attach")
+        raise IncompatibleSegmentError(
+            f"{name}: holds no mpreplay manifest (not a replay buffer's segment); refusing to attach"
+        )
     theirs = f"{_maker(document)} (manifest format {_short(document.get('version'))})"
     try:
         decode(head, len(buf))
     except ManifestError as exc:
-        raise IncompatibleSegmentError(f"{name}: made by {theirs}, which {ours} cannot read: {exc}; "
-                                       "refusing to attach") from None
+        raise IncompatibleSegmentError(
+            f"{name}: made by {theirs}, which {ours} cannot read: {exc}; refusing to attach"
+        ) from None
     expected = _document(description, document["owner"], document["created"])
     difference = _difference(document, expected)
     if difference is not None:
         raise IncompatibleSegmentError(
             f"{name}: made by {theirs}, this process runs {ours}; the segment is not what this process expects: "
-            f"{difference}; refusing to attach (every process of a job must run the same mpreplay version)")
+            f"{difference}; refusing to attach (every process of a job must run the same mpreplay version)"
+        )
 
 
 def _difference(found: dict[str, Any], expected: dict[str, Any]) -> str | None:
@@ -283,8 +297,10 @@ def _difference(found: dict[str, Any], expected: dict[str, Any]) -> str | None:
                 a = theirs[i] if i < len(theirs) else None
                 b = ours[i] if i < len(ours) else None
                 if not _same(a, b):
-                    return (f"array {i}: {_entry(a)} in the segment, {_entry(b)} expected "
-                            f"(layouts of {found['nbytes']} and {expected['nbytes']} bytes)")
+                    return (
+                        f"array {i}: {_entry(a)} in the segment, {_entry(b)} expected "
+                        f"(layouts of {found['nbytes']} and {expected['nbytes']} bytes)"
+                    )
         return f"{key!r} is {_short(theirs)} in the segment, {_short(ours)} expected"
     return None
 

@@ -7,6 +7,7 @@ map, so the buffer code above it is one and the same.  :class:`FileMemory`
 puts each array of the layout in a file of its own, mapped into memory: a
 local buffer larger than RAM, paged by the operating system.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -73,8 +74,9 @@ class Layout:
             inner = [dt.itemsize] * len(shape)
             for d in range(len(shape) - 2, -1, -1):
                 inner[d] = inner[d + 1] * shape[d + 1]
-            arrays[name] = np.ndarray((rows.shape[0],) + shape, dt, buffer=rows, offset=offset,
-                                      strides=(rows.strides[0],) + tuple(inner))
+            arrays[name] = np.ndarray(
+                (rows.shape[0],) + shape, dt, buffer=rows, offset=offset, strides=(rows.strides[0],) + tuple(inner)
+            )
         return arrays
 
 
@@ -83,7 +85,7 @@ def _aligned_zeros(nbytes: int) -> np.ndarray:
     cache-line aligned in memory too (numpy itself promises only 16 bytes)."""
     raw = np.zeros(nbytes + _ALIGN, dtype=np.uint8)
     skip = -raw.ctypes.data % _ALIGN
-    return raw[skip:skip + nbytes]
+    return raw[skip : skip + nbytes]
 
 
 class HeapMemory:
@@ -125,12 +127,21 @@ class FileMemory:
             for name, shape, dtype, _ in layout.entries:
                 path = self.path(prefix, name)
                 # A zero-length map is refused: an empty array gets one byte of file.
-                maps[name] = np.memmap(path, dtype=np.uint8, mode="w+",
-                                       shape=max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize))
+                maps[name] = np.memmap(
+                    path,
+                    dtype=np.uint8,
+                    mode="w+",
+                    shape=max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize),
+                )
         self._maps = maps
         self.arrays = layout.with_row_views(
-            {name: np.asarray(maps[name][:int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize])
-             .view(dtype).reshape(shape) for name, shape, dtype, _ in layout.entries})
+            {
+                name: np.asarray(maps[name][: int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize])
+                .view(dtype)
+                .reshape(shape)
+                for name, shape, dtype, _ in layout.entries
+            }
+        )
 
     @staticmethod
     def path(prefix: str, array: str) -> str:
@@ -159,8 +170,9 @@ def _create_named(size: int) -> shared_memory.SharedMemory:
     # The creator's pid in the name tells whose segment a /dev/shm entry is.
     while True:
         try:
-            return shared_memory.SharedMemory(name=f"{SEGMENT_PREFIX}{os.getpid()}-{secrets.token_hex(4)}",
-                                              create=True, size=size)
+            return shared_memory.SharedMemory(
+                name=f"{SEGMENT_PREFIX}{os.getpid()}-{secrets.token_hex(4)}", create=True, size=size
+            )
         except FileExistsError:
             continue
 
@@ -203,8 +215,7 @@ class SharedMemory:
     # Called once to unmap (and unlink, in the owner); the owner's and an attacher's differ in kind.
     _finalizer: Callable[[], object]
 
-    def __init__(self, layout: Layout, *, name: str | None = None,
-                 verify: Callable[[memoryview], None] | None = None):
+    def __init__(self, layout: Layout, *, name: str | None = None, verify: Callable[[memoryview], None] | None = None):
         self.layout = layout
         self.owner = name is None
         size = max(layout.nbytes, 1)
@@ -231,7 +242,8 @@ class SharedMemory:
                 self._shm = _attach_untracked(name)
             except FileNotFoundError:
                 raise SharedMemoryError(
-                    f"shared-memory segment {name!r} no longer exists (its owner closed it)") from None
+                    f"shared-memory segment {name!r} no longer exists (its owner closed it)"
+                ) from None
             if verify is not None:
                 try:
                     verify(_mapping(self._shm))
@@ -246,8 +258,9 @@ class SharedMemory:
             # multiprocessing's exit hook also runs in its child processes, which
             # leave through os._exit (no atexit): a segment a child created is
             # unlinked however the child's target returns or raises.
-            self._finalizer = mp_util.Finalize(self, SharedMemory._release, (self._shm, self._owner_pid),
-                                               exitpriority=0)
+            self._finalizer = mp_util.Finalize(
+                self, SharedMemory._release, (self._shm, self._owner_pid), exitpriority=0
+            )
             _OWNED.add(self)
             _unlink_on_termination(self)
         else:

@@ -10,6 +10,7 @@ Nothing a segment holds is trusted: a manifest this version cannot read (damaged
 format, describing arrays that are not there) makes the segment *unreadable*: it is listed with
 the reason, and every other segment is listed as usual.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,8 +46,17 @@ from ._ext.schema import (
 )
 from .memory import SEGMENT_PREFIX
 
-__all__ = ["SHM_DIR", "BufferView", "Reading", "Removal", "Segment", "frame", "list_segments", "remove_segments",
-           "summary"]
+__all__ = [
+    "SHM_DIR",
+    "BufferView",
+    "Reading",
+    "Removal",
+    "Segment",
+    "frame",
+    "list_segments",
+    "remove_segments",
+    "summary",
+]
 
 SHM_DIR = "/dev/shm"
 
@@ -58,7 +68,7 @@ class Segment:
     cannot read (``document`` None, ``problem`` says why)."""
 
     name: str
-    nbytes: int            # space it takes in /dev/shm
+    nbytes: int  # space it takes in /dev/shm
     owner_pid: int | None  # the creator, from the manifest or (without one) the name
     owner_alive: bool
     document: dict[str, Any] | None = field(repr=False)
@@ -115,7 +125,7 @@ def _head(path: str) -> tuple[os.stat_result, bytes | None]:
 def _owner(name: str, document: dict[str, Any] | None) -> int | None:
     if document is not None:
         return token_pid(document["owner"])
-    pid = name[len(SEGMENT_PREFIX):].split("-", 1)[0]
+    pid = name[len(SEGMENT_PREFIX) :].split("-", 1)[0]
     # A pid names a process only while it fits a token's pid (Linux's pids do).
     if not (pid.isascii() and pid.isdigit() and len(pid) < 19):
         return None
@@ -134,9 +144,18 @@ def summary(segment: Segment, shm_dir: str = SHM_DIR) -> dict[str, Any] | None:
     """``ls``'s figures of ``segment``: name, owner, size, kind, capacity and fill, writers
     alive, creation time (None where the segment cannot tell) and, for an unreadable segment,
     the ``problem``; None when it was unlinked meanwhile."""
-    row = {"name": segment.name, "owner_pid": segment.owner_pid, "owner_alive": segment.owner_alive,
-           "bytes": segment.nbytes, "kind": segment.kind, "capacity": None, "stored": None,
-           "writers_alive": None, "created": None, "problem": segment.problem}
+    row = {
+        "name": segment.name,
+        "owner_pid": segment.owner_pid,
+        "owner_alive": segment.owner_alive,
+        "bytes": segment.nbytes,
+        "kind": segment.kind,
+        "capacity": None,
+        "stored": None,
+        "writers_alive": None,
+        "created": None,
+        "problem": segment.problem,
+    }
     if segment.document is None:
         return row
     try:
@@ -147,8 +166,12 @@ def summary(segment: Segment, shm_dir: str = SHM_DIR) -> dict[str, Any] | None:
     except ValueError as exc:  # changed since it was listed (truncated, rewritten): listed without figures
         row.update(kind="unreadable", problem=str(exc))
         return row
-    row.update(capacity=view.capacity, stored=int(reading.header[STORED]), created=segment.document["created"],
-               writers_alive=sum(token_alive(token) for token in reading.writers))
+    row.update(
+        capacity=view.capacity,
+        stored=int(reading.header[STORED]),
+        created=segment.document["created"],
+        writers_alive=sum(token_alive(token) for token in reading.writers),
+    )
     return row
 
 
@@ -181,7 +204,7 @@ class BufferView:
             os.close(fd)
         try:
             # Checked against the mapping itself: every array below lies inside it.
-            document = manifest.decode(self._map[:manifest.NBYTES], len(self._map))
+            document = manifest.decode(self._map[: manifest.NBYTES], len(self._map))
         except manifest.ManifestError as exc:
             self._map.close()
             raise ValueError(f"{name}: unreadable: {exc}") from None
@@ -191,15 +214,19 @@ class BufferView:
         self.name = name
         self.document = document
         self.capacity: int = document["capacity"]
-        self.arrays = {array: np.frombuffer(self._map, np.dtype(dtype), math.prod(shape), offset).reshape(shape)
-                       for array, shape, dtype, offset in document["arrays"]}
+        self.arrays = {
+            array: np.frombuffer(self._map, np.dtype(dtype), math.prod(shape), offset).reshape(shape)
+            for array, shape, dtype, offset in document["arrays"]
+        }
 
     def read(self) -> Reading:
         """The counters now."""
         writers = self.arrays["writers"]
-        return Reading(time.monotonic(), self.arrays["header"].copy(),
-                       {int(t): int(n)
-                        for t, n in zip(writers[:, WRITER_TOKEN], writers[:, WRITER_INSERTS], strict=True) if t})
+        return Reading(
+            time.monotonic(),
+            self.arrays["header"].copy(),
+            {int(t): int(n) for t, n in zip(writers[:, WRITER_TOKEN], writers[:, WRITER_INSERTS], strict=True) if t},
+        )
 
     def limiter(self) -> dict[str, float | None] | None:
         """The rate limiter's settings, or None: ``samples_per_insert`` (None for a limiter that
@@ -259,8 +286,12 @@ def frame(view: BufferView, before: Reading, after: Reading) -> list[tuple[str, 
     owner = token_pid(doc["owner"])
     rows = [
         ("buffer", f"{view.name}  {doc['class']}, capacity {view.capacity:,}"),
-        ("owner", f"{describe_process(owner)}" + ("" if token_alive(doc["owner"]) else ": gone")
-         + ("; closed" if view.closed else "")),
+        (
+            "owner",
+            f"{describe_process(owner)}"
+            + ("" if token_alive(doc["owner"]) else ": gone")
+            + ("; closed" if view.closed else ""),
+        ),
         ("fill", f"{int(h1[STORED]):,} / {view.capacity:,} ({int(h1[STORED]) / view.capacity:.1%})"),
         ("inserts/s", f"{inserts:,.0f}"),
         ("samples/s", f"{samples:,.0f}"),
@@ -278,8 +309,9 @@ def frame(view: BufferView, before: Reading, after: Reading) -> list[tuple[str, 
     # Summed over the waiters: three processes each waiting half the time make 1.5 s per s.
     rows.append(("lock wait", f"{rate(LOCK_WAIT_NS) / 1e9:.2f} s per s (all waiters), {holds:,.0f} holds/s"))
     holder = view.lock_holder()
-    rows.append(("lock holder", "free" if holder is None
-                 else f"{_describe_pid(holder[0])} for {holder[1] * 1e3:,.1f} ms"))
+    rows.append(
+        ("lock holder", "free" if holder is None else f"{_describe_pid(holder[0])} for {holder[1] * 1e3:,.1f} ms")
+    )
     recoveries = view.lock_recoveries()
     if recoveries:  # a run where no holder died shows no row for it
         rows.append(("lock recoveries", f"{recoveries:,} (holders that died with the lock; the next repaired)"))
@@ -293,8 +325,12 @@ def frame(view: BufferView, before: Reading, after: Reading) -> list[tuple[str, 
         rows.append(("writer", f"pid {token_pid(token)}{lane}: {per_s:,.0f} inserts/s ({count:,} in all{state})"))
     priorities = view.priorities()
     if priorities is not None and len(priorities):
-        rows.append(("priorities", (f"min {priorities.min():.3g}  median {np.median(priorities):.3g}  "
-                                    f"max {priorities.max():.3g}")))
+        rows.append(
+            (
+                "priorities",
+                (f"min {priorities.min():.3g}  median {np.median(priorities):.3g}  max {priorities.max():.3g}"),
+            )
+        )
         rows.append(("histogram", _histogram(priorities)))
     return rows
 
@@ -316,7 +352,7 @@ def _histogram(values: np.ndarray, bins: int = 16) -> str:
     lo, hi = np.log10(positive.min()), np.log10(positive.max())
     counts, _ = np.histogram(np.log10(positive), bins=bins, range=(lo, hi if hi > lo else lo + 1))
     bars = "".join(_BARS[int(np.ceil(c / counts.max() * (len(_BARS) - 1)))] for c in counts)
-    return f"{10 ** lo:.2g} |{bars}| {10 ** hi:.2g}" + (f"  (+{zeros:,} zero)" if zeros else "")
+    return f"{10**lo:.2g} |{bars}| {10**hi:.2g}" + (f"  (+{zeros:,} zero)" if zeros else "")
 
 
 @dataclass(frozen=True)
@@ -329,8 +365,9 @@ class Removal:
     reason: str = ""
 
 
-def remove_segments(names: list[str] | None, *, dead: bool = False, force: bool = False,
-                    shm_dir: str = SHM_DIR) -> list[Removal]:
+def remove_segments(
+    names: list[str] | None, *, dead: bool = False, force: bool = False, shm_dir: str = SHM_DIR
+) -> list[Removal]:
     """Unlink the segments ``names`` (or, with ``dead``, every one whose owner is gone).
 
     Every name is checked before any segment is removed: one that names no mpreplay segment, or
@@ -350,9 +387,15 @@ def remove_segments(names: list[str] | None, *, dead: bool = False, force: bool 
             assert owner is not None  # an owner found alive was found by its pid
             refused[name] = f"its owner, {describe_process(owner)}, is alive (--force removes it anyway)"
     if refused:
-        return [Removal(name, segments[name].nbytes if name in segments else 0, False,
-                        refused.get(name, "another name was refused, so nothing was removed"))
-                for name in names or []]
+        return [
+            Removal(
+                name,
+                segments[name].nbytes if name in segments else 0,
+                False,
+                refused.get(name, "another name was refused, so nothing was removed"),
+            )
+            for name in names or []
+        ]
     return [_unlink(segments[name], shm_dir) for name in names or []]
 
 

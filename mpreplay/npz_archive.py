@@ -8,6 +8,7 @@ with that size).  Whatever zipfile, zlib or numpy's header parser raise on bad
 bytes becomes a :class:`TransitionFileError` naming the file.  Writing a path is
 atomic: a temporary file in the same folder, flushed to disk, renamed over it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,9 +34,23 @@ _INFLATION = {zipfile.ZIP_STORED: 1, zipfile.ZIP_DEFLATED: 1032}
 # What zipfile, zlib and numpy's header parser raise on bytes that are not what they claim to be
 # (the parser tokenizes the header, evaluates it as a literal and sorts its keys: an unclosed bracket
 # is a TokenError, keys of mixed types a TypeError).
-_DAMAGE = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, struct.error, EOFError, OSError, KeyError,
-           IndexError, ValueError, TypeError, SyntaxError, OverflowError, NotImplementedError, RuntimeError,
-           tokenize.TokenError)
+_DAMAGE = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    zlib.error,
+    struct.error,
+    EOFError,
+    OSError,
+    KeyError,
+    IndexError,
+    ValueError,
+    TypeError,
+    SyntaxError,
+    OverflowError,
+    NotImplementedError,
+    RuntimeError,
+    tokenize.TokenError,
+)
 
 File = Union[str, "os.PathLike[str]", IO[bytes]]
 
@@ -178,15 +193,19 @@ def _check_sizes(archive: zipfile.ZipFile, size: int, label: str) -> None:
     for info in archive.infolist():
         inflation = _INFLATION.get(info.compress_type)
         if inflation is None:
-            raise TransitionFileError(f"{label}: member {short(info.filename)} uses zip compression method "
-                                      f"{info.compress_type}; numpy's savez writes stored or deflated members")
+            raise TransitionFileError(
+                f"{label}: member {short(info.filename)} uses zip compression method "
+                f"{info.compress_type}; numpy's savez writes stored or deflated members"
+            )
         if info.header_offset + info.compress_size > size or info.file_size > info.compress_size * inflation:
-            raise TransitionFileError(f"{label}: member {short(info.filename)} claims {info.file_size} bytes in "
-                                      f"{info.compress_size} compressed bytes at offset {info.header_offset}, "
-                                      f"which a {size}-byte archive cannot hold")
+            raise TransitionFileError(
+                f"{label}: member {short(info.filename)} claims {info.file_size} bytes in "
+                f"{info.compress_size} compressed bytes at offset {info.header_offset}, "
+                f"which a {size}-byte archive cannot hold"
+            )
 
 
 def short(value: Any, limit: int = 80) -> str:
     """``repr(value)``, cut to ``limit`` characters for a message."""
     text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -18,6 +18,7 @@ of step ``t``.  A learner's target is
 bootstrap, a truncated one (time limit) does not.  A step flagged both done
 and truncated is terminal.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -51,10 +52,10 @@ class Folding(NamedTuple):
     methods, made the folder's own by :meth:`NstepBuffer.commit`.  Opaque to callers."""
 
     ring: dict[str, np.ndarray]  # per non-reward field, (num_envs, n, ...): the steps of the last n adds
-    acc: dict[str, np.ndarray]   # per reward field, (num_envs, n, ...): the running folded reward of each column
-    cur: int                     # the column of the newest step
-    pending: np.ndarray          # per environment, its pending steps: its newest `pending` columns, ending at `cur`
-    steady: bool                 # every environment holds n - 1 pending steps (cached: add() checks it every call)
+    acc: dict[str, np.ndarray]  # per reward field, (num_envs, n, ...): the running folded reward of each column
+    cur: int  # the column of the newest step
+    pending: np.ndarray  # per environment, its pending steps: its newest `pending` columns, ending at `cur`
+    steady: bool  # every environment holds n - 1 pending steps (cached: add() checks it every call)
 
 
 class NstepBuffer:
@@ -108,10 +109,19 @@ class NstepBuffer:
     the step was never added: the same step can be folded again.
     """
 
-    def __init__(self, env_dict: Mapping[str, Mapping[str, Any]], size: int, gamma: float = 0.99, *,
-                 rew: str | Sequence[str] | None = "rew", next: str | Sequence[str] | None = "next_obs",
-                 done: str = "done", truncated: str | None = None,
-                 num_envs: int | None = None, default_dtype: Any = None):
+    def __init__(
+        self,
+        env_dict: Mapping[str, Mapping[str, Any]],
+        size: int,
+        gamma: float = 0.99,
+        *,
+        rew: str | Sequence[str] | None = "rew",
+        next: str | Sequence[str] | None = "next_obs",
+        done: str = "done",
+        truncated: str | None = None,
+        num_envs: int | None = None,
+        default_dtype: Any = None,
+    ):
         self._n = checks.integer("size", size, low=1)
         self._gamma = checks.number("gamma", gamma, low=0.0, high=1.0)
         self._num_envs = None if num_envs is None else checks.integer("num_envs", num_envs, low=1)
@@ -129,8 +139,10 @@ class NstepBuffer:
         if declared is None:
             return {**specs, _DISCOUNT: FieldSpec(_DISCOUNT, (), np.dtype(np.float32))}
         if declared.shape != () or declared.dtype.kind != "f":
-            raise ValueError(f"env_dict[{_DISCOUNT!r}]: the output discount is a float scalar, "
-                             f"got shape {declared.shape} and dtype {declared.dtype}")
+            raise ValueError(
+                f"env_dict[{_DISCOUNT!r}]: the output discount is a float scalar, "
+                f"got shape {declared.shape} and dtype {declared.dtype}"
+            )
         return specs
 
     def _names(self, arg: str, value: Any, default: str) -> tuple[str, ...]:
@@ -141,13 +153,17 @@ class NstepBuffer:
         if isinstance(value, str) and value == default and default not in self._specs:
             return ()
         names = (value,) if isinstance(value, str) else value
-        if (isinstance(names, (bytes, Mapping)) or not hasattr(names, "__iter__")
-                or not all(isinstance(n, str) for n in names)):
+        if (
+            isinstance(names, (bytes, Mapping))
+            or not hasattr(names, "__iter__")
+            or not all(isinstance(n, str) for n in names)
+        ):
             raise TypeError(f"{arg}: expected a field name, a list of field names or None, got {value!r}")
         return tuple(names)
 
-    def _check_keys(self, rew: Any, next: Any, done: str,
-                    truncated: str | None) -> tuple[tuple[str, ...], tuple[str, ...], str, str | None]:
+    def _check_keys(
+        self, rew: Any, next: Any, done: str, truncated: str | None
+    ) -> tuple[tuple[str, ...], tuple[str, ...], str, str | None]:
         rews, nexts = self._names("rew", rew, "rew"), self._names("next", next, "next_obs")
         keys = [("rew", k) for k in rews] + [("next", k) for k in nexts] + [("done", done)]
         if truncated is not None:
@@ -161,8 +177,9 @@ class NstepBuffer:
             raise ValueError(f"rew, next, done and truncated must name different fields, got {keys}")
         for key in rews:
             if self._specs[key].dtype.kind != "f":
-                raise TypeError(f"rew: field {key!r} must have a float dtype to hold discounted sums, "
-                                f"got {self._specs[key].dtype}")
+                raise TypeError(
+                    f"rew: field {key!r} must have a float dtype to hold discounted sums, got {self._specs[key].dtype}"
+                )
         for arg, key in keys:
             if arg in ("done", "truncated") and self._specs[key].shape != ():
                 raise ValueError(f"{arg}: field {key!r} must be a scalar flag, got shape {self._specs[key].shape}")
@@ -173,12 +190,15 @@ class NstepBuffer:
         # Column c of every ring holds the step of the add() call whose number is c modulo n, in
         # every environment at once: a write is one slice assignment, and an environment's
         # pending steps are always its newest `count` columns, ending at column `cur`.
-        ring = {name: np.zeros((num_envs, n) + s.shape, s.dtype)
-                for name, s in self._specs.items() if name not in self._rews}
+        ring = {
+            name: np.zeros((num_envs, n) + s.shape, s.dtype)
+            for name, s in self._specs.items()
+            if name not in self._rews
+        }
         # Running folded reward of the pending step in each column (float64 whatever rew's dtype).
         acc = {name: np.zeros((num_envs, n) + self._specs[name].shape, np.float64) for name in self._rews}
         ages = (np.arange(n)[:, None] - np.arange(n)[None, :]) % n
-        powers = [self._gamma ** k for k in range(n + 1)]
+        powers = [self._gamma**k for k in range(n + 1)]
         # _weight[c][q]: gamma**(age of column q when column c is written).
         self._weight = np.array(powers)[ages]
         self._discounts = np.array(powers, dtype=self._out_specs[_DISCOUNT].dtype)
@@ -258,12 +278,13 @@ class NstepBuffer:
             s = s._replace(ring={name: ring.copy() for name, ring in s.ring.items()})
             parts = []
             for i in range(k):
-                out, s = self._add_step(s, {name: r[i:i + 1] for name, r in rows.items()})
+                out, s = self._add_step(s, {name: r[i : i + 1] for name, r in rows.items()})
                 parts.append(out)
             out = _concat(parts, self._out_specs)
         elif k != len(s.pending):
-            raise ValueError(f"add: expected a leading dimension num_envs={len(s.pending)} on every field, "
-                             f"got a batch of {k}")
+            raise ValueError(
+                f"add: expected a leading dimension num_envs={len(s.pending)} on every field, got a batch of {k}"
+            )
         else:
             out, s = self._add_step(s, rows)
         self._preview = s
@@ -292,8 +313,9 @@ class NstepBuffer:
         changes nothing."""
         k, _ = convert_batch(self._specs, step)
         if self._num_envs is not None and k != self._num_envs:
-            raise ValueError(f"add: expected a leading dimension num_envs={self._num_envs} on every field, "
-                             f"got a batch of {k}")
+            raise ValueError(
+                f"add: expected a leading dimension num_envs={self._num_envs} on every field, got a batch of {k}"
+            )
         return k
 
     def _add_step(self, s: Folding, rows: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Folding]:
@@ -325,8 +347,7 @@ class NstepBuffer:
         return self._flush(after, emit, count, truncate=False), after
 
     # -- bookkeeping ------------------------------------------------------------
-    def _folding(self, ring: dict[str, np.ndarray], acc: dict[str, np.ndarray], cur: int,
-                 count: np.ndarray) -> Folding:
+    def _folding(self, ring: dict[str, np.ndarray], acc: dict[str, np.ndarray], cur: int, count: np.ndarray) -> Folding:
         return Folding(ring, acc, cur, count, bool((count == self._n - 1).all()))
 
     def _env_index(self, env: Any) -> int:

@@ -47,6 +47,7 @@ dependency: tensors are recognised only when torch is already imported).
 Tensors are stored as numpy arrays; :meth:`~ParameterStore.read` returns
 tensors for the keys whose template value was a tensor.
 """
+
 from __future__ import annotations
 
 import time
@@ -245,8 +246,9 @@ class ParameterStore:
     def read_if_newer(self, last_version: int, out: None = None) -> tuple[dict[str, Any], int] | None: ...
     @overload
     def read_if_newer(self, last_version: int, out: _Out) -> tuple[_Out, int] | None: ...
-    def read_if_newer(self, last_version: int,
-                      out: Mapping[str, Any] | None = None) -> tuple[Mapping[str, Any], int] | None:
+    def read_if_newer(
+        self, last_version: int, out: Mapping[str, Any] | None = None
+    ) -> tuple[Mapping[str, Any], int] | None:
         """Like :meth:`read`, but None (and no copy) unless a version newer than ``last_version`` exists."""
         if self.version <= last_version:
             return None

@@ -15,6 +15,7 @@ Each batch is drawn into arrays the prefetcher reuses (no allocation once the fi
 prefetched batch was drawn before the updates of the batches handed out after it was drawn
 (at most ``prefetch`` learner steps old), the price of drawing ahead.
 """
+
 from __future__ import annotations
 
 import queue
@@ -44,8 +45,13 @@ class _Stop:
     """Put in the queue of free arrays: the drawing thread ends."""
 
 
-def _draw_loop(draw: Callable[[dict[str, np.ndarray] | None, float | None], dict[str, np.ndarray]],
-               timeout: float | None, free: queue.Queue, ready: queue.Queue, stop: threading.Event) -> None:
+def _draw_loop(
+    draw: Callable[[dict[str, np.ndarray] | None, float | None], dict[str, np.ndarray]],
+    timeout: float | None,
+    free: queue.Queue,
+    ready: queue.Queue,
+    stop: threading.Event,
+) -> None:
     # A function of the queues, not a method: the thread must not keep the Prefetcher alive.
     while True:
         out = free.get()
@@ -61,9 +67,12 @@ def _draw_loop(draw: Callable[[dict[str, np.ndarray] | None, float | None], dict
         ready.put(batch)
 
 
-def _draw_within(draw: Callable[[dict[str, np.ndarray] | None, float | None], dict[str, np.ndarray]],
-                 out: dict[str, np.ndarray] | None, timeout: float | None,
-                 stop: threading.Event) -> dict[str, np.ndarray] | None:
+def _draw_within(
+    draw: Callable[[dict[str, np.ndarray] | None, float | None], dict[str, np.ndarray]],
+    out: dict[str, np.ndarray] | None,
+    timeout: float | None,
+    stop: threading.Event,
+) -> dict[str, np.ndarray] | None:
     """One batch, waiting at most ``timeout`` for the rate limiter; None once stopped.  The
     wait is cut in short slices so that ``close()`` is never held up by a long one."""
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -73,8 +82,10 @@ def _draw_within(draw: Callable[[dict[str, np.ndarray] | None, float | None], di
             return draw(out, max(left, 0.0))
         except TimeoutError:
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"batches: no batch could be sampled within timeout={timeout} s "
-                                   "(the rate limiter held samples back)") from None
+                raise TimeoutError(
+                    f"batches: no batch could be sampled within timeout={timeout} s "
+                    "(the rate limiter held samples back)"
+                ) from None
     return None
 
 
@@ -88,8 +99,13 @@ class Prefetcher(Iterator[dict[str, Any]]):
     tensor over the same memory (``torch.from_numpy``, no copy).
     """
 
-    def __init__(self, draw: Callable[[dict[str, np.ndarray] | None, float | None], dict[str, np.ndarray]],
-                 prefetch: int, timeout: float | None, as_torch: bool):
+    def __init__(
+        self,
+        draw: Callable[[dict[str, np.ndarray] | None, float | None], dict[str, np.ndarray]],
+        prefetch: int,
+        timeout: float | None,
+        as_torch: bool,
+    ):
         self._free: queue.Queue = queue.Queue()
         self._ready: queue.Queue = queue.Queue()
         self._stop = threading.Event()
@@ -98,8 +114,12 @@ class Prefetcher(Iterator[dict[str, Any]]):
         self._convert = _torch_views() if as_torch else None
         for _ in range(prefetch + 1):  # prefetch ahead while the learner holds one
             self._free.put(None)  # None: let the buffer allocate the arrays
-        self._thread = threading.Thread(target=_draw_loop, args=(draw, timeout, self._free, self._ready, self._stop),
-                                        name="mpreplay-prefetch", daemon=True)
+        self._thread = threading.Thread(
+            target=_draw_loop,
+            args=(draw, timeout, self._free, self._ready, self._stop),
+            name="mpreplay-prefetch",
+            daemon=True,
+        )
         self._thread.start()
 
     def __iter__(self) -> Prefetcher:

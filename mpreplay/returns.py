@@ -16,6 +16,7 @@ Conventions shared by every function:
   With the same arguments the left sum is therefore the transpose of the
   right sum, which is what backpropagation through either one needs.
 """
+
 from __future__ import annotations
 
 import functools
@@ -149,9 +150,7 @@ def n_step_returns(
     d = _as_dones(dones, r.shape)
     result = NStepReturns(np.empty_like(r), np.empty_like(r), np.empty(r.shape, np.int64))
     longest = min(n, max(r.shape[ax], 1))  # no window reaches past the array
-    _kernel.n_step_fold(
-        _time_last(r, ax), _time_last(d, ax), gamma, longest, *(_time_last(a, ax) for a in result)
-    )
+    _kernel.n_step_fold(_time_last(r, ax), _time_last(d, ax), gamma, longest, *(_time_last(a, ax) for a in result))
     return result
 
 
@@ -369,9 +368,7 @@ def _cumsum_function() -> type[torch.autograd.Function]:
         # The right sum is y = M x with M upper triangular; its adjoint M^T is the
         # left sum with the same links, and d y / d link[c] flows through x's grad.
         @staticmethod
-        def forward(
-            ctx: Any, x: torch.Tensor, gamma: Any, dones: _Dones, axis: int, right: bool
-        ) -> torch.Tensor:
+        def forward(ctx: Any, x: torch.Tensor, gamma: Any, dones: _Dones, axis: int, right: bool) -> torch.Tensor:
             gamma_np = gamma.detach().cpu().numpy() if isinstance(gamma, torch.Tensor) else gamma
             y = _cumsum(x.detach().cpu().numpy(), gamma_np, dones, axis, None, right)
             ctx.args = (gamma_np, dones, axis, right)
@@ -464,4 +461,3 @@ def _torch_gae(rewards: Any, values: Any, dones: _Dones, gamma: float, lam: floa
     d_last = None if d is None else np.moveaxis(d, ax, -1)
     advantages = discounted_cumsum_right(delta, gamma * lam, dones=d_last, axis=-1)
     return advantages.movedim(-1, ax).to(dtype)
-

@@ -9,6 +9,7 @@ and name its lane (:func:`number_episodes`, :func:`transition_episodes`), and
 planned first, changing nothing, then the lanes they go through are claimed,
 then they are written -- a file that is bad or does not fit changes nothing.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -20,8 +21,16 @@ import numpy as np
 from ._ext.schema import LANE_END, LANE_START
 from .fileformat import TransitionFileError
 
-__all__ = ["EpisodeWriter", "SavedEpisode", "lanes_of", "load_episodes", "number_episodes", "split_episodes",
-           "stack_age", "transition_episodes"]
+__all__ = [
+    "EpisodeWriter",
+    "SavedEpisode",
+    "lanes_of",
+    "load_episodes",
+    "number_episodes",
+    "split_episodes",
+    "stack_age",
+    "transition_episodes",
+]
 
 _MAX_DEPTH = np.iinfo(np.uint8).max  # a slot's depth (its earlier frames in its episode) stops counting there
 
@@ -57,8 +66,7 @@ class EpisodeWriter(Protocol):
         """The slots a saved episode of ``k`` converted rows, the first step ``first``, takes when
         loaded; raises the ValueError its write would.  Changes nothing."""
 
-    def load_episode(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
-                     first: int) -> None:
+    def load_episode(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None, first: int) -> None:
         """End the episode in progress, then store a saved episode whose first row is step
         ``first``; it ends."""
 
@@ -123,8 +131,12 @@ def stack_age(rows: Mapping[str, np.ndarray], row: int, keys: Sequence[str]) -> 
     return age
 
 
-def load_episodes(writer: EpisodeWriter, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
-                  episodes: Sequence[SavedEpisode]) -> None:
+def load_episodes(
+    writer: EpisodeWriter,
+    rows: Mapping[str, np.ndarray],
+    priorities: np.ndarray | None,
+    episodes: Sequence[SavedEpisode],
+) -> None:
     """Store a saved buffer's ``episodes`` (``rows``: the file's converted rows; ``priorities``:
     per row, or None) through ``writer`` and writers claimed for the call, each episode ended.
 
@@ -149,8 +161,9 @@ def load_episodes(writer: EpisodeWriter, rows: Mapping[str, np.ndarray], priorit
         for lane_writer, taken in placed:
             for e in taken:
                 a, b = episodes[e].start, episodes[e].stop
-                lane_writer.load_episode(b - a, _rows(rows, a, b), None if priorities is None else priorities[a:b],
-                                         episodes[e].first)
+                lane_writer.load_episode(
+                    b - a, _rows(rows, a, b), None if priorities is None else priorities[a:b], episodes[e].first
+                )
     finally:
         for lane_writer, _ in placed[1:]:
             lane_writer.release_lane()
@@ -160,8 +173,9 @@ def _rows(rows: Mapping[str, np.ndarray], a: int, b: int) -> dict[str, np.ndarra
     return {name: r[a:b] for name, r in rows.items()}
 
 
-def _place(writer: EpisodeWriter, episodes: Sequence[SavedEpisode],
-           slots: Sequence[int]) -> list[tuple[EpisodeWriter, list[int]]]:
+def _place(
+    writer: EpisodeWriter, episodes: Sequence[SavedEpisode], slots: Sequence[int]
+) -> list[tuple[EpisodeWriter, list[int]]]:
     """Claim the lanes ``episodes`` go through (see :func:`load_episodes`); returns per lane its
     writer (``writer`` first) and the episodes it takes.  Raises ValueError, every lane claimed
     here given back, when they do not fit."""
@@ -182,7 +196,8 @@ def _place(writer: EpisodeWriter, episodes: Sequence[SavedEpisode],
                         f"{episode.stop - 1}, {need} slots): the {len(widths)} lane(s) of "
                         f"{', '.join(map(str, widths)) or 'no'} slots this buffer could give it have at most "
                         f"{max(rooms, default=0)} left; load into a buffer with more or longer lanes "
-                        "(lanes=, size=), or with fewer writers holding lanes")
+                        "(lanes=, size=), or with fewer writers holding lanes"
+                    )
             rooms[current] -= need
             placed[current][1].append(e)
     except BaseException:
@@ -193,8 +208,9 @@ def _place(writer: EpisodeWriter, episodes: Sequence[SavedEpisode],
     return placed
 
 
-def _take_lane(writer: EpisodeWriter, placed: list[tuple[EpisodeWriter, list[int]]], widths: list[int],
-               rooms: list[int]) -> int:
+def _take_lane(
+    writer: EpisodeWriter, placed: list[tuple[EpisodeWriter, list[int]]], widths: list[int], rooms: list[int]
+) -> int:
     """Claim one more lane for a load (``writer``'s first); returns its index, or -1 when none is free."""
     lane_writer = writer if not placed else writer.sibling()
     try:

@@ -31,6 +31,7 @@ Selection rules:
   nothing is removed by sampling, so the next batch starts from the same first item, as
   Reverb's ``k`` successive samples of a table that removes nothing do.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -43,8 +44,17 @@ import numpy as np
 from . import checks
 from ._ext.schema import MEMBERS_ARRAY, TREE_ARRAY
 
-__all__ = ["SELECTORS", "SelectorEntry", "SelectorSpec", "entry", "kernels", "make", "names", "priorities",
-           "state_array"]
+__all__ = [
+    "SELECTORS",
+    "SelectorEntry",
+    "SelectorSpec",
+    "entry",
+    "kernels",
+    "make",
+    "names",
+    "priorities",
+    "state_array",
+]
 
 
 def _no_options(**options: Any) -> dict[str, Any]:
@@ -54,8 +64,11 @@ def _no_options(**options: Any) -> dict[str, Any]:
 
 
 def _prioritized_options(alpha: float = 0.6, eps: float = 1e-4, new_priority: str = "max_stored") -> dict[str, Any]:
-    return {"alpha": checks.number("alpha", alpha, low=0.0), "eps": checks.number("eps", eps, low=0.0),
-            "max_ever": checks.choice("new_priority", new_priority, ("max_stored", "max_ever")) == "max_ever"}
+    return {
+        "alpha": checks.number("alpha", alpha, low=0.0),
+        "eps": checks.number("eps", eps, low=0.0),
+        "max_ever": checks.choice("new_priority", new_priority, ("max_stored", "max_ever")) == "max_ever",
+    }
 
 
 @dataclass(frozen=True)
@@ -63,13 +76,13 @@ class SelectorEntry:
     """One selector: what ``selector=`` and the manifest call it, its kernel, its rule."""
 
     name: str
-    kernel: str             # the module mpreplay._ext.<kernel> (ext/<kernel>.pyx)
-    cls: str                # its Selector subclass
-    description: str        # one line: what it draws
-    by_priority: bool = False   # it draws by the priorities given (a prioritized buffer's selector)
-    ordered: bool = False       # a batch is the first k items in its order (see the module docstring)
+    kernel: str  # the module mpreplay._ext.<kernel> (ext/<kernel>.pyx)
+    cls: str  # its Selector subclass
+    description: str  # one line: what it draws
+    by_priority: bool = False  # it draws by the priorities given (a prioritized buffer's selector)
+    ordered: bool = False  # a batch is the first k items in its order (see the module docstring)
     options: Callable[..., dict[str, Any]] = field(default=_no_options, repr=False)  # checked -> kernel kwargs
-    array: str = ""             # its array in the segment; "" -> "selector:<name>"
+    array: str = ""  # its array in the segment; "" -> "selector:<name>"
 
     @property
     def array_name(self) -> str:
@@ -77,15 +90,24 @@ class SelectorEntry:
 
 
 SELECTORS: tuple[SelectorEntry, ...] = (
-    SelectorEntry("uniform", "uniform", "UniformSelector", "every stored item equally likely",
-                  array=MEMBERS_ARRAY),
-    SelectorEntry("prioritized", "prioritized", "PrioritizedSelector",
-                  "in proportion to (priority + eps) ** alpha", by_priority=True, options=_prioritized_options,
-                  array=TREE_ARRAY),
+    SelectorEntry("uniform", "uniform", "UniformSelector", "every stored item equally likely", array=MEMBERS_ARRAY),
+    SelectorEntry(
+        "prioritized",
+        "prioritized",
+        "PrioritizedSelector",
+        "in proportion to (priority + eps) ** alpha",
+        by_priority=True,
+        options=_prioritized_options,
+        array=TREE_ARRAY,
+    ),
     SelectorEntry("fifo", "fifo", "FifoSelector", "the oldest inserted item first", ordered=True),
     SelectorEntry("lifo", "lifo", "LifoSelector", "the newest inserted item first", ordered=True),
-    SelectorEntry("max_heap", "max_heap", "MaxHeapSelector", "the highest priority first", by_priority=True, ordered=True),
-    SelectorEntry("min_heap", "min_heap", "MinHeapSelector", "the lowest priority first", by_priority=True, ordered=True),
+    SelectorEntry(
+        "max_heap", "max_heap", "MaxHeapSelector", "the highest priority first", by_priority=True, ordered=True
+    ),
+    SelectorEntry(
+        "min_heap", "min_heap", "MinHeapSelector", "the lowest priority first", by_priority=True, ordered=True
+    ),
 )
 
 _BY_NAME = {e.name: e for e in SELECTORS}
@@ -132,8 +154,9 @@ class SelectorSpec:
             return selector
         if isinstance(selector, str):
             return cls(selector)
-        raise TypeError(f"selector: expected a selector name {list(_BY_NAME)} or a SelectorSpec, "
-                        f"got {type(selector).__name__}")
+        raise TypeError(
+            f"selector: expected a selector name {list(_BY_NAME)} or a SelectorSpec, got {type(selector).__name__}"
+        )
 
     @property
     def entry(self) -> SelectorEntry:
@@ -148,8 +171,10 @@ def _module(e: SelectorEntry) -> Any:
     try:
         return importlib.import_module(f"mpreplay._ext.{e.kernel}")
     except ImportError as exc:
-        raise ImportError(f"selector {e.name!r}: its kernel mpreplay._ext.{e.kernel} is not built "
-                          f"(build the kernels: python setup.py build_ext --inplace): {exc}") from exc
+        raise ImportError(
+            f"selector {e.name!r}: its kernel mpreplay._ext.{e.kernel} is not built "
+            f"(build the kernels: python setup.py build_ext --inplace): {exc}"
+        ) from exc
 
 
 def state_array(name: str, capacity: int) -> tuple[str, int, np.dtype]:
@@ -182,4 +207,3 @@ def priorities(name: str, state: np.ndarray, capacity: int) -> np.ndarray | None
         return None
     weights, raw = (a.copy() for a in views(state, capacity))
     return raw[(weights > 0) & np.isfinite(raw)]
-

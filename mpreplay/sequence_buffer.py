@@ -18,6 +18,7 @@ The table is the transition buffers' one (see docs/architecture.md,
 "Sequences"): the same slots, lanes, lock, rate limiter, frame compression and
 crash handling, with ``ext/sequences.pyx`` naming which slots start a sequence.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -33,8 +34,12 @@ from .saved_episodes import SavedEpisode, lanes_of, load_episodes, number_episod
 from .sequences import SequenceSpec, SequenceWriter
 from .spec import FieldSpec, convert_batch
 
-__all__ = ["SequenceReplayBuffer", "PrioritizedSequenceReplayBuffer", "MPSequenceReplayBuffer",
-           "MPPrioritizedSequenceReplayBuffer"]
+__all__ = [
+    "SequenceReplayBuffer",
+    "PrioritizedSequenceReplayBuffer",
+    "MPSequenceReplayBuffer",
+    "MPPrioritizedSequenceReplayBuffer",
+]
 
 _EPISODE_STEP = "episode_step"  # what snapshots and files call each step's index in its episode
 _EPISODE_START = "episode.start"  # in the rows a save copies: 1 where a writer stored an episode's first step
@@ -78,23 +83,37 @@ class SequenceReplayBuffer(ReplayBuffer):
 
     _CONFIG = ReplayBuffer._CONFIG + ("_sequence",)
 
-    def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], *, length: int,
-                 period: int | None = None, pad_end: bool = True, lanes: int = 1, eta: float = 0.9,
-                 **options: Any):
+    def __init__(
+        self,
+        size: int,
+        env_dict: Mapping[str, Mapping[str, Any]],
+        *,
+        length: int,
+        period: int | None = None,
+        pad_end: bool = True,
+        lanes: int = 1,
+        eta: float = 0.9,
+        **options: Any,
+    ):
         if options.get("nstep") is not None:
-            raise ValueError("nstep: a sequence buffer stores single steps; compute n-step "
-                             "targets inside the sampled sequences")
+            raise ValueError(
+                "nstep: a sequence buffer stores single steps; compute n-step targets inside the sampled sequences"
+            )
         if _EPISODE_STEP in env_dict:
-            raise ValueError(f"env_dict: {_EPISODE_STEP!r} is the name a sequence buffer gives each step's "
-                             "index in its episode; call the field something else")
+            raise ValueError(
+                f"env_dict: {_EPISODE_STEP!r} is the name a sequence buffer gives each step's "
+                "index in its episode; call the field something else"
+            )
         self._sequence = SequenceSpec.build(length, period, pad_end, eta)
         super().__init__(size, env_dict, lanes=lanes, **options)
         compression = self._compression
         assert compression is not None  # a sequence buffer always stores its steps in lanes
         width = self._size // compression.lanes
         if width < self._sequence.length:
-            raise ValueError(f"length: a sequence of {self._sequence.length} steps does not fit in a lane of "
-                             f"{width} steps (size {self._size}, lanes {compression.lanes})")
+            raise ValueError(
+                f"length: a sequence of {self._sequence.length} steps does not fit in a lane of "
+                f"{width} steps (size {self._size}, lanes {compression.lanes})"
+            )
 
     @property
     def sequence_length(self) -> int:
@@ -132,16 +151,24 @@ class SequenceReplayBuffer(ReplayBuffer):
         episode and its lane (see :meth:`ReplayBuffer.save_transitions` and
         :mod:`mpreplay.fileformat`).  With ``priorities``, each step carries the priority of the
         sequence starting at it (0 where none starts)."""
-        rows, raw = self._snapshot(priorities=self._saved_priorities(priorities), slots=True,
-                                   copy=self._copy_saved_rows)
+        rows, raw = self._snapshot(
+            priorities=self._saved_priorities(priorities), slots=True, copy=self._copy_saved_rows
+        )
         slots, starts, steps = rows.pop("indexes"), rows.pop(_EPISODE_START), rows[_EPISODE_STEP]
         lanes = lanes_of(slots, self._lanes)
         # An episode begins where a lane does, where a writer stored an episode's first step, and
         # (never in a lane written whole) after a step that is not listed.
         begins = np.ones(len(slots), dtype=bool)
         begins[1:] = (starts[1:] != 0) | (steps[1:] != steps[:-1] + 1)
-        fileformat.write_transitions(file, rows, self._file_specs(), nstep=self._nstep_settings(), priorities=raw,
-                                     episodes=(number_episodes(lanes, begins), lanes), compress=compress)
+        fileformat.write_transitions(
+            file,
+            rows,
+            self._file_specs(),
+            nstep=self._nstep_settings(),
+            priorities=raw,
+            episodes=(number_episodes(lanes, begins), lanes),
+            compress=compress,
+        )
 
     def _copy_saved_rows(self, slots: np.ndarray) -> dict[str, np.ndarray]:
         rows = self._copy_rows(slots)
@@ -184,13 +211,16 @@ def _saved_episodes(ids: np.ndarray, lanes: np.ndarray, steps: np.ndarray) -> li
     raises TransitionFileError unless each one's ``episode_step`` values count up by one from >= 0."""
     bad = np.flatnonzero(steps < 0)
     if bad.size:
-        raise TransitionFileError(f"file: {_EPISODE_STEP!r}: expected values >= 0, row {int(bad[0])} has "
-                                  f"{steps[bad[0]]}")
+        raise TransitionFileError(
+            f"file: {_EPISODE_STEP!r}: expected values >= 0, row {int(bad[0])} has {steps[bad[0]]}"
+        )
     bad = np.flatnonzero((ids[1:] == ids[:-1]) & (steps[1:] != steps[:-1] + 1)) + 1
     if bad.size:
         i = int(bad[0])
-        raise TransitionFileError(f"file: {_EPISODE_STEP!r}: episode {ids[i]} has step {steps[i - 1]} then "
-                                  f"{steps[i]} (rows {i - 1} and {i}); an episode's steps count up by one")
+        raise TransitionFileError(
+            f"file: {_EPISODE_STEP!r}: episode {ids[i]} has step {steps[i - 1]} then "
+            f"{steps[i]} (rows {i - 1} and {i}); an episode's steps count up by one"
+        )
     return split_episodes(ids, lanes, lambda row: int(steps[row]))
 
 

@@ -9,6 +9,7 @@ sequence once its last step is stored, and loads a saved buffer's episodes
 back (through :func:`mpreplay.saved_episodes.load_episodes`);
 :func:`sequence_priority` is R2D2's priority of a sequence from its TD errors.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -176,9 +177,16 @@ class SequenceWriter:
         self._flags = flags
         self._episode = _Episode(spec, 0)
 
-    def write(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
-              timeout: float | None, end_episode: bool = False, start_priorities: bool = False,
-              resume: int = 0) -> int | None:
+    def write(
+        self,
+        k: int,
+        rows: Mapping[str, np.ndarray],
+        priorities: np.ndarray | None,
+        timeout: float | None,
+        end_episode: bool = False,
+        start_priorities: bool = False,
+        resume: int = 0,
+    ) -> int | None:
         """Store ``k`` converted steps (as :meth:`FrameWriter.write`); returns the slot of the first.
 
         ``start_priorities``: ``priorities`` are those of the sequences starting at each
@@ -204,24 +212,46 @@ class SequenceWriter:
 
         def opening(slots: np.ndarray, generations: np.ndarray, waiting: int) -> tuple | None:
             # The steps' slots are known, nothing is published yet: cut a copy of the episode.
-            episode, opened = self._cut(self._episode.copy(), k, slots, generations, prio, flagged, ends,
-                                        end_episode, waiting, start_priorities)
+            episode, opened = self._cut(
+                self._episode.copy(), k, slots, generations, prio, flagged, ends, end_episode, waiting, start_priorities
+            )
             after.append(episode)
             if not opened:
                 return None
             columns = list(zip(*opened, strict=True))
-            return (np.array(columns[0], dtype=np.int64), np.array(columns[1], dtype=np.uint64),
-                    np.array(columns[2], dtype=np.int64), np.array(columns[3], dtype=np.float64))
+            return (
+                np.array(columns[0], dtype=np.int64),
+                np.array(columns[1], dtype=np.uint64),
+                np.array(columns[2], dtype=np.int64),
+                np.array(columns[3], dtype=np.float64),
+            )
 
-        slots, _ = self._frames.write_rows(k, rows, priorities, timeout, end_episode,
-                                           {EPISODE_STEP_ARRAY: steps, EPISODE_START_ARRAY: starts}, resume=resume,
-                                           opening=opening)
+        slots, _ = self._frames.write_rows(
+            k,
+            rows,
+            priorities,
+            timeout,
+            end_episode,
+            {EPISODE_STEP_ARRAY: steps, EPISODE_START_ARRAY: starts},
+            resume=resume,
+            opening=opening,
+        )
         self._episode = after[0]
         return int(slots[0]) if len(slots) else None
 
-    def _cut(self, episode: _Episode, k: int, slots: np.ndarray, generations: np.ndarray, prio: np.ndarray,
-             flagged: np.ndarray, ends: np.ndarray, end_episode: bool, waiting: int,
-             start_priorities: bool) -> tuple[_Episode, list[tuple[int, int, int, float]]]:
+    def _cut(
+        self,
+        episode: _Episode,
+        k: int,
+        slots: np.ndarray,
+        generations: np.ndarray,
+        prio: np.ndarray,
+        flagged: np.ndarray,
+        ends: np.ndarray,
+        end_episode: bool,
+        waiting: int,
+        start_priorities: bool,
+    ) -> tuple[_Episode, list[tuple[int, int, int, float]]]:
         """Move ``episode`` past ``k`` steps stored in ``slots`` (``flagged`` per step, ``ends``
         the flagged ones): the episode after them (the next one, if they end it) and the
         sequences they complete, to open."""
@@ -249,13 +279,14 @@ class SequenceWriter:
             flagged |= rows[flag].reshape(k) != 0
         return flagged
 
-    def _open(self, episode: _Episode, offsets: np.ndarray, steps: np.ndarray, opened: list,
-              start_priorities: bool) -> None:
+    def _open(
+        self, episode: _Episode, offsets: np.ndarray, steps: np.ndarray, opened: list, start_priorities: bool
+    ) -> None:
         """List the sequences at episode ``offsets`` for opening, then forget the steps
         no later sequence starts at or before."""
         for offset, n in zip(offsets.tolist(), steps.tolist(), strict=True):
             i = offset - episode.first
-            step_priorities = np.array(episode.priorities[i:i + n])
+            step_priorities = np.array(episode.priorities[i : i + n])
             if start_priorities:
                 p = step_priorities[0]
             elif np.isnan(step_priorities).any():
@@ -280,8 +311,9 @@ class SequenceWriter:
         before its last row.  Changes nothing."""
         early = np.flatnonzero(self._flagged(k, rows)[:-1])
         if early.size:
-            raise ValueError(f"row {int(early[0])} of {k}: its {' or '.join(self._flags)} flag ends the episode "
-                             "before its last row")
+            raise ValueError(
+                f"row {int(early[0])} of {k}: its {' or '.join(self._flags)} flag ends the episode before its last row"
+            )
         return self._frames.episode_slots(k, rows, first)
 
     def claim_lane(self) -> int:
@@ -292,15 +324,13 @@ class SequenceWriter:
         """Another writer of the same buffer in this process, holding no lane yet."""
         return SequenceWriter(self._spec, self._frames.sibling(), self._flags)
 
-    def load_episode(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None,
-                     first: int) -> None:
+    def load_episode(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None, first: int) -> None:
         """End the episode in progress, then store a saved episode whose first row is step
         ``first``, with the sequences it had (``priorities``: per row, those of the sequences
         starting there, or None); it ends.  See :func:`mpreplay.saved_episodes.load_episodes`."""
         self.write(0, {}, None, None, end_episode=True)
         self._episode = _Episode(self._spec, first)
-        self.write(k, rows, priorities, None, end_episode=True, start_priorities=priorities is not None,
-                   resume=first)
+        self.write(k, rows, priorities, None, end_episode=True, start_priorities=priorities is not None, resume=first)
 
     def reset(self) -> None:
         """Forget the episode in progress and give the lane back (after a fork or clear)."""

@@ -3,6 +3,7 @@
 A batch handed to a buffer is validated and converted as a whole before the
 buffer changes, so a bad field never leaves half a transition behind.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -35,8 +36,11 @@ def _shape(name: str, shape: Any) -> tuple[int, ...]:
         return ()
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
-    if (isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__")
-            or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in shape)):
+    if (
+        isinstance(shape, (str, bytes))
+        or not hasattr(shape, "__iter__")
+        or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in shape)
+    ):
         raise TypeError(f"env_dict[{name!r}]['shape']: expected an int or a tuple of ints, got {shape!r}")
     dims = tuple(int(d) for d in shape)
     if any(d < 1 for d in dims):
@@ -50,8 +54,9 @@ def _dtype(name: str, dtype: Any) -> np.dtype:
     except TypeError:
         raise TypeError(f"env_dict[{name!r}]['dtype']: {dtype!r} is not a numpy dtype") from None
     if dt.kind not in "biufc":
-        raise TypeError(f"env_dict[{name!r}]['dtype']: expected a bool, integer or float dtype, or a complex one, "
-                        f"got {dt}")
+        raise TypeError(
+            f"env_dict[{name!r}]['dtype']: expected a bool, integer or float dtype, or a complex one, got {dt}"
+        )
     return dt.newbyteorder("=")
 
 
@@ -67,8 +72,10 @@ def _check_add_shape(name: str, add_shape: Any, shape: tuple[int, ...]) -> None:
     except (TypeError, ValueError):
         given = None
     if given not in ([-1, *shape], [-1, *(shape or (1,))]):
-        raise ValueError(f"env_dict[{name!r}]['add_shape']: expected [-1, *shape] = {[-1, *(shape or (1,))]} "
-                         f"(cpprb's entry for shape {shape}), got {add_shape!r}")
+        raise ValueError(
+            f"env_dict[{name!r}]['add_shape']: expected [-1, *shape] = {[-1, *(shape or (1,))]} "
+            f"(cpprb's entry for shape {shape}), got {add_shape!r}"
+        )
 
 
 def parse_env_dict(env_dict: Mapping[str, Mapping[str, Any]], default_dtype: Any = None) -> dict[str, FieldSpec]:
@@ -148,7 +155,8 @@ def convert_batch(specs: Mapping[str, FieldSpec], values: Mapping[str, Any]) -> 
             arr = np.asarray(values[name])
         except ValueError:
             raise ValueError(
-                f"field {name!r}: ragged value, expected shape {spec.shape} or (batch,) + {spec.shape}") from None
+                f"field {name!r}: ragged value, expected shape {spec.shape} or (batch,) + {spec.shape}"
+            ) from None
         if arr.dtype.kind not in "biufc":
             raise TypeError(f"field {name!r}: expected numbers, got dtype {arr.dtype}")
         nd = len(spec.shape)

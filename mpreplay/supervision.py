@@ -1,5 +1,6 @@
 """The processes of a :func:`~mpreplay.launch` run: what a child gets (its :class:`Context`) and runs,
 and how the parent starts, watches, restarts and stops them.  See :mod:`mpreplay.launcher`."""
+
 from __future__ import annotations
 
 import contextlib
@@ -121,8 +122,9 @@ class ChildFailed(ChildProcessError):
     if it died without an exception).
     """
 
-    def __init__(self, message: str, *, role: str, rank: int, pid: int | None,
-                 exitcode: int | None, remote_traceback: str | None):
+    def __init__(
+        self, message: str, *, role: str, rank: int, pid: int | None, exitcode: int | None, remote_traceback: str | None
+    ):
         super().__init__(message)
         self.role = role
         self.rank = rank
@@ -243,8 +245,16 @@ class _Child:
 class Run:
     """The children of one launch, and what has been heard from them."""
 
-    def __init__(self, mp_context: Any, actor_fns: list[bytes], learner_fn: bytes | None, shared: bytes,
-                 max_restarts: int, grace: float, signals: SignalGuard):
+    def __init__(
+        self,
+        mp_context: Any,
+        actor_fns: list[bytes],
+        learner_fn: bytes | None,
+        shared: bytes,
+        max_restarts: int,
+        grace: float,
+        signals: SignalGuard,
+    ):
         self._mp = mp_context
         self._actor_fns = actor_fns
         self._learner_fn = learner_fn
@@ -264,8 +274,9 @@ class Run:
         job = _Job(role, rank, len(self._actor_fns), restarts)
         reader, writer = self._mp.Pipe(duplex=False)
         # Not daemonic: an actor may start processes of its own (vectorised environments).
-        process = self._mp.Process(target=_child_main, args=(function, self._shared, job, self.stop, writer),
-                                   name=f"mpreplay-{role}-{rank}")
+        process = self._mp.Process(
+            target=_child_main, args=(function, self._shared, job, self.stop, writer), name=f"mpreplay-{role}-{rank}"
+        )
         with signals_blocked():
             process.start()
         writer.close()  # the child holds the only write end: its death reads as EOF
@@ -345,8 +356,14 @@ class Run:
 
     def _fail(self, child: _Child, message: str, remote_traceback: str | None = None) -> None:
         if self.error is None:  # the first failure is the story; later ones are often its echo
-            self.error = ChildFailed(message, role=child.job.role, rank=child.job.rank, pid=child.process.pid,
-                                     exitcode=child.process.exitcode, remote_traceback=remote_traceback)
+            self.error = ChildFailed(
+                message,
+                role=child.job.role,
+                rank=child.job.rank,
+                pid=child.process.pid,
+                exitcode=child.process.exitcode,
+                remote_traceback=remote_traceback,
+            )
 
     def shutdown(self) -> None:
         """Set stop, give the children the grace period, then terminate, kill and reap the rest.

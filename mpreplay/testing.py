@@ -3,6 +3,7 @@
 :class:`LoopbackRayCluster` starts a Ray cluster of several nodes on this
 machine (every socket on 127.0.0.1) to try sharded replay without a cluster.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,8 +48,10 @@ def _ray_temp_dir() -> str:
         longest = len(os.path.join(root, _TEMP_PREFIX + "x" * 8).encode()) + _RAY_SOCKET_TAIL
         if longest <= _SOCKET_PATH_MAX and os.access(root, os.W_OK | os.X_OK):
             return tempfile.mkdtemp(prefix=_TEMP_PREFIX, dir=root)
-    raise RuntimeError(f"LoopbackRayCluster: no folder among {roots} is writable and short enough for Ray's "
-                       f"socket paths ({_SOCKET_PATH_MAX} bytes); set TMPDIR to a short writable folder")
+    raise RuntimeError(
+        f"LoopbackRayCluster: no folder among {roots} is writable and short enough for Ray's "
+        f"socket paths ({_SOCKET_PATH_MAX} bytes); set TMPDIR to a short writable folder"
+    )
 
 
 class LoopbackRayCluster:
@@ -70,18 +73,35 @@ class LoopbackRayCluster:
     cluster it finds: refuses to start if Ray is already initialised in this process.
     """
 
-    _ENV: ClassVar[dict[str, str]] = {"RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0",
-                                      "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    _ENV: ClassVar[dict[str, str]] = {
+        "RAY_AUTH_MODE": "token",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    }
 
-    def __init__(self, nodes: int = 3, *, cpus_per_node: int = 1, object_store_mb: int = 128,
-                 namespace: str | None = None, system_config: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        nodes: int = 3,
+        *,
+        cpus_per_node: int = 1,
+        object_store_mb: int = 128,
+        namespace: str | None = None,
+        system_config: Mapping[str, Any] | None = None,
+    ):
         nodes = checks.integer("nodes", nodes, low=1)
         self._count, self._namespace = nodes, namespace
         # Notice a removed node within about a second, not half a minute.
-        self._system_config = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 200,
-                               "health_check_failure_threshold": 5, **(system_config or {})}
-        self._node_args = {"node_ip_address": "127.0.0.1", "num_cpus": cpus_per_node,
-                           "object_store_memory": object_store_mb * 2**20}
+        self._system_config = {
+            "health_check_initial_delay_ms": 0,
+            "health_check_period_ms": 200,
+            "health_check_failure_threshold": 5,
+            **(system_config or {}),
+        }
+        self._node_args = {
+            "node_ip_address": "127.0.0.1",
+            "num_cpus": cpus_per_node,
+            "object_store_memory": object_store_mb * 2**20,
+        }
         self._nodes: dict[str, Any] = {}
         self._cluster: Any = None
         self._tmp: str | None = None
@@ -91,8 +111,11 @@ class LoopbackRayCluster:
         self._saved_env = {k: os.environ.get(k) for k in (*self._ENV, "RAY_AUTH_TOKEN", "RAY_TMPDIR")}
         # ray.init sets SIGTERM/SIGINT handlers of its own in the driver and leaves them after shutdown:
         # the process gets its own back on exit (a buffer created later then unlinks on SIGTERM).
-        self._saved_handlers = ({sig: signal.getsignal(sig) for sig in _DRIVER_SIGNALS}
-                                if threading.current_thread() is threading.main_thread() else {})
+        self._saved_handlers = (
+            {sig: signal.getsignal(sig) for sig in _DRIVER_SIGNALS}
+            if threading.current_thread() is threading.main_thread()
+            else {}
+        )
         os.environ.update(self._ENV)
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
         import ray
@@ -116,13 +139,20 @@ class LoopbackRayCluster:
         os.environ["RAY_TMPDIR"] = self._tmp
         os.makedirs(os.path.join(self._tmp, "ray"))
         try:
-            self._cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args={
-                **self._node_args, "include_dashboard": False, "_system_config": self._system_config})
+            self._cluster = Cluster(
+                initialize_head=True,
+                shutdown_at_exit=True,
+                head_node_args={**self._node_args, "include_dashboard": False, "_system_config": self._system_config},
+            )
             self._nodes[self._cluster.head_node.node_id] = self._cluster.head_node
             for _ in range(self._count - 1):
                 self.add_node()
-            ray.init(address=self._cluster.address, _node_ip_address="127.0.0.1", namespace=self._namespace,
-                     log_to_driver=False)
+            ray.init(
+                address=self._cluster.address,
+                _node_ip_address="127.0.0.1",
+                namespace=self._namespace,
+                log_to_driver=False,
+            )
         except BaseException:
             self.__exit__()
             raise

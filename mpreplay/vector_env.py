@@ -38,6 +38,7 @@ The actor loop::
 
 gymnasium is imported only to read spaces.
 """
+
 from __future__ import annotations
 
 import time
@@ -64,6 +65,7 @@ _FLAG_FIELDS: dict[str, dict[str, Any]] = {"rew": {}, "done": {}}
 
 # ------------------------------------------------------------------- spaces -> fields
 
+
 @dataclass(frozen=True)
 class _Leaf:
     """One numeric array of a (possibly nested) space: its field name and where it sits."""
@@ -86,14 +88,17 @@ def _leaves(space: Any, name: str, path: tuple[str | int, ...] = ()) -> list[_Le
         assert space.shape is not None  # these spaces always have one (gymnasium's Space makes it optional)
         return [_Leaf(name, path, tuple(space.shape), np.dtype(space.dtype))]
     else:
-        raise TypeError(f"{name}: a {type(space).__name__} space has no fixed-shape numeric fields; expected Box, "
-                        "Discrete, MultiDiscrete, MultiBinary, or Dict and Tuple spaces of them")
+        raise TypeError(
+            f"{name}: a {type(space).__name__} space has no fixed-shape numeric fields; expected Box, "
+            "Discrete, MultiDiscrete, MultiBinary, or Dict and Tuple spaces of them"
+        )
     leaves = []
     for key, child in children:
         field = f"{name}_{key}"
         if not field.isidentifier():
-            raise ValueError(f"{name}: key {key!r} of a Dict space does not make a field name ({field!r} is not "
-                             "an identifier)")
+            raise ValueError(
+                f"{name}: key {key!r} of a Dict space does not make a field name ({field!r} is not an identifier)"
+            )
         leaves += _leaves(child, field, path + (key,))
     return leaves
 
@@ -102,8 +107,10 @@ def _unique(leaves: list[_Leaf], what: str) -> list[_Leaf]:
     names = [leaf.name for leaf in leaves]
     clash = sorted({n for n in names if names.count(n) > 1})
     if clash:
-        raise ValueError(f"{what}: the space flattens to the field name(s) {clash} more than once "
-                         "(a Dict key with '_' beside a nested Dict or Tuple); rename a key")
+        raise ValueError(
+            f"{what}: the space flattens to the field name(s) {clash} more than once "
+            "(a Dict key with '_' beside a nested Dict or Tuple); rename a key"
+        )
     return leaves
 
 
@@ -111,8 +118,9 @@ def _space_fields(leaves: list[_Leaf]) -> dict[str, dict[str, Any]]:
     return {leaf.name: {"shape": leaf.shape, "dtype": leaf.dtype} for leaf in leaves}
 
 
-def env_dict(observation_space: Any, action_space: Any, *, truncated: bool = False,
-             discount: bool = False) -> dict[str, dict[str, Any]]:
+def env_dict(
+    observation_space: Any, action_space: Any, *, truncated: bool = False, discount: bool = False
+) -> dict[str, dict[str, Any]]:
     """The ``env_dict`` of the transitions of an environment with these spaces.
 
     Pass a vector env's ``single_observation_space`` and ``single_action_space``
@@ -127,8 +135,12 @@ def env_dict(observation_space: Any, action_space: Any, *, truncated: bool = Fal
     """
     obs = _unique(_leaves(observation_space, "obs"), "observation_space")
     act = _unique(_leaves(action_space, "act"), "action_space")
-    fields = {**_space_fields(obs), **_space_fields(act), **_FLAG_FIELDS,
-              **{f"next_{leaf.name}": {"shape": leaf.shape, "dtype": leaf.dtype} for leaf in obs}}
+    fields = {
+        **_space_fields(obs),
+        **_space_fields(act),
+        **_FLAG_FIELDS,
+        **{f"next_{leaf.name}": {"shape": leaf.shape, "dtype": leaf.dtype} for leaf in obs},
+    }
     if truncated:
         fields["truncated"] = {}
     if discount:
@@ -141,8 +153,9 @@ def _leaf_value(value: Any, leaf: _Leaf, what: str) -> Any:
         try:
             value = value[key]
         except (KeyError, IndexError, TypeError):
-            raise ValueError(f"{what}: expected the structure of the space, found no {key!r} "
-                             f"(for field {leaf.name!r})") from None
+            raise ValueError(
+                f"{what}: expected the structure of the space, found no {key!r} (for field {leaf.name!r})"
+            ) from None
     return value
 
 
@@ -160,12 +173,14 @@ def _batch(values: Any, leaves: list[_Leaf], num_envs: int, what: str) -> dict[s
 def _flags(name: str, values: Any, num_envs: int) -> np.ndarray:
     arr = np.asarray(values)
     if arr.shape != (num_envs,) or arr.dtype.kind not in "biuf":
-        raise ValueError(f"{name}: expected {num_envs} numbers (one per sub-environment), got {arr.dtype} "
-                         f"of shape {arr.shape}")
+        raise ValueError(
+            f"{name}: expected {num_envs} numbers (one per sub-environment), got {arr.dtype} of shape {arr.shape}"
+        )
     return arr
 
 
 # ------------------------------------------------------------------- transitions
+
 
 @dataclass(frozen=True)
 class TransitionBatch:
@@ -188,8 +203,9 @@ class TransitionBatch:
 def _mode(value: Any) -> str:
     mode = getattr(value, "value", value)  # gymnasium's AutoresetMode, or its value
     if mode not in _MODES:
-        raise ValueError(f"autoreset_mode: expected one of {list(_MODES)} (or gymnasium's AutoresetMode), "
-                         f"got {value!r}")
+        raise ValueError(
+            f"autoreset_mode: expected one of {list(_MODES)} (or gymnasium's AutoresetMode), got {value!r}"
+        )
     return mode
 
 
@@ -221,22 +237,32 @@ class VectorTransitions:
     :class:`TransitionBatch`; bad input raises before anything changes.
     """
 
-    def __init__(self, env: Any, *, nstep: int | None = None, gamma: float = 0.99, truncated: bool = False,
-                 autoreset_mode: Any = None):
+    def __init__(
+        self,
+        env: Any,
+        *,
+        nstep: int | None = None,
+        gamma: float = 0.99,
+        truncated: bool = False,
+        autoreset_mode: Any = None,
+    ):
         self._num_envs = checks.integer("env.num_envs", getattr(env, "num_envs", None), low=1)
         if autoreset_mode is None:
             metadata = getattr(env, "metadata", None) or {}
             if "autoreset_mode" not in metadata:
-                raise ValueError("autoreset_mode: env.metadata has no 'autoreset_mode' (a vector env older than "
-                                 f"gymnasium 1.0, or not gymnasium's): pass one of {list(_MODES)}")
+                raise ValueError(
+                    "autoreset_mode: env.metadata has no 'autoreset_mode' (a vector env older than "
+                    f"gymnasium 1.0, or not gymnasium's): pass one of {list(_MODES)}"
+                )
             autoreset_mode = metadata["autoreset_mode"]
         self._mode = _mode(autoreset_mode)
         self._truncated = checks.flag("truncated", truncated)
         self._obs_leaves = _unique(_leaves(env.single_observation_space, "obs"), "observation_space")
         self._act_leaves = _unique(_leaves(env.single_action_space, "act"), "action_space")
         folded = nstep is not None
-        self._env_dict = env_dict(env.single_observation_space, env.single_action_space, truncated=self._truncated,
-                                  discount=folded)
+        self._env_dict = env_dict(
+            env.single_observation_space, env.single_action_space, truncated=self._truncated, discount=folded
+        )
         self._next = {f"next_{leaf.name}": leaf.name for leaf in self._obs_leaves}
         self._folder = None
         if folded:
@@ -244,13 +270,18 @@ class VectorTransitions:
             # the folder takes the other fields, and the sub-environment of each step.
             fields = {name: spec for name, spec in self._env_dict.items() if name not in self._next}
             fields[_ENV] = {"dtype": np.int64}
-            self._folder = NstepBuffer(fields, checks.integer("nstep", nstep, low=1), gamma,
-                                       next=_ENV, truncated="truncated" if self._truncated else None,
-                                       num_envs=self._num_envs)
+            self._folder = NstepBuffer(
+                fields,
+                checks.integer("nstep", nstep, low=1),
+                gamma,
+                next=_ENV,
+                truncated="truncated" if self._truncated else None,
+                num_envs=self._num_envs,
+            )
         self._envs = np.arange(self._num_envs)
-        self._obs: dict[str, np.ndarray] | None = None   # each sub-environment's current observation
-        self._started = np.zeros(self._num_envs, bool)    # its current episode has steps
-        self._skip = np.zeros(self._num_envs, bool)       # NextStep: its next step is a reset step
+        self._obs: dict[str, np.ndarray] | None = None  # each sub-environment's current observation
+        self._started = np.zeros(self._num_envs, bool)  # its current episode has steps
+        self._skip = np.zeros(self._num_envs, bool)  # NextStep: its next step is a reset step
         self._needs_reset = np.zeros(self._num_envs, bool)  # Disabled: ended, not reset yet
 
     # -- what it produces ---------------------------------------------------------
@@ -293,8 +324,15 @@ class VectorTransitions:
         self._needs_reset &= ~chosen
         return batch
 
-    def step(self, actions: Any, obs: Any, rewards: Any, terminated: Any, truncated: Any,
-             infos: Mapping[str, Any] | None = None) -> TransitionBatch:
+    def step(
+        self,
+        actions: Any,
+        obs: Any,
+        rewards: Any,
+        terminated: Any,
+        truncated: Any,
+        infos: Mapping[str, Any] | None = None,
+    ) -> TransitionBatch:
         """The transitions completed by one ``env.step(actions)`` that returned the rest.
 
         ``infos`` is needed in SameStep mode only (its ``final_obs``).
@@ -302,9 +340,11 @@ class VectorTransitions:
         if self._obs is None:
             raise RuntimeError("step: call reset(obs) with the observations of env.reset() first")
         if self._needs_reset.any():
-            raise RuntimeError(f"step: sub-environments {np.flatnonzero(self._needs_reset).tolist()} ended their "
-                               "episode (Disabled autoreset): reset them, env.reset(options={'reset_mask': mask}), "
-                               "and pass the observations to reset(obs, mask=mask) first")
+            raise RuntimeError(
+                f"step: sub-environments {np.flatnonzero(self._needs_reset).tolist()} ended their "
+                "episode (Disabled autoreset): reset them, env.reset(options={'reset_mask': mask}), "
+                "and pass the observations to reset(obs, mask=mask) first"
+            )
         num_envs = self._num_envs
         act = _batch(actions, self._act_leaves, num_envs, "actions")
         nxt = _batch(obs, self._obs_leaves, num_envs, "obs")
@@ -316,8 +356,7 @@ class VectorTransitions:
         last = nxt
         if self._mode == SAME_STEP and ended.any():
             last = self._final_obs(nxt, infos, ended)
-        rows = {**self._obs, **act, "rew": rew, "done": term,
-                **{name: last[key] for name, key in self._next.items()}}
+        rows = {**self._obs, **act, "rew": rew, "done": term, **{name: last[key] for name, key in self._next.items()}}
         if self._truncated:
             rows["truncated"] = trunc
         batch = self._emit(rows, real, term, trunc, ended)
@@ -333,32 +372,39 @@ class VectorTransitions:
     def _mask(self, mask: Any) -> np.ndarray:
         arr = np.asarray(mask)
         if arr.shape != (self._num_envs,) or arr.dtype != np.bool_:
-            raise ValueError(f"mask: expected {self._num_envs} bools (one per sub-environment), got {arr.dtype} "
-                             f"of shape {arr.shape}")
+            raise ValueError(
+                f"mask: expected {self._num_envs} bools (one per sub-environment), got {arr.dtype} of shape {arr.shape}"
+            )
         return arr
 
-    def _final_obs(self, nxt: dict[str, np.ndarray], infos: Mapping[str, Any] | None,
-                   ended: np.ndarray) -> dict[str, np.ndarray]:
+    def _final_obs(
+        self, nxt: dict[str, np.ndarray], infos: Mapping[str, Any] | None, ended: np.ndarray
+    ) -> dict[str, np.ndarray]:
         """The next observations with each ended sub-environment's ``info["final_obs"]`` in place."""
         final = None if infos is None else infos.get("final_obs")
         if final is None or len(final) != self._num_envs:
-            raise ValueError("infos: SameStep autoreset mode gives an ended episode's last observation in "
-                             f"infos['final_obs'] (one entry per sub-environment); got infos={infos!r:.200}")
+            raise ValueError(
+                "infos: SameStep autoreset mode gives an ended episode's last observation in "
+                f"infos['final_obs'] (one entry per sub-environment); got infos={infos!r:.200}"
+            )
         last = {name: value.copy() for name, value in nxt.items()}
         for e in np.flatnonzero(ended):
             if final[e] is None:
-                raise ValueError(f"infos['final_obs'][{e}]: sub-environment {e} ended its episode but has no "
-                                 "final observation")
+                raise ValueError(
+                    f"infos['final_obs'][{e}]: sub-environment {e} ended its episode but has no final observation"
+                )
             for leaf in self._obs_leaves:
                 value = np.asarray(_leaf_value(final[e], leaf, f"infos['final_obs'][{e}]"))
                 if value.shape != leaf.shape:
-                    raise ValueError(f"infos['final_obs'][{e}]: field {leaf.name!r} expected shape {leaf.shape}, "
-                                     f"got {value.shape}")
+                    raise ValueError(
+                        f"infos['final_obs'][{e}]: field {leaf.name!r} expected shape {leaf.shape}, got {value.shape}"
+                    )
                 last[leaf.name][e] = value
         return last
 
-    def _emit(self, rows: dict[str, Any], real: np.ndarray, term: np.ndarray, trunc: np.ndarray,
-              ended: np.ndarray) -> TransitionBatch:
+    def _emit(
+        self, rows: dict[str, Any], real: np.ndarray, term: np.ndarray, trunc: np.ndarray, ended: np.ndarray
+    ) -> TransitionBatch:
         if self._folder is None:
             keep = np.flatnonzero(real)
             out = {name: np.asarray(value)[keep] for name, value in rows.items()}
@@ -386,8 +432,9 @@ class VectorTransitions:
         last = {name: obs[key] for name, key in self._next.items()}
         return self._batch(parts, last, np.ones(self._num_envs, bool), envs)
 
-    def _batch(self, parts: list[dict[str, np.ndarray]], last: Mapping[str, np.ndarray], real: np.ndarray,
-               ended: np.ndarray) -> TransitionBatch:
+    def _batch(
+        self, parts: list[dict[str, np.ndarray]], last: Mapping[str, np.ndarray], real: np.ndarray, ended: np.ndarray
+    ) -> TransitionBatch:
         folded = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         envs = folded.pop(_ENV)
         order = np.flatnonzero(real[envs])
@@ -406,6 +453,7 @@ class VectorTransitions:
 
 
 # ---------------------------------------------------------------------- writing
+
 
 def _left(until: float) -> float | None:
     """The seconds from now to the monotonic deadline ``until`` (None: no limit), at least 0."""
@@ -453,15 +501,15 @@ class VectorWriter:
                 raise TypeError(f"priorities: a {type(self._buffer).__name__} takes no priorities")
             priorities = checks.priorities("priorities", priorities, len(batch), max_priority=limit)
         if len(batch.envs) and batch.envs.max() >= len(self._writers):
-            raise ValueError(f"batch: rows of sub-environment {int(batch.envs.max())}, but this writer has "
-                             f"{len(self._writers)}")
+            raise ValueError(
+                f"batch: rows of sub-environment {int(batch.envs.max())}, but this writer has {len(self._writers)}"
+            )
         if self._batched:
             if len(batch):
                 self._store(self._buffer, batch.rows, priorities, timeout)
             return
         # Values are converted for the whole batch first: a bad one stops it before any is stored.
-        specs = {name: spec for name, spec in parse_env_dict(self._buffer.get_env_dict()).items()
-                 if name in batch.rows}
+        specs = {name: spec for name, spec in parse_env_dict(self._buffer.get_env_dict()).items() if name in batch.rows}
         rows = convert_batch(specs, {name: batch.rows[name] for name in specs})[1] if len(batch) else {}
         rows = {**batch.rows, **rows}
         bounds = np.searchsorted(batch.envs, np.arange(len(self._writers) + 1))
@@ -476,15 +524,18 @@ class VectorWriter:
                 if end and ended[e]:
                     self._writers[e].on_episode_end(timeout=_left(until))
                 elif not end and hi > lo:
-                    self._store(self._writers[e], {k: v[lo:hi] for k, v in rows.items()},
-                                None if priorities is None else priorities[lo:hi], _left(until))
+                    self._store(
+                        self._writers[e],
+                        {k: v[lo:hi] for k, v in rows.items()},
+                        None if priorities is None else priorities[lo:hi],
+                        _left(until),
+                    )
             except BaseException:
                 self._partial = (batch, step)
                 raise
 
     @staticmethod
-    def _store(writer: Any, rows: dict[str, np.ndarray], priorities: np.ndarray | None,
-               timeout: float | None) -> None:
+    def _store(writer: Any, rows: dict[str, np.ndarray], priorities: np.ndarray | None, timeout: float | None) -> None:
         if priorities is None:
             writer.add(timeout=timeout, **rows)
         else:

@@ -1,4 +1,5 @@
 """Shared test helpers: buffer state snapshots, a chi-square frequency check, unaligned arrays."""
+
 from __future__ import annotations
 
 import contextlib
@@ -75,8 +76,9 @@ def assert_frequencies():
         observed = counts[possible]
         statistic = float(((observed - expected) ** 2 / expected).sum())
         critical = _chi_square_critical(len(expected) - 1, significance)
-        assert statistic < critical, (f"chi-square {statistic:.1f} >= {critical:.1f}: "
-                                      f"counts {observed} vs expected {expected}")
+        assert statistic < critical, (
+            f"chi-square {statistic:.1f} >= {critical:.1f}: counts {observed} vs expected {expected}"
+        )
 
     return check
 

@@ -1,6 +1,7 @@
 """What the damage tests share: real segments of each kind of buffer, their manifests taken apart
 and put together (the layout of :mod:`mpreplay.manifest`), transitions files taken apart and put
 together, and the seeded damage the fuzzers do to JSON records, bytes and segments."""
+
 from __future__ import annotations
 
 import io
@@ -32,8 +33,14 @@ HEAD = struct.Struct("<8sQ")  # the manifest's magic and length
 def prioritized() -> MPPrioritizedReplayBuffer:
     """Capacity 64, a rate limiter, 40 rows with priorities 0.5 to 2."""
     buffer = MPPrioritizedReplayBuffer(64, ENV, rate_limiter=SampleToInsertRatio(4.0, 10, 1e8))
-    buffer.add(obs=np.ones((40, 4)), act=np.arange(40), rew=np.ones(40), next_obs=np.ones((40, 4)),
-               done=np.zeros(40), priorities=np.linspace(0.5, 2.0, 40))
+    buffer.add(
+        obs=np.ones((40, 4)),
+        act=np.arange(40),
+        rew=np.ones(40),
+        next_obs=np.ones((40, 4)),
+        done=np.zeros(40),
+        priorities=np.linspace(0.5, 2.0, 40),
+    )
     return buffer
 
 
@@ -44,8 +51,13 @@ def uniform() -> MPReplayBuffer:
 
 
 def compressed() -> MPReplayBuffer:
-    buffer = MPReplayBuffer(64, {"obs": {"shape": (3, 2), "dtype": np.uint8}, "next_obs": {"shape": (3, 2),
-                                 "dtype": np.uint8}, "done": {}}, next_of="obs", stack_compress="obs", lanes=2)
+    buffer = MPReplayBuffer(
+        64,
+        {"obs": {"shape": (3, 2), "dtype": np.uint8}, "next_obs": {"shape": (3, 2), "dtype": np.uint8}, "done": {}},
+        next_of="obs",
+        stack_compress="obs",
+        lanes=2,
+    )
     frames = np.arange(30, dtype=np.uint8).reshape(10, 3)
     # Step t stacks frames t - 1 and t (the first frame repeated at the start), newest last.
     obs = np.stack([np.stack([frames[max(t - 1, 0)], frames[t]], axis=-1) for t in range(6)])
@@ -74,16 +86,17 @@ def segment_bytes(buffer: Any) -> bytes:
 
 # -- manifests ---------------------------------------------------------------------------------
 
+
 def document(raw: bytes) -> Any:
     """The manifest's JSON as it stands in ``raw`` (a segment's bytes), unchecked."""
     length = HEAD.unpack_from(raw)[1]
-    return json.loads(raw[HEAD.size:HEAD.size + length])
+    return json.loads(raw[HEAD.size : HEAD.size + length])
 
 
 def with_text(raw: bytes, text: bytes) -> bytes:
     """``raw`` with the manifest ``text``."""
     head = HEAD.pack(manifest.MAGIC, len(text)) + text
-    return head + bytes(manifest.NBYTES - len(head)) + raw[manifest.NBYTES:]
+    return head + bytes(manifest.NBYTES - len(head)) + raw[manifest.NBYTES :]
 
 
 def changed(raw: bytes, change: Callable[[dict[str, Any]], None]) -> bytes:
@@ -138,12 +151,52 @@ DAMAGE = {
 
 # Values a damaged record may hold where a reader expects another: out of every range a C long, an
 # int64, numpy or datetime has, of the wrong type, or right for another entry (a manifest's, a file's).
-NASTY = [-1, 0, 1, 7, 2**31, 2**63 - 1, 2**63, 2**64, 2**70, 1.5, 1e300, -1e300, float("nan"), float("inf"), "", "x",
-         "<i8", ",i8", "|O", "|V8", "<f8", "<U4", "tree", "members", "metadata.json", "priorities", None, True, False,
-         [], [0], [-1], [2**40], [2**62, 2**62], [1] * 40, [0, 2**62], [[1]], {}, {"length": 0},
-         {"size": 0, "gamma": 2.0}, ["header", [16], "<i8", 16384], [["header", [16], "<i8", 0]],
-         {"name": "obs", "shape": [3], "dtype": "<f4"}]
-WORDS = [-1, 0, 1, 2**63 - 1, -2**63, 2**62]
+NASTY = [
+    -1,
+    0,
+    1,
+    7,
+    2**31,
+    2**63 - 1,
+    2**63,
+    2**64,
+    2**70,
+    1.5,
+    1e300,
+    -1e300,
+    float("nan"),
+    float("inf"),
+    "",
+    "x",
+    "<i8",
+    ",i8",
+    "|O",
+    "|V8",
+    "<f8",
+    "<U4",
+    "tree",
+    "members",
+    "metadata.json",
+    "priorities",
+    None,
+    True,
+    False,
+    [],
+    [0],
+    [-1],
+    [2**40],
+    [2**62, 2**62],
+    [1] * 40,
+    [0, 2**62],
+    [[1]],
+    {},
+    {"length": 0},
+    {"size": 0, "gamma": 2.0},
+    ["header", [16], "<i8", 16384],
+    [["header", [16], "<i8", 0]],
+    {"name": "obs", "shape": [3], "dtype": "<f4"},
+]
+WORDS = [-1, 0, 1, 2**63 - 1, -(2**63), 2**62]
 FLOATS = [np.inf, -np.inf, np.nan, 1e308, -1.0, 5e-324]
 
 
@@ -188,7 +241,7 @@ def damaged_manifest(raw: bytes, rng: random.Random) -> bytes:
         record = document(raw)
         for _ in range(rng.randint(1, 3)):
             record = rewritten(record, rng)
-        return with_text(raw, json.dumps(record, separators=(",", ":")).encode()[:manifest.NBYTES - HEAD.size])
+        return with_text(raw, json.dumps(record, separators=(",", ":")).encode()[: manifest.NBYTES - HEAD.size])
     data = bytearray(raw)
     if how < 0.9:
         for _ in range(rng.randint(1, 4)):
@@ -202,16 +255,15 @@ def damaged_segment(raw: bytes, rng: random.Random) -> bytes:
     """``raw`` damaged anywhere: its manifest, its counters and arrays, or its length."""
     how = rng.random()
     if how < 0.1:
-        return raw[:rng.choice([rng.randrange(manifest.NBYTES), rng.randrange(len(raw))])]
+        return raw[: rng.choice([rng.randrange(manifest.NBYTES), rng.randrange(len(raw))])]
     data = bytearray(damaged_manifest(raw, rng) if how < 0.6 else raw)
     if how >= 0.45:
         for _ in range(rng.randint(1, 8)):
             # Mostly the counters, writers and lanes just after the manifest; anywhere else too.
             end = manifest.NBYTES + 2048 if rng.random() < 0.6 else len(data)
             at = rng.randrange(manifest.NBYTES, end - 8) // 8 * 8
-            word = (struct.pack("<q", rng.choice(WORDS)) if rng.random() < 0.5
-                    else struct.pack("<d", rng.choice(FLOATS)))
-            data[at:at + 8] = word
+            word = struct.pack("<q", rng.choice(WORDS)) if rng.random() < 0.5 else struct.pack("<d", rng.choice(FLOATS))
+            data[at : at + 8] = word
     return bytes(data)
 
 

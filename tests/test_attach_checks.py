@@ -3,6 +3,7 @@ mpreplay version, another layout or a damaged manifest raise IncompatibleSegment
 versions and the first difference, in a spawned or a forked child as in the creator.
 
 These tests damage the manifest of a real segment in /dev/shm (attaching needs one) and put it back."""
+
 from __future__ import annotations
 
 import contextlib
@@ -84,20 +85,29 @@ def test_a_handle_refuses_a_segment_of_another_layout_and_names_the_first_differ
         with _manifest_rewritten(buffer, _shift_generation):
             kind, message = _attach_in(method, pickle.dumps(buffer))
     assert kind == "IncompatibleSegmentError", message
-    assert (f"array 5: 'generation' of shape (64,) <u8 at offset {offset + 64} in the segment, "
-            f"'generation' of shape (64,) <u8 at offset {offset} expected") in message
+    assert (
+        f"array 5: 'generation' of shape (64,) <u8 at offset {offset + 64} in the segment, "
+        f"'generation' of shape (64,) <u8 at offset {offset} expected"
+    ) in message
 
 
-@pytest.mark.parametrize("change, found", [
-    (damage.setting("version", 4), "manifest format 4"),
-    (lambda d: d["fields"]["obs"].__setitem__("shape", [5]), "'fields' is {'obs': {'shape': [5],"),
-    (damage.setting("class", "MPReplayBuffer"), "'class' is 'MPReplayBuffer' in the segment"),
-    (damage.setting("nbytes", 10**6), "the manifest describes 1000000 bytes, the segment holds"),
-    (damage.DAMAGE["dtype-byte-flip"], "dtype ',i8' is not a numeric dtype"),
-], ids=["format", "fields", "class", "size", "damaged"])
+@pytest.mark.parametrize(
+    "change, found",
+    [
+        (damage.setting("version", 4), "manifest format 4"),
+        (lambda d: d["fields"]["obs"].__setitem__("shape", [5]), "'fields' is {'obs': {'shape': [5],"),
+        (damage.setting("class", "MPReplayBuffer"), "'class' is 'MPReplayBuffer' in the segment"),
+        (damage.setting("nbytes", 10**6), "the manifest describes 1000000 bytes, the segment holds"),
+        (damage.DAMAGE["dtype-byte-flip"], "dtype ',i8' is not a numeric dtype"),
+    ],
+    ids=["format", "fields", "class", "size", "damaged"],
+)
 def test_a_handle_refuses_a_segment_whose_manifest_differs_in_any_entry(change, found):
-    with (damage.prioritized() as buffer, _manifest_rewritten(buffer, change),
-          pytest.raises(IncompatibleSegmentError, match="refusing to attach") as refused):
+    with (
+        damage.prioritized() as buffer,
+        _manifest_rewritten(buffer, change),
+        pytest.raises(IncompatibleSegmentError, match="refusing to attach") as refused,
+    ):
         pickle.loads(pickle.dumps(buffer))
     assert found in str(refused.value) and isinstance(refused.value, SharedMemoryError)
 

@@ -1,4 +1,5 @@
 """Smoke tests of ``mpreplay bench per``: it runs and reports; no timing is asserted."""
+
 import importlib.util
 import re
 import sys

@@ -1,4 +1,5 @@
 """Smoke test of ``mpreplay bench memory --quick`` (figures are the benchmark's business)."""
+
 from mpreplay.bench import memory
 
 

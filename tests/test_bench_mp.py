@@ -4,6 +4,7 @@ It runs as the command line does, in its own process group, so the tests can
 see every process it started and every shared-memory segment it created.
 No figure is checked: speed is the benchmark's business, not the tests'.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,9 +34,13 @@ class Run:
 
 
 def _start(method: str, *options: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "mpreplay", "bench", "mp", "--quick", "--start-method", method,
-                             *options],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "mpreplay", "bench", "mp", "--quick", "--start-method", method, *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _finish(proc: subprocess.Popen, timeout: float) -> Run:
@@ -105,8 +110,11 @@ def test_quick_run_prints_the_gather_limit_of_every_observation(quick_run, obs):
 
 @pytest.mark.timeout(120)
 def test_quick_run_prints_the_capacity_sweep(quick_run):
-    capacities = {cells[2] for cells in _cells(quick_run.stdout)
-                  if len(cells) > 3 and cells[1] == "mpreplay" and cells[3] == "learner"}
+    capacities = {
+        cells[2]
+        for cells in _cells(quick_run.stdout)
+        if len(cells) > 3 and cells[1] == "mpreplay" and cells[3] == "learner"
+    }
     assert {"1,000", "10,000"} <= capacities, quick_run.stdout
 
 

@@ -3,6 +3,7 @@
 CI has no peers' venv (it is gigabytes); the tests that need one run only where
 ``MPREPLAY_PEERS`` names it.  No timing is asserted.
 """
+
 import io
 import json
 import os
@@ -33,8 +34,11 @@ def _fake_venv(tmp_path, modules: dict[str, str]):
 
 def _first_cells(text: str) -> set[str]:
     """The first cell of every table row, from rich's layout or the plain one."""
-    return {cells[0] for cells in ([c.strip() for c in re.split(r"[│┃]|\s{2,}", line) if c.strip()]
-                                   for line in text.splitlines()) if cells}
+    return {
+        cells[0]
+        for cells in ([c.strip() for c in re.split(r"[│┃]|\s{2,}", line) if c.strip()] for line in text.splitlines())
+        if cells
+    }
 
 
 @pytest.fixture(autouse=True)
@@ -87,10 +91,18 @@ def test_what_a_library_prints_to_stdout_does_not_garble_the_answers(tmp_path):
 
 
 def test_the_worker_answers_each_command_with_one_line_of_json():
-    requests = io.StringIO("".join(json.dumps(r) + "\n" for r in [
-        {"cmd": "hello"}, {"cmd": "per_build", "capacity": 100, "seed": 0},
-        {"cmd": "per_run", "frames": 40, "min_cpu": 0.01},
-        {"cmd": "quit"}, {"cmd": "hello"}]))
+    requests = io.StringIO(
+        "".join(
+            json.dumps(r) + "\n"
+            for r in [
+                {"cmd": "hello"},
+                {"cmd": "per_build", "capacity": 100, "seed": 0},
+                {"cmd": "per_run", "frames": 40, "min_cpu": 0.01},
+                {"cmd": "quit"},
+                {"cmd": "hello"},
+            ]
+        )
+    )
     answers = io.StringIO()
     peer_worker.serve("floor", requests, answers)
     hello, built, ran = [json.loads(line) for line in answers.getvalue().splitlines()]  # nothing after quit
@@ -147,7 +159,8 @@ def test_only_peers_without_a_venv_is_refused(capsys):
 _VENV = os.environ.get(peers.ENV_VAR)
 needs_venv = pytest.mark.skipif(
     not _VENV or not os.path.exists(os.path.join(_VENV, "bin", "python")),
-    reason=f"no peers' venv: set {peers.ENV_VAR}=DIR after `python -m mpreplay.bench.peers --setup DIR`")
+    reason=f"no peers' venv: set {peers.ENV_VAR}=DIR after `python -m mpreplay.bench.peers --setup DIR`",
+)
 
 
 @needs_venv
@@ -163,13 +176,26 @@ def test_each_peer_of_the_venv_loads_and_runs_the_loop(name):
 
 
 def test_targets_compare_each_sampled_layout_with_mpreplay_storing_it_the_same_way(capsys):
-    tput = per_peers.Measured(rows=[{"contender": name, "cpu_ms": ms} for name, ms in [
-        ("mpreplay compressed", 1.0), ("mpreplay plain", 3.0), ("cpprb compressed", 2.0), ("cpprb plain", 2.4),
-        ("torchrl plain", 30.0)]])
+    tput = per_peers.Measured(
+        rows=[
+            {"contender": name, "cpu_ms": ms}
+            for name, ms in [
+                ("mpreplay compressed", 1.0),
+                ("mpreplay plain", 3.0),
+                ("cpprb compressed", 2.0),
+                ("cpprb plain", 2.4),
+                ("torchrl plain", 30.0),
+            ]
+        ]
+    )
     per_peers.targets(None, tput)
-    rows = {cells[0]: cells[1:] for cells in (
-        [c.strip() for c in re.split(r"[│┃]|\s{2,}", line) if c.strip()]
-        for line in capsys.readouterr().out.splitlines())
-        if cells and cells[0].startswith("sample(256)")}
+    rows = {
+        cells[0]: cells[1:]
+        for cells in (
+            [c.strip() for c in re.split(r"[│┃]|\s{2,}", line) if c.strip()]
+            for line in capsys.readouterr().out.splitlines()
+        )
+        if cells and cells[0].startswith("sample(256)")
+    }
     assert rows["sample(256), compressed"][:3] == ["cpprb compressed", "2.00", "yes"]
     assert rows["sample(256), plain"][:3] == ["cpprb plain", "0.80", "no"]

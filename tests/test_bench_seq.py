@@ -1,4 +1,5 @@
 """Smoke tests of ``mpreplay bench seq`` (figures are the benchmark's business) and of its stream."""
+
 import contextlib
 import io
 import os
@@ -51,9 +52,10 @@ def test_a_peers_venv_without_an_interpreter_is_named(tmp_path, capsys):
     assert f"TorchRL unavailable: no interpreter at {tmp_path}/bin/python" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(os.environ.get(peers.ENV_VAR, "/nonexistent"), "bin", "python")),
-                    reason=f"no peers' venv: set {peers.ENV_VAR}=DIR after "
-                           "`python -m mpreplay.bench.peers --setup DIR`")
+@pytest.mark.skipif(
+    not os.path.exists(os.path.join(os.environ.get(peers.ENV_VAR, "/nonexistent"), "bin", "python")),
+    reason=f"no peers' venv: set {peers.ENV_VAR}=DIR after `python -m mpreplay.bench.peers --setup DIR`",
+)
 def test_with_the_peers_venv_torchrl_prioritized_slice_sampler_is_timed_and_judged(capsys):
     assert seq.main(["--quick", "--repeats", "1", "--peers", os.environ[peers.ENV_VAR]]) == 0
     out = capsys.readouterr().out

@@ -1,4 +1,5 @@
 """Specification of the local buffers: ReplayBuffer and PrioritizedReplayBuffer (cpprb's API)."""
+
 from __future__ import annotations
 
 import math
@@ -57,6 +58,7 @@ def _filled(cls):
 
 # -- construction ------------------------------------------------------------------
 
+
 def test_missing_shape_means_scalar_and_missing_dtype_means_float32():
     buffer = ReplayBuffer(4, {"rew": {}, "obs": {"shape": 2}, "act": {"shape": (2, 3), "dtype": np.int16}})
     assert buffer.get_env_dict() == {
@@ -81,6 +83,7 @@ def test_new_buffer_is_empty(cls):
 
 # -- add --------------------------------------------------------------------------
 
+
 @BOTH
 def test_add_one_transition_returns_its_slot(cls):
     buffer = cls(4, ENV)
@@ -104,12 +107,15 @@ def test_add_row_stores_one_transition_of_exact_values_and_returns_its_slot(cls)
 
 
 @BOTH
-@pytest.mark.parametrize("values", [
-    pytest.param({**_exact_row(0), "obs": [0.0, 0.0, 0.0]}, id="a list"),
-    pytest.param({**_exact_row(0), "unknown": 1}, id="a key of no field"),
-    pytest.param({k: v for k, v in _exact_row(0).items() if k != "rew"}, id="a missing field"),
-    pytest.param({**_exact_row(0), "obs": np.zeros((2, 3), np.float32)}, id="a batch"),
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param({**_exact_row(0), "obs": [0.0, 0.0, 0.0]}, id="a list"),
+        pytest.param({**_exact_row(0), "unknown": 1}, id="a key of no field"),
+        pytest.param({k: v for k, v in _exact_row(0).items() if k != "rew"}, id="a missing field"),
+        pytest.param({**_exact_row(0), "obs": np.zeros((2, 3), np.float32)}, id="a batch"),
+    ],
+)
 def test_add_row_leaves_values_it_does_not_take_to_add(cls, values):
     buffer = cls(4, ENV)
     before = buffer.get_all_transitions()
@@ -140,7 +146,11 @@ def test_fields_are_stored_in_their_dtypes(cls):
     buffer.add(**_row(1))
     stored = buffer.get_all_transitions()
     assert {name: stored[name].dtype for name in ENV} == {
-        "obs": np.float32, "act": np.int64, "rew": np.float32, "done": np.uint8}
+        "obs": np.float32,
+        "act": np.int64,
+        "rew": np.float32,
+        "done": np.uint8,
+    }
     assert {name: stored[name].shape for name in ENV} == {"obs": (1, 3), "act": (1,), "rew": (1,), "done": (1,)}
 
 
@@ -228,7 +238,7 @@ def _selectable(buffer) -> bytes | set:
     if isinstance(buffer, PrioritizedReplayBuffer):
         return buffer.inspection().arrays[TREE_ARRAY][TREE_HEAD_LEN:].tobytes()
     state = buffer.inspection().arrays[MEMBERS_ARRAY]
-    return set(state[1:1 + state[0]].tolist())
+    return set(state[1 : 1 + state[0]].tolist())
 
 
 @BOTH
@@ -239,6 +249,7 @@ def test_on_episode_end_is_accepted_and_changes_nothing(cls, unchanged):
 
 
 # -- sample -----------------------------------------------------------------------
+
 
 @BOTH
 def test_sample_returns_whole_stored_rows_with_their_indexes(cls):
@@ -346,6 +357,7 @@ def test_sample_from_an_empty_buffer_raises_and_changes_nothing(cls, unchanged):
 
 
 # -- priorities -------------------------------------------------------------------
+
 
 def test_empty_buffer_reports_max_priority_one_and_first_insert_gets_it():
     buffer = PrioritizedReplayBuffer(4, ENV)
@@ -475,6 +487,7 @@ def test_update_sampled_before_a_clear_is_dropped_once_the_slot_is_refilled():
 
 # -- clear -----------------------------------------------------------------------
 
+
 @BOTH
 def test_clear_empties_the_buffer(cls):
     buffer = _filled(cls)
@@ -504,6 +517,7 @@ def test_clear_resets_the_max_priority_to_one():
 
 # -- bad input ------------------------------------------------------------------------
 
+
 def _without(row: dict, name: str) -> dict:
     return {k: v for k, v in row.items() if k != name}
 
@@ -524,31 +538,46 @@ _BAD_FOR_ANY_BUFFER = [
     pytest.param(lambda b: b.add(**_row(0), extra=1.0), ValueError, "'extra'", id="add-unknown-field"),
     pytest.param(lambda b: b.add(**_without(_row(0), "act")), ValueError, "'act'", id="add-missing-field"),
     pytest.param(lambda b: b.add(**_with(_row(0), obs=np.zeros(2))), ValueError, "'obs'", id="add-wrong-shape"),
-    pytest.param(lambda b: b.add(**_with(_rows(0, 2), obs=np.zeros((2, 4)))), ValueError, "'obs'",
-                 id="add-batch-wrong-row-shape"),
+    pytest.param(
+        lambda b: b.add(**_with(_rows(0, 2), obs=np.zeros((2, 4)))), ValueError, "'obs'", id="add-batch-wrong-row-shape"
+    ),
     pytest.param(lambda b: b.add(**_with(_row(0), obs=[1.0, 2.0])), ValueError, "'obs'", id="add-list-of-wrong-length"),
-    pytest.param(lambda b: b.add(**_with(_row(0), obs=[[1.0, 2.0, 3.0], [1.0, 2.0]])), ValueError, "'obs'",
-                 id="add-ragged-list"),
+    pytest.param(
+        lambda b: b.add(**_with(_row(0), obs=[[1.0, 2.0, 3.0], [1.0, 2.0]])), ValueError, "'obs'", id="add-ragged-list"
+    ),
     pytest.param(lambda b: b.add(**_with(_row(0), act=1.5)), TypeError, "'act'", id="add-float-into-int-field"),
-    pytest.param(lambda b: b.add(**_with(_rows(0, 2), act=np.array([1.0, 2.0]))), TypeError, "'act'",
-                 id="add-float-array-into-int-field"),
+    pytest.param(
+        lambda b: b.add(**_with(_rows(0, 2), act=np.array([1.0, 2.0]))),
+        TypeError,
+        "'act'",
+        id="add-float-array-into-int-field",
+    ),
     pytest.param(lambda b: b.add(**_with(_row(0), done=256)), ValueError, "'done'", id="add-int-above-uint8"),
     pytest.param(lambda b: b.add(**_with(_row(0), done=-1)), ValueError, "'done'", id="add-negative-into-uint8"),
-    pytest.param(lambda b: b.add(**_with(_row(0), done=np.int8(-1))), ValueError, "'done'",
-                 id="add-negative-int8-into-uint8"),
-    pytest.param(lambda b: b.add(**_with(_row(0), act=np.uint64(2**63))), ValueError, "'act'",
-                 id="add-uint64-above-int64-range"),
+    pytest.param(
+        lambda b: b.add(**_with(_row(0), done=np.int8(-1))), ValueError, "'done'", id="add-negative-int8-into-uint8"
+    ),
+    pytest.param(
+        lambda b: b.add(**_with(_row(0), act=np.uint64(2**63))), ValueError, "'act'", id="add-uint64-above-int64-range"
+    ),
     pytest.param(lambda b: b.add(**_with(_row(0), rew=1e300)), ValueError, "'rew'", id="add-float-overflowing-float32"),
-    pytest.param(lambda b: b.add(**_with(_row(0), obs=np.array([0.0, 1e300, 2.0]))), ValueError, "'obs'",
-                 id="add-float64-row-overflowing-float32"),
+    pytest.param(
+        lambda b: b.add(**_with(_row(0), obs=np.array([0.0, 1e300, 2.0]))),
+        ValueError,
+        "'obs'",
+        id="add-float64-row-overflowing-float32",
+    ),
     pytest.param(lambda b: b.add(**_with(_row(0), rew="high")), TypeError, "'rew'", id="add-string-value"),
     pytest.param(lambda b: b.add(**_with(_row(0), rew=None)), TypeError, "'rew'", id="add-none-value"),
-    pytest.param(lambda b: b.add(**_with(_rows(0, 2), act=np.arange(3))), ValueError, "'act'",
-                 id="add-batch-lengths-disagree"),
-    pytest.param(lambda b: b.add(**_bad_last_row(6, "done", 300)), ValueError, "'done'",
-                 id="add-wrapping-batch-bad-last-row"),
-    pytest.param(lambda b: b.add(**_bad_last_row(20, "act", 0.5)), TypeError, "'act'",
-                 id="add-oversized-batch-bad-last-row"),
+    pytest.param(
+        lambda b: b.add(**_with(_rows(0, 2), act=np.arange(3))), ValueError, "'act'", id="add-batch-lengths-disagree"
+    ),
+    pytest.param(
+        lambda b: b.add(**_bad_last_row(6, "done", 300)), ValueError, "'done'", id="add-wrapping-batch-bad-last-row"
+    ),
+    pytest.param(
+        lambda b: b.add(**_bad_last_row(20, "act", 0.5)), TypeError, "'act'", id="add-oversized-batch-bad-last-row"
+    ),
     pytest.param(lambda b: b.sample(0), ValueError, "batch_size", id="sample-batch-size-zero"),
     pytest.param(lambda b: b.sample(-3), ValueError, "batch_size", id="sample-batch-size-negative"),
     pytest.param(lambda b: b.sample(2.5), ValueError, "batch_size", id="sample-batch-size-float"),
@@ -587,40 +616,79 @@ _BAD_FOR_PRIORITIZED_BUFFER = [
     pytest.param(lambda b: b.add(**_row(0), priorities=math.nan), ValueError, "priorities", id="add-nan-priority"),
     pytest.param(lambda b: b.add(**_row(0), priorities=math.inf), ValueError, "priorities", id="add-inf-priority"),
     pytest.param(lambda b: b.add(**_row(0), priorities=-0.5), ValueError, "priorities", id="add-negative-priority"),
-    pytest.param(lambda b: b.add(**_rows(0, 3), priorities=[1.0, 2.0]), ValueError, "priorities",
-                 id="add-too-few-priorities"),
-    pytest.param(lambda b: b.add(**_rows(0, 2), priorities=[[1.0, 2.0], [3.0, 4.0]]), ValueError, "priorities",
-                 id="add-priorities-2d-too-many"),
+    pytest.param(
+        lambda b: b.add(**_rows(0, 3), priorities=[1.0, 2.0]), ValueError, "priorities", id="add-too-few-priorities"
+    ),
+    pytest.param(
+        lambda b: b.add(**_rows(0, 2), priorities=[[1.0, 2.0], [3.0, 4.0]]),
+        ValueError,
+        "priorities",
+        id="add-priorities-2d-too-many",
+    ),
     pytest.param(lambda b: b.add(**_row(0), priorities="high"), TypeError, "priorities", id="add-priority-string"),
-    pytest.param(lambda b: b.add(**_rows(0, 6), priorities=[1.0] * 5 + [math.nan]), ValueError, "priorities",
-                 id="add-wrapping-batch-bad-last-priority"),
-    pytest.param(lambda b: b.add(**_rows(0, 20), priorities=[1.0] * 19 + [-1.0]), ValueError, "priorities",
-                 id="add-oversized-batch-bad-last-priority"),
+    pytest.param(
+        lambda b: b.add(**_rows(0, 6), priorities=[1.0] * 5 + [math.nan]),
+        ValueError,
+        "priorities",
+        id="add-wrapping-batch-bad-last-priority",
+    ),
+    pytest.param(
+        lambda b: b.add(**_rows(0, 20), priorities=[1.0] * 19 + [-1.0]),
+        ValueError,
+        "priorities",
+        id="add-oversized-batch-bad-last-priority",
+    ),
     pytest.param(lambda b: b.update_priorities([0, 1], [1.0, math.nan]), ValueError, "priorities", id="update-nan"),
     pytest.param(lambda b: b.update_priorities([0, 1], [math.inf, 1.0]), ValueError, "priorities", id="update-inf"),
     pytest.param(lambda b: b.update_priorities([0, 1], [1.0, -1.0]), ValueError, "priorities", id="update-negative"),
     pytest.param(lambda b: b.update_priorities([0, 1], [1.0]), ValueError, "priorities", id="update-too-few"),
-    pytest.param(lambda b: b.update_priorities([0, 1], [1.0, 2.0, 3.0]), ValueError, "priorities",
-                 id="update-too-many"),
+    pytest.param(
+        lambda b: b.update_priorities([0, 1], [1.0, 2.0, 3.0]), ValueError, "priorities", id="update-too-many"
+    ),
     pytest.param(lambda b: b.update_priorities([0, 8], [1.0, 2.0]), ValueError, "indexes", id="update-index-capacity"),
     pytest.param(lambda b: b.update_priorities([-1], [1.0]), ValueError, "indexes", id="update-index-negative"),
     pytest.param(lambda b: b.update_priorities([2**40], [1.0]), ValueError, "indexes", id="update-index-huge"),
-    pytest.param(lambda b: b.update_priorities([0.0, 1.5], [1.0, 2.0]), ValueError, "indexes",
-                 id="update-fractional-index"),
+    pytest.param(
+        lambda b: b.update_priorities([0.0, 1.5], [1.0, 2.0]), ValueError, "indexes", id="update-fractional-index"
+    ),
     pytest.param(lambda b: b.update_priorities([[0, 1]], [1.0, 2.0]), ValueError, "indexes", id="update-index-2d"),
     # The int64 and float64 arrays sample() hands out take a path of their own: the same refusals.
-    pytest.param(lambda b: b.update_priorities(np.array([0, 1]), np.array([1.0, math.nan])), ValueError,
-                 "priorities", id="update-arrays-nan"),
-    pytest.param(lambda b: b.update_priorities(np.array([0, 1]), np.array([1.0, -1.0])), ValueError,
-                 "priorities", id="update-arrays-negative"),
-    pytest.param(lambda b: b.update_priorities(np.array([0, 1]), np.array([1.0])), ValueError,
-                 "priorities", id="update-arrays-too-few"),
-    pytest.param(lambda b: b.update_priorities(np.array([0, 8]), np.array([1.0, 2.0])), ValueError,
-                 "indexes", id="update-arrays-index-capacity"),
-    pytest.param(lambda b: b.update_priorities(np.array([-1, 0]), np.array([1.0, math.nan])), ValueError,
-                 "indexes", id="update-arrays-bad-index-before-bad-priority"),
-    pytest.param(lambda b: b.update_priorities(np.array([[0, 1]]), np.array([1.0, 2.0])), ValueError,
-                 "indexes", id="update-arrays-index-2d"),
+    pytest.param(
+        lambda b: b.update_priorities(np.array([0, 1]), np.array([1.0, math.nan])),
+        ValueError,
+        "priorities",
+        id="update-arrays-nan",
+    ),
+    pytest.param(
+        lambda b: b.update_priorities(np.array([0, 1]), np.array([1.0, -1.0])),
+        ValueError,
+        "priorities",
+        id="update-arrays-negative",
+    ),
+    pytest.param(
+        lambda b: b.update_priorities(np.array([0, 1]), np.array([1.0])),
+        ValueError,
+        "priorities",
+        id="update-arrays-too-few",
+    ),
+    pytest.param(
+        lambda b: b.update_priorities(np.array([0, 8]), np.array([1.0, 2.0])),
+        ValueError,
+        "indexes",
+        id="update-arrays-index-capacity",
+    ),
+    pytest.param(
+        lambda b: b.update_priorities(np.array([-1, 0]), np.array([1.0, math.nan])),
+        ValueError,
+        "indexes",
+        id="update-arrays-bad-index-before-bad-priority",
+    ),
+    pytest.param(
+        lambda b: b.update_priorities(np.array([[0, 1]]), np.array([1.0, 2.0])),
+        ValueError,
+        "indexes",
+        id="update-arrays-index-2d",
+    ),
     pytest.param(lambda b: b.sample(2, beta=-0.1), ValueError, "beta", id="sample-beta-negative"),
     pytest.param(lambda b: b.sample(2, beta=math.nan), ValueError, "beta", id="sample-beta-nan"),
     pytest.param(lambda b: b.sample(2, beta=math.inf), ValueError, "beta", id="sample-beta-inf"),
@@ -630,8 +698,9 @@ _BAD_FOR_PRIORITIZED_BUFFER = [
 
 
 @pytest.mark.parametrize("call, error, field", _BAD_FOR_PRIORITIZED_BUFFER)
-def test_bad_input_to_a_prioritized_buffer_raises_naming_the_argument_and_changes_nothing(call, error, field,
-                                                                                         unchanged):
+def test_bad_input_to_a_prioritized_buffer_raises_naming_the_argument_and_changes_nothing(
+    call, error, field, unchanged
+):
     buffer = _filled(PrioritizedReplayBuffer)
     with unchanged(buffer), pytest.raises(error, match=field):
         call(buffer)
@@ -750,13 +819,16 @@ def test_update_priorities_takes_read_only_arrays():
     np.testing.assert_array_equal(_priorities_of(buffer)[indexes], priorities)
 
 
-@pytest.mark.parametrize("indexes, priorities", [
-    pytest.param(np.array([3, 6], np.int32), np.array([7.0, 9.0]), id="int32-indexes"),
-    pytest.param(np.array([3, 6]), np.array([7.0, 9.0], np.float32), id="float32-priorities"),
-    pytest.param(np.array([3, 9, 6])[::2], np.array([7.0, 0.0, 9.0])[::2], id="strided-arrays"),
-    pytest.param(np.array([3, 6]).astype(">i8"), np.array([7.0, 9.0]).astype(">f8"), id="big-endian-arrays"),
-    pytest.param([3, 6], [7.0, 9.0], id="lists"),
-])
+@pytest.mark.parametrize(
+    "indexes, priorities",
+    [
+        pytest.param(np.array([3, 6], np.int32), np.array([7.0, 9.0]), id="int32-indexes"),
+        pytest.param(np.array([3, 6]), np.array([7.0, 9.0], np.float32), id="float32-priorities"),
+        pytest.param(np.array([3, 9, 6])[::2], np.array([7.0, 0.0, 9.0])[::2], id="strided-arrays"),
+        pytest.param(np.array([3, 6]).astype(">i8"), np.array([7.0, 9.0]).astype(">f8"), id="big-endian-arrays"),
+        pytest.param([3, 6], [7.0, 9.0], id="lists"),
+    ],
+)
 def test_update_priorities_converts_other_integers_and_numbers(indexes, priorities):
     buffer = _filled(PrioritizedReplayBuffer)
     buffer.update_priorities(indexes, priorities)
@@ -854,6 +926,7 @@ def test_a_uint64_index_of_2_to_the_63_or_more_is_refused_as_given():
 
 # -- what a sharded client reads ------------------------------------------------------------------
 
+
 def test_sample_leaves_gives_each_rows_leaf_weight():
     buffer = PrioritizedReplayBuffer(8, {"obs": {}}, alpha=0.5, eps=0.25)
     buffer.add(obs=np.arange(8.0), priorities=np.arange(8.0))
@@ -900,8 +973,10 @@ def test_the_env_dict_given_is_not_changed():
 def test_an_env_dict_cpprb_has_annotated_with_add_shape_is_accepted():
     env_dict = {"obs": {"shape": 3, "add_shape": np.array([-1, 3])}, "rew": {"add_shape": np.array([-1, 1])}}
     buffer = ReplayBuffer(8, env_dict)
-    assert buffer.get_env_dict() == {"obs": {"shape": (3,), "dtype": np.float32},
-                                     "rew": {"shape": (), "dtype": np.float32}}
+    assert buffer.get_env_dict() == {
+        "obs": {"shape": (3,), "dtype": np.float32},
+        "rew": {"shape": (), "dtype": np.float32},
+    }
 
 
 def test_an_add_shape_that_disagrees_with_the_shape_is_refused():
@@ -915,8 +990,9 @@ def test_a_field_of_shape_one_takes_a_scalar_for_one_transition():
     np.testing.assert_array_equal(buffer.get_all_transitions()["rew"], [[0.5]])
 
 
-@pytest.mark.parametrize("value, error", [(256, ValueError), (-1, ValueError), (1.5, TypeError)],
-                         ids=["too-large", "negative", "fractional"])
+@pytest.mark.parametrize(
+    "value, error", [(256, ValueError), (-1, ValueError), (1.5, TypeError)], ids=["too-large", "negative", "fractional"]
+)
 def test_a_number_that_does_not_fit_a_field_of_shape_one_is_refused_and_changes_nothing(value, error, unchanged):
     buffer = ReplayBuffer(8, {"act": {"shape": 1, "dtype": np.uint8}})
     buffer.add(act=3)
@@ -1038,8 +1114,9 @@ def test_indexes_dtype_uint64_gives_uint64_indexes_that_update_priorities_takes(
     assert rb.get_max_priority() == 3.0
 
 
-@pytest.mark.parametrize("option, value", [("weights_dtype", np.int32), ("indexes_dtype", np.int32),
-                                           ("indexes_dtype", "not a dtype")])
+@pytest.mark.parametrize(
+    "option, value", [("weights_dtype", np.int32), ("indexes_dtype", np.int32), ("indexes_dtype", "not a dtype")]
+)
 def test_an_unsupported_sample_dtype_is_refused_by_name(option, value):
     with pytest.raises(ValueError, match=f"{option}: expected one of the dtypes"):
         PrioritizedReplayBuffer(4, {"x": {}}, **{option: value})
@@ -1056,8 +1133,13 @@ def test_mmap_prefix_keeps_every_array_in_a_file_and_the_data_survives_close(tmp
 
 
 def test_an_episode_writer_of_a_file_mapped_buffer_writes_into_the_same_files(tmp_path):
-    rb = ReplayBuffer(64, {"obs": {"shape": (2,)}, "next_obs": {"shape": (2,)}, "done": {}}, next_of="obs",
-                      lanes=2, mmap_prefix=str(tmp_path / "rb"))
+    rb = ReplayBuffer(
+        64,
+        {"obs": {"shape": (2,)}, "next_obs": {"shape": (2,)}, "done": {}},
+        next_of="obs",
+        lanes=2,
+        mmap_prefix=str(tmp_path / "rb"),
+    )
     rb.episode_writer().add(obs=np.zeros(2), next_obs=np.ones(2), done=1.0)
     assert rb.get_stored_size() == 1
 

@@ -1,4 +1,5 @@
 """Buffers that fold n steps themselves (``nstep=``; cpprb's ``Nstep=`` is the compat layer's)."""
+
 from __future__ import annotations
 
 import io
@@ -14,9 +15,16 @@ BOTH = pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer], i
 
 
 def _episode(length: int, start: int = 0, terminal: bool = True) -> list[dict]:
-    return [dict(obs=np.full(2, start + t, np.float32), act=start + t, rew=float(t + 1),
-                 next_obs=np.full(2, start + t + 1, np.float32), done=float(terminal and t == length - 1))
-            for t in range(length)]
+    return [
+        dict(
+            obs=np.full(2, start + t, np.float32),
+            act=start + t,
+            rew=float(t + 1),
+            next_obs=np.full(2, start + t + 1, np.float32),
+            done=float(terminal and t == length - 1),
+        )
+        for t in range(length)
+    ]
 
 
 def _play(buffer, steps: list[dict]) -> None:
@@ -145,13 +153,16 @@ def test_without_a_reward_field_only_the_flags_and_next_observations_move():
     np.testing.assert_array_equal(stored["done"], [0, 1, 1])
 
 
-@pytest.mark.parametrize("options, error", [
-    pytest.param({"gamma": 0.9}, TypeError, id="missing-size"),
-    pytest.param({"size": 3, "lambda": 0.9}, ValueError, id="unknown-key"),
-    pytest.param({"size": 0}, ValueError, id="size-zero"),
-    pytest.param({"size": 3, "gamma": 1.5}, ValueError, id="gamma-above-one"),
-    pytest.param({"size": 3, "rew": "reward"}, ValueError, id="unknown-reward-field"),
-])
+@pytest.mark.parametrize(
+    "options, error",
+    [
+        pytest.param({"gamma": 0.9}, TypeError, id="missing-size"),
+        pytest.param({"size": 3, "lambda": 0.9}, ValueError, id="unknown-key"),
+        pytest.param({"size": 0}, ValueError, id="size-zero"),
+        pytest.param({"size": 3, "gamma": 1.5}, ValueError, id="gamma-above-one"),
+        pytest.param({"size": 3, "rew": "reward"}, ValueError, id="unknown-reward-field"),
+    ],
+)
 def test_bad_nstep_settings_are_rejected(options, error):
     with pytest.raises(error, match=r"nstep|size|gamma|rew|reward"):
         ReplayBuffer(16, ENV, nstep=options)

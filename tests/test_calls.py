@@ -1,6 +1,7 @@
 """Specification of the buffers' per-step calls (ext/calls.pyx): add, sample and
 update_priorities go straight into the table for the usual call, and every other call
 behaves as the buffer's Python methods and argument checks say."""
+
 from __future__ import annotations
 
 import inspect
@@ -33,8 +34,10 @@ def test_an_integral_beta_weighs_as_the_same_float_does():
     np.testing.assert_array_equal(a.sample(8, 1)["weights"], b.sample(8, 1.0)["weights"])
 
 
-@pytest.mark.parametrize("beta, error", [(-0.5, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
-                                         ("0.4", TypeError), (None, TypeError)])
+@pytest.mark.parametrize(
+    "beta, error",
+    [(-0.5, ValueError), (float("nan"), ValueError), (float("inf"), ValueError), ("0.4", TypeError), (None, TypeError)],
+)
 def test_a_beta_outside_the_fast_path_is_checked_and_refused_by_name(beta, error):
     buffer = _filled(PrioritizedReplayBuffer)
     with pytest.raises(error, match="beta"):
@@ -79,14 +82,17 @@ def test_a_python_subclass_overrides_a_per_step_call():
     assert buffer.sample(2)["act"].tolist() == [1, 1] and Counting.calls == 1
 
 
-@pytest.mark.parametrize("cls, method, parameters", [
-    (ReplayBuffer, "add", ["self", "timeout", "fields"]),
-    (ReplayBuffer, "sample", ["self", "batch_size", "timeout", "out"]),
-    (PrioritizedReplayBuffer, "add", ["self", "priorities", "timeout", "fields"]),
-    (PrioritizedReplayBuffer, "sample", ["self", "batch_size", "beta", "timeout", "out"]),
-    (PrioritizedReplayBuffer, "update_priorities", ["self", "indexes", "priorities"]),
-    (MPPrioritizedReplayBuffer, "sample", ["self", "batch_size", "beta", "timeout", "out"]),
-])
+@pytest.mark.parametrize(
+    "cls, method, parameters",
+    [
+        (ReplayBuffer, "add", ["self", "timeout", "fields"]),
+        (ReplayBuffer, "sample", ["self", "batch_size", "timeout", "out"]),
+        (PrioritizedReplayBuffer, "add", ["self", "priorities", "timeout", "fields"]),
+        (PrioritizedReplayBuffer, "sample", ["self", "batch_size", "beta", "timeout", "out"]),
+        (PrioritizedReplayBuffer, "update_priorities", ["self", "indexes", "priorities"]),
+        (MPPrioritizedReplayBuffer, "sample", ["self", "batch_size", "beta", "timeout", "out"]),
+    ],
+)
 def test_the_calls_show_their_parameters_and_documentation(cls, method, parameters):
     function = getattr(cls, method)
     assert list(inspect.signature(function).parameters) == parameters

@@ -1,4 +1,5 @@
 """Specification of mpreplay.checks: one meaning for every argument check."""
+
 from __future__ import annotations
 
 import math
@@ -166,7 +167,6 @@ def test_unaligned_indexes_and_priorities_become_aligned_copies(unaligned):
     p = checks.priorities("priorities", unaligned(np.array([0.5, 2.0])), 2, max_priority=10.0)
     assert idx.flags.aligned and idx.flags.c_contiguous and idx.tolist() == [3, 1]
     assert p.flags.aligned and p.flags.c_contiguous and p.tolist() == [0.5, 2.0]
-
 
 
 def test_2d_indexes_are_refused():

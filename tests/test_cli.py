@@ -1,4 +1,5 @@
 """The command line's own behaviour, apart from what each command shows (see test_monitor, test_bench*)."""
+
 from __future__ import annotations
 
 import sys

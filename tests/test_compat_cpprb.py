@@ -1,4 +1,5 @@
 """``mpreplay.compat.cpprb``: cpprb 11's API and behaviour over mpreplay's buffers."""
+
 from __future__ import annotations
 
 import io
@@ -13,14 +14,20 @@ import pytest
 from mpreplay.compat import cpprb
 
 ENV = {"obs": {"shape": 3}, "act": {"dtype": np.int64}, "rew": {}, "next_obs": {"shape": 3}, "done": {}}
-BOTH = pytest.mark.parametrize("cls", [cpprb.ReplayBuffer, cpprb.PrioritizedReplayBuffer],
-                               ids=["uniform", "prioritized"])
+BOTH = pytest.mark.parametrize(
+    "cls", [cpprb.ReplayBuffer, cpprb.PrioritizedReplayBuffer], ids=["uniform", "prioritized"]
+)
 START_METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 
 
 def _step(i: int, done: float = 0.0) -> dict:
-    return {"obs": np.full(3, i, np.float32), "act": i, "rew": float(i), "next_obs": np.full(3, i + 1, np.float32),
-            "done": done}
+    return {
+        "obs": np.full(3, i, np.float32),
+        "act": i,
+        "rew": float(i),
+        "next_obs": np.full(3, i + 1, np.float32),
+        "done": done,
+    }
 
 
 def _filled(cls, n: int = 5, size: int = 16, **options):
@@ -32,9 +39,21 @@ def _filled(cls, n: int = 5, size: int = 16, **options):
 
 # -- the import ----------------------------------------------------------------------------------
 def test_cpprbs_public_names_are_exposed():
-    names = {"ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer",
-             "ReverseReplayBuffer", "SelectiveReplayBuffer", "HindsightReplayBuffer", "LaBERmean", "LaBERlazy",
-             "LaBERmax", "NstepBuffer", "create_buffer", "train"}
+    names = {
+        "ReplayBuffer",
+        "PrioritizedReplayBuffer",
+        "MPReplayBuffer",
+        "MPPrioritizedReplayBuffer",
+        "ReverseReplayBuffer",
+        "SelectiveReplayBuffer",
+        "HindsightReplayBuffer",
+        "LaBERmean",
+        "LaBERlazy",
+        "LaBERmax",
+        "NstepBuffer",
+        "create_buffer",
+        "train",
+    }
     assert names <= set(cpprb.__all__)
     assert all(hasattr(cpprb, name) for name in names)
 
@@ -572,9 +591,16 @@ def test_laber_refuses_priorities_of_another_size():
 
 
 def _her(strategy, **options):
-    return cpprb.HindsightReplayBuffer(32, {"obs": {}, "act": {}, "next_obs": {}}, max_episode_len=4,
-                                       reward_func=lambda s, a, g: -1.0 * (s != g), strategy=strategy,
-                                       additional_goals=2, prioritized=False, **options)
+    return cpprb.HindsightReplayBuffer(
+        32,
+        {"obs": {}, "act": {}, "next_obs": {}},
+        max_episode_len=4,
+        reward_func=lambda s, a, g: -1.0 * (s != g),
+        strategy=strategy,
+        additional_goals=2,
+        prioritized=False,
+        **options,
+    )
 
 
 @pytest.mark.parametrize("strategy, copies", [("future", 3), ("episode", 3), ("random", 3), ("final", 2)])
@@ -647,18 +673,26 @@ class _GymnasiumCounter(_Counter):
 @pytest.mark.parametrize("env", [_Counter(), _GymnasiumCounter()], ids=["gym", "gymnasium"])
 @pytest.mark.filterwarnings("ignore:cpprb.train")
 def test_train_stores_every_step_and_ends_episodes(env):
-    buffer = cpprb.PrioritizedReplayBuffer(32, {"obs": {"shape": 3}, "act": {}, "rew": {}, "next_obs": {"shape": 3},
-                                                "done": {}})
+    buffer = cpprb.PrioritizedReplayBuffer(
+        32, {"obs": {"shape": 3}, "act": {}, "rew": {}, "next_obs": {"shape": 3}, "done": {}}
+    )
     episodes = []
-    cpprb.train(buffer, env, lambda obs, step, episode, warmup: 0, lambda sample, step, episode: 0.5,
-                max_steps=9, episode_callback=lambda episode, step, reward: episodes.append(episode))
+    cpprb.train(
+        buffer,
+        env,
+        lambda obs, step, episode, warmup: 0,
+        lambda sample, step, episode: 0.5,
+        max_steps=9,
+        episode_callback=lambda episode, step, reward: episodes.append(episode),
+    )
     assert buffer.get_stored_size() == 9
     assert episodes == [0, 1, 2]
     assert buffer.get_max_priority() == 1.0
 
 
 def test_train_with_a_prioritized_buffer_needs_priorities_back():
-    buffer = cpprb.PrioritizedReplayBuffer(8, {"obs": {"shape": 3}, "act": {}, "rew": {}, "next_obs": {"shape": 3},
-                                               "done": {}})
+    buffer = cpprb.PrioritizedReplayBuffer(
+        8, {"obs": {"shape": 3}, "act": {}, "rew": {}, "next_obs": {"shape": 3}, "done": {}}
+    )
     with pytest.warns(UserWarning), pytest.raises(TypeError, match="priorities"):
         cpprb.train(buffer, _Counter(), lambda *a: 0, lambda *a: None, max_steps=2)

@@ -1,4 +1,5 @@
 """``mpreplay.compat.cpprb``'s gymnasium helpers (skipped without gymnasium, as cpprb has none then)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,11 +16,15 @@ def _space_env(observation_space, action_space):
     return env
 
 
-@pytest.mark.parametrize("observation_space, action_space", [
-    (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3)),
-    (gym.spaces.Tuple([gym.spaces.Discrete(2), gym.spaces.Box(0, 1, (2,))]), gym.spaces.MultiDiscrete([2, 3])),
-    (gym.spaces.Dict({"pos": gym.spaces.Box(0, 1, (2,))}), gym.spaces.MultiBinary(3)),
-], ids=["box-discrete", "tuple-multidiscrete", "dict-multibinary"])
+@pytest.mark.parametrize(
+    "observation_space, action_space",
+    [
+        (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3)),
+        (gym.spaces.Tuple([gym.spaces.Discrete(2), gym.spaces.Box(0, 1, (2,))]), gym.spaces.MultiDiscrete([2, 3])),
+        (gym.spaces.Dict({"pos": gym.spaces.Box(0, 1, (2,))}), gym.spaces.MultiBinary(3)),
+    ],
+    ids=["box-discrete", "tuple-multidiscrete", "dict-multibinary"],
+)
 def test_create_env_dict_and_before_add_func_make_a_step_a_buffer_takes(observation_space, action_space):
     env = _space_env(observation_space, action_space)
     buffer = cpprb.ReplayBuffer(8, cpprb.create_env_dict(env))

@@ -1,4 +1,5 @@
 """cpprb's shared arrays and values (``cpprb.multiprocessing``) in the compat layer."""
+
 from __future__ import annotations
 
 import ctypes
@@ -11,9 +12,17 @@ import pytest
 from mpreplay.compat.cpprb import multiprocessing as cmp
 
 START_METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
-CTYPES = pytest.mark.parametrize("ctype, dtype", [(ctypes.c_float, np.float32), (ctypes.c_double, np.float64),
-                                                  (ctypes.c_uint8, np.uint8), (ctypes.c_uint16, np.uint16),
-                                                  (ctypes.c_uint32, np.uint32), (ctypes.c_int64, np.int64)])
+CTYPES = pytest.mark.parametrize(
+    "ctype, dtype",
+    [
+        (ctypes.c_float, np.float32),
+        (ctypes.c_double, np.float64),
+        (ctypes.c_uint8, np.uint8),
+        (ctypes.c_uint16, np.uint16),
+        (ctypes.c_uint32, np.uint32),
+        (ctypes.c_int64, np.int64),
+    ],
+)
 BACKENDS = pytest.mark.parametrize("backend", ["SharedMemory", "sharedctypes"])
 
 

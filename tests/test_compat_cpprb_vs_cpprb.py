@@ -2,6 +2,7 @@
 
 Runs where cpprb is installed (the ``bench`` extra installs it); skipped otherwise.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,17 +12,30 @@ real = pytest.importorskip("cpprb", reason="cpprb is not installed (pip install 
 
 from mpreplay.compat import cpprb as compat
 
-ENV = {"obs": {"shape": (4,)}, "act": {"dtype": np.int64}, "rew": {}, "next_obs": {"shape": (4,)},
-       "done": {"shape": 1}, "mask": {"shape": (2, 3), "dtype": np.uint8}}
+ENV = {
+    "obs": {"shape": (4,)},
+    "act": {"dtype": np.int64},
+    "rew": {},
+    "next_obs": {"shape": (4,)},
+    "done": {"shape": 1},
+    "mask": {"shape": (2, 3), "dtype": np.uint8},
+}
 SIZE, BATCH = 64, 16
 
 
 def _transitions(n: int, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
-    return [{"obs": rng.standard_normal(4).astype(np.float32), "act": int(rng.integers(0, 4)),
-             "rew": float(rng.standard_normal()), "next_obs": rng.standard_normal(4).astype(np.float32),
-             "done": float(rng.random() < 0.1), "mask": rng.integers(0, 2, (2, 3)).astype(np.uint8)}
-            for _ in range(n)]
+    return [
+        {
+            "obs": rng.standard_normal(4).astype(np.float32),
+            "act": int(rng.integers(0, 4)),
+            "rew": float(rng.standard_normal()),
+            "next_obs": rng.standard_normal(4).astype(np.float32),
+            "done": float(rng.random() < 0.1),
+            "mask": rng.integers(0, 2, (2, 3)).astype(np.uint8),
+        }
+        for _ in range(n)
+    ]
 
 
 def _pair(kind: str, **options):
@@ -30,7 +44,7 @@ def _pair(kind: str, **options):
 
 def _fill(buffers, transitions, batch: int = 1) -> None:
     for start in range(0, len(transitions), batch):
-        chunk = transitions[start:start + batch]
+        chunk = transitions[start : start + batch]
         values = chunk[0] if batch == 1 else {k: np.stack([np.asarray(t[k]) for t in chunk]) for k in chunk[0]}
         for b in buffers:
             b.add(**values)
@@ -56,8 +70,9 @@ def test_the_stored_transitions_are_cpprbs_value_for_value(kind, batch):
     assert ours.get_next_index() == theirs.get_next_index()
 
 
-@pytest.mark.parametrize("kind", ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer",
-                                  "MPPrioritizedReplayBuffer"])
+@pytest.mark.parametrize(
+    "kind", ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer"]
+)
 def test_every_sample_has_cpprbs_keys_shapes_and_dtypes(kind):
     theirs, ours = _pair(kind)
     _fill([theirs, ours], _transitions(40))
@@ -126,7 +141,7 @@ def test_nstep_rows_differ_from_cpprbs_only_where_documented():
         b.on_episode_end()
     want, got = theirs.get_all_transitions(), ours.get_all_transitions()
     n = len(dones)
-    window_done = np.array([max(dones[t:t + 3]) for t in range(n)], dtype=np.float32)[:, None]
+    window_done = np.array([max(dones[t : t + 3]) for t in range(n)], dtype=np.float32)[:, None]
     np.testing.assert_array_equal(got["done"], window_done)
     flushed = np.arange(n) >= n - 2
     np.testing.assert_array_equal(got["next_obs"][flushed], np.stack([transitions[-1]["next_obs"]] * 2))

@@ -1,5 +1,6 @@
 """Memory compression (next_of, stack_compress): samples are bit-identical to an
 uncompressed buffer's, locally and with several writer processes."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -30,9 +31,13 @@ def _observation(episode: int, t: int) -> np.ndarray:
 
 
 def _env(truncation: bool) -> dict:
-    env = {"obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
-           "next_obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
-           "id": {"dtype": np.int64}, "rew": {}, "done": {}}
+    env = {
+        "obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
+        "next_obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
+        "id": {"dtype": np.int64},
+        "rew": {},
+        "done": {},
+    }
     if truncation:
         env["truncated"] = {}
     return env
@@ -43,8 +48,13 @@ def _episode(episode: int, length: int, ending: str) -> list[dict]:
     steps = []
     for t in range(length):
         last = t == length - 1
-        step = dict(obs=_observation(episode, t), next_obs=_observation(episode, t + 1),
-                    id=episode * 1000 + t, rew=float(t), done=float(last and ending == "done"))
+        step = dict(
+            obs=_observation(episode, t),
+            next_obs=_observation(episode, t + 1),
+            id=episode * 1000 + t,
+            rew=float(t),
+            done=float(last and ending == "done"),
+        )
         if ending == "truncated" or "truncated" in steps[0:0]:
             step["truncated"] = float(last and ending == "truncated")
         steps.append(step)
@@ -114,8 +124,12 @@ def interleave_width(request):
 def test_four_uint8_frame_stacks_sampled_with_their_next_ones_are_exact(frame, option, interleave_width):
     # A stack of four uint8 frames and the next one are rebuilt together 32 (or 16) and 1 bytes of
     # a frame at a time, the widest first: frames of 15, 77 and 7056 bytes take each in turn.
-    env = {"obs": {"shape": frame + (4,), "dtype": np.uint8}, "next_obs": {"shape": frame + (4,), "dtype": np.uint8},
-           "id": {"dtype": np.int64}, "done": {}}
+    env = {
+        "obs": {"shape": frame + (4,), "dtype": np.uint8},
+        "next_obs": {"shape": frame + (4,), "dtype": np.uint8},
+        "id": {"dtype": np.int64},
+        "done": {},
+    }
     compressed = ReplayBuffer(40, env, seed=2, **OPTIONS[option])
     plain = ReplayBuffer(40, env, seed=2)
     rng = np.random.default_rng(5)
@@ -123,8 +137,12 @@ def test_four_uint8_frame_stacks_sampled_with_their_next_ones_are_exact(frame, o
         new = [rng.integers(0, 256, frame, dtype=np.uint8) for _ in range(9)]
         frames = new[:1] * 3 + new  # an episode's first stack is its first frame four times
         for t in range(8):
-            step = dict(obs=np.stack(frames[t:t + 4], axis=-1), next_obs=np.stack(frames[t + 1:t + 5], axis=-1),
-                        id=e * 100 + t, done=float(t == 7))
+            step = dict(
+                obs=np.stack(frames[t : t + 4], axis=-1),
+                next_obs=np.stack(frames[t + 1 : t + 5], axis=-1),
+                id=e * 100 + t,
+                done=float(t == 7),
+            )
             compressed.add(**step)
             plain.add(**step)
     _assert_rows_match(compressed.sample(200), _by_id(plain.get_all_transitions()))
@@ -224,27 +242,36 @@ def test_env_dict_may_omit_next_obs_as_in_cpprb():
     assert np.array_equal(batch["next_obs"], np.ones((4, 2), np.float32))
 
 
-@pytest.mark.parametrize("options, message", [
-    pytest.param(dict(next_of="pixels"), "unknown field", id="unknown-key"),
-    pytest.param(dict(stack_compress="rew"), "stack axis", id="scalar-stack"),
-    pytest.param(dict(next_of="obs", lanes=0), "lanes", id="zero-lanes"),
-    pytest.param(dict(lanes=2), "only compressed", id="lanes-without-compression"),
-    pytest.param(dict(next_of="obs", lanes=4), "slots each", id="lanes-too-short"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        pytest.param(dict(next_of="pixels"), "unknown field", id="unknown-key"),
+        pytest.param(dict(stack_compress="rew"), "stack axis", id="scalar-stack"),
+        pytest.param(dict(next_of="obs", lanes=0), "lanes", id="zero-lanes"),
+        pytest.param(dict(lanes=2), "only compressed", id="lanes-without-compression"),
+        pytest.param(dict(next_of="obs", lanes=4), "slots each", id="lanes-too-short"),
+    ],
+)
 def test_bad_compression_options_are_rejected(options, message):
     with pytest.raises(ValueError, match=message):
         ReplayBuffer(64, _env(False), **options)
 
 
 def test_compression_stores_far_fewer_bytes():
-    env = {"obs": {"shape": (84, 84, 4), "dtype": np.uint8}, "next_obs": {"shape": (84, 84, 4), "dtype": np.uint8},
-           "act": {"dtype": np.int64}, "rew": {}, "done": {}}
+    env = {
+        "obs": {"shape": (84, 84, 4), "dtype": np.uint8},
+        "next_obs": {"shape": (84, 84, 4), "dtype": np.uint8},
+        "act": {"dtype": np.int64},
+        "rew": {},
+        "done": {},
+    }
     plain = ReplayBuffer(1000, env)
     compressed = ReplayBuffer(1000, env, next_of="obs", stack_compress="obs")
     assert compressed.inspection().nbytes < plain.inspection().nbytes / 7
 
 
 # -- several writer processes -------------------------------------------------------
+
 
 def _write_episodes(buffer, rank: int, episodes: int) -> None:
     rng = np.random.default_rng(rank)

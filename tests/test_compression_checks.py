@@ -1,6 +1,7 @@
 """A compressed add checks every stack and next observation byte for byte, for any dtype, stack
 depth and memory layout: one changed byte anywhere is refused, naming the field (and the row),
 and the buffer is left exactly as it was; what is accepted samples back bit for bit."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -45,14 +46,17 @@ def _episode(length: int, dtype, stack: int, seed: int = 0, layout: str = "stack
     stacks = _stacks(_frames(length + 1, dtype, seed), stack)
     done = np.zeros(length)
     done[-1] = 1
-    return {"obs": _in_layout(stacks[:-1], layout), "next_obs": _in_layout(stacks[1:], layout),
-            "id": np.arange(length), "done": done}
+    return {
+        "obs": _in_layout(stacks[:-1], layout),
+        "next_obs": _in_layout(stacks[1:], layout),
+        "id": np.arange(length),
+        "done": done,
+    }
 
 
 def _buffer(dtype, stack: int, **options) -> ReplayBuffer:
     obs = {"shape": FRAME + (stack,), "dtype": dtype}
-    return ReplayBuffer(64, {"obs": obs, "next_obs": obs, "id": {"dtype": np.int64}, "done": {}},
-                        **(options or BOTH))
+    return ReplayBuffer(64, {"obs": obs, "next_obs": obs, "id": {"dtype": np.int64}, "done": {}}, **(options or BOTH))
 
 
 def _rows(steps: dict[str, np.ndarray], rows: slice) -> dict[str, np.ndarray]:
@@ -91,8 +95,9 @@ def test_stacks_of_any_dtype_depth_and_layout_sample_back_bit_for_bit(dtype, sta
 def test_one_changed_byte_of_an_older_frame_is_refused(dtype, stack, place, within_call, layout, unchanged):
     buffer = _buffer(dtype, stack)
     steps = _episode(6, dtype, stack, layout=layout)
-    element, position, byte = (0, 0, 0) if place.startswith("oldest") else \
-        (FRAME[0] * FRAME[1] - 1, stack - 2, np.dtype(dtype).itemsize - 1)
+    element, position, byte = (
+        (0, 0, 0) if place.startswith("oldest") else (FRAME[0] * FRAME[1] - 1, stack - 2, np.dtype(dtype).itemsize - 1)
+    )
     _flip_byte(steps["obs"][3], element, position, byte)
     if within_call:
         with unchanged(buffer), pytest.raises(ValueError, match="field 'obs': row 3 is not the previous observation"):
@@ -163,8 +168,12 @@ def test_a_writer_may_change_layouts_between_calls_and_within_a_row(dtype, stack
     steps = _episode(9, dtype, stack)
     channels_first = _episode(9, dtype, stack, layout="channels first")
     mixed = {**steps, "next_obs": channels_first["next_obs"]}  # obs in one layout, next_obs in the other
-    for rows, source in [(slice(0, 3), steps), (slice(3, 6), channels_first), (slice(6, 8), mixed),
-                         (slice(8, 9), steps)]:
+    for rows, source in [
+        (slice(0, 3), steps),
+        (slice(3, 6), channels_first),
+        (slice(6, 8), mixed),
+        (slice(8, 9), steps),
+    ]:
         buffer.add(**_rows(source, rows))
     stored = buffer.get_all_transitions()
     order = np.argsort(stored["id"])
@@ -186,8 +195,12 @@ def test_a_changed_byte_is_refused_when_layouts_differ_between_calls(layout, unc
 # -- one step per add: an actor's usual call, stored by the kernel from the call to the publication --
 def _step(steps: dict[str, np.ndarray], t: int) -> dict:
     """Step t as an actor passes it: its observations as they are held, id and done as Python numbers."""
-    return {"obs": steps["obs"][t], "next_obs": steps["next_obs"][t], "id": int(steps["id"][t]),
-            "done": float(steps["done"][t])}
+    return {
+        "obs": steps["obs"][t],
+        "next_obs": steps["next_obs"][t],
+        "id": int(steps["id"][t]),
+        "done": float(steps["done"][t]),
+    }
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -214,8 +227,9 @@ def test_steps_added_one_per_call_sample_back_bit_for_bit(dtype, stack, layout):
 def test_one_changed_byte_of_an_older_frame_of_a_one_step_add_is_refused(dtype, stack, place, layout, unchanged):
     buffer = _buffer(dtype, stack)
     steps = _episode(6, dtype, stack, layout=layout)
-    element, position, byte = (0, 0, 0) if place.startswith("oldest") else \
-        (FRAME[0] * FRAME[1] - 1, stack - 2, np.dtype(dtype).itemsize - 1)
+    element, position, byte = (
+        (0, 0, 0) if place.startswith("oldest") else (FRAME[0] * FRAME[1] - 1, stack - 2, np.dtype(dtype).itemsize - 1)
+    )
     for t in range(3):
         buffer.add(**_step(steps, t))
     good = steps["obs"][3].copy()

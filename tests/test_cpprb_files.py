@@ -6,6 +6,7 @@ Files in the layout of cpprb 10.1 with numpy 1.x (the oldest cpprb files) are bu
 same six members cpprb's ``save_transitions`` passes to ``np.savez_compressed``, pickled with protocol 3
 and numpy 1's module names, which is what the files in cpprb's own ``test/v1`` folder hold.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -62,11 +63,19 @@ def _pickle_of(npy: bytes) -> bytes:
     """The pickle of an object member, after its ``.npy`` header."""
     header = _object_header()
     assert npy.startswith(header)
-    return npy[len(header):]
+    return npy[len(header) :]
 
 
-def _members(data: Any, *, safe: bool = True, nstep: bool = False, cache: Any = None, next_of: Any = None,
-             version: Any = 1, numpy1: bool = False) -> dict[str, bytes]:
+def _members(
+    data: Any,
+    *,
+    safe: bool = True,
+    nstep: bool = False,
+    cache: Any = None,
+    next_of: Any = None,
+    version: Any = 1,
+    numpy1: bool = False,
+) -> dict[str, bytes]:
     """The members of ``np.savez_compressed(file, safe=, version=, data=, Nstep=, cache=, next_of=)``,
     the call cpprb's save_transitions makes (``next_of``, when not None, is a list of names: cpprb
     passes them as a numpy unicode array, which numpy saves without pickling)."""
@@ -141,20 +150,33 @@ HISTORIES = {
 
 @pytest.fixture(scope="module")
 def cpprb() -> Any:
-    return pytest.importorskip("cpprb", reason="cpprb is not installed (the test extra has it where it has wheels: "
-                                               "Python < 3.13)")
+    return pytest.importorskip(
+        "cpprb", reason="cpprb is not installed (the test extra has it where it has wheels: Python < 3.13)"
+    )
 
 
 def _steps(rng: np.random.Generator, k: int, options: dict[str, Any]) -> dict[str, np.ndarray]:
-    steps = {"obs": rng.normal(size=(k, 2, 3)), "act": rng.integers(0, 9, k), "rew": rng.normal(size=k),
-             "done": np.zeros(k)}
+    steps = {
+        "obs": rng.normal(size=(k, 2, 3)),
+        "act": rng.integers(0, 9, k),
+        "rew": rng.normal(size=k),
+        "done": np.zeros(k),
+    }
     if "next_of" in options:
         steps["next_obs"] = rng.normal(size=(k, 2, 3))
     return steps
 
 
-def _cpprb_buffer(cpprb: Any, options: dict[str, Any], history: list[int | str], *, size: int = 8,
-                  cls: str = "ReplayBuffer", seed: int = 0, **kwargs: Any) -> Any:
+def _cpprb_buffer(
+    cpprb: Any,
+    options: dict[str, Any],
+    history: list[int | str],
+    *,
+    size: int = 8,
+    cls: str = "ReplayBuffer",
+    seed: int = 0,
+    **kwargs: Any,
+) -> Any:
     """A cpprb buffer of ``size`` with ``options`` that went through ``history`` (random steps)."""
     buffer = getattr(cpprb, cls)(size, {name: dict(spec) for name, spec in ENV.items()}, **options, **kwargs)
     rng = np.random.default_rng(seed)
@@ -189,14 +211,20 @@ def test_reports_the_layout_and_the_nstep_flag_of_a_cpprb_file(cpprb):
             read = read_cpprb_file(_saved(_cpprb_buffer(cpprb, OPTIONS[name], [3]), safe=safe))
             flags[name, safe] = (read.safe, read.nstep)
     # cpprb writes the safe layout whenever there is nothing to compress.
-    assert flags == {("plain", True): (True, False), ("plain", False): (True, False),
-                     ("Nstep", True): (True, True), ("Nstep", False): (True, True),
-                     ("next_of", True): (True, False), ("next_of", False): (False, False)}
+    assert flags == {
+        ("plain", True): (True, False),
+        ("plain", False): (True, False),
+        ("Nstep", True): (True, True),
+        ("Nstep", False): (True, True),
+        ("next_of", True): (True, False),
+        ("next_of", False): (False, False),
+    }
 
 
 def test_reads_a_file_of_a_prioritized_cpprb_buffer(cpprb):
-    buffer = _cpprb_buffer(cpprb, OPTIONS["next_of+stack_compress"], HISTORIES["wrapped"],
-                           cls="PrioritizedReplayBuffer")
+    buffer = _cpprb_buffer(
+        cpprb, OPTIONS["next_of+stack_compress"], HISTORIES["wrapped"], cls="PrioritizedReplayBuffer"
+    )
     expected = buffer.get_all_transitions()
     _assert_same(read_cpprb_transitions(_saved(buffer, safe=False)), expected)
 
@@ -211,8 +239,13 @@ def test_reads_a_cpprb_buffer_kept_in_mmap_files(cpprb, tmp_path, options):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(size=st.integers(1, 6), options=st.sampled_from(list(OPTIONS)), safe=st.booleans(),
-       history=st.lists(st.one_of(st.integers(1, 6), st.just("end")), max_size=12), seed=st.integers(0, 2**32 - 1))
+@given(
+    size=st.integers(1, 6),
+    options=st.sampled_from(list(OPTIONS)),
+    safe=st.booleans(),
+    history=st.lists(st.one_of(st.integers(1, 6), st.just("end")), max_size=12),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_any_history_of_a_cpprb_buffer_reads_back_as_get_all_transitions(cpprb, size, options, safe, history, seed):
     # cpprb wraps a batch around its ring at most once: no batch exceeds the size.
     history = [operation if operation == "end" else min(operation, size) for operation in history]
@@ -226,41 +259,68 @@ def test_any_history_of_a_cpprb_buffer_reads_back_as_get_all_transitions(cpprb, 
 # get_all_transitions() returned them.
 
 V1_CASES = {
-    "basic": ({"data": {"a": _f4(1, 2, 3, 4)}},
-              {"a": _f4(1, 2, 3, 4)}),
-    "Nstep": ({"data": {"done": _f4(0, 0, 0, 1, 1)}, "nstep": True},
-              {"done": _f4(0, 0, 0, 1, 1)}),
-    "next_of": ({"data": {"a": _f4(1, 2, 3, 4, 5), "next_a": _f4(2, 3, 4, 5, 6)}},
-                {"a": _f4(1, 2, 3, 4, 5), "next_a": _f4(2, 3, 4, 5, 6)}),
+    "basic": ({"data": {"a": _f4(1, 2, 3, 4)}}, {"a": _f4(1, 2, 3, 4)}),
+    "Nstep": ({"data": {"done": _f4(0, 0, 0, 1, 1)}, "nstep": True}, {"done": _f4(0, 0, 0, 1, 1)}),
+    "next_of": (
+        {"data": {"a": _f4(1, 2, 3, 4, 5), "next_a": _f4(2, 3, 4, 5, 6)}},
+        {"a": _f4(1, 2, 3, 4, 5), "next_a": _f4(2, 3, 4, 5, 6)},
+    ),
     "unsafe_next_of": (
-        {"data": {"a": _f4(1, 2, 3, 4, 5)}, "safe": False, "next_of": ["a"],
-         "cache": {3: {"next_a": _f4(5)[0]}, 4: {"next_a": _f4(6)[0]}}},
-        {"a": _f4(1, 2, 3, 4, 5), "next_a": _f4(2, 3, 4, 5, 6)}),
+        {
+            "data": {"a": _f4(1, 2, 3, 4, 5)},
+            "safe": False,
+            "next_of": ["a"],
+            "cache": {3: {"next_a": _f4(5)[0]}, 4: {"next_a": _f4(6)[0]}},
+        },
+        {"a": _f4(1, 2, 3, 4, 5), "next_a": _f4(2, 3, 4, 5, 6)},
+    ),
     # 12 transitions into 10 slots: slots 0 and 1 were overwritten, slot 9's next is slot 0.
     "fulled_unsafe_next_of": (
-        {"data": {"a": _f4(11, 12, 3, 4, 5, 6, 7, 8, 9, 10)}, "safe": False, "next_of": ["a"],
-         "cache": {0: {"next_a": _f4(12)[0]}, 1: {"next_a": _f4(13)[0]}}},
-        {"a": _f4(11, 12, 3, 4, 5, 6, 7, 8, 9, 10), "next_a": _f4(12, 13, 4, 5, 6, 7, 8, 9, 10, 11)}),
+        {
+            "data": {"a": _f4(11, 12, 3, 4, 5, 6, 7, 8, 9, 10)},
+            "safe": False,
+            "next_of": ["a"],
+            "cache": {0: {"next_a": _f4(12)[0]}, 1: {"next_a": _f4(13)[0]}},
+        },
+        {"a": _f4(11, 12, 3, 4, 5, 6, 7, 8, 9, 10), "next_a": _f4(12, 13, 4, 5, 6, 7, 8, 9, 10, 11)},
+    ),
     # cpprb keys the stacked fields of a cache entry by numpy.str_.
     "unsafe_next_of_stack_compress": (
-        {"data": {"a": _f4([1, 2, 3], [2, 3, 4], [3, 4, 5], [4, 5, 6], [5, 6, 7])}, "safe": False, "next_of": ["a"],
-         "cache": {2: {"next_a": _f4([4, 5, 6])[0], np.str_("a"): _f4([3, 4, 5])[0]},
-                   3: {"next_a": _f4([5, 6, 7])[0], np.str_("a"): _f4([4, 5, 6])[0]},
-                   4: {"next_a": _f4([6, 7, 8])[0], np.str_("a"): _f4([5, 6, 7])[0]}}},
-        {"a": _f4([1, 2, 3], [2, 3, 4], [3, 4, 5], [4, 5, 6], [5, 6, 7]),
-         "next_a": _f4([2, 3, 4], [3, 4, 5], [4, 5, 6], [5, 6, 7], [6, 7, 8])}),
+        {
+            "data": {"a": _f4([1, 2, 3], [2, 3, 4], [3, 4, 5], [4, 5, 6], [5, 6, 7])},
+            "safe": False,
+            "next_of": ["a"],
+            "cache": {
+                2: {"next_a": _f4([4, 5, 6])[0], np.str_("a"): _f4([3, 4, 5])[0]},
+                3: {"next_a": _f4([5, 6, 7])[0], np.str_("a"): _f4([4, 5, 6])[0]},
+                4: {"next_a": _f4([6, 7, 8])[0], np.str_("a"): _f4([5, 6, 7])[0]},
+            },
+        },
+        {
+            "a": _f4([1, 2, 3], [2, 3, 4], [3, 4, 5], [4, 5, 6], [5, 6, 7]),
+            "next_a": _f4([2, 3, 4], [3, 4, 5], [4, 5, 6], [5, 6, 7], [6, 7, 8]),
+        },
+    ),
     "incompatible_unsafe_stack_compress": (
-        {"data": {"a": _f4([1, 2, 3], [2, 3, 4], [3, 4, 5], [4, 5, 6])}, "safe": False,
-         "cache": {2: {np.str_("a"): _f4([3, 4, 5])[0]}, 3: {np.str_("a"): _f4([4, 5, 6])[0]}}},
-        {"a": _f4([1, 2, 3], [2, 3, 4], [3, 4, 5], [4, 5, 6])}),
+        {
+            "data": {"a": _f4([1, 2, 3], [2, 3, 4], [3, 4, 5], [4, 5, 6])},
+            "safe": False,
+            "cache": {2: {np.str_("a"): _f4([3, 4, 5])[0]}, 3: {np.str_("a"): _f4([4, 5, 6])[0]}},
+        },
+        {"a": _f4([1, 2, 3], [2, 3, 4], [3, 4, 5], [4, 5, 6])},
+    ),
 }
 
 
 def test_numpy1_pickles_name_the_globals_of_cpprb_v1_files():
     members = _members(**V1_CASES["unsafe_next_of_stack_compress"][0], numpy1=True)
     assert _globals(members["data"]) == {"numpy.core.multiarray _reconstruct", "numpy ndarray", "numpy dtype"}
-    assert _globals(members["cache"]) == {"numpy.core.multiarray _reconstruct", "numpy ndarray", "numpy dtype",
-                                          "numpy.core.multiarray scalar"}
+    assert _globals(members["cache"]) == {
+        "numpy.core.multiarray _reconstruct",
+        "numpy ndarray",
+        "numpy dtype",
+        "numpy.core.multiarray scalar",
+    }
 
 
 @pytest.mark.parametrize("numpy1", [True, False], ids=["numpy1", "numpy2"])
@@ -346,10 +406,23 @@ def _attacks(marker: Path) -> dict[str, tuple[str, bytes]]:
         "the next_of member": ("next_of", _object_npy(_Runs(marker))),
         "a GLOBAL of builtins.eval": ("data", _object_header() + _opcodes("cbuiltins", "eval", f"(V{code}", "tR.")),
         "a GLOBAL of a numpy function that runs code": (
-            "data", _object_header() + _opcodes("cnumpy.testing._private.utils", "runstring", f"(V{code}", "(dtR.")),
+            "data",
+            _object_header() + _opcodes("cnumpy.testing._private.utils", "runstring", f"(V{code}", "(dtR."),
+        ),
         "an admitted numpy global called on eval": (
-            "data", _object_header() + _opcodes(f"c{reconstruct.__module__}", reconstruct.__name__, "(cbuiltins",
-                                                "eval", f"(V{code}", "tR(I0", "tVb", "tR.")),
+            "data",
+            _object_header()
+            + _opcodes(
+                f"c{reconstruct.__module__}",
+                reconstruct.__name__,
+                "(cbuiltins",
+                "eval",
+                f"(V{code}",
+                "tR(I0",
+                "tVb",
+                "tR.",
+            ),
+        ),
     }
 
 
@@ -378,8 +451,11 @@ def test_a_file_that_would_run_code_is_refused_and_runs_nothing(tmp_path, attack
 def test_a_refusal_names_the_file_and_the_global_found(tmp_path):
     path = tmp_path / "evil.npz"
     path.write_bytes(_with("data", _attacks(tmp_path / "marker")["a GLOBAL of builtins.eval"][1]).getvalue())
-    with pytest.raises(TransitionFileError, match=r"cpprb file '.*evil\.npz': member 'data' holds a reference "
-                                                   r"to builtins\.eval"):
+    with pytest.raises(
+        TransitionFileError,
+        match=r"cpprb file '.*evil\.npz': member 'data' holds a reference "
+        r"to builtins\.eval",
+    ):
         read_cpprb_transitions(path)
 
 
@@ -402,7 +478,8 @@ class _Reduces:
 _RECONSTRUCT = np.ndarray.__reduce__(np.zeros(1))[0]
 HOSTILE_NUMPY = {
     "an array claiming more items than its bytes": _Reduces(
-        _RECONSTRUCT, (np.ndarray, (0,), b"b"), (1, (10**12,), np.dtype("f4"), False, b"\0" * 4)),
+        _RECONSTRUCT, (np.ndarray, (0,), b"b"), (1, (10**12,), np.dtype("f4"), False, b"\0" * 4)
+    ),
     "another shape for _reconstruct": _Reduces(_RECONSTRUCT, (np.ndarray, (10**9,), b"b")),
     "another type for _reconstruct": _Reduces(_RECONSTRUCT, (np.ma.MaskedArray, (0,), b"b")),
     "a structured dtype": np.zeros(2, dtype=[("x", "f4"), ("y", "i8")]),
@@ -423,8 +500,9 @@ def test_numpy_reconstruction_with_arguments_cpprb_never_writes_is_refused(case)
 # -- malformed files ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("raw", [b"", b"not a zip archive", b"PK\x03\x04" + b"\0" * 40],
-                         ids=["empty", "text", "zip magic"])
+@pytest.mark.parametrize(
+    "raw", [b"", b"not a zip archive", b"PK\x03\x04" + b"\0" * 40], ids=["empty", "text", "zip magic"]
+)
 def test_bytes_that_are_no_npz_archive_raise_value_error(raw):
     with pytest.raises(ValueError, match=r"not a readable \.npz archive"):
         read_cpprb_transitions(io.BytesIO(raw))
@@ -438,8 +516,9 @@ def test_a_truncated_file_raises_value_error_wherever_it_is_cut(compression):
             read_cpprb_transitions(io.BytesIO(raw[:end]))
 
 
-DAMAGE_SOURCES = {numpy1: _members(**V1_CASES["unsafe_next_of_stack_compress"][0], numpy1=numpy1)
-                  for numpy1 in (False, True)}
+DAMAGE_SOURCES = {
+    numpy1: _members(**V1_CASES["unsafe_next_of_stack_compress"][0], numpy1=numpy1) for numpy1 in (False, True)
+}
 
 
 @settings(max_examples=300, deadline=None)
@@ -516,8 +595,11 @@ def test_next_of_names_beyond_unicode_are_refused():
         read_cpprb_transitions(_with("next_of", _plain_npy(names)))
 
 
-@pytest.mark.parametrize(("old", "new"), [(b"), }", b" , }"), (b"'fortran_order'", b"b'fortran_orde'")],
-                         ids=["unclosed bracket", "bytes key"])
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [(b"), }", b" , }"), (b"'fortran_order'", b"b'fortran_orde'")],
+    ids=["unclosed bracket", "bytes key"],
+)
 def test_an_npy_header_numpy_cannot_parse_is_refused(old, new):
     # numpy's header parser raises TokenError and TypeError (no ValueError) on these.
     members = _members({"a": _f4(1)})
@@ -551,34 +633,52 @@ def test_an_unknown_format_version_is_refused_and_named():
         read_cpprb_transitions(_file({"a": _f4(1)}, version=2))
 
 
-@pytest.mark.parametrize(("member", "value", "message"), [
-    ("safe", _plain_npy(np.int64(1)), "member 'safe' is shape \\(\\) int64; expected a bool"),
-    ("Nstep", _plain_npy(np.zeros(2, bool)), "member 'Nstep' is shape \\(2,\\) bool; expected a bool"),
-    ("version", _plain_npy(1.0), "member 'version' is shape \\(\\) float64; expected an integer"),
-    ("safe", _object_npy(True), "member 'safe' is a pickle"),
-    ("data", _plain_npy(np.zeros(3)), "member 'data' is a plain array"),
-    ("next_of", _plain_npy(np.zeros(3)), "member 'next_of' is shape \\(3,\\) float64; expected distinct field names"),
-    ("next_of", _object_npy("a"), "member 'next_of' holds 'a'; expected None"),
-], ids=["safe int", "Nstep array", "version float", "safe pickled", "data plain", "next_of numbers",
-        "next_of pickled str"])
+@pytest.mark.parametrize(
+    ("member", "value", "message"),
+    [
+        ("safe", _plain_npy(np.int64(1)), "member 'safe' is shape \\(\\) int64; expected a bool"),
+        ("Nstep", _plain_npy(np.zeros(2, bool)), "member 'Nstep' is shape \\(2,\\) bool; expected a bool"),
+        ("version", _plain_npy(1.0), "member 'version' is shape \\(\\) float64; expected an integer"),
+        ("safe", _object_npy(True), "member 'safe' is a pickle"),
+        ("data", _plain_npy(np.zeros(3)), "member 'data' is a plain array"),
+        (
+            "next_of",
+            _plain_npy(np.zeros(3)),
+            "member 'next_of' is shape \\(3,\\) float64; expected distinct field names",
+        ),
+        ("next_of", _object_npy("a"), "member 'next_of' holds 'a'; expected None"),
+    ],
+    ids=[
+        "safe int",
+        "Nstep array",
+        "version float",
+        "safe pickled",
+        "data plain",
+        "next_of numbers",
+        "next_of pickled str",
+    ],
+)
 def test_a_member_of_the_wrong_kind_is_refused_and_named(member, value, message):
     with pytest.raises(ValueError, match=message):
         read_cpprb_transitions(_with(member, value))
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    ([_f4(1)], "holds a list; expected a non-empty dict"),
-    ({}, "holds a dict; expected a non-empty dict"),
-    ({"a": [1.0, 2.0]}, r"data\['a'\] is a list; expected a numeric array"),
-    ({"a": "text"}, r"data\['a'\] is 'text'; expected a numeric array"),
-    ({"a": np.float32(1)}, r"data\['a'\] is 1.0; expected a numeric array"),
-    ({"a": np.array(1.0)}, r"data\['a'\] is a 0-d array"),
-    ({"a": _f4(1, 2), "b": _f4(1)}, "differ in length"),
-    ({"a": np.array(["x", "y"])}, "an array of dtype <U1"),
-    ({1: _f4(1)}, "has the key 1; expected field names"),
-    ({"a": np.array([None], dtype=object)}, "an object array of shape \\(1,\\)"),
-    (None, "holds None"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([_f4(1)], "holds a list; expected a non-empty dict"),
+        ({}, "holds a dict; expected a non-empty dict"),
+        ({"a": [1.0, 2.0]}, r"data\['a'\] is a list; expected a numeric array"),
+        ({"a": "text"}, r"data\['a'\] is 'text'; expected a numeric array"),
+        ({"a": np.float32(1)}, r"data\['a'\] is 1.0; expected a numeric array"),
+        ({"a": np.array(1.0)}, r"data\['a'\] is a 0-d array"),
+        ({"a": _f4(1, 2), "b": _f4(1)}, "differ in length"),
+        ({"a": np.array(["x", "y"])}, "an array of dtype <U1"),
+        ({1: _f4(1)}, "has the key 1; expected field names"),
+        ({"a": np.array([None], dtype=object)}, "an object array of shape \\(1,\\)"),
+        (None, "holds None"),
+    ],
+)
 def test_data_that_is_not_a_dict_of_equally_long_numeric_arrays_is_refused(data, message):
     with pytest.raises(ValueError, match=message):
         read_cpprb_transitions(_file(data))
@@ -598,22 +698,32 @@ def test_a_safe_file_with_a_cache_is_refused():
 UNSAFE = {"data": {"a": _f4([1, 2], [3, 4])}, "safe": False, "next_of": ["a"]}
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"cache": None}, "member 'cache' holds None; the unsafe layout holds a dict"),
-    ({"cache": {2: {"next_a": _f4([0, 0])[0]}}}, r"the slot 2; expected slots in \[0, 2\)"),
-    ({"cache": {-1: {"next_a": _f4([0, 0])[0]}}}, r"the slot -1"),
-    ({"cache": {"1": {"next_a": _f4([0, 0])[0]}}}, r"the slot '1'"),
-    ({"cache": {1: {"next_a": _f4([0, 0, 0])[0]}}}, (r"cache\[1\]\['next_a'\] is shape \(3,\) float32; "
-                                                     r"expected one row of 'a': shape \(2,\) float32")),
-    ({"cache": {1: {"next_a": np.zeros(2)}}}, r"cache\[1\]\['next_a'\] is shape \(2,\) float64"),
-    ({"cache": {1: {"next_b": _f4([0, 0])[0], "next_a": _f4([0, 0])[0]}}}, "the key 'next_b', which is no field"),
-    ({"cache": {1: {"a": _f4([0, 0])[0]}}}, r"cache\[1\] holds a dict; expected the same keys .* \['next_a'\]"),
-    ({"cache": {0: {"next_a": _f4([0, 0])[0]}, 1: {"next_a": _f4([0, 0])[0], "a": _f4([0, 0])[0]}}},
-     "expected the same keys as every entry"),
-    ({"cache": {1: [_f4([0, 0])[0]]}}, r"cache\[1\] holds a list"),
-    ({"cache": {}, "next_of": ["b"]}, "next_of names 'b', which is not a field"),
-    ({"cache": {}, "next_of": ["a", "a"]}, "expected distinct field names"),
-])
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"cache": None}, "member 'cache' holds None; the unsafe layout holds a dict"),
+        ({"cache": {2: {"next_a": _f4([0, 0])[0]}}}, r"the slot 2; expected slots in \[0, 2\)"),
+        ({"cache": {-1: {"next_a": _f4([0, 0])[0]}}}, r"the slot -1"),
+        ({"cache": {"1": {"next_a": _f4([0, 0])[0]}}}, r"the slot '1'"),
+        (
+            {"cache": {1: {"next_a": _f4([0, 0, 0])[0]}}},
+            (
+                r"cache\[1\]\['next_a'\] is shape \(3,\) float32; "
+                r"expected one row of 'a': shape \(2,\) float32"
+            ),
+        ),
+        ({"cache": {1: {"next_a": np.zeros(2)}}}, r"cache\[1\]\['next_a'\] is shape \(2,\) float64"),
+        ({"cache": {1: {"next_b": _f4([0, 0])[0], "next_a": _f4([0, 0])[0]}}}, "the key 'next_b', which is no field"),
+        ({"cache": {1: {"a": _f4([0, 0])[0]}}}, r"cache\[1\] holds a dict; expected the same keys .* \['next_a'\]"),
+        (
+            {"cache": {0: {"next_a": _f4([0, 0])[0]}, 1: {"next_a": _f4([0, 0])[0], "a": _f4([0, 0])[0]}}},
+            "expected the same keys as every entry",
+        ),
+        ({"cache": {1: [_f4([0, 0])[0]]}}, r"cache\[1\] holds a list"),
+        ({"cache": {}, "next_of": ["b"]}, "next_of names 'b', which is not a field"),
+        ({"cache": {}, "next_of": ["a", "a"]}, "expected distinct field names"),
+    ],
+)
 def test_an_unsafe_file_whose_cache_does_not_fit_its_data_is_refused(changes, message):
     with pytest.raises(ValueError, match=message):
         read_cpprb_transitions(_file(**{**UNSAFE, **changes}))

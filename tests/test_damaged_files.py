@@ -5,6 +5,7 @@
 Seeded loops damage real files thousands of times: bytes flipped anywhere (the zip's directory
 and headers included), files cut, arrays damaged inside an archive rebuilt around them (so
 that the zip's checksums hold), metadata values rewritten."""
+
 from __future__ import annotations
 
 import io
@@ -35,6 +36,7 @@ pytestmark = [
 ]
 
 # -- archives, taken apart and put together ------------------------------------------------------
+
 
 def _members(data: bytes) -> dict[str, bytes]:
     """The raw bytes of each member of the archive ``data``."""
@@ -78,7 +80,7 @@ def _damaged_archive(data: bytes, rng: random.Random, record: str | None) -> tup
     if how == "bytes":
         return how, _damaged_bytes(data, rng)
     if how == "cut":
-        return how, data[:rng.randrange(len(data))]
+        return how, data[: rng.randrange(len(data))]
     members = _members(data)
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         compression = archive.infolist()[0].compress_type
@@ -99,9 +101,9 @@ def _inflating_to(data: bytes, member: str, nbytes: int) -> bytes:
     (its compressed bytes as they are: reading it ends early).  Zip's layout: APPNOTE 4.3.12, 4.3.16."""
     out = bytearray(data)
     at = struct.unpack_from("<I", out, out.rfind(b"PK\x05\x06") + 16)[0]  # the directory's first entry
-    while out[at:at + 4] == b"PK\x01\x02":
+    while out[at : at + 4] == b"PK\x01\x02":
         name_length, extra_length, comment_length = struct.unpack_from("<HHH", out, at + 28)
-        if out[at + 46:at + 46 + name_length] == member.encode():
+        if out[at + 46 : at + 46 + name_length] == member.encode():
             struct.pack_into("<I", out, at + 24, nbytes)  # its uncompressed size
             return bytes(out)
         at += 46 + name_length + extra_length + comment_length
@@ -127,6 +129,7 @@ def _peak_allocation(read: Callable[[], Any]) -> int:
 
 
 # -- mpreplay's own files ----------------------------------------------------------------------
+
 
 def _transitions(numbers: Any) -> dict[str, np.ndarray]:
     i = np.asarray(numbers, dtype=np.int64)
@@ -213,8 +216,12 @@ def _cpprb_file(options: dict[str, Any], safe: bool) -> bytes:
     buffer = cpprb.ReplayBuffer(8, {name: dict(spec) for name, spec in CPPRB_ENV.items()}, **options)
     rng = np.random.default_rng(0)
     for k, end in ((3, True), (6, False)):
-        steps = {"obs": rng.normal(size=(k, 2, 3)), "act": rng.integers(0, 9, k), "rew": rng.normal(size=k),
-                 "done": np.zeros(k)}
+        steps = {
+            "obs": rng.normal(size=(k, 2, 3)),
+            "act": rng.integers(0, 9, k),
+            "rew": rng.normal(size=k),
+            "done": np.zeros(k),
+        }
         if "next_of" in options:
             steps["next_obs"] = rng.normal(size=(k, 2, 3))
         buffer.add(**steps)
@@ -228,8 +235,9 @@ def _cpprb_file(options: dict[str, Any], safe: bool) -> bytes:
 def test_a_cpprb_file_claiming_a_larger_array_than_it_holds_is_refused_before_it_is_allocated():
     members = _members(_cpprb_file(*CPPRB_FILES["plain"]))
     members["version.npy"] = _header_claiming((ROWS,), "<i8")
-    damaged = _inflating_to(_archive(members, zipfile.ZIP_DEFLATED), "version.npy", len(members["version.npy"]) - 8
-                            + 8 * ROWS)
+    damaged = _inflating_to(
+        _archive(members, zipfile.ZIP_DEFLATED), "version.npy", len(members["version.npy"]) - 8 + 8 * ROWS
+    )
 
     def read() -> None:
         with pytest.raises(TransitionFileError):
@@ -249,5 +257,7 @@ def test_the_cpprb_reader_refuses_any_damage_with_transition_file_error(file):
             got = read_cpprb_transitions(io.BytesIO(damaged))
         except TransitionFileError:
             continue
-        assert all(isinstance(a, np.ndarray) and a.flags.writeable and len(a) == len(next(iter(got.values())))
-                   for a in got.values())
+        assert all(
+            isinstance(a, np.ndarray) and a.flags.writeable and len(a) == len(next(iter(got.values())))
+            for a in got.values()
+        )

@@ -5,6 +5,7 @@ starts its processes with "spawn" (forking a process that has initialised
 torch can deadlock), so unlike the other multiprocess tests these do not run
 under "fork".
 """
+
 from __future__ import annotations
 
 import json
@@ -81,8 +82,12 @@ def test_a_timed_run_leaves_no_segment_behind(smoke_run: Run):
 
 @pytest.mark.timeout(180)
 def test_ctrl_c_stops_the_run_and_still_writes_the_summary(tmp_path: Path):
-    proc = subprocess.Popen([sys.executable, "-m", "mpreplay", "demo", "--seconds", "120", "--plain",
-                             "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mpreplay", "demo", "--seconds", "120", "--plain", "--out", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         for line in proc.stdout:  # one line per second once the processes run
             if "weights published" in line and not line.rstrip().endswith("published 0"):
@@ -101,7 +106,7 @@ def test_ctrl_c_stops_the_run_and_still_writes_the_summary(tmp_path: Path):
 def test_the_epsilon_ladder_runs_from_0_4_to_0_4_to_the_8th():
     ladder = [epsilon(rank, 5) for rank in range(5)]
     assert ladder[0] == pytest.approx(0.4)
-    assert ladder[-1] == pytest.approx(0.4 ** 8)
+    assert ladder[-1] == pytest.approx(0.4**8)
     assert ladder == sorted(ladder, reverse=True)
 
 

@@ -4,6 +4,7 @@ split, the velocity-hiding wrapper, the solved rule) and a smoke run through eve
 The smoke run is short and learning is not asserted (see the README for full runs).  The demo starts
 its processes from a forkserver, so like tests/test_demo.py these do not run under "fork".
 """
+
 from __future__ import annotations
 
 import json
@@ -29,17 +30,23 @@ GAMMA = 0.5
 
 def targets(rew, done, mask, bootstrap, n):
     """nstep_targets over one sequence given as lists; returns (y, defined) as lists."""
-    y, defined = nstep_targets(torch.tensor([rew], dtype=torch.float64), torch.tensor([done]),
-                               torch.tensor([mask]), torch.tensor([bootstrap], dtype=torch.float64), GAMMA, n)
+    y, defined = nstep_targets(
+        torch.tensor([rew], dtype=torch.float64),
+        torch.tensor([done]),
+        torch.tensor([mask]),
+        torch.tensor([bootstrap], dtype=torch.float64),
+        GAMMA,
+        n,
+    )
     return y[0].tolist(), defined[0].tolist()
 
 
 # -------------------------------------------------------------- n-step targets
 
+
 def test_a_step_whose_window_stays_inside_the_sequence_bootstraps_n_steps_later():
     y, defined = targets([1, 2, 4, 8, 16], [False] * 5, [True] * 5, [100, 200, 300, 400, 500], n=2)
-    assert y[:3] == [1 + GAMMA * 2 + GAMMA ** 2 * 300, 2 + GAMMA * 4 + GAMMA ** 2 * 400,
-                     4 + GAMMA * 8 + GAMMA ** 2 * 500]
+    assert y[:3] == [1 + GAMMA * 2 + GAMMA**2 * 300, 2 + GAMMA * 4 + GAMMA**2 * 400, 4 + GAMMA * 8 + GAMMA**2 * 500]
     assert defined[:3] == [True, True, True]
 
 
@@ -49,9 +56,14 @@ def test_a_step_whose_window_leaves_the_sequence_has_no_target():
 
 
 def test_the_sum_stops_at_a_terminal_step_without_bootstrapping():
-    y, defined = targets([1, 2, 4, 0, 0], [False, False, True, False, False], [True, True, True, False, False],
-                         [100, 200, 300, 400, 500], n=3)
-    assert y[:3] == [1 + GAMMA * 2 + GAMMA ** 2 * 4, 2 + GAMMA * 4, 4]
+    y, defined = targets(
+        [1, 2, 4, 0, 0],
+        [False, False, True, False, False],
+        [True, True, True, False, False],
+        [100, 200, 300, 400, 500],
+        n=3,
+    )
+    assert y[:3] == [1 + GAMMA * 2 + GAMMA**2 * 4, 2 + GAMMA * 4, 4]
     assert defined == [True, True, True, False, False]
 
 
@@ -83,6 +95,7 @@ def test_one_step_targets_are_reward_plus_discounted_bootstrap():
 
 # -------------------------------------------------------------- burn-in split
 
+
 def test_the_burn_in_steps_of_a_sequence_inside_an_episode_are_not_trained_on():
     first = np.zeros((1, 6), bool)
     assert trained_steps(first, 2).tolist() == [[False, False, True, True, True, True]]
@@ -110,6 +123,7 @@ def test_the_burn_in_split_rejects_a_flat_array_naming_it():
 
 
 # -------------------------------------------------------------- hidden velocities
+
 
 def test_hide_velocity_keeps_the_cart_position_and_the_pole_angle():
     env = hide_velocity(gym.make("CartPole-v1"))
@@ -143,12 +157,17 @@ def test_the_r2d2_demo_always_hides_the_velocities():
 
 # -------------------------------------------------------------- the solved rule
 
+
 def episodes(greedy_returns, explorer_return=500.0):
     """An episode log alternating greedy (ε = 0) episodes with the given returns and explorers' ones."""
     n = len(greedy_returns)
-    return {"time": list(range(2 * n)), "env_steps": [100 * i for i in range(2 * n)],
-            "ret": [r for g in greedy_returns for r in (g, explorer_return)],
-            "rank": [0] * (2 * n), "eps": [0.0, 0.4] * n}
+    return {
+        "time": list(range(2 * n)),
+        "env_steps": [100 * i for i in range(2 * n)],
+        "ret": [r for g in greedy_returns for r in (g, explorer_return)],
+        "rank": [0] * (2 * n),
+        "eps": [0.0, 0.4] * n,
+    }
 
 
 def test_r2d2_is_solved_when_20_greedy_episodes_average_400():
@@ -167,6 +186,7 @@ def test_fewer_than_20_greedy_episodes_never_solve():
 
 # -------------------------------------------------------------- the command line
 
+
 def test_the_demo_command_shows_the_r2d2_flags(capsys: pytest.CaptureFixture[str]):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["demo", "--agent", "r2d2", "--help"])
@@ -182,8 +202,7 @@ def test_a_burn_in_as_long_as_the_sequence_is_refused_naming_the_flag(capsys: py
     assert "--burn-in" in capsys.readouterr().err
 
 
-def test_too_small_a_capacity_for_one_sequence_per_lane_is_refused_naming_the_flag(
-        capsys: pytest.CaptureFixture[str]):
+def test_too_small_a_capacity_for_one_sequence_per_lane_is_refused_naming_the_flag(capsys: pytest.CaptureFixture[str]):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["demo", "--agent", "r2d2", "--capacity", "100", "--learning-starts", "10"])
     assert exit_info.value.code == 2
@@ -199,12 +218,17 @@ def test_the_ape_x_flags_are_not_offered_to_r2d2(capsys: pytest.CaptureFixture[s
 
 # -------------------------------------------------------------- a smoke run
 
+
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """``mpreplay demo --agent r2d2 --seconds 20`` in a subprocess, once for the tests below."""
     out = tmp_path_factory.mktemp("r2d2")
-    proc = subprocess.Popen([sys.executable, "-m", "mpreplay", "demo", "--agent", "r2d2", "--seconds", "20",
-                             "--plain", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mpreplay", "demo", "--agent", "r2d2", "--seconds", "20", "--plain", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _, stderr = proc.communicate(timeout=150)
     finally:
@@ -223,7 +247,10 @@ def test_a_timed_r2d2_run_moves_data_through_every_stage(smoke_run: dict):
     stages = ("env_steps", "episodes", "inserts", "samples", "learner_steps", "priority_updates", "weights_published")
     assert {key: summary[key] > 0 for key in stages} == dict.fromkeys(stages, True), summary
     assert (summary["agent"], summary["solved_at"], summary["env"]) == (
-        "R2D2", R2D2_SOLVED_RETURN, "CartPole-v1, velocities hidden")
+        "R2D2",
+        R2D2_SOLVED_RETURN,
+        "CartPole-v1, velocities hidden",
+    )
 
 
 @pytest.mark.timeout(180)

@@ -15,6 +15,7 @@ The rule, one for every page:
   it is ``<!-- not run: REASON -->``: demos, installs and benchmarks are proven elsewhere, and the
   reason says where or why.
 """
+
 from __future__ import annotations
 
 import ast
@@ -36,17 +37,22 @@ FENCE = re.compile(r"^```(?P<info>[^\s`]*)(?:\s.*)?$")  # a MyST directive has a
 TIMEOUT_S = 300
 # Top-level modules an example may import that are not mpreplay's requirements, and the library
 # each needs; mpreplay.sharded and mpreplay.testing import fine without Ray but do nothing.
-OPTIONAL = {"torch": "torch", "gymnasium": "gymnasium", "ray": "ray",
-            "mpreplay.sharded": "ray", "mpreplay.testing": "ray"}
+OPTIONAL = {
+    "torch": "torch",
+    "gymnasium": "gymnasium",
+    "ray": "ray",
+    "mpreplay.sharded": "ray",
+    "mpreplay.testing": "ray",
+}
 
 
 @dataclass(frozen=True)
 class Block:
     page: Path
-    line: int        # the opening fence's line, from 1
-    language: str    # the fence's info string ("" for a bare fence)
+    line: int  # the opening fence's line, from 1
+    language: str  # the fence's info string ("" for a bare fence)
     code: str
-    before: str      # the last non-blank line above the fence
+    before: str  # the last non-blank line above the fence
 
     @property
     def id(self) -> str:
@@ -67,7 +73,7 @@ def blocks_of(page: Path) -> list[Block]:
             continue
         end = next(j for j in range(i + 1, len(lines)) if lines[j].rstrip() == "```")
         before = next((line for line in reversed(lines[:i]) if line.strip()), "")
-        found.append(Block(page, i + 1, match["info"], "\n".join(lines[i + 1:end]) + "\n", before))
+        found.append(Block(page, i + 1, match["info"], "\n".join(lines[i + 1 : end]) + "\n", before))
         i = end + 1
     return found
 
@@ -82,10 +88,19 @@ def optional_libraries(code: str) -> set[str]:
     """The optional libraries a program imports (directly, or through an mpreplay module)."""
     needed = set()
     for node in ast.walk(ast.parse(code)):
-        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-        needed.update(library for name in names for module, library in OPTIONAL.items()
-                      if name == module or name.startswith(module + "."))
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else []
+        )
+        needed.update(
+            library
+            for name in names
+            for module, library in OPTIONAL.items()
+            if name == module or name.startswith(module + ".")
+        )
     return needed
 
 
@@ -106,7 +121,8 @@ def test_the_pages_hold_examples_of_each_kind():
 @pytest.mark.parametrize("block", BLOCKS, ids=lambda b: b.id)
 def test_every_code_block_names_its_language(block):
     assert block.language in LANGUAGES or block.language.startswith("{"), (
-        f"{block.id}: a fence must say python, bash or text (got {block.language!r})")
+        f"{block.id}: a fence must say python, bash or text (got {block.language!r})"
+    )
 
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if NOT_RUN.fullmatch(b.before.strip())], ids=lambda b: b.id)
@@ -123,8 +139,11 @@ def test_every_not_run_marker_belongs_to_a_block(page):
 
 @pytest.mark.parametrize("block", PYTHON, ids=lambda b: b.id)
 def test_python_block_has_no_placeholder(block):
-    placeholders = [node.lineno for node in ast.walk(ast.parse(block.code))
-                    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and node.value.value is Ellipsis]
+    placeholders = [
+        node.lineno
+        for node in ast.walk(ast.parse(block.code))
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and node.value.value is Ellipsis
+    ]
     assert not placeholders, f"{block.id}: '...' at line(s) {placeholders} of the block; write the code out"
 
 

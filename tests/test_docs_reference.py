@@ -6,6 +6,7 @@ reference's generated pages into its source folder, which must stay the checkout
 the command the development page gives.  Without the ``docs`` extra (Sphinx, MyST, Furo) those
 tests skip; CI's docs step installs it and runs them.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -32,9 +33,24 @@ def site(tmp_path_factory):
     work = tmp_path_factory.mktemp("docs")
     shutil.copytree(ROOT / "docs", work / "docs", ignore=shutil.ignore_patterns("generated"))
     shutil.copy(ROOT / "README.md", work / "README.md")  # docs/install.md includes a part of it
-    proc = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-n", "-b", "html",
-                           str(work / "docs"), str(work / "html")],
-                          capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sphinx",
+            "-W",
+            "--keep-going",
+            "-n",
+            "-b",
+            "html",
+            str(work / "docs"),
+            str(work / "html"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT_S,
+        check=False,
+    )
     return work / "html", proc
 
 
@@ -85,4 +101,6 @@ def test_readme_links_lead_to_files_and_headings_that_exist():
         page = ROOT / path if path else ROOT / "README.md"
         assert page.is_file(), f"README links to {target}: no such file"
         if anchor:
-            assert anchor in github_anchors(page.read_text(encoding="utf-8")), f"README links to {target}: no such heading"
+            assert anchor in github_anchors(page.read_text(encoding="utf-8")), (
+                f"README links to {target}: no such heading"
+            )

@@ -1,4 +1,5 @@
 """ReplayBuffer.episode_writer: several streams of episodes written interleaved from one process."""
+
 from __future__ import annotations
 
 import gc
@@ -10,21 +11,31 @@ from mpreplay import MPReplayBuffer, ReplayBuffer
 
 FRAME = (2, 2)
 STACK = 3
-ENV = {"obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
-       "next_obs": {"shape": FRAME + (STACK,), "dtype": np.uint8}, "rew": {}, "done": {}}
+ENV = {
+    "obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
+    "next_obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
+    "rew": {},
+    "done": {},
+}
 KINDS = [ReplayBuffer, MPReplayBuffer]
 
 
 def _observation(stream: int, episode: int, t: int) -> np.ndarray:
     """Stacked frames of step t (the first frame repeated at the start); frame k holds (stream, episode, k)."""
-    frames = [np.full(FRAME, 0, np.uint8) + np.array([[stream, episode], [max(0, t - STACK + 1 + i), 7]], np.uint8)
-              for i in range(STACK)]
+    frames = [
+        np.full(FRAME, 0, np.uint8) + np.array([[stream, episode], [max(0, t - STACK + 1 + i), 7]], np.uint8)
+        for i in range(STACK)
+    ]
     return np.stack(frames, axis=-1)
 
 
 def _step(stream: int, episode: int, t: int, length: int) -> dict:
-    return dict(obs=_observation(stream, episode, t), next_obs=_observation(stream, episode, t + 1),
-                rew=float(10 * stream + t), done=float(t == length - 1))
+    return dict(
+        obs=_observation(stream, episode, t),
+        next_obs=_observation(stream, episode, t + 1),
+        rew=float(10 * stream + t),
+        done=float(t == length - 1),
+    )
 
 
 def _episodes(stream: int) -> list[list[dict]]:
@@ -68,8 +79,9 @@ def test_each_writer_of_a_folding_buffer_folds_its_own_episodes():
             a.add(obs=t, rew=1.0, next_obs=t + 1, done=0.0)
             b.add(obs=100 + t, rew=2.0, next_obs=101 + t, done=float(t == 2))
         stored = buffer.get_all_transitions()
-    got = {float(o): (float(r), float(n))
-           for o, r, n in zip(stored["obs"], stored["rew"], stored["next_obs"], strict=True)}
+    got = {
+        float(o): (float(r), float(n)) for o, r, n in zip(stored["obs"], stored["rew"], stored["next_obs"], strict=True)
+    }
     assert got == {0.0: (1.5, 2.0), 1.0: (1.5, 3.0), 100.0: (3.0, 102.0), 101.0: (3.0, 103.0), 102.0: (2.0, 103.0)}
 
 

@@ -1,4 +1,5 @@
 """The examples run: each is started as a user would, in a subprocess, with a short run."""
+
 from __future__ import annotations
 
 import subprocess
@@ -13,23 +14,38 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 @pytest.mark.timeout(120)
 def test_library_use_runs_to_the_end():
     pytest.importorskip("gymnasium")
-    proc = subprocess.run([sys.executable, str(EXAMPLES / "library_use.py"), "--steps", "300"],
-                          check=False, capture_output=True, text=True, timeout=100)
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "library_use.py"), "--steps", "300"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "saved and loaded" in proc.stdout
 
 
 @pytest.mark.timeout(60)
 def test_apex_dqn_shows_its_flags():
-    proc = subprocess.run([sys.executable, str(EXAMPLES / "apex_dqn.py"), "--help"],
-                          check=False, capture_output=True, text=True, timeout=50)
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "apex_dqn.py"), "--help"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "--samples-per-insert" in proc.stdout
 
 
 @pytest.mark.timeout(60)
 def test_r2d2_cartpole_shows_the_r2d2_flags():
-    proc = subprocess.run([sys.executable, str(EXAMPLES / "r2d2_cartpole.py"), "--help"],
-                          check=False, capture_output=True, text=True, timeout=50)
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "r2d2_cartpole.py"), "--help"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "--burn-in" in proc.stdout

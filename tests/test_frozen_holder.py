@@ -3,6 +3,7 @@
 Every call with a timeout returns within it, naming the holder; ``close()``
 never hangs; ``stats()`` shows who holds the lock and for how long.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp

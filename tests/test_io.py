@@ -1,4 +1,5 @@
 """Specification of save_transitions / load_transitions and the file format (version 1)."""
+
 from __future__ import annotations
 
 import io
@@ -26,6 +27,7 @@ def save_transitions(buffer: ReplayBuffer, file: Any, **kwargs: Any) -> None:
 
 def load_transitions(buffer: ReplayBuffer, file: Any) -> int:
     return buffer.load_transitions(file)
+
 
 ENV = {"obs": {"shape": (3,)}, "act": {"dtype": np.int64}, "rew": {}, "done": {"dtype": np.uint8}}
 CLASSES = [ReplayBuffer, PrioritizedReplayBuffer, MPReplayBuffer, MPPrioritizedReplayBuffer]
@@ -73,6 +75,7 @@ def _valid_file(**kwargs: Any) -> bytes:
 
 
 # -- round trips --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("compress", [True, False], ids=["deflated", "stored"])
 def test_a_round_trip_restores_every_transition(compress, tmp_path):
@@ -144,6 +147,7 @@ def test_a_child_process_saves_a_shared_buffer_the_parent_loads(method, tmp_path
 
 # -- priorities ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("target_cls", PRIORITIZED, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("source_cls", PRIORITIZED, ids=lambda c: c.__name__)
 def test_saved_priorities_are_restored(source_cls, target_cls):
@@ -180,6 +184,7 @@ def test_saving_priorities_of_a_uniform_buffer_is_refused():
 
 
 # -- metadata and layout ------------------------------------------------------------------------
+
 
 def test_plain_numpy_reads_the_file_without_pickle():
     data = np.load(io.BytesIO(_valid_file()), allow_pickle=False)
@@ -277,6 +282,7 @@ def test_an_nstep_mismatch_is_refused_and_the_buffer_untouched(saved, wanted, un
 
 # -- compressed buffers -------------------------------------------------------------------------
 
+
 def _steps(buffer: ReplayBuffer, episodes: int) -> ReplayBuffer:
     """Give ``buffer`` ``episodes`` 4-step episodes, then 3 steps of one more that goes on."""
     for e in range(episodes + 1):
@@ -286,9 +292,11 @@ def _steps(buffer: ReplayBuffer, episodes: int) -> ReplayBuffer:
     return buffer
 
 
-@pytest.mark.parametrize("source_kw, target_kw", [({"next_of": "obs"}, {}), ({}, {"next_of": "obs"}),
-                                                  ({"next_of": "obs"}, {"next_of": "obs"})],
-                         ids=["compressed to plain", "plain to compressed", "compressed to compressed"])
+@pytest.mark.parametrize(
+    "source_kw, target_kw",
+    [({"next_of": "obs"}, {}), ({}, {"next_of": "obs"}), ({"next_of": "obs"}, {"next_of": "obs"})],
+    ids=["compressed to plain", "plain to compressed", "compressed to compressed"],
+)
 def test_transitions_move_between_compressed_and_plain_buffers(source_kw, target_kw):
     source = _steps(ReplayBuffer(32, NSTEP_ENV, **source_kw), 10)
     # Larger: a compressed buffer also spends a slot on each episode's last next observation.
@@ -301,6 +309,7 @@ def test_transitions_move_between_compressed_and_plain_buffers(source_kw, target
 
 
 # -- files and paths ----------------------------------------------------------------------------
+
 
 def test_a_path_is_written_exactly_as_given(tmp_path):
     save_transitions(_filled(ReplayBuffer, 4, range(2)), tmp_path / "replay.bin")
@@ -363,8 +372,9 @@ def test_a_text_mode_file_is_refused(tmp_path):
         save_transitions(_filled(ReplayBuffer, 4, range(2)), f)
 
 
-@pytest.mark.parametrize("call", [lambda b: save_transitions(b, 42), lambda b: load_transitions(b, 42)],
-                         ids=["save", "load"])
+@pytest.mark.parametrize(
+    "call", [lambda b: save_transitions(b, 42), lambda b: load_transitions(b, 42)], ids=["save", "load"]
+)
 def test_a_file_that_is_neither_path_nor_file_object_is_refused(call):
     with pytest.raises(TypeError, match="file: expected a path or a binary file object, got int"):
         call(ReplayBuffer(4, ENV))
@@ -393,6 +403,7 @@ def test_a_format_version_1_file_still_loads():
 
 
 # -- invalid files: a clear ValueError, the buffer untouched ------------------------------------
+
 
 def _members(data: bytes) -> dict[str, Any]:
     """The arrays of a saved file, with its metadata record decoded."""
@@ -446,19 +457,27 @@ def _retype_act(m: dict[str, Any], meta: dict[str, Any]) -> None:
 
 INVALID = {
     "format version 3": (lambda m, meta: meta.update(format_version=3), "unsupported format version 3"),
-    "version 1 with a version 2 key": (lambda m, meta: meta.update(format_version=1),
-                                       r"keys of format version 1: missing \[\], unknown \['episodes'\]"),
+    "version 1 with a version 2 key": (
+        lambda m, meta: meta.update(format_version=1),
+        r"keys of format version 1: missing \[\], unknown \['episodes'\]",
+    ),
     "episodes unlisted": (lambda m, meta: meta.update(episodes=True), "lists 'episode.id' but the archive has no"),
     "no format version": (lambda m, meta: meta.pop("format_version"), "unsupported format version None"),
     "unknown metadata key": (lambda m, meta: meta.update(extra=1), r"unknown \['extra'\]"),
     "field missing": (_drop_field, r"differ from the buffer's .*missing \['done'\]"),
     "extra field": (_add_field, r"differ from the buffer's .*extra \['extra'\]"),
-    "shape mismatch": (_reshape_obs,
-                       r"field 'obs': the file stores shape \(4,\) float32, the buffer expects shape \(3,\)"),
-    "dtype mismatch": (_retype_act,
-                       r"field 'act': the file stores shape \(\) int32, the buffer expects shape \(\) int64"),
-    "array disagrees with its metadata": (lambda m, meta: m.update(obs=m["obs"].astype(np.float64)),
-                                          r"array 'obs' is shape \(5, 3\) float64; expected shape \(5, 3\) float32"),
+    "shape mismatch": (
+        _reshape_obs,
+        r"field 'obs': the file stores shape \(4,\) float32, the buffer expects shape \(3,\)",
+    ),
+    "dtype mismatch": (
+        _retype_act,
+        r"field 'act': the file stores shape \(\) int32, the buffer expects shape \(\) int64",
+    ),
+    "array disagrees with its metadata": (
+        lambda m, meta: m.update(obs=m["obs"].astype(np.float64)),
+        r"array 'obs' is shape \(5, 3\) float64; expected shape \(5, 3\) float32",
+    ),
     "count larger than the arrays": (lambda m, meta: meta.update(count=6), r"array 'obs' is shape \(5, 3\)"),
     "count smaller than the arrays": (lambda m, meta: meta.update(count=4), r"array 'obs' is shape \(5, 3\)"),
     "negative count": (lambda m, meta: meta.update(count=-1), "'count': expected an integer >= 0"),
@@ -469,14 +488,18 @@ INVALID = {
     "negative priority": (lambda m, meta: m["priorities"].__setitem__(2, -1.0), "priorities must be finite and >= 0"),
     "nan priority": (lambda m, meta: m["priorities"].__setitem__(0, np.nan), "priorities must be finite and >= 0"),
     "infinite priority": (lambda m, meta: m["priorities"].__setitem__(4, np.inf), "priorities must be finite and >= 0"),
-    "float32 priorities": (lambda m, meta: m.update(priorities=m["priorities"].astype(np.float32)),
-                           "array 'priorities' is shape"),
+    "float32 priorities": (
+        lambda m, meta: m.update(priorities=m["priorities"].astype(np.float32)),
+        "array 'priorities' is shape",
+    ),
     "compressed layout": (lambda m, meta: meta.update(compression={"next_of": "obs"}), "compression layout"),
     "malformed nstep": (lambda m, meta: meta.update(nstep={"size": 0, "gamma": 0.9}), "'nstep': expected null"),
     "malformed safe flag": (lambda m, meta: meta.update(safe="yes"), "'safe': expected true or false"),
     "malformed fields": (lambda m, meta: meta.update(fields="obs"), "'fields': expected a non-empty list"),
-    "object dtype field": (lambda m, meta: _field(meta, "act").update(dtype="|O"),
-                           "'fields': .*bool, integer or float"),
+    "object dtype field": (
+        lambda m, meta: _field(meta, "act").update(dtype="|O"),
+        "'fields': .*bool, integer or float",
+    ),
     "metadata not JSON": (lambda m, meta: m.update({"metadata.json": b"{not json"}), "not UTF-8 JSON"),
     "metadata not UTF-8": (lambda m, meta: m.update({"metadata.json": b"\xff\xfe"}), "not UTF-8 JSON"),
     "metadata not an object": (lambda m, meta: m.update({"metadata.json": [1, 2]}), "not a JSON object"),
@@ -548,8 +571,11 @@ def test_a_header_claiming_more_data_than_stored_is_refused_before_allocating():
         load_transitions(ReplayBuffer(8, ENV), io.BytesIO(f.getvalue()))
 
 
-@pytest.mark.parametrize(("old", "new"), [(b"), }", b" , }"), (b"'fortran_order'", b"b'fortran_orde'")],
-                         ids=["unclosed bracket", "bytes key"])
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [(b"), }", b" , }"), (b"'fortran_order'", b"b'fortran_orde'")],
+    ids=["unclosed bracket", "bytes key"],
+)
 def test_an_array_header_numpy_cannot_parse_is_refused(unchanged, old, new):
     # numpy's header parser raises TokenError and TypeError (no ValueError) on these.
     f = io.BytesIO(_valid_file())
@@ -589,8 +615,10 @@ SAVED_PRIORITIES = np.load(io.BytesIO(VALID[True]), allow_pickle=False)["priorit
 
 @pytest.mark.timeout(300)
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(compress=st.booleans(), flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)),
-                                              min_size=1, max_size=4))
+@given(
+    compress=st.booleans(),
+    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), min_size=1, max_size=4),
+)
 def test_flipped_bytes_raise_value_error_or_load_the_original_transitions(compress, flips, unchanged):
     damaged = bytearray(VALID[compress])
     for position, mask in flips:
@@ -612,6 +640,7 @@ def test_flipped_bytes_raise_value_error_or_load_the_original_transitions(compre
 
 
 # -- inspect ------------------------------------------------------------------------------------
+
 
 def test_inspect_summarises_metadata_and_every_array():
     lines = inspect(io.BytesIO(_valid_file())).splitlines()

@@ -1,4 +1,5 @@
 """launch(): processes, ranks, results, failures, restarts, signals and clean-up."""
+
 from __future__ import annotations
 
 import itertools
@@ -90,6 +91,7 @@ def deaf_actor(ctx):
 
 # ------------------------------------------------------------------ results
 
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("method", METHODS + ["forkserver"])
 def test_actors_get_ranks_0_to_n_minus_1_and_the_actor_count(method):
@@ -164,6 +166,7 @@ def test_params_reach_the_processes_as_ctx_params(method):
 
 
 # ------------------------------------------------------------------ ending
+
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("method", METHODS)
@@ -271,14 +274,16 @@ def test_after_a_run_a_forked_child_stuck_in_c_still_ends_on_sigterm():
 @pytest.mark.timeout(30)
 def test_runs_outside_the_main_thread_without_touching_signals():
     results = []
-    thread = threading.Thread(target=lambda: results.append(
-        launch(Board(1), learner=lambda ctx: "from a thread", start_method="spawn")))
+    thread = threading.Thread(
+        target=lambda: results.append(launch(Board(1), learner=lambda ctx: "from a thread", start_method="spawn"))
+    )
     thread.start()
     thread.join()
     assert [r.value for r in results] == ["from a thread"]
 
 
 # ------------------------------------------------------------------ failures
+
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("method", METHODS)
@@ -381,8 +386,7 @@ def test_restarts_stop_at_max_restarts(assert_all_gone, method):
         os.kill(os.getpid(), signal.SIGKILL)
 
     with pytest.raises(ChildFailed, match=r"restarted 2 times \(max_restarts=2\)"):
-        launch(board, actors=(actor, 1), learner=lambda ctx: ctx.stop.wait(), max_restarts=2,
-               start_method=method)
+        launch(board, actors=(actor, 1), learner=lambda ctx: ctx.stop.wait(), max_restarts=2, start_method=method)
     assert_all_gone([])
 
 
@@ -399,20 +403,24 @@ def test_actor_exception_is_not_retried_even_with_restarts(method):
 
 # ------------------------------------------------------------------ arguments
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({"actors": 3}, TypeError, "actors: expected a function"),
-    ({"actors": (print, -1)}, ValueError, r"actors: the count in \(function, count\) must be >= 0"),
-    ({"learner": "fn"}, TypeError, "learner: expected a function"),
-    ({}, ValueError, "nothing to run"),
-    ({"learner": print, "max_restarts": -1}, ValueError, "max_restarts: expected an integer >= 0"),
-    ({"learner": print, "timeout": -1}, ValueError, r"timeout: expected None \(no limit\) or a finite number"),
-    ({"learner": print, "timeout": float("nan")}, ValueError, "timeout: expected None"),
-    ({"learner": print, "grace": -1.0}, ValueError, "grace: expected a finite number of seconds >= 0"),
-    ({"learner": print, "grace": None}, TypeError, "grace: expected a finite number of seconds >= 0"),
-    ({"learner": print, "args": [1]}, TypeError, "args: expected a tuple"),
-    ({"learner": print, "start_method": "thread"}, ValueError, "start_method: expected one of"),
-    ({"learner": print, "params": threading.Lock()}, TypeError, "buffer, params, args: cannot be pickled"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"actors": 3}, TypeError, "actors: expected a function"),
+        ({"actors": (print, -1)}, ValueError, r"actors: the count in \(function, count\) must be >= 0"),
+        ({"learner": "fn"}, TypeError, "learner: expected a function"),
+        ({}, ValueError, "nothing to run"),
+        ({"learner": print, "max_restarts": -1}, ValueError, "max_restarts: expected an integer >= 0"),
+        ({"learner": print, "timeout": -1}, ValueError, r"timeout: expected None \(no limit\) or a finite number"),
+        ({"learner": print, "timeout": float("nan")}, ValueError, "timeout: expected None"),
+        ({"learner": print, "grace": -1.0}, ValueError, "grace: expected a finite number of seconds >= 0"),
+        ({"learner": print, "grace": None}, TypeError, "grace: expected a finite number of seconds >= 0"),
+        ({"learner": print, "args": [1]}, TypeError, "args: expected a tuple"),
+        ({"learner": print, "start_method": "thread"}, ValueError, "start_method: expected one of"),
+        ({"learner": print, "params": threading.Lock()}, TypeError, "buffer, params, args: cannot be pickled"),
+    ],
+)
 def test_bad_arguments_are_rejected_before_anything_starts_or_closes(kwargs, error, match):
     board = Board(1)
     with pytest.raises(error, match=match):
@@ -469,10 +477,19 @@ SCRIPT = textwrap.dedent("""
 def start_script(tmp_path: Path, method: str, scenario: str) -> subprocess.Popen:
     script = tmp_path / "run.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, SCENARIO=scenario,
-               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    env = dict(
+        os.environ,
+        SCENARIO=scenario,
+        PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+    )
+    return subprocess.Popen(
+        [sys.executable, str(script), method],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.timeout(60)

@@ -1,4 +1,5 @@
 """Rate limiters: MinSize, SampleToInsertRatio, blocking, timeouts and shutdown."""
+
 from __future__ import annotations
 
 import math
@@ -39,6 +40,7 @@ def _rows(first: int, k: int) -> dict:
 
 # -- child-process bodies ---------------------------------------------------------
 
+
 def _add_later(buffer, delay: float, count: int) -> None:
     time.sleep(delay)
     buffer.add(**_rows(0, count))
@@ -74,25 +76,38 @@ def _add_forever(buffer) -> None:
 
 # -- construction ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("limiter, message", [
-    pytest.param(lambda: MinSize(101), "exceeds the buffer's capacity", id="min-size-above-capacity"),
-    pytest.param(lambda: SampleToInsertRatio(4.0, 10, 3.0), "could each wait for the other forever",
-                 id="window-narrower-than-one-insert"),
-    pytest.param(lambda: SampleToInsertRatio(1.0, 200, 100.0), "exceeds the buffer's capacity",
-                 id="ratio-min-size-above-capacity"),
-])
+
+@pytest.mark.parametrize(
+    "limiter, message",
+    [
+        pytest.param(lambda: MinSize(101), "exceeds the buffer's capacity", id="min-size-above-capacity"),
+        pytest.param(
+            lambda: SampleToInsertRatio(4.0, 10, 3.0),
+            "could each wait for the other forever",
+            id="window-narrower-than-one-insert",
+        ),
+        pytest.param(
+            lambda: SampleToInsertRatio(1.0, 200, 100.0),
+            "exceeds the buffer's capacity",
+            id="ratio-min-size-above-capacity",
+        ),
+    ],
+)
 def test_a_limiter_that_could_deadlock_is_rejected_at_construction(limiter, message):
     with pytest.raises(ValueError, match=message):
         PrioritizedReplayBuffer(100, ENV, rate_limiter=limiter())
 
 
-@pytest.mark.parametrize("make, name", [
-    pytest.param(lambda: MinSize(0), "min_size_to_sample", id="min-size-zero"),
-    pytest.param(lambda: SampleToInsertRatio(0.0, 1, 5.0), "samples_per_insert", id="ratio-zero"),
-    pytest.param(lambda: SampleToInsertRatio(math.nan, 1, 5.0), "samples_per_insert", id="ratio-nan"),
-    pytest.param(lambda: SampleToInsertRatio(1.0, 1, -1.0), "error_buffer", id="negative-error-buffer"),
-    pytest.param(lambda: RateLimiter(1.0, 1, 5.0, 1.0), "min_diff", id="min-diff-above-max-diff"),
-])
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        pytest.param(lambda: MinSize(0), "min_size_to_sample", id="min-size-zero"),
+        pytest.param(lambda: SampleToInsertRatio(0.0, 1, 5.0), "samples_per_insert", id="ratio-zero"),
+        pytest.param(lambda: SampleToInsertRatio(math.nan, 1, 5.0), "samples_per_insert", id="ratio-nan"),
+        pytest.param(lambda: SampleToInsertRatio(1.0, 1, -1.0), "error_buffer", id="negative-error-buffer"),
+        pytest.param(lambda: RateLimiter(1.0, 1, 5.0, 1.0), "min_diff", id="min-diff-above-max-diff"),
+    ],
+)
 def test_bad_limiter_settings_name_the_setting(make, name):
     with pytest.raises((TypeError, ValueError), match=name):
         make()
@@ -104,6 +119,7 @@ def test_a_rate_limiter_must_be_a_rate_limiter():
 
 
 # -- local buffers -------------------------------------------------------------------
+
 
 def test_min_size_holds_samples_back_until_enough_is_stored():
     buffer = ReplayBuffer(100, ENV, rate_limiter=MinSize(5))
@@ -150,6 +166,7 @@ def test_a_bad_timeout_is_rejected():
 
 
 # -- shared buffers -------------------------------------------------------------------
+
 
 @METHODS
 @pytest.mark.timeout(60)

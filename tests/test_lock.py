@@ -1,4 +1,5 @@
 """SharedLock: a robust process-shared mutex inside a shared-memory segment."""
+
 import contextlib
 import gc
 import multiprocessing
@@ -48,6 +49,7 @@ def _heap_lock(**kwargs):
 
 
 # Child process targets: module level so that spawn can pickle them.
+
 
 def _increment(name, times):
     mem = SharedMemory(_LAYOUT, name=name)

@@ -1,6 +1,7 @@
 """The lock of a shared buffer when several threads of one process use the same buffer object
 (a prefetching sampler and a training thread that updates priorities): a call gives back only a
 hold its own thread took."""
+
 from __future__ import annotations
 
 import threading
@@ -20,8 +21,9 @@ def test_a_sample_that_times_out_in_the_rate_limiter_leaves_another_threads_hold
     # The sampler waits in the limiter (too few rows stored) while the updater takes the lock for a
     # huge update; the sampler's wait then times out while taking the lock back.  The lock stays the
     # updater's until its update ends, and is free after it.
-    with MPPrioritizedReplayBuffer(_CAPACITY, {"x": {"dtype": np.float32}},
-                                   rate_limiter=MinSize(_CAPACITY), seed=0) as buffer:
+    with MPPrioritizedReplayBuffer(
+        _CAPACITY, {"x": {"dtype": np.float32}}, rate_limiter=MinSize(_CAPACITY), seed=0
+    ) as buffer:
         buffer.add(x=np.zeros(_CAPACITY - 1, np.float32))
         indexes = np.resize(np.arange(_CAPACITY - 1), _UPDATES)
         priorities = np.linspace(0.1, 2.0, _UPDATES)

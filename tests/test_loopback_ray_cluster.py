@@ -1,4 +1,5 @@
 """LoopbackRayCluster starts wherever the user's temporary folder is, however deep."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """max_times_sampled: a transition retires once it has been sampled that many times (Reverb's option)."""
+
 from __future__ import annotations
 
 import multiprocessing as mp

@@ -1,4 +1,5 @@
 """``mpreplay ls``, ``top`` and ``rm``: the buffers of this machine, seen from another process."""
+
 from __future__ import annotations
 
 import json
@@ -80,8 +81,9 @@ def test_ls_prints_one_line_per_segment(owned, capsys):
 
 
 def test_ls_names_a_compressed_uniform_buffer_as_such(capsys):
-    with MPReplayBuffer(1000, {"obs": {"shape": (4, 2)}, "next_obs": {"shape": (4, 2)}},
-                        next_of="obs", stack_compress="obs") as buffer:
+    with MPReplayBuffer(
+        1000, {"obs": {"shape": (4, 2)}, "next_obs": {"shape": (4, 2)}}, next_of="obs", stack_compress="obs"
+    ) as buffer:
         assert _row(_ls(capsys), buffer.name)["kind"] == "uniform, compressed"
 
 

@@ -1,4 +1,5 @@
 """Shared-memory buffers: many writer processes, one learner, crashes and cleanup."""
+
 from __future__ import annotations
 
 import io
@@ -54,6 +55,7 @@ def no_leak():
 
 # -- child-process bodies (module level: spawn pickles them by name) ---------
 
+
 def _write(buffer, rank: int, count: int, batch: int, done) -> None:
     start = rank * 10**9
     for first in range(start, start + count, batch):
@@ -83,6 +85,7 @@ def _sample_and_report(buffer, queue) -> None:
 
 
 # -- pickling and attaching ---------------------------------------------------
+
 
 @BOTH
 def test_a_buffer_pickles_to_a_small_handle(cls, no_leak):
@@ -159,13 +162,17 @@ def test_too_little_free_shared_memory_raises_before_creating(monkeypatch, no_le
     from mpreplay import memory
 
     real = shutil.disk_usage
-    monkeypatch.setattr(memory.shutil, "disk_usage",
-                        lambda path: real(path)._replace(free=64 * 2**20) if path == "/dev/shm" else real(path))
+    monkeypatch.setattr(
+        memory.shutil,
+        "disk_usage",
+        lambda path: real(path)._replace(free=64 * 2**20) if path == "/dev/shm" else real(path),
+    )
     with pytest.raises(SharedMemoryError, match=r"/dev/shm has 64\.0 MiB free"):
         MPReplayBuffer(1_000_000, {"obs": {"shape": (84, 84), "dtype": np.uint8}})
 
 
 # -- many writers, one learner --------------------------------------------------
+
 
 @BOTH
 @METHODS
@@ -246,6 +253,7 @@ def test_a_process_killed_holding_the_lock_does_not_block_the_others(method, no_
 
 # -- priority updates ---------------------------------------------------------------
 
+
 def test_an_update_for_a_slot_overwritten_by_another_process_is_dropped(no_leak):
     with MPPrioritizedReplayBuffer(4, ENV) as buffer:
         buffer.add(**_rows(np.arange(4)))
@@ -304,8 +312,9 @@ _SCRIPT = textwrap.dedent("""
 def test_the_segment_is_gone_after_the_owner_ends_and_nothing_warns(ending, tmp_path, no_leak):
     script = tmp_path / "owner.py"
     script.write_text(_SCRIPT)
-    run = subprocess.run([sys.executable, str(script), ending], capture_output=True, text=True, timeout=100,
-                         check=False)
+    run = subprocess.run(
+        [sys.executable, str(script), ending], capture_output=True, text=True, timeout=100, check=False
+    )
     name = run.stdout.split()[0]
     assert not os.path.exists(f"/dev/shm/{name}")
     assert "resource_tracker" not in run.stderr and "leaked" not in run.stderr, run.stderr
@@ -340,8 +349,9 @@ _FORKING_OWNER = textwrap.dedent("""
 def test_a_child_of_os_fork_leaves_quietly_and_the_segment_stays_its_parents(child_does, tmp_path, no_leak):
     script = tmp_path / "forking_owner.py"
     script.write_text(_FORKING_OWNER)
-    run = subprocess.run([sys.executable, str(script), child_does], capture_output=True, text=True, timeout=50,
-                         check=False)
+    run = subprocess.run(
+        [sys.executable, str(script), child_does], capture_output=True, text=True, timeout=50, check=False
+    )
     assert run.returncode == 0, run.stderr
     assert run.stderr == ""
     name, child_status, stored = run.stdout.split()
@@ -353,13 +363,15 @@ def test_a_child_of_os_fork_leaves_quietly_and_the_segment_stays_its_parents(chi
 @pytest.mark.timeout(60)
 def test_the_segment_is_gone_after_the_owner_is_killed(tmp_path, no_leak):
     script = tmp_path / "owner.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import time
         from mpreplay import MPReplayBuffer
         buffer = MPReplayBuffer(8, {"obs": {}})
         print(buffer.name, flush=True)
         time.sleep(60)
-    """))
+    """)
+    )
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     name = proc.stdout.readline().split()[0]
     assert os.path.exists(f"/dev/shm/{name}")

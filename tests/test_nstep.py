@@ -1,4 +1,5 @@
 """NstepBuffer: n-step folding of rewards on the actor side."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,8 +25,13 @@ def _env_dict(obs_shape=(), rew_shape=(), truncated=False, rew_dtype=np.float64)
 
 
 def _folder(n=3, num_envs=None, truncated=False, **env_dict_options):
-    return NstepBuffer(_env_dict(truncated=truncated, **env_dict_options), n, GAMMA,
-                       truncated="trunc" if truncated else None, num_envs=num_envs)
+    return NstepBuffer(
+        _env_dict(truncated=truncated, **env_dict_options),
+        n,
+        GAMMA,
+        truncated="trunc" if truncated else None,
+        num_envs=num_envs,
+    )
 
 
 def _step(i, done=False, trunc=None, rew=1.0):
@@ -45,7 +51,7 @@ def _fold(steps, gamma, end_by_caller):
     """The n-step transition of ``steps[0]`` folded over all of ``steps``."""
     last = steps[-1]
     row = dict(steps[0])
-    row["rew"] = sum(gamma ** k * np.asarray(s["rew"], np.float64) for k, s in enumerate(steps))
+    row["rew"] = sum(gamma**k * np.asarray(s["rew"], np.float64) for k, s in enumerate(steps))
     row["next_obs"] = last["next_obs"]
     row["done"] = last["done"]
     if "trunc" in last:
@@ -87,8 +93,13 @@ def _random_steps(rng, first_id, num_envs, obs_shape, rew_shape, rew_dtype, trun
     for e in range(num_envs):
         i = first_id + e
         obs = np.full(obs_shape, float(i)) + np.arange(np.prod(obs_shape, dtype=int)).reshape(obs_shape) / 8
-        step = {"obs": obs, "act": i, "rew": rng.normal(size=rew_shape).astype(rew_dtype), "next_obs": obs + 0.5,
-                "done": bool(rng.random() < 0.08)}
+        step = {
+            "obs": obs,
+            "act": i,
+            "rew": rng.normal(size=rew_shape).astype(rew_dtype),
+            "next_obs": obs + 0.5,
+            "done": bool(rng.random() < 0.08),
+        }
         if truncated:
             step["trunc"] = float(rng.random() < 0.08)
         steps.append(step)
@@ -104,15 +115,21 @@ def _check_rows(out, rows, folder):
         np.testing.assert_allclose(out[name], expected, rtol=1e-6, err_msg=name)
 
 
-def _run_against_reference(n, num_envs, obs_shape=(), rew_shape=(), truncated=False, calls=150, seed=0,
-                           rew_dtype=np.float64):
+def _run_against_reference(
+    n, num_envs, obs_shape=(), rew_shape=(), truncated=False, calls=150, seed=0, rew_dtype=np.float64
+):
     """Random episodes with random terminal/truncated ends and caller ends; every output checked.
 
     Returns the act ids added and the act ids emitted, in emission order.
     """
     rng = np.random.default_rng(seed)
-    folder = NstepBuffer(_env_dict(obs_shape, rew_shape, truncated, rew_dtype), n, GAMMA,
-                         truncated="trunc" if truncated else None, num_envs=num_envs)
+    folder = NstepBuffer(
+        _env_dict(obs_shape, rew_shape, truncated, rew_dtype),
+        n,
+        GAMMA,
+        truncated="trunc" if truncated else None,
+        num_envs=num_envs,
+    )
     envs = num_envs or 1
     reference = _Reference(n, GAMMA, envs)
     added, emitted = [], []
@@ -178,7 +195,7 @@ def test_a_done_step_flushes_its_episode_with_shorter_folds():
     out = folder.add(**_step(1, rew=2.0, done=True))
     np.testing.assert_array_equal(out["act"], [0, 1])
     np.testing.assert_allclose(out["rew"], [1.0 + GAMMA * 2.0, 2.0])
-    np.testing.assert_allclose(out["discount"], [GAMMA ** 2, GAMMA], rtol=1e-6)
+    np.testing.assert_allclose(out["discount"], [GAMMA**2, GAMMA], rtol=1e-6)
     np.testing.assert_array_equal(out["next_obs"], [1.5, 1.5])
     np.testing.assert_array_equal(out["done"], [True, True])
     assert folder.get_pending_count() == 0
@@ -201,7 +218,7 @@ def test_terminal_stops_bootstrapping_and_truncated_keeps_it():
         return rows["rew"] + rows["discount"] * (1.0 - rows["done"]) * value_of_next
 
     np.testing.assert_allclose(target(terminal), [1.0 + GAMMA * 2.0, 2.0])
-    np.testing.assert_allclose(target(truncated), target(terminal) + 10.0 * np.array([GAMMA ** 2, GAMMA]), rtol=1e-6)
+    np.testing.assert_allclose(target(truncated), target(terminal) + 10.0 * np.array([GAMMA**2, GAMMA]), rtol=1e-6)
 
 
 def test_on_episode_end_flushes_as_if_the_last_step_were_truncated():
@@ -223,7 +240,7 @@ def test_on_episode_end_without_a_truncated_field_bootstraps():
     np.testing.assert_array_equal(out["act"], [0, 1])
     np.testing.assert_array_equal(out["done"], [False, False])
     np.testing.assert_allclose(out["rew"], [1.0 + GAMMA * 2.0, 2.0])
-    np.testing.assert_allclose(out["discount"], [GAMMA ** 2, GAMMA], rtol=1e-6)
+    np.testing.assert_allclose(out["discount"], [GAMMA**2, GAMMA], rtol=1e-6)
     np.testing.assert_array_equal(out["next_obs"], [1.5, 1.5])
 
 
@@ -235,7 +252,7 @@ def test_the_episode_after_an_end_folds_nothing_from_the_one_before():
         folder.add(**_step(i, rew=1.0))
     out = folder.add(**_step(3, rew=1.0))
     np.testing.assert_array_equal(out["act"], [1])
-    np.testing.assert_allclose(out["rew"], [1.0 + GAMMA + GAMMA ** 2])
+    np.testing.assert_allclose(out["rew"], [1.0 + GAMMA + GAMMA**2])
 
 
 # -- vectorised environments -------------------------------------------------------
@@ -271,8 +288,11 @@ def test_outputs_feed_a_replay_buffer_including_zero_rows(buffer_class):
     buffer = buffer_class(64, {**env_dict, "discount": {}})
     outputs = []
     for t in range(6):
-        steps = [_step(10 * e + t, done=(e == 0 and t == 4), trunc=0.0)
-                 | {"obs": np.full(2, t), "next_obs": np.full(2, t + 1)} for e in range(2)]
+        steps = [
+            _step(10 * e + t, done=(e == 0 and t == 4), trunc=0.0)
+            | {"obs": np.full(2, t), "next_obs": np.full(2, t + 1)}
+            for e in range(2)
+        ]
         outputs.append(folder.add(**_batch(steps)))
         buffer.add(**outputs[-1])
     assert any(len(o["act"]) == 0 for o in outputs)

@@ -4,6 +4,7 @@ Each is compared with a model of its order: items keyed by their insertion numbe
 priority, ties to the item inserted first (see mpreplay.selectors).  What every selector does is
 in test_selector_contract.py.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -96,7 +97,9 @@ def test_removing_the_first_item_makes_the_next_one_first(name):
 
 @ORDERED
 def test_the_order_survives_a_recompute(name):
-    selector, model = _both(name, 32, [(i, float(p)) for i, p in zip(range(0, 32, 3), [5, 1, 5, 2, 8, 1, 3, 5, 2, 7, 4])])
+    selector, model = _both(
+        name, 32, [(i, float(p)) for i, p in zip(range(0, 32, 3), [5, 1, 5, 2, 8, 1, 3, 5, 2, 7, 4], strict=True)]
+    )
     selector.recompute()
     assert _draw(selector, 11) == model.order()
 
@@ -147,7 +150,7 @@ def test_verify_names_a_heap_out_of_order(name):
     buffer = _buffer_of(name)
     damaged = buffer.inspection().writable(f"selector:{name}")
     capacity = buffer.get_buffer_size()
-    keys = damaged[2 + 3 * capacity:2 + 4 * capacity].view(np.float64)
+    keys = damaged[2 + 3 * capacity : 2 + 4 * capacity].view(np.float64)
     keys[damaged[2]] = np.inf  # the first item's key now orders it last
     with pytest.raises(CorruptBufferError, match="entries come before their parent"):
         buffer.verify()

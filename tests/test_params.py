@@ -1,4 +1,5 @@
 """ParameterStore: versioned publish/read, validation, handles, and the seqlock across processes."""
+
 from __future__ import annotations
 
 import multiprocessing
@@ -42,6 +43,7 @@ def segment_exists(name: str) -> bool:
 
 # ------------------------------------------------------------------ one process
 
+
 def test_the_template_is_version_0(store):
     got, version = store.read()
     assert (version, store.version) == (0, 0)
@@ -83,15 +85,21 @@ def test_read_if_newer_is_none_until_a_newer_version_exists(store):
     assert store.read_if_newer(version) is None
 
 
-@pytest.mark.parametrize("bad, error, match", [
-    ([1, 2], TypeError, "params: expected a mapping"),
-    ({"w": np.zeros((3, 2))}, ValueError, r"params: expected the keys \['w', 'b'\]; missing \['b'\], unknown \[\]"),
-    ({**params(1), "x": np.zeros(1)}, ValueError, r"missing \[\], unknown \['x'\]"),
-    ({"w": np.zeros((2, 3)), "b": np.zeros(4, np.int64)}, ValueError,
-     r"params\['w'\]: expected shape \(3, 2\), got \(2, 3\)"),
-    ({"w": np.zeros((3, 2)), "b": np.zeros(4)}, TypeError, r"params\['b'\]: cannot store dtype float64 as int64"),
-    ({"w": np.zeros((3, 2)), "b": np.array(["a"] * 4)}, TypeError, r"params\['b'\]: expected a numeric array"),
-])
+@pytest.mark.parametrize(
+    "bad, error, match",
+    [
+        ([1, 2], TypeError, "params: expected a mapping"),
+        ({"w": np.zeros((3, 2))}, ValueError, r"params: expected the keys \['w', 'b'\]; missing \['b'\], unknown \[\]"),
+        ({**params(1), "x": np.zeros(1)}, ValueError, r"missing \[\], unknown \['x'\]"),
+        (
+            {"w": np.zeros((2, 3)), "b": np.zeros(4, np.int64)},
+            ValueError,
+            r"params\['w'\]: expected shape \(3, 2\), got \(2, 3\)",
+        ),
+        ({"w": np.zeros((3, 2)), "b": np.zeros(4)}, TypeError, r"params\['b'\]: cannot store dtype float64 as int64"),
+        ({"w": np.zeros((3, 2)), "b": np.array(["a"] * 4)}, TypeError, r"params\['b'\]: expected a numeric array"),
+    ],
+)
 def test_bad_publish_raises_and_changes_nothing(store, bad, error, match):
     store.publish(params(1))
     with pytest.raises(error, match=match):
@@ -101,28 +109,40 @@ def test_bad_publish_raises_and_changes_nothing(store, bad, error, match):
     assert_params_equal(got, params(1))
 
 
-@pytest.mark.parametrize("bad, kwargs, error, match", [
-    ({}, {}, ValueError, "template: expected a non-empty mapping"),
-    ([np.zeros(2)], {}, ValueError, "template: expected a non-empty mapping"),
-    ({1: np.zeros(2)}, {}, TypeError, "template: keys must be str"),
-    ({"w": np.array([object()])}, {}, TypeError, r"template\['w'\]: expected a numeric array"),
-    ({"w": np.zeros(2)}, {"timeout": -1}, ValueError, "timeout: expected a finite number of seconds >= 0"),
-    ({"w": np.zeros(2)}, {"timeout": None}, TypeError, "timeout: expected a finite number of seconds >= 0"),
-])
+@pytest.mark.parametrize(
+    "bad, kwargs, error, match",
+    [
+        ({}, {}, ValueError, "template: expected a non-empty mapping"),
+        ([np.zeros(2)], {}, ValueError, "template: expected a non-empty mapping"),
+        ({1: np.zeros(2)}, {}, TypeError, "template: keys must be str"),
+        ({"w": np.array([object()])}, {}, TypeError, r"template\['w'\]: expected a numeric array"),
+        ({"w": np.zeros(2)}, {"timeout": -1}, ValueError, "timeout: expected a finite number of seconds >= 0"),
+        ({"w": np.zeros(2)}, {"timeout": None}, TypeError, "timeout: expected a finite number of seconds >= 0"),
+    ],
+)
 def test_bad_template_is_rejected(bad, kwargs, error, match):
     with pytest.raises(error, match=match):
         ParameterStore(bad, **kwargs)
 
 
-@pytest.mark.parametrize("out, error, match", [
-    ({"w": np.empty((3, 2), np.float32)}, ValueError, r"out: expected the keys"),
-    ({"w": np.empty((2, 3), np.float32), "b": np.empty(4, np.int64)}, ValueError,
-     r"out\['w'\]: expected shape \(3, 2\)"),
-    ({"w": np.empty((3, 2), np.int32), "b": np.empty(4, np.int64)}, TypeError,
-     r"out\['w'\]: cannot hold dtype float32"),
-    ({"w": np.empty((3, 2), np.float32), "b": [0, 0, 0, 0]}, TypeError, r"out\['b'\]: expected a numpy array"),
-    ({"w": np.empty((3, 2), np.float32), "b": np.broadcast_to(np.int64(0), (4,))}, ValueError, "read-only"),
-])
+@pytest.mark.parametrize(
+    "out, error, match",
+    [
+        ({"w": np.empty((3, 2), np.float32)}, ValueError, r"out: expected the keys"),
+        (
+            {"w": np.empty((2, 3), np.float32), "b": np.empty(4, np.int64)},
+            ValueError,
+            r"out\['w'\]: expected shape \(3, 2\)",
+        ),
+        (
+            {"w": np.empty((3, 2), np.int32), "b": np.empty(4, np.int64)},
+            TypeError,
+            r"out\['w'\]: cannot hold dtype float32",
+        ),
+        ({"w": np.empty((3, 2), np.float32), "b": [0, 0, 0, 0]}, TypeError, r"out\['b'\]: expected a numpy array"),
+        ({"w": np.empty((3, 2), np.float32), "b": np.broadcast_to(np.int64(0), (4,))}, ValueError, "read-only"),
+    ],
+)
 def test_bad_out_is_rejected(store, out, error, match):
     with pytest.raises(error, match=match):
         store.read(out)

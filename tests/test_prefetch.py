@@ -1,4 +1,5 @@
 """Batches drawn ahead on a background thread: ``buffer.batches(...)``."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -119,10 +120,17 @@ def test_as_torch_hands_out_tensors_of_the_sampled_values():
         np.testing.assert_array_equal(batch[name].numpy(), expected[name])
 
 
-@pytest.mark.parametrize("option, value, error", [
-    ("prefetch", 0, ValueError), ("prefetch", 1.5, ValueError), ("timeout", -1.0, ValueError),
-    ("as_torch", "yes", TypeError), ("batch_size", 0, ValueError), ("beta", -0.1, ValueError),
-])
+@pytest.mark.parametrize(
+    "option, value, error",
+    [
+        ("prefetch", 0, ValueError),
+        ("prefetch", 1.5, ValueError),
+        ("timeout", -1.0, ValueError),
+        ("as_torch", "yes", TypeError),
+        ("batch_size", 0, ValueError),
+        ("beta", -0.1, ValueError),
+    ],
+)
 def test_a_bad_option_is_refused_by_name_and_starts_no_thread(option, value, error):
     buffer = filled()
     before = prefetch_threads()

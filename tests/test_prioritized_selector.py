@@ -2,6 +2,7 @@
 
 What every selector does is in test_selector_contract.py; this is what is prioritized's own.
 """
+
 import numpy as np
 import pytest
 

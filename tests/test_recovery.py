@@ -5,6 +5,7 @@ it holds the lock.  The next process to take the lock must find the buffer
 consistent: the stored count equal to the transitions stored, the priority
 tree equal to the sum of its leaves, the rate limiter counting right.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp

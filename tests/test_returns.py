@@ -1,4 +1,5 @@
 """Specification of mpreplay.returns: discounted sums, n-step returns and GAE."""
+
 import sys
 
 import numpy as np

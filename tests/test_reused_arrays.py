@@ -3,6 +3,7 @@
 Real actors preallocate a batch and refill it every step, and roll a frame
 stack in place.  The buffers must store exactly what was passed at the call.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -14,9 +15,12 @@ from mpreplay import MPReplayBuffer, ReplayBuffer
 
 METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 STACK, FRAME = 4, (6, 6)
-ENV = {"obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
-       "next_obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
-       "act": {"dtype": np.int64}, "done": {"dtype": np.uint8}}
+ENV = {
+    "obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
+    "next_obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
+    "act": {"dtype": np.int64},
+    "done": {"dtype": np.uint8},
+}
 COMPRESSED = {"next_of": "obs", "stack_compress": "obs"}
 EPISODES, LENGTH = 3, 23
 
@@ -51,14 +55,16 @@ def _add_reusing_one_step(buffer) -> None:
 
 
 def _add_reusing_a_batch(buffer, batch: int = 8) -> None:
-    rows = {name: np.zeros((batch,) + spec["shape"], spec["dtype"]) if "shape" in spec
-            else np.zeros(batch, spec["dtype"]) for name, spec in ENV.items()}
+    rows = {
+        name: np.zeros((batch,) + spec["shape"], spec["dtype"]) if "shape" in spec else np.zeros(batch, spec["dtype"])
+        for name, spec in ENV.items()
+    }
     steps = list(_steps())
     for first in range(0, len(steps), batch):
-        chunk = steps[first:first + batch]
+        chunk = steps[first : first + batch]
         for i, (o, n, a, d) in enumerate(chunk):
             rows["obs"][i], rows["next_obs"][i], rows["act"][i], rows["done"][i] = o, n, a, d
-        buffer.add(**{name: r[:len(chunk)] for name, r in rows.items()})
+        buffer.add(**{name: r[: len(chunk)] for name, r in rows.items()})
         for r in rows.values():
             r.fill(0)  # the actor reuses its batch
 

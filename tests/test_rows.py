@@ -1,5 +1,6 @@
 """The uncompressed fields of a slot side by side in one row: a draw reads one cache line for
 all of them (schema.row_layout), except in a buffer of files (one file per field, as cpprb)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +9,13 @@ import pytest
 from mpreplay import MPPrioritizedReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
 from mpreplay._ext.schema import ROWS_ARRAY, field_array, row_layout
 
-_PER_FIELDS = [("obs", (4,), np.float32), ("act", (), np.int64), ("rew", (), np.float32),
-               ("next_obs", (4,), np.float32), ("done", (), np.float32)]
+_PER_FIELDS = [
+    ("obs", (4,), np.float32),
+    ("act", (), np.int64),
+    ("rew", (), np.float32),
+    ("next_obs", (4,), np.float32),
+    ("done", (), np.float32),
+]
 
 
 def test_a_row_of_up_to_64_bytes_is_padded_to_a_power_of_two():
@@ -57,8 +63,13 @@ def test_no_row_straddles_a_cache_line():
 def test_every_field_of_a_row_reads_back_what_was_added():
     buffer = PrioritizedReplayBuffer(8, _env())
     n = 8
-    buffer.add(obs=np.arange(4 * n, dtype=np.float32).reshape(n, 4), act=np.arange(n), rew=np.full(n, 0.5),
-               next_obs=-np.arange(4 * n, dtype=np.float32).reshape(n, 4), done=np.zeros(n))
+    buffer.add(
+        obs=np.arange(4 * n, dtype=np.float32).reshape(n, 4),
+        act=np.arange(n),
+        rew=np.full(n, 0.5),
+        next_obs=-np.arange(4 * n, dtype=np.float32).reshape(n, 4),
+        done=np.zeros(n),
+    )
     stored = buffer.get_all_transitions()
     np.testing.assert_array_equal(stored["obs"], np.arange(4 * n, dtype=np.float32).reshape(n, 4))
     np.testing.assert_array_equal(stored["act"], np.arange(n))

@@ -4,6 +4,7 @@ unless every entry a reader relies on is there and sound.
 
 Segments are damaged as copies in a private folder used as ``/dev/shm`` (never in /dev/shm itself,
 where other programs' ``mpreplay ls`` would read them)."""
+
 from __future__ import annotations
 
 import functools
@@ -62,11 +63,13 @@ def _look(folder: str) -> list[dict[str, Any]]:
 
 # -- the manifest ------------------------------------------------------------------------------
 
+
 def test_a_manifest_reads_back_what_was_written(segments):
     raw = segments["sequences"]
     document = damage.document(raw)
-    description = {key: value for key, value in document.items()
-                   if key not in ("version", "mpreplay_version", "owner", "created")}
+    description = {
+        key: value for key, value in document.items() if key not in ("version", "mpreplay_version", "owner", "created")
+    }
     out = np.zeros(manifest.NBYTES, np.uint8)
     manifest.encode(description, out, owner=document["owner"], created=1.5)
     assert manifest.decode(out.tobytes(), len(raw)) == {**document, "created": 1.5}
@@ -79,12 +82,16 @@ def test_bytes_without_the_magic_hold_no_manifest(head):
     assert manifest.decode(head) is None
 
 
-@pytest.mark.parametrize("head, problem", [
-    (b"mpreplay", "the manifest is cut after 8 bytes"),
-    (b"mpreplay" + (10**9).to_bytes(8, "little"), "its length field says 1000000000 bytes of JSON"),
-    (damage.HEAD.pack(manifest.MAGIC, 3) + b"[1]", "the manifest is [1], not a JSON object"),
-    (damage.HEAD.pack(manifest.MAGIC, 10) + b'{"a": NaN}', "NaN is not a number a manifest holds"),
-], ids=["magic-only", "length-past-the-end", "not-an-object", "nan"])
+@pytest.mark.parametrize(
+    "head, problem",
+    [
+        (b"mpreplay", "the manifest is cut after 8 bytes"),
+        (b"mpreplay" + (10**9).to_bytes(8, "little"), "its length field says 1000000000 bytes of JSON"),
+        (damage.HEAD.pack(manifest.MAGIC, 3) + b"[1]", "the manifest is [1], not a JSON object"),
+        (damage.HEAD.pack(manifest.MAGIC, 10) + b'{"a": NaN}', "NaN is not a number a manifest holds"),
+    ],
+    ids=["magic-only", "length-past-the-end", "not-an-object", "nan"],
+)
 def test_bytes_that_hold_a_broken_manifest_are_refused(head, problem):
     with pytest.raises(manifest.ManifestError, match=re.escape(problem)):
         manifest.decode(head)
@@ -98,22 +105,36 @@ def _negative_shape(d: dict[str, Any]) -> None:
     damage.entry(d, "header")[1] = [-1]
 
 
-@pytest.mark.parametrize("change, problem", [
-    (damage.setting("capacity", -1), "manifest entry 'capacity': expected an integer >= 1, got -1"),
-    (damage.setting("owner", "me"), "manifest entry 'owner': expected a process token"),
-    (lambda d: d.pop("sequence"), "manifest entry 'sequence' is missing"),
-    (_offset_dropped, "an array entry is ['header', [16], '<i8']; expected [name, shape, dtype, offset]"),
-    (_negative_shape, "array 'header': shape [-1] is not a list of at most 32 sizes"),
-    (damage.writers_one_dimensional, "array 'writers' is int64 of shape (128,), readers index int64 of shape (64, 2)"),
-], ids=["negative-capacity", "owner-not-a-token", "no-sequence", "array-without-offset", "negative-shape",
-        "writers-one-dimensional"])
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (damage.setting("capacity", -1), "manifest entry 'capacity': expected an integer >= 1, got -1"),
+        (damage.setting("owner", "me"), "manifest entry 'owner': expected a process token"),
+        (lambda d: d.pop("sequence"), "manifest entry 'sequence' is missing"),
+        (_offset_dropped, "an array entry is ['header', [16], '<i8']; expected [name, shape, dtype, offset]"),
+        (_negative_shape, "array 'header': shape [-1] is not a list of at most 32 sizes"),
+        (
+            damage.writers_one_dimensional,
+            "array 'writers' is int64 of shape (128,), readers index int64 of shape (64, 2)",
+        ),
+    ],
+    ids=[
+        "negative-capacity",
+        "owner-not-a-token",
+        "no-sequence",
+        "array-without-offset",
+        "negative-shape",
+        "writers-one-dimensional",
+    ],
+)
 def test_a_manifest_missing_what_readers_rely_on_is_refused_naming_it(change, problem, segments):
     raw = damage.changed(segments["prioritized"], change)
     with pytest.raises(manifest.ManifestError, match=re.escape(problem)):
-        manifest.decode(raw[:manifest.NBYTES], len(raw))
+        manifest.decode(raw[: manifest.NBYTES], len(raw))
 
 
 # -- damaged segments: listed, marked unreadable, never a crash ----------------------------------
+
 
 @pytest.mark.parametrize("broken", list(damage.DAMAGE))
 def test_ls_lists_a_segment_whose_manifest_is_damaged_as_unreadable_beside_the_others(broken, segments, tmp_path):
@@ -135,8 +156,9 @@ def test_the_ls_command_prints_an_unreadable_segment_and_why_and_exits_0(segment
     assert main(["ls"]) == 0
     table, reason = capsys.readouterr().out.splitlines()[1:]
     assert re.fullmatch(rf"{name}\s+{os.getpid()} \(alive\)\s+[\d.]+ MiB\s+unreadable\s+–\s+–\s+–", table)
-    assert reason == (f"{name}: unreadable: manifest entry 'owner': expected a process token (a pid and a start "
-                      f"time), got {2**70}")
+    assert reason == (
+        f"{name}: unreadable: manifest entry 'owner': expected a process token (a pid and a start time), got {2**70}"
+    )
 
 
 @pytest.mark.parametrize("broken", list(damage.DAMAGE))
@@ -164,10 +186,10 @@ def test_top_shows_a_buffer_whose_counters_and_priorities_hold_any_value(segment
     document = damage.document(segments["prioritized"])
     data = bytearray(segments["prioritized"])
     header, tree = (damage.entry(document, a)[3] for a in ("header", "tree"))
-    data[header:header + 16 * 8] = np.full(16, -2**63, np.int64).tobytes()
+    data[header : header + 16 * 8] = np.full(16, -(2**63), np.int64).tobytes()
     raw = np.frombuffer(data, np.float64, count=(len(data) - tree) // 8, offset=tree).copy()
     raw[raw > 0] = np.inf  # every stored priority and sum infinite
-    data[tree:tree + raw.nbytes] = raw.tobytes()
+    data[tree : tree + raw.nbytes] = raw.tobytes()
     _write(tmp_path, name, bytes(data))
     with BufferView(name, str(tmp_path)) as view:
         rows = dict(frame(view, view.read(), view.read()))
@@ -190,7 +212,7 @@ def test_top_says_a_lock_holder_word_that_is_no_pid_names_no_process(tmp_path):
     words = np.frombuffer(raw, np.int64, size // 8, offset).copy()
     assert holder.pid in words
     words[words == holder.pid] = 2**40  # a word no pid can be
-    raw[offset:offset + size] = words.tobytes()
+    raw[offset : offset + size] = words.tobytes()
     name = f"mpreplay-{os.getpid()}-aaaaaaaa"
     _write(tmp_path, name, bytes(raw))
     with BufferView(name, str(tmp_path)) as view:

@@ -4,6 +4,7 @@ Each test runs over every entry of the registry, so a new selector is held to al
 adding its entry.  What is particular to one selector (how prioritized weights priorities, the
 order of the ordered ones) lives in its own test file.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -13,7 +14,14 @@ import signal
 import numpy as np
 import pytest
 
-from mpreplay import MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer, monitor, selectors
+from mpreplay import (
+    MPPrioritizedReplayBuffer,
+    MPReplayBuffer,
+    PrioritizedReplayBuffer,
+    ReplayBuffer,
+    monitor,
+    selectors,
+)
 from mpreplay._ext.slots import arm_fault
 from mpreplay.selectors import SelectorSpec
 
@@ -42,9 +50,12 @@ def _drawn(selector, k: int = 4096, seed: int = 0) -> set[int]:
 
 def _buffer(name: str, size: int, shared: bool = False, **options):
     """A buffer drawing with selector ``name``: prioritized classes for selectors that draw by priority."""
-    cls = {(False, False): ReplayBuffer, (False, True): MPReplayBuffer,
-           (True, False): PrioritizedReplayBuffer, (True, True): MPPrioritizedReplayBuffer}[
-        selectors.entry(name).by_priority, shared]
+    cls = {
+        (False, False): ReplayBuffer,
+        (False, True): MPReplayBuffer,
+        (True, False): PrioritizedReplayBuffer,
+        (True, True): MPPrioritizedReplayBuffer,
+    }[selectors.entry(name).by_priority, shared]
     return cls(size, ENV, selector=name, **options)
 
 

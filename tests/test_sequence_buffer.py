@@ -1,4 +1,5 @@
 """Sequence buffers: steps stored once, sequences of one episode sampled (R2D2)."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -177,7 +178,7 @@ def test_sequences_are_drawn_in_proportion_to_priority_to_the_alpha(assert_frequ
     for _ in range(20):
         drawn = rb.sample(1000, beta=0.4)["indexes"]
         counts += (drawn[:, None] == indexes[None, :]).sum(axis=0)
-    assert_frequencies(counts, priorities ** 0.7)
+    assert_frequencies(counts, priorities**0.7)
 
 
 def test_an_initial_priority_folds_the_steps_priorities_by_eta():
@@ -214,22 +215,29 @@ def test_an_update_of_a_slot_where_no_sequence_starts_is_dropped():
 
 # -- compressed frames --------------------------------------------------------------------------------
 def _frames_env() -> dict:
-    return {"obs": {"shape": (3, 3, 4), "dtype": np.uint8}, "next_obs": {"shape": (3, 3, 4), "dtype": np.uint8},
-            "act": {"dtype": np.int64}, "done": {}}
+    return {
+        "obs": {"shape": (3, 3, 4), "dtype": np.uint8},
+        "next_obs": {"shape": (3, 3, 4), "dtype": np.uint8},
+        "act": {"dtype": np.int64},
+        "done": {},
+    }
 
 
 def _atari_episode(rng, n):
     """n steps of stacked frames, each stack the previous one shifted by a new frame."""
     frames = rng.integers(0, 256, size=(n + 1, 3, 3), dtype=np.uint8)
+
     def stack(t):
         return np.stack([frames[max(0, t - 3 + i)] for i in range(4)], axis=-1)
+
     obs = np.stack([stack(t) for t in range(n)])
     nxt = np.stack([stack(t + 1) for t in range(n)])
     return obs, nxt
 
 
-@pytest.mark.parametrize("options", [{"stack_compress": "obs"}, {"next_of": "obs"},
-                                     {"stack_compress": "obs", "next_of": "obs"}])
+@pytest.mark.parametrize(
+    "options", [{"stack_compress": "obs"}, {"next_of": "obs"}, {"stack_compress": "obs", "next_of": "obs"}]
+)
 def test_compressed_sequences_equal_uncompressed_ones_byte_for_byte(options):
     rng = np.random.default_rng(0)
     plain = SequenceReplayBuffer(600, _frames_env(), length=5, period=2, lanes=1)
@@ -242,8 +250,10 @@ def test_compressed_sequences_equal_uncompressed_ones_byte_for_byte(options):
 
     def by_start(rb):
         b = rb.sample(3000)
-        return {int(a[0]): {k: b[k][j].tobytes() for k in ("obs", "next_obs", "act", "mask")}
-                for j, a in enumerate(b["act"])}
+        return {
+            int(a[0]): {k: b[k][j].tobytes() for k in ("obs", "next_obs", "act", "mask")}
+            for j, a in enumerate(b["act"])
+        }
 
     assert by_start(packed) == by_start(plain)
 
@@ -263,8 +273,9 @@ def test_a_bad_initial_priority_leaves_the_buffer_unchanged(unchanged):
 
 
 def test_arrays_reused_and_mutated_after_add_do_not_change_the_stored_steps():
-    rb = SequenceReplayBuffer(64, {"obs": {"shape": (3, 3, 4), "dtype": np.uint8}, "done": {}}, length=4,
-                              stack_compress="obs")
+    rb = SequenceReplayBuffer(
+        64, {"obs": {"shape": (3, 3, 4), "dtype": np.uint8}, "done": {}}, length=4, stack_compress="obs"
+    )
     stack = np.zeros((3, 3, 4), np.uint8)
     seen = []
     for t in range(4):
@@ -288,9 +299,15 @@ def test_a_field_named_episode_step_is_refused():
         SequenceReplayBuffer(64, {**ENV, "episode_step": {}}, length=4)
 
 
-@pytest.mark.parametrize("kwargs, message", [({"length": 0}, "length"), ({"length": 4, "period": 0}, "period"),
-                                             ({"length": 4, "pad_end": 1}, "pad_end"),
-                                             ({"length": 4, "eta": 1.5}, "eta")])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"length": 0}, "length"),
+        ({"length": 4, "period": 0}, "period"),
+        ({"length": 4, "pad_end": 1}, "pad_end"),
+        ({"length": 4, "eta": 1.5}, "eta"),
+    ],
+)
 def test_bad_sequence_settings_are_refused_by_name(kwargs, message):
     with pytest.raises((TypeError, ValueError), match=message):
         SequenceReplayBuffer(64, ENV, **kwargs)
@@ -428,8 +445,9 @@ def test_sample_fills_the_arrays_given_as_out():
 def test_an_out_array_of_the_wrong_shape_is_refused_by_name():
     rb = SequenceReplayBuffer(64, ENV, length=4)
     _fill(rb, [6])
-    with pytest.raises(ValueError,
-                       match=r"out\['mask'\]: expected a writable C-contiguous bool array of shape \(3, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"out\['mask'\]: expected a writable C-contiguous bool array of shape \(3, 4\)"
+    ):
         rb.sample(3, out={"mask": np.zeros(3, bool)})
 
 

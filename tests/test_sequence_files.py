@@ -1,5 +1,6 @@
 """Sequence buffer files: a save/load round trip gives back every step, in its lane and episode,
 and the same sampleable sequences."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -13,19 +14,25 @@ from mpreplay import MPPrioritizedSequenceReplayBuffer, SequenceReplayBuffer
 from mpreplay.fileformat import TransitionFileError
 
 ENV = {"tag": {"shape": (3,), "dtype": np.int64}, "done": {}}
-STACKED = {"tag": {"shape": (3,), "dtype": np.int64}, "obs": {"shape": (3, 3, 4), "dtype": np.uint8},
-           "next_obs": {"shape": (3, 3, 4), "dtype": np.uint8}, "done": {}}
-COMPRESSIONS = pytest.mark.parametrize("options",
-                                       [{"stack_compress": "obs"}, {"stack_compress": "obs", "next_of": "obs"}],
-                                       ids=["stack", "stack+next_of"])
+STACKED = {
+    "tag": {"shape": (3,), "dtype": np.int64},
+    "obs": {"shape": (3, 3, 4), "dtype": np.uint8},
+    "next_obs": {"shape": (3, 3, 4), "dtype": np.uint8},
+    "done": {},
+}
+COMPRESSIONS = pytest.mark.parametrize(
+    "options", [{"stack_compress": "obs"}, {"stack_compress": "obs", "next_of": "obs"}], ids=["stack", "stack+next_of"]
+)
 
 
 def _episode(writer: int, episode: int, n: int, *, ended: bool = True, rng: Any = None) -> dict[str, np.ndarray]:
     """n steps of one episode; ``tag`` says (writer, episode, step).  With ``rng``, also stacked
     frames: each step's stack the previous one shifted by a new frame, the first frame repeated."""
     s = np.arange(n)
-    out = {"tag": np.stack([np.full(n, writer), np.full(n, episode), s], axis=1),
-           "done": ((s == n - 1) & ended).astype(np.float32)}
+    out = {
+        "tag": np.stack([np.full(n, writer), np.full(n, episode), s], axis=1),
+        "done": ((s == n - 1) & ended).astype(np.float32),
+    }
     if rng is not None:
         frames = rng.integers(0, 256, size=(n + 1, 3, 3), dtype=np.uint8)
         stacks = np.moveaxis(frames[np.maximum(0, np.arange(n + 1)[:, None] - 3 + np.arange(4))], 1, -1)
@@ -82,6 +89,7 @@ LANE_EPISODES = [[9, 7, 5, 14], [6, 12, 3], [10, 4, 8, 9]]  # 35, 21 and 31 step
 def test_a_round_trip_gives_back_every_step_in_its_lane_and_episode(cls, lanes, tmp_path):
     def make():
         return cls(30 * lanes, ENV, length=4, period=2, lanes=lanes, seed=0)
+
     with make() as rb:
         writers = [rb] + [rb.episode_writer() for _ in range(lanes - 1)]
         _write(writers, LANE_EPISODES[:lanes])
@@ -96,6 +104,7 @@ def test_a_round_trip_gives_back_every_step_in_its_lane_and_episode(cls, lanes, 
 def test_a_round_trip_gives_back_the_same_sampleable_sequences(cls, lanes, tmp_path):
     def make():
         return cls(30 * lanes, ENV, length=4, period=2, lanes=lanes, seed=0)
+
     with make() as rb:
         writers = [rb] + [rb.episode_writer() for _ in range(lanes - 1)]
         _write(writers, LANE_EPISODES[:lanes])
@@ -110,6 +119,7 @@ def test_a_round_trip_gives_back_the_same_sampleable_sequences(cls, lanes, tmp_p
 def test_a_stack_compressed_buffer_loads_back_wherever_its_lane_wrapped(options, tmp_path):
     def make():
         return SequenceReplayBuffer(40, STACKED, length=5, period=3, seed=0, **options)
+
     for extra in range(40):
         # 40 + extra steps in episodes of 9, 13, 7, 11, ... steps: the lane wraps at every offset of them.
         rng, rb, stored, e = np.random.default_rng(extra), make(), 0, 0
@@ -137,8 +147,9 @@ def _continuing_lanes(ended: bool) -> SequenceReplayBuffer:
 @pytest.mark.parametrize("ended", [True, False], ids=["ended", "open"])
 def test_adjacent_lanes_whose_episode_steps_continue_load_as_separate_episodes(ended, tmp_path):
     rb = _continuing_lanes(ended)
-    loaded = _reloaded(rb, tmp_path / "two.npz", lambda: SequenceReplayBuffer(400, ENV, length=4, period=2, lanes=2,
-                                                                              seed=0))
+    loaded = _reloaded(
+        rb, tmp_path / "two.npz", lambda: SequenceReplayBuffer(400, ENV, length=4, period=2, lanes=2, seed=0)
+    )
     assert _steps(loaded) == _steps(rb)
     assert _windows(loaded) == _windows(rb)
 
@@ -154,6 +165,7 @@ def test_the_file_numbers_each_steps_episode_and_names_its_lane(tmp_path):
 def test_episodes_loaded_one_after_another_into_a_lane_stay_apart_in_its_next_file(tmp_path):
     def make():
         return SequenceReplayBuffer(200, ENV, length=4, period=2, seed=0)  # one lane
+
     rb = _continuing_lanes(ended=False)
     once = _reloaded(rb, tmp_path / "once.npz", make)
     twice = _reloaded(once, tmp_path / "twice.npz", make)
@@ -173,6 +185,7 @@ def test_an_episode_open_at_save_time_gains_its_padded_end(tmp_path):
 def test_without_pad_end_an_episode_open_at_save_time_keeps_its_sequences(tmp_path):
     def make():
         return SequenceReplayBuffer(64, ENV, length=4, period=2, pad_end=False, seed=0)
+
     rb = make()
     rb.add(**_episode(0, 0, 7, ended=False))
     assert _windows(_reloaded(rb, tmp_path / "open.npz", make)) == _windows(rb) == {(0, 0, 0, 4), (0, 0, 2, 4)}
@@ -186,8 +199,16 @@ def test_loading_ends_the_episode_the_buffer_was_writing(tmp_path):
     rb.add(**_episode(0, 0, 3, ended=False))
     rb.load_transitions(tmp_path / "steps.npz")
     rb.add(**_episode(0, 1, 1, ended=False))
-    assert _steps(rb) == [(0, 0, 0, 0), (0, 0, 1, 1), (0, 0, 2, 2), (1, 0, 0, 0), (1, 0, 1, 1), (1, 0, 2, 2),
-                          (1, 0, 3, 3), (0, 1, 0, 0)]
+    assert _steps(rb) == [
+        (0, 0, 0, 0),
+        (0, 0, 1, 1),
+        (0, 0, 2, 2),
+        (1, 0, 0, 0),
+        (1, 0, 1, 1),
+        (1, 0, 2, 2),
+        (1, 0, 3, 3),
+        (0, 1, 0, 0),
+    ]
 
 
 # -- fewer lanes, less room ----------------------------------------------------------------------------
@@ -217,8 +238,10 @@ def test_a_file_the_free_lanes_cannot_hold_is_refused_and_changes_nothing(writte
 # -- bad files change nothing ----------------------------------------------------------------------------
 def _stacked_file(tmp_path: Any) -> tuple[Any, SequenceReplayBuffer]:
     """A stack-compressed buffer's file: episodes of 6, 9 and 5 steps; and a buffer for it holding one."""
+
     def make():
         return SequenceReplayBuffer(64, STACKED, length=3, stack_compress="obs", seed=0)
+
     rng, rb = np.random.default_rng(0), make()
     for e, n in enumerate([6, 9, 5]):
         rb.add(**_episode(0, e, n, rng=rng))
@@ -271,6 +294,7 @@ def _as_version_1(members: dict[str, Any]) -> None:
 def _set(name: str, row: int, value: int) -> Callable[[dict[str, Any]], None]:
     def change(members: dict[str, Any]) -> None:
         members[name][row] = value
+
     return change
 
 
@@ -279,8 +303,10 @@ INVALID = {
     "episodes not from 0": (lambda m: m.update({"episode.id": m["episode.id"] + 1}), "numbered 0, 1, ..."),
     "an episode number skipped": (_set("episode.id", 29, 4), "row 29 has 4"),
     "an episode in two lanes": (_set("episode.lane", 12, 0), "episode 1 is in lanes 1 and 0"),
-    "a lane's rows apart": (lambda m: m.update({"episode.lane": np.where(m["episode.id"] == 2, 0, m["episode.lane"])}),
-                            "the rows of lane 0 are not one after another"),
+    "a lane's rows apart": (
+        lambda m: m.update({"episode.lane": np.where(m["episode.id"] == 2, 0, m["episode.lane"])}),
+        "the rows of lane 0 are not one after another",
+    ),
     "a negative lane": (lambda m: m.update({"episode.lane": m["episode.lane"] - 1}), "expected lanes >= 0"),
     "a step missing": (_set("episode_step", 12, 13), "episode 1 has step 11 then 13"),
     "a negative step": (lambda m: m.update(episode_step=m["episode_step"] - 20), "expected values >= 0"),

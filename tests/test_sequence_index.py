@@ -1,4 +1,5 @@
 """The sequence index (ext/sequences.pyx): a sequence's slots in its lane."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """Specification of mpreplay.sequences: cutting episodes into sequences, their steps, their priorities."""
+
 from __future__ import annotations
 
 import math
@@ -77,14 +78,17 @@ def test_with_padding_every_step_lies_in_a_sequence_within_the_episode(steps, le
     covered = np.zeros(steps, dtype=bool)
     for offset, valid in cut_episode(SequenceCutter(length, period), steps):
         assert offset >= 0 and offset + valid <= steps and 1 <= valid <= length
-        covered[offset:offset + valid] = True
+        covered[offset : offset + valid] = True
     assert covered.all()
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(length=0, period=1), "length: expected an integer >= 1, got 0"),
-    (dict(length=4, period=0), "period: expected an integer >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(length=0, period=1), "length: expected an integer >= 1, got 0"),
+        (dict(length=4, period=0), "period: expected an integer >= 1, got 0"),
+    ],
+)
 def test_bad_settings_are_refused_by_name(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SequenceCutter(**kwargs)

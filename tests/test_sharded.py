@@ -4,6 +4,7 @@ The math (split, probabilities, weights, stale updates, lost shards) is
 specified over the local transport; the tests marked ``ray`` run the same
 client over a three-node Ray cluster on loopback (``pytest -m ray``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -42,9 +43,13 @@ def _leaf(priorities) -> np.ndarray:
 # Three shards of different sizes and priority ranges; transition i has priority PRIORITY[i].
 SIZES = (10, 25, 40)
 IDS = np.split(np.arange(sum(SIZES)), np.cumsum(SIZES)[:-1])
-PRIORITY = np.concatenate([np.linspace(0.05, 1.0, SIZES[0]),   # holds the global minimum
-                           np.linspace(0.5, 3.0, SIZES[1]),
-                           np.linspace(1.0, 8.0, SIZES[2])])
+PRIORITY = np.concatenate(
+    [
+        np.linspace(0.05, 1.0, SIZES[0]),  # holds the global minimum
+        np.linspace(0.5, 3.0, SIZES[1]),
+        np.linspace(1.0, 8.0, SIZES[2]),
+    ]
+)
 
 
 def _buffers(cls=PrioritizedReplayBuffer, capacity: int = 64) -> list[PrioritizedReplayBuffer]:
@@ -214,15 +219,18 @@ def test_update_is_dropped_even_when_the_new_occupant_was_sampled_since():
     assert _max_priority(buffer) == 5.0
 
 
-@pytest.mark.parametrize("indexes, priorities, error, match", [
-    ([[1, 2]], [1.0, 2.0], ValueError, "indexes: expected a 1-D"),
-    ([0.5], [1.0], ValueError, "indexes: expected integers"),
-    ([0, 1], [1.0], ValueError, "priorities: expected 2 values"),
-    ([0], [-1.0], ValueError, "priorities: expected finite"),
-    ([0], [np.nan], ValueError, "priorities: expected finite"),
-    ([-1], [1.0], ValueError, "indexes: expected indexes this client"),
-    ([99 << 52], [1.0], ValueError, "indexes: expected indexes this client"),
-])
+@pytest.mark.parametrize(
+    "indexes, priorities, error, match",
+    [
+        ([[1, 2]], [1.0, 2.0], ValueError, "indexes: expected a 1-D"),
+        ([0.5], [1.0], ValueError, "indexes: expected integers"),
+        ([0, 1], [1.0], ValueError, "priorities: expected 2 values"),
+        ([0], [-1.0], ValueError, "priorities: expected finite"),
+        ([0], [np.nan], ValueError, "priorities: expected finite"),
+        ([-1], [1.0], ValueError, "indexes: expected indexes this client"),
+        ([99 << 52], [1.0], ValueError, "indexes: expected indexes this client"),
+    ],
+)
 def test_bad_updates_raise_and_change_nothing(indexes, priorities, error, match):
     buffers = _buffers()
     client = _client(buffers)
@@ -245,8 +253,9 @@ def test_a_priority_above_what_its_shard_accepts_raises_at_the_call_and_sampling
 
 def test_each_update_is_held_to_the_largest_priority_of_its_own_shard():
     # With alpha = 2 the largest priority accepted falls with the capacity.
-    small, large = (_fill(PrioritizedReplayBuffer(capacity, ENV, alpha=2.0, eps=EPS), [0], [1.0])
-                    for capacity in (2, 4096))
+    small, large = (
+        _fill(PrioritizedReplayBuffer(capacity, ENV, alpha=2.0, eps=EPS), [0], [1.0]) for capacity in (2, 4096)
+    )
     assert small.max_priority > large.max_priority
     client = ShardedReplay([ShardServer(small), ShardServer(large)], prefetch=0, batches_per_call=1, seed=1)
     between = (small.max_priority + large.max_priority) / 2
@@ -308,8 +317,7 @@ def test_weights_after_a_shard_is_lost_are_those_of_the_shards_left():
     with pytest.warns(ShardLostWarning):
         batch = client.sample(64, 1.0)
     left = np.concatenate(IDS[1:])
-    np.testing.assert_allclose(batch["weights"], _leaf(PRIORITY[left]).min() / _leaf(PRIORITY[batch["id"]]),
-                               rtol=1e-12)
+    np.testing.assert_allclose(batch["weights"], _leaf(PRIORITY[left]).min() / _leaf(PRIORITY[batch["id"]]), rtol=1e-12)
 
 
 def test_updates_to_a_lost_shard_are_dropped_and_counted():
@@ -371,33 +379,42 @@ def test_a_shard_with_other_fields_or_exponents_is_refused():
         client.add_shard(ShardServer(PrioritizedReplayBuffer(8, ENV, alpha=0.7, eps=EPS)))
 
 
-@pytest.mark.parametrize("shard, error, match", [
-    (object(), TypeError, "shard: expected a ShardServer"),
-])
+@pytest.mark.parametrize(
+    "shard, error, match",
+    [
+        (object(), TypeError, "shard: expected a ShardServer"),
+    ],
+)
 def test_add_shard_refuses_what_is_not_a_server(shard, error, match):
     with pytest.raises(error, match=match):
         ShardedReplay([shard])
 
 
-@pytest.mark.parametrize("options, match", [
-    ({"prefetch": -1}, "prefetch: expected an integer >= 0"),
-    ({"batches_per_call": 0}, "batches_per_call: expected an integer >= 1"),
-    ({"max_updates_in_flight": 0}, "max_updates_in_flight: expected an integer >= 1"),
-    ({"timeout": -1.0}, "timeout: expected None \\(no limit\\) or a finite number of seconds >= 0"),
-    ({"timeout": float("nan")}, "timeout: expected None \\(no limit\\) or a finite number of seconds >= 0"),
-    ({"rediscover_every": -1.0}, "rediscover_every: expected a finite number of seconds >= 0"),
-])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"prefetch": -1}, "prefetch: expected an integer >= 0"),
+        ({"batches_per_call": 0}, "batches_per_call: expected an integer >= 1"),
+        ({"max_updates_in_flight": 0}, "max_updates_in_flight: expected an integer >= 1"),
+        ({"timeout": -1.0}, "timeout: expected None \\(no limit\\) or a finite number of seconds >= 0"),
+        ({"timeout": float("nan")}, "timeout: expected None \\(no limit\\) or a finite number of seconds >= 0"),
+        ({"rediscover_every": -1.0}, "rediscover_every: expected a finite number of seconds >= 0"),
+    ],
+)
 def test_bad_options_raise(options, match):
     with pytest.raises(ValueError, match=match):
         ShardedReplay(**options)
 
 
-@pytest.mark.parametrize("batch_size, beta, error, match", [
-    (0, 0.4, ValueError, "batch_size: expected an integer >= 1"),
-    (2.0, 0.4, ValueError, "batch_size: expected an integer >= 1"),
-    (4, -0.1, ValueError, "beta: expected a finite number >= 0"),
-    (4, "x", TypeError, "beta: expected a number"),
-])
+@pytest.mark.parametrize(
+    "batch_size, beta, error, match",
+    [
+        (0, 0.4, ValueError, "batch_size: expected an integer >= 1"),
+        (2.0, 0.4, ValueError, "batch_size: expected an integer >= 1"),
+        (4, -0.1, ValueError, "beta: expected a finite number >= 0"),
+        (4, "x", TypeError, "beta: expected a number"),
+    ],
+)
 def test_bad_sample_arguments_raise(batch_size, beta, error, match):
     with pytest.raises(error, match=match):
         _client(_buffers()).sample(batch_size, beta)
@@ -440,7 +457,9 @@ def test_each_shard_saves_its_own_file():
     buffers = [_fill(_SavingBuffer(8, ENV, alpha=ALPHA, eps=EPS), [i], [1.0]) for i in range(2)]
     client = _client(buffers)
     assert client.save_transitions("/data/shard-{shard}.npz", compress=False) == {
-        0: "/data/shard-0.npz", 1: "/data/shard-1.npz"}
+        0: "/data/shard-0.npz",
+        1: "/data/shard-1.npz",
+    }
     assert buffers[1].saved == ["/data/shard-1.npz", {"compress": False}]
 
 
@@ -496,8 +515,9 @@ def test_each_node_serves_its_shard_and_the_split_follows_priority(served, asser
 def test_weights_over_ray_equal_those_of_one_buffer_holding_every_shard(served):
     client = ShardedReplay(served[1].values(), seed=3)
     batch = client.sample(256, 0.4)
-    np.testing.assert_allclose(batch["weights"], (_leaf(PRIORITY[batch["id"]]) / _leaf(PRIORITY).min()) ** -0.4,
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        batch["weights"], (_leaf(PRIORITY[batch["id"]]) / _leaf(PRIORITY).min()) ** -0.4, rtol=1e-12
+    )
     assert batch["obs"].flags.writeable
 
 
@@ -564,8 +584,11 @@ def test_ray_actors_write_to_their_nodes_buffer(served, request):
         ids = np.arange(700, 704)
         node_buffer(prefix).add(id=ids, obs=np.stack([ids, -ids], axis=1), priorities=np.ones(4))
 
-    ray.get(act.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
-            .remote(f"{request.node.name}-"))
+    ray.get(
+        act.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
+            f"{request.node.name}-"
+        )
+    )
     assert np.isin(np.arange(700, 704), buffers[1].get_all_transitions()["id"]).all()
 
 

@@ -1,4 +1,5 @@
 """Snapshots of a shared buffer while writer processes write: whole rows, oldest first, nothing missing."""
+
 from __future__ import annotations
 
 import io
@@ -45,8 +46,10 @@ class _Writers:
         ctx = mp.get_context(method)
         self._stop = ctx.Event()
         started = [ctx.Event() for _ in range(WRITERS)]
-        self._procs = [ctx.Process(target=_write_until_stopped, args=(buffer, r + 1, self._stop, started[r]))
-                       for r in range(WRITERS)]
+        self._procs = [
+            ctx.Process(target=_write_until_stopped, args=(buffer, r + 1, self._stop, started[r]))
+            for r in range(WRITERS)
+        ]
         for p in self._procs:
             p.start()
         for e in started:

@@ -4,6 +4,7 @@ Every property is checked against a plain numpy reference over the leaves, at ca
 leave partial wide nodes at every level (1, 2, 7, 8, 9, 63, 64, 65, 513, 4097, ...), never
 against the storage layout (which only ``leaf_views`` and the module's header length expose).
 """
+
 from __future__ import annotations
 
 import math
@@ -113,6 +114,7 @@ class _Reference:
 
 # -- storage ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("capacity", CAPACITIES + [10**6])
 def test_storage_is_whole_cache_lines_and_far_below_the_binary_trees_48_bytes_a_slot(capacity):
     need = tree_buffer_size(capacity)
@@ -143,10 +145,13 @@ def test_tree_rejects_storage_shorter_than_needed():
         PriorityTree(np.zeros(tree_buffer_size(5) - 1), 5)
 
 
-@pytest.mark.parametrize("storage", [
-    pytest.param(np.zeros(tree_buffer_size(4), dtype=np.float32), id="float32"),
-    pytest.param(np.zeros(2 * tree_buffer_size(4))[::2], id="strided"),
-])
+@pytest.mark.parametrize(
+    "storage",
+    [
+        pytest.param(np.zeros(tree_buffer_size(4), dtype=np.float32), id="float32"),
+        pytest.param(np.zeros(2 * tree_buffer_size(4))[::2], id="strided"),
+    ],
+)
 def test_tree_rejects_storage_that_is_not_contiguous_float64(storage):
     with pytest.raises(ValueError):
         PriorityTree(storage, 4)
@@ -170,10 +175,10 @@ def test_leaves_keep_full_float64_precision():
 def test_tree_lives_in_a_view_of_a_larger_array_and_writes_only_there():
     capacity, need = 5, tree_buffer_size(5)
     outer = np.full(need + 20, 7.0)
-    tree = PriorityTree(outer[10:10 + need], capacity)
+    tree = PriorityTree(outer[10 : 10 + need], capacity)
     tree.set(_slots(0, 4), _f64(1.0, 3.0), _f64(1.0, 3.0))
     assert tree.total() == 4.0
-    assert (outer[:10] == 7.0).all() and (outer[10 + need:] == 7.0).all()
+    assert (outer[:10] == 7.0).all() and (outer[10 + need :] == 7.0).all()
 
 
 def test_tree_attached_without_reset_sees_the_state_already_in_its_storage():
@@ -204,6 +209,7 @@ def test_tree_in_shared_memory_is_seen_through_another_mapping_of_the_segment():
 
 
 # -- leaves and inner nodes ---------------------------------------------------------------
+
 
 def test_root_total_is_the_sum_and_min_max_cover_sampleable_leaves():
     tree, _ = _tree(7, [3.0, 0.0, 0.5, 8.0, 0.0, 2.0])
@@ -280,8 +286,9 @@ def _random_updates(tree: PriorityTree, rounds: int, batch: int, seed: int) -> N
 
 # Batches of 1000 walk their paths in chunks of 64; batches of 3 and 32 (a learner's
 # update) stop carrying a min or max up where it stopped changing, at every level.
-@pytest.mark.parametrize("capacity, batch, rounds", [(1000, 1000, 300), (4097, 1000, 300), (4097, 3, 20_000),
-                                                      (40_000, 32, 5000)])
+@pytest.mark.parametrize(
+    "capacity, batch, rounds", [(1000, 1000, 300), (4097, 1000, 300), (4097, 3, 20_000), (40_000, 32, 5000)]
+)
 def test_after_many_updates_every_entry_is_what_a_rebuild_from_the_leaves_makes(capacity, batch, rounds):
     # Parents are recomputed from their children, never adjusted by deltas: no drift.
     tree, buf = _tree(capacity)
@@ -314,7 +321,7 @@ def test_rebuild_restores_everything_but_the_leaves_from_the_leaves(leaves, garb
     derived[:TREE_HEAD_LEN] = False
     for view in (weights, raw):
         start = (view.ctypes.data - buf.ctypes.data) // 8
-        derived[start:start + len(view)] = False
+        derived[start : start + len(view)] = False
     rng = np.random.default_rng(seed)
     where = np.flatnonzero(derived)
     count = min(len(garbage), len(where))
@@ -338,6 +345,7 @@ def test_rebuild_restores_every_derived_entry_at_every_capacity(capacity):
 
 
 # -- search ---------------------------------------------------------------------
+
 
 def test_search_finds_the_slot_whose_cumulative_range_holds_each_prefix():
     tree, _ = _tree(6, [1.0, 0.0, 2.0, 0.0, 0.0, 3.0])
@@ -365,8 +373,22 @@ _ADVERSARIAL_LEAVES = {
 
 def _awkward_prefixes(total: float) -> list[float]:
     # Rounding pushes real draws onto these: the total itself and its neighbours.
-    return [0.0, -0.0, DENORMAL_MIN, total, np.nextafter(total, math.inf), np.nextafter(total, 0.0),
-            total * (1 - 2**-52), total * (1 + 2**-52), 2 * total, DBL_MAX, math.inf, -1.0, -math.inf, math.nan]
+    return [
+        0.0,
+        -0.0,
+        DENORMAL_MIN,
+        total,
+        np.nextafter(total, math.inf),
+        np.nextafter(total, 0.0),
+        total * (1 - 2**-52),
+        total * (1 + 2**-52),
+        2 * total,
+        DBL_MAX,
+        math.inf,
+        -1.0,
+        -math.inf,
+        math.nan,
+    ]
 
 
 @pytest.mark.parametrize("leaves", list(_ADVERSARIAL_LEAVES.values()), ids=list(_ADVERSARIAL_LEAVES))
@@ -393,8 +415,9 @@ def test_negative_prefix_finds_the_first_sampleable_slot():
 
 @settings(max_examples=200, deadline=None)
 @given(
-    leaves=st.lists(st.one_of(st.just(0.0), st.floats(0.0, DBL_MAX / 64, allow_subnormal=True)),
-                    min_size=1, max_size=40).filter(lambda v: any(x > 0 for x in v)),
+    leaves=st.lists(
+        st.one_of(st.just(0.0), st.floats(0.0, DBL_MAX / 64, allow_subnormal=True)), min_size=1, max_size=40
+    ).filter(lambda v: any(x > 0 for x in v)),
     fractions=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=20),
 )
 def test_search_lands_on_a_sampleable_slot_for_any_leaves_and_prefixes_up_to_the_total(leaves, fractions):
@@ -480,6 +503,7 @@ def test_forget_max_ever_then_a_new_leaf_sets_it_again():
 
 # -- every capacity against the numpy reference ------------------------------------------
 
+
 @pytest.mark.parametrize("capacity", CAPACITIES)
 def test_sums_min_max_leaves_and_search_agree_with_the_reference(capacity):
     rng = np.random.default_rng(capacity)
@@ -492,8 +516,9 @@ def test_sums_min_max_leaves_and_search_agree_with_the_reference(capacity):
     reference.set(range(capacity), values, raw)
     assert (tree.total(), tree.min(), tree.max()) == (reference.total(), reference.min(), reference.max())
     total = tree.total()
-    prefixes = np.concatenate([np.cumsum(values), np.cumsum(values) - 0.5, rng.uniform(0, total, 500),
-                               [0.0, total, total + 1, -1.0]])
+    prefixes = np.concatenate(
+        [np.cumsum(values), np.cumsum(values) - 0.5, rng.uniform(0, total, 500), [0.0, total, total + 1, -1.0]]
+    )
     expected = reference.search(prefixes)
     np.testing.assert_array_equal(_search(tree, prefixes), expected)
     np.testing.assert_array_equal(_search_many(tree, prefixes), expected)
@@ -569,7 +594,7 @@ def test_a_child_too_light_to_move_the_sum_is_never_drawn_but_its_zero_neighbour
 )
 def test_draws_land_on_sampleable_slots_for_any_weights_at_any_capacity(capacity, positions, weights, fractions):
     slots = np.array([p % capacity for p in positions], dtype=np.int64)
-    values = np.array(weights[:len(slots)])
+    values = np.array(weights[: len(slots)])
     tree, buf = _tree(capacity)
     tree.set(slots, values, values)
     live, _ = _leaves(tree, buf)
@@ -584,8 +609,13 @@ def test_draws_land_on_sampleable_slots_for_any_weights_at_any_capacity(capacity
 def test_fixing_a_run_of_slots_gives_the_tree_setting_them_gives(capacity):
     rng = np.random.default_rng(capacity + 2)
     base = _random_leaves(capacity, rng)
-    for first, last in {(0, capacity - 1), (capacity // 3, capacity - 1), (capacity // 2, capacity // 2),
-                        (max(0, capacity - 9), capacity - 1), (0, min(8, capacity - 1))}:
+    for first, last in {
+        (0, capacity - 1),
+        (capacity // 3, capacity - 1),
+        (capacity // 2, capacity // 2),
+        (max(0, capacity - 9), capacity - 1),
+        (0, min(8, capacity - 1)),
+    }:
         run = np.arange(first, last + 1, dtype=np.int64)
         values = rng.integers(0, 9, len(run)).astype(np.float64)
         fixed, fixed_buf = _tree(capacity, base)
@@ -633,6 +663,7 @@ def test_a_tree_attached_without_reset_at_a_wide_capacity_sees_and_changes_the_s
 
 # -- leaf views ---------------------------------------------------------------------
 
+
 def test_leaf_views_show_weights_and_raw_priorities_as_they_change():
     tree, buf = _tree(65)
     weights, raw = leaf_views(buf, 65)
@@ -644,12 +675,15 @@ def test_leaf_views_show_weights_and_raw_priorities_as_they_change():
     assert (weights[0], raw[0]) == (0.0, -math.inf)
 
 
-@pytest.mark.parametrize("buf, capacity, match", [
-    (np.zeros(tree_buffer_size(9) - 1), 9, "at least"),
-    (np.zeros(tree_buffer_size(9), dtype=np.float32), 9, "float64"),
-    (np.zeros((2, tree_buffer_size(9))), 9, "one-dimensional"),
-    (np.zeros(100), 0, "capacity"),
-])
+@pytest.mark.parametrize(
+    "buf, capacity, match",
+    [
+        (np.zeros(tree_buffer_size(9) - 1), 9, "at least"),
+        (np.zeros(tree_buffer_size(9), dtype=np.float32), 9, "float64"),
+        (np.zeros((2, tree_buffer_size(9))), 9, "one-dimensional"),
+        (np.zeros(100), 0, "capacity"),
+    ],
+)
 def test_leaf_views_reject_storage_that_cannot_hold_the_tree(buf, capacity, match):
     with pytest.raises(ValueError, match=match):
         leaf_views(buf, capacity)

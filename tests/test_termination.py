@@ -1,4 +1,5 @@
 """A process that owns a buffer, told to end (SIGTERM, SIGHUP), unlinks its segments and ends, whatever it is doing."""
+
 from __future__ import annotations
 
 import itertools
@@ -37,6 +38,7 @@ def _stop(child: mp.Process) -> None:
 
 
 # -- child-process bodies (module level: spawn pickles them by name) ---------
+
 
 def _own_a_buffer(queue) -> MPReplayBuffer:
     buffer = MPReplayBuffer(8, {"obs": {}})
@@ -82,6 +84,7 @@ def _sleep(seconds: float) -> None:
 
 
 # -- behaviour ---------------------------------------------------------------
+
 
 @METHODS
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])

@@ -1,5 +1,6 @@
 """The lock of a local buffer: the threads of its process (a prefetching sampler, the
 training thread's updates and adds) take turns at the tree, as processes do at a shared one."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -16,8 +17,9 @@ _CAPACITY, _BATCH = 1 << 16, 3_000_000
 
 def _filled(**options) -> PrioritizedReplayBuffer:
     buffer = PrioritizedReplayBuffer(_CAPACITY, {"x": {"dtype": np.float32}, "done": {}}, seed=0, **options)
-    buffer.add(x=np.arange(_CAPACITY, dtype=np.float32), done=np.zeros(_CAPACITY),
-               priorities=np.linspace(0.1, 2.0, _CAPACITY))
+    buffer.add(
+        x=np.arange(_CAPACITY, dtype=np.float32), done=np.zeros(_CAPACITY), priorities=np.linspace(0.1, 2.0, _CAPACITY)
+    )
     return buffer
 
 

@@ -7,6 +7,7 @@ write raises at once; a shared buffer's when its timeout ends.  After a TimeoutE
 is exactly as before the call; the call is made again once a sample made room, and in the end
 the buffer holds exactly what a buffer without a limiter holds after the same calls.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,8 +23,13 @@ from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer, Samp
 from mpreplay.vector_env import TransitionBatch, VectorWriter
 
 STACK = 2
-ENV = {"obs": {"shape": (3, STACK), "dtype": np.uint8}, "act": {"dtype": np.int64}, "rew": {},
-       "next_obs": {"shape": (3, STACK), "dtype": np.uint8}, "done": {}}
+ENV = {
+    "obs": {"shape": (3, STACK), "dtype": np.uint8},
+    "act": {"dtype": np.int64},
+    "rew": {},
+    "next_obs": {"shape": (3, STACK), "dtype": np.uint8},
+    "done": {},
+}
 NSTEP = {"size": 3, "gamma": 0.9}
 SIZE = 256
 # Inserts wait once they are 6 rows ahead of the samples (room for the rows an n-step episode end
@@ -38,14 +44,20 @@ def _limiter() -> SampleToInsertRatio:
 
 # -- steps of known episodes ------------------------------------------------------------
 
+
 def _observation(episode: int, t: int) -> np.ndarray:
     """The stacked frames of step t: frame k is (episode, k, 7), the first frame repeated at the start."""
     return np.stack([np.array([episode, max(0, t - STACK + 1 + i), 7], np.uint8) for i in range(STACK)], axis=-1)
 
 
 def _step(episode: int, t: int, done: bool) -> dict:
-    return dict(obs=_observation(episode, t), act=100 * episode + t, rew=0.5 * t + episode,
-                next_obs=_observation(episode, t + 1), done=float(done))
+    return dict(
+        obs=_observation(episode, t),
+        act=100 * episode + t,
+        rew=0.5 * t + episode,
+        next_obs=_observation(episode, t + 1),
+        done=float(done),
+    )
 
 
 # Episode lengths, and whether each ends with a done flag (else with on_episode_end()).
@@ -79,8 +91,9 @@ PATHS = {
     "nstep-prioritized": lambda **kw: PrioritizedReplayBuffer(SIZE, ENV, nstep=NSTEP, **kw),
     "next_of": lambda **kw: ReplayBuffer(SIZE, ENV, next_of="obs", **kw),
     "stack_compress": lambda **kw: ReplayBuffer(SIZE, ENV, stack_compress="obs", **kw),
-    "nstep-next_of-stack_compress": lambda **kw: ReplayBuffer(SIZE, ENV, nstep=NSTEP, next_of="obs",
-                                                              stack_compress="obs", **kw),
+    "nstep-next_of-stack_compress": lambda **kw: ReplayBuffer(
+        SIZE, ENV, nstep=NSTEP, next_of="obs", stack_compress="obs", **kw
+    ),
     "sequences": lambda **kw: SequenceReplayBuffer(SIZE, ENV, length=3, period=2, **kw),
     "sequences-next_of": lambda **kw: SequenceReplayBuffer(SIZE, ENV, length=3, period=2, next_of="obs", **kw),
 }
@@ -136,6 +149,7 @@ def _make_each(calls: list[tuple], writer, buffer) -> int:
 
 # -- one buffer, one writer ---------------------------------------------------------------
 
+
 @pytest.mark.parametrize("writer", WRITERS)
 @pytest.mark.parametrize("path", PATHS)
 def test_a_write_that_times_out_leaves_every_bit_of_the_buffer_as_it_was(path, writer, memory_of):
@@ -189,8 +203,12 @@ def test_an_episode_end_that_times_out_leaves_every_bit_of_the_buffer_as_it_was(
 
 def test_a_compressed_writers_first_write_that_times_out_leaves_its_lane_to_another_writer():
     # An ended one-step episode takes 2 slots (its row, its last next observation): refused.
-    with ReplayBuffer(SIZE, ENV, next_of="obs", lanes=1, rate_limiter=SampleToInsertRatio(1.0, 1, (-1e9, 1.0))) \
-            as buffer, buffer.episode_writer() as late:
+    with (
+        ReplayBuffer(
+            SIZE, ENV, next_of="obs", lanes=1, rate_limiter=SampleToInsertRatio(1.0, 1, (-1e9, 1.0))
+        ) as buffer,
+        buffer.episode_writer() as late,
+    ):
         with pytest.raises(TimeoutError):
             late.add(**_step(0, 0, True), timeout=0)
         assert buffer.add(**_step(1, 0, False), timeout=0) == 0  # the one lane, from its first slot
@@ -208,8 +226,7 @@ def test_a_batch_longer_than_the_buffer_that_times_out_leaves_every_bit_of_the_b
             buffer.add(**_rows(12), timeout=0)
 
 
-def test_a_batch_longer_than_the_buffer_that_the_limiter_could_never_let_through_leaves_the_buffer_as_it_was(
-        unchanged):
+def test_a_batch_longer_than_the_buffer_that_the_limiter_could_never_let_through_leaves_the_buffer_as_it_was(unchanged):
     with ReplayBuffer(8, ENV, rate_limiter=SampleToInsertRatio(1.0, 1, (-2.0, 4.0))) as buffer:
         buffer.add(**_rows(3))
         with unchanged(buffer), pytest.raises(ValueError, match="error buffer"):
@@ -217,6 +234,7 @@ def test_a_batch_longer_than_the_buffer_that_the_limiter_could_never_let_through
 
 
 # -- shared buffers: writers that wait, in other processes ------------------------------
+
 
 def _write_with_retries(buffer, timeouts) -> None:
     """Make each call, again and again while it times out (a sampler in the parent makes room)."""
@@ -242,8 +260,10 @@ def _sample_while(buffer, process) -> None:
 @pytest.mark.parametrize("path", ["nstep", "nstep-next_of-stack_compress"])
 @pytest.mark.timeout(120, method="thread")
 def test_a_writer_process_whose_writes_time_out_and_are_made_again_stores_each_transition_once(method, path):
-    kind = {"nstep": dict(nstep=NSTEP), "nstep-next_of-stack_compress": dict(nstep=NSTEP, next_of="obs",
-                                                                            stack_compress="obs")}[path]
+    kind = {
+        "nstep": dict(nstep=NSTEP),
+        "nstep-next_of-stack_compress": dict(nstep=NSTEP, next_of="obs", stack_compress="obs"),
+    }[path]
     ctx = mp.get_context(method)
     with MPReplayBuffer(SIZE, ENV, rate_limiter=_limiter(), **kind) as buffer:
         timeouts = ctx.Queue()
@@ -293,8 +313,10 @@ def _vector_reference(layout: str) -> dict:
 def test_a_vector_batch_added_again_after_timeouts_is_stored_once(layout):
     # Episode ends store rows too (a folder's pending steps, an episode's last frame): the
     # limiter refuses some of them after the sub-environment's rows were stored.
-    with ReplayBuffer(SIZE, ENV, rate_limiter=_limiter(), **VECTOR[layout]) as buffer, \
-            VectorWriter(buffer, NUM_ENVS) as writer:
+    with (
+        ReplayBuffer(SIZE, ENV, rate_limiter=_limiter(), **VECTOR[layout]) as buffer,
+        VectorWriter(buffer, NUM_ENVS) as writer,
+    ):
         timeouts = 0
         for batch in _vector_batches():
             while True:
@@ -313,8 +335,14 @@ def _fill_until_refused(writer) -> None:
     """Sub-environment 0 adds steps of an episode that does not end until the limiter refuses one."""
     for t in range(SIZE):
         try:
-            writer.add(TransitionBatch({k: np.asarray(v)[None] for k, v in _step(0, t, False).items()},
-                                       np.array([0]), np.array([], np.int64)), timeout=0.05)
+            writer.add(
+                TransitionBatch(
+                    {k: np.asarray(v)[None] for k, v in _step(0, t, False).items()},
+                    np.array([0]),
+                    np.array([], np.int64),
+                ),
+                timeout=0.05,
+            )
         except TimeoutError:
             return
     raise AssertionError("the limiter never refused a step")
@@ -323,13 +351,16 @@ def _fill_until_refused(writer) -> None:
 @pytest.mark.parametrize("layout", VECTOR)
 @pytest.mark.timeout(60, method="thread")
 def test_a_vector_add_on_a_shared_buffer_bounds_the_episode_end_it_passes_on_by_its_timeout(layout):
-    with MPReplayBuffer(SIZE, ENV, rate_limiter=_limiter(), **VECTOR[layout]) as buffer, \
-            VectorWriter(buffer, NUM_ENVS) as writer:
+    with (
+        MPReplayBuffer(SIZE, ENV, rate_limiter=_limiter(), **VECTOR[layout]) as buffer,
+        VectorWriter(buffer, NUM_ENVS) as writer,
+    ):
         _fill_until_refused(writer)
         if layout == "next_of":
             buffer.sample(1)  # room for sub-environment 1's row, not for its episode's last frame
-        one_step_episode = TransitionBatch({k: np.asarray(v)[None] for k, v in _step(1, 0, False).items()},
-                                           np.array([1]), np.array([1]))
+        one_step_episode = TransitionBatch(
+            {k: np.asarray(v)[None] for k, v in _step(1, 0, False).items()}, np.array([1]), np.array([1])
+        )
         outcome = []
 
         def add() -> None:
@@ -367,8 +398,7 @@ def _vector_actor(buffer, timeouts) -> None:
 @METHODS
 @pytest.mark.parametrize("layout", VECTOR)
 @pytest.mark.timeout(120, method="thread")
-def test_a_vector_actor_process_whose_adds_time_out_and_are_made_again_stores_each_transition_once(
-        method, layout):
+def test_a_vector_actor_process_whose_adds_time_out_and_are_made_again_stores_each_transition_once(method, layout):
     ctx = mp.get_context(method)
     with MPReplayBuffer(SIZE, ENV, rate_limiter=_limiter(), **VECTOR[layout]) as buffer:
         timeouts = ctx.Queue()

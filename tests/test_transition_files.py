@@ -1,5 +1,6 @@
 """Compressed transition buffers' files (next_of, stack_compress): a save/load round trip gives back
 every transition, in its lane and episode, for every lane count and wrap position."""
+
 from __future__ import annotations
 
 import io
@@ -14,13 +15,19 @@ import pytest
 from mpreplay import MPPrioritizedReplayBuffer, MPReplayBuffer, ReplayBuffer
 from mpreplay.fileformat import TransitionFileError
 
-ENV = {"tag": {"shape": (3,), "dtype": np.int64}, "obs": {"shape": (3, 3, 4), "dtype": np.uint8},
-       "next_obs": {"shape": (3, 3, 4), "dtype": np.uint8}, "done": {}}
+ENV = {
+    "tag": {"shape": (3,), "dtype": np.int64},
+    "obs": {"shape": (3, 3, 4), "dtype": np.uint8},
+    "next_obs": {"shape": (3, 3, 4), "dtype": np.uint8},
+    "done": {},
+}
 WIDTH = 40  # slots per lane of every buffer here
 LENGTHS = [9, 13, 7, 11]  # episode lengths, in turn
 COMPRESSIONS = pytest.mark.parametrize(
-    "options", [{"stack_compress": "obs"}, {"next_of": "obs"}, {"stack_compress": "obs", "next_of": "obs"}],
-    ids=["stack", "next_of", "stack+next_of"])
+    "options",
+    [{"stack_compress": "obs"}, {"next_of": "obs"}, {"stack_compress": "obs", "next_of": "obs"}],
+    ids=["stack", "next_of", "stack+next_of"],
+)
 BOTH_STACKED = {"stack_compress": "obs", "next_of": "obs"}
 
 
@@ -31,9 +38,12 @@ def _episode(writer: int, episode: int, n: int, *, ended: bool = True) -> dict[s
     frames = rng.integers(0, 256, size=(n + 1, 3, 3), dtype=np.uint8)
     stacks = np.moveaxis(frames[np.maximum(0, np.arange(n + 1)[:, None] - 3 + np.arange(4))], 1, -1)
     s = np.arange(n)
-    return {"tag": np.stack([np.full(n, writer), np.full(n, episode), s], axis=1),
-            "obs": np.ascontiguousarray(stacks[:n]), "next_obs": np.ascontiguousarray(stacks[1:]),
-            "done": ((s == n - 1) & ended).astype(np.float32)}
+    return {
+        "tag": np.stack([np.full(n, writer), np.full(n, episode), s], axis=1),
+        "obs": np.ascontiguousarray(stacks[:n]),
+        "next_obs": np.ascontiguousarray(stacks[1:]),
+        "done": ((s == n - 1) & ended).astype(np.float32),
+    }
 
 
 def _fill(writer: Any, w: int, steps: int) -> None:
@@ -90,6 +100,7 @@ def _members(rb: Any) -> dict[str, Any]:
 def test_a_buffer_loads_back_its_own_file_wherever_its_lane_wrapped(options):
     def make():
         return ReplayBuffer(WIDTH, ENV, **options)
+
     for extra in range(WIDTH):
         # The oldest episode kept is cut at every offset of its steps.
         rb = make()
@@ -103,6 +114,7 @@ def test_a_buffer_loads_back_its_own_file_wherever_its_lane_wrapped(options):
 def test_a_round_trip_gives_back_every_transition_in_its_lane_and_episode(cls, lanes, options):
     def make():
         return cls(WIDTH * lanes, ENV, lanes=lanes, **options)
+
     for extra in range(0, WIDTH, 7):
         with make() as rb:
             writers = [rb] + [rb.episode_writer() for _ in range(lanes - 1)]
@@ -124,6 +136,7 @@ def _write_lane(buffer: Any, w: int) -> None:
 def test_lanes_written_by_other_processes_load_back(method):
     def make():
         return MPReplayBuffer(WIDTH * 3, ENV, lanes=3, **BOTH_STACKED)
+
     ctx = mp.get_context(method)
     with make() as rb:
         children = [ctx.Process(target=_write_lane, args=(rb, w)) for w in (1, 2)]
@@ -141,6 +154,7 @@ def test_lanes_written_by_other_processes_load_back(method):
 def test_saved_priorities_come_back_with_their_transitions():
     def make():
         return MPPrioritizedReplayBuffer(WIDTH * 2, ENV, lanes=2, **BOTH_STACKED)
+
     with make() as rb:
         other = rb.episode_writer()
         for w, writer in enumerate([rb, other]):
@@ -181,6 +195,7 @@ def test_the_file_numbers_each_transitions_episode_and_names_its_lane():
 def test_an_episode_open_at_save_time_loads_back_ended(options):
     def make():
         return ReplayBuffer(WIDTH, ENV, **options)
+
     rb = make()
     rb.add(**_episode(0, 0, 6))
     rb.add(**_episode(0, 1, 5, ended=False))
@@ -222,6 +237,7 @@ def test_a_file_of_three_lanes_loads_its_episodes_one_after_another_into_one():
 def test_episodes_loaded_one_after_another_into_a_lane_stay_apart_in_its_next_file(options):
     def make():
         return ReplayBuffer(WIDTH * 3, ENV, **options)  # one lane
+
     rb = _three_lanes(WIDTH + 3, options)  # every lane wrapped: each starts with an episode cut short
     twice = _reloaded(_reloaded(rb, make), make)
     _assert_same(twice, rb, lanes=False)
@@ -230,6 +246,7 @@ def test_episodes_loaded_one_after_another_into_a_lane_stay_apart_in_its_next_fi
 def test_an_episode_cut_short_stays_apart_from_the_one_before_it_in_its_lane():
     def make(lanes: int = 1):
         return ReplayBuffer(WIDTH * 2, ENV, lanes=lanes, stack_compress="obs")
+
     rb = make(2)
     rb.add(**_episode(0, 0, 6))
     other = rb.episode_writer()

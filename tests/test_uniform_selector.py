@@ -2,6 +2,7 @@
 
 What every selector does is in test_selector_contract.py; this is what is uniform's own.
 """
+
 import numpy as np
 
 from mpreplay._ext.uniform import UniformSelector, state_size

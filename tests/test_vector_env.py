@@ -5,6 +5,7 @@ known lengths that end by termination, by truncation or by both, with terminatio
 at the same step in different sub-environments.  Its observations carry (sub-environment,
 episode, step), so stored rows are matched to their sub-environment by content.
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,6 +31,7 @@ LAYOUTS = {"plain": {}, "next_of": {"next_of": "obs"}, "both": {"next_of": "obs"
 
 # -- the toy environment -------------------------------------------------------------
 
+
 def _length(env: int, episode: int) -> int:
     return 3 if episode == 0 else 1 + (episode * (env % 3 + 1) + env) % 6
 
@@ -46,13 +48,23 @@ class Toy(gym.Env):
     def __init__(self, env: int, nested: bool = False):
         self.env, self.nested, self.episode = env, nested, -1
         frames = spaces.Box(0, 255, (3, STACK), np.uint8)
-        self.observation_space = (spaces.Dict({"frame": frames, "pos": spaces.Tuple(
-            (spaces.Box(-np.inf, np.inf, (1,), np.float32), spaces.Discrete(4)))}) if nested else frames)
+        self.observation_space = (
+            spaces.Dict(
+                {
+                    "frame": frames,
+                    "pos": spaces.Tuple((spaces.Box(-np.inf, np.inf, (1,), np.float32), spaces.Discrete(4))),
+                }
+            )
+            if nested
+            else frames
+        )
         self.action_space = spaces.Discrete(3)
 
     def _obs(self):
-        frames = np.stack([np.array([self.env, self.episode, max(0, self.t - STACK + 1 + k)], np.uint8)
-                           for k in range(STACK)], axis=-1)
+        frames = np.stack(
+            [np.array([self.env, self.episode, max(0, self.t - STACK + 1 + k)], np.uint8) for k in range(STACK)],
+            axis=-1,
+        )
         if not self.nested:
             return frames
         return {"frame": frames, "pos": (np.array([0.5 * self.t], np.float32), self.episode % 4)}
@@ -90,6 +102,7 @@ def _make(kind: str, mode: str, nested: bool = False, context: str | None = None
 
 # -- the vector actor and the reference loop --------------------------------------------------
 
+
 def _buffer_options(layout: str, nested: bool, lanes: int) -> dict:
     options = {k: ("obs_frame" if nested else v) for k, v in LAYOUTS[layout].items()}
     return {**options, "lanes": lanes} if options else {}
@@ -99,8 +112,10 @@ def _run_vector(env, *, nstep, truncated, layout, nested=False, steps=40):
     """Play ``steps`` vector steps into a buffer; returns (stored rows, episodes completed per sub-environment)."""
     actor = VectorTransitions(env, nstep=nstep, gamma=GAMMA, truncated=truncated)
     completed = np.zeros(NUM_ENVS, int)
-    with ReplayBuffer(NUM_ENVS * 256, actor.env_dict(), **_buffer_options(layout, nested, NUM_ENVS)) as buffer, \
-            VectorWriter(buffer, NUM_ENVS) as writer:
+    with (
+        ReplayBuffer(NUM_ENVS * 256, actor.env_dict(), **_buffer_options(layout, nested, NUM_ENVS)) as buffer,
+        VectorWriter(buffer, NUM_ENVS) as writer,
+    ):
         obs, _ = env.reset(seed=0)
         writer.add(actor.reset(obs))
         for _ in range(steps):
@@ -131,12 +146,12 @@ def _fold(steps: list[dict], nstep: int | None, truncated: bool) -> list[dict]:
         m = min(nstep, len(steps) - t)
         last = steps[t + m - 1]
         row = {k: v for k, v in first.items() if not k.startswith("next_") and k not in ("done", "truncated")}
-        row["rew"] = sum(GAMMA ** k * float(np.float32(steps[t + k]["rew"])) for k in range(m))
+        row["rew"] = sum(GAMMA**k * float(np.float32(steps[t + k]["rew"])) for k in range(m))
         row.update({k: v for k, v in last.items() if k.startswith("next_")})
         row["done"] = last["done"]
         if truncated:
             row["truncated"] = last["truncated"]
-        row["discount"] = GAMMA ** m
+        row["discount"] = GAMMA**m
         rows.append(row)
     return rows
 
@@ -152,8 +167,16 @@ def _reference(env_id: int, episodes: int, *, nstep, truncated, layout, nested=F
             while True:
                 act = int(_policy(np.asarray(_frames(obs))[None])[0])
                 nxt, rew, term, trunc, _ = env.step(act)
-                steps.append({**_flat(obs, "obs"), "act": act, "rew": rew, "done": term,
-                              **_flat(nxt, "next_obs"), "truncated": trunc})
+                steps.append(
+                    {
+                        **_flat(obs, "obs"),
+                        "act": act,
+                        "rew": rew,
+                        "done": term,
+                        **_flat(nxt, "next_obs"),
+                        "truncated": trunc,
+                    }
+                )
                 obs = nxt
                 if term or trunc:
                     break
@@ -194,6 +217,7 @@ def _episode_of(rows: dict) -> np.ndarray:
 
 # -- stored transitions equal the reference loop's ------------------------------------------------
 
+
 @pytest.mark.parametrize("truncated", [False, True], ids=["no-truncated-field", "truncated-field"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("nstep", [None, 1, 3], ids=["no-folding", "nstep1", "nstep3"])
@@ -202,8 +226,9 @@ def _episode_of(rows: dict) -> np.ndarray:
 def test_a_sync_vector_env_stores_what_each_sub_environment_alone_stores(mode, nstep, layout, truncated):
     stored, completed = _run_vector(_make("sync", mode), nstep=nstep, truncated=truncated, layout=layout)
     assert (completed >= 3).all()
-    _assert_same_as_reference(stored, completed, _env_of_toy, functools.partial(
-        _reference, nstep=nstep, truncated=truncated, layout=layout))
+    _assert_same_as_reference(
+        stored, completed, _env_of_toy, functools.partial(_reference, nstep=nstep, truncated=truncated, layout=layout)
+    )
 
 
 @pytest.mark.parametrize("nstep, layout", [(1, "plain"), (3, "both")])
@@ -216,8 +241,9 @@ def test_an_async_vector_env_stores_what_each_sub_environment_alone_stores(metho
         stored, completed = _run_vector(env, nstep=nstep, truncated=False, layout=layout)
     finally:
         env.close()
-    _assert_same_as_reference(stored, completed, _env_of_toy, functools.partial(
-        _reference, nstep=nstep, truncated=False, layout=layout))
+    _assert_same_as_reference(
+        stored, completed, _env_of_toy, functools.partial(_reference, nstep=nstep, truncated=False, layout=layout)
+    )
 
 
 @pytest.mark.parametrize("layout", ["plain", "both"])
@@ -225,11 +251,16 @@ def test_an_async_vector_env_stores_what_each_sub_environment_alone_stores(metho
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.timeout(60, method="thread")
 def test_dict_and_tuple_observations_are_stored_as_one_field_per_leaf(mode, nstep, layout):
-    stored, completed = _run_vector(_make("sync", mode, nested=True), nstep=nstep, truncated=True, layout=layout,
-                                    nested=True)
+    stored, completed = _run_vector(
+        _make("sync", mode, nested=True), nstep=nstep, truncated=True, layout=layout, nested=True
+    )
     assert {"obs_frame", "obs_pos_0", "obs_pos_1", "next_obs_frame", "next_obs_pos_0", "next_obs_pos_1"} <= set(stored)
-    _assert_same_as_reference(stored, completed, _env_of_toy, functools.partial(
-        _reference, nstep=nstep, truncated=True, layout=layout, nested=True))
+    _assert_same_as_reference(
+        stored,
+        completed,
+        _env_of_toy,
+        functools.partial(_reference, nstep=nstep, truncated=True, layout=layout, nested=True),
+    )
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -317,6 +348,7 @@ def test_cartpole_with_8_sub_environments_stores_what_each_alone_stores(mode):
 
 # -- episode ends, resets and refused input -------------------------------------------------------
 
+
 def test_a_reset_in_the_middle_of_episodes_returns_their_pending_steps_as_truncated():
     env = _make("sync", NEXT_STEP)
     actor = VectorTransitions(env, nstep=3, gamma=GAMMA, truncated=True)
@@ -331,14 +363,20 @@ def test_a_reset_in_the_middle_of_episodes_returns_their_pending_steps_as_trunca
     assert cut.ended.tolist() == [0, 1, 2, 3]
     assert (cut.rows["done"] == 0).all() and (cut.rows["truncated"] == 1).all()
     assert np.array_equal(cut.rows["next_obs"][:, 2, -1], [2] * 8)  # both bootstrap from step 2
-    assert cut.rows["discount"].tolist() == pytest.approx([GAMMA ** 2, GAMMA] * 4)
+    assert cut.rows["discount"].tolist() == pytest.approx([GAMMA**2, GAMMA] * 4)
 
 
 def test_a_step_before_reset_is_refused():
     actor = VectorTransitions(_make("sync", NEXT_STEP))
     with pytest.raises(RuntimeError, match="reset"):
-        actor.step(np.zeros(NUM_ENVS, np.int64), np.zeros((NUM_ENVS, 3, STACK), np.uint8), np.zeros(NUM_ENVS),
-                   np.zeros(NUM_ENVS, bool), np.zeros(NUM_ENVS, bool), {})
+        actor.step(
+            np.zeros(NUM_ENVS, np.int64),
+            np.zeros((NUM_ENVS, 3, STACK), np.uint8),
+            np.zeros(NUM_ENVS),
+            np.zeros(NUM_ENVS, bool),
+            np.zeros(NUM_ENVS, bool),
+            {},
+        )
 
 
 def _play_until_an_episode_ends(env, actor):
@@ -379,13 +417,17 @@ def test_same_step_mode_refuses_an_ended_episode_without_its_final_observation()
         actor.step(act, obs, rew, term, trunc, {})
 
 
-@pytest.mark.parametrize("bad, match", [
-    ({"obs": np.zeros((NUM_ENVS, 3), np.uint8)}, "obs"),
-    ({"actions": np.zeros(NUM_ENVS + 1, np.int64)}, "actions"),
-    ({"rewards": np.zeros(2)}, "rewards"),
-    ({"terminated": np.zeros((NUM_ENVS, 2), bool)}, "terminated"),
-    ({"actions": np.full(NUM_ENVS, 0.5)}, "act"),
-], ids=["obs-shape", "actions-count", "rewards-count", "terminated-shape", "actions-not-integers"])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"obs": np.zeros((NUM_ENVS, 3), np.uint8)}, "obs"),
+        ({"actions": np.zeros(NUM_ENVS + 1, np.int64)}, "actions"),
+        ({"rewards": np.zeros(2)}, "rewards"),
+        ({"terminated": np.zeros((NUM_ENVS, 2), bool)}, "terminated"),
+        ({"actions": np.full(NUM_ENVS, 0.5)}, "act"),
+    ],
+    ids=["obs-shape", "actions-count", "rewards-count", "terminated-shape", "actions-not-integers"],
+)
 def test_a_refused_step_changes_nothing(bad, match):
     """Two actors see the same steps; one also gets a refused step: they return the same batches."""
     env = _make("sync", NEXT_STEP)
@@ -399,8 +441,9 @@ def test_a_refused_step_changes_nothing(bad, match):
         if t == 5:
             args = {"actions": act, "obs": obs, "rewards": rew, "terminated": term, "truncated": trunc, **bad}
             with pytest.raises((ValueError, TypeError), match=match):
-                actors[1].step(args["actions"], args["obs"], args["rewards"], args["terminated"], args["truncated"],
-                               info)
+                actors[1].step(
+                    args["actions"], args["obs"], args["rewards"], args["terminated"], args["truncated"], info
+                )
         batches = [a.step(act, obs, rew, term, trunc, info) for a in actors]
         first, second = ({k: v.tobytes() for k, v in b.rows.items()} for b in batches[:2])
         assert first == second
@@ -429,17 +472,28 @@ def test_an_unknown_autoreset_mode_is_refused():
 
 # -- env_dict from spaces ---------------------------------------------------------------------
 
+
 def test_env_dict_names_one_field_per_leaf_of_dict_and_tuple_spaces():
-    fields = env_dict(Toy(0, nested=True).observation_space, spaces.Dict({"move": spaces.MultiDiscrete([3, 2]),
-                                                                          "fire": spaces.MultiBinary(4)}),
-                      truncated=True, discount=True)
+    fields = env_dict(
+        Toy(0, nested=True).observation_space,
+        spaces.Dict({"move": spaces.MultiDiscrete([3, 2]), "fire": spaces.MultiBinary(4)}),
+        truncated=True,
+        discount=True,
+    )
     assert {k: (v["shape"], np.dtype(v["dtype"])) for k, v in fields.items()} == {
-        "obs_frame": ((3, STACK), np.dtype(np.uint8)), "obs_pos_0": ((1,), np.dtype(np.float32)),
-        "obs_pos_1": ((), np.dtype(np.int64)), "act_move": ((2,), np.dtype(np.int64)),
-        "act_fire": ((4,), np.dtype(np.int8)), "rew": ((), np.dtype(np.float32)), "done": ((), np.dtype(np.float32)),
-        "next_obs_frame": ((3, STACK), np.dtype(np.uint8)), "next_obs_pos_0": ((1,), np.dtype(np.float32)),
-        "next_obs_pos_1": ((), np.dtype(np.int64)), "truncated": ((), np.dtype(np.float32)),
-        "discount": ((), np.dtype(np.float32))}
+        "obs_frame": ((3, STACK), np.dtype(np.uint8)),
+        "obs_pos_0": ((1,), np.dtype(np.float32)),
+        "obs_pos_1": ((), np.dtype(np.int64)),
+        "act_move": ((2,), np.dtype(np.int64)),
+        "act_fire": ((4,), np.dtype(np.int8)),
+        "rew": ((), np.dtype(np.float32)),
+        "done": ((), np.dtype(np.float32)),
+        "next_obs_frame": ((3, STACK), np.dtype(np.uint8)),
+        "next_obs_pos_0": ((1,), np.dtype(np.float32)),
+        "next_obs_pos_1": ((), np.dtype(np.int64)),
+        "truncated": ((), np.dtype(np.float32)),
+        "discount": ((), np.dtype(np.float32)),
+    }
 
 
 def test_env_dict_refuses_a_space_without_fixed_shape_numbers():
@@ -460,6 +514,7 @@ def test_env_dict_refuses_a_key_that_makes_no_field_name():
 
 # -- the writer ------------------------------------------------------------------------------
 
+
 def _one_batch(nstep=3):
     env = _make("sync", NEXT_STEP)
     actor = VectorTransitions(env, nstep=nstep, gamma=GAMMA)
@@ -475,8 +530,10 @@ def _one_batch(nstep=3):
 
 def test_priorities_reach_the_rows_they_were_given_for():
     actor, batches = _one_batch()
-    with PrioritizedReplayBuffer(NUM_ENVS * 64, actor.env_dict(), next_of="obs", lanes=NUM_ENVS) as buffer, \
-            VectorWriter(buffer, NUM_ENVS) as writer:
+    with (
+        PrioritizedReplayBuffer(NUM_ENVS * 64, actor.env_dict(), next_of="obs", lanes=NUM_ENVS) as buffer,
+        VectorWriter(buffer, NUM_ENVS) as writer,
+    ):
         for batch in batches:
             # priority = 100 * sub-environment + step: what each row must carry
             writer.add(batch, priorities=100.0 * batch.envs + batch.rows["obs"][:, 2, -1])
@@ -531,6 +588,7 @@ def test_closing_the_writer_gives_the_lanes_back():
 
 # -- an actor process writing a shared buffer ----------------------------------------------------
 
+
 def _actor_process(buffer, nstep, layout) -> None:
     env = _make("sync", NEXT_STEP)
     actor = VectorTransitions(env, nstep=nstep, gamma=GAMMA)
@@ -555,8 +613,9 @@ def test_an_actor_process_writes_a_shared_buffer_as_the_reference_loop_does(meth
         assert child.exitcode == 0
         stored = buffer.get_all_transitions()
     completed = np.array([(_episode_of(stored)[_env_of_toy(stored) == i]).max() for i in range(NUM_ENVS)])
-    _assert_same_as_reference(stored, completed, _env_of_toy, functools.partial(
-        _reference, nstep=3, truncated=False, layout=layout))
+    _assert_same_as_reference(
+        stored, completed, _env_of_toy, functools.partial(_reference, nstep=3, truncated=False, layout=layout)
+    )
 
 
 def test_a_batch_a_timeout_interrupted_is_finished_by_adding_it_again():
@@ -564,9 +623,12 @@ def test_a_batch_a_timeout_interrupted_is_finished_by_adding_it_again():
     options = dict(stack_compress="obs", lanes=NUM_ENVS)  # rows complete at once: they can be sampled
     # At most 4 rows ahead of the samples: a batch of several sub-environments stops part way.
     limiter = SampleToInsertRatio(1.0, 1, (-1e9, 4.0))
-    with ReplayBuffer(NUM_ENVS * 64, actor.env_dict(), rate_limiter=limiter, **options) as limited, \
-            ReplayBuffer(NUM_ENVS * 64, actor.env_dict(), **options) as free, \
-            VectorWriter(limited, NUM_ENVS) as writer, VectorWriter(free, NUM_ENVS) as reference:
+    with (
+        ReplayBuffer(NUM_ENVS * 64, actor.env_dict(), rate_limiter=limiter, **options) as limited,
+        ReplayBuffer(NUM_ENVS * 64, actor.env_dict(), **options) as free,
+        VectorWriter(limited, NUM_ENVS) as writer,
+        VectorWriter(free, NUM_ENVS) as reference,
+    ):
         timeouts = 0
         for batch in batches:
             reference.add(batch)
@@ -587,8 +649,10 @@ def test_a_batch_a_timeout_interrupted_is_finished_by_adding_it_again():
 def test_a_sequence_buffer_fed_by_a_vector_env_samples_steps_of_one_episode(mode):
     env = SyncVectorEnv([_cartpole] * CARTPOLE_ENVS, autoreset_mode=mode)
     actor = VectorTransitions(env)
-    with SequenceReplayBuffer(20_000, actor.env_dict(), length=8, period=4, lanes=CARTPOLE_ENVS) as buffer, \
-            VectorWriter(buffer, CARTPOLE_ENVS) as writer:
+    with (
+        SequenceReplayBuffer(20_000, actor.env_dict(), length=8, period=4, lanes=CARTPOLE_ENVS) as buffer,
+        VectorWriter(buffer, CARTPOLE_ENVS) as writer,
+    ):
         obs, _ = env.reset(seed=100)
         actor.reset(obs)
         for _ in range(200):

@@ -1,5 +1,6 @@
 """``verify()``: every buffer checks its derived state against its slot states, and names
 what disagrees."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -67,9 +68,21 @@ def _shared_sequences():
     return MPPrioritizedSequenceReplayBuffer(CAPACITY, ENV, length=4, lanes=2)
 
 
-KINDS = pytest.mark.parametrize("make", [_uniform, _prioritized, _next_of, _sequences, _prioritized_sequences,
-                                         _shared_uniform, _shared_prioritized, _rate_limited, _shared_sequences],
-                                ids=lambda make: make.__name__.strip("_"))
+KINDS = pytest.mark.parametrize(
+    "make",
+    [
+        _uniform,
+        _prioritized,
+        _next_of,
+        _sequences,
+        _prioritized_sequences,
+        _shared_uniform,
+        _shared_prioritized,
+        _rate_limited,
+        _shared_sequences,
+    ],
+    ids=lambda make: make.__name__.strip("_"),
+)
 
 
 def _add_episode(buffer, steps: int, first: int = 0) -> None:
@@ -148,6 +161,7 @@ def test_a_buffer_whose_holder_died_verifies_once_recovered(method):
 
 # -- each kind of damage is found and named -----------------------------------------------------
 
+
 def _damaged(damage) -> CorruptBufferError:
     buffer = PrioritizedReplayBuffer(CAPACITY, ENV)
     _add_episode(buffer, 40)
@@ -182,9 +196,12 @@ def test_a_tree_node_that_disagrees_with_its_children_is_named():
     def damage(view):
         tree = view.writable(TREE_ARRAY)
         tree[8] += 1.0  # the first entry of the sum tree's root node
+
     error = _damaged(damage)
-    assert error.problems == [
-        error.problems[0]] and "inner entries differ from their children's, first at entry 8" in error.problems[0]
+    assert (
+        error.problems == [error.problems[0]]
+        and "inner entries differ from their children's, first at entry 8" in error.problems[0]
+    )
 
 
 def test_a_cursor_outside_its_lane_is_named():
@@ -237,8 +254,9 @@ def test_a_row_reading_a_frame_being_written_is_named():
 
 
 def test_the_error_lists_every_problem_in_its_message():
-    error = _damaged(lambda view: (view.writable("header").__setitem__(STORED, 7),
-                                   view.writable("state").__setitem__(5, 9)))
+    error = _damaged(
+        lambda view: (view.writable("header").__setitem__(STORED, 7), view.writable("state").__setitem__(5, 9))
+    )
     assert len(error.problems) >= 2
     assert all(p in str(error) for p in error.problems)
 
@@ -266,6 +284,7 @@ def test_verify_waits_for_the_lock_no_longer_than_its_timeout():
 
 
 # -- mpreplay verify NAME: the same check from any shell --------------------------------------
+
 
 def test_mpreplay_verify_reports_a_consistent_buffer(capsys):
     with MPPrioritizedReplayBuffer(CAPACITY, ENV) as buffer:

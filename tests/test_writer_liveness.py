@@ -1,4 +1,5 @@
 """Dead writers are recognised however pids were reused."""
+
 from __future__ import annotations
 
 import multiprocessing as mp

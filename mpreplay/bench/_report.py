@@ -1,12 +1,20 @@
 """What every benchmark prints with: one table layout and argument checks."""
+
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
 
 
-def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], *,
-                left: int = 1, group: slice | None = None, width: int = 120) -> None:
+def print_table(
+    title: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    left: int = 1,
+    group: slice | None = None,
+    width: int = 120,
+) -> None:
     """A rich table when rich is installed, else aligned text.
 
     The first ``left`` columns are left-aligned, the others right-aligned; a
@@ -20,8 +28,11 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]
         widths = [max(len(r[i]) for r in [columns, *rows]) for i in range(len(columns))]
         print(title)
         for cells in [columns, *rows]:
-            print("  ".join(c.ljust(w) if i < left else c.rjust(w)
-                            for i, (c, w) in enumerate(zip(cells, widths, strict=True))))
+            print(
+                "  ".join(
+                    c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+                )
+            )
         print()
         return
     table = Table(title=title, title_justify="left")

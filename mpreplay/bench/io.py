@@ -24,6 +24,7 @@ median of ``K`` repeats, and the repeats interleave the contenders.  Loads
 read from the page cache (the file was just written): they measure parsing,
 inflating and copying, not the disk.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,11 @@ from mpreplay import ReplayBuffer
 
 FRAME = (84, 84)
 ENV: dict[str, dict[str, Any]] = {
-    "obs": {"shape": FRAME, "dtype": np.uint8}, "act": {"dtype": np.int64}, "rew": {"dtype": np.float32},
-    "done": {"dtype": np.uint8}}
+    "obs": {"shape": FRAME, "dtype": np.uint8},
+    "act": {"dtype": np.int64},
+    "rew": {"dtype": np.float32},
+    "done": {"dtype": np.uint8},
+}
 _LEVEL_FRAMES = 2_000
 _CHUNK = 2_000  # frames generated at a time
 
@@ -65,8 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = [_measure(source, target, folder, compress, args.repeat) for compress in (True, False)]
     finally:
         shutil.rmtree(folder)
-    print(f"{count:,} transitions: obs {FRAME} uint8, act int64, rew float32, done uint8 = {raw_mb:.1f} MB; "
-          f"median of {args.repeat}; mpreplay {mpreplay.__version__}, numpy {np.__version__}")
+    print(
+        f"{count:,} transitions: obs {FRAME} uint8, act int64, rew float32, done uint8 = {raw_mb:.1f} MB; "
+        f"median of {args.repeat}; mpreplay {mpreplay.__version__}, numpy {np.__version__}"
+    )
     _print_table(raw_mb, [row for group in rows for row in group])
     return 0
 
@@ -76,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _atari_like(count: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """``count`` transitions whose frames compress about as real Atari frames do."""
-    y, x = np.mgrid[:FRAME[0], :FRAME[1]]
+    y, x = np.mgrid[: FRAME[0], : FRAME[1]]
     levels = []
     for _ in range(-(-count // _LEVEL_FRAMES)):
         fx, fy, phase = rng.uniform(0.03, 0.15, 2).tolist() + [rng.uniform(0, 6.3)]
@@ -95,9 +101,13 @@ def _atari_like(count: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
             chunk[rows & cols] = 255 - 20 * k
         noisy = rng.random(chunk.shape) < 0.01
         chunk[noisy] = rng.integers(0, 256, int(noisy.sum()), dtype=np.uint8)
-        frames[first:first + len(t)] = chunk
-    return {"obs": frames, "act": rng.integers(0, 18, count), "rew": rng.choice([0.0, 1.0], count, p=[0.97, 0.03]),
-            "done": (rng.random(count) < 0.001).astype(np.uint8)}
+        frames[first : first + len(t)] = chunk
+    return {
+        "obs": frames,
+        "act": rng.integers(0, 18, count),
+        "rew": rng.choice([0.0, 1.0], count, p=[0.97, 0.03]),
+        "done": (rng.random(count) < 0.001).astype(np.uint8),
+    }
 
 
 # -- contenders --------------------------------------------------------------------------------
@@ -121,13 +131,17 @@ def _numpy_load(buffer: ReplayBuffer, path: str) -> None:
         buffer.add(**{name: data[name] for name in data.files})
 
 
-def _measure(source: ReplayBuffer, target: ReplayBuffer, folder: str, compress: bool,
-             repeat: int) -> list[dict[str, Any]]:
+def _measure(
+    source: ReplayBuffer, target: ReplayBuffer, folder: str, compress: bool, repeat: int
+) -> list[dict[str, Any]]:
     """Save and load timings of every contender, one compression setting."""
     method = "deflated" if compress else "stored"
     contenders: list[tuple[str, Callable[[ReplayBuffer, str], None], Callable[[ReplayBuffer, str], Any]]] = [
-        (f"mpreplay, {method}", lambda b, p: b.save_transitions(p, compress=compress),
-         lambda b, p: b.load_transitions(p)),
+        (
+            f"mpreplay, {method}",
+            lambda b, p: b.save_transitions(p, compress=compress),
+            lambda b, p: b.load_transitions(p),
+        ),
         (f"np.savez{'_compressed' if compress else ''} + fsync", _numpy_save(compress, True), _numpy_load),
         (f"np.savez{'_compressed' if compress else ''}", _numpy_save(compress, False), _numpy_load),
     ]
@@ -144,9 +158,16 @@ def _measure(source: ReplayBuffer, target: ReplayBuffer, folder: str, compress: 
             assert target.get_stored_size() == source.get_stored_size()
             os.unlink(path)
     medians = {name: {op: statistics.median(t) for op, t in ops.items()} for name, ops in times.items()}
-    return [{"name": name, "size": sizes[name], **medians[name],
-             "save ratio": medians[baseline]["save"] / medians[name]["save"],
-             "load ratio": medians[baseline]["load"] / medians[name]["load"]} for name in medians]
+    return [
+        {
+            "name": name,
+            "size": sizes[name],
+            **medians[name],
+            "save ratio": medians[baseline]["save"] / medians[name]["save"],
+            "load ratio": medians[baseline]["load"] / medians[name]["load"],
+        }
+        for name in medians
+    ]
 
 
 def _timed(run: Callable[[ReplayBuffer, str], Any], buffer: ReplayBuffer, path: str) -> float:
@@ -157,14 +178,26 @@ def _timed(run: Callable[[ReplayBuffer, str], Any], buffer: ReplayBuffer, path: 
 
 def _print_table(raw_mb: float, rows: list[dict[str, Any]]) -> None:
     header = ("contender", "file MB", "raw/file", "save MB/s", "save ratio", "load MB/s", "load ratio")
-    table = [header] + [(
-        row["name"], f"{row['size'] / 1e6:.1f}", f"{raw_mb * 1e6 / row['size']:.1f}",
-        f"{raw_mb / row['save']:.0f}", f"{row['save ratio']:.2f}",
-        f"{raw_mb / row['load']:.0f}", f"{row['load ratio']:.2f}",
-    ) for row in rows]
+    table = [header] + [
+        (
+            row["name"],
+            f"{row['size'] / 1e6:.1f}",
+            f"{raw_mb * 1e6 / row['size']:.1f}",
+            f"{raw_mb / row['save']:.0f}",
+            f"{row['save ratio']:.2f}",
+            f"{raw_mb / row['load']:.0f}",
+            f"{row['load ratio']:.2f}",
+        )
+        for row in rows
+    ]
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for r in table:
-        print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                        for i, (cell, w) in enumerate(zip(r, widths, strict=True))))
-    print("ratio = median time of numpy + fsync (np.savez or np.savez_compressed; np.load + add) with the same "
-          "compression over this row's; above 1 = faster")
+        print(
+            "  ".join(
+                cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
+    print(
+        "ratio = median time of numpy + fsync (np.savez or np.savez_compressed; np.load + add) with the same "
+        "compression over this row's; above 1 = faster"
+    )

@@ -19,6 +19,7 @@ Figures are median wall-clock milliseconds per step (the overlap is what is meas
 CPU time would not show it), over ``R`` rounds that alternate the four ways.  Target
 (issue: a learner that never waits): prefetched <= 1.1 x max(train, sample).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,14 +65,18 @@ def main(argv: list[str] | None = None) -> int:
         median = {name: statistics.median(t) * 1e3 for name, t in times.items()}
         floor = max(median["train"], median["sample"])
         what = "compressed (next_of + stack_compress)" if compressed else "uncompressed"
-        print_table(f"learner step, {what}: batch {args.batch_size} of {FRAME} uint8 stacks, capacity {capacity:,}, "
-                    f"{rounds} rounds x {steps} steps (median wall ms per step)",
-                    ["way", "ms / step", "÷ max(train, sample)"],
-                    [[name, f"{ms:.2f}", f"{ms / floor:.2f}"] for name, ms in median.items()])
+        print_table(
+            f"learner step, {what}: batch {args.batch_size} of {FRAME} uint8 stacks, capacity {capacity:,}, "
+            f"{rounds} rounds x {steps} steps (median wall ms per step)",
+            ["way", "ms / step", "÷ max(train, sample)"],
+            [[name, f"{ms:.2f}", f"{ms / floor:.2f}"] for name, ms in median.items()],
+        )
         ratio = median["prefetched"] / floor
-        print(f"{what}: prefetched / max(train, sample) = {ratio:.2f} "
-              f"(target <= {TARGET}: {'met' if ratio <= TARGET else 'not met'}); "
-              f"in turn / prefetched = {median['in turn'] / median['prefetched']:.2f}")
+        print(
+            f"{what}: prefetched / max(train, sample) = {ratio:.2f} "
+            f"(target <= {TARGET}: {'met' if ratio <= TARGET else 'not met'}); "
+            f"in turn / prefetched = {median['in turn'] / median['prefetched']:.2f}"
+        )
     return 0
 
 
@@ -80,21 +85,32 @@ def _filled(capacity: int, compressed: bool) -> mpreplay.PrioritizedReplayBuffer
     episode repeated), each row with its next stack; compressed with next_of + stack_compress."""
     frame = {"shape": FRAME, "dtype": np.uint8}
     options: dict[str, Any] = {"next_of": "obs", "stack_compress": "obs"} if compressed else {}
-    buffer = mpreplay.PrioritizedReplayBuffer(capacity, {"obs": frame, "next_obs": frame, "act": {"dtype": np.int64},
-                                                         "rew": {}, "done": {}}, seed=0, **options)
+    buffer = mpreplay.PrioritizedReplayBuffer(
+        capacity,
+        {"obs": frame, "next_obs": frame, "act": {"dtype": np.int64}, "rew": {}, "done": {}},
+        seed=0,
+        **options,
+    )
     rng = np.random.default_rng(0)
     stack, episode = FRAME[-1], min(_EPISODE, capacity // 4)
     while buffer.get_stored_size() < capacity - episode:
         frames = rng.integers(0, 256, (episode + 1,) + FRAME[:-1], dtype=np.uint8)
         # Stack t holds frames t-3..t, the episode's first frame standing in before it.
-        stacks = np.stack([frames[np.clip(np.arange(episode + 1) - (stack - 1) + j, 0, None)]
-                           for j in range(stack)], axis=-1)
+        stacks = np.stack(
+            [frames[np.clip(np.arange(episode + 1) - (stack - 1) + j, 0, None)] for j in range(stack)], axis=-1
+        )
         for start in range(0, episode, 32):
             k = min(32, episode - start)
             done = np.zeros(k)
             done[-1] = start + k == episode
-            buffer.add(obs=stacks[start:start + k], next_obs=stacks[start + 1:start + k + 1],
-                       act=rng.integers(0, 6, k), rew=rng.random(k), done=done, priorities=rng.random(k) + 0.1)
+            buffer.add(
+                obs=stacks[start : start + k],
+                next_obs=stacks[start + 1 : start + k + 1],
+                act=rng.integers(0, 6, k),
+                rew=rng.random(k),
+                done=done,
+                priorities=rng.random(k) + 0.1,
+            )
     return buffer
 
 
@@ -114,8 +130,9 @@ def _synthetic_step(seconds: float) -> Callable[[], None]:
     return lambda: products(n)
 
 
-def _ways(buffer: mpreplay.PrioritizedReplayBuffer, batch_size: int,
-          train: Callable[[], None]) -> dict[str, Callable[[int], float]]:
+def _ways(
+    buffer: mpreplay.PrioritizedReplayBuffer, batch_size: int, train: Callable[[], None]
+) -> dict[str, Callable[[int], float]]:
     rng = np.random.default_rng(1)
     out = {name: a for name, a in buffer.sample(batch_size).items() if name not in ("indexes", "weights")}
 
@@ -128,6 +145,7 @@ def _ways(buffer: mpreplay.PrioritizedReplayBuffer, batch_size: int,
             for _ in range(steps):
                 step()
             return time.perf_counter() - start
+
         return run
 
     def in_turn() -> None:
@@ -144,8 +162,12 @@ def _ways(buffer: mpreplay.PrioritizedReplayBuffer, batch_size: int,
                 buffer.update_priorities(batch["indexes"], new_priorities())
             return time.perf_counter() - start
 
-    return {"train": timed(train), "sample": timed(lambda: buffer.sample(batch_size, out=out)),
-            "in turn": timed(in_turn), "prefetched": prefetched}
+    return {
+        "train": timed(train),
+        "sample": timed(lambda: buffer.sample(batch_size, out=out)),
+        "in turn": timed(in_turn),
+        "prefetched": prefetched,
+    }
 
 
 if __name__ == "__main__":

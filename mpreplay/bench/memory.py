@@ -10,6 +10,7 @@ the compressed layouts).  Table 2: median seconds to sample a batch of 256
 from a compressed buffer vs an uncompressed one of the same content, into fresh
 arrays and into the previous batch's (`out=`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,9 +31,13 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "stack_compress": {"stack_compress": "obs"},
     "next_of + stack_compress": {"next_of": "obs", "stack_compress": "obs"},
 }
-ENV: dict[str, dict[str, Any]] = {"obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
-       "next_obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
-       "act": {"dtype": np.int64}, "rew": {}, "done": {}}
+ENV: dict[str, dict[str, Any]] = {
+    "obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
+    "next_obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
+    "act": {"dtype": np.int64},
+    "rew": {},
+    "done": {},
+}
 
 
 def _episode(rng: np.random.Generator, length: int) -> dict[str, np.ndarray]:
@@ -40,9 +45,13 @@ def _episode(rng: np.random.Generator, length: int) -> dict[str, np.ndarray]:
     frames = rng.integers(0, 256, (length + 1,) + FRAME, dtype=np.uint8)
     index = np.maximum(0, np.arange(length + 1)[:, None] - np.arange(STACK - 1, -1, -1)[None, :])
     stacks = np.moveaxis(frames[index], 1, -1)  # (length + 1, 84, 84, 4)
-    return {"obs": stacks[:-1], "next_obs": stacks[1:], "act": rng.integers(0, 6, length),
-            "rew": rng.standard_normal(length).astype(np.float32),
-            "done": (np.arange(length) == length - 1).astype(np.float32)}
+    return {
+        "obs": stacks[:-1],
+        "next_obs": stacks[1:],
+        "act": rng.integers(0, 6, length),
+        "rew": rng.standard_normal(length).astype(np.float32),
+        "done": (np.arange(length) == length - 1).astype(np.float32),
+    }
 
 
 def _fill(buffer: ReplayBuffer, transitions: int, mean_length: int, seed: int) -> None:
@@ -66,8 +75,7 @@ def _bytes_per_transition(layout: dict[str, Any], capacity: int, mean_length: in
     return nbytes, stored, nbytes / stored
 
 
-def _median_sample_seconds(buffers: dict[str, ReplayBuffer], batch: int, repeats: int,
-                           reuse: bool) -> dict[str, float]:
+def _median_sample_seconds(buffers: dict[str, ReplayBuffer], batch: int, repeats: int, reuse: bool) -> dict[str, float]:
     """Median seconds of ``sample(batch)`` per buffer: into fresh arrays, or with ``reuse`` into the
     last batch's.  The buffers take turns, call by call, so a change of the machine's state
     (another process's load, the caches' contents) weighs on all of them alike."""
@@ -82,8 +90,9 @@ def _median_sample_seconds(buffers: dict[str, ReplayBuffer], batch: int, repeats
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mpreplay bench memory", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="mpreplay bench memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--capacity", type=int, default=100_000, help="capacity of table 1 (default 100k)")
     parser.add_argument("--sample-capacity", type=int, default=10_000, help="capacity of table 2 (default 10k)")
     parser.add_argument("--episode", type=int, default=200, help="mean episode length (default 200)")
@@ -98,16 +107,22 @@ def main(argv: list[str] | None = None) -> int:
     for name, layout in LAYOUTS.items():
         nbytes, stored, per = _bytes_per_transition(layout, args.capacity, args.episode)
         rows.append([name, f"{nbytes / 2**20:,.0f}", f"{stored:,}", f"{per:,.0f}", f"{per / LIMIT:.3f}"])
-    print_table(f"Bytes per transition, obs {FRAME + (STACK,)} uint8, capacity {args.capacity:,}, "
-                 f"episodes of mean length {args.episode}",
-                ["layout", "MiB", "transitions", "bytes/transition", "÷ one frame per step"], rows)
+    print_table(
+        f"Bytes per transition, obs {FRAME + (STACK,)} uint8, capacity {args.capacity:,}, "
+        f"episodes of mean length {args.episode}",
+        ["layout", "MiB", "transitions", "bytes/transition", "÷ one frame per step"],
+        rows,
+    )
 
     buffers = {}
     for name in ("obs + next_obs", "next_of + stack_compress"):
         buffers[name] = ReplayBuffer(args.sample_capacity, ENV, seed=1, **LAYOUTS[name])
         _fill(buffers[name], args.sample_capacity, args.episode, seed=1)
-    seconds = {(name, reuse): t for reuse in (False, True)
-               for name, t in _median_sample_seconds(buffers, args.batch, args.repeats, reuse).items()}
+    seconds = {
+        (name, reuse): t
+        for reuse in (False, True)
+        for name, t in _median_sample_seconds(buffers, args.batch, args.repeats, reuse).items()
+    }
     rows = []
     for name, buffer in buffers.items():
         row = [name]
@@ -116,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
             row += [f"{t * 1e3:.2f}", f"{t / base:.2f}"]
         rows.append(row)
         buffer.close()
-    print_table(f"sample({args.batch}) with obs and next_obs rebuilt, capacity {args.sample_capacity:,}, "
-                 f"median of {args.repeats}",
-                ["layout", "ms, fresh arrays", "÷ uncompressed", "ms, out=", "÷ uncompressed"], rows)
+    print_table(
+        f"sample({args.batch}) with obs and next_obs rebuilt, capacity {args.sample_capacity:,}, "
+        f"median of {args.repeats}",
+        ["layout", "ms, fresh arrays", "÷ uncompressed", "ms, out=", "÷ uncompressed"],
+        rows,
+    )
     return 0

@@ -27,6 +27,7 @@ Rates are medians over slices of the window; stale updates, lock waits
 table compares figures of this same run.  Other work on the machine skews
 every figure: the "others' cores" column shows how much there was.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -86,8 +87,19 @@ def _atari_scale(ctx: Any, contenders: Sequence[Contender], obs: Obs, timing: Ti
             if not shown.lanes:
                 fill(buffer, shown, contender)
             for rows in ROWS_PER_ADD:
-                results.append(run_case(ctx, buffer, contender, shown, ATARI_SCALE_WRITERS, True, rows, timing,
-                                         reuse=contender is MPREPLAY))
+                results.append(
+                    run_case(
+                        ctx,
+                        buffer,
+                        contender,
+                        shown,
+                        ATARI_SCALE_WRITERS,
+                        True,
+                        rows,
+                        timing,
+                        reuse=contender is MPREPLAY,
+                    )
+                )
     return results
 
 
@@ -132,13 +144,23 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def _compare_inserts(target: str, case: str, a: Result, b: Result | None, goal: float) -> _Target:
-    return _Target(target, case, _ratio(a.inserts, None if b is None else b.inserts), goal,
-                   _ratio(_inserts_per_cpu(a), _inserts_per_cpu(b)))
+    return _Target(
+        target,
+        case,
+        _ratio(a.inserts, None if b is None else b.inserts),
+        goal,
+        _ratio(_inserts_per_cpu(a), _inserts_per_cpu(b)),
+    )
 
 
 def _compare_samples(target: str, case: str, a: Result, b: Result | None, goal: float) -> _Target:
-    return _Target(target, case, _ratio(a.sampled, None if b is None else b.sampled), goal,
-                   _ratio(_sampled_per_cpu(a), _sampled_per_cpu(b)))
+    return _Target(
+        target,
+        case,
+        _ratio(a.sampled, None if b is None else b.sampled),
+        goal,
+        _ratio(_sampled_per_cpu(a), _sampled_per_cpu(b)),
+    )
 
 
 def _targets(results: Sequence[Result], sweep: Sequence[Result]) -> list[_Target]:
@@ -147,8 +169,9 @@ def _targets(results: Sequence[Result], sweep: Sequence[Result]) -> list[_Target
     for r in results:
         if r.buffer != "mpreplay" or "writer" not in r.case or "learner" not in r.case:
             continue
-        solo = _find(results, buffer="mpreplay", obs=r.obs, rows_per_add=r.rows_per_add,
-                     case=r.case.replace(" + learner", ""))
+        solo = _find(
+            results, buffer="mpreplay", obs=r.obs, rows_per_add=r.rows_per_add, case=r.case.replace(" + learner", "")
+        )
         where = f"{r.obs}, {r.rows_per_add}/add, {r.case}"
         out.append(_compare_inserts("(a) inserts beside learner / alone", where, r, solo, 0.5))
         out.append(_compare_samples("(a) samples beside writers / alone", where, r, alone[r.obs], 0.5))
@@ -162,8 +185,11 @@ def _targets(results: Sequence[Result], sweep: Sequence[Result]) -> list[_Target
             out.append(_compare_inserts("(b) inserts/s / cpprb", where, r, theirs, 10.0))
     limit = _find(results, buffer="gather", obs=ATARI.label)
     if ATARI.label in alone and limit is not None:
-        out.append(_compare_samples("(c) learner / gather limit", f"{ATARI.label}, learner alone",
-                                    alone[ATARI.label], limit, 0.9))
+        out.append(
+            _compare_samples(
+                "(c) learner / gather limit", f"{ATARI.label}, learner alone", alone[ATARI.label], limit, 0.9
+            )
+        )
     learners = [r for r in sweep if r.buffer == "mpreplay"]
     limits = [r for r in sweep if r.buffer == "gather"]
     for learner, gather in list(zip(learners, limits, strict=False))[1:]:
@@ -174,16 +200,31 @@ def _targets(results: Sequence[Result], sweep: Sequence[Result]) -> list[_Target
 
 
 # -- output -----------------------------------------------------------------------
-_COLUMNS = ("obs", "buffer", "capacity", "processes", "rows/add", "inserts/s", "sampled rows/s", "updates/s",
-            "stale dropped", "lock wait", "CPU cores", "page faults/s", "others' cores")
+_COLUMNS = (
+    "obs",
+    "buffer",
+    "capacity",
+    "processes",
+    "rows/add",
+    "inserts/s",
+    "sampled rows/s",
+    "updates/s",
+    "stale dropped",
+    "lock wait",
+    "CPU cores",
+    "page faults/s",
+    "others' cores",
+)
 _TARGET_COLUMNS = ("target", "case", "ratio", "goal", "met", "ratio per CPU s")
-_LEGEND = ("updates/s: priority updates applied (stale ones are dropped); lock wait: share of window x processes "
-           "spent waiting for the buffer's lock;\nCPU cores: CPU seconds of the case's processes / window; "
-           "page faults/s: their minor page faults (memory the kernel maps on first touch); "
-           "others' cores: what the rest of the machine used meanwhile (/proc/stat);\n"
-           "ratio per CPU s (targets): the same ratio of rows per CPU second of the processes doing them (writers "
-           "for inserts, the learner for samples): other work on the machine does not skew it,\nbut neither does "
-           "time spent asleep waiting for the lock (see lock wait).")
+_LEGEND = (
+    "updates/s: priority updates applied (stale ones are dropped); lock wait: share of window x processes "
+    "spent waiting for the buffer's lock;\nCPU cores: CPU seconds of the case's processes / window; "
+    "page faults/s: their minor page faults (memory the kernel maps on first touch); "
+    "others' cores: what the rest of the machine used meanwhile (/proc/stat);\n"
+    "ratio per CPU s (targets): the same ratio of rows per CPU second of the processes doing them (writers "
+    "for inserts, the learner for samples): other work on the machine does not skew it,\nbut neither does "
+    "time spent asleep waiting for the lock (see lock wait)."
+)
 
 
 def _num(x: float | None) -> str:
@@ -195,22 +236,54 @@ def _cores(x: float | None) -> str:
 
 
 def _cells(r: Result) -> list[str]:
-    return [r.obs, r.buffer, f"{r.capacity:,}", r.case, "" if r.rows_per_add is None else str(r.rows_per_add),
-            _num(r.inserts), _num(r.sampled), _num(r.updates), _num(r.stale),
-            "" if r.lock_wait is None else f"{100 * r.lock_wait:.1f}%", _cores(r.cpu), _num(r.faults),
-            _cores(r.others)]
+    return [
+        r.obs,
+        r.buffer,
+        f"{r.capacity:,}",
+        r.case,
+        "" if r.rows_per_add is None else str(r.rows_per_add),
+        _num(r.inserts),
+        _num(r.sampled),
+        _num(r.updates),
+        _num(r.stale),
+        "" if r.lock_wait is None else f"{100 * r.lock_wait:.1f}%",
+        _cores(r.cpu),
+        _num(r.faults),
+        _cores(r.others),
+    ]
 
 
-_ATARI_COLUMNS = ("buffer", "capacity", "rows/add", "inserts/s", "per writer CPU s", "sampled/s",
-                  "per learner CPU s", "lock wait", "faults/sample", "cores", "others")
+_ATARI_COLUMNS = (
+    "buffer",
+    "capacity",
+    "rows/add",
+    "inserts/s",
+    "per writer CPU s",
+    "sampled/s",
+    "per learner CPU s",
+    "lock wait",
+    "faults/sample",
+    "cores",
+    "others",
+)
 
 
 def _atari_cells(r: Result) -> list[str]:
     compressed = ", compressed" if r.buffer == "mpreplay" else ", uncompressed"
     faults = "" if r.learner_faults is None else f"{r.learner_faults:.1f}"
-    return [r.buffer + compressed, f"{r.capacity:,}", str(r.rows_per_add), _num(r.inserts),
-            _num(_inserts_per_cpu(r)), _num(r.sampled), _num(_sampled_per_cpu(r)),
-            "" if r.lock_wait is None else f"{100 * r.lock_wait:.1f}%", faults, _cores(r.cpu), _cores(r.others)]
+    return [
+        r.buffer + compressed,
+        f"{r.capacity:,}",
+        str(r.rows_per_add),
+        _num(r.inserts),
+        _num(_inserts_per_cpu(r)),
+        _num(r.sampled),
+        _num(_sampled_per_cpu(r)),
+        "" if r.lock_wait is None else f"{100 * r.lock_wait:.1f}%",
+        faults,
+        _cores(r.cpu),
+        _cores(r.others),
+    ]
 
 
 def _target_cells(t: _Target) -> list[str]:
@@ -237,17 +310,32 @@ def _seconds(text: str) -> float:
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="mpreplay bench mp", description=__doc__.split("\n\n")[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="mpreplay bench mp",
+        description=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--seconds", type=_seconds, help="measured window of every case (default 3; --quick: 0.3)")
-    parser.add_argument("--start-method", choices=multiprocessing.get_all_start_methods(), default="fork",
-                        help="how writer and learner processes start (default fork)")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: short windows, small capacities, cpprb skipped")
-    parser.add_argument("--atari-scale", action="store_true",
-                        help="run only the Atari-scale case: compressed (84, 84, 4) stacks, 8 writers + learner")
-    parser.add_argument("--capacity", type=float, default=ATARI_SCALE.capacity,
-                        help="capacity of the --atari-scale buffer (default 1e6; --quick: 8000)")
+    parser.add_argument(
+        "--start-method",
+        choices=multiprocessing.get_all_start_methods(),
+        default="fork",
+        help="how writer and learner processes start (default fork)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: short windows, small capacities, cpprb skipped"
+    )
+    parser.add_argument(
+        "--atari-scale",
+        action="store_true",
+        help="run only the Atari-scale case: compressed (84, 84, 4) stacks, 8 writers + learner",
+    )
+    parser.add_argument(
+        "--capacity",
+        type=float,
+        default=ATARI_SCALE.capacity,
+        help="capacity of the --atari-scale buffer (default 1e6; --quick: 8000)",
+    )
     return parser.parse_args(list(argv))
 
 
@@ -296,12 +384,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + signal.SIGINT
     _print_setting(timing, args, contenders, 3)
     print(_LEGEND)
-    _mp_table(f"Shared prioritized buffer: writers add, the learner samples {BATCH} + updates {BATCH}",
-              _COLUMNS, [_cells(r) for r in results], group=0)
-    _mp_table("Sample cost vs capacity: learner alone, (4,) float32", _COLUMNS, [_cells(r) for r in sweep],
-              group=2)
-    _mp_table("Targets (ratios from this run)", _TARGET_COLUMNS,
-              [_target_cells(t) for t in _targets(results, sweep)], group=0)
+    _mp_table(
+        f"Shared prioritized buffer: writers add, the learner samples {BATCH} + updates {BATCH}",
+        _COLUMNS,
+        [_cells(r) for r in results],
+        group=0,
+    )
+    _mp_table("Sample cost vs capacity: learner alone, (4,) float32", _COLUMNS, [_cells(r) for r in sweep], group=2)
+    _mp_table(
+        "Targets (ratios from this run)", _TARGET_COLUMNS, [_target_cells(t) for t in _targets(results, sweep)], group=0
+    )
     return 0
 
 
@@ -315,12 +407,15 @@ def _print_setting(timing: Timing, args: argparse.Namespace, contenders: Sequenc
         versions.append("cpprb " + ("skipped (--quick)" if args.quick else "not installed"))
     cores = len(os.sched_getaffinity(0))
     crowded = f" ({processes} processes per case oversubscribe them)" if cores < processes else ""
-    print(f"{timing.seconds:g} s window per case after {timing.warmup:.2g} s warm-up, rates are medians of "
-          f"{timing.slices} slices; start method {args.start_method}; {cores} cores{crowded}; {', '.join(versions)}")
+    print(
+        f"{timing.seconds:g} s window per case after {timing.warmup:.2g} s warm-up, rates are medians of "
+        f"{timing.slices} slices; start method {args.start_method}; {cores} cores{crowded}; {', '.join(versions)}"
+    )
 
 
-def _main_atari_scale(ctx: Any, contenders: Sequence[Contender], obs: Obs, timing: Timing,
-                      args: argparse.Namespace) -> int:
+def _main_atari_scale(
+    ctx: Any, contenders: Sequence[Contender], obs: Obs, timing: Timing, args: argparse.Namespace
+) -> int:
     try:
         with _sigterm_unwinds():
             results = _atari_scale(ctx, contenders, obs, timing)
@@ -328,10 +423,16 @@ def _main_atari_scale(ctx: Any, contenders: Sequence[Contender], obs: Obs, timin
         print("interrupted: every process was stopped and every segment unlinked", file=sys.stderr)
         return 128 + signal.SIGINT
     _print_setting(timing, args, contenders, ATARI_SCALE_WRITERS + 1)
-    print("Writers add episodes of consecutive frame stacks; the learner samples 256 + updates 256. Per CPU s: rows "
-          "per CPU second of the processes doing them;\nlock wait: share of window x processes spent waiting for "
-          "the lock; faults/sample: the learner's minor page faults per sample call (mpreplay samples into its "
-          "previous batch: out=).")
-    _mp_table(f"Atari scale: (84, 84, 4) uint8, {ATARI_SCALE_WRITERS} writers + learner", _ATARI_COLUMNS,
-              [_atari_cells(r) for r in results], group=0)
+    print(
+        "Writers add episodes of consecutive frame stacks; the learner samples 256 + updates 256. Per CPU s: rows "
+        "per CPU second of the processes doing them;\nlock wait: share of window x processes spent waiting for "
+        "the lock; faults/sample: the learner's minor page faults per sample call (mpreplay samples into its "
+        "previous batch: out=)."
+    )
+    _mp_table(
+        f"Atari scale: (84, 84, 4) uint8, {ATARI_SCALE_WRITERS} writers + learner",
+        _ATARI_COLUMNS,
+        [_atari_cells(r) for r in results],
+        group=0,
+    )
     return 0

@@ -1,5 +1,6 @@
 """``mpreplay bench mp``'s processes: one case's writers and learner run for the same window of the
 monotonic clock and report what they did; and the memory limit, a gather of the same rows in one process."""
+
 from __future__ import annotations
 
 import itertools
@@ -28,7 +29,6 @@ class Timing:
     slices: int
 
 
-
 @dataclass(frozen=True)
 class Trace:
     """What one process did between the first and the last mark."""
@@ -55,8 +55,9 @@ def run_until(marks: Sequence[float], op: Callable[[], None], stride: int) -> Tr
         if len(counts) == 1:
             first = resource.getrusage(resource.RUSAGE_SELF)
     last = resource.getrusage(resource.RUSAGE_SELF)
-    return Trace(counts, last.ru_utime + last.ru_stime - first.ru_utime - first.ru_stime,
-                  last.ru_minflt - first.ru_minflt)
+    return Trace(
+        counts, last.ru_utime + last.ru_stime - first.ru_utime - first.ru_stime, last.ru_minflt - first.ru_minflt
+    )
 
 
 @dataclass(frozen=True)
@@ -212,8 +213,17 @@ def _slice_rates(counts: Sequence[int], marks: Sequence[float], rows: int) -> np
     return np.diff(counts) * rows / np.diff(marks)
 
 
-def run_case(ctx: Any, buffer: Any, contender: Contender, obs: Obs, writers: int, learner: bool,
-              rows: int, timing: Timing, reuse: bool = False) -> Result:
+def run_case(
+    ctx: Any,
+    buffer: Any,
+    contender: Contender,
+    obs: Obs,
+    writers: int,
+    learner: bool,
+    rows: int,
+    timing: Timing,
+    reuse: bool = False,
+) -> Result:
     roles = [Role("writer", rows, obs, contender.scalar_shape, seed=10 + i) for i in range(writers)]
     roles += [Role("learner", BATCH, obs, contender.scalar_shape, seed=99, reuse=reuse)] * learner
     procs, conns = [], []
@@ -239,9 +249,16 @@ def run_case(ctx: Any, buffer: Any, contender: Contender, obs: Obs, writers: int
             conn.close()
     window = marks[-1] - marks[0]
     cores = sum(r.cpu for r in reports) / window
-    result = Result(obs.label, contender.name, _case_label(writers, learner), obs.capacity,
-                     rows if writers else None, cpu=cores, faults=sum(r.faults for r in reports) / window,
-                     others=_others_cores(before.busy, after.busy, window, cores))
+    result = Result(
+        obs.label,
+        contender.name,
+        _case_label(writers, learner),
+        obs.capacity,
+        rows if writers else None,
+        cpu=cores,
+        faults=sum(r.faults for r in reports) / window,
+        others=_others_cores(before.busy, after.busy, window, cores),
+    )
     if writers:
         rates = sum(_slice_rates(r.counts, marks, rows) for r in reports[:writers])
         result.inserts = float(np.median(rates))
@@ -300,6 +317,14 @@ def gather_limit(obs: Obs, timing: Timing) -> Result:
         memory.close()
     window = marks[-1] - marks[0]
     cores = trace.cpu / window
-    return Result(obs.label, "gather", "np.take limit", obs.capacity,
-                   sampled=float(np.median(_slice_rates(trace.counts, marks, BATCH))), cpu=cores, learner_cpu=cores,
-                   faults=trace.faults / window, others=_others_cores(busy_at_start, busy, window, cores))
+    return Result(
+        obs.label,
+        "gather",
+        "np.take limit",
+        obs.capacity,
+        sampled=float(np.median(_slice_rates(trace.counts, marks, BATCH))),
+        cpu=cores,
+        learner_cpu=cores,
+        faults=trace.faults / window,
+        others=_others_cores(busy_at_start, busy, window, cores),
+    )

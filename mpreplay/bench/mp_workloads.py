@@ -1,5 +1,6 @@
 """``mpreplay bench mp``'s workloads: the observations, the prebuilt adds a writer cycles through, and
 the buffers compared (mpreplay's and cpprb's multi-process prioritized buffers)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -47,7 +48,6 @@ QUICK_CAPACITY = {SMALL.label: 2_000, ATARI.label: 500}
 QUICK_SWEEP = (1_000, 10_000)
 
 
-
 def env_dict(obs: Obs, scalar_shape: tuple[int, ...]) -> dict[str, dict[str, Any]]:
     scalar = {"shape": scalar_shape} if scalar_shape else {}
     return {
@@ -72,13 +72,20 @@ def transitions(obs: Obs, k: int, scalar_shape: tuple[int, ...], seed: int) -> l
         o2 = rng.integers(0, 255, (k,) + obs.shape).astype(obs.dtype)
         act, rew, done = rng.integers(0, 4, k), rng.standard_normal(k), (rng.random(k) < 0.01)
         if k == 1:
-            pool.append({"obs": o[0], "act": int(act[0]), "rew": float(rew[0]), "next_obs": o2[0],
-                         "done": float(done[0])})
+            pool.append(
+                {"obs": o[0], "act": int(act[0]), "rew": float(rew[0]), "next_obs": o2[0], "done": float(done[0])}
+            )
         else:
             scalar = (k,) + scalar_shape
-            pool.append({"obs": o, "act": act.astype(np.int64).reshape(scalar),
-                         "rew": rew.astype(np.float32).reshape(scalar), "next_obs": o2,
-                         "done": done.astype(np.float32).reshape(scalar)})
+            pool.append(
+                {
+                    "obs": o,
+                    "act": act.astype(np.int64).reshape(scalar),
+                    "rew": rew.astype(np.float32).reshape(scalar),
+                    "next_obs": o2,
+                    "done": done.astype(np.float32).reshape(scalar),
+                }
+            )
     return pool
 
 
@@ -102,11 +109,25 @@ def episode(obs: Obs, k: int, scalar_shape: tuple[int, ...], seed: int) -> list[
         t = slice(a * k, (a + 1) * k)
         if k == 1:
             i = a
-            pool.append({"obs": stacks[i], "act": int(act[i]), "rew": float(rew[i]), "next_obs": stacks[i + 1],
-                         "done": float(done[i])})
+            pool.append(
+                {
+                    "obs": stacks[i],
+                    "act": int(act[i]),
+                    "rew": float(rew[i]),
+                    "next_obs": stacks[i + 1],
+                    "done": float(done[i]),
+                }
+            )
         else:
-            pool.append({"obs": stacks[t], "act": act[t].reshape(scalar), "rew": rew[t].reshape(scalar),
-                         "next_obs": stacks[a * k + 1:(a + 1) * k + 1], "done": done[t].reshape(scalar)})
+            pool.append(
+                {
+                    "obs": stacks[t],
+                    "act": act[t].reshape(scalar),
+                    "rew": rew[t].reshape(scalar),
+                    "next_obs": stacks[a * k + 1 : (a + 1) * k + 1],
+                    "done": done[t].reshape(scalar),
+                }
+            )
     return pool
 
 
@@ -127,8 +148,9 @@ class Contender:
 @contextmanager
 def _mpreplay_buffer(obs: Obs, ctx: Any) -> Iterator[Any]:
     compression: dict[str, Any] = {"next_of": "obs", "stack_compress": "obs", "lanes": obs.lanes} if obs.lanes else {}
-    with mpreplay.MPPrioritizedReplayBuffer(obs.capacity, env_dict(obs, ()), alpha=ALPHA, eps=EPS,
-                                            **compression) as buffer:
+    with mpreplay.MPPrioritizedReplayBuffer(
+        obs.capacity, env_dict(obs, ()), alpha=ALPHA, eps=EPS, **compression
+    ) as buffer:
         yield buffer
 
 

@@ -7,6 +7,7 @@
   ``mpreplay bench per``.
 * :func:`slice_buffer` -- TorchRL's ``PrioritizedSliceSampler`` over the stream: ``bench seq``'s peer.
 """
+
 from __future__ import annotations
 
 import time
@@ -38,9 +39,15 @@ def episodes(seed: int, steps: int, mean_length: int) -> Iterator[tuple[dict[str
         index = np.maximum(0, np.arange(k)[:, None] - np.arange(STACK - 1, -1, -1)[None, :])
         done = np.zeros(k, np.float32)
         done[-1] = 1.0
-        yield ({"obs": np.moveaxis(frames[index], 1, -1), "act": rng.integers(0, 6, k),
-                "rew": rng.standard_normal(k).astype(np.float32), "done": done},
-               rng.uniform(0.01, 2.0, k))
+        yield (
+            {
+                "obs": np.moveaxis(frames[index], 1, -1),
+                "act": rng.integers(0, 6, k),
+                "rew": rng.standard_normal(k).astype(np.float32),
+                "done": done,
+            },
+            rng.uniform(0.01, 2.0, k),
+        )
         added += k
 
 
@@ -51,15 +58,28 @@ def transition_episodes(seed: int, capacity: int) -> Iterator[tuple[dict[str, np
             continue
         done = np.zeros(len(priorities) - 1, np.float32)
         done[-1] = 1.0
-        yield ({"obs": fields["obs"][:-1], "next_obs": fields["obs"][1:], "act": fields["act"][:-1],
-                "rew": fields["rew"][:-1], "done": done}, priorities[:-1])
+        yield (
+            {
+                "obs": fields["obs"][:-1],
+                "next_obs": fields["obs"][1:],
+                "act": fields["act"][:-1],
+                "rew": fields["rew"][:-1],
+                "done": done,
+            },
+            priorities[:-1],
+        )
 
 
 class Timed:
     """A filled buffer and the sample calls to time on it, by variant (e.g. ``new``, ``out``)."""
 
-    def __init__(self, samplers: dict[str, Callable[[], Any]], note: str, rows: int,
-                 memory: Callable[[], tuple[int, int]] | None = None):
+    def __init__(
+        self,
+        samplers: dict[str, Callable[[], Any]],
+        note: str,
+        rows: int,
+        memory: Callable[[], tuple[int, int]] | None = None,
+    ):
         self.variants, self.note, self.rows, self._memory = samplers, note, rows, memory
 
     def run(self, calls: int, variant: str) -> dict[str, Any]:
@@ -81,8 +101,13 @@ def _mpreplay(layout: str, capacity: int, seed: int) -> Timed:
     import mpreplay
 
     frame = {"shape": FRAME + (STACK,), "dtype": np.uint8}
-    env: dict[str, dict[str, Any]] = {"obs": frame, "next_obs": frame, "act": {"dtype": np.int64},
-                                      "rew": {"dtype": np.float32}, "done": {"dtype": np.float32}}
+    env: dict[str, dict[str, Any]] = {
+        "obs": frame,
+        "next_obs": frame,
+        "act": {"dtype": np.int64},
+        "rew": {"dtype": np.float32},
+        "done": {"dtype": np.float32},
+    }
     options: dict[str, Any] = {"next_of": "obs", "stack_compress": "obs"} if layout == "compressed" else {}
     rb = mpreplay.PrioritizedReplayBuffer(capacity, env, alpha=ALPHA, seed=seed, **options)
     for fields, priorities in transition_episodes(seed, capacity):
@@ -111,11 +136,12 @@ def _floor(layout: str, capacity: int, seed: int) -> Timed:
     def copy() -> dict[str, np.ndarray]:
         start = int(rng.integers(0, capacity - TPUT_BATCH + 1))
         for k, v in arrays.items():
-            np.copyto(out[k], v[start:start + TPUT_BATCH])
+            np.copyto(out[k], v[start : start + TPUT_BATCH])
         return out
 
-    return Timed({"out": copy}, "numpy.copyto of 256 consecutive rows into reused arrays; no gather, no priorities",
-                 TPUT_BATCH)
+    return Timed(
+        {"out": copy}, "numpy.copyto of 256 consecutive rows into reused arrays; no gather, no priorities", TPUT_BATCH
+    )
 
 
 def _cpprb(layout: str, capacity: int, seed: int) -> Timed:
@@ -147,14 +173,22 @@ def _tianshou(layout: str, capacity: int, seed: int) -> Timed:
         obs = np.moveaxis(fields["obs"], -1, 1) if compressed else fields["obs"]
         indexes = []
         for t in range(len(priorities)):
-            step = {"obs": obs[t], "act": fields["act"][t], "rew": float(fields["rew"][t]),
-                    "terminated": bool(fields["done"][t]), "truncated": False}
+            step = {
+                "obs": obs[t],
+                "act": fields["act"][t],
+                "rew": float(fields["rew"][t]),
+                "terminated": bool(fields["done"][t]),
+                "truncated": False,
+            }
             if not compressed:
                 step["obs_next"] = fields["next_obs"][t]
             indexes.append(rb.add(Batch(**step))[0][0])
         rb.update_weight(np.asarray(indexes), priorities)
-    what = ("stack_num=4, save_only_last_obs, ignore_obs_next: one frame stored per step, stacks (4, 84, 84)"
-            if compressed else "every field stored")
+    what = (
+        "stack_num=4, save_only_last_obs, ignore_obs_next: one frame stored per step, stacks (4, 84, 84)"
+        if compressed
+        else "every field stored"
+    )
     return Timed({"new": lambda: rb.sample(TPUT_BATCH)}, what, TPUT_BATCH)
 
 
@@ -168,8 +202,11 @@ def _torchrl(layout: str, capacity: int, seed: int) -> Timed:
     for fields, priorities in transition_episodes(seed, capacity):
         index = rb.extend(TensorDict({k: torch.from_numpy(v) for k, v in fields.items()}, [len(priorities)]))
         rb.update_priority(index, torch.from_numpy(priorities.astype(np.float32)))
-    return Timed({"new": lambda: rb.sample(return_info=True)},
-                 f"LazyTensorStorage, every field stored; torch {torch.get_num_threads()} threads", TPUT_BATCH)
+    return Timed(
+        {"new": lambda: rb.sample(return_info=True)},
+        f"LazyTensorStorage, every field stored; torch {torch.get_num_threads()} threads",
+        TPUT_BATCH,
+    )
 
 
 def _flashbax(layout: str, capacity: int, seed: int) -> Timed:
@@ -179,9 +216,14 @@ def _flashbax(layout: str, capacity: int, seed: int) -> Timed:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        buffer = flashbax.make_prioritised_flat_buffer(max_length=capacity, min_length=TPUT_BATCH,
-                                                       sample_batch_size=TPUT_BATCH, add_sequences=True,
-                                                       priority_exponent=ALPHA, device="cpu")
+        buffer = flashbax.make_prioritised_flat_buffer(
+            max_length=capacity,
+            min_length=TPUT_BATCH,
+            sample_batch_size=TPUT_BATCH,
+            add_sequences=True,
+            priority_exponent=ALPHA,
+            device="cpu",
+        )
     pieces: dict[str, list[np.ndarray]] = {"obs": [], "act": [], "rew": [], "done": []}
     for fields, _ in transition_episodes(seed, capacity):
         for k in pieces:
@@ -191,7 +233,7 @@ def _flashbax(layout: str, capacity: int, seed: int) -> Timed:
     state = buffer.init({k: jnp.asarray(v[0]) for k, v in steps.items()})
     add = jax.jit(buffer.add, donate_argnums=0)
     for i in range(0, capacity, 1_000):
-        state = add(state, {k: v[i:i + 1_000] for k, v in steps.items()})
+        state = add(state, {k: v[i : i + 1_000] for k, v in steps.items()})
     priorities = np.random.default_rng(seed).uniform(0.01, 2.0, capacity)
     state = jax.jit(buffer.set_priorities, donate_argnums=0)(state, np.arange(capacity), priorities)
 
@@ -209,12 +251,21 @@ def _flashbax(layout: str, capacity: int, seed: int) -> Timed:
         holder["key"], out = draw(state, holder["key"])
         return {k: np.asarray(v) for k, v in out.items()}  # on the host, as a numpy learner reads them
 
-    return Timed({"new": sample}, "flat buffer: each step stored once, next_obs from the pair's second step; "
-                 "sample + weights jitted", TPUT_BATCH)
+    return Timed(
+        {"new": sample},
+        "flat buffer: each step stored once, next_obs from the pair's second step; sample + weights jitted",
+        TPUT_BATCH,
+    )
 
 
-_TRANSITIONS = {"mpreplay": _mpreplay, "floor": _floor, "cpprb": _cpprb, "tianshou": _tianshou,
-                "torchrl": _torchrl, "flashbax": _flashbax}
+_TRANSITIONS = {
+    "mpreplay": _mpreplay,
+    "floor": _floor,
+    "cpprb": _cpprb,
+    "tianshou": _tianshou,
+    "torchrl": _torchrl,
+    "flashbax": _flashbax,
+}
 
 
 def transitions_buffer(name: str, layout: str, capacity: int, seed: int) -> Timed:
@@ -233,8 +284,9 @@ def slice_buffer(capacity: int, batch: int, mean_length: int, seed: int) -> Time
     from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
     from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler
 
-    sampler = PrioritizedSliceSampler(max_capacity=capacity, alpha=ALPHA, beta=SEQ_BETA, slice_len=SEQ_LENGTH,
-                                      traj_key="episode")
+    sampler = PrioritizedSliceSampler(
+        max_capacity=capacity, alpha=ALPHA, beta=SEQ_BETA, slice_len=SEQ_LENGTH, traj_key="episode"
+    )
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity), sampler=sampler, batch_size=batch * SEQ_LENGTH)
     row_bytes = 0
     for i, (fields, priorities) in enumerate(episodes(seed, capacity + capacity // 4, mean_length)):
@@ -251,5 +303,9 @@ def slice_buffer(capacity: int, batch: int, mean_length: int, seed: int) -> Time
         # the sampler's priority trees are not counted.
         return capacity * row_bytes, len(rb)
 
-    return Timed({"new": lambda: rb.sample().reshape(batch, SEQ_LENGTH)},
-                 f"torch {torch.get_num_threads()} threads", batch * SEQ_LENGTH, memory)
+    return Timed(
+        {"new": lambda: rb.sample().reshape(batch, SEQ_LENGTH)},
+        f"torch {torch.get_num_threads()} threads",
+        batch * SEQ_LENGTH,
+        memory,
+    )

@@ -16,6 +16,7 @@ cannot garble an answer.  Commands: ``hello`` (import the library; answers its v
 The loop of ``mpreplay bench per`` lives here too (:func:`workload`, :func:`drive`), so the
 in-process table and the peers' table time one and the same loop.
 """
+
 from __future__ import annotations
 
 import gc
@@ -68,19 +69,23 @@ def env_dict(scalar_shape: tuple[int, ...] | None) -> dict[str, dict[str, Any]]:
 def workload(seed: int) -> tuple[list[dict[str, np.ndarray]], list[np.ndarray]]:
     """The transitions the loop adds and the noise it perturbs the weights with."""
     rng = np.random.default_rng(seed)
-    pool: list[dict[str, np.ndarray]] = [{
-        "obs": rng.standard_normal(OBS_SHAPE).astype(np.float32),
-        "act": np.asarray(rng.integers(0, 4), dtype=np.int64),
-        "rew": np.asarray(rng.standard_normal(), dtype=np.float32),
-        "next_obs": rng.standard_normal(OBS_SHAPE).astype(np.float32),
-        "done": np.asarray(rng.random() < 0.01, dtype=np.float32),
-    } for _ in range(POOL)]
+    pool: list[dict[str, np.ndarray]] = [
+        {
+            "obs": rng.standard_normal(OBS_SHAPE).astype(np.float32),
+            "act": np.asarray(rng.integers(0, 4), dtype=np.int64),
+            "rew": np.asarray(rng.standard_normal(), dtype=np.float32),
+            "next_obs": rng.standard_normal(OBS_SHAPE).astype(np.float32),
+            "done": np.asarray(rng.random() < 0.01, dtype=np.float32),
+        }
+        for _ in range(POOL)
+    ]
     noise = [rng.uniform(-0.5, 0.5, BATCH) for _ in range(NOISE_POOL)]
     return pool, noise
 
 
-def drive(buffer: Any, frames: int, pool: Sequence[dict[str, Any]], noise: Sequence[np.ndarray], *,
-          first_sample: int = BATCH) -> float:
+def drive(
+    buffer: Any, frames: int, pool: Sequence[dict[str, Any]], noise: Sequence[np.ndarray], *, first_sample: int = BATCH
+) -> float:
     """Run the loop for ``frames`` frames; return the CPU seconds it took.
 
     Each frame adds one transition and, from frame ``first_sample`` on (by default once more than
@@ -96,8 +101,9 @@ def drive(buffer: Any, frames: int, pool: Sequence[dict[str, Any]], noise: Seque
     return time.process_time() - start
 
 
-def timed_drive(buffer: Any, frames: int, pool: Sequence[dict[str, Any]], noise: Sequence[np.ndarray], *,
-                first_sample: int = BATCH) -> float:
+def timed_drive(
+    buffer: Any, frames: int, pool: Sequence[dict[str, Any]], noise: Sequence[np.ndarray], *, first_sample: int = BATCH
+) -> float:
     """:func:`drive` with the garbage collector off: a collection inside one run but not another
     is noise, not buffer cost."""
     gc.collect()
@@ -113,8 +119,10 @@ class Floor:
 
     def __init__(self, size: int, seed: int):
         rng = np.random.default_rng(seed)
-        self._batch = {name: np.zeros((BATCH,) + tuple(spec.get("shape", ())), spec["dtype"])
-                       for name, spec in env_dict(None).items()}
+        self._batch = {
+            name: np.zeros((BATCH,) + tuple(spec.get("shape", ())), spec["dtype"])
+            for name, spec in env_dict(None).items()
+        }
         self._batch["indexes"] = rng.integers(0, size, BATCH)
         self._batch["weights"] = rng.random(BATCH)
 
@@ -142,10 +150,11 @@ class Contender(NamedTuple):
     fill: Callable[[Any, dict[str, np.ndarray], np.ndarray], None]  # (buffer, columns, priorities), untimed
 
 
-def _chunks(columns: dict[str, np.ndarray],
-            priorities: np.ndarray) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+def _chunks(
+    columns: dict[str, np.ndarray], priorities: np.ndarray
+) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
     for i in range(0, len(priorities), PREFILL_CHUNK):
-        yield {k: v[i:i + PREFILL_CHUNK] for k, v in columns.items()}, priorities[i:i + PREFILL_CHUNK]
+        yield {k: v[i : i + PREFILL_CHUNK] for k, v in columns.items()}, priorities[i : i + PREFILL_CHUNK]
 
 
 def _make_mpreplay(capacity: int, seed: int) -> Any:
@@ -183,8 +192,16 @@ class _Tianshou:
     def convert(t: dict[str, np.ndarray]) -> dict[str, Any]:
         from tianshou.data import Batch
 
-        return {"batch": Batch(obs=t["obs"], act=t["act"], rew=t["rew"], obs_next=t["next_obs"],
-                               terminated=bool(t["done"]), truncated=False)}
+        return {
+            "batch": Batch(
+                obs=t["obs"],
+                act=t["act"],
+                rew=t["rew"],
+                obs_next=t["next_obs"],
+                terminated=bool(t["done"]),
+                truncated=False,
+            )
+        }
 
     def add(self, batch: Any) -> None:
         self.rb.add(batch)
@@ -201,9 +218,17 @@ class _Tianshou:
 
         # What Tianshou's own ReplayBuffer.from_data does: hand the buffer whole arrays, set its size.
         done = columns["done"] > 0
-        self.rb.set_batch(Batch(obs=columns["obs"], act=columns["act"], rew=columns["rew"].astype(float),
-                                obs_next=columns["next_obs"], terminated=done, truncated=np.zeros_like(done),
-                                done=done))
+        self.rb.set_batch(
+            Batch(
+                obs=columns["obs"],
+                act=columns["act"],
+                rew=columns["rew"].astype(float),
+                obs_next=columns["next_obs"],
+                terminated=done,
+                truncated=np.zeros_like(done),
+                done=done,
+            )
+        )
         self.rb._size = len(priorities)
         self.rb.update_weight(np.arange(len(priorities)), priorities)
 
@@ -216,8 +241,9 @@ class _TorchRL:
         from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer
 
         torch.manual_seed(seed)
-        self.rb = PrioritizedReplayBuffer(alpha=ALPHA, beta=BETA, eps=EPS, storage=LazyTensorStorage(capacity),
-                                          batch_size=BATCH)
+        self.rb = PrioritizedReplayBuffer(
+            alpha=ALPHA, beta=BETA, eps=EPS, storage=LazyTensorStorage(capacity), batch_size=BATCH
+        )
         self._torch = torch
 
     @staticmethod
@@ -261,8 +287,15 @@ class _Flashbax:
         with warnings.catch_warnings():  # it says max_size sets the time axis to max_size: as meant
             warnings.simplefilter("ignore")
             buffer = flashbax.make_prioritised_trajectory_buffer(
-                add_batch_size=1, sample_batch_size=BATCH, sample_sequence_length=1, period=1, min_length_time_axis=1,
-                max_size=capacity, priority_exponent=ALPHA, device="cpu")
+                add_batch_size=1,
+                sample_batch_size=BATCH,
+                sample_sequence_length=1,
+                period=1,
+                min_length_time_axis=1,
+                max_size=capacity,
+                priority_exponent=ALPHA,
+                device="cpu",
+            )
         example = {k: jnp.zeros(v.shape[2:], v.dtype) for k, v in self.convert(workload(0)[0][0])["item"].items()}
         self.state = buffer.init(example)
         self.key = jax.random.PRNGKey(seed)
@@ -316,11 +349,22 @@ CONTENDERS: dict[str, Contender] = {
     "flashbax": Contender(_Flashbax, _Flashbax.convert, _Flashbax.fill),
 }
 # The distribution whose version names each library, and what else its figures depend on.
-_DISTRIBUTIONS = {"mpreplay": ["mpreplay", "numpy"], "cpprb": ["cpprb", "numpy"], "floor": ["numpy"],
-                  "tianshou": ["tianshou", "numpy", "numba", "torch"], "torchrl": ["torchrl", "tensordict", "torch"],
-                  "flashbax": ["flashbax", "jax", "jaxlib"]}
-_IMPORTS = {"mpreplay": "mpreplay", "cpprb": "cpprb", "floor": "numpy", "tianshou": "tianshou.data",
-            "torchrl": "torchrl.data", "flashbax": "flashbax"}
+_DISTRIBUTIONS = {
+    "mpreplay": ["mpreplay", "numpy"],
+    "cpprb": ["cpprb", "numpy"],
+    "floor": ["numpy"],
+    "tianshou": ["tianshou", "numpy", "numba", "torch"],
+    "torchrl": ["torchrl", "tensordict", "torch"],
+    "flashbax": ["flashbax", "jax", "jaxlib"],
+}
+_IMPORTS = {
+    "mpreplay": "mpreplay",
+    "cpprb": "cpprb",
+    "floor": "numpy",
+    "tianshou": "tianshou.data",
+    "torchrl": "torchrl.data",
+    "flashbax": "flashbax",
+}
 
 
 # -- the worker -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ A benchmark given that directory (``--peers DIR``, or the environment variable
 venv's interpreter, mpreplay, cpprb and the floor with this one.  A peer that cannot be started
 or loaded is reported as :class:`Unavailable` with the reason, never replaced.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,8 +71,14 @@ class PeerProcess:
             env.pop("PYTHONPATH", None)
         else:  # the mpreplay this process runs, be it a checkout found through the working directory
             env["PYTHONPATH"] = os.pathsep.join([_MPREPLAY_ROOT, *filter(None, [env.get("PYTHONPATH")])])
-        self._process = subprocess.Popen([python, str(WORKER), name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=self._stderr, text=True, env=env)
+        self._process = subprocess.Popen(
+            [python, str(WORKER), name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env=env,
+        )
         stdin, stdout = self._process.stdin, self._process.stdout
         assert stdin is not None and stdout is not None  # both are pipes (PIPE above)
         self._stdin, self._stdout = stdin, stdout
@@ -160,9 +167,11 @@ def describe(worker: PeerProcess | Unavailable) -> str:
 # -- making the venv -----------------------------------------------------------------------------
 def setup(directory: str, python: str = sys.executable) -> int:
     """Make the peers' venv at ``directory`` from ``peers-requirements.txt``; check what loads."""
-    steps = [[python, "-m", "venv", directory],
-             [str(Path(directory) / "bin" / "python"), "-m", "pip", "install", "--upgrade", "pip"],
-             [str(Path(directory) / "bin" / "python"), "-m", "pip", "install", "-r", str(REQUIREMENTS)]]
+    steps = [
+        [python, "-m", "venv", directory],
+        [str(Path(directory) / "bin" / "python"), "-m", "pip", "install", "--upgrade", "pip"],
+        [str(Path(directory) / "bin" / "python"), "-m", "pip", "install", "-r", str(REQUIREMENTS)],
+    ]
     for step in steps:
         print("+", " ".join(step), flush=True)
         status = subprocess.call(step)

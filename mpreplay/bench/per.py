@@ -27,6 +27,7 @@ with the interpreter of the venv ``python -m mpreplay.bench.peers --setup DIR`` 
 the same loop on full buffers of each capacity, and ``sample(256)`` of Atari
 transitions (:mod:`mpreplay.bench.per_peers`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,8 +82,10 @@ class _NumpyPER:
     call ``choice(p=...)`` on each sample, O(N) per sample."""
 
     def __init__(self, size: int, seed: int):
-        self._fields = {name: np.zeros((size,) + tuple(spec.get("shape", ())), spec["dtype"])
-                        for name, spec in env_dict(None).items()}
+        self._fields = {
+            name: np.zeros((size,) + tuple(spec.get("shape", ())), spec["dtype"])
+            for name, spec in env_dict(None).items()
+        }
         self._weight = np.zeros(size)
         self._size, self._next, self._stored = size, 0, 0
         self._max_priority = 1.0
@@ -97,7 +100,7 @@ class _NumpyPER:
         self._stored = min(self._stored + 1, self._size)
 
     def sample(self, batch_size: int) -> dict[str, np.ndarray]:
-        w = self._weight[:self._stored]
+        w = self._weight[: self._stored]
         p = w / w.sum()
         idx = self._rng.choice(self._stored, batch_size, p=p)
         out = {name: arr[idx] for name, arr in self._fields.items()}
@@ -143,8 +146,14 @@ def _contenders(api: str = "native") -> list[_Contender]:
 
 
 # -- the loop -----------------------------------------------------------------
-def _run_once(contender: _Contender, capacity: int, frames: int, seed: int,
-              pool: Sequence[dict[str, np.ndarray]], noise: Sequence[np.ndarray]) -> float:
+def _run_once(
+    contender: _Contender,
+    capacity: int,
+    frames: int,
+    seed: int,
+    pool: Sequence[dict[str, np.ndarray]],
+    noise: Sequence[np.ndarray],
+) -> float:
     buffer = contender.make(capacity, seed)
     return timed_drive(buffer, frames, [contender.convert(t) for t in pool], noise)
 
@@ -171,8 +180,7 @@ def _measure(contenders: Sequence[_Contender], capacity: int, frames: int, repea
 
 
 # -- output -------------------------------------------------------------------
-_COLUMNS = ("buffer", "capacity", "frames", "repeats", "median CPU s", "µs/frame", "÷ floor", "÷ mpreplay",
-            "÷ compat")
+_COLUMNS = ("buffer", "capacity", "frames", "repeats", "median CPU s", "µs/frame", "÷ floor", "÷ mpreplay", "÷ compat")
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -199,8 +207,13 @@ def _plot(rows: Sequence[_Row], path: str) -> None:
         points = sorted((r.frames, r.seconds[name]) for r in rows if r.seconds[name] is not None)
         if points:
             ax.plot(*zip(*points, strict=True), marker="o", label=name)
-    ax.set(xscale="log", yscale="log", xlabel="frames (capacity = frames or frames / 2)",
-           ylabel="median CPU seconds", title=f"add 1, sample {BATCH}, update {BATCH} per frame")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="frames (capacity = frames or frames / 2)",
+        ylabel="median CPU seconds",
+        title=f"add 1, sample {BATCH}, update {BATCH} per frame",
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.savefig(path, dpi=120, bbox_inches="tight")
@@ -219,38 +232,74 @@ def _capacity(text: str) -> int:
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="mpreplay bench per", description=__doc__.split("\n\n")[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", nargs="+", type=_capacity, metavar="CAPACITY",
-                        help="capacities to run, each with frames = capacity and 2 x capacity "
-                             f"(default {' '.join(f'{s:.0e}' for s in _DEFAULT_SIZES)})")
-    parser.add_argument("--repeats", type=positive_int,
-                        help="runs per size, the median is reported (default 5, 3 or 2 by run length)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"smoke run: capacities {' '.join(f'{s:.0e}' for s in _QUICK_SIZES)}, 1 repeat")
+    parser = argparse.ArgumentParser(
+        prog="mpreplay bench per",
+        description=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        type=_capacity,
+        metavar="CAPACITY",
+        help="capacities to run, each with frames = capacity and 2 x capacity "
+        f"(default {' '.join(f'{s:.0e}' for s in _DEFAULT_SIZES)})",
+    )
+    parser.add_argument(
+        "--repeats", type=positive_int, help="runs per size, the median is reported (default 5, 3 or 2 by run length)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"smoke run: capacities {' '.join(f'{s:.0e}' for s in _QUICK_SIZES)}, 1 repeat",
+    )
     parser.add_argument("--plot", metavar="FILE.png", help="draw time vs frames (log-log; needs matplotlib)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data, the noise and the buffers")
-    parser.add_argument("--api", choices=("native", "compat"), default="native",
-                        help="compat: also run mpreplay.compat.cpprb's PrioritizedReplayBuffer, cpprb's API "
-                             "over mpreplay (default: native only)")
+    parser.add_argument(
+        "--api",
+        choices=("native", "compat"),
+        default="native",
+        help="compat: also run mpreplay.compat.cpprb's PrioritizedReplayBuffer, cpprb's API "
+        "over mpreplay (default: native only)",
+    )
     peers = parser.add_argument_group(
-        "peers", "the same loop at full capacity and sample(256) of Atari transitions, against Tianshou, TorchRL, "
-                 "flashbax and cpprb, each in a worker process (mpreplay.bench.per_peers)")
-    peers.add_argument("--peers", metavar="DIR", help="the peers' venv, made by `python -m mpreplay.bench.peers "
-                       f"--setup DIR` (default: ${ENV_VAR}); runs the peers' tables")
-    peers.add_argument("--peer-sizes", nargs="+", type=_capacity, metavar="CAPACITY",
-                       help="capacities of the loop at capacity "
-                            f"(default {' '.join(f'{s:.0e}' for s in _DEFAULT_SIZES)})")
-    peers.add_argument("--peer-frames", type=positive_int, help=f"frames a round, repeated while under "
-                       f"{per_peers.MIN_CPU:g} CPU s (default {_PEER_FRAMES:,})")
+        "peers",
+        "the same loop at full capacity and sample(256) of Atari transitions, against Tianshou, TorchRL, "
+        "flashbax and cpprb, each in a worker process (mpreplay.bench.per_peers)",
+    )
+    peers.add_argument(
+        "--peers",
+        metavar="DIR",
+        help="the peers' venv, made by `python -m mpreplay.bench.peers "
+        f"--setup DIR` (default: ${ENV_VAR}); runs the peers' tables",
+    )
+    peers.add_argument(
+        "--peer-sizes",
+        nargs="+",
+        type=_capacity,
+        metavar="CAPACITY",
+        help=f"capacities of the loop at capacity (default {' '.join(f'{s:.0e}' for s in _DEFAULT_SIZES)})",
+    )
+    peers.add_argument(
+        "--peer-frames",
+        type=positive_int,
+        help=f"frames a round, repeated while under {per_peers.MIN_CPU:g} CPU s (default {_PEER_FRAMES:,})",
+    )
     peers.add_argument("--peer-rounds", type=positive_int, help=f"rounds, medians reported (default {_PEER_ROUNDS})")
-    peers.add_argument("--tput-capacity", type=_capacity,
-                       help=f"transitions stored for sample(256) (default {_TPUT[0]:,})")
+    peers.add_argument(
+        "--tput-capacity", type=_capacity, help=f"transitions stored for sample(256) (default {_TPUT[0]:,})"
+    )
     peers.add_argument("--tput-calls", type=positive_int, help=f"sample calls a round (default {_TPUT[1]})")
-    peers.add_argument("--only-peers", action="store_true",
-                       help="skip the table above (frames = capacity, 2 x capacity)")
-    peers.add_argument("--peer-tables", nargs="+", choices=("loop", "tput"), default=("loop", "tput"),
-                       help="which peers' tables to run (default both)")
+    peers.add_argument(
+        "--only-peers", action="store_true", help="skip the table above (frames = capacity, 2 x capacity)"
+    )
+    peers.add_argument(
+        "--peer-tables",
+        nargs="+",
+        choices=("loop", "tput"),
+        default=("loop", "tput"),
+        help="which peers' tables to run (default both)",
+    )
     peers.add_argument("--plot-peers", metavar="FILE.png", help="draw µs per frame vs capacity, every contender")
     peers.add_argument("--json", metavar="FILE", help="write the peers' tables' figures as JSON")
     args = parser.parse_args(list(argv))
@@ -266,15 +315,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         _ramp(args)
     directory = peers_directory(args.peers)
     if directory is None:
-        print(f"Peers (Tianshou, TorchRL, flashbax) not run: give --peers DIR (or set {ENV_VAR}), DIR made by "
-              "`python -m mpreplay.bench.peers --setup DIR`.")
+        print(
+            f"Peers (Tianshou, TorchRL, flashbax) not run: give --peers DIR (or set {ENV_VAR}), DIR made by "
+            "`python -m mpreplay.bench.peers --setup DIR`."
+        )
         return 0
     loop = tput = None
     if "loop" in args.peer_tables:
-        sizes, frames, rounds, min_cpu = (_QUICK_PEERS if args.quick else
-                                          (_DEFAULT_SIZES, _PEER_FRAMES, _PEER_ROUNDS, per_peers.MIN_CPU))
-        loop = per_peers.loop_at_capacity(directory, args.peer_sizes or sizes, args.peer_frames or frames,
-                                          args.peer_rounds or rounds, args.seed, min_cpu)
+        sizes, frames, rounds, min_cpu = (
+            _QUICK_PEERS if args.quick else (_DEFAULT_SIZES, _PEER_FRAMES, _PEER_ROUNDS, per_peers.MIN_CPU)
+        )
+        loop = per_peers.loop_at_capacity(
+            directory,
+            args.peer_sizes or sizes,
+            args.peer_frames or frames,
+            args.peer_rounds or rounds,
+            args.seed,
+            min_cpu,
+        )
         per_peers.print_loop(loop)
     if "tput" in args.peer_tables:
         capacity, calls, rounds = _QUICK_TPUT if args.quick else _TPUT
@@ -306,9 +364,13 @@ def _ramp(args: argparse.Namespace) -> None:
         versions.append(f"cpprb {version('cpprb')} (its sampler cannot be seeded)")
     else:
         versions.append("cpprb not installed")
-    print_table(f"add 1, sample {BATCH}, update {BATCH} per frame; median CPU seconds of the timed loop\n"
-                + ", ".join(versions), _COLUMNS, [cells for row in rows for cells in _cells(row)],
-                group=slice(1, 3))  # a rule after each size's rows
+    print_table(
+        f"add 1, sample {BATCH}, update {BATCH} per frame; median CPU seconds of the timed loop\n"
+        + ", ".join(versions),
+        _COLUMNS,
+        [cells for row in rows for cells in _cells(row)],
+        group=slice(1, 3),
+    )  # a rule after each size's rows
     if args.plot:
         _plot(rows, args.plot)
         print(f"plot written to {args.plot}")

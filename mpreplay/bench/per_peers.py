@@ -15,6 +15,7 @@ Tianshou's ``PrioritizedReplayBuffer``; TorchRL's ``PrioritizedReplayBuffer`` ov
 variable between jitted calls (``add``, ``set_priorities`` with the state donated, and ``sample``
 with the weights' computation); cpprb's ``PrioritizedReplayBuffer``.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,17 @@ from mpreplay.bench._report import print_table
 from mpreplay.bench.peers import PeerError, PeerProcess, Unavailable, close_all, describe, launch
 
 PER_CONTENDERS = ("mpreplay", "floor", "cpprb", "tianshou", "torchrl", "flashbax")
-TPUT_CONTENDERS = (("mpreplay", "compressed"), ("mpreplay", "plain"), ("floor", "plain"), ("cpprb", "compressed"),
-                   ("cpprb", "plain"), ("tianshou", "compressed"), ("tianshou", "plain"), ("torchrl", "plain"),
-                   ("flashbax", "plain"))
+TPUT_CONTENDERS = (
+    ("mpreplay", "compressed"),
+    ("mpreplay", "plain"),
+    ("floor", "plain"),
+    ("cpprb", "compressed"),
+    ("cpprb", "plain"),
+    ("tianshou", "compressed"),
+    ("tianshou", "plain"),
+    ("torchrl", "plain"),
+    ("flashbax", "plain"),
+)
 PEERS = ("cpprb", "tianshou", "torchrl", "flashbax")
 MIN_CPU = 0.5  # CPU seconds of each contender's round in the loop at capacity
 
@@ -60,8 +69,9 @@ def _rounds(live: dict[str, tuple[PeerProcess, dict]], rounds: int, measured: Me
     return {name: r for name, r in runs.items() if name in live}
 
 
-def loop_at_capacity(directory: str | None, sizes: Sequence[int], frames: int, rounds: int, seed: int,
-                     min_cpu: float = MIN_CPU) -> Measured:
+def loop_at_capacity(
+    directory: str | None, sizes: Sequence[int], frames: int, rounds: int, seed: int, min_cpu: float = MIN_CPU
+) -> Measured:
     """The loop at each capacity, every contender in the same run: each round, each contender runs
     ``frames`` frames at a time until they took ``min_cpu`` CPU seconds."""
     measured = Measured()
@@ -81,11 +91,16 @@ def loop_at_capacity(directory: str | None, sizes: Sequence[int], frames: int, r
                     continue
                 live[name] = (worker, {"cmd": "per_run", "frames": frames, "min_cpu": min_cpu})
             runs = _rounds(live, rounds, measured)
-            measured.rows.append({"capacity": capacity, "rounds": rounds,
-                                  "us": {name: statistics.median(r["cpu"] / r["frames"] for r in rs) * 1e6
-                                         for name, rs in runs.items()},
-                                  "frames": {name: int(statistics.median(r["frames"] for r in rs))
-                                             for name, rs in runs.items()}})
+            measured.rows.append(
+                {
+                    "capacity": capacity,
+                    "rounds": rounds,
+                    "us": {
+                        name: statistics.median(r["cpu"] / r["frames"] for r in rs) * 1e6 for name, rs in runs.items()
+                    },
+                    "frames": {name: int(statistics.median(r["frames"] for r in rs)) for name, rs in runs.items()},
+                }
+            )
     finally:
         close_all(workers.values())
     return measured
@@ -116,9 +131,15 @@ def throughput(directory: str | None, capacity: int, calls: int, rounds: int, se
                 live[contender] = (worker, {"cmd": "tput_run", "calls": calls, "variant": variant})
                 notes[contender] = built["note"]
         for contender, rs in _rounds(live, rounds, measured).items():
-            measured.rows.append({"contender": contender, "note": notes[contender], "rows": rs[0]["rows"] // calls,
-                                  "cpu_ms": statistics.median(r["cpu"] for r in rs) / calls * 1e3,
-                                  "wall_ms": statistics.median(r["wall"] for r in rs) / calls * 1e3})
+            measured.rows.append(
+                {
+                    "contender": contender,
+                    "note": notes[contender],
+                    "rows": rs[0]["rows"] // calls,
+                    "cpu_ms": statistics.median(r["cpu"] for r in rs) / calls * 1e3,
+                    "wall_ms": statistics.median(r["wall"] for r in rs) / calls * 1e3,
+                }
+            )
     finally:
         close_all(workers)
     return measured
@@ -135,13 +156,23 @@ def print_loop(measured: Measured) -> None:
         us = row["us"]
         for name in PER_CONTENDERS:
             if name in us:
-                cells.append([name, f"{row['capacity']:,}", f"{row['frames'][name]:,} x {row['rounds']}",
-                              f"{us[name]:.2f}", _ratio(us[name], us.get("floor")),
-                              _ratio(us[name], us.get("mpreplay"))])
-    print_table("The loop at capacity (add 1, sample 32, perturb, update 32; each buffer full): median CPU µs a frame "
-                f"of each worker process, rounds of >= {MIN_CPU:g} CPU s",
-                ["buffer", "capacity", "frames x rounds", "µs/frame", "÷ floor", "÷ mpreplay"],
-                cells, group=slice(1, 2))
+                cells.append(
+                    [
+                        name,
+                        f"{row['capacity']:,}",
+                        f"{row['frames'][name]:,} x {row['rounds']}",
+                        f"{us[name]:.2f}",
+                        _ratio(us[name], us.get("floor")),
+                        _ratio(us[name], us.get("mpreplay")),
+                    ]
+                )
+    print_table(
+        "The loop at capacity (add 1, sample 32, perturb, update 32; each buffer full): median CPU µs a frame "
+        f"of each worker process, rounds of >= {MIN_CPU:g} CPU s",
+        ["buffer", "capacity", "frames x rounds", "µs/frame", "÷ floor", "÷ mpreplay"],
+        cells,
+        group=slice(1, 2),
+    )
     _print_footer(measured)
 
 
@@ -150,14 +181,23 @@ def print_throughput(measured: Measured, capacity: int) -> None:
     cells, layouts = [], {}
     for row in measured.rows:
         ms = row["cpu_ms"]
-        cells.append([row["contender"], f"{ms:.2f}", f"{row['rows'] / ms * 1e3:,.0f}",
-                      f"{row['rows'] / row['wall_ms'] * 1e3:,.0f}", _ratio(ms, base.get("mpreplay compressed")),
-                      _ratio(ms, base.get("mpreplay plain"))])
+        cells.append(
+            [
+                row["contender"],
+                f"{ms:.2f}",
+                f"{row['rows'] / ms * 1e3:,.0f}",
+                f"{row['rows'] / row['wall_ms'] * 1e3:,.0f}",
+                _ratio(ms, base.get("mpreplay compressed")),
+                _ratio(ms, base.get("mpreplay plain")),
+            ]
+        )
         layouts[row["contender"].split(",")[0]] = row["note"]
-    print_table(f"Sampling 256 transitions, obs and next_obs (84, 84, 4) uint8, from a full buffer of {capacity:,}: "
-                "median CPU ms a call of each worker process (out=: into the previous batch; else new arrays)",
-                ["buffer", "CPU ms / sample", "rows / CPU s", "rows / s", "÷ mpreplay compressed", "÷ mpreplay plain"],
-                cells)
+    print_table(
+        f"Sampling 256 transitions, obs and next_obs (84, 84, 4) uint8, from a full buffer of {capacity:,}: "
+        "median CPU ms a call of each worker process (out=: into the previous batch; else new arrays)",
+        ["buffer", "CPU ms / sample", "rows / CPU s", "rows / s", "÷ mpreplay compressed", "÷ mpreplay plain"],
+        cells,
+    )
     for name, note in layouts.items():
         print(f"  {name}: {note}")
     _print_footer(measured)
@@ -186,19 +226,29 @@ def targets(loop: Measured | None, tput: Measured | None) -> None:
         ms = {r["contender"]: r["cpu_ms"] for r in tput.rows}
         for layout in ("compressed", "plain"):
             mine = ms.get(f"mpreplay {layout}")
-            peers = {f"{name} {lay}": ms[f"{name} {lay}"] / mine for name, lay in TPUT_CONTENDERS
-                     if mine and name in PEERS and lay == layout and f"{name} {lay}" in ms}
+            peers = {
+                f"{name} {lay}": ms[f"{name} {lay}"] / mine
+                for name, lay in TPUT_CONTENDERS
+                if mine and name in PEERS and lay == layout and f"{name} {lay}" in ms
+            }
             cells.append([f"sample(256), {layout}", *_judge(peers)])
-    print_table("Targets (this run): mpreplay ahead of every peer (the peer's CPU time ÷ mpreplay's > 1)",
-                ["row", "closest peer", "÷ mpreplay", "met", "every peer ÷ mpreplay"], cells)
+    print_table(
+        "Targets (this run): mpreplay ahead of every peer (the peer's CPU time ÷ mpreplay's > 1)",
+        ["row", "closest peer", "÷ mpreplay", "met", "every peer ÷ mpreplay"],
+        cells,
+    )
 
 
 def _judge(ratios: dict[str, float]) -> list[str]:
     if not ratios:
         return ["no peer measured", "", "not judged", ""]
     closest = min(ratios, key=ratios.__getitem__)  # every key is present; get() would type as Optional
-    return [closest, f"{ratios[closest]:.2f}", "yes" if ratios[closest] > 1 else "no",
-            ", ".join(f"{p.split()[0]} {r:.1f}" for p, r in ratios.items())]
+    return [
+        closest,
+        f"{ratios[closest]:.2f}",
+        "yes" if ratios[closest] > 1 else "no",
+        ", ".join(f"{p.split()[0]} {r:.1f}" for p, r in ratios.items()),
+    ]
 
 
 def plot(loop: Measured, path: str) -> None:
@@ -214,8 +264,13 @@ def plot(loop: Measured, path: str) -> None:
         points = [(r["capacity"], r["us"][name]) for r in loop.rows if name in r["us"]]
         if points:
             ax.plot(*zip(*points, strict=True), marker="o", label=labels.get(name, name))
-    ax.set(xscale="log", yscale="log", xlabel="capacity (buffer full)", ylabel="median CPU µs per frame",
-           title="add 1, sample 32, perturb, update 32 per frame")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="capacity (buffer full)",
+        ylabel="median CPU µs per frame",
+        title="add 1, sample 32, perturb, update 32 per frame",
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.savefig(path, dpi=120, bbox_inches="tight")

@@ -11,6 +11,7 @@ The precision table is the largest absolute error of float32 results against
 a float64 reference on the same (float32) inputs; lfilter computes in float64
 and returns float64, so its result is rounded to float32 first.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     clock = _CLOCKS[args.clock]
     print(f"clock: {args.clock} ({clock.__name__}); medians of {repeat} timings")
     baselines = _baselines()
-    print(f"baselines found: {', '.join(n for n in ('lfilter', 'numba') if n in baselines) or 'none'}; "
-          f"missing: {_missing(baselines)}")
+    print(
+        f"baselines found: {', '.join(n for n in ('lfilter', 'numba') if n in baselines) or 'none'}; "
+        f"missing: {_missing(baselines)}"
+    )
     sizes = [10**3, 10**4, 10**5] if args.quick else [10**3, 10**4, 10**5, 10**6, 10**7]
     print_table(
         "discounted cumulative sum, gamma=0.99 (median time; ratio = baseline / mpreplay)",
@@ -68,6 +71,7 @@ def _baselines() -> dict[str, Callable]:
     except ImportError:
         pass
     else:
+
         def scipy_lfilter(x, right):
             if right:
                 return lfilter([1.0], [1.0, -GAMMA], x[..., ::-1], axis=-1)[..., ::-1]
@@ -172,8 +176,9 @@ def _speed_rows(sizes, batch_shape, baselines, repeat, clock):
                     methods["numpy loop"] = _numpy_loop
                 # Fewer repeats where one call already takes long enough for a stable median.
                 reps = max(3, repeat // 3) if x.size >= 10**7 else repeat
-                seconds = {name: _median_seconds(functools.partial(f, x, right), reps, clock)
-                           for name, f in methods.items()}
+                seconds = {
+                    name: _median_seconds(functools.partial(f, x, right), reps, clock) for name, f in methods.items()
+                }
                 seconds["np.cumsum"] = _median_seconds(functools.partial(np.cumsum, x, axis=-1), reps, clock)
                 rows.append(
                     [
@@ -250,5 +255,3 @@ def _format_seconds(seconds: float | None) -> str:
         if seconds >= scale:
             return f"{seconds / scale:.3g} {unit}"
     return f"{seconds / 1e-9:.3g} ns"
-
-

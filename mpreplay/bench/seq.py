@@ -29,6 +29,7 @@ shows them; TorchRL: its storage's tensors) against one frame (84 x 84 bytes) an
 each sampleable sequence whole (80 steps' fields per sequence, as a store without shared steps does).
 Targets: mpreplay compressed >= 3x TorchRL's sampled steps per second; <= 1.1 frames per step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,12 @@ ONE_FRAME = int(np.prod(FRAME))  # bytes: the limit of a per-step frame store
 LENGTH, PERIOD = 80, 40  # R2D2's sequences
 ALPHA, BETA = 0.6, 0.6
 SPEED_TARGET, MEMORY_TARGET = 3.0, 1.1
-ENV: dict[str, dict[str, Any]] = {"obs": {"shape": FRAME + (STACK,), "dtype": np.uint8}, "act": {"dtype": np.int64},
-       "rew": {"dtype": np.float32}, "done": {"dtype": np.float32}}
+ENV: dict[str, dict[str, Any]] = {
+    "obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
+    "act": {"dtype": np.int64},
+    "rew": {"dtype": np.float32},
+    "done": {"dtype": np.float32},
+}
 STEP_BYTES = sum(int(np.prod(f.get("shape", ()))) * np.dtype(f["dtype"]).itemsize for f in ENV.values())
 LAYOUTS: dict[str, dict[str, Any]] = {"compressed": {"stack_compress": "obs"}, "uncompressed": {}}
 
@@ -76,14 +81,16 @@ def _timed(sample: Callable[[], Any]) -> Callable[[int], tuple[float, float]]:
         for _ in range(calls):
             sample()
         return (time.perf_counter() - wall) / calls, (time.process_time() - cpu) / calls
+
     return run
 
 
 def _mpreplay(layout: str, capacity: int, batch: int, seed: int, *, new_arrays: bool) -> list[_Contender]:
     """The buffer sampling into its previous batch and, with ``new_arrays``, the same buffer
     sampling into fresh arrays (a second contender that adds nothing and owns no memory)."""
-    rb = MPPrioritizedSequenceReplayBuffer(capacity, ENV, length=LENGTH, period=PERIOD, alpha=ALPHA,
-                                           seed=seed, **LAYOUTS[layout])
+    rb = MPPrioritizedSequenceReplayBuffer(
+        capacity, ENV, length=LENGTH, period=PERIOD, alpha=ALPHA, seed=seed, **LAYOUTS[layout]
+    )
     previous: dict[str, dict[str, np.ndarray]] = {}
 
     def reuse() -> dict[str, np.ndarray]:
@@ -96,11 +103,25 @@ def _mpreplay(layout: str, capacity: int, batch: int, seed: int, *, new_arrays: 
         assert sequences is not None  # a counter: only the lock holder's entries are ever None
         return segment.nbytes, rb.get_stored_size(), int(sequences)
 
-    out = [_Contender(f"mpreplay {layout}, out=", lambda _, fields, priorities: rb.add(priorities=priorities, **fields),
-                      _timed(reuse), memory, rb.close)]
+    out = [
+        _Contender(
+            f"mpreplay {layout}, out=",
+            lambda _, fields, priorities: rb.add(priorities=priorities, **fields),
+            _timed(reuse),
+            memory,
+            rb.close,
+        )
+    ]
     if new_arrays:
-        out.append(_Contender(f"mpreplay {layout}, new arrays", lambda *_: None, _timed(lambda: rb.sample(batch, BETA)),
-                              None, lambda: None))
+        out.append(
+            _Contender(
+                f"mpreplay {layout}, new arrays",
+                lambda *_: None,
+                _timed(lambda: rb.sample(batch, BETA)),
+                None,
+                lambda: None,
+            )
+        )
     return out
 
 
@@ -113,8 +134,9 @@ def _torchrl(worker: peers.PeerProcess, capacity: int, batch: int, episode: int,
         timing = worker.request("seq_run", calls=calls)
         return timing["wall"] / calls, timing["cpu"] / calls
 
-    return _Contender("TorchRL PrioritizedSliceSampler", lambda *_: None, run, lambda: (nbytes, stored, -1),
-                      worker.close)
+    return _Contender(
+        "TorchRL PrioritizedSliceSampler", lambda *_: None, run, lambda: (nbytes, stored, -1), worker.close
+    )
 
 
 # -- measuring -------------------------------------------------------------------
@@ -138,9 +160,12 @@ def _judged(ratio: float | None, goal: float, at_least: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mpreplay bench seq", description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n", 2)[2],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="mpreplay bench seq",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--quick", action="store_true", help="capacity 3,000, batch 8, 3 rounds: a smoke run")
     parser.add_argument("--capacity", type=positive_int, help="steps stored (default 100,000)")
     parser.add_argument("--batch", type=positive_int, help="sequences per sample (default 64)")
@@ -148,8 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=positive_int, help="rounds; figures are their medians (default 7)")
     parser.add_argument("--calls", type=positive_int, help="sample calls per contender and round (default 5)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--peers", metavar="DIR", help="the peers' venv, where TorchRL runs (default: "
-                        f"${peers.ENV_VAR}; made by `python -m mpreplay.bench.peers --setup DIR`)")
+    parser.add_argument(
+        "--peers",
+        metavar="DIR",
+        help="the peers' venv, where TorchRL runs (default: "
+        f"${peers.ENV_VAR}; made by `python -m mpreplay.bench.peers --setup DIR`)",
+    )
     args = parser.parse_args(argv)
     quick = args.quick
     capacity = args.capacity or (3_000 if quick else 100_000)
@@ -185,9 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         for c in contenders:
             c.close()
 
-    print(f"capacity {capacity:,} steps, filled with {capacity + capacity // 4:,} in episodes of mean length "
-          f"{episode}; sample({batch}) sequences of {LENGTH} (period {PERIOD}), obs {FRAME + (STACK,)} uint8; "
-          f"medians of {repeats} rounds x {calls} calls; {len(os.sched_getaffinity(0))} cores; {', '.join(versions)}")
+    print(
+        f"capacity {capacity:,} steps, filled with {capacity + capacity // 4:,} in episodes of mean length "
+        f"{episode}; sample({batch}) sequences of {LENGTH} (period {PERIOD}), obs {FRAME + (STACK,)} uint8; "
+        f"medians of {repeats} rounds x {calls} calls; {len(os.sched_getaffinity(0))} cores; {', '.join(versions)}"
+    )
     if note:
         print(note)
     _report(contenders, memory, batch)
@@ -202,19 +233,36 @@ def _report(contenders: list[_Contender], memory: dict[str, tuple[int, int, int]
     rows = []
     for c in contenders:
         per_s, per_cpu_s = rates[c.name]
-        vs = ["", ""] if torch_row is None else [f"{per_s / rates[torch_row][0]:.2f}",
-                                                 f"{per_cpu_s / rates[torch_row][1]:.2f}"]
+        vs = (
+            ["", ""]
+            if torch_row is None
+            else [f"{per_s / rates[torch_row][0]:.2f}", f"{per_cpu_s / rates[torch_row][1]:.2f}"]
+        )
         rows.append([c.name, f"{float(np.median(c.wall)) * 1e3:.1f}", f"{per_s:,.0f}", f"{per_cpu_s:,.0f}", *vs])
-    print_table(f"Sampling {batch} sequences x {LENGTH} steps", ["buffer", "ms / sample", "steps/s",
-                "steps / CPU s", "÷ TorchRL", "÷ TorchRL per CPU s"], rows)
+    print_table(
+        f"Sampling {batch} sequences x {LENGTH} steps",
+        ["buffer", "ms / sample", "steps/s", "steps / CPU s", "÷ TorchRL", "÷ TorchRL per CPU s"],
+        rows,
+    )
 
     rows = []
     for name, (nbytes, stored, sequences) in memory.items():
         whole = "" if sequences < 0 else f"{nbytes / (sequences * LENGTH * STEP_BYTES):.4f}"
-        rows.append([name.removesuffix(", out="), f"{nbytes / 2**20:,.0f}", f"{stored:,}", f"{nbytes / stored:,.0f}",
-                     f"{nbytes / stored / ONE_FRAME:.3f}", whole])
-    print_table(f"Memory per stored step (one frame: {ONE_FRAME:,} B; a step's fields: {STEP_BYTES:,} B)",
-                ["buffer", "MiB", "steps", "bytes / step", "÷ one frame", "÷ sequences stored whole"], rows)
+        rows.append(
+            [
+                name.removesuffix(", out="),
+                f"{nbytes / 2**20:,.0f}",
+                f"{stored:,}",
+                f"{nbytes / stored:,.0f}",
+                f"{nbytes / stored / ONE_FRAME:.3f}",
+                whole,
+            ]
+        )
+    print_table(
+        f"Memory per stored step (one frame: {ONE_FRAME:,} B; a step's fields: {STEP_BYTES:,} B)",
+        ["buffer", "MiB", "steps", "bytes / step", "÷ one frame", "÷ sequences stored whole"],
+        rows,
+    )
 
     speed: float | None = None
     per_cpu: float | None = None
@@ -222,10 +270,27 @@ def _report(contenders: list[_Contender], memory: dict[str, tuple[int, int, int]
         speed, per_cpu = (rates[contenders[0].name][i] / rates[torch_row][i] for i in (0, 1))
     nbytes, stored, _ = memory[contenders[0].name]
     frames = nbytes / stored / ONE_FRAME
-    print_table("Targets (this run)", ["target", "measured", "goal", "met"], [
-        ["mpreplay compressed ÷ TorchRL PrioritizedSliceSampler, steps/s",
-         "" if speed is None else f"{speed:.2f}", f">= {SPEED_TARGET:g}", _judged(speed, SPEED_TARGET, True)],
-        ["the same, steps per CPU-second", "" if per_cpu is None else f"{per_cpu:.2f}", f">= {SPEED_TARGET:g}",
-         _judged(per_cpu, SPEED_TARGET, True)],
-        ["mpreplay compressed, bytes per step ÷ one frame", f"{frames:.3f}", f"<= {MEMORY_TARGET:g}",
-         _judged(frames, MEMORY_TARGET, False)]])
+    print_table(
+        "Targets (this run)",
+        ["target", "measured", "goal", "met"],
+        [
+            [
+                "mpreplay compressed ÷ TorchRL PrioritizedSliceSampler, steps/s",
+                "" if speed is None else f"{speed:.2f}",
+                f">= {SPEED_TARGET:g}",
+                _judged(speed, SPEED_TARGET, True),
+            ],
+            [
+                "the same, steps per CPU-second",
+                "" if per_cpu is None else f"{per_cpu:.2f}",
+                f">= {SPEED_TARGET:g}",
+                _judged(per_cpu, SPEED_TARGET, True),
+            ],
+            [
+                "mpreplay compressed, bytes per step ÷ one frame",
+                f"{frames:.3f}",
+                f"<= {MEMORY_TARGET:g}",
+                _judged(frames, MEMORY_TARGET, False),
+            ],
+        ],
+    )

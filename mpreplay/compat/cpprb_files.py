@@ -47,6 +47,7 @@ pickles and nothing else; this module then accepts only the dicts of arrays
 described above, and copies them into arrays of its own (peak memory: the
 transitions plus their largest field).
 """
+
 from __future__ import annotations
 
 import math
@@ -114,16 +115,19 @@ def read_cpprb_file(file: File) -> CpprbFile:
         if version.shape != () or version.dtype.kind not in "iu":
             raise TransitionFileError(f"{label}: member 'version' is {describe_array(version)}; expected an integer")
         if int(version) != _VERSION:
-            raise TransitionFileError(f"{label}: unknown cpprb format version {int(version)}; "
-                                      f"cpprb has only written version {_VERSION}")
+            raise TransitionFileError(
+                f"{label}: unknown cpprb format version {int(version)}; cpprb has only written version {_VERSION}"
+            )
         safe, nstep = _flag(archive, "safe", label), _flag(archive, "Nstep", label)
         data = _fields(_pickled(archive, "data", label), "data", label)
         cache = _pickled(archive, "cache", label)
         next_of = _next_of(archive, label)
     if safe:
         if cache is not None or next_of is not None:
-            raise TransitionFileError(f"{label}: the safe layout holds no cache and no next_of, "
-                                      f"found {describe_found(cache)} and {describe_found(next_of)}")
+            raise TransitionFileError(
+                f"{label}: the safe layout holds no cache and no next_of, "
+                f"found {describe_found(cache)} and {describe_found(next_of)}"
+            )
         return CpprbFile(data, nstep, safe)
     return CpprbFile(_rebuild(data, cache, next_of or [], label), nstep, safe)
 
@@ -143,16 +147,20 @@ def _check_members(archive: zipfile.ZipFile, label: str) -> None:
     names = archive.namelist()
     expected = sorted(f"{member}.npy" for member in _MEMBERS)
     if sorted(names) != expected:
-        raise TransitionFileError(f"{label}: not a file of cpprb's save_transitions: its members are "
-                                  f"{short(sorted(names))}, expected {expected}")
+        raise TransitionFileError(
+            f"{label}: not a file of cpprb's save_transitions: its members are "
+            f"{short(sorted(names))}, expected {expected}"
+        )
 
 
 def _header(stream: IO[bytes], member: str, label: str) -> tuple[tuple[int, ...], bool, np.dtype]:
     """Shape, Fortran order and dtype from the ``.npy`` header at the start of ``stream``."""
     version = np.lib.format.read_magic(stream)
     if version not in _NPY_HEADERS:
-        raise TransitionFileError(f"{label}: member {member!r} has .npy format version {version}; "
-                                  "numpy's savez writes 1.0 or 2.0 for these arrays")
+        raise TransitionFileError(
+            f"{label}: member {member!r} has .npy format version {version}; "
+            "numpy's savez writes 1.0 or 2.0 for these arrays"
+        )
     return _NPY_HEADERS[version](stream)
 
 
@@ -165,13 +173,17 @@ def _member(archive: zipfile.ZipFile, member: str, label: str) -> Any:
             shape, _fortran, dtype = _header(stream, member, label)
             if dtype.hasobject:
                 if dtype != np.dtype(object) or shape != ():
-                    raise TransitionFileError(f"{label}: member {member!r} is an object array of shape {shape}, "
-                                              f"dtype {dtype}; cpprb writes 0-d object arrays")
+                    raise TransitionFileError(
+                        f"{label}: member {member!r} is an object array of shape {shape}, "
+                        f"dtype {dtype}; cpprb writes 0-d object arrays"
+                    )
                 scan(stream, member, label)
             # numpy allocates what the header says before reading: check that the member holds it.
             elif dtype.itemsize == 0 or math.prod(shape) * dtype.itemsize != info.file_size - stream.tell():
-                raise TransitionFileError(f"{label}: member {member!r} holds {info.file_size - stream.tell()} "
-                                          f"bytes of data; its header says shape {shape} {dtype}")
+                raise TransitionFileError(
+                    f"{label}: member {member!r} holds {info.file_size - stream.tell()} "
+                    f"bytes of data; its header says shape {shape} {dtype}"
+                )
         with archive.open(info) as stream:
             if dtype.hasobject:
                 _header(stream, member, label)
@@ -192,8 +204,10 @@ def _pickled(archive: zipfile.ZipFile, member: str, label: str) -> Any:
     """The object that the pickled 0-d object array ``member`` holds."""
     value = _member(archive, member, label)
     if isinstance(value, np.ndarray):
-        raise TransitionFileError(f"{label}: member {member!r} is a plain array of {describe_array(value)}; "
-                                  "cpprb stores it as a pickled object")
+        raise TransitionFileError(
+            f"{label}: member {member!r} is a plain array of {describe_array(value)}; "
+            "cpprb stores it as a pickled object"
+        )
     return unwrap(value, member, label)
 
 
@@ -210,12 +224,20 @@ def _next_of(archive: zipfile.ZipFile, label: str) -> list[str] | None:
     if not isinstance(value, np.ndarray):
         held = unwrap(value, "next_of", label)
         if held is not None:
-            raise TransitionFileError(f"{label}: member 'next_of' holds {describe_found(held)}; "
-                                      "expected None or an array of field names")
+            raise TransitionFileError(
+                f"{label}: member 'next_of' holds {describe_found(held)}; expected None or an array of field names"
+            )
         return None
-    if (value.ndim != 1 or value.dtype.kind != "U" or not len(value) or not is_unicode(value)
-            or len(set(value.tolist())) != len(value)):
-        raise TransitionFileError(f"{label}: member 'next_of' is {describe_array(value)}; expected distinct field names")
+    if (
+        value.ndim != 1
+        or value.dtype.kind != "U"
+        or not len(value)
+        or not is_unicode(value)
+        or len(set(value.tolist())) != len(value)
+    ):
+        raise TransitionFileError(
+            f"{label}: member 'next_of' is {describe_array(value)}; expected distinct field names"
+        )
     return value.tolist()
 
 
@@ -226,12 +248,16 @@ def _native(dtype: np.dtype) -> np.dtype:
 def _fields(value: Any, member: str, label: str) -> dict[str, np.ndarray]:
     """``value``, checked to be {field: array of rows}, every array as long, as arrays of our own."""
     if not isinstance(value, dict) or not value:
-        raise TransitionFileError(f"{label}: member {member!r} holds {describe_found(value)}; "
-                                  "expected a non-empty dict of field name -> array")
+        raise TransitionFileError(
+            f"{label}: member {member!r} holds {describe_found(value)}; "
+            "expected a non-empty dict of field name -> array"
+        )
     views = {}
     for name, array in value.items():
         if type(name) is not str:
-            raise TransitionFileError(f"{label}: member {member!r} has the key {describe_found(name)}; expected field names")
+            raise TransitionFileError(
+                f"{label}: member {member!r} has the key {describe_found(name)}; expected field names"
+            )
         views[name] = numeric_view(array, f"{member}[{name!r}]", label)
         if views[name].ndim == 0:
             raise TransitionFileError(f"{label}: {member}[{name!r}] is a 0-d array; expected rows")
@@ -256,30 +282,37 @@ def _rebuild(data: dict[str, np.ndarray], cache: Any, next_of: list[str], label:
         if name not in data:
             raise TransitionFileError(f"{label}: next_of names {name!r}, which is not a field of {list(data)}")
     if not isinstance(cache, dict):
-        raise TransitionFileError(f"{label}: member 'cache' holds {describe_found(cache)}; the unsafe layout holds a dict")
+        raise TransitionFileError(
+            f"{label}: member 'cache' holds {describe_found(cache)}; the unsafe layout holds a dict"
+        )
     # Each cache entry holds the next_<name> of every next_of field and the stacked fields' rows.
     bases = {f"next_{name}": name for name in next_of}
     keys = None
     entries = {}
     for slot, entry in cache.items():
         if not (type(slot) is int or isinstance(slot, np.integer)) or not 0 <= slot < count:
-            raise TransitionFileError(f"{label}: member 'cache' has the slot {describe_found(slot)}; "
-                                      f"expected slots in [0, {count})")
-        if not isinstance(entry, dict) or (keys is not None and entry.keys() != keys) or \
-                not set(bases) <= entry.keys():
-            raise TransitionFileError(f"{label}: cache[{int(slot)}] holds {describe_found(entry)}; expected the same keys as "
-                                      f"every entry, including {sorted(bases)}")
+            raise TransitionFileError(
+                f"{label}: member 'cache' has the slot {describe_found(slot)}; expected slots in [0, {count})"
+            )
+        if not isinstance(entry, dict) or (keys is not None and entry.keys() != keys) or not set(bases) <= entry.keys():
+            raise TransitionFileError(
+                f"{label}: cache[{int(slot)}] holds {describe_found(entry)}; expected the same keys as "
+                f"every entry, including {sorted(bases)}"
+            )
         keys = entry.keys()
         rows = {}
         for key, value in entry.items():
             base = bases.get(key, key)
             if type(key) is not str or base not in data:
-                raise TransitionFileError(f"{label}: cache[{int(slot)}] has the key {describe_found(key)}, "
-                                          f"which is no field of {list(data)}")
+                raise TransitionFileError(
+                    f"{label}: cache[{int(slot)}] has the key {describe_found(key)}, which is no field of {list(data)}"
+                )
             rows[key] = numeric_view(value, f"cache[{int(slot)}][{key!r}]", label)
             if rows[key].shape != data[base].shape[1:] or _native(rows[key].dtype) != data[base].dtype:
-                raise TransitionFileError(f"{label}: cache[{int(slot)}][{key!r}] is {describe_array(rows[key])}; "
-                                          f"expected one row of {base!r}: {_describe_row(data[base])}")
+                raise TransitionFileError(
+                    f"{label}: cache[{int(slot)}][{key!r}] is {describe_array(rows[key])}; "
+                    f"expected one row of {base!r}: {_describe_row(data[base])}"
+                )
         entries[int(slot)] = rows
     transitions = dict(data)
     for key, name in bases.items():  # row (i + 1) % count, from the stored rows before the cache corrects them

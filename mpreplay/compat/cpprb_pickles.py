@@ -28,6 +28,7 @@ machine builds by itself (dicts, lists, tuples, strings, numbers, None) run no
 code; the structure check then accepts only the dicts of arrays described
 above.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,19 +50,54 @@ _MULTIARRAY = ("numpy.core.multiarray", "numpy._core.multiarray")  # numpy 1.x, 
 _DTYPE_CODE = re.compile(r"[biufcOU][0-9]{1,4}")  # what numpy's dtype pickles name: 'f4', 'O8', 'U3'
 _CHUNK = 1 << 22  # bytes read from a member at a time
 # The globals numpy's pickles of these arrays name.
-_ADMITTED = frozenset({("numpy", "ndarray"), ("numpy", "memmap"), ("numpy", "dtype")}
-                      | {(module, name) for module in _MULTIARRAY for name in ("_reconstruct", "scalar")})
+_ADMITTED = frozenset(
+    {("numpy", "ndarray"), ("numpy", "memmap"), ("numpy", "dtype")}
+    | {(module, name) for module in _MULTIARRAY for name in ("_reconstruct", "scalar")}
+)
 # The pickle opcodes of those pickles (protocols 3 and 4): builtins, memo, globals, calls.  Left
 # out, among others: INST, OBJ, NEWOBJ (which call classes), EXT (the extension registry), PERSID,
 # and protocol 5's out-of-band buffers.
-_OPCODES = frozenset({
-    "PROTO", "FRAME", "STOP", "MARK", "GLOBAL", "STACK_GLOBAL", "REDUCE", "BUILD",
-    "MEMOIZE", "BINPUT", "LONG_BINPUT", "BINGET", "LONG_BINGET",
-    "NONE", "NEWTRUE", "NEWFALSE", "BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT",
-    "SHORT_BINUNICODE", "BINUNICODE", "SHORT_BINBYTES", "BINBYTES", "BINBYTES8",
-    "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3",
-    "EMPTY_LIST", "APPEND", "APPENDS", "EMPTY_DICT", "SETITEM", "SETITEMS",
-})
+_OPCODES = frozenset(
+    {
+        "PROTO",
+        "FRAME",
+        "STOP",
+        "MARK",
+        "GLOBAL",
+        "STACK_GLOBAL",
+        "REDUCE",
+        "BUILD",
+        "MEMOIZE",
+        "BINPUT",
+        "LONG_BINPUT",
+        "BINGET",
+        "LONG_BINGET",
+        "NONE",
+        "NEWTRUE",
+        "NEWFALSE",
+        "BININT",
+        "BININT1",
+        "BININT2",
+        "LONG1",
+        "BINFLOAT",
+        "SHORT_BINUNICODE",
+        "BINUNICODE",
+        "SHORT_BINBYTES",
+        "BINBYTES",
+        "BINBYTES8",
+        "EMPTY_TUPLE",
+        "TUPLE",
+        "TUPLE1",
+        "TUPLE2",
+        "TUPLE3",
+        "EMPTY_LIST",
+        "APPEND",
+        "APPENDS",
+        "EMPTY_DICT",
+        "SETITEM",
+        "SETITEMS",
+    }
+)
 
 
 class _Refused(Exception):
@@ -101,9 +137,17 @@ class _Dtype:
             raise _Refused(f"a second state for dtype {self.code!r}")
         base = np.dtype(self.code)
         # (version, byte order, subarray, names, fields, item size, alignment, flags)
-        if not (type(state) is tuple and len(state) == 8 and state[0] == 3 and state[1] in ("<", ">", "|", "=")
-                and state[2] is None and state[3] is None and state[4] is None
-                and all(type(v) is int for v in state[5:]) and state[5] in (-1, base.itemsize)):
+        if not (
+            type(state) is tuple
+            and len(state) == 8
+            and state[0] == 3
+            and state[1] in ("<", ">", "|", "=")
+            and state[2] is None
+            and state[3] is None
+            and state[4] is None
+            and all(type(v) is int for v in state[5:])
+            and state[5] in (-1, base.itemsize)
+        ):
             raise _Refused(f"dtype {self.code!r} with the state {short(state)}")
         self.dtype = base.newbyteorder(state[1]) if state[1] in "<>" else base
 
@@ -124,9 +168,16 @@ class _Array:
         if self.value is not None:
             raise _Refused("a second state for an array")
         # (version, shape, dtype, Fortran order, data: bytes, or a list of objects)
-        if not (type(state) is tuple and len(state) == 5 and state[0] == 1 and type(state[1]) is tuple
-                and all(type(n) is int and n >= 0 for n in state[1]) and isinstance(state[2], _Dtype)
-                and state[2].dtype is not None and type(state[3]) is bool):
+        if not (
+            type(state) is tuple
+            and len(state) == 5
+            and state[0] == 1
+            and type(state[1]) is tuple
+            and all(type(n) is int and n >= 0 for n in state[1])
+            and isinstance(state[2], _Dtype)
+            and state[2].dtype is not None
+            and type(state[3]) is bool
+        ):
             raise _Refused(f"an array state {short(state)}")
         _, shape, dtype, fortran, data = state
         dtype = dtype.dtype
@@ -165,8 +216,13 @@ class _Unpickler(pickle.Unpickler):
     def __init__(self, stream: _Readable) -> None:
         super().__init__(stream)
         # Fresh stand-ins per file: nothing one file does to them reaches another.
-        builds = {"ndarray": None, "memmap": None, "dtype": self._dtype, "_reconstruct": self._reconstruct,
-                  "scalar": self._scalar}
+        builds = {
+            "ndarray": None,
+            "memmap": None,
+            "dtype": self._dtype,
+            "_reconstruct": self._reconstruct,
+            "scalar": self._scalar,
+        }
         self._admitted = {(module, name): _Admitted(f"{module}.{name}", builds[name]) for module, name in _ADMITTED}
         self._array_types = (self._admitted["numpy", "ndarray"], self._admitted["numpy", "memmap"])
 
@@ -181,14 +237,24 @@ class _Unpickler(pickle.Unpickler):
 
     def _reconstruct(self, *args: Any) -> _Array:
         # numpy pickles every array as _reconstruct(type, (0,), b'b') followed by its state.
-        if not (len(args) == 3 and any(args[0] is t for t in self._array_types) and args[1] == (0,)
-                and type(args[1]) is tuple and args[2] == b"b"):
+        if not (
+            len(args) == 3
+            and any(args[0] is t for t in self._array_types)
+            and args[1] == (0,)
+            and type(args[1]) is tuple
+            and args[2] == b"b"
+        ):
             raise _Refused(f"_reconstruct{short(args)}")
         return _Array()
 
     def _dtype(self, *args: Any) -> _Dtype:
-        if not (len(args) == 3 and type(args[0]) is str and _DTYPE_CODE.fullmatch(args[0])
-                and type(args[1]) is bool and type(args[2]) is bool):
+        if not (
+            len(args) == 3
+            and type(args[0]) is str
+            and _DTYPE_CODE.fullmatch(args[0])
+            and type(args[1]) is bool
+            and type(args[2]) is bool
+        ):
             raise _Refused(f"numpy.dtype{short(args)}")
         try:
             valid = np.dtype(args[0]).itemsize > 0
@@ -237,11 +303,13 @@ def scan(stream: IO[bytes], member: str, label: str) -> None:
                     raise ValueError(f"memo index {arg} after {memo} entries")
                 memo = max(memo, arg + 1)
     except _Refused as exc:
-        raise TransitionFileError(f"{label}: member {member!r} holds {exc}, which cpprb never writes; "
-                                  "refused without running it") from None
+        raise TransitionFileError(
+            f"{label}: member {member!r} holds {exc}, which cpprb never writes; refused without running it"
+        ) from None
     except (ValueError, OverflowError) as exc:  # what pickletools raises on bad bytes
-        raise TransitionFileError(f"{label}: member {member!r} is not a readable pickle "
-                                  f"({type(exc).__name__}: {short(str(exc))})") from exc
+        raise TransitionFileError(
+            f"{label}: member {member!r} is not a readable pickle ({type(exc).__name__}: {short(str(exc))})"
+        ) from exc
 
 
 class _Chunked:
@@ -264,7 +332,7 @@ class _Chunked:
         view = memoryview(buffer).cast("B")
         filled = 0
         while filled < len(view) and (chunk := self._stream.read(min(len(view) - filled, _CHUNK))):
-            view[filled:filled + len(chunk)] = chunk
+            view[filled : filled + len(chunk)] = chunk
             filled += len(chunk)
         return filled
 
@@ -277,13 +345,15 @@ def unpickle(stream: IO[bytes], member: str, label: str) -> Any:
         held = _Unpickler(_Chunked(stream)).load()
         trailing = stream.read(1)  # reading to the end also checks the member's CRC
     except _Refused as exc:
-        raise TransitionFileError(f"{label}: member {member!r} holds {exc}, which cpprb never writes; "
-                                  "refused without running it") from None
+        raise TransitionFileError(
+            f"{label}: member {member!r} holds {exc}, which cpprb never writes; refused without running it"
+        ) from None
     except (zipfile.BadZipFile, OSError, MemoryError):
         raise  # a damaged archive (the caller's message says so), or a file too large for memory
     except Exception as exc:  # whatever the pickle machine raises on bad bytes
-        raise TransitionFileError(f"{label}: member {member!r} is not a readable pickle "
-                                  f"({type(exc).__name__}: {short(str(exc))})") from exc
+        raise TransitionFileError(
+            f"{label}: member {member!r} is not a readable pickle ({type(exc).__name__}: {short(str(exc))})"
+        ) from exc
     if trailing:
         raise TransitionFileError(f"{label}: member {member!r} has bytes after its pickle")
     return held
@@ -295,8 +365,9 @@ def unpickle(stream: IO[bytes], member: str, label: str) -> Any:
 def unwrap(held: Any, member: str, label: str) -> Any:
     """The object inside the 0-d object array that numpy pickles for a member."""
     if not (isinstance(held, _Array) and isinstance(held.value, _Object)):
-        raise TransitionFileError(f"{label}: member {member!r} holds {describe_found(held)}; "
-                                  "expected a 0-d object array")
+        raise TransitionFileError(
+            f"{label}: member {member!r} holds {describe_found(held)}; expected a 0-d object array"
+        )
     return held.value.item
 
 
@@ -317,7 +388,7 @@ def is_unicode(array: np.ndarray) -> bool:
 def short(value: Any, limit: int = 80) -> str:
     """``value`` (a string as it is, anything else as its repr) cut to ``limit`` characters for a message."""
     text = value if isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def describe_array(array: np.ndarray) -> str:

@@ -9,6 +9,7 @@
 * :mod:`~mpreplay.demo.report`: the live view, the summary and the learning curve;
 * :mod:`~mpreplay.demo.cli`: the command line and the run.
 """
+
 from __future__ import annotations
 
 from .cli import main

@@ -43,6 +43,7 @@ The processes fork from a server that has imported torch once (start method
 "forkserver"), and each sets ``torch.set_num_threads(1)``: they share a few
 cores, and a thread pool apiece would only add contention.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,14 +69,25 @@ def _q_network(config: Config) -> Any:
     from torch import nn
 
     hidden = config.hidden
-    return nn.Sequential(nn.Linear(config.obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                         nn.Linear(hidden, NUM_ACTIONS))
+    return nn.Sequential(
+        nn.Linear(config.obs_dim, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, NUM_ACTIONS),
+    )
 
 
 def _replay_fields(config: Config) -> dict[str, dict[str, Any]]:
     obs = {"shape": (config.obs_dim,)}
-    return {"obs": obs, "act": {"dtype": np.int64}, "rew": {}, "next_obs": obs, "done": {},
-            "discount": {}}  # discount: gamma**m
+    return {
+        "obs": obs,
+        "act": {"dtype": np.int64},
+        "rew": {},
+        "next_obs": obs,
+        "done": {},
+        "discount": {},
+    }  # discount: gamma**m
 
 
 def _td_errors(online: Any, target: Any, batch: Mapping[str, np.ndarray]) -> Any:
@@ -168,14 +180,28 @@ def _apex_replay(config: Config) -> MPPrioritizedReplayBuffer:
     # The window lets every actor's batch in at once; SampleToInsertRatio centres it.
     slack = config.samples_per_insert * config.actor_batch * config.actors * 2 + config.batch_size
     limiter = SampleToInsertRatio(config.samples_per_insert, config.learning_starts, slack)
-    return MPPrioritizedReplayBuffer(config.capacity, _replay_fields(config), alpha=config.alpha, seed=config.seed,
-                                     rate_limiter=limiter)
+    return MPPrioritizedReplayBuffer(
+        config.capacity, _replay_fields(config), alpha=config.alpha, seed=config.seed, rate_limiter=limiter
+    )
 
 
 def _apex_arguments(p: argparse.ArgumentParser, d: Config) -> None:
-    p.add_argument("--hide-velocity", action="store_true",
-                   help="observe only the cart position and the pole angle (a task for a recurrent agent)")
+    p.add_argument(
+        "--hide-velocity",
+        action="store_true",
+        help="observe only the cart position and the pole angle (a task for a recurrent agent)",
+    )
 
 
-APEX = Agent("Ape-X DQN", __doc__.split("\n\n")[0], Config, APEX_SOLVED_RETURN, _q_network, _apex_replay, _actor,
-             _learner, _apex_arguments, module=__name__)
+APEX = Agent(
+    "Ape-X DQN",
+    __doc__.split("\n\n")[0],
+    Config,
+    APEX_SOLVED_RETURN,
+    _q_network,
+    _apex_replay,
+    _actor,
+    _learner,
+    _apex_arguments,
+    module=__name__,
+)

@@ -1,4 +1,5 @@
 """``mpreplay demo``: the command line, the agents it can run, and the run itself."""
+
 from __future__ import annotations
 
 import argparse
@@ -40,11 +41,16 @@ def _parse(argv: Sequence[str] | None) -> tuple[Agent, Config]:
     first.add_argument("--agent", choices=tuple(AGENTS), default="apex")
     chosen = load_agent(first.parse_known_args(argv)[0].agent)
     d = chosen.config()
-    p = argparse.ArgumentParser(prog="mpreplay demo", description=chosen.description,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--agent", choices=tuple(AGENTS), default="apex",
-                   help="apex: Ape-X DQN (feed-forward); r2d2: R2D2 (LSTM, sequence replay) with the velocities "
-                        "hidden; `--agent r2d2 --help` lists its flags")
+    p = argparse.ArgumentParser(
+        prog="mpreplay demo", description=chosen.description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--agent",
+        choices=tuple(AGENTS),
+        default="apex",
+        help="apex: Ape-X DQN (feed-forward); r2d2: R2D2 (LSTM, sequence replay) with the velocities "
+        "hidden; `--agent r2d2 --help` lists its flags",
+    )
     p.add_argument("--actors", type=int, default=d.actors, help="actor processes")
     p.add_argument("--seconds", type=float, default=d.seconds, help="stop after this long if not solved")
     p.add_argument("--capacity", type=int, default=d.capacity, help="replay buffer size (transitions or steps)")
@@ -58,20 +64,39 @@ def _parse(argv: Sequence[str] | None) -> tuple[Agent, Config]:
     p.add_argument("--target-update", type=int, default=d.target_update, help="learner steps between target syncs")
     p.add_argument("--publish-every", type=int, default=d.publish_every, help="learner steps between publishes")
     p.add_argument("--learning-starts", type=int, default=d.learning_starts, help="rows stored before sampling")
-    p.add_argument("--samples-per-insert", type=float, default=d.samples_per_insert,
-                   help="sampled rows per inserted row, kept by the rate limiter")
+    p.add_argument(
+        "--samples-per-insert",
+        type=float,
+        default=d.samples_per_insert,
+        help="sampled rows per inserted row, kept by the rate limiter",
+    )
     p.add_argument("--alpha", type=float, default=d.alpha, help="priority exponent")
     p.add_argument("--beta", type=float, default=d.beta, help="importance-sampling exponent")
     p.add_argument("--actor-batch", type=int, default=d.actor_batch, help="rows an actor adds at once")
-    p.add_argument("--envs-per-actor", type=int, default=d.envs_per_actor,
-                   help="CartPole sub-environments each actor steps as one vector env")
+    p.add_argument(
+        "--envs-per-actor",
+        type=int,
+        default=d.envs_per_actor,
+        help="CartPole sub-environments each actor steps as one vector env",
+    )
     p.add_argument("--grad-clip", type=float, default=d.grad_clip, help="gradient norm limit")
     p.add_argument("--plain", action="store_true", help="print one line per second instead of a rich table")
     chosen.arguments(p, d)
     args = vars(p.parse_args(argv))
     del args["agent"]
-    for name in ("actors", "capacity", "batch_size", "nstep", "hidden", "target_update", "publish_every",
-                 "learning_starts", "actor_batch", "envs_per_actor", *chosen.positive):
+    for name in (
+        "actors",
+        "capacity",
+        "batch_size",
+        "nstep",
+        "hidden",
+        "target_update",
+        "publish_every",
+        "learning_starts",
+        "actor_batch",
+        "envs_per_actor",
+        *chosen.positive,
+    ):
         if args[name] < 1:
             p.error(f"--{name.replace('_', '-')}: expected an integer >= 1, got {args[name]}")
     if not args["seconds"] > 0:
@@ -89,14 +114,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen, config = _parse(argv)
     try:
         import gymnasium  # noqa: F401  (checked here: a child would only fail later)
+
         import_torch()
     except ImportError as exc:
         print(f"mpreplay demo needs PyTorch and gymnasium (the 'examples' extra): {exc}", file=sys.stderr)
         return 1
     ladder = config.actors * config.envs_per_actor
     if epsilon(ladder - 1, ladder) > GREEDY_EPSILON:
-        print(f"note: no sub-environment explores with ε ≤ {GREEDY_EPSILON:g} (that takes 2 or more, over all "
-              "actors), so the run cannot be judged solved; it ends at --seconds", file=sys.stderr)
+        print(
+            f"note: no sub-environment explores with ε ≤ {GREEDY_EPSILON:g} (that takes 2 or more, over all "
+            "actors), so the run cannot be judged solved; it ends at --seconds",
+            file=sys.stderr,
+        )
     os.makedirs(config.out, exist_ok=True)
     report, episodes = _run(chosen, config)
     with open(os.path.join(config.out, "summary.json"), "w") as f:
@@ -127,9 +156,16 @@ def _run(agent: Agent, config: Config) -> tuple[dict[str, Any], Episodes]:
             watcher = threading.Thread(target=watch, args=(monitor, show, done), daemon=True)
             watcher.start()
             try:
-                result = launch({"replay": replay, "episodes": log}, actors=(agent.actor, config.actors),
-                                learner=agent.learner, params=params, args=(config,), start_method="forkserver",
-                                timeout=config.seconds, close=False)
+                result = launch(
+                    {"replay": replay, "episodes": log},
+                    actors=(agent.actor, config.actors),
+                    learner=agent.learner,
+                    params=params,
+                    args=(config,),
+                    start_method="forkserver",
+                    timeout=config.seconds,
+                    close=False,
+                )
                 learner = result.value
                 reason = "solved" if learner and learner["solved"] else result.reason
             except KeyboardInterrupt:

@@ -1,5 +1,6 @@
 """What the processes of both agents share: the learner's loop, adds that wait for the rate limiter,
 the check that ends a solved run, and :class:`Agent`, what an agent brings."""
+
 from __future__ import annotations
 
 import argparse
@@ -68,8 +69,9 @@ def add_until_stopped(ctx: Context, replay: Any, batch: Mapping[str, np.ndarray]
 Loss = Callable[[Any, Any, Mapping[str, np.ndarray], Config], tuple[Any, np.ndarray]]
 
 
-def run_learner(ctx: Context, config: Config, network: Callable[[Config], Any], loss_of: Loss,
-                goal: float) -> dict[str, Any]:
+def run_learner(
+    ctx: Context, config: Config, network: Callable[[Config], Any], loss_of: Loss, goal: float
+) -> dict[str, Any]:
     """The learner both agents run: sample, step, write priorities back, publish, sync the target network.
 
     ``loss_of(online, target, batch, config)`` returns the batch's loss (a scalar tensor,

@@ -38,6 +38,7 @@ consecutive positions), batches of 32 sequences, an LSTM of 64 units.
 CartPole counts as solved when the last 20 episodes of the greedy end of the
 ladder (ε ≤ 0.01) average 400 or more.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -85,8 +86,10 @@ class R2D2Config(Config):
         if not 1 <= self.period <= self.length:
             raise ValueError(f"--period: expected 1 <= period <= --length ({self.length}), got {self.period}")
         if self.capacity // self.lanes < self.length:
-            raise ValueError(f"--capacity: {self.capacity} steps over {self.lanes} lanes (one per sub-environment) "
-                             f"leave fewer than --length ({self.length}) steps per lane")
+            raise ValueError(
+                f"--capacity: {self.capacity} steps over {self.lanes} lanes (one per sub-environment) "
+                f"leave fewer than --length ({self.length}) steps per lane"
+            )
 
     @property
     def lanes(self) -> int:
@@ -96,13 +99,18 @@ class R2D2Config(Config):
 
 # ------------------------------------------------------------------- the model
 
+
 def _q_network(config: Config) -> Any:
     from torch import nn
 
     hidden = config.hidden
-    return nn.ModuleDict({"encode": nn.Sequential(nn.Linear(config.obs_dim, hidden), nn.ReLU()),
-                          "lstm": nn.LSTM(hidden, hidden, batch_first=True),
-                          "head": nn.Linear(hidden, NUM_ACTIONS)})
+    return nn.ModuleDict(
+        {
+            "encode": nn.Sequential(nn.Linear(config.obs_dim, hidden), nn.ReLU()),
+            "lstm": nn.LSTM(hidden, hidden, batch_first=True),
+            "head": nn.Linear(hidden, NUM_ACTIONS),
+        }
+    )
 
 
 def _unroll(net: Any, obs: Any, state: tuple[Any, Any]) -> tuple[Any, tuple[Any, Any]]:
@@ -115,8 +123,16 @@ def _unroll(net: Any, obs: Any, state: tuple[Any, Any]) -> tuple[Any, tuple[Any,
 def _replay_fields(config: R2D2Config) -> dict[str, dict[str, Any]]:
     state = {"shape": (config.hidden,)}
     # first: the step starts its episode (the learner trains a sequence starting there from its first step)
-    return {"obs": {"shape": (config.obs_dim,)}, "act": {"dtype": np.int64}, "rew": {}, "done": {},
-            "truncated": {}, "first": {"dtype": np.bool_}, "h": state, "c": state}
+    return {
+        "obs": {"shape": (config.obs_dim,)},
+        "act": {"dtype": np.int64},
+        "rew": {},
+        "done": {},
+        "truncated": {},
+        "first": {"dtype": np.bool_},
+        "h": state,
+        "c": state,
+    }
 
 
 def _replay(config: R2D2Config) -> MPPrioritizedSequenceReplayBuffer:
@@ -124,11 +140,21 @@ def _replay(config: R2D2Config) -> MPPrioritizedSequenceReplayBuffer:
     slack = config.samples_per_insert * config.actor_batch * config.lanes * 2 + config.batch_size
     limiter = SampleToInsertRatio(config.samples_per_insert, config.learning_starts, slack)
     return MPPrioritizedSequenceReplayBuffer(
-        config.capacity, _replay_fields(config), length=config.length, period=config.period, pad_end=True,
-        lanes=config.lanes, alpha=config.alpha, eta=config.eta, seed=config.seed, rate_limiter=limiter)
+        config.capacity,
+        _replay_fields(config),
+        length=config.length,
+        period=config.period,
+        pad_end=True,
+        lanes=config.lanes,
+        alpha=config.alpha,
+        eta=config.eta,
+        seed=config.seed,
+        rate_limiter=limiter,
+    )
 
 
 # ---------------------------------------------------------------------- targets
+
 
 def _shifted(x: Any, k: int, fill: Any) -> Any:
     """``x[:, t + k]`` at every ``t`` of ``(B, L)`` ``x``; ``fill`` past the end."""
@@ -157,12 +183,12 @@ def nstep_targets(rew: Any, done: Any, mask: Any, bootstrap: Any, gamma: float, 
     ended = torch.zeros_like(mask)
     for k in range(n):
         running = running & _shifted(mask, k, False)
-        y = y + (gamma ** k) * torch.where(running, _shifted(rew, k, 0.0), torch.zeros_like(rew))
+        y = y + (gamma**k) * torch.where(running, _shifted(rew, k, 0.0), torch.zeros_like(rew))
         terminal = running & _shifted(done, k, False)
         ended = ended | terminal
         running = running & ~terminal
     bootstrapped = running & _shifted(mask, n, False)
-    y = y + (gamma ** n) * torch.where(bootstrapped, _shifted(bootstrap, n, 0.0), torch.zeros_like(rew))
+    y = y + (gamma**n) * torch.where(bootstrapped, _shifted(bootstrap, n, 0.0), torch.zeros_like(rew))
     return y, ended | bootstrapped
 
 
@@ -199,8 +225,14 @@ def _td_errors(online: Any, target: Any, batch: Mapping[str, np.ndarray], config
         q_target, _ = _unroll(target, obs, state)
         bootstrap = q_target.gather(2, q.argmax(2, keepdim=True)).squeeze(2)
         mask = torch.from_numpy(batch["mask"])
-        y, defined = nstep_targets(torch.from_numpy(batch["rew"]), torch.from_numpy(batch["done"] > 0), mask,
-                                   bootstrap, config.gamma, config.nstep)
+        y, defined = nstep_targets(
+            torch.from_numpy(batch["rew"]),
+            torch.from_numpy(batch["done"] > 0),
+            mask,
+            bootstrap,
+            config.gamma,
+            config.nstep,
+        )
     taken = q.gather(2, torch.from_numpy(batch["act"]).unsqueeze(2)).squeeze(2)
     counted = defined & torch.from_numpy(trained_steps(batch["first"], burn))
     return y - taken, counted
@@ -208,12 +240,15 @@ def _td_errors(online: Any, target: Any, batch: Mapping[str, np.ndarray], config
 
 # ---------------------------------------------------------------------- actors
 
+
 class _Pending:
     """Each sub-environment's steps not yet added: arrays of ``actor_batch`` rows, filled in place."""
 
     def __init__(self, fields: Mapping[str, Mapping[str, Any]], num_envs: int, rows: int):
-        self.arrays = {key: np.zeros((num_envs, rows, *spec.get("shape", ())), spec.get("dtype", np.float32))
-                       for key, spec in fields.items()}
+        self.arrays = {
+            key: np.zeros((num_envs, rows, *spec.get("shape", ())), spec.get("dtype", np.float32))
+            for key, spec in fields.items()
+        }
         self.count = np.zeros(num_envs, np.int64)
         self.rows = rows
 
@@ -261,8 +296,9 @@ def _actor(ctx: Context, config: R2D2Config) -> None:
         explore = rng.random(num_envs) < eps
         act = np.where(explore, rng.integers(NUM_ACTIONS, size=num_envs), act)
         next_obs, rew, terminated, truncated, _ = env.step(act)
-        pending.put(obs=obs, act=act, rew=rew, done=terminated, truncated=truncated, first=first,
-                    h=h.numpy(), c=c.numpy())
+        pending.put(
+            obs=obs, act=act, rew=rew, done=terminated, truncated=truncated, first=first, h=h.numpy(), c=c.numpy()
+        )
         ended = terminated | truncated
         h, c = h_next, c_next
         h[torch.from_numpy(ended)], c[torch.from_numpy(ended)] = 0.0, 0.0
@@ -278,6 +314,7 @@ def _actor(ctx: Context, config: R2D2Config) -> None:
 
 
 # --------------------------------------------------------------------- learner
+
 
 def _loss(online: Any, target: Any, batch: Mapping[str, np.ndarray], config: R2D2Config) -> tuple[Any, np.ndarray]:
     """The importance-weighted Huber loss over the steps with a target, and R2D2's sequence priorities."""
@@ -306,10 +343,25 @@ def _priorities(abs_td: np.ndarray, counted: np.ndarray, mask: np.ndarray, eta: 
 def _arguments(p: argparse.ArgumentParser, d: R2D2Config) -> None:
     p.add_argument("--length", type=int, default=d.length, help="steps per sampled sequence")
     p.add_argument("--period", type=int, default=d.period, help="steps between the starts of an episode's sequences")
-    p.add_argument("--burn-in", type=int, default=d.burn_in,
-                   help="first steps of a sequence that only refresh its stored LSTM state")
+    p.add_argument(
+        "--burn-in",
+        type=int,
+        default=d.burn_in,
+        help="first steps of a sequence that only refresh its stored LSTM state",
+    )
     p.add_argument("--eta", type=float, default=d.eta, help="R2D2's priority mix: eta * max + (1 - eta) * mean")
 
 
-R2D2 = Agent("R2D2", __doc__.split("\n\n")[0], R2D2Config, R2D2_SOLVED_RETURN, _q_network, _replay, _actor,
-             _learner, _arguments, module=__name__, positive=("length", "period"))
+R2D2 = Agent(
+    "R2D2",
+    __doc__.split("\n\n")[0],
+    R2D2Config,
+    R2D2_SOLVED_RETURN,
+    _q_network,
+    _replay,
+    _actor,
+    _learner,
+    _arguments,
+    module=__name__,
+    positive=("length", "period"),
+)

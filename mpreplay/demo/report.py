@@ -1,4 +1,5 @@
 """What the parent shows of a run: the episodes read from the log, the live view, the summary and the plot."""
+
 from __future__ import annotations
 
 import collections
@@ -20,8 +21,13 @@ from .task import GREEDY_EPSILON, WINDOW, Config, env_title, recent_mean, runnin
 __all__ = ["EPISODE_FIELDS", "Episodes", "Monitor", "live_view", "plot", "print_summary", "summary", "watch"]
 
 EPISODE_FIELDS: dict[str, dict[str, Any]] = {
-    "rank": {"dtype": np.int64}, "episode": {"dtype": np.int64}, "eps": {"dtype": np.float64},
-    "ret": {"dtype": np.float64}, "steps": {"dtype": np.int64}, "time": {"dtype": np.float64}}
+    "rank": {"dtype": np.int64},
+    "episode": {"dtype": np.int64},
+    "eps": {"dtype": np.float64},
+    "ret": {"dtype": np.float64},
+    "steps": {"dtype": np.int64},
+    "time": {"dtype": np.float64},
+}
 _RATE_SPAN = 5.0  # seconds the live rates average over (env steps arrive an episode at a time)
 
 
@@ -42,8 +48,9 @@ class Episodes:
 class Monitor:
     """Reads the buffers' counters and the episode log; computes rates over the last few seconds."""
 
-    def __init__(self, replay: MPPrioritizedReplayBuffer, log: MPReplayBuffer, params: ParameterStore,
-                 start: float, goal: float):
+    def __init__(
+        self, replay: MPPrioritizedReplayBuffer, log: MPReplayBuffer, params: ParameterStore, start: float, goal: float
+    ):
         self._replay, self._log, self._params, self.start, self.goal = replay, log, params, start, goal
         self.episodes = Episodes([], [], [], [], [])
         self._seen: dict[int, int] = {}  # rank -> last episode number read
@@ -81,10 +88,14 @@ class Monitor:
         episodes = self.episodes.arrays()
         return {
             "elapsed": now - self.start,
-            "env_steps": env_steps, "env_steps_per_s": rates[0],
-            "inserts": stats["inserts"], "inserts_per_s": rates[1],
-            "samples": stats["samples"], "samples_per_s": rates[2],
-            "stored": stats["stored"], "capacity": self._replay.get_buffer_size(),
+            "env_steps": env_steps,
+            "env_steps_per_s": rates[0],
+            "inserts": stats["inserts"],
+            "inserts_per_s": rates[1],
+            "samples": stats["samples"],
+            "samples_per_s": rates[2],
+            "stored": stats["stored"],
+            "capacity": self._replay.get_buffer_size(),
             "episodes": len(episodes["ret"]),
             "mean_return_greedy": recent_mean(episodes),
             "mean_return_all": float(episodes["ret"][-WINDOW:].mean()) if len(episodes["ret"]) else -math.inf,
@@ -106,9 +117,14 @@ def _live_rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("inserts/s", f"{s['inserts_per_s']:,.0f}"),
         ("samples/s", f"{s['samples_per_s']:,.0f}"),
         ("buffer fill", f"{s['stored']:,} / {s['capacity']:,}"),
-        (f"return, last {WINDOW} episodes", (f"{_number(s['mean_return_all'])} (all actors)  "
-                                             f"{_number(s['mean_return_greedy'])} (ε ≤ {GREEDY_EPSILON:g}; "
-                                             f"solved at {s['goal']:g})")),
+        (
+            f"return, last {WINDOW} episodes",
+            (
+                f"{_number(s['mean_return_all'])} (all actors)  "
+                f"{_number(s['mean_return_greedy'])} (ε ≤ {GREEDY_EPSILON:g}; "
+                f"solved at {s['goal']:g})"
+            ),
+        ),
         ("stale updates dropped", f"{s['stale_updates_dropped']:,}"),
         ("weights published", f"{s['weights_version']:,}"),
     ]
@@ -156,8 +172,14 @@ def _rounded(value: float) -> float | None:
     return None if value == -math.inf else round(value, 1)
 
 
-def summary(config: Config, agent: Agent, snapshot: Mapping[str, Any], learner: Mapping[str, Any] | None,
-             episodes: Episodes, reason: str) -> dict[str, Any]:
+def summary(
+    config: Config,
+    agent: Agent,
+    snapshot: Mapping[str, Any],
+    learner: Mapping[str, Any] | None,
+    episodes: Episodes,
+    reason: str,
+) -> dict[str, Any]:
     solved = solve_point(episodes.arrays(), agent.solved_return)
     learner = learner or {}
     return {
@@ -185,8 +207,18 @@ def summary(config: Config, agent: Agent, snapshot: Mapping[str, Any], learner: 
 
 
 def print_summary(summary: Mapping[str, Any], plain: bool) -> None:
-    rows = [(key, "-" if value is None else f"{value:,}" if isinstance(value, int) and not isinstance(value, bool)
-             else str(value)) for key, value in summary.items() if key != "config"]
+    rows = [
+        (
+            key,
+            "-"
+            if value is None
+            else f"{value:,}"
+            if isinstance(value, int) and not isinstance(value, bool)
+            else str(value),
+        )
+        for key, value in summary.items()
+        if key != "config"
+    ]
     if not _use_rich(plain):
         width = max(len(key) for key, _ in rows)
         print("\n".join(f"{key:<{width}}  {value}" for key, value in rows))
@@ -214,15 +246,22 @@ def plot(episodes: Episodes, summary: Mapping[str, Any], path: str) -> None:
     for ax, key, label in ((axes[0], "time", "wall time (s)"), (axes[1], "env_steps", "env steps")):
         ax.scatter(ep[key], ep["ret"], s=4, alpha=0.3, c=ep["rank"], cmap="viridis", label="episodes (colour: actor)")
         ax.plot(ep[key], running_mean(ep["ret"]), color="C0", linewidth=1, label=f"mean of the last {WINDOW}")
-        ax.plot(ep[key][greedy], running_mean(ep["ret"][greedy]), color="C3",
-                label=f"mean of the last {WINDOW} with ε ≤ {GREEDY_EPSILON:g}")
+        ax.plot(
+            ep[key][greedy],
+            running_mean(ep["ret"][greedy]),
+            color="C3",
+            label=f"mean of the last {WINDOW} with ε ≤ {GREEDY_EPSILON:g}",
+        )
         ax.axhline(goal, color="grey", linestyle="--", linewidth=1, label=f"solved ({goal:g})")
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("episode return")
     axes[0].legend(loc="upper left", fontsize=7)
-    solved = (f"solved in {summary['seconds_to_solve']:.0f} s, {summary['env_steps_to_solve']:,} env steps"
-              if summary["solved"] else "not solved")
+    solved = (
+        f"solved in {summary['seconds_to_solve']:.0f} s, {summary['env_steps_to_solve']:,} env steps"
+        if summary["solved"]
+        else "not solved"
+    )
     fig.suptitle(f"{summary['agent']} on {summary['env']}, {summary['config']['actors']} actors: {solved}")
     fig.tight_layout()
     fig.savefig(path, dpi=80)

@@ -1,4 +1,5 @@
 """The task both agents of the demo play: CartPole, the Ape-X exploration ladder, and when it counts as solved."""
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,23 @@ from numpy.typing import ArrayLike
 from .. import checks
 from ..launcher import Context
 
-__all__ = ["ENV_ID", "GREEDY_EPSILON", "NUM_ACTIONS", "POSITIONS", "WINDOW", "Config", "actor_epsilons", "actor_seed",
-           "env_title", "epsilon", "hide_velocity", "recent_mean", "running_mean", "solve_point", "vector_env"]
+__all__ = [
+    "ENV_ID",
+    "GREEDY_EPSILON",
+    "NUM_ACTIONS",
+    "POSITIONS",
+    "WINDOW",
+    "Config",
+    "actor_epsilons",
+    "actor_seed",
+    "env_title",
+    "epsilon",
+    "hide_velocity",
+    "recent_mean",
+    "running_mean",
+    "solve_point",
+    "vector_env",
+]
 
 ENV_ID = "CartPole-v1"
 WINDOW = 20  # episodes in the running mean that decides "solved"
@@ -87,8 +103,13 @@ def vector_env(config: Config, **vector_kwargs: Any) -> Any:
     import gymnasium as gym
 
     # CartPole steps in microseconds: sub-environments in this process beat a process apiece.
-    return gym.make_vec(ENV_ID, num_envs=config.envs_per_actor, vectorization_mode="sync",
-                        vector_kwargs=vector_kwargs, wrappers=[hide_velocity] if config.hide_velocity else None)
+    return gym.make_vec(
+        ENV_ID,
+        num_envs=config.envs_per_actor,
+        vectorization_mode="sync",
+        vector_kwargs=vector_kwargs,
+        wrappers=[hide_velocity] if config.hide_velocity else None,
+    )
 
 
 def env_title(config: Config) -> str:

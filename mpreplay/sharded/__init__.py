@@ -65,6 +65,7 @@ not import it; only the code paths that need Ray do (Ray handles,
 :func:`start_shard_servers`, :func:`node_buffer`).  A Ray cluster on loopback for
 tests, benchmarks and trying it out: :class:`mpreplay.testing.LoopbackRayCluster`.
 """
+
 from __future__ import annotations
 
 from .client import ShardedReplay, ShardLostWarning
@@ -73,5 +74,13 @@ from .keys import split_indexes
 from .server import ShardServer
 from .transport import ShardUnavailable
 
-__all__ = ["SHARD_NAME_PREFIX", "ShardLostWarning", "ShardServer", "ShardUnavailable",
-           "ShardedReplay", "node_buffer", "split_indexes", "start_shard_servers"]
+__all__ = [
+    "SHARD_NAME_PREFIX",
+    "ShardLostWarning",
+    "ShardServer",
+    "ShardUnavailable",
+    "ShardedReplay",
+    "node_buffer",
+    "split_indexes",
+    "start_shard_servers",
+]

@@ -1,4 +1,5 @@
 """The learner's side of sharded replay: batches split over the shards by their priority mass."""
+
 from __future__ import annotations
 
 import collections
@@ -115,9 +116,19 @@ class ShardedReplay:
     what happens when shards come and go.  A client is meant for one thread.
     """
 
-    def __init__(self, shards: Iterable[Any] = (), *, prefetch: int = 2, batches_per_call: int = 8,
-                 max_updates_in_flight: int = 16, timeout: float | None = None, discover: str | None = None,
-                 namespace: str | None = None, rediscover_every: float = 10.0, seed: int | None = None):
+    def __init__(
+        self,
+        shards: Iterable[Any] = (),
+        *,
+        prefetch: int = 2,
+        batches_per_call: int = 8,
+        max_updates_in_flight: int = 16,
+        timeout: float | None = None,
+        discover: str | None = None,
+        namespace: str | None = None,
+        rediscover_every: float = 10.0,
+        seed: int | None = None,
+    ):
         self._prefetch = checks.integer("prefetch", prefetch, low=0)
         self._per_call = checks.integer("batches_per_call", batches_per_call, low=1)
         self._max_updates = checks.integer("max_updates_in_flight", max_updates_in_flight, low=1)
@@ -163,8 +174,9 @@ class ShardedReplay:
         elif spec != self._spec:
             raise ValueError(f"shard: its buffer has {spec}, the other shards' have {self._spec}")
         sid, self._next_id = self._next_id, self._next_id + 1
-        self._shards[sid] = _Shard(sid, link, info["total"], info["min"], info["stored"], info["capacity"],
-                                   info["max_priority"])
+        self._shards[sid] = _Shard(
+            sid, link, info["total"], info["min"], info["stored"], info["capacity"], info["max_priority"]
+        )
         self._discard_prefetched()  # they were split without the new shard
         return sid
 
@@ -202,8 +214,11 @@ class ShardedReplay:
             return
         self._lost += 1
         self._lost_updates += sum(len(keys) for keys, _ in shard.updates)
-        warnings.warn(f"shard {shard.id} is gone ({reason}); sampling goes on over {len(self._shards)} shard(s)",
-                      ShardLostWarning, stacklevel=3)
+        warnings.warn(
+            f"shard {shard.id} is gone ({reason}); sampling goes on over {len(self._shards)} shard(s)",
+            ShardLostWarning,
+            stacklevel=3,
+        )
 
     # -- sampling ------------------------------------------------------------------------------
     def sample(self, batch_size: int, beta: float = 0.4) -> dict[str, np.ndarray]:
@@ -260,7 +275,8 @@ class ShardedReplay:
         for shard in list(self._shards.values()):
             try:
                 shard.total, shard.min, shard.stored = (
-                    shard.link.call("describe", timeout=self._timeout)[k] for k in ("total", "min", "stored"))
+                    shard.link.call("describe", timeout=self._timeout)[k] for k in ("total", "min", "stored")
+                )
             except ShardUnavailable as exc:
                 self._drop(shard, str(exc))
 
@@ -326,8 +342,9 @@ class ShardedReplay:
         ids, keys = split_index(idx)
         bad = np.flatnonzero((idx < 0) | (ids >= self._next_id))
         if bad.size:
-            raise ValueError(f"indexes: expected indexes this client's sample() returned, "
-                             f"got {idx[bad[0]]} at position {bad[0]}")
+            raise ValueError(
+                f"indexes: expected indexes this client's sample() returned, got {idx[bad[0]]} at position {bad[0]}"
+            )
         limits = np.full(self._next_id, np.inf)  # a gone shard's updates are dropped: any finite value does
         for sid, held in self._shards.items():
             limits[sid] = held.max_priority
@@ -399,8 +416,12 @@ class ShardedReplay:
         for counters in per_shard.values():
             out.update({k: v for k, v in counters.items() if k not in _PER_SHARD_ONLY})
         out = dict(out)
-        out.update(shards=len(self._shards), shards_lost=self._lost, updates_to_lost_shards=self._lost_updates,
-                   per_shard=per_shard)
+        out.update(
+            shards=len(self._shards),
+            shards_lost=self._lost,
+            updates_to_lost_shards=self._lost_updates,
+            per_shard=per_shard,
+        )
         return out
 
     def save_transitions(self, path: str, **kwargs: Any) -> dict[int, Any]:
@@ -411,6 +432,7 @@ class ShardedReplay:
         """
         if len(self._shards) > 1 and "{shard}" not in path:
             raise ValueError(f"path: expected a '{{shard}}' placeholder to tell the shards' files apart, got {path!r}")
-        pending = [(s, s.link.submit("save_transitions", path.format(shard=s.id), **kwargs))
-                   for s in self._shards.values()]
+        pending = [
+            (s, s.link.submit("save_transitions", path.format(shard=s.id), **kwargs)) for s in self._shards.values()
+        ]
         return {s.id: s.link.wait(call, self._timeout) for s, call in pending}

@@ -1,4 +1,5 @@
 """Shard servers as Ray actors, one pinned to each node, found by name."""
+
 from __future__ import annotations
 
 import functools
@@ -21,9 +22,14 @@ def _ray_server_class() -> Any:
     return ray.remote(ShardServer)
 
 
-def start_shard_servers(buffer: Callable[[], PrioritizedReplayBuffer] | Mapping[str, Any], *,
-                        node_ids: Sequence[str] | None = None, name_prefix: str = SHARD_NAME_PREFIX,
-                        namespace: str | None = None, **actor_options: Any) -> dict[str, Any]:
+def start_shard_servers(
+    buffer: Callable[[], PrioritizedReplayBuffer] | Mapping[str, Any],
+    *,
+    node_ids: Sequence[str] | None = None,
+    name_prefix: str = SHARD_NAME_PREFIX,
+    namespace: str | None = None,
+    **actor_options: Any,
+) -> dict[str, Any]:
     """Start one :class:`ShardServer` Ray actor per node, pinned to it; returns ``{node_id: handle}``.
 
     Parameters
@@ -56,13 +62,18 @@ def start_shard_servers(buffer: Callable[[], PrioritizedReplayBuffer] | Mapping[
         nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]] if node_ids is None else list(node_ids)
         per_node = dict.fromkeys(nodes, buffer)
     else:
-        raise TypeError(f"buffer: expected a callable returning a buffer, or a mapping of node id to one, "
-                        f"got {type(buffer).__name__}")
+        raise TypeError(
+            f"buffer: expected a callable returning a buffer, or a mapping of node id to one, "
+            f"got {type(buffer).__name__}"
+        )
     cls = _ray_server_class()
     handles = {
-        node: cls.options(name=name_prefix + node, namespace=namespace,
-                          scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-                          **actor_options).remote(per_node[node])
+        node: cls.options(
+            name=name_prefix + node,
+            namespace=namespace,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            **actor_options,
+        ).remote(per_node[node])
         for node in nodes
     }
     ray.get([h.node_id.remote() for h in handles.values()])

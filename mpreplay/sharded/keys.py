@@ -4,21 +4,31 @@ Bits 52-62 hold the shard's id in its client, bits 32-51 the low 20 bits of the 
 count when it was sampled (its *generation tag*), bits 0-31 the slot.  A shard server sees only
 the low 52 bits, its *key*: tag and slot.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_SHARD_IDS", "MAX_SLOTS", "key_of", "keys_valid", "shard_index", "split_index", "split_indexes",
-           "split_keys", "tags_match"]
+__all__ = [
+    "MAX_SHARD_IDS",
+    "MAX_SLOTS",
+    "key_of",
+    "keys_valid",
+    "shard_index",
+    "split_index",
+    "split_indexes",
+    "split_keys",
+    "tags_match",
+]
 
 _SLOT_BITS, _TAG_BITS, _SHARD_BITS = 32, 20, 11
 _SLOT_MASK = (1 << _SLOT_BITS) - 1
 _TAG_MASK = (1 << _TAG_BITS) - 1
 _KEY_BITS = _SLOT_BITS + _TAG_BITS
 _KEY_MASK = (1 << _KEY_BITS) - 1
-MAX_SLOTS = _SLOT_MASK + 1        # the largest capacity a shard may have
+MAX_SLOTS = _SLOT_MASK + 1  # the largest capacity a shard may have
 MAX_SHARD_IDS = 1 << _SHARD_BITS  # ids one client can hand out
 
 

@@ -1,4 +1,5 @@
 """The server of one node's shard: its prioritized buffer, sampled and updated by key."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -35,11 +36,13 @@ class ShardServer:
         if not isinstance(buffer, PrioritizedReplayBuffer) and callable(buffer):
             buffer = buffer()
         if not isinstance(buffer, PrioritizedReplayBuffer):
-            raise TypeError(f"buffer: expected a PrioritizedReplayBuffer or a callable returning one, "
-                            f"got {type(buffer).__name__}")
+            raise TypeError(
+                f"buffer: expected a PrioritizedReplayBuffer or a callable returning one, got {type(buffer).__name__}"
+            )
         if buffer.get_buffer_size() > MAX_SLOTS:
-            raise ValueError(f"buffer: a shard holds at most {MAX_SLOTS} transitions, "
-                             f"got a capacity of {buffer.get_buffer_size()}")
+            raise ValueError(
+                f"buffer: a shard holds at most {MAX_SLOTS} transitions, got a capacity of {buffer.get_buffer_size()}"
+            )
         self._buffer = buffer
         self._stale = 0
 
@@ -52,15 +55,22 @@ class ShardServer:
         """What a client checks before it samples: field specs, alpha, eps, capacity, the largest
         priority the buffer accepts and the current mass."""
         b = self._buffer
-        return {"env_dict": b.get_env_dict(), "alpha": b.alpha, "eps": b.eps,
-                "capacity": b.get_buffer_size(), "max_priority": b.max_priority, **self._mass()}
+        return {
+            "env_dict": b.get_env_dict(),
+            "alpha": b.alpha,
+            "eps": b.eps,
+            "capacity": b.get_buffer_size(),
+            "max_priority": b.max_priority,
+            **self._mass(),
+        }
 
     def _mass(self) -> dict[str, Any]:
         total, smallest = self._buffer.leaf_mass()
         return {"total": total, "min": smallest, "stored": self._buffer.get_stored_size()}
 
-    def sample(self, counts: Sequence[int], keys: np.ndarray | None = None,
-               priorities: np.ndarray | None = None) -> dict[str, Any]:
+    def sample(
+        self, counts: Sequence[int], keys: np.ndarray | None = None, priorities: np.ndarray | None = None
+    ) -> dict[str, Any]:
         """Apply priority updates (as :meth:`update_priorities`, when ``keys`` is given),
         then draw one batch of ``counts[j]`` transitions for each ``j``.
 
@@ -128,4 +138,3 @@ class ShardServer:
     def close(self) -> None:
         """Release the buffer (unlinking its segment if this server created it)."""
         self._buffer.close()
-

@@ -1,4 +1,5 @@
 """How a client calls a shard server: in-process, or a Ray actor; both answer ``submit`` then ``wait``."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -78,5 +79,3 @@ def link(shard: Any) -> LocalLink:
         if isinstance(shard, ActorHandle):
             return RayLink(shard)
     raise TypeError(f"shard: expected a ShardServer or a Ray actor handle of one, got {type(shard).__name__}")
-
-

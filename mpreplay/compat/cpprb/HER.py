@@ -5,6 +5,7 @@ end they are stored with the episode's goal and, relabelled, with goals the
 episode did reach (by the chosen strategy), each with its reward recomputed by
 ``reward_func``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
@@ -50,10 +51,23 @@ class HindsightReplayBuffer:
         Options of the main buffer.
     """
 
-    def __init__(self, size: int, env_dict: Mapping[str, Mapping[str, Any]], max_episode_len: int,
-                 reward_func: Callable, *, goal_func: Callable | None = None, goal_shape: Iterable[int] | None = None,
-                 state: str = "obs", action: str = "act", next_state: str = "next_obs", strategy: str = "future",
-                 additional_goals: int = 4, prioritized: bool = True, **kwargs: Any):
+    def __init__(
+        self,
+        size: int,
+        env_dict: Mapping[str, Mapping[str, Any]],
+        max_episode_len: int,
+        reward_func: Callable,
+        *,
+        goal_func: Callable | None = None,
+        goal_shape: Iterable[int] | None = None,
+        state: str = "obs",
+        action: str = "act",
+        next_state: str = "next_obs",
+        strategy: str = "future",
+        additional_goals: int = 4,
+        prioritized: bool = True,
+        **kwargs: Any,
+    ):
         if strategy not in _STRATEGIES:
             raise ValueError(f"strategy: expected one of {list(_STRATEGIES)}, got {strategy!r}")
         for option, name in (("state", state), ("action", action), ("next_state", next_state)):
@@ -64,8 +78,9 @@ class HindsightReplayBuffer:
         self.goal_func = goal_func or (lambda s: s)
         self.state, self.action, self.next_state = state, action, next_state
         self.strategy = strategy
-        self.additional_goals = (1 if strategy == "final"
-                                 else checks.integer("additional_goals", additional_goals, low=0))
+        self.additional_goals = (
+            1 if strategy == "final" else checks.integer("additional_goals", additional_goals, low=0)
+        )
         self.prioritized = checks.flag("prioritized", prioritized)
         state_dict = dict(env_dict[state])
         goal_dict = {**state_dict, "shape": goal_shape} if goal_shape else state_dict
@@ -97,8 +112,9 @@ class HindsightReplayBuffer:
         if self.strategy == "final":
             self._store(episode, self.goal_func(np.broadcast_to(achieved[-1], achieved.shape)))
         elif self.strategy == "random":
-            drawn = self.rb._encode_sample(self.rng.integers(0, self.rb.get_stored_size(),
-                                                             self.additional_goals * length))
+            drawn = self.rb._encode_sample(
+                self.rng.integers(0, self.rb.get_stored_size(), self.additional_goals * length)
+            )
             goals = self.goal_func(drawn[self.next_state])
             for g in goals.reshape((self.additional_goals, length) + goals.shape[1:]):
                 self._store(episode, g)

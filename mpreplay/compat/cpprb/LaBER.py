@@ -5,6 +5,7 @@ priorities for them, and let one of these functors draw the final
 ``batch_size`` in proportion to those priorities, with importance weights
 normalised by the variant's rule.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -21,8 +22,9 @@ class _LaBER:
 
     def __init__(self, batch_size: int, m: int = 4, *, eps: float = 1e-6):
         self.rng = np.random.default_rng()
-        self.batch_size = checks.integer("batch_size", int(batch_size) if isinstance(batch_size, float) else batch_size,
-                                         low=1)
+        self.batch_size = checks.integer(
+            "batch_size", int(batch_size) if isinstance(batch_size, float) else batch_size, low=1
+        )
         m = checks.integer("m", m, low=1)
         self.idx = np.arange(self.batch_size * m)
         self.eps = checks.number("eps", eps, low=0.0)

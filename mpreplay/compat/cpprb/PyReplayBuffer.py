@@ -1,5 +1,6 @@
 """cpprb's ``cpprb.PyReplayBuffer`` module: where cpprb programs import ``NstepBuffer``
 and the buffer classes from."""
+
 from .arrays import dict2buffer
 from .buffers import (
     MPPrioritizedReplayBuffer,
@@ -13,5 +14,15 @@ from .nstep import NstepBuffer
 from .selective import SelectiveReplayBuffer
 from .training import train
 
-__all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer",
-           "ReverseReplayBuffer", "SelectiveReplayBuffer", "NstepBuffer", "create_buffer", "dict2buffer", "train"]
+__all__ = [
+    "ReplayBuffer",
+    "PrioritizedReplayBuffer",
+    "MPReplayBuffer",
+    "MPPrioritizedReplayBuffer",
+    "ReverseReplayBuffer",
+    "SelectiveReplayBuffer",
+    "NstepBuffer",
+    "create_buffer",
+    "dict2buffer",
+    "train",
+]

@@ -11,6 +11,7 @@ everything in mpreplay's buffers: their speed, whole rows only, crash-safe
 shared memory, stale priority updates dropped.  The documentation's "Coming
 from cpprb" page (docs/cpprb.md) lists every difference.  cpprb itself is never imported.
 """
+
 from . import HER, LaBER, PyReplayBuffer, multiprocessing  # noqa: F401 -- cpprb's submodules, as cpprb.HER etc.
 from .buffers import (
     MPPrioritizedReplayBuffer,

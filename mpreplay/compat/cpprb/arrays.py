@@ -1,4 +1,5 @@
 """cpprb's ``dict2buffer``: the arrays of an ``env_dict``, as cpprb lays them out."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -12,9 +13,16 @@ from .fields import option_names
 __all__ = ["dict2buffer"]
 
 
-def dict2buffer(buffer_size: Any, env_dict: Mapping[str, Mapping[str, Any]], *, stack_compress: Any = None,
-                default_dtype: Any = None, mmap_prefix: str | None = None, shared: Any = None,
-                ctx: Any = None) -> dict[str, np.ndarray]:
+def dict2buffer(
+    buffer_size: Any,
+    env_dict: Mapping[str, Mapping[str, Any]],
+    *,
+    stack_compress: Any = None,
+    default_dtype: Any = None,
+    mmap_prefix: str | None = None,
+    shared: Any = None,
+    ctx: Any = None,
+) -> dict[str, np.ndarray]:
     """One array of ``(buffer_size, *shape)`` per field, filled with ones (as cpprb fills them).
 
     A ``stack_compress`` field is a strided view in which row ``i`` shares all but one
@@ -35,8 +43,9 @@ def dict2buffer(buffer_size: Any, env_dict: Mapping[str, Mapping[str, Any]], *, 
         if name in stacked:
             frames = _zeros(mmap_prefix, name, (size + shape[-1] - 1,) + shape[:-1], dtype)
             step = frames.strides[0]
-            out[name] = np.lib.stride_tricks.as_strided(frames, shape=(size,) + shape,
-                                                        strides=(step,) + frames.strides[1:] + (step,))
+            out[name] = np.lib.stride_tricks.as_strided(
+                frames, shape=(size,) + shape, strides=(step,) + frames.strides[1:] + (step,)
+            )
         else:
             out[name] = _zeros(mmap_prefix, name, (size,) + shape, dtype)
         out[name][:] = 1

@@ -21,6 +21,7 @@ dropped, bad input refused with the buffer left as it was.  Where cpprb has a
 plain bug (NaN or negative priorities, sampling an empty buffer, unpickling
 files), mpreplay's refusal stands.
 """
+
 from __future__ import annotations
 
 import multiprocessing.context
@@ -38,8 +39,14 @@ from .fields import Fields, option_names
 from .files import read_rows
 from .nstep import NstepBuffer
 
-__all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "MPReplayBuffer", "MPPrioritizedReplayBuffer",
-           "ReverseReplayBuffer", "create_buffer"]
+__all__ = [
+    "ReplayBuffer",
+    "PrioritizedReplayBuffer",
+    "MPReplayBuffer",
+    "MPPrioritizedReplayBuffer",
+    "ReverseReplayBuffer",
+    "create_buffer",
+]
 
 _BACKENDS = ("sharedctypes", "SharedMemory")
 
@@ -173,8 +180,9 @@ class _Buffer:
         """Write every stored transition, in index order as cpprb writes them, to ``file`` in
         mpreplay's file format (plain numeric arrays; :mod:`mpreplay.fileformat`).  ``safe``
         is recorded; the layout is always the plain one."""
-        fileformat.write_transitions(file, self._rows_by_index(), self._fields.specs,
-                                     nstep=self._file_nstep(), safe=safe)
+        fileformat.write_transitions(
+            file, self._rows_by_index(), self._fields.specs, nstep=self._file_nstep(), safe=safe
+        )
 
     def load_transitions(self, file: Any) -> None:
         """Add the transitions of ``file``: one written by :meth:`save_transitions` (or by an
@@ -224,9 +232,18 @@ class ReplayBuffer(_Buffer):
         ``<prefix>_<name>.dat`` as cpprb does (the native ``mmap_prefix``).
     """
 
-    def __init__(self, size: Any, env_dict: Mapping[str, Mapping[str, Any]] | None = None, *,
-                 next_of: Any = None, stack_compress: Any = None, default_dtype: Any = None,
-                 Nstep: Mapping[str, Any] | None = None, mmap_prefix: str | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        size: Any,
+        env_dict: Mapping[str, Mapping[str, Any]] | None = None,
+        *,
+        next_of: Any = None,
+        stack_compress: Any = None,
+        default_dtype: Any = None,
+        Nstep: Mapping[str, Any] | None = None,
+        mmap_prefix: str | None = None,
+        **kwargs: Any,
+    ):
         _refuse_options(type(self).__name__, self._own_options(kwargs))
         fields = Fields.parse(env_dict, default_dtype, next_of)
         for key in option_names("stack_compress", stack_compress):
@@ -285,9 +302,10 @@ class _Prioritized(_Buffer):
             self.sample = self._native.sample  # type: ignore[method-assign]
             self.update_priorities = self._native.update_priorities  # type: ignore[method-assign]
         if self._nstep is not None:
-            self._priority_nstep = NstepBuffer({"priority": {"shape": (), "dtype": np.float64},
-                                                "done": self._fields.env_dict()["done"]},
-                                               {"size": self._nstep.get_Nstep_size()})
+            self._priority_nstep = NstepBuffer(
+                {"priority": {"shape": (), "dtype": np.float64}, "done": self._fields.env_dict()["done"]},
+                {"size": self._nstep.get_Nstep_size()},
+            )
 
     def _bind_calls(self) -> None:
         super()._bind_calls()
@@ -383,9 +401,17 @@ class PrioritizedReplayBuffer(_Prioritized, ReplayBuffer):
     for :class:`ReplayBuffer`.
     """
 
-    def __init__(self, size: Any, env_dict: Mapping[str, Mapping[str, Any]] | None = None, *,
-                 alpha: float = 0.6, Nstep: Mapping[str, Any] | None = None, eps: float = 1e-4,
-                 check_for_update: bool = False, **kwargs: Any):
+    def __init__(
+        self,
+        size: Any,
+        env_dict: Mapping[str, Mapping[str, Any]] | None = None,
+        *,
+        alpha: float = 0.6,
+        Nstep: Mapping[str, Any] | None = None,
+        eps: float = 1e-4,
+        check_for_update: bool = False,
+        **kwargs: Any,
+    ):
         super().__init__(size, env_dict, Nstep=Nstep, alpha=alpha, eps=eps, **kwargs)
         self._init_priorities(self.get_buffer_size(), check_for_update)
 
@@ -393,10 +419,16 @@ class PrioritizedReplayBuffer(_Prioritized, ReplayBuffer):
         return {k: v for k, v in kwargs.items() if k not in ("alpha", "eps")}
 
     def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.PrioritizedReplayBuffer:
-        return native.PrioritizedReplayBuffer(size, fields.env_dict(), alpha=options["alpha"], eps=options["eps"],
-                                              new_priority="max_ever", weights_dtype=np.float32,
-                                              indexes_dtype=np.uint64,
-                                              mmap_prefix=options["mmap_prefix"])
+        return native.PrioritizedReplayBuffer(
+            size,
+            fields.env_dict(),
+            alpha=options["alpha"],
+            eps=options["eps"],
+            new_priority="max_ever",
+            weights_dtype=np.float32,
+            indexes_dtype=np.uint64,
+            mmap_prefix=options["mmap_prefix"],
+        )
 
     def _episode_ended(self) -> None:
         self._episode_start = self._inserted()
@@ -414,9 +446,17 @@ class MPReplayBuffer(_Buffer):
     # Which slots this process sampled, of the prioritized subclass: reset when unpickled.
     _sampled: np.ndarray | None
 
-    def __init__(self, size: Any, env_dict: Mapping[str, Mapping[str, Any]] | None = None, *,
-                 default_dtype: Any = None, logger: Any = None, ctx: Any = None,
-                 backend: str = "sharedctypes", **kwargs: Any):
+    def __init__(
+        self,
+        size: Any,
+        env_dict: Mapping[str, Mapping[str, Any]] | None = None,
+        *,
+        default_dtype: Any = None,
+        logger: Any = None,
+        ctx: Any = None,
+        backend: str = "sharedctypes",
+        **kwargs: Any,
+    ):
         _refuse_options(type(self).__name__, self._own_options(kwargs))
         _check_context(ctx)
         if backend not in _BACKENDS:
@@ -454,8 +494,16 @@ class MPPrioritizedReplayBuffer(_Prioritized, MPReplayBuffer):
     set (the running maximum lives in the shared segment, as cpprb shares its own).
     """
 
-    def __init__(self, size: Any, env_dict: Mapping[str, Mapping[str, Any]] | None = None, *,
-                 alpha: float = 0.6, eps: float = 1e-4, ctx: Any = None, **kwargs: Any):
+    def __init__(
+        self,
+        size: Any,
+        env_dict: Mapping[str, Mapping[str, Any]] | None = None,
+        *,
+        alpha: float = 0.6,
+        eps: float = 1e-4,
+        ctx: Any = None,
+        **kwargs: Any,
+    ):
         super().__init__(size, env_dict, ctx=ctx, alpha=alpha, eps=eps, **kwargs)
         self._init_priorities(self.get_buffer_size(), True)
 
@@ -463,9 +511,15 @@ class MPPrioritizedReplayBuffer(_Prioritized, MPReplayBuffer):
         return {k: v for k, v in kwargs.items() if k not in ("alpha", "eps")}
 
     def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.MPPrioritizedReplayBuffer:
-        return native.MPPrioritizedReplayBuffer(size, fields.env_dict(), alpha=options["alpha"],
-                                                eps=options["eps"], new_priority="max_ever", weights_dtype=np.float32,
-                                                indexes_dtype=np.uint64)
+        return native.MPPrioritizedReplayBuffer(
+            size,
+            fields.env_dict(),
+            alpha=options["alpha"],
+            eps=options["eps"],
+            new_priority="max_ever",
+            weights_dtype=np.float32,
+            indexes_dtype=np.uint64,
+        )
 
 
 class ReverseReplayBuffer(ReplayBuffer):
@@ -476,8 +530,9 @@ class ReverseReplayBuffer(ReplayBuffer):
     lags ``2 * stride`` behind it.
     """
 
-    def __init__(self, size: Any, env_dict: Mapping[str, Mapping[str, Any]] | None = None, *,
-                 stride: int = 300, **kwargs: Any):
+    def __init__(
+        self, size: Any, env_dict: Mapping[str, Mapping[str, Any]] | None = None, *, stride: int = 300, **kwargs: Any
+    ):
         super().__init__(size, env_dict, **kwargs)
         self._stride = checks.integer("stride", stride, low=1)
         self._start = 0
@@ -496,8 +551,9 @@ class ReverseReplayBuffer(ReplayBuffer):
         return self._encode_sample((self._start - self._stride * np.arange(batch_size)) % stored)
 
 
-def create_buffer(size: Any, env_dict: Mapping[str, Mapping[str, Any]] | None = None, *,
-                  prioritized: bool = False, **kwargs: Any) -> ReplayBuffer:
+def create_buffer(
+    size: Any, env_dict: Mapping[str, Mapping[str, Any]] | None = None, *, prioritized: bool = False, **kwargs: Any
+) -> ReplayBuffer:
     """A :class:`ReplayBuffer`, or a :class:`PrioritizedReplayBuffer` with ``prioritized``."""
     cls = PrioritizedReplayBuffer if checks.flag("prioritized", prioritized) else ReplayBuffer
     return cls(size, env_dict, **kwargs)

@@ -6,6 +6,7 @@ comes back from ``sample`` with shape ``(batch, 1)``; and it reshapes whatever
 with that shape, ``(1,)`` (their fast path takes a number or a 0-d array for it),
 so samples come out in cpprb's shapes as they are.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -38,13 +39,16 @@ class Fields:
     specs: dict[str, FieldSpec]
 
     @classmethod
-    def parse(cls, env_dict: Mapping[str, Mapping[str, Any]] | None, default_dtype: Any = None,
-              next_of: Any = None) -> Fields:
+    def parse(
+        cls, env_dict: Mapping[str, Mapping[str, Any]] | None, default_dtype: Any = None, next_of: Any = None
+    ) -> Fields:
         """Parse a cpprb ``env_dict`` (never changing it); ``next_of`` adds ``next_<key>``
         for each key, as cpprb does."""
         if not isinstance(env_dict, Mapping) or not env_dict:
-            raise ValueError("env_dict: expected a non-empty mapping of field name -> "
-                             "{'shape': ..., 'dtype': ...} (a buffer without fields stores nothing)")
+            raise ValueError(
+                "env_dict: expected a non-empty mapping of field name -> "
+                "{'shape': ..., 'dtype': ...} (a buffer without fields stores nothing)"
+            )
         native: dict[str, dict[str, Any]] = {}
         for name, given in env_dict.items():
             options = dict(given) if isinstance(given, Mapping) else given

@@ -4,6 +4,7 @@
 (:mod:`mpreplay.fileformat`), or one cpprb's ``save_transitions`` wrote, read
 without unpickling anything (:mod:`mpreplay.compat.cpprb_files`).
 """
+
 from __future__ import annotations
 
 import os
@@ -29,12 +30,15 @@ def read_rows(file: Any, fields: Fields, nstep: tuple[int, float] | None) -> tup
         try:
             theirs = read_cpprb_file(file)
         except ValueError as error:
-            raise ValueError(f"load_transitions: neither a transitions file of mpreplay ({own}) "
-                             f"nor one of cpprb ({error})") from None
+            raise ValueError(
+                f"load_transitions: neither a transitions file of mpreplay ({own}) nor one of cpprb ({error})"
+            ) from None
         folded = nstep is not None
         if theirs.nstep != folded:
-            raise ValueError(f"load_transitions: the file's rows were {'' if theirs.nstep else 'not '}folded "
-                             f"over n steps, this buffer's are {'' if folded else 'not'}") from None
+            raise ValueError(
+                f"load_transitions: the file's rows were {'' if theirs.nstep else 'not '}folded "
+                f"over n steps, this buffer's are {'' if folded else 'not'}"
+            ) from None
         try:
             return fields.rows(fields.pick(theirs.transitions))
         except KeyError as missing:

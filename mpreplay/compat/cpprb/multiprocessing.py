@@ -7,6 +7,7 @@ are not children).  The segments are mpreplay's: the creating process unlinks it
 segment on ``close()``, when the object is collected, at exit and on SIGTERM, where cpprb only
 unlinks at exit.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -16,6 +16,7 @@ folds (``m = n``, or fewer for rows emitted by ``on_episode_end``):
 Unlike mpreplay's :class:`mpreplay.NstepBuffer` there is no ``discount`` field:
 as in cpprb, every row stored by ``add`` folds ``n`` rewards.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -50,12 +51,19 @@ class NstepBuffer:
         Also fold ``next_<key>`` for each key, as cpprb does.
     """
 
-    def __init__(self, env_dict: Mapping[str, Mapping[str, Any]] | None = None,
-                 Nstep: Mapping[str, Any] | None = None, *, stack_compress: Any = None,
-                 default_dtype: Any = None, next_of: Any = None):
+    def __init__(
+        self,
+        env_dict: Mapping[str, Mapping[str, Any]] | None = None,
+        Nstep: Mapping[str, Any] | None = None,
+        *,
+        stack_compress: Any = None,
+        default_dtype: Any = None,
+        next_of: Any = None,
+    ):
         if not isinstance(Nstep, Mapping) or "size" not in Nstep:
-            raise TypeError(f"Nstep: expected a mapping with at least 'size' (keys {sorted(_NSTEP_KEYS)}), "
-                            f"got {Nstep!r}")
+            raise TypeError(
+                f"Nstep: expected a mapping with at least 'size' (keys {sorted(_NSTEP_KEYS)}), got {Nstep!r}"
+            )
         unknown = set(Nstep) - _NSTEP_KEYS
         if unknown:
             raise ValueError(f"Nstep: unknown keys {sorted(unknown)}; expected {sorted(_NSTEP_KEYS)}")
@@ -71,8 +79,9 @@ class NstepBuffer:
         for option, names in (("Nstep['rew']", self._rews), ("Nstep['next']", self._nexts)):
             for name in names:
                 if name not in specs or name == "done":
-                    raise ValueError(f"{option}: {name!r} is not a field of env_dict other than 'done' "
-                                     f"(fields {list(specs)})")
+                    raise ValueError(
+                        f"{option}: {name!r} is not a field of env_dict other than 'done' (fields {list(specs)})"
+                    )
         # Pending rows, oldest first: [fields of the first step, folded rewards, coefficient of
         # the next reward, largest done so far].
         self._pending: deque[list] = deque()
@@ -114,8 +123,14 @@ class NstepBuffer:
                 row[1][name] += row[2] * step[name]
             row[2] *= self._gamma * (1.0 - done)
             row[3] = np.maximum(row[3], step["done"])
-        self._pending.append([step, {name: step[name].astype(np.float64) for name in self._rews},
-                              self._gamma * (1.0 - done), step["done"]])
+        self._pending.append(
+            [
+                step,
+                {name: step[name].astype(np.float64) for name in self._rews},
+                self._gamma * (1.0 - done),
+                step["done"],
+            ]
+        )
         if len(self._pending) < self._n:
             return []
         return [self._row(self._pending.popleft(), step)]
@@ -131,8 +146,10 @@ class NstepBuffer:
         return row
 
     def _stack(self, rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        return {name: np.stack([r[name] for r in rows]).astype(spec.dtype, copy=False)
-                for name, spec in self._fields.specs.items()}
+        return {
+            name: np.stack([r[name] for r in rows]).astype(spec.dtype, copy=False)
+            for name, spec in self._fields.specs.items()
+        }
 
     def on_episode_end(self) -> dict[str, np.ndarray]:
         """Emit every pending row, folded up to the last step added (cpprb's shapes)."""

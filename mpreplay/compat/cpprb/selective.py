@@ -5,6 +5,7 @@ cpprb keeps this class on its older fixed-field interface (``obs``, ``act``,
 ring: once full, further steps are dropped.  It has no priorities and no
 sharing, so it is plain numpy here.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -31,11 +32,15 @@ class SelectiveReplayBuffer:
         How many episodes of ``episode_len`` fit.
     """
 
-    def __init__(self, episode_len: int, obs_dim: int = 1, act_dim: int = 1, *, Nepisodes: int = 10,
-                 rew_dim: int = 1):
+    def __init__(self, episode_len: int, obs_dim: int = 1, act_dim: int = 1, *, Nepisodes: int = 10, rew_dim: int = 1):
         size = checks.integer("episode_len", episode_len, low=1) * checks.integer("Nepisodes", Nepisodes, low=1)
-        widths = {"obs": checks.integer("obs_dim", obs_dim, low=1), "act": checks.integer("act_dim", act_dim, low=1),
-                  "rew": checks.integer("rew_dim", rew_dim, low=1), "next_obs": obs_dim, "done": 1}
+        widths = {
+            "obs": checks.integer("obs_dim", obs_dim, low=1),
+            "act": checks.integer("act_dim", act_dim, low=1),
+            "rew": checks.integer("rew_dim", rew_dim, low=1),
+            "next_obs": obs_dim,
+            "done": 1,
+        }
         self._data = {name: np.zeros((size, widths[name])) for name in _FIELDS}
         self._next = 0
         self._begins = [0]  # first step of each episode; the last one is the episode in progress
@@ -53,11 +58,11 @@ class SelectiveReplayBuffer:
             rows[name] = arr
         k = len(rows["done"])
         if any(len(r) != k for r in rows.values()):
-            raise ValueError(f"add: every field needs {k} steps, got {({n: len(r) for n, r in rows.items()})}")
+            raise ValueError(f"add: every field needs {k} steps, got { ({n: len(r) for n, r in rows.items()}) }")
         first = self._next
         n = min(k, len(self._data["done"]) - first)
         for name, arr in rows.items():
-            self._data[name][first:first + n] = arr[:n]
+            self._data[name][first : first + n] = arr[:n]
         self._begins += [first + int(i) + 1 for i in np.flatnonzero(rows["done"][:n, 0])]
         self._next = first + n
         return first
@@ -84,7 +89,7 @@ class SelectiveReplayBuffer:
         if i >= self.get_stored_episode_size():
             return {name: np.zeros((0, arr.shape[1])) for name, arr in self._data.items()}
         end = self._begins[i + 1] if i + 1 < len(self._begins) else self._next
-        return {name: arr[self._begins[i]:end].copy() for name, arr in self._data.items()}
+        return {name: arr[self._begins[i] : end].copy() for name, arr in self._data.items()}
 
     def delete_episode(self, i: int) -> int:
         """Delete episode ``i``, moving later steps back; returns how many steps it had."""
@@ -97,9 +102,9 @@ class SelectiveReplayBuffer:
         begin, end = self._begins[i], self._begins[i + 1]
         deleted = end - begin
         for arr in self._data.values():
-            arr[begin:self._next - deleted] = arr[end:self._next]
+            arr[begin : self._next - deleted] = arr[end : self._next]
         self._next -= deleted
-        self._begins = self._begins[:i] + [b - deleted for b in self._begins[i + 1:]]
+        self._begins = self._begins[:i] + [b - deleted for b in self._begins[i + 1 :]]
         return deleted
 
     def clear(self) -> None:

@@ -1,4 +1,5 @@
 """cpprb's ``train``: a minimal off-policy training loop over a buffer and an environment."""
+
 from __future__ import annotations
 
 import logging
@@ -41,12 +42,23 @@ def _step(env: Any, action: Any) -> tuple[Any, Any, Any, Any]:
     return out
 
 
-def train(buffer: Any, env: Any, get_action: Callable, update_policy: Callable, *,
-          max_steps: int = int(1e6), max_episodes: int | None = None, batch_size: int = 64,
-          n_warmups: int = 0, after_step: Callable | None = None, done_check: Callable | None = None,
-          obs_update: Callable | None = None, rew_sum: Callable[[float, Any], float] | None = None,
-          episode_callback: Callable[[int, int, float], Any] | None = None,
-          logger: logging.Logger | None = None) -> None:
+def train(
+    buffer: Any,
+    env: Any,
+    get_action: Callable,
+    update_policy: Callable,
+    *,
+    max_steps: int = int(1e6),
+    max_episodes: int | None = None,
+    batch_size: int = 64,
+    n_warmups: int = 0,
+    after_step: Callable | None = None,
+    done_check: Callable | None = None,
+    obs_update: Callable | None = None,
+    rew_sum: Callable[[float, Any], float] | None = None,
+    episode_callback: Callable[[int, int, float], Any] | None = None,
+    logger: logging.Logger | None = None,
+) -> None:
     """Run ``env`` with ``get_action(obs, step, episode, is_warmup)`` for ``max_steps`` steps
     (or ``max_episodes`` episodes), adding each transition to ``buffer`` and, after
     ``n_warmups`` steps, calling ``update_policy(sample, step, episode)`` on a sample of
@@ -89,8 +101,10 @@ def train(buffer: Any, env: Any, get_action: Callable, update_policy: Callable, 
         if done_check(transition) if done_check is not None else transition["done"]:
             seconds = max(time.perf_counter() - start, 1e-9)
             # cpprb's own line, in cpprb's own format.
-            logger.info(f"{episode: 6}th episode: {episode_step + 1: 5} steps ({step + 1: 7} in all), "  # noqa: G004
-                        f"{float(episode_reward): =+7.2f} reward, {(episode_step + 1) / seconds: =+5.2f} steps/s")
+            logger.info(
+                f"{episode: 6}th episode: {episode_step + 1: 5} steps ({step + 1: 7} in all), "  # noqa: G004
+                f"{float(episode_reward): =+7.2f} reward, {(episode_step + 1) / seconds: =+5.2f} steps/s"
+            )
             if episode_callback is not None:
                 episode_callback(episode, episode_step, episode_reward)
             obs = _reset(env)

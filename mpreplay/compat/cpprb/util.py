@@ -4,6 +4,7 @@ function that lays a step out as that ``env_dict``'s fields.
 Works with gymnasium (or, failing that, gym) spaces; importing this module
 needs one of them.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -61,8 +62,7 @@ def create_env_dict(env: Any, *, int_type: Any = None, float_type: Any = None) -
     int_type = int_type or np.int32
     float_type = float_type or np.float32
     env_dict = {"rew": {"shape": 1, "dtype": float_type}, "done": {"shape": 1, "dtype": float_type}}
-    for role, space in (("obs", env.observation_space), ("next_obs", env.observation_space),
-                        ("act", env.action_space)):
+    for role, space in (("obs", env.observation_space), ("next_obs", env.observation_space), ("act", env.action_space)):
         env_dict.update({name: _field(s, int_type, float_type) for name, s in _spaces(role, space).items()})
     return env_dict
 
