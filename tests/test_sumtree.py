@@ -56,10 +56,11 @@ def _leaves(tree: PriorityTree, buf: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return values.copy(), raw.copy()
 
 
-def _draw(tree: PriorityTree, k: int, rng: np.random.Generator, *, stratified: bool) -> np.ndarray:
-    """``k`` slots drawn from the tree as sampling does: through a selector whose weights are the
-    priorities themselves (alpha 1, eps 0), the uniforms taken from ``rng``."""
-    return PrioritizedSelector(tree, 1.0, 0.0).sample_items(k, rng, stratified)
+def _draw(buf: np.ndarray, capacity: int, k: int, rng: np.random.Generator, *, stratified: bool) -> np.ndarray:
+    """``k`` slots drawn from the tree in ``buf`` as sampling does: through a selector over the same
+    storage whose weights are the priorities themselves (alpha 1, eps 0), the uniforms taken from
+    ``rng``."""
+    return PrioritizedSelector(buf, capacity, False, 1.0, 0.0).sample_items(k, rng, stratified)
 
 
 def _search_many(tree: PriorityTree, prefixes) -> np.ndarray:
@@ -429,22 +430,22 @@ def test_search_lands_on_a_sampleable_slot_for_any_leaves_and_prefixes_up_to_the
 
 
 def test_a_stratified_draw_descends_from_each_stratum_of_the_total_mass():
-    tree, _ = _tree(9, [1.0, 0.0, 3.0, 2.0, 0.0, 5.0, 1.0])
+    tree, buf = _tree(9, [1.0, 0.0, 3.0, 2.0, 0.0, 5.0, 1.0])
     r = np.random.default_rng(0).random(8)  # the uniforms the selector draws from the same generator
-    drawn = _draw(tree, 8, np.random.default_rng(0), stratified=True)
+    drawn = _draw(buf, 9, 8, np.random.default_rng(0), stratified=True)
     np.testing.assert_array_equal(drawn, _search(tree, (np.arange(8) + r) * 12.0 / 8))
 
 
 def test_an_unstratified_draw_descends_from_anywhere_in_the_total_mass():
-    tree, _ = _tree(9, [1.0, 0.0, 3.0, 2.0, 0.0, 5.0, 1.0])
+    tree, buf = _tree(9, [1.0, 0.0, 3.0, 2.0, 0.0, 5.0, 1.0])
     r = np.random.default_rng(0).random(8)
-    drawn = _draw(tree, 8, np.random.default_rng(0), stratified=False)
+    drawn = _draw(buf, 9, 8, np.random.default_rng(0), stratified=False)
     np.testing.assert_array_equal(drawn, _search(tree, r * 12.0))
 
 
 def test_an_empty_tree_draws_nothing():
-    tree, _ = _tree(4)
-    assert _draw(tree, 3, np.random.default_rng(0), stratified=True).size == 0
+    _, buf = _tree(4)
+    assert _draw(buf, 4, 3, np.random.default_rng(0), stratified=True).size == 0
 
 
 # -- property test against the numpy reference ------------------------------------------
@@ -534,10 +535,10 @@ def test_stratified_draws_land_on_each_slot_in_exact_proportion_to_its_weight(ca
     rng = np.random.default_rng(capacity + 1)
     values = _random_leaves(capacity, rng, zeros=0.5)
     values[-1] = 2.0
-    tree, _ = _tree(capacity, values)
+    tree, buf = _tree(capacity, values)
     k = int(values.sum())
     assert tree.total() == k
-    out = _draw(tree, k, rng, stratified=True)
+    out = _draw(buf, capacity, k, rng, stratified=True)
     np.testing.assert_array_equal(np.bincount(out, minlength=capacity), values)
 
 
@@ -546,9 +547,9 @@ def test_unstratified_draws_land_in_proportion_to_the_weights(capacity):
     rng = np.random.default_rng(7)
     values = _random_leaves(capacity, rng)
     values[0] = 1.0
-    tree, _ = _tree(capacity, values)
+    _, buf = _tree(capacity, values)
     n = 200_000
-    out = _draw(tree, n, rng, stratified=False)
+    out = _draw(buf, capacity, n, rng, stratified=False)
     counts = np.bincount(out, minlength=capacity)
     expected = n * values / values.sum()
     assert (counts[values == 0] == 0).all()
