@@ -4,7 +4,7 @@ every public name, and the README's links lead somewhere.
 The site is built once per test session from a copy of ``docs/`` (the build writes the
 reference's generated pages into its source folder, which must stay the checkout's own), with
 the command the development page gives.  Without the ``docs`` extra (Sphinx, MyST, Furo) those
-tests skip; CI's docs step installs it and runs them.
+tests skip; CI installs it with the other extras and runs them.
 """
 
 from __future__ import annotations
