@@ -21,8 +21,10 @@ from . import selectors
 from ._ext.lock import SharedLock, read_holder
 from ._ext.processes import describe_process
 from ._ext.schema import (
+    CLOSED,
     COMPLETE,
     EMPTY,
+    EPOCH,
     INSERTS,
     LANE_CURSOR,
     LANE_END,
@@ -53,16 +55,22 @@ from .monitor import SHM_DIR, BufferView
 
 __all__ = ["check_arrays", "verify_segment"]
 
-_CUMULATIVE = {
+# The header's counters by name (what mpreplay.inspect shows), and those that only ever grow or
+# count what is under way, so never go negative.
+COUNTERS = {
+    "stored": STORED,
     "inserts": INSERTS,
     "samples": SAMPLES,
     "stale": STALE,
     "torn": TORN,
     "lock_wait_ns": LOCK_WAIT_NS,
     "lock_holds": LOCK_HOLDS,
+    "closed": CLOSED,
     "reserved": RESERVED,
+    "epoch": EPOCH,
     "waiters": WAITERS,
 }
+_NEVER_NEGATIVE = ("inserts", "samples", "stale", "torn", "lock_wait_ns", "lock_holds", "reserved", "waiters")
 _SHOWN = 5  # slots named per problem
 
 
@@ -87,7 +95,8 @@ def check_arrays(
     complete = int(np.count_nonzero(state == COMPLETE))
     if header[STORED] != complete:
         problems.append(f"header STORED: {int(header[STORED])}, but {complete} slots are COMPLETE")
-    for name, at in _CUMULATIVE.items():
+    for name in _NEVER_NEGATIVE:
+        at = COUNTERS[name]
         if header[at] < 0:
             problems.append(f"header {name.upper()}: negative ({int(header[at])})")
     if header[INSERTS] > header[RESERVED]:

@@ -31,42 +31,15 @@ import numpy as np
 
 from . import checks
 from ._ext.gate import deadline
-from ._ext.schema import (
-    CLOSED,
-    EPOCH,
-    INSERTS,
-    LOCK_HOLDS,
-    LOCK_WAIT_NS,
-    RESERVED,
-    SAMPLES,
-    STALE,
-    STORED,
-    TORN,
-    TREE_ARRAY,
-    WAITERS,
-)
+from ._ext.schema import TREE_ARRAY
 from ._ext.slots import FAULT_SITES, arm_fault
 from ._ext.sumtree import leaf_views
-from .consistency import check_arrays
+from .consistency import COUNTERS, check_arrays
 
 __all__ = ["FAULT_SITES", "Inspection", "Reservation", "arm_fault"]
 
+
 # The header's counters by name (the schema's order; the rest of the header is spare).
-COUNTERS = {
-    "stored": STORED,
-    "inserts": INSERTS,
-    "samples": SAMPLES,
-    "stale": STALE,
-    "torn": TORN,
-    "lock_wait_ns": LOCK_WAIT_NS,
-    "lock_holds": LOCK_HOLDS,
-    "closed": CLOSED,
-    "reserved": RESERVED,
-    "epoch": EPOCH,
-    "waiters": WAITERS,
-}
-
-
 class Reservation:
     """Slots a writer reserved and has not published (see :meth:`Inspection.reserve`)."""
 
