@@ -1,13 +1,14 @@
 """mpreplay: prioritized experience replay in shared memory for multi-process RL."""
 
 from ._version import __version__
-from .buffer import MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
+from .buffer import ReplayBuffer
 from .errors import BufferClosed, CorruptBufferError, IncompatibleSegmentError
 from .launcher import ChildFailed, Context, RunResult, StopFlag, launch
 from .limiter import MinSize, RateLimiter, SampleToInsertRatio
 from .memory import SharedMemoryError
 from .nstep import NstepBuffer
 from .params import ParameterStore, ParameterStoreTimeout
+from .prioritized_buffer import PrioritizedReplayBuffer
 from .returns import NStepReturns, discounted_cumsum_left, discounted_cumsum_right, gae, n_step_returns
 from .selectors import SelectorSpec
 from .sequence_buffer import (
@@ -17,6 +18,7 @@ from .sequence_buffer import (
     SequenceReplayBuffer,
 )
 from .sequences import sequence_priority
+from .shared_buffer import MPPrioritizedReplayBuffer, MPReplayBuffer
 
 __all__ = [
     "__version__",

@@ -28,10 +28,12 @@ import numpy as np
 
 from . import fileformat
 from ._ext.schema import EPISODE_START_ARRAY, EPISODE_STEP_ARRAY, SEQUENCE_STEPS_ARRAY
-from .buffer import PrioritizedReplayBuffer, ReplayBuffer, SharedMemoryBuffer
+from .buffer import ReplayBuffer
 from .fileformat import TransitionFileError
+from .prioritized_buffer import PrioritizedReplayBuffer
 from .saved_episodes import SavedEpisode, lanes_of, load_episodes, number_episodes, split_episodes
 from .sequences import SequenceSpec, SequenceWriter
+from .shared_buffer import SharedMemoryBuffer
 from .spec import FieldSpec, convert_batch
 
 __all__ = [
@@ -118,11 +120,13 @@ class SequenceReplayBuffer(ReplayBuffer):
     @property
     def sequence_length(self) -> int:
         """Steps per sampled sequence, padding included."""
+        assert self._sequence is not None  # set by __init__, carried by every handle (_CONFIG)
         return self._sequence.length
 
     @property
     def period(self) -> int:
         """Steps between the starts of an episode's sequences."""
+        assert self._sequence is not None  # set by __init__, carried by every handle (_CONFIG)
         return self._sequence.period
 
     def stats(self) -> dict[str, float | None]:
@@ -195,7 +199,7 @@ class SequenceReplayBuffer(ReplayBuffer):
         """
         self._check_open()
         rows, priorities = fileformat.read_transitions(file, self._file_specs(), nstep=None, episodes=True)
-        if not isinstance(self, PrioritizedReplayBuffer):
+        if not self._PRIORITIZED:
             priorities = None
         ids, lanes = rows.pop(fileformat.EPISODE_ID), rows.pop(fileformat.EPISODE_LANE)
         episodes = _saved_episodes(ids, lanes, np.asarray(rows.pop(_EPISODE_STEP), dtype=np.int64))

@@ -52,6 +52,7 @@ from . import checks
 from ._ext.gate import deadline
 from .nstep import NstepBuffer
 from .spec import convert_batch, parse_env_dict
+from .vector_spaces import env_dict, leaf_value, per_env_numbers, space_batch, space_leaves
 
 __all__ = ["NEXT_STEP", "SAME_STEP", "DISABLED", "TransitionBatch", "VectorTransitions", "VectorWriter", "env_dict"]
 
@@ -60,123 +61,6 @@ _MODES = (NEXT_STEP, SAME_STEP, DISABLED)
 
 # The folder takes a sub-environment's index with each step: it comes back with every row folded.
 _ENV = "env"
-_FLAG_FIELDS: dict[str, dict[str, Any]] = {"rew": {}, "done": {}}
-
-
-# ------------------------------------------------------------------- spaces -> fields
-
-
-@dataclass(frozen=True)
-class _Leaf:
-    """One numeric array of a (possibly nested) space: its field name and where it sits."""
-
-    name: str
-    path: tuple[str | int, ...]  # Dict keys and Tuple positions from the top of the space
-    shape: tuple[int, ...]
-    dtype: np.dtype
-
-
-def _leaves(space: Any, name: str, path: tuple[str | int, ...] = ()) -> list[_Leaf]:
-    from gymnasium import spaces
-
-    children: list[tuple[str | int, Any]]  # (key, space): a Dict's names, a Tuple's positions
-    if isinstance(space, spaces.Dict):
-        children = list(space.spaces.items())
-    elif isinstance(space, spaces.Tuple):
-        children = list(enumerate(space.spaces))
-    elif isinstance(space, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
-        assert space.shape is not None  # these spaces always have one (gymnasium's Space makes it optional)
-        return [_Leaf(name, path, tuple(space.shape), np.dtype(space.dtype))]
-    else:
-        raise TypeError(
-            f"{name}: a {type(space).__name__} space has no fixed-shape numeric fields; expected Box, "
-            "Discrete, MultiDiscrete, MultiBinary, or Dict and Tuple spaces of them"
-        )
-    leaves = []
-    for key, child in children:
-        field = f"{name}_{key}"
-        if not field.isidentifier():
-            raise ValueError(
-                f"{name}: key {key!r} of a Dict space does not make a field name ({field!r} is not an identifier)"
-            )
-        leaves += _leaves(child, field, path + (key,))
-    return leaves
-
-
-def _unique(leaves: list[_Leaf], what: str) -> list[_Leaf]:
-    names = [leaf.name for leaf in leaves]
-    clash = sorted({n for n in names if names.count(n) > 1})
-    if clash:
-        raise ValueError(
-            f"{what}: the space flattens to the field name(s) {clash} more than once "
-            "(a Dict key with '_' beside a nested Dict or Tuple); rename a key"
-        )
-    return leaves
-
-
-def _space_fields(leaves: list[_Leaf]) -> dict[str, dict[str, Any]]:
-    return {leaf.name: {"shape": leaf.shape, "dtype": leaf.dtype} for leaf in leaves}
-
-
-def env_dict(
-    observation_space: Any, action_space: Any, *, truncated: bool = False, discount: bool = False
-) -> dict[str, dict[str, Any]]:
-    """The ``env_dict`` of the transitions of an environment with these spaces.
-
-    Pass a vector env's ``single_observation_space`` and ``single_action_space``
-    (or a single env's spaces).  Fields: ``obs``, ``act``, ``rew``, ``next_obs``,
-    ``done`` (float32 flags and rewards), ``truncated`` when asked for, and
-    ``discount`` (what n-step folding adds) when asked for.  A Box, Discrete,
-    MultiDiscrete or MultiBinary space is one field with its shape and dtype; a
-    Dict or Tuple space is one field per leaf, named after its keys or positions:
-    ``Dict(image=..., pos=Tuple(a, b))`` observations are the fields ``obs_image``,
-    ``obs_pos_0``, ``obs_pos_1`` and ``next_obs_image``, ``next_obs_pos_0``,
-    ``next_obs_pos_1`` (so ``next_of="obs_image"`` compresses the image).
-    """
-    obs = _unique(_leaves(observation_space, "obs"), "observation_space")
-    act = _unique(_leaves(action_space, "act"), "action_space")
-    fields = {
-        **_space_fields(obs),
-        **_space_fields(act),
-        **_FLAG_FIELDS,
-        **{f"next_{leaf.name}": {"shape": leaf.shape, "dtype": leaf.dtype} for leaf in obs},
-    }
-    if truncated:
-        fields["truncated"] = {}
-    if discount:
-        fields["discount"] = {}
-    return {name: {"shape": f.get("shape", ()), "dtype": f.get("dtype", np.float32)} for name, f in fields.items()}
-
-
-def _leaf_value(value: Any, leaf: _Leaf, what: str) -> Any:
-    for key in leaf.path:
-        try:
-            value = value[key]
-        except (KeyError, IndexError, TypeError):
-            raise ValueError(
-                f"{what}: expected the structure of the space, found no {key!r} (for field {leaf.name!r})"
-            ) from None
-    return value
-
-
-def _batch(values: Any, leaves: list[_Leaf], num_envs: int, what: str) -> dict[str, np.ndarray]:
-    """Batched values of a space (one row per sub-environment) as one array per field."""
-    out = {}
-    for leaf in leaves:
-        arr = np.asarray(_leaf_value(values, leaf, what))
-        if arr.shape != (num_envs,) + leaf.shape:
-            raise ValueError(f"{what}: field {leaf.name!r} expected shape {(num_envs,) + leaf.shape}, got {arr.shape}")
-        out[leaf.name] = arr
-    return out
-
-
-def _flags(name: str, values: Any, num_envs: int) -> np.ndarray:
-    arr = np.asarray(values)
-    if arr.shape != (num_envs,) or arr.dtype.kind not in "biuf":
-        raise ValueError(
-            f"{name}: expected {num_envs} numbers (one per sub-environment), got {arr.dtype} of shape {arr.shape}"
-        )
-    return arr
 
 
 # ------------------------------------------------------------------- transitions
@@ -257,8 +141,8 @@ class VectorTransitions:
             autoreset_mode = metadata["autoreset_mode"]
         self._mode = _mode(autoreset_mode)
         self._truncated = checks.flag("truncated", truncated)
-        self._obs_leaves = _unique(_leaves(env.single_observation_space, "obs"), "observation_space")
-        self._act_leaves = _unique(_leaves(env.single_action_space, "act"), "action_space")
+        self._obs_leaves = space_leaves(env.single_observation_space, "obs", "observation_space")
+        self._act_leaves = space_leaves(env.single_action_space, "act", "action_space")
         folded = nstep is not None
         self._env_dict = env_dict(
             env.single_observation_space, env.single_action_space, truncated=self._truncated, discount=folded
@@ -311,7 +195,7 @@ class VectorTransitions:
         An episode a reset cuts short ends as if truncated: its pending folded steps are
         returned, bootstrapping from its last observation.
         """
-        new = _batch(obs, self._obs_leaves, self._num_envs, "obs")
+        new = space_batch(obs, self._obs_leaves, self._num_envs, "obs")
         chosen = np.ones(self._num_envs, bool) if mask is None else self._mask(mask)
         batch = self._cut(chosen & self._started)
         if self._obs is None:
@@ -346,11 +230,11 @@ class VectorTransitions:
                 "and pass the observations to reset(obs, mask=mask) first"
             )
         num_envs = self._num_envs
-        act = _batch(actions, self._act_leaves, num_envs, "actions")
-        nxt = _batch(obs, self._obs_leaves, num_envs, "obs")
-        rew = _flags("rewards", rewards, num_envs)
-        term = _flags("terminated", terminated, num_envs) != 0
-        trunc = _flags("truncated", truncated, num_envs) != 0
+        act = space_batch(actions, self._act_leaves, num_envs, "actions")
+        nxt = space_batch(obs, self._obs_leaves, num_envs, "obs")
+        rew = per_env_numbers("rewards", rewards, num_envs)
+        term = per_env_numbers("terminated", terminated, num_envs) != 0
+        trunc = per_env_numbers("truncated", truncated, num_envs) != 0
         real = ~self._skip
         ended = (term | trunc) & real
         last = nxt
@@ -394,7 +278,7 @@ class VectorTransitions:
                     f"infos['final_obs'][{e}]: sub-environment {e} ended its episode but has no final observation"
                 )
             for leaf in self._obs_leaves:
-                value = np.asarray(_leaf_value(final[e], leaf, f"infos['final_obs'][{e}]"))
+                value = np.asarray(leaf_value(final[e], leaf, f"infos['final_obs'][{e}]"))
                 if value.shape != leaf.shape:
                     raise ValueError(
                         f"infos['final_obs'][{e}]: field {leaf.name!r} expected shape {leaf.shape}, got {value.shape}"

@@ -6,7 +6,7 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..buffer import PrioritizedReplayBuffer
+from ..prioritized_buffer import PrioritizedReplayBuffer
 from .server import ShardServer
 
 __all__ = ["SHARD_NAME_PREFIX", "node_buffer", "start_shard_servers"]

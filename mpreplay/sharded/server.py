@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..buffer import PrioritizedReplayBuffer
+from ..prioritized_buffer import PrioritizedReplayBuffer
 from .keys import MAX_SLOTS, key_of, keys_valid, split_keys, tags_match
 
 __all__ = ["ShardServer"]

@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from ... import buffer as native
+import mpreplay as native  # the native classes, named as the ones here
+
 from ... import checks, fileformat
 from .fields import Fields, option_names
 from .files import read_rows
