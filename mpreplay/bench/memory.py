@@ -65,7 +65,7 @@ def _fill(buffer: ReplayBuffer, transitions: int, mean_length: int, seed: int) -
 
 def _bytes_per_transition(layout: dict[str, Any], capacity: int, mean_length: int) -> tuple[int, int, float]:
     buffer = ReplayBuffer(capacity, ENV, **layout)
-    nbytes = buffer._memory.layout.nbytes
+    nbytes = buffer.inspection().nbytes
     if layout:  # only compressed layouts lose slots to episode ends; fill to count them
         _fill(buffer, capacity + capacity // 4, mean_length, seed=0)
         stored = buffer.get_stored_size()
