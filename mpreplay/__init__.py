@@ -4,7 +4,7 @@ from ._version import __version__
 from .buffer import MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
 from .errors import BufferClosed, CorruptBufferError, IncompatibleSegmentError
 from .launcher import ChildFailed, Context, RunResult, StopFlag, launch
-from .limiter import MinSize, RateLimiter, SampleToInsertRatio
+from .limiter import ExactlyOnce, MinSize, Queue, RateLimiter, SampleToInsertRatio, Stack
 from .memory import SharedMemoryError
 from .nstep import NstepBuffer
 from .params import ParameterStore, ParameterStoreTimeout
@@ -37,6 +37,9 @@ __all__ = [
     "RateLimiter",
     "MinSize",
     "SampleToInsertRatio",
+    "ExactlyOnce",
+    "Queue",
+    "Stack",
     "NstepBuffer",
     "launch",
     "ChildFailed",
