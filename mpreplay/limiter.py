@@ -117,7 +117,7 @@ class ExactlyOnce(RateLimiter):
     """A trajectory queue for on-policy learners: every item is sampled exactly once.
 
     The buffer holds ``size`` items (its capacity must be ``size``), draws them in
-    the order of :attr:`selector` and retires each at its draw (``max_times_sampled=1``).
+    the order of its ``selector`` and retires each at its draw (``max_times_sampled=1``).
     A write waits (``timeout=``; a ``TimeoutError`` changes nothing) while every slot
     holds an item not yet sampled or being written, instead of overwriting one; a
     sample of ``k`` waits until ``k`` items are stored.  The count a write waits on

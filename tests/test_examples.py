@@ -62,4 +62,4 @@ def test_on_policy_queue_consumes_every_chunk_exactly_once():
         timeout=100,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "consumed 6 chunks, each exactly once" in proc.stdout
+    assert "consumed 12 chunks, each exactly once" in proc.stdout

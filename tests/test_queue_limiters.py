@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import random
@@ -13,6 +14,7 @@ import pytest
 
 from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, Queue, ReplayBuffer, Stack
 from mpreplay._ext.schema import EPOCH, LOCK_HOLDS, LOCK_WAIT_NS
+from mpreplay.inspect import arm_fault
 
 METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 ENV = {"id": {"dtype": np.int64}}
@@ -165,26 +167,50 @@ def _consume(buffer: MPReplayBuffer, seen: list[tuple[int, int]], batch: int, ti
     seen += list(zip(out["writer"].tolist(), out["seq"].tolist(), strict=True))
 
 
+def _victim(buffer: MPReplayBuffer, writer: int, site: str | None, after: int) -> None:
+    """A writer that never finishes: killed by the test, or by itself inside a critical section."""
+    if site is not None:
+        arm_fault(site, after)
+    _writer(buffer, writer, 10**9)
+
+
 @METHODS
-@pytest.mark.parametrize("limiter", [Queue, Stack])
+@pytest.mark.parametrize(
+    ("limiter", "site"),
+    [(Queue, None), (Stack, None), (Queue, "reserve"), (Queue, "publish"), (Stack, "publish")],
+    ids=[
+        "Queue-SIGKILL",
+        "Stack-SIGKILL",
+        "Queue-killed-reserving",
+        "Queue-killed-publishing",
+        "Stack-killed-publishing",
+    ],
+)
 @pytest.mark.timeout(240, method="thread")
-def test_every_surviving_writers_item_is_delivered_exactly_once(method, limiter):
+def test_every_surviving_writers_item_is_delivered_exactly_once(method, limiter, site):
+    # Three writers of 60 tagged items and a fourth killed at a random moment (SIGKILL from here,
+    # or its own fault site inside the lock); a learner samples pairs until the three writers'
+    # items all arrived and the fourth died (pairs, one when one is stored: it is the only sampler),
+    # then takes what is left.
     ctx = mp.get_context(method)
     buffer = MPReplayBuffer(8, ITEM, rate_limiter=limiter(8))
     writers, items = 3, 60
+    moment = random.Random(os.getpid()).randrange(5, 40)
     procs = [ctx.Process(target=_writer, args=(buffer, w, items)) for w in range(writers)]
-    victim = ctx.Process(target=_writer, args=(buffer, writers, 10**9))
+    victim = ctx.Process(target=_victim, args=(buffer, writers, site, moment))
     for p in [*procs, victim]:
         p.start()
     seen: list[tuple[int, int]] = []
-    kill_after = random.Random(os.getpid()).randrange(5, 40)
     deadline = time.monotonic() + 200
-    while sum(w < writers for w, _ in seen) < writers * items:
+    while sum(w < writers for w, _ in seen) < writers * items or victim.is_alive():
         assert time.monotonic() < deadline, "the surviving writers' items never all arrived"
-        _consume(buffer, seen, 2)
-        if victim.is_alive() and len(seen) >= kill_after:
+        if site is None and victim.is_alive() and len(seen) >= moment:
             os.kill(victim.pid, signal.SIGKILL)
             victim.join()
+        with contextlib.suppress(TimeoutError):  # nothing stored: look at the writers again
+            _consume(buffer, seen, 2 if buffer.get_stored_size() >= 2 else 1, timeout=0.5)
+    victim.join(30)
+    assert victim.exitcode == -signal.SIGKILL
     for p in procs:
         p.join(30)
         assert p.exitcode == 0
