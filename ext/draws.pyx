@@ -121,9 +121,10 @@ cdef void _note_row(Table t, Draws* d, Py_ssize_t j) noexcept nogil:
         d.stp[j] = t.sequences.steps(d.sp[j])
 
 
-cdef double _draw_batch(Table t, Handle h, Draws* d, bint stratified, double deadline) except? -1.0:
+cdef double _draw_batch(Table t, Handle h, Draws* d, bint stratified, double deadline, bint copy) except? -1.0:
     # Under the lock, once the rate limiter lets the sample through: draw
-    # every row, note what each reads.  Returns the smallest weight.
+    # every row, note what each reads, and with `copy` copy the rows too.
+    # Returns the smallest weight.
     cdef Py_ssize_t j
     cdef double vmin
     cdef bint wake
@@ -142,6 +143,8 @@ cdef double _draw_batch(Table t, Handle h, Draws* d, bint stratified, double dea
             if vmin == vmin and (d.R or t.sequences is not None):
                 for j in range(d.b):
                     _note_row(t, d, j)
+            if copy and vmin == vmin:
+                copy_rows(t, d, d.b, NULL)
         if vmin != vmin:
             raise ValueError("sample: the buffer holds no transition yet")
         t.header[SAMPLES] += d.b
@@ -196,6 +199,7 @@ cdef dict sample(Table t, Handle h, Py_ssize_t batch_size, bint stratified, doub
                  bint leaves, bint float32_weights, bint uint64_indexes):
     # Ring.sample: the outputs taken (spare, fresh or `out`), the rows drawn, gathered and checked.
     cdef Py_ssize_t b = batch_size, j, ntorn, rounds = 0
+    cdef bint locked
     cdef double vmin, deadline = deadline_of(timeout)
     cdef float* w32
     cdef int64_t* tp
@@ -205,6 +209,9 @@ cdef dict sample(Table t, Handle h, Py_ssize_t batch_size, bint stratified, doub
     cdef uint64_t local[DRAWS_ON_STACK]
     if b < 1:
         raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size}")
+    if t.slots.max_times and b > t.size:
+        raise ValueError(f"batch_size: {b} rows could never be stored at once in a buffer of {t.size} whose rows "
+                         "retire when drawn (max_times_sampled); sample fewer per call")
     cdef cnp.ndarray indexes, values = None, weights = None
     cdef int index_type = cnp.NPY_UINT64 if uint64_indexes else cnp.NPY_INT64
     cdef int weight_type = cnp.NPY_FLOAT32 if float32_weights else cnp.NPY_FLOAT64
@@ -231,10 +238,16 @@ cdef dict sample(Table t, Handle h, Py_ssize_t batch_size, bint stratified, doub
     try:
         t.outputs.fill(b, out, result, spare, d.dst)  # a bad `out` raises before anything is drawn
         t.gate.check_sample(b)
-        vmin = _draw_batch(t, h, &d, stratified, deadline)
-        with nogil:
-            copy_rows(t, &d, b, NULL)
-            ntorn = _find_torn(t, &d)
+        # A draw that may retire its rows (max_times_sampled) copies them under the lock: a
+        # retired slot is free for the next writer at once, and a row torn there would be lost,
+        # not drawn again.
+        locked = t.slots.max_times != 0
+        vmin = _draw_batch(t, h, &d, stratified, deadline, locked)
+        ntorn = 0
+        if not locked:
+            with nogil:
+                copy_rows(t, &d, b, NULL)
+                ntorn = _find_torn(t, &d)
         while ntorn:
             rounds += 1
             # After a few unlucky rounds (a small ring lapped while this process

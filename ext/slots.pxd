@@ -71,6 +71,7 @@ cdef class Slots:
     cdef Py_ssize_t slot(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t j) noexcept nogil
     cdef void fix_run(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k) noexcept nogil
     cdef int64_t busy_owner(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil
+    cdef bint seek_free(self, Py_ssize_t k, Py_ssize_t lane) except -1
     cdef void take_over(self, int64_t dead, Py_ssize_t k, Py_ssize_t lane) noexcept nogil
     cdef void skip(self, Py_ssize_t lane, Py_ssize_t n) noexcept nogil
     cdef Py_ssize_t claim_lane(self) except -2

@@ -179,6 +179,26 @@ cdef class Slots:
                 return self.owner[s]
         return 0
 
+    cdef bint seek_free(self, Py_ssize_t k, Py_ssize_t lane) except -1:
+        # Lock held, a table that keeps unread rows (Queue, Stack): move the lane's cursor on to
+        # the first k consecutive slots, from the cursor, that hold no row and that no live writer
+        # holds, taking over a dead writer's reservations on the way.  False (the cursor left
+        # where it was): no such run now.  The slot states are the only count this reads, so a
+        # writer killed after reserving shrinks the queue only until the next writer looks.
+        cdef Py_ssize_t cursor = self.lanes[lane, LANE_CURSOR], j, s, run = 0
+        for j in range(self.lane_length(lane) + k - 1):  # a run may wrap
+            s = self.slot(lane, cursor, j)
+            if being_written(self.gen[s]) and self.owner[s] != 0 and not token_alive(self.owner[s]):
+                self.owner[s] = 0
+            if self.state[s] == EMPTY and (not being_written(self.gen[s]) or self.owner[s] == 0):
+                run += 1
+                if run == k:
+                    self.lanes[lane, LANE_CURSOR] = self.slot(lane, cursor, j - k + 1)
+                    return True
+            else:
+                run = 0
+        return False
+
     cdef void take_over(self, int64_t dead, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
         # Lock held, `dead` (a busy owner) judged dead: the reservations it holds among the
         # next k slots of the lane are free for the next writer.  What else it held is taken

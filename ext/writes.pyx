@@ -33,6 +33,11 @@ cdef Py_ssize_t reserve_waiting(Table t, Py_ssize_t k, uint64_t* reserved, bint 
         t.gate.check_insert(k)
     t.gate.acquire(deadline)
     try:
+        while insert and t.gate.keeps_unread():
+            if t.slots.seek_free(k, lane):
+                return t.slots.reserve(k, reserved, insert, lane)
+            t.gate.block(deadline, f"add: fewer than {k} free slots in a row: the others hold rows not yet "
+                         "sampled or being written; the queue waits for a sample")
         while True:
             blocker = t.slots.busy_owner(k, lane)
             if blocker != 0 and not token_alive(blocker):
@@ -88,6 +93,9 @@ cdef tuple reserve(Table t, Py_ssize_t k, double deadline, bint insert, Py_ssize
     cdef Py_ssize_t n = t.slots.lane_length(lane)
     if not 0 <= k <= n:
         raise ValueError(f"k: expected 0 <= k <= {n} (the lane's length), got {k}")
+    if skip and t.gate.keeps_unread():
+        raise ValueError(f"add: {k + skip} rows at once exceed the queue's size {n}: its unread rows are never "
+                         "overwritten; add fewer per call")
     if skip and k != n:
         raise ValueError(f"skip: only a reservation of the whole lane ({n} slots) skips slots, got k={k}")
     start = reserve_waiting(t, k, <uint64_t*>cnp.PyArray_DATA(reserved), insert, deadline, lane, skip % n)

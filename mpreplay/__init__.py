@@ -4,7 +4,7 @@ from ._version import __version__
 from .buffer import ReplayBuffer
 from .errors import BufferClosed, CorruptBufferError, IncompatibleSegmentError
 from .launcher import ChildFailed, Context, RunResult, StopFlag, launch
-from .limiter import MinSize, RateLimiter, SampleToInsertRatio
+from .limiter import ExactlyOnce, MinSize, Queue, RateLimiter, SampleToInsertRatio, Stack
 from .memory import SharedMemoryError
 from .nstep import NstepBuffer
 from .params import ParameterStore, ParameterStoreTimeout
@@ -39,6 +39,9 @@ __all__ = [
     "RateLimiter",
     "MinSize",
     "SampleToInsertRatio",
+    "ExactlyOnce",
+    "Queue",
+    "Stack",
     "NstepBuffer",
     "launch",
     "ChildFailed",

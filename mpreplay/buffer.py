@@ -41,7 +41,7 @@ from .buffer_files import BufferFiles
 from .compression import Compression, FrameWriter, with_next_fields
 from .errors import BufferClosed
 from .inspect import Inspection
-from .limiter import RateLimiter
+from .limiter import ExactlyOnce, RateLimiter
 from .nstep import nstep_args
 from .prefetch import Prefetcher
 from .selectors import SelectorSpec
@@ -64,8 +64,8 @@ class ReplayBuffer(BufferFiles):
     env_dict : mapping
         cpprb-style field specs, e.g. ``{"obs": {"shape": (4,)}, "act": {"dtype": np.int64}, "rew": {}}``.
         A missing shape means a scalar; a missing dtype means ``default_dtype``.
-    selector : str or SelectorSpec
-        What ``sample`` draws (see :mod:`mpreplay.selectors`): ``"uniform"`` (every stored
+    selector : str or SelectorSpec, optional
+        What ``sample`` draws (see :mod:`mpreplay.selectors`): ``"uniform"`` (the default; every stored
         transition equally likely), ``"fifo"`` (oldest first), ``"lifo"`` (newest first), or any
         other registered selector that draws by no priority (those that do take a
         :class:`PrioritizedReplayBuffer`).
@@ -82,6 +82,8 @@ class ReplayBuffer(BufferFiles):
     rate_limiter : RateLimiter, optional
         :class:`~mpreplay.MinSize` or :class:`~mpreplay.SampleToInsertRatio`: ``sample`` and
         ``add`` then wait (``timeout`` seconds at most) until the limiter lets them through.
+        :class:`~mpreplay.Queue` or :class:`~mpreplay.Stack` (``size`` items, each sampled
+        exactly once) also choose the selector and ``max_times_sampled=1``.
     nstep : mapping, optional
         Fold rewards over n steps before storing, with an :class:`~mpreplay.NstepBuffer`:
         ``{"size": n, "gamma": 0.99, "rew": "rew", "next": "next_obs", "done": "done",
@@ -125,11 +127,13 @@ class ReplayBuffer(BufferFiles):
         stack_compress: str | list[str] | None = None,
         lanes: int = 1,
         mmap_prefix: str | os.PathLike | None = None,
-        selector: str | SelectorSpec = "uniform",
+        selector: str | SelectorSpec | None = None,
         max_times_sampled: int | None = None,
     ):
         size = checks.capacity("size", size)
-        self._selector_spec = self._check_selector(SelectorSpec.of(selector))
+        if isinstance(rate_limiter, ExactlyOnce):
+            selector, max_times_sampled = rate_limiter.buffer_options(selector, max_times_sampled)
+        self._selector_spec = self._check_selector(SelectorSpec.of("uniform" if selector is None else selector))
         self._max_times_sampled = (
             None if max_times_sampled is None else checks.integer("max_times_sampled", max_times_sampled, low=1)
         )

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import checks
+from ._ext.gate import KEEP_UNREAD
 from ._ext.schema import LIMIT_MAX_DIFF, LIMIT_MIN_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI, LIMITS_LEN
 
-__all__ = ["RateLimiter", "MinSize", "SampleToInsertRatio"]
+__all__ = ["RateLimiter", "MinSize", "SampleToInsertRatio", "ExactlyOnce", "Queue", "Stack"]
 
 
 @dataclass(frozen=True)
@@ -110,3 +111,71 @@ class SampleToInsertRatio(RateLimiter):
             f"SampleToInsertRatio(samples_per_insert={self.samples_per_insert}, "
             f"min_size_to_sample={self.min_size_to_sample}, error_buffer=({self.min_diff}, {self.max_diff}))"
         )
+
+
+class ExactlyOnce(RateLimiter):
+    """A trajectory queue for on-policy learners: every item is sampled exactly once.
+
+    The buffer holds ``size`` items (its capacity must be ``size``), draws them in
+    the order of its ``selector`` and retires each at its draw (``max_times_sampled=1``).
+    A write waits (``timeout=``; a ``TimeoutError`` changes nothing) while every slot
+    holds an item not yet sampled or being written, instead of overwriting one; a
+    sample of ``k`` waits until ``k`` items are stored.  The count a write waits on
+    is the slot states themselves, so a writer killed after reserving holds its slots
+    only until the next writer finds it dead.  Build it through :class:`Queue` or
+    :class:`Stack`.
+    """
+
+    selector: str = "fifo"
+    size: int
+
+    def __init__(self, size: int):
+        size = checks.integer("size", size, low=1)
+        # Neither cursor bound applies: the slots, not the counters, hold writes back.
+        super().__init__(1.0, 1, -math.inf, math.inf)
+        object.__setattr__(self, "size", size)
+
+    def check(self, capacity: int) -> None:
+        if capacity != self.size:
+            raise ValueError(
+                f"size: a {type(self).__name__}({self.size}) needs a buffer of exactly {self.size} slots, "
+                f"got {capacity}"
+            )
+
+    def buffer_options(self, selector: object, max_times_sampled: int | None) -> tuple[str, int]:
+        """The buffer's ``selector`` and ``max_times_sampled`` for this limiter; ValueError naming
+        the argument when one given contradicts it (None: not given)."""
+        name = getattr(selector, "name", selector)
+        if selector is not None and (name != self.selector or getattr(selector, "options", None)):
+            raise ValueError(f"selector: a {self!r} draws with selector {self.selector!r}, got {selector!r}")
+        if max_times_sampled not in (None, 1):
+            raise ValueError(
+                f"max_times_sampled: a {self!r} samples every item exactly once (1), got {max_times_sampled!r}"
+            )
+        return self.selector, 1
+
+    def to_array(self) -> np.ndarray:
+        limits = super().to_array()
+        limits[LIMIT_ON] = KEEP_UNREAD
+        return limits
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.size})"
+
+
+class Queue(ExactlyOnce):
+    """Reverb's ``Queue(size)``: items sampled exactly once, the oldest first (selector ``"fifo"``).
+
+    ``ReplayBuffer(size, env_dict, rate_limiter=Queue(size))`` (or ``MPReplayBuffer``)
+    builds it; see :class:`ExactlyOnce` for what waits.
+    """
+
+
+class Stack(ExactlyOnce):
+    """Reverb's ``Stack(size)``: items sampled exactly once, the newest first (selector ``"lifo"``).
+
+    ``ReplayBuffer(size, env_dict, rate_limiter=Stack(size))`` (or ``MPReplayBuffer``)
+    builds it; see :class:`ExactlyOnce` for what waits.
+    """
+
+    selector = "lifo"

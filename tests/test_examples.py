@@ -49,3 +49,17 @@ def test_r2d2_cartpole_shows_the_r2d2_flags():
     )
     assert proc.returncode == 0, proc.stderr
     assert "--burn-in" in proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_on_policy_queue_consumes_every_chunk_exactly_once():
+    pytest.importorskip("gymnasium")
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "on_policy_queue.py"), "--actors", "2", "--updates", "3"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "consumed 12 chunks, each exactly once" in proc.stdout
