@@ -3,11 +3,13 @@ what disagrees."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -261,25 +263,31 @@ def test_the_error_lists_every_problem_in_its_message():
     assert all(p in str(error) for p in error.problems)
 
 
+@contextlib.contextmanager
+def _lock_held_by_another_thread(buffer) -> Iterator[None]:
+    """Inside the block, another thread of this process holds the buffer's lock."""
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with buffer.inspection().holding_lock():
+            held.set()
+            done.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(30)
+        yield
+    finally:
+        done.set()
+        holder.join(30)
+
+
 @pytest.mark.timeout(60)
 def test_verify_waits_for_the_lock_no_longer_than_its_timeout():
     with MPReplayBuffer(CAPACITY, ENV) as buffer:
-        held, done = threading.Event(), threading.Event()
-
-        def hold() -> None:
-            with buffer.inspection().holding_lock():
-                held.set()
-                done.wait(30)
-
-        holder = threading.Thread(target=hold)
-        holder.start()
-        try:
-            assert held.wait(30)
-            with pytest.raises(TimeoutError, match="lock"):
-                buffer.verify(timeout=0.05)
-        finally:
-            done.set()
-            holder.join(30)
+        with _lock_held_by_another_thread(buffer), pytest.raises(TimeoutError, match="lock"):
+            buffer.verify(timeout=0.05)
         assert buffer.verify()["complete"] == 0
 
 
@@ -328,20 +336,6 @@ def test_mpreplay_verify_leaves_a_dead_holders_repair_to_the_buffer(method, caps
 
 @pytest.mark.timeout(60)
 def test_mpreplay_verify_gives_up_on_a_held_lock_after_its_timeout(capsys):
-    with MPReplayBuffer(CAPACITY, ENV) as buffer:
-        held, done = threading.Event(), threading.Event()
-
-        def hold() -> None:
-            with buffer.inspection().holding_lock():
-                held.set()
-                done.wait(30)
-
-        holder = threading.Thread(target=hold)
-        holder.start()
-        try:
-            assert held.wait(30)
-            assert main(["verify", buffer.name, "--timeout", "0.05"]) == 1
-        finally:
-            done.set()
-            holder.join(30)
+    with MPReplayBuffer(CAPACITY, ENV) as buffer, _lock_held_by_another_thread(buffer):
+        assert main(["verify", buffer.name, "--timeout", "0.05"]) == 1
     assert "timed out waiting for the lock, held by" in capsys.readouterr().err
