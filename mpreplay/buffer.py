@@ -38,14 +38,14 @@ from ._ext.schema import (
 )
 from .buffer_core import open_handle
 from .buffer_files import BufferFiles
-from .compression import Compression, FrameWriter, with_next_fields
+from .compression import Compression, with_next_fields
 from .errors import BufferClosed
 from .inspect import Inspection
 from .limiter import ExactlyOnce, RateLimiter
 from .nstep import nstep_args
 from .prefetch import Prefetcher
 from .selectors import SelectorSpec
-from .spec import convert_batch, parse_env_dict
+from .spec import parse_env_dict
 
 __all__ = ["ReplayBuffer", "BufferClosed"]
 
@@ -151,8 +151,8 @@ class ReplayBuffer(BufferFiles):
             rate_limiter.check(size)
         self._size = size
         self._nstep_args = nstep_args(env_dict, default_dtype, nstep, Nstep)
-        self._make_folders()
-        self._specs = parse_env_dict(self._nstep.output_env_dict() if self._nstep else env_dict, default_dtype)
+        self._make_stages()
+        self._specs = parse_env_dict(self._nstep.rows.output_env_dict() if self._nstep else env_dict, default_dtype)
         self._specs = with_next_fields(self._specs, next_of)
         self._compression = Compression.build(
             self._specs,
@@ -197,71 +197,7 @@ class ReplayBuffer(BufferFiles):
     def _add(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int | None:
         if timeout is not None:
             timeout = checks.seconds("timeout", timeout)
-        if self._nstep is not None:
-            return self._add_folded(fields, priorities, timeout)
-        if (priorities is None or type(priorities) is float) and self._sequence is None:
-            # One transition of Python scalars and exact arrays: the kernel's fast path.
-            if priorities is None:
-                priority = -1.0
-            elif 0.0 <= priorities <= self._ring.max_priority:  # False for NaN
-                priority = priorities
-            else:
-                priority = checks.number("priorities", priorities, low=0.0, high=self._ring.max_priority)
-            if self._writer is None:
-                slot = self._ring.add_one(fields, priority, timeout)
-            else:
-                assert isinstance(self._writer, FrameWriter)  # not a sequence buffer's SequenceWriter (above)
-                slot = self._writer.add_one(fields, priority, timeout)
-            if slot >= 0:
-                return slot
-        k, rows = convert_batch(self._specs, fields)
-        if priorities is not None:
-            # Checked before anything is written (Ring.update checks its own input).
-            priorities = checks.priorities("priorities", priorities, k, max_priority=None)
-            self._ring.check_priorities(priorities)
-        return self._write(k, rows, priorities, timeout)
-
-    def _add_folded(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int | None:
-        """Fold the steps of ``fields``, and their ``priorities`` alongside (prioritized buffers).
-
-        The folders change only once the rows they emit are stored: an add that raises
-        (a timeout, bad rows) leaves them as they were, so the same add can be made again."""
-        nstep = self._nstep
-        assert nstep is not None  # called only where the buffer folds n steps
-        if self._priority_folder is None:
-            rows, after = nstep.preview_add(**fields)
-            slot = self._store_folded(rows, None, timeout)
-            nstep.commit(after)
-            return slot
-        k = nstep.check(**fields)  # before either folder is asked
-        if priorities is None:
-            # NaN: "the largest priority stored when the folded row is stored".
-            priorities = np.full(k, np.nan)
-        else:
-            priorities = checks.priorities("priorities", priorities, k, max_priority=None)
-            self._ring.check_priorities(priorities)
-        rows, after = nstep.preview_add(**fields)
-        assert self._nstep_args is not None  # the arguments the folder was made of
-        settings = self._nstep_args[2]
-        flags = {settings[f]: fields[settings[f]] for f in ("done", "truncated") if settings[f] is not None}
-        folded, priorities_after = self._priority_folder.preview_add(priority=priorities, **flags)
-        slot = self._store_folded(rows, folded["priority"], timeout)
-        nstep.commit(after)
-        self._priority_folder.commit(priorities_after)
-        return slot
-
-    def _store_folded(
-        self,
-        rows: dict[str, np.ndarray],
-        priorities: np.ndarray | None,
-        timeout: float | None,
-        end_episode: bool = False,
-    ) -> int | None:
-        """Store what the n-step folder emitted; None when it emitted nothing."""
-        k, rows = convert_batch(self._specs, rows)
-        if priorities is not None and np.isnan(priorities).any():
-            priorities = np.where(np.isnan(priorities), float(self._selector.new_item_priority), priorities)
-        return self._write(k, rows, priorities, timeout, end_episode) if k or end_episode else None
+        return self._path.add(fields, priorities, timeout)
 
     def batches(
         self, batch_size: int, *, prefetch: int = 2, timeout: float | None = None, as_torch: bool = False
@@ -341,20 +277,7 @@ class ReplayBuffer(BufferFiles):
 
         ``timeout`` bounds the waits for the rate limiter and the lock, as in :meth:`add`;
         on TimeoutError the episode has not ended and nothing changed: call again."""
-        timeout = checks.seconds("timeout", timeout)
-        if self._nstep is not None:
-            rows, after = self._nstep.preview_episode_end()
-            folder = self._priority_folder
-            if folder is None:
-                self._store_folded(rows, None, timeout, end_episode=True)
-                self._nstep.commit(after)
-            else:
-                folded, priorities_after = folder.preview_episode_end()
-                self._store_folded(rows, folded["priority"], timeout, end_episode=True)
-                self._nstep.commit(after)
-                folder.commit(priorities_after)
-        elif self._writer is not None:
-            self._writer.write(0, {}, None, timeout, end_episode=True)
+        self._path.end_episode(checks.seconds("timeout", timeout))
 
     def episode_writer(self) -> ReplayBuffer:
         """A writer for one more stream of episodes into this buffer, in this process.
@@ -371,7 +294,7 @@ class ReplayBuffer(BufferFiles):
         state takes interleaved episodes as they come: it returns itself.
         """
         self._check_open()
-        if self._nstep is None and self._writer is None:
+        if self._path.plain:
             return self
         return open_handle(type(self), self._config(), lambda layout, expected: self._memory.handle())
 
@@ -428,6 +351,6 @@ class ReplayBuffer(BufferFiles):
             self._selector,
             capacity=self._size,
             sequence_length=None if self._sequence is None else self._sequence.length,
-            one_lane=self._writer is None,
+            one_lane=self._compression is None,
             selector_name=self._selector_spec.name,
         )

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import manifest, selectors
 from ._ext.calls import BufferCalls
-from ._ext.gate import Gate, deadline
+from ._ext.gate import Gate
 from ._ext.lock import SharedLock, ThreadLock
 from ._ext.processes import process_token
 from ._ext.ring import Ring
@@ -42,10 +42,12 @@ from ._ext.slots import Slots
 from .compression import Compression, FrameWriter
 from .errors import BufferClosed
 from .memory import FileMemory, HeapMemory, Layout, SharedMemory
-from .nstep import NstepArgs, NstepBuffer, make_nstep, make_priority_folder
+from .nstep import NstepArgs
+from .nstep_stage import NstepStage
 from .selectors import SelectorSpec
 from .sequences import SequenceSpec, SequenceWriter
 from .spec import FieldSpec
+from .write_path import RowStore, Store, WritePath
 
 __all__ = ["BufferCore", "Memory", "open_handle"]
 
@@ -61,7 +63,8 @@ _VIEWS = (
     "_ring",
     "_lock",
     "_frames",
-    "_writer",
+    "_storage",
+    "_path",
     "_lanes",
     "_sequences",
     "_gate",
@@ -112,9 +115,8 @@ class BufferCore(BufferCalls):
     _thread_lock: ThreadLock | None
     _selector_spec: SelectorSpec
     _max_times_sampled: int | None
-    # This handle's own n-step folders: the rows', and (prioritized) the initial priorities'.
-    _nstep: NstepBuffer | None
-    _priority_folder: NstepBuffer | None
+    # This handle's own n-step stage (its folders: the rows', and the initial priorities').
+    _nstep: NstepStage | None
     # What _bind assembles over the memory.
     _memory: Memory
     _header: np.ndarray
@@ -127,7 +129,8 @@ class BufferCore(BufferCalls):
     _lock: SharedLock | None
     _gate: Gate
     _ring: Ring
-    _writer: FrameWriter | SequenceWriter | None
+    _storage: Store  # where this handle's write path stores rows
+    _path: WritePath
 
     def _config(self) -> dict[str, Any]:
         """What a handle on this buffer's memory carries (see :func:`open_handle`)."""
@@ -235,17 +238,23 @@ class BufferCore(BufferCalls):
         self._ring = Ring(
             self._header, gate, slots, self._selector, sampled, rng, self._frames, outputs, self._sequences
         )
-        frame_writer = None if c is None else FrameWriter(c, self._specs, self._ring, arrays)
-        if self._sequence is None:
-            self._writer = frame_writer
-        else:
-            # A sequence buffer's steps are always compressed into lanes (Compression.build's in_lanes).
-            assert c is not None and frame_writer is not None
-            self._writer = SequenceWriter(
-                self._sequence, frame_writer, [flag for flag in (c.done, c.truncated) if flag is not None]
-            )
+        self._storage = self._make_storage(arrays)
+        self._path = WritePath(
+            self._specs, self._storage, self._ring, self._nstep, lambda: float(self._selector.new_item_priority)
+        )
         # One transition goes straight to the kernel (Ring.add_one) unless it is folded or planned first.
-        self._bind_calls(self._ring, self._nstep is None and self._writer is None, **self._call_options())
+        self._bind_calls(self._ring, self._path.plain, **self._call_options())
+
+    def _make_storage(self, arrays: dict[str, np.ndarray]) -> Store:
+        """The store this handle's rows go to: rows, frames (compression) or sequences."""
+        c = self._compression
+        if c is None:
+            return RowStore(self._ring, self._fields, self.get_next_index)
+        frames = FrameWriter(c, self._specs, self._ring, arrays)
+        if self._sequence is None:
+            return frames
+        # A sequence buffer's steps are always compressed into lanes (Compression.build's in_lanes).
+        return SequenceWriter(self._sequence, frames, [flag for flag in (c.done, c.truncated) if flag is not None])
 
     def _times_sampled(self) -> tuple[np.ndarray | None, int]:
         """Each slot's draw count and the count that retires it (None, 0: no max_times_sampled)."""
@@ -278,8 +287,7 @@ class BufferCore(BufferCalls):
     def _release(self) -> None:
         """What ``close()`` does: the lane given back, the table closed by its owner, every view replaced."""
         if self._is_open():
-            if self._writer is not None:
-                self._writer.release_lane()
+            self._storage.release_lane()
             if self._memory.is_owner:
                 self._ring.close()
         self._bind_calls(None, False)
@@ -300,44 +308,6 @@ class BufferCore(BufferCalls):
 
     def __exit__(self, *exc: object) -> None:
         self._release()
-
-    def _write(
-        self,
-        k: int,
-        rows: dict[str, np.ndarray],
-        priorities: np.ndarray | None,
-        timeout: float | None,
-        end_episode: bool = False,
-    ) -> int | None:
-        if self._writer is not None:
-            return self._writer.write(k, rows, priorities, timeout, end_episode)
-        return self._store(k, rows, priorities, timeout)
-
-    def _store(self, k: int, rows: dict[str, np.ndarray], priorities: np.ndarray | None, timeout: float | None) -> int:
-        """Write ``k`` converted rows through the ring protocol."""
-        size = self._size
-        until = deadline(timeout)
-        first = self.get_next_index()
-        skip = 0
-        if k > size:
-            # Only the newest `size` rows would survive: skip the others, in the
-            # same reservation (of every slot) that takes the newest.
-            skip = k - size
-            rows = {n: r[skip:] for n, r in rows.items()}
-            priorities = None if priorities is None else priorities[skip:]
-            k = size
-        start, reserved = self._ring.reserve(k, until, skip=skip)
-        try:
-            head = min(k, size - start)
-            for name, dst in self._fields.items():
-                src = rows[name]
-                dst[start : start + head] = src[:head]
-                dst[: k - head] = src[head:]
-        except BaseException:
-            self._ring.abandon(start, reserved)
-            raise
-        self._ring.publish(start, reserved, priorities, deadline=until)
-        return first
 
     def _snapshot(
         self,
@@ -376,19 +346,13 @@ class BufferCore(BufferCalls):
             rows = {name: rows[name] for name in self._specs}
         return rows
 
-    def _make_folders(self) -> None:
-        """This writer's own n-step folders: the rows', and (prioritized) the initial priorities'."""
-        self._nstep = make_nstep(self._nstep_args)
-        self._priority_folder = make_priority_folder(self._nstep_args) if self._PRIORITIZED else None
+    def _make_stages(self) -> None:
+        """This writer's own stages before its store: n-step folding (see :class:`NstepStage`)."""
+        self._nstep = None if self._nstep_args is None else NstepStage(self._nstep_args, self._PRIORITIZED)
 
     def _forget_pending(self) -> None:
         """Drop the steps the n-step folders hold and the episode a compressed writer is in."""
-        if self._nstep is not None:
-            self._nstep.clear()
-        if self._priority_folder is not None:
-            self._priority_folder.clear()
-        if self._writer is not None:
-            self._writer.reset()
+        self._path.forget()
 
 
 def open_handle(
@@ -398,7 +362,7 @@ def open_handle(
     expected)`` maps it, given the layout and the manifest this process expects to find there."""
     obj = cls.__new__(cls)
     obj.__dict__.update(config)
-    obj._make_folders()
+    obj._make_stages()
     layout = obj._layout()
     obj._memory = memory(layout, obj._manifest(layout))
     obj._bind(create=False, rng=np.random.default_rng())

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import checks, fileformat
 from .buffer_core import BufferCore
+from .compression import FrameWriter
 from .saved_episodes import load_episodes, split_episodes, stack_age, transition_episodes
 from .spec import FieldSpec, convert_batch
 
@@ -114,9 +115,9 @@ class BufferFiles(BufferCore):
         if ids is not None:
             # The file records no step per row: an episode whose oldest rows were overwritten
             # before the save resumes from the older frames its first row's stacks hold.
-            compression, writer = self._compression, self._writer
+            compression, writer = self._compression, self._storage
             # Episodes are read only for a compressed buffer (episodes=None above), each with its lane.
-            assert compression is not None and writer is not None and lanes is not None
+            assert compression is not None and isinstance(writer, FrameWriter) and lanes is not None
             episodes = split_episodes(ids, lanes, lambda row: stack_age(rows, row, compression.stack))
             load_episodes(writer, rows, priorities, episodes)
             return k
@@ -124,7 +125,7 @@ class BufferFiles(BufferCore):
         # were saved and must not be folded again, and the rows end an episode so
         # that a compressed buffer publishes the last one rather than waiting for
         # a successor that is not in the file.
-        self._write(k, rows, priorities, None, end_episode=True)
+        self._path.load(k, rows, priorities)
         return k
 
     def _file_specs(self) -> dict[str, FieldSpec]:
@@ -133,4 +134,4 @@ class BufferFiles(BufferCore):
 
     def _nstep_settings(self) -> tuple[int, float] | None:
         """``(size, gamma)`` of the n-step folding of the stored rows, or None."""
-        return None if self._nstep is None else (int(self._nstep.size), float(self._nstep.gamma))
+        return None if self._nstep is None else self._nstep.settings

@@ -404,26 +404,3 @@ def nstep_args(env_dict: Mapping[str, Any], default_dtype: Any, options: Any, cp
         raise ValueError(f"nstep: unknown keys {sorted(unknown)}; expected {sorted(_NSTEP_KEYS)}")
     settings = {"gamma": 0.99, "rew": "rew", "next": "next_obs", "done": "done", "truncated": None, **options}
     return (dict(env_dict), default_dtype, settings)
-
-
-def make_nstep(args: NstepArgs | None) -> NstepBuffer | None:
-    """The folder of a buffer's rows (None without folding)."""
-    if args is None:
-        return None
-    env_dict, default_dtype, settings = args
-    settings = dict(settings)
-    return NstepBuffer(env_dict, settings.pop("size"), settings.pop("gamma"), default_dtype=default_dtype, **settings)
-
-
-def make_priority_folder(args: NstepArgs | None) -> NstepBuffer | None:
-    """A folder that moves each step's initial priority to the row that starts at that step:
-    driven by the same flags as the buffer's folder, it emits its rows in the same order."""
-    if args is None:
-        return None
-    env_dict, default_dtype, settings = args
-    flags = {"done": settings["done"], "truncated": settings["truncated"]}
-    spec: dict[str, dict[str, Any]] = {"priority": {"dtype": np.float64}}
-    for flag in flags.values():
-        if flag is not None:
-            spec[flag] = {"dtype": parse_env_dict({flag: env_dict[flag]}, default_dtype)[flag].dtype}
-    return NstepBuffer(spec, settings["size"], settings["gamma"], rew=None, next=None, **flags)

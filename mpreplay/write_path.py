@@ -1,0 +1,196 @@
+"""One write path for every buffer: steps in, through the stages the buffer is built with, into its store.
+
+::
+
+    add(steps) ─► [NstepStage: n-step rows and their priorities] ─► rows converted and checked ─► store
+    on_episode_end ─► [NstepStage: the pending steps' rows] ──────────────────────────────────► store (end)
+    load_transitions (rows already folded) ────────────────────────────────────────────────────► store (end)
+
+The store is one of three parts with one interface (:class:`Store`): :class:`RowStore`
+(fields side by side, one lane), :class:`~mpreplay.compression.FrameWriter` (``next_of``,
+``stack_compress``: frames once, in a lane per writer) or
+:class:`~mpreplay.sequences.SequenceWriter` (a frame writer that also opens the sequences
+the steps complete).  The buffer names its parts; this module puts them in a line.
+
+Every write is all or nothing: the stages only preview, the store raises before it
+publishes anything, and the stages commit once the store returns -- so an add that raises
+(bad input, TimeoutError, BufferClosed) can be made again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+from . import checks
+from ._ext.gate import deadline
+from ._ext.ring import Ring
+from .nstep_stage import NstepStage
+from .spec import FieldSpec, convert_batch
+
+__all__ = ["RowStore", "Store", "WritePath"]
+
+
+class Store(Protocol):
+    """Where a write path puts converted rows (see the module's docstring)."""
+
+    def write(
+        self,
+        k: int,
+        rows: Mapping[str, np.ndarray],
+        priorities: np.ndarray | None,
+        timeout: float | None,
+        end_episode: bool = False,
+    ) -> int | None:
+        """Store ``k`` converted rows (``end_episode``: and end their episode); returns the
+        slot of the first, or None when none was stored yet.  All or nothing."""
+
+    def add_one(self, fields: dict[str, Any], priority: float, timeout: float | None) -> int:
+        """Store one step of exact-dtype arrays and Python scalars in the kernel; -1 when it
+        needs :meth:`write` (then nothing changed).  A negative ``priority``: the stored maximum."""
+
+    def reset(self) -> None:
+        """Forget the episode in progress and give the lane back (after a fork or clear)."""
+
+    def release_lane(self) -> None:
+        """Give this writer's lane back, for another writer (its rows stay)."""
+
+
+class RowStore:
+    """The store of a buffer without compression: rows, fields side by side, copied into
+    the next slots of its one lane in one reservation."""
+
+    def __init__(self, ring: Ring, fields: Mapping[str, np.ndarray], next_index: Callable[[], int]):
+        self._ring = ring
+        self._fields = fields
+        self._next_index = next_index
+
+    def write(
+        self,
+        k: int,
+        rows: Mapping[str, np.ndarray],
+        priorities: np.ndarray | None,
+        timeout: float | None,
+        end_episode: bool = False,
+    ) -> int | None:
+        """Store ``k`` converted rows (an episode's end needs nothing here: no row waits)."""
+        if not k and end_episode:
+            return None
+        size = self._ring.size
+        until = deadline(timeout)
+        first = self._next_index()
+        skip = 0
+        if k > size:
+            # Only the newest `size` rows would survive: skip the others, in the
+            # same reservation (of every slot) that takes the newest.
+            skip = k - size
+            rows = {n: r[skip:] for n, r in rows.items()}
+            priorities = None if priorities is None else priorities[skip:]
+            k = size
+        start, reserved = self._ring.reserve(k, until, skip=skip)
+        try:
+            head = min(k, size - start)
+            for name, dst in self._fields.items():
+                src = rows[name]
+                dst[start : start + head] = src[:head]
+                dst[: k - head] = src[head:]
+        except BaseException:
+            self._ring.abandon(start, reserved)
+            raise
+        self._ring.publish(start, reserved, priorities, deadline=until)
+        return first
+
+    def add_one(self, fields: dict[str, Any], priority: float, timeout: float | None) -> int:
+        return self._ring.add_one(fields, priority, timeout)
+
+    def reset(self) -> None:
+        """Nothing to forget: a row store keeps no episode."""
+
+    def release_lane(self) -> None:
+        """Nothing to give back: every writer shares the one lane."""
+
+
+class WritePath:
+    """A writer's path from steps to its store: an optional :class:`NstepStage`, the
+    conversion and checks of rows and priorities, the store (see the module's docstring)."""
+
+    def __init__(
+        self,
+        specs: Mapping[str, FieldSpec],
+        store: Store,
+        ring: Ring,
+        nstep: NstepStage | None,
+        new_item_priority: Callable[[], float],
+    ):
+        """``new_item_priority``: the priority a folded row given NaN gets when stored (the
+        largest stored now)."""
+        self.store = store
+        self.nstep = nstep
+        self._specs = specs
+        self._ring = ring
+        self._new_item_priority = new_item_priority
+
+    def add(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int | None:
+        """What ``add`` stores: the rows ``fields``' steps complete, with ``priorities``
+        (None: the largest stored; one float for all, or one per step).  Returns the slot
+        of the first row stored, or None when the steps completed none."""
+        if self.nstep is not None:
+            rows, folded, commit = self.nstep.preview_add(fields, priorities, self._ring.check_priorities)
+            slot = self._store_converted(rows, folded, timeout, False)
+            commit()
+            return slot
+        if priorities is None or type(priorities) is float:
+            # One transition of Python scalars and exact arrays: the kernel's fast path.
+            if priorities is None:
+                priority = -1.0
+            elif 0.0 <= priorities <= self._ring.max_priority:  # False for NaN
+                priority = priorities
+            else:
+                priority = checks.number("priorities", priorities, low=0.0, high=self._ring.max_priority)
+            slot = self.store.add_one(fields, priority, timeout)
+            if slot >= 0:
+                return slot
+        k, rows = convert_batch(self._specs, fields)
+        if priorities is not None:
+            # Checked before anything is written (Ring.update checks its own input).
+            priorities = checks.priorities("priorities", priorities, k, max_priority=None)
+            self._ring.check_priorities(priorities)
+        return self.store.write(k, rows, priorities, timeout)
+
+    def end_episode(self, timeout: float | None) -> None:
+        """What ``on_episode_end`` stores: the rows of the pending steps (n-step), the last
+        next observation (compressed), and the end of the episode."""
+        if self.nstep is None:
+            self.store.write(0, {}, None, timeout, end_episode=True)
+            return
+        rows, folded, commit = self.nstep.preview_episode_end()
+        self._store_converted(rows, folded, timeout, True)
+        commit()
+
+    def load(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None) -> None:
+        """Store ``k`` converted rows of a saved buffer: already folded, and ending an episode
+        (so that a compressed store publishes the last row rather than wait for its successor)."""
+        self.store.write(k, rows, priorities, None, end_episode=True)
+
+    def _store_converted(
+        self, rows: dict[str, np.ndarray], priorities: np.ndarray | None, timeout: float | None, end_episode: bool
+    ) -> int | None:
+        """Store what the n-step stage emitted; None when it emitted nothing."""
+        k, converted = convert_batch(self._specs, rows)
+        if priorities is not None and np.isnan(priorities).any():
+            priorities = np.where(np.isnan(priorities), self._new_item_priority(), priorities)
+        return self.store.write(k, converted, priorities, timeout, end_episode) if k or end_episode else None
+
+    @property
+    def plain(self) -> bool:
+        """Whether steps go to the kernel as they are: no stage before a :class:`RowStore`.  A
+        path that is not keeps state between the steps of an episode, its writer's own."""
+        return self.nstep is None and isinstance(self.store, RowStore)
+
+    def forget(self) -> None:
+        """Drop the pending steps and the episode in progress (after a fork or clear)."""
+        if self.nstep is not None:
+            self.nstep.clear()
+        self.store.reset()
