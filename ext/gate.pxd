@@ -2,7 +2,8 @@
 # waits and wake-ups around them.  A table (ext/table.pyx) holds one; see ext/gate.pyx.
 from libc.stdint cimport int32_t, int64_t
 
-from mpreplay._ext.lock cimport SharedLock, ThreadLock
+from mpreplay._ext.lock cimport SharedLock
+from mpreplay._ext.thread_lock cimport ThreadLock
 
 
 cdef class Gate:

@@ -1,12 +1,9 @@
-# The locks of a table: the process-shared one that lives inside a segment, and a local
-# table's lock between threads; see ext/lock.pyx.  ext/gate.pyx takes and releases them
-# through the C-level calls below (no Python call per lock operation).
+# The lock of a shared table, which lives inside its segment; see ext/lock.pyx (a local table's
+# lock between threads is ext/thread_lock.pyx).  ext/gate.pyx takes and releases it through the
+# C-level calls below (no Python call per lock operation).
 from libc.stdint cimport int64_t, uint64_t
 
-
-cdef extern from "<pthread.h>":
-    ctypedef struct pthread_mutex_t:
-        pass
+from mpreplay._ext.mutex cimport pthread_mutex_t
 
 
 cdef struct LockWords:
@@ -34,12 +31,3 @@ cdef class SharedLock:
     cdef int _settle(self, int rc) except -1
     cdef int _recover(self) except -1
 
-
-cdef class ThreadLock:
-    cdef pthread_mutex_t* _mutex
-    cdef object __weakref__
-
-    # As SharedLock's: lock(limit) returns 1 once held, 0 when `limit` seconds passed first.
-    cdef int _renew(self) except -1
-    cdef int lock(self, double limit) except -1
-    cdef void unlock(self) noexcept nogil

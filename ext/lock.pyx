@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
-"""The locks of a replay table: a process-shared lock that lives inside a
-caller-owned byte region (:class:`SharedLock`), and the lock of a local table
-between the threads of one process (:class:`ThreadLock`).
+"""The lock of a shared replay table: a process-shared lock that lives inside a
+caller-owned byte region (:class:`SharedLock`).  A local table's lock between
+the threads of one process, :class:`ThreadLock`, is ext/thread_lock.pyx (this
+module gives it too, so both locks import from one place).
 
 The region is normally part of a ``multiprocessing.shared_memory`` segment, so
 every process that maps the segment shares the lock.  It holds a
@@ -47,17 +48,37 @@ Lifecycle
 """
 from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
-from libc.stdlib cimport free, malloc
 
 from mpreplay._ext.atomics cimport _atomic_load
+from mpreplay._ext.mutex cimport (
+    EBUSY,
+    EDEADLK,
+    EOWNERDEAD,
+    EPERM,
+    ETIMEDOUT,
+    FOREVER_S,
+    MPR_ROBUST,
+    PTHREAD_MUTEX_ERRORCHECK,
+    PTHREAD_PROCESS_SHARED,
+    check_rc,
+    mpr_mutex_consistent,
+    mpr_mutex_lock_within,
+    mpr_mutexattr_setrobust,
+    pthread_mutex_init,
+    pthread_mutex_trylock,
+    pthread_mutex_unlock,
+    pthread_mutexattr_destroy,
+    pthread_mutexattr_init,
+    pthread_mutexattr_setpshared,
+    pthread_mutexattr_settype,
+    pthread_mutexattr_t,
+)
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
-import os
-import weakref
+from mpreplay._ext.thread_lock import ThreadLock
 
 cdef extern from *:
     """
-    #include <errno.h>
     #include <pthread.h>
     #include <sched.h>
     #include <time.h>
@@ -86,76 +107,9 @@ cdef extern from *:
         mpr_refresh_pid();
         return pthread_atfork(NULL, NULL, mpr_refresh_pid);
     }
-
-    #if defined(__linux__) || defined(__FreeBSD__)
-    #define MPR_ROBUST 1
-    #define mpr_mutexattr_setrobust(attr) pthread_mutexattr_setrobust((attr), PTHREAD_MUTEX_ROBUST)
-    #define mpr_mutex_consistent(m) pthread_mutex_consistent(m)
-    #else
-    #define MPR_ROBUST 0
-    #define mpr_mutexattr_setrobust(attr) 0
-    #define mpr_mutex_consistent(m) 0
-    #endif
-
-    /* Wait at most ns nanoseconds for the mutex.  A monotonic deadline where
-       the C library takes one; a realtime deadline elsewhere, where a clock
-       step distorts the current slice (callers keep the overall deadline on
-       the monotonic clock). */
-    static int mpr_mutex_lock_within(pthread_mutex_t *m, long long ns) {
-        struct timespec t;
-    #if defined(__GLIBC__) && defined(__USE_GNU) && __GLIBC_PREREQ(2, 30)
-        const clockid_t clock = CLOCK_MONOTONIC;
-    #else
-        const clockid_t clock = CLOCK_REALTIME;
-    #endif
-        clock_gettime(clock, &t);
-        t.tv_sec += (time_t)(ns / 1000000000LL);
-        t.tv_nsec += (long)(ns % 1000000000LL);
-        if (t.tv_nsec >= 1000000000L) {
-            t.tv_sec += 1;
-            t.tv_nsec -= 1000000000L;
-        }
-    #if defined(__GLIBC__) && defined(__USE_GNU) && __GLIBC_PREREQ(2, 30)
-        return pthread_mutex_clocklock(m, clock, &t);
-    #elif MPR_ROBUST
-        return pthread_mutex_timedlock(m, &t);
-    #else
-        for (;;) {
-            struct timespec now, nap = {0, 200000};
-            int rc = pthread_mutex_trylock(m);
-            if (rc != EBUSY) return rc;
-            clock_gettime(clock, &now);
-            if (now.tv_sec > t.tv_sec || (now.tv_sec == t.tv_sec && now.tv_nsec >= t.tv_nsec)) return ETIMEDOUT;
-            nanosleep(&nap, NULL);
-        }
-    #endif
-    }
     """
-    ctypedef struct pthread_mutexattr_t:
-        pass
-    enum:
-        MPR_ROBUST
-        PTHREAD_PROCESS_SHARED
-        PTHREAD_MUTEX_ERRORCHECK
-        EBUSY
-        EDEADLK
-        EOWNERDEAD
-        EPERM
-        ETIMEDOUT
-    int pthread_mutexattr_init(pthread_mutexattr_t* attr)
-    int pthread_mutexattr_destroy(pthread_mutexattr_t* attr)
-    int pthread_mutexattr_setpshared(pthread_mutexattr_t* attr, int pshared)
-    int pthread_mutexattr_settype(pthread_mutexattr_t* attr, int kind)
-    int mpr_mutexattr_setrobust(pthread_mutexattr_t* attr)
-    int pthread_mutex_init(pthread_mutex_t* m, const pthread_mutexattr_t* attr)
-    int pthread_mutex_destroy(pthread_mutex_t* m)
-    int pthread_mutex_trylock(pthread_mutex_t* m) nogil
-    int pthread_mutex_lock(pthread_mutex_t* m) nogil
     void mpr_pause() nogil
     int sched_yield() nogil
-    int pthread_mutex_unlock(pthread_mutex_t* m) nogil
-    int mpr_mutex_consistent(pthread_mutex_t* m)
-    int mpr_mutex_lock_within(pthread_mutex_t* m, long long ns) nogil
     long long mpr_pid
     int mpr_track_pid()
     int MPR_CLOCK_COARSE
@@ -171,11 +125,8 @@ cdef int64_t _SLICE_NS = 50_000_000
 # learner sampling flat out kept 1-row writers of a small-observation buffer at a few
 # percent of their solo rate).
 cdef int64_t _SPIN_NS = 50_000
-# Timeouts beyond this many seconds (~285 years) mean "wait forever" and keep
-# the nanosecond arithmetic far from int64 overflow.
-cdef double _FOREVER_S = 9e9
 
-_check_rc(mpr_track_pid(), "pthread_atfork")
+check_rc(mpr_track_pid(), "pthread_atfork")
 
 LOCK_NBYTES = (<Py_ssize_t>sizeof(LockWords) + 63) // 64 * 64  # whole cache lines
 ROBUST = bool(MPR_ROBUST)
@@ -194,12 +145,6 @@ cdef inline int64_t _now_ns() noexcept nogil:
     cdef timespec t
     clock_gettime(CLOCK_MONOTONIC, &t)
     return <int64_t>t.tv_sec * 1_000_000_000 + t.tv_nsec
-
-
-cdef int _check_rc(int rc, str what) except -1:
-    if rc != 0:
-        raise OSError(rc, f"{what} failed: {os.strerror(rc)}")
-    return 0
 
 
 cdef double _timeout_seconds(double t) except -2.0:
@@ -277,14 +222,14 @@ cdef class SharedLock:
 
     cdef int _init_mutex(self) except -1:
         cdef pthread_mutexattr_t attr
-        _check_rc(pthread_mutexattr_init(&attr), "pthread_mutexattr_init")
+        check_rc(pthread_mutexattr_init(&attr), "pthread_mutexattr_init")
         try:
-            _check_rc(pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED), "pthread_mutexattr_setpshared")
+            check_rc(pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED), "pthread_mutexattr_setpshared")
             # Error-checking: releasing a lock this thread does not hold
             # reports EPERM instead of corrupting it, also where not robust.
-            _check_rc(pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ERRORCHECK), "pthread_mutexattr_settype")
-            _check_rc(mpr_mutexattr_setrobust(&attr), "pthread_mutexattr_setrobust")
-            _check_rc(pthread_mutex_init(&self._sh.mutex, &attr), "pthread_mutex_init")
+            check_rc(pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ERRORCHECK), "pthread_mutexattr_settype")
+            check_rc(mpr_mutexattr_setrobust(&attr), "pthread_mutexattr_setrobust")
+            check_rc(pthread_mutex_init(&self._sh.mutex, &attr), "pthread_mutex_init")
         finally:
             pthread_mutexattr_destroy(&attr)
         self._sh.recoveries = 0
@@ -315,13 +260,13 @@ cdef class SharedLock:
         return self.lock(-1.0 if timeout is None else _timeout_seconds(timeout)) == 1
 
     cdef int lock(self, double limit) except -1:
-        # 1: held, 0: timed out.  ``limit`` < 0 (or beyond _FOREVER_S) waits forever.
+        # 1: held, 0: timed out.  ``limit`` < 0 (or beyond FOREVER_S) waits forever.
         cdef int64_t start, waited = 0
         cdef int rc = pthread_mutex_trylock(&self._sh.mutex)
         if rc == EBUSY:
             if limit == 0.0:
                 return 0
-            if limit > _FOREVER_S:
+            if limit > FOREVER_S:
                 limit = -1.0
             start = _now_ns()
             with nogil:
@@ -386,11 +331,11 @@ cdef class SharedLock:
         if rc == EOWNERDEAD:
             self._sh.pending = 1
             self._sh.recoveries += 1
-            _check_rc(mpr_mutex_consistent(&self._sh.mutex), "pthread_mutex_consistent")
+            check_rc(mpr_mutex_consistent(&self._sh.mutex), "pthread_mutex_consistent")
         elif rc == EDEADLK:
             raise RuntimeError("acquire: this thread already holds the lock (it is not reentrant)")
         else:
-            _check_rc(rc, "acquire: pthread_mutex_lock")
+            check_rc(rc, "acquire: pthread_mutex_lock")
         return 0
 
     cdef int _recover(self) except -1:
@@ -416,7 +361,7 @@ cdef class SharedLock:
             self._sh.holder = holder  # not ours to clear
 
             raise RuntimeError("release: this thread does not hold the lock")
-        return _check_rc(rc, "release: pthread_mutex_unlock")
+        return check_rc(rc, "release: pthread_mutex_unlock")
 
     def __enter__(self) -> SharedLock:
         self.lock(-1.0)
@@ -439,69 +384,3 @@ cdef class SharedLock:
     def __reduce__(self):
         raise TypeError("SharedLock cannot be pickled: pass the segment's name and attach with create=False")
 
-
-cdef class ThreadLock:
-    """The lock of a local table, between the threads of its one process; every
-    handle of the table (its episode writers too) takes the same one.
-
-    A plain pthread mutex: taking it when free reads no clock and makes no
-    system call (a Python lock's non-blocking try reads the clock).  Like
-    SharedLock it belongs to the thread that took it; the caller (the gate)
-    releases it only from that thread.
-    """
-
-    def __cinit__(self):
-        self._renew()
-        _THREAD_LOCKS.add(self)
-
-    def __dealloc__(self):
-        if self._mutex != NULL:
-            pthread_mutex_destroy(self._mutex)
-            free(self._mutex)
-
-    cdef int _renew(self) except -1:
-        # The lock a thread of a parent held at a fork stays held in the child, where
-        # that thread does not exist: the child takes a fresh one.  The old one is
-        # left as it is (a few bytes): destroying a mutex held by a thread that does
-        # not exist is undefined.
-        cdef pthread_mutex_t* m = <pthread_mutex_t*>malloc(sizeof(pthread_mutex_t))
-        cdef int rc
-        if m == NULL:
-            raise MemoryError("cannot allocate a lock")
-        rc = pthread_mutex_init(m, NULL)
-        if rc != 0:
-            free(m)
-            _check_rc(rc, "pthread_mutex_init")
-        self._mutex = m
-        return 0
-
-    cdef int lock(self, double limit) except -1:
-        # 1: held, 0: timed out.  ``limit`` < 0 (or beyond _FOREVER_S) waits forever.
-        cdef int rc = pthread_mutex_trylock(self._mutex)
-        if rc == EBUSY:
-            if limit == 0.0:
-                return 0
-            if limit < 0.0 or limit > _FOREVER_S:
-                with nogil:
-                    rc = pthread_mutex_lock(self._mutex)
-            else:
-                with nogil:
-                    rc = mpr_mutex_lock_within(self._mutex, <long long>(limit * 1e9))
-                if rc == ETIMEDOUT:
-                    return 0
-        _check_rc(rc, "ThreadLock: pthread_mutex_lock")
-        return 1
-
-    cdef void unlock(self) noexcept nogil:
-        pthread_mutex_unlock(self._mutex)
-
-
-_THREAD_LOCKS = weakref.WeakSet()
-
-
-def _renew_thread_locks():
-    for lock in list(_THREAD_LOCKS):
-        (<ThreadLock>lock)._renew()
-
-
-os.register_at_fork(after_in_child=_renew_thread_locks)

@@ -14,9 +14,18 @@ import numpy as np
 # another process read the segment without the buffer's configuration.
 MANIFEST_ARRAY = "manifest"
 MANIFEST_NBYTES = 16384
+# The arrays of schema.pxd's enums (the header's counters, the rate limiter's settings, the lane
+# and writer rows), then per slot its generation, reserving writer and state.
+HEADER_ARRAY = "header"
+LIMITS_ARRAY = "limits"
+LANES_ARRAY = "lanes"
 WRITERS_ARRAY = "writers"
+GENERATION_ARRAY = "generation"
+OWNER_ARRAY = "owner"
+STATE_ARRAY = "state"
 
-# The selector's one array: a sum tree (prioritized selection) or the packed members (uniform).
+# The selector's one array: a sum tree (prioritized selection), the packed members (uniform), or
+# selector_array(name) for the others (mpreplay.selectors).
 TREE_ARRAY = "tree"
 MEMBERS_ARRAY = "members"
 
@@ -38,6 +47,19 @@ def field_array(str name):
 def frames_array(str key):
     """The array holding the frames of compressed observation ``key``."""
     return f"frames:{key}"
+
+
+def selector_array(str name):
+    """The array of registered selector ``name`` when its entry names none of its own."""
+    return f"selector:{name}"
+
+
+# Compressed buffers, per slot: the slot of its next observation, and how many frames of its
+# episode come before it (ext/frames.pyx).
+NEXT_ARRAY = "nxt"
+DEPTH_ARRAY = "depth"
+# The SharedLock of a shared segment (ext/lock.pyx); a local buffer has none.
+LOCK_ARRAY = "lock"
 
 
 # The uncompressed fields of a slot side by side in one row of this array (see row_layout).
@@ -70,7 +92,7 @@ def segment_arrays(Py_ssize_t size, Py_ssize_t lanes, tuple selector, list field
     """``(name, shape, dtype)`` of every array of a buffer, in layout order.
 
     ``selector``: ``(name, length, dtype)`` of the selector's one array (TREE_ARRAY for
-    prioritized selection, MEMBERS_ARRAY for uniform); ``fields``: ``(name, shape, dtype)`` of
+    prioritized selection, MEMBERS_ARRAY for uniform, else selector_array(name)); ``fields``: ``(name, shape, dtype)`` of
     the uncompressed fields; ``frames``:
     ``(key, frame_shape, dtype)`` of the compressed observations, or None for an
     uncompressed buffer; ``lock_nbytes``: 0 for a buffer without a lock; ``sequences``:
@@ -79,13 +101,13 @@ def segment_arrays(Py_ssize_t size, Py_ssize_t lanes, tuple selector, list field
     per slot (TIMES_SAMPLED_ARRAY, a buffer with ``max_times_sampled``).
     """
     out = [(MANIFEST_ARRAY, (MANIFEST_NBYTES,), np.uint8),
-           ("header", (HEADER_LEN,), np.int64),
-           ("limits", (LIMITS_LEN,), np.float64),
-           ("lanes", (lanes, LANE_LEN), np.int64),
+           (HEADER_ARRAY, (HEADER_LEN,), np.int64),
+           (LIMITS_ARRAY, (LIMITS_LEN,), np.float64),
+           (LANES_ARRAY, (lanes, LANE_LEN), np.int64),
            (WRITERS_ARRAY, (MAX_WRITERS, WRITER_LEN), np.int64),
-           ("generation", (size,), np.uint64),
-           ("owner", (size,), np.int64),
-           ("state", (size,), np.uint8),
+           (GENERATION_ARRAY, (size,), np.uint64),
+           (OWNER_ARRAY, (size,), np.int64),
+           (STATE_ARRAY, (size,), np.uint8),
            (selector[0], (selector[1],), selector[2])]
     if times_sampled:
         out.append((TIMES_SAMPLED_ARRAY, (size,), np.int64))
@@ -94,12 +116,12 @@ def segment_arrays(Py_ssize_t size, Py_ssize_t lanes, tuple selector, list field
     else:
         out += [(field_array(name), (size,) + tuple(shape), dtype) for name, shape, dtype in fields]
     if frames is not None:
-        out += [("nxt", (size,), np.int64), ("depth", (size,), np.uint8)]
+        out += [(NEXT_ARRAY, (size,), np.int64), (DEPTH_ARRAY, (size,), np.uint8)]
         out += [(frames_array(key), (size,) + tuple(shape), dtype) for key, shape, dtype in frames]
     if sequences:
         out += [(SEQUENCE_STEPS_ARRAY, (size,), np.int32), (EPISODE_STEP_ARRAY, (size,), np.int64),
                 (EPISODE_START_ARRAY, (size,), np.uint8)]
     if lock_nbytes:
-        out.append(("lock", (lock_nbytes,), np.uint8))
+        out.append((LOCK_ARRAY, (lock_nbytes,), np.uint8))
     return out
 

@@ -27,6 +27,7 @@ from . import checks
 from ._ext.schema import (
     INSERTS,
     LANE_CURSOR,
+    LIMITS_ARRAY,
     LOCK_HOLDS,
     LOCK_WAIT_NS,
     RESERVED,
@@ -165,7 +166,7 @@ class ReplayBuffer(BufferFiles):
         )
         self._memory = self._allocate(self._layout())
         if rate_limiter is not None:
-            self._memory.arrays["limits"][:] = rate_limiter.to_array()
+            self._memory.arrays[LIMITS_ARRAY][:] = rate_limiter.to_array()
         self._bind(create=True, rng=np.random.default_rng(seed))
 
     def close(self) -> None:

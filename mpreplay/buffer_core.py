@@ -24,12 +24,19 @@ from ._ext.processes import process_token
 from ._ext.ring import Ring
 from ._ext.schema import (
     EPISODE_STEP_ARRAY,
+    GENERATION_ARRAY,
+    HEADER_ARRAY,
     LANE_CURSOR,
     LANE_END,
     LANE_START,
+    LANES_ARRAY,
+    LIMITS_ARRAY,
     MANIFEST_ARRAY,
+    NEXT_ARRAY,
+    OWNER_ARRAY,
     ROWS_ARRAY,
     SEQUENCE_STEPS_ARRAY,
+    STATE_ARRAY,
     TIMES_SAMPLED_ARRAY,
     WRITERS_ARRAY,
     field_array,
@@ -194,12 +201,12 @@ class BufferCore(BufferCalls):
     def _bind(self, create: bool, rng: np.random.Generator) -> None:
         """Make views of the memory's arrays; ``create`` initialises them."""
         arrays = self._memory.arrays
-        self._header = arrays["header"]
-        self._generation = arrays["generation"]
+        self._header = arrays[HEADER_ARRAY]
+        self._generation = arrays[GENERATION_ARRAY]
         self._selector = self._make_selector(arrays[self._selector_array()[0]], create)
         c = self._compression
         self._fields = {name: arrays[field_array(name)] for name in self._specs if field_array(name) in arrays}
-        self._lanes = arrays["lanes"]
+        self._lanes = arrays[LANES_ARRAY]
         if create:
             if c is None:
                 self._lanes[0, [LANE_START, LANE_CURSOR, LANE_END]] = 0, 0, self._size
@@ -218,13 +225,13 @@ class BufferCore(BufferCalls):
             if self._sequence is None
             else Sequences(arrays[SEQUENCE_STEPS_ARRAY], self._lanes, self._sequence.length)
         )
-        self._gate = gate = Gate(self._header, arrays["limits"], self._make_lock(create))
+        self._gate = gate = Gate(self._header, arrays[LIMITS_ARRAY], self._make_lock(create))
         slots = Slots(
             self._header,
             self._lanes,
             self._generation,
-            arrays["owner"],
-            arrays["state"],
+            arrays[OWNER_ARRAY],
+            arrays[STATE_ARRAY],
             arrays[WRITERS_ARRAY],
             self._selector,
             self._frames,
@@ -341,7 +348,7 @@ class BufferCore(BufferCalls):
             arrays = self._memory.arrays
             for name, key, nxt, shape, dtype in self._compression.make_frames(self._specs, arrays)[1]:
                 out = np.empty((len(slots),) + shape, dtype=dtype)
-                self._frames.rebuild_into(key, arrays["nxt"][slots] if nxt else slots, out)
+                self._frames.rebuild_into(key, arrays[NEXT_ARRAY][slots] if nxt else slots, out)
                 rows[name] = out
             rows = {name: rows[name] for name in self._specs}
         return rows

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from . import checks, fileformat
+from ._ext.schema import DEPTH_ARRAY
 from .buffer_core import BufferCore
 from .compression import FrameWriter
 from .saved_episodes import load_episodes, split_episodes, stack_age, transition_episodes
@@ -69,7 +70,7 @@ class BufferFiles(BufferCore):
     def _copy_rows_and_depths(self, slots: np.ndarray) -> dict[str, np.ndarray]:
         """:meth:`_copy_rows`, and in ``rows[_DEPTH]`` each slot's earlier frames in its episode."""
         rows = self._copy_rows(slots)
-        rows[_DEPTH] = self._memory.arrays["depth"][slots]
+        rows[_DEPTH] = self._memory.arrays[DEPTH_ARRAY][slots]
         return rows
 
     def _saved_priorities(self, priorities: Any) -> bool:

@@ -35,7 +35,17 @@ from ._ext.frame_plan import Episode
 from ._ext.frames import Frames
 from ._ext.gate import deadline
 from ._ext.ring import Ring
-from ._ext.schema import LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, field_array, frames_array
+from ._ext.schema import (
+    DEPTH_ARRAY,
+    LANE_CURSOR,
+    LANE_END,
+    LANE_OWNER,
+    LANE_START,
+    LANES_ARRAY,
+    NEXT_ARRAY,
+    field_array,
+    frames_array,
+)
 from .spec import FieldSpec
 
 __all__ = ["Compression", "FrameWriter", "with_next_fields"]
@@ -146,7 +156,7 @@ class Compression:
             outputs.append((key, i, False, specs[key].shape, specs[key].dtype))
             if key in self.next_of:
                 outputs.append((f"next_{key}", i, True, specs[key].shape, specs[key].dtype))
-        frames = Frames(arrays["nxt"], arrays["depth"], arrays["lanes"], stores, _MAX_NEXT)
+        frames = Frames(arrays[NEXT_ARRAY], arrays[DEPTH_ARRAY], arrays[LANES_ARRAY], stores, _MAX_NEXT)
         return frames, outputs
 
 
@@ -201,8 +211,8 @@ class FrameWriter:
         return Episode(
             self._planner,
             [arrays[frames_array(key)] for key in keys],
-            arrays["nxt"],
-            arrays["depth"],
+            arrays[NEXT_ARRAY],
+            arrays[DEPTH_ARRAY],
             tuple(self._specs[key].shape for key in keys),
             tuple(self._specs[key].dtype for key in keys),
             tuple(self._flag_names),
@@ -340,7 +350,7 @@ class FrameWriter:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Reserve, copy and publish what ``plan`` laid out, then move the episode past it."""
         episode, ring, lane = self._episode, self._ring, self._episode.lane
-        lo, hi = self._arrays["lanes"][lane, [LANE_START, LANE_END]]
+        lo, hi = self._arrays[LANES_ARRAY][lane, [LANE_START, LANE_END]]
         if plan.items > hi - lo:
             raise ValueError(f"add: {plan.items} slots at once exceed the lane's {hi - lo}; add fewer rows per call")
         if priorities is not None:
@@ -393,7 +403,7 @@ class FrameWriter:
     def claim_lane(self, timeout: float | None = None) -> int:
         """Hold a lane from now on (one claimed now if this writer has none); returns its slots.
         Raises ValueError when every lane has a live writer."""
-        lo, hi = self._arrays["lanes"][self._claim(deadline(timeout)), [LANE_START, LANE_END]]
+        lo, hi = self._arrays[LANES_ARRAY][self._claim(deadline(timeout)), [LANE_START, LANE_END]]
         return int(hi - lo)
 
     def load_episode(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None, first: int) -> None:

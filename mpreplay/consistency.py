@@ -23,24 +23,33 @@ from ._ext.processes import describe_process
 from ._ext.schema import (
     CLOSED,
     COMPLETE,
+    DEPTH_ARRAY,
     EMPTY,
     EPOCH,
+    GENERATION_ARRAY,
+    HEADER_ARRAY,
     INSERTS,
     LANE_CURSOR,
     LANE_END,
     LANE_START,
+    LANES_ARRAY,
     LIMIT_MAX_DIFF,
     LIMIT_MIN_DIFF,
     LIMIT_MIN_SIZE,
     LIMIT_ON,
     LIMIT_SPI,
+    LIMITS_ARRAY,
+    LOCK_ARRAY,
     LOCK_HOLDS,
     LOCK_WAIT_NS,
     MEMBERS_ARRAY,
+    NEXT_ARRAY,
+    OWNER_ARRAY,
     RESERVED,
     SAMPLES,
     SEQUENCE_STEPS_ARRAY,
     STALE,
+    STATE_ARRAY,
     STORED,
     TORN,
     TREE_ARRAY,
@@ -84,8 +93,8 @@ def check_arrays(
     disagreement found.
     """
     problems: list[str] = []
-    state, generation, owner = arrays["state"], arrays["generation"], arrays["owner"]
-    header = arrays["header"]
+    state, generation, owner = arrays[STATE_ARRAY], arrays[GENERATION_ARRAY], arrays[OWNER_ARRAY]
+    header = arrays[HEADER_ARRAY]
     odd = (generation & 1).astype(bool)
     _where(
         problems, (state != EMPTY) & (state != COMPLETE) & (state != WAITING), "state: not EMPTY, COMPLETE or WAITING"
@@ -104,18 +113,18 @@ def check_arrays(
             f"header INSERTS: {int(header[INSERTS])} published, more than the {int(header[RESERVED])} RESERVED"
         )
     _check_writers(problems, arrays[WRITERS_ARRAY], int(header[INSERTS]))
-    _check_limits(problems, arrays["limits"])
-    lanes_sound = _check_lanes(problems, arrays["lanes"], capacity)
+    _check_limits(problems, arrays[LIMITS_ARRAY])
+    lanes_sound = _check_lanes(problems, arrays[LANES_ARRAY], capacity)
 
     drawable = (state == COMPLETE) & ~odd
-    if "nxt" in arrays and lanes_sound:
-        _check_frames(problems, arrays["nxt"], arrays["depth"], drawable, odd, arrays["lanes"])
+    if NEXT_ARRAY in arrays and lanes_sound:
+        _check_frames(problems, arrays[NEXT_ARRAY], arrays[DEPTH_ARRAY], drawable, odd, arrays[LANES_ARRAY])
     if sequence_length is not None:
         steps = arrays[SEQUENCE_STEPS_ARRAY]
         _where(problems, (steps < 0) | (steps > sequence_length), f"sequence_steps: outside 0..{sequence_length}")
         _where(problems, (steps > 0) & ~drawable, "sequence_steps: a sequence starts at a slot not COMPLETE")
         if lanes_sound:  # a sequence's window is walked in its lane
-            _check_sequence_steps(problems, steps, drawable, arrays["lanes"])
+            _check_sequence_steps(problems, steps, drawable, arrays[LANES_ARRAY])
         drawable &= steps > 0
     if TREE_ARRAY in arrays:
         _check_tree(problems, arrays[TREE_ARRAY], capacity, drawable)
@@ -132,7 +141,7 @@ def check_arrays(
         "waiting": int(np.count_nonzero(state == WAITING)),
         "being_written": int(np.count_nonzero(odd)),
         "drawable": int(np.count_nonzero(drawable)),
-        "lanes": len(arrays["lanes"]),
+        "lanes": len(arrays[LANES_ARRAY]),
     }
 
 
@@ -144,12 +153,12 @@ def verify_segment(name: str, timeout: float | None = None, shm_dir: str = SHM_D
     raises RuntimeError saying so (the lock counts the death all the same)."""
     with BufferView(name, shm_dir, writable=True) as view:
         sequence = view.document["sequence"]
-        if "lock" not in view.arrays:
+        if LOCK_ARRAY not in view.arrays:
             raise ValueError(f"{name}: the segment has no lock to check it under")
-        lock = SharedLock(view.arrays["lock"], False, on_recover=_refuse_repair)
+        lock = SharedLock(view.arrays[LOCK_ARRAY], False, on_recover=_refuse_repair)
         try:
             if not lock.acquire(timeout):
-                holder = read_holder(view.arrays["lock"])
+                holder = read_holder(view.arrays[LOCK_ARRAY])
                 who = "another process" if holder is None else f"{describe_process(holder[0])}, for {holder[1]:.1f} s"
                 raise TimeoutError(f"{name}: timed out waiting for the lock, held by {who}")
             try:

@@ -31,7 +31,7 @@ import numpy as np
 
 from . import checks
 from ._ext.gate import deadline
-from ._ext.schema import TREE_ARRAY
+from ._ext.schema import HEADER_ARRAY, TREE_ARRAY
 from ._ext.slots import FAULT_SITES, arm_fault
 from ._ext.sumtree import leaf_views
 from .consistency import COUNTERS, check_arrays
@@ -97,7 +97,7 @@ class Inspection:
 
     def counters(self) -> dict[str, int]:
         """The header's counters by name, as they are now (read without the lock)."""
-        header = self._memory.arrays["header"]
+        header = self._memory.arrays[HEADER_ARRAY]
         return {name: int(header[at]) for name, at in COUNTERS.items()}
 
     def priorities(self, indexes: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -31,9 +31,13 @@ from . import selectors
 from ._ext.lock import LOCK_NBYTES
 from ._ext.processes import token_pid
 from ._ext.schema import (
+    HEADER_ARRAY,
     HEADER_LEN,
     LANE_LEN,
+    LANES_ARRAY,
+    LIMITS_ARRAY,
     LIMITS_LEN,
+    LOCK_ARRAY,
     MANIFEST_NBYTES,
     MAX_WRITERS,
     WRITER_LEN,
@@ -57,12 +61,12 @@ _LATEST = 32503680000.0  # 3000-01-01: a later creation time is damage (and beyo
 # The arrays readers from outside index (monitor.py), with their dtype and this version's shape
 # (None: any length, at least one).  Attaching compares the whole layout with its own.
 _READ = {
-    "header": (np.dtype(np.int64), (HEADER_LEN,)),
-    "limits": (np.dtype(np.float64), (LIMITS_LEN,)),
-    "lanes": (np.dtype(np.int64), (None, LANE_LEN)),
+    HEADER_ARRAY: (np.dtype(np.int64), (HEADER_LEN,)),
+    LIMITS_ARRAY: (np.dtype(np.float64), (LIMITS_LEN,)),
+    LANES_ARRAY: (np.dtype(np.int64), (None, LANE_LEN)),
     WRITERS_ARRAY: (np.dtype(np.int64), (MAX_WRITERS, WRITER_LEN)),
 }
-_IF_THERE = {"lock": (np.dtype(np.uint8), (LOCK_NBYTES,))}  # local buffers have no lock in their memory
+_IF_THERE = {LOCK_ARRAY: (np.dtype(np.uint8), (LOCK_NBYTES,))}  # local buffers have no lock in their memory
 
 
 class ManifestError(ValueError):

@@ -29,12 +29,16 @@ from ._ext.lock import read_holder, read_recoveries
 from ._ext.processes import describe_process, token_alive, token_pid
 from ._ext.schema import (
     CLOSED,
+    HEADER_ARRAY,
     INSERTS,
     LANE_OWNER,
+    LANES_ARRAY,
     LIMIT_MAX_DIFF,
     LIMIT_MIN_SIZE,
     LIMIT_ON,
     LIMIT_SPI,
+    LIMITS_ARRAY,
+    LOCK_ARRAY,
     LOCK_HOLDS,
     LOCK_WAIT_NS,
     SAMPLES,
@@ -43,6 +47,7 @@ from ._ext.schema import (
     TORN,
     WRITER_INSERTS,
     WRITER_TOKEN,
+    WRITERS_ARRAY,
 )
 from .memory import SEGMENT_PREFIX
 
@@ -221,17 +226,17 @@ class BufferView:
 
     def read(self) -> Reading:
         """The counters now."""
-        writers = self.arrays["writers"]
+        writers = self.arrays[WRITERS_ARRAY]
         return Reading(
             time.monotonic(),
-            self.arrays["header"].copy(),
+            self.arrays[HEADER_ARRAY].copy(),
             {int(t): int(n) for t, n in zip(writers[:, WRITER_TOKEN], writers[:, WRITER_INSERTS], strict=True) if t},
         )
 
     def limiter(self) -> dict[str, float | None] | None:
         """The rate limiter's settings, or None: ``samples_per_insert`` (None for a limiter that
         only waits for ``min_size``, whose sample/insert bounds are infinite) and ``min_size``."""
-        limits = self.arrays["limits"]
+        limits = self.arrays[LIMITS_ARRAY]
         if not limits[LIMIT_ON]:
             return None
         ratio = float(limits[LIMIT_SPI]) if np.isfinite(limits[LIMIT_MAX_DIFF]) else None
@@ -239,15 +244,15 @@ class BufferView:
 
     def lock_holder(self) -> tuple[int, float] | None:
         """``(pid, seconds)`` of the process holding the lock now, or None."""
-        return read_holder(self.arrays["lock"]) if "lock" in self.arrays else None
+        return read_holder(self.arrays[LOCK_ARRAY]) if LOCK_ARRAY in self.arrays else None
 
     def lock_recoveries(self) -> int:
         """How many times a process died holding the lock and the next holder repaired the buffer."""
-        return (read_recoveries(self.arrays["lock"]) or 0) if "lock" in self.arrays else 0
+        return (read_recoveries(self.arrays[LOCK_ARRAY]) or 0) if LOCK_ARRAY in self.arrays else 0
 
     def lanes(self) -> dict[int, int]:
         """Writer token -> the lane it fills, for buffers whose writers have lanes (compressed)."""
-        owners = self.arrays["lanes"][:, LANE_OWNER]
+        owners = self.arrays[LANES_ARRAY][:, LANE_OWNER]
         return {int(t): lane for lane, t in enumerate(owners) if t} if len(owners) > 1 else {}
 
     def priorities(self) -> np.ndarray | None:
@@ -259,7 +264,7 @@ class BufferView:
     @property
     def closed(self) -> bool:
         """Whether the owner closed the buffer."""
-        return bool(self.arrays["header"][CLOSED])
+        return bool(self.arrays[HEADER_ARRAY][CLOSED])
 
     def close(self) -> None:
         self.arrays = {}

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from . import checks
-from ._ext.schema import MEMBERS_ARRAY, TREE_ARRAY
+from ._ext.schema import MEMBERS_ARRAY, TREE_ARRAY, selector_array
 
 __all__ = [
     "SELECTORS",
@@ -82,11 +82,11 @@ class SelectorEntry:
     by_priority: bool = False  # it draws by the priorities given (a prioritized buffer's selector)
     ordered: bool = False  # a batch is the first k items in its order (see the module docstring)
     options: Callable[..., dict[str, Any]] = field(default=_no_options, repr=False)  # checked -> kernel kwargs
-    array: str = ""  # its array in the segment; "" -> "selector:<name>"
+    array: str = ""  # its array in the segment; "" -> schema.selector_array(name)
 
     @property
     def array_name(self) -> str:
-        return self.array or f"selector:{self.name}"
+        return self.array or selector_array(self.name)
 
 
 SELECTORS: tuple[SelectorEntry, ...] = (

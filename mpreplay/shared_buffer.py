@@ -13,7 +13,7 @@ import numpy as np
 
 from . import manifest
 from ._ext.lock import LOCK_NBYTES, SharedLock
-from ._ext.schema import LOCK_HOLDS, LOCK_WAIT_NS
+from ._ext.schema import LOCK_ARRAY, LOCK_HOLDS, LOCK_WAIT_NS, STATE_ARRAY
 from ._ext.slots import recover
 from .buffer import ReplayBuffer
 from .buffer_core import BufferCore, open_handle
@@ -59,12 +59,12 @@ class SharedMemoryBuffer(BufferCore):
         arrays = self._memory.arrays
         self._thread_lock = None  # processes take the segment's lock
         self._lock = SharedLock(
-            arrays["lock"],
+            arrays[LOCK_ARRAY],
             create,
             on_recover=functools.partial(
                 recover,
                 self._generation,
-                arrays["state"],
+                arrays[STATE_ARRAY],
                 self._header,
                 self._selector,
                 self._sequences,

@@ -19,6 +19,7 @@ import pytest
 
 import mpreplay
 from mpreplay import IncompatibleSegmentError, SharedMemoryError, manifest
+from mpreplay._ext.schema import OWNER_ARRAY, STATE_ARRAY
 
 METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 pytestmark = pytest.mark.timeout(120, method="thread")
@@ -89,6 +90,32 @@ def test_a_handle_refuses_a_segment_of_another_layout_and_names_the_first_differ
         f"array 5: 'generation' of shape (64,) <u8 at offset {offset + 64} in the segment, "
         f"'generation' of shape (64,) <u8 at offset {offset} expected"
     ) in message
+
+
+def _renamed(name: str, new: str) -> Callable[[dict[str, Any]], None]:
+    return lambda d: damage.entry(d, name).__setitem__(0, new)
+
+
+def _dropped(name: str) -> Callable[[dict[str, Any]], None]:
+    return lambda d: d["arrays"].remove(damage.entry(d, name))
+
+
+@METHODS
+@pytest.mark.parametrize(
+    "change, found, expected",
+    [(_renamed(OWNER_ARRAY, "owners"), "owners", OWNER_ARRAY), (_dropped(STATE_ARRAY), "tree", STATE_ARRAY)],
+    ids=["renamed", "dropped"],
+)
+def test_a_handle_refuses_a_segment_whose_list_of_arrays_differs_and_names_the_array(method, change, found, expected):
+    with damage.prioritized() as buffer:
+        arrays = damage.document(damage.segment_bytes(buffer))["arrays"]
+        at = [entry[0] for entry in arrays].index(expected)
+        offset = arrays[at][3]
+        with _manifest_rewritten(buffer, change):
+            kind, message = _attach_in(method, pickle.dumps(buffer))
+    assert kind == "IncompatibleSegmentError", message
+    assert f"array {at}: {found!r} of shape" in message
+    assert f"{expected!r} of shape (64,) {arrays[at][2]} at offset {offset} expected" in message
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,7 @@ KERNELS = (
     "ring",
     "calls",
     "lock",
+    "thread_lock",
     "discount",
     "termination",
 )
