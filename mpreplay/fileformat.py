@@ -85,10 +85,12 @@ import numpy as np
 from . import checks
 from ._version import __version__
 from .npz_archive import (
+    NPY_HEADERS,
     File,
     TransitionFileError,
     damaged,
     open_archive,
+    read_npy_header,
     short,
     write_archive,
 )
@@ -114,7 +116,6 @@ _KEYS_V1 = {"format_version", "mpreplay_version", "fields", "nstep", "compressio
 _KEYS = {1: _KEYS_V1, 2: _KEYS_V1 | {"episodes"}}
 _MAX_METADATA_BYTES = 1 << 20
 _CHUNK = 1 << 22  # bytes read from a member at a time: no second copy of a large array
-_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
 # -- public API --------------------------------------------------------------------------------
@@ -433,9 +434,9 @@ def _read_array(archive: zipfile.ZipFile, name: str, shape: tuple[int, ...] | No
     info = archive.getinfo(f"{name}.npy")
     with damaged(f"array {name!r} is damaged or truncated"), archive.open(info) as member:
         version = np.lib.format.read_magic(member)
-        if version not in _NPY_HEADERS:
+        if version not in NPY_HEADERS:
             raise TransitionFileError(f"file: array {name!r} has .npy format version {version}, expected 1.0 or 2.0")
-        file_shape, fortran, file_dtype = _NPY_HEADERS[version](member)
+        file_shape, fortran, file_dtype = read_npy_header(version, member)
         if shape is None and len(file_shape) == 1 and file_shape[0] <= _MAX_METADATA_BYTES:
             shape = file_shape
         if fortran or file_shape != shape or file_dtype.newbyteorder("=") != dtype:

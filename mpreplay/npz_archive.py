@@ -16,6 +16,7 @@ import os
 import secrets
 import struct
 import tokenize
+import warnings
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -27,7 +28,20 @@ import numpy as np
 if TYPE_CHECKING:
     from typing_extensions import TypeIs  # typing's own from Python 3.13
 
-__all__ = ["File", "TransitionFileError", "damaged", "open_archive", "short", "write_archive"]
+__all__ = [
+    "NPY_HEADERS",
+    "File",
+    "TransitionFileError",
+    "damaged",
+    "open_archive",
+    "quiet_npy_parser",
+    "read_npy_header",
+    "short",
+    "write_archive",
+]
+
+# numpy's readers of a .npy header, by the format versions its savez writes.
+NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 # The most bytes one compressed byte of a member holds, by zip compression method (deflate: 1032).
 _INFLATION = {zipfile.ZIP_STORED: 1, zipfile.ZIP_DEFLATED: 1032}
@@ -53,6 +67,25 @@ _DAMAGE = (
 )
 
 File = Union[str, "os.PathLike[str]", IO[bytes]]
+
+
+@contextlib.contextmanager
+def quiet_npy_parser() -> Iterator[None]:
+    """Read ``.npy`` headers inside the block without the warnings of numpy's parser.
+
+    numpy evaluates a header's text as a Python literal: a damaged one may hold an escape Python
+    warns about (a SyntaxWarning from 3.12, on the user's screen), where what matters is the error
+    the header then raises, which :func:`damaged` reports."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", (DeprecationWarning, SyntaxWarning))
+        yield
+
+
+def read_npy_header(version: tuple[int, int], stream: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """``(shape, fortran_order, dtype)`` from the ``.npy`` header of ``version`` (a key of
+    :data:`NPY_HEADERS`) at ``stream`` (see :func:`quiet_npy_parser`)."""
+    with quiet_npy_parser():
+        return NPY_HEADERS[version](stream)
 
 
 class TransitionFileError(ValueError):

@@ -14,6 +14,7 @@ import math
 import random
 import struct
 import tracemalloc
+import warnings
 import zipfile
 from collections.abc import Callable
 from typing import Any
@@ -27,13 +28,7 @@ from mpreplay.compat.cpprb_files import read_cpprb_transitions
 from mpreplay.fileformat import TransitionFileError
 
 ENV = {"obs": {"shape": (3,)}, "act": {"dtype": np.int64}, "rew": {}, "done": {"dtype": np.uint8}}
-pytestmark = [
-    pytest.mark.timeout(120, method="thread"),
-    # numpy parses a .npy header with Python's parser, which warns of a damaged header's stray backslash
-    # (DeprecationWarning, SyntaxWarning since Python 3.12) before the reader refuses the file.
-    pytest.mark.filterwarnings("ignore:invalid escape sequence:DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore:invalid escape sequence:SyntaxWarning"),
-]
+pytestmark = pytest.mark.timeout(120, method="thread")
 
 # -- archives, taken apart and put together ------------------------------------------------------
 
@@ -177,6 +172,20 @@ def test_load_transitions_refuses_any_damage_with_transition_file_error_and_chan
 
 
 ROWS = 10**8  # what a damaged file claims: 2.5 GB of rows, in an archive of a few kilobytes
+
+
+def test_a_header_holding_an_escape_python_warns_about_is_refused_without_a_warning():
+    # numpy evaluates a header's text as a literal: "\\d" in it is an escape Python warns about.
+    members = _members(FILES["stored"])
+    npy = members["rew.npy"]
+    at = npy.index(b"'descr': '") + len(b"'descr': '")
+    members["rew.npy"] = npy[:at] + b"\\d" + npy[at + 2 :]  # '<f4' -> '\d4', the header's length kept
+    damaged = _archive(members, zipfile.ZIP_STORED)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(TransitionFileError, match="rew"):
+            PrioritizedReplayBuffer(8, ENV).load_transitions(io.BytesIO(damaged))
+    assert [str(w.message) for w in caught] == []
 
 
 def test_a_file_claiming_more_rows_than_it_holds_is_refused_before_they_are_allocated():

@@ -58,7 +58,15 @@ from typing import IO, Any
 
 import numpy as np
 
-from ..npz_archive import File, TransitionFileError, damaged, open_archive
+from ..npz_archive import (
+    NPY_HEADERS,
+    File,
+    TransitionFileError,
+    damaged,
+    open_archive,
+    quiet_npy_parser,
+    read_npy_header,
+)
 from .cpprb_pickles import (
     describe_array,
     describe_found,
@@ -74,7 +82,6 @@ __all__ = ["CpprbFile", "read_cpprb_file", "read_cpprb_transitions"]
 
 _VERSION = 1  # the only format version cpprb has written
 _MEMBERS = ("safe", "version", "data", "Nstep", "cache", "next_of")
-_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
 @dataclass(frozen=True)
@@ -156,12 +163,12 @@ def _check_members(archive: zipfile.ZipFile, label: str) -> None:
 def _header(stream: IO[bytes], member: str, label: str) -> tuple[tuple[int, ...], bool, np.dtype]:
     """Shape, Fortran order and dtype from the ``.npy`` header at the start of ``stream``."""
     version = np.lib.format.read_magic(stream)
-    if version not in _NPY_HEADERS:
+    if version not in NPY_HEADERS:
         raise TransitionFileError(
             f"{label}: member {member!r} has .npy format version {version}; "
             "numpy's savez writes 1.0 or 2.0 for these arrays"
         )
-    return _NPY_HEADERS[version](stream)
+    return read_npy_header(version, stream)
 
 
 def _member(archive: zipfile.ZipFile, member: str, label: str) -> Any:
@@ -188,7 +195,8 @@ def _member(archive: zipfile.ZipFile, member: str, label: str) -> Any:
             if dtype.hasobject:
                 _header(stream, member, label)
                 return unpickle(stream, member, label)
-            array = np.lib.format.read_array(stream, allow_pickle=False)
+            with quiet_npy_parser():
+                array = np.lib.format.read_array(stream, allow_pickle=False)
             stream.read(1)  # reaching the end checks the member's CRC
     return array
 
