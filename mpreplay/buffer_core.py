@@ -70,7 +70,6 @@ _VIEWS = (
     "_ring",
     "_lock",
     "_frames",
-    "_storage",
     "_path",
     "_lanes",
     "_sequences",
@@ -136,7 +135,6 @@ class BufferCore(BufferCalls):
     _lock: SharedLock | None
     _gate: Gate
     _ring: Ring
-    _storage: Store  # where this handle's write path stores rows
     _path: WritePath
 
     def _config(self) -> dict[str, Any]:
@@ -245,9 +243,12 @@ class BufferCore(BufferCalls):
         self._ring = Ring(
             self._header, gate, slots, self._selector, sampled, rng, self._frames, outputs, self._sequences
         )
-        self._storage = self._make_storage(arrays)
         self._path = WritePath(
-            self._specs, self._storage, self._ring, self._nstep, lambda: float(self._selector.new_item_priority)
+            self._specs,
+            self._make_storage(arrays),
+            self._ring,
+            self._nstep,
+            lambda: float(self._selector.new_item_priority),
         )
         # One transition goes straight to the kernel (Ring.add_one) unless it is folded or planned first.
         self._bind_calls(self._ring, self._path.plain, **self._call_options())
@@ -294,7 +295,7 @@ class BufferCore(BufferCalls):
     def _release(self) -> None:
         """What ``close()`` does: the lane given back, the table closed by its owner, every view replaced."""
         if self._is_open():
-            self._storage.release_lane()
+            self._path.store.release_lane()
             if self._memory.is_owner:
                 self._ring.close()
         self._bind_calls(None, False)

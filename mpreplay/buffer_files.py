@@ -116,7 +116,7 @@ class BufferFiles(BufferCore):
         if ids is not None:
             # The file records no step per row: an episode whose oldest rows were overwritten
             # before the save resumes from the older frames its first row's stacks hold.
-            compression, writer = self._compression, self._storage
+            compression, writer = self._compression, self._path.store
             # Episodes are read only for a compressed buffer (episodes=None above), each with its lane.
             assert compression is not None and isinstance(writer, FrameWriter) and lanes is not None
             episodes = split_episodes(ids, lanes, lambda row: stack_age(rows, row, compression.stack))

@@ -204,7 +204,7 @@ class SequenceReplayBuffer(ReplayBuffer):
         ids, lanes = rows.pop(fileformat.EPISODE_ID), rows.pop(fileformat.EPISODE_LANE)
         episodes = _saved_episodes(ids, lanes, np.asarray(rows.pop(_EPISODE_STEP), dtype=np.int64))
         k, rows = convert_batch(self._specs, rows)
-        writer = self._storage
+        writer = self._path.store
         assert isinstance(writer, SequenceWriter)  # what a sequence buffer writes its steps through
         load_episodes(writer, rows, priorities, episodes)
         return k
