@@ -203,7 +203,8 @@ cdef class Gate:
         return self._limits[LIMIT_ON] != 0.0
 
     cdef bint keeps_unread(self) noexcept nogil:
-        # A Queue or a Stack: a write waits for free slots (see Slots.seek_free).
+        # A Queue or a Stack: a write waits for room instead of overwriting an unread row (see
+        # Slots.reserve_free and Slots.holds_unread).
         return self._limits[LIMIT_ON] == ON_KEEP_UNREAD
 
     cdef bint can_insert(self, Py_ssize_t k) noexcept nogil:

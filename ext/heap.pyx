@@ -217,6 +217,9 @@ cdef class HeapSelector(Selector):
     cdef double priority(self, Py_ssize_t item) noexcept nogil:
         return self._priority[item] if self._position[item] >= 0 else 0.0
 
+    cdef int64_t arrival(self, Py_ssize_t item) noexcept nogil:
+        return self._number[item] if self._position[item] >= 0 else -1
+
     cdef void draw(self, int64_t* items, double* scratch, Py_ssize_t k, Py_ssize_t nstrata,
                    bitgen_t* rng) noexcept nogil:
         # Best-first over the heap: a small heap of candidate positions (at most k + 1), the

@@ -89,11 +89,25 @@ cdef class Ring:
         """
         return writes.reserve(self._table, k, deadline, insert, lane, skip)
 
+    def reserve_free(self, Py_ssize_t k, double deadline=INFINITY):
+        """Reserve ``k`` slots that hold no row, wherever they lie, in a table of rows that keeps
+        unread ones (a Queue or a Stack: see :attr:`keeps_unread`); returns ``(slots,
+        reserved_generations)``.  Waits while fewer are free, until ``deadline``, then raises
+        TimeoutError, having changed nothing.  Publish them with ``publish(..., slots=slots)``."""
+        return writes.reserve_free(self._table, k, deadline)
+
+    @property
+    def keeps_unread(self):
+        """Whether a write waits for free slots instead of overwriting an unread row (a Queue or
+        a Stack): a table of rows then reserves with :meth:`reserve_free`."""
+        return self._table.gate.keeps_unread()
+
     def publish(self, Py_ssize_t start, const uint64_t[::1] reserved not None, const double[::1] priorities=None,
                 const uint8_t[::1] states=None, Py_ssize_t lane=0, double deadline=INFINITY,
                 const int64_t[::1] complete=None, const uint64_t[::1] complete_generations=None,
-                const double[::1] complete_priorities=None, tuple sequences=None):
-        """Make slots reserved by :meth:`reserve` (for inserts) readable: ``states`` (default all
+                const double[::1] complete_priorities=None, tuple sequences=None, const int64_t[::1] slots=None):
+        """Make slots reserved by :meth:`reserve` (for inserts) readable -- the run from ``start``,
+        or ``slots`` when :meth:`reserve_free` reserved them: ``states`` (default all
         COMPLETE) says which hold complete transitions; those become sampleable with
         ``priorities`` (default: the stored maximum).  Returns how many slots were lost to a
         writer that took them over.
@@ -109,13 +123,18 @@ cdef class Ring:
         stored -- and TimeoutError raised.
         """
         return writes.publish(self._table, start, reserved, priorities, states, lane, deadline, complete,
-                              complete_generations, complete_priorities, sequences)
+                              complete_generations, complete_priorities, sequences, slots)
 
-    def abandon(self, Py_ssize_t start, const uint64_t[::1] reserved not None, Py_ssize_t lane=0):
-        """Give up an insert reserved by :meth:`reserve`, as :meth:`publish` does at a timeout
-        (``Slots.disown``): the slots stay unsampleable, free for the next writer."""
+    def abandon(self, Py_ssize_t start, const uint64_t[::1] reserved not None, Py_ssize_t lane=0,
+                const int64_t[::1] slots=None):
+        """Give up an insert reserved by :meth:`reserve` (or :meth:`reserve_free`: ``slots``), as
+        :meth:`publish` does at a timeout (``Slots.disown``): the slots stay unsampleable, free
+        for the next writer."""
+        if slots is not None and slots.shape[0] != reserved.shape[0]:
+            raise ValueError("slots: expected one per reserved slot")
         if reserved.shape[0]:
-            self._table.slots.disown(lane, start, reserved.shape[0], &reserved[0])
+            self._table.slots.disown(lane, start, reserved.shape[0], &reserved[0],
+                                     &slots[0] if slots is not None else NULL)
 
     def claim_lane(self, double deadline=INFINITY):
         """Take a lane for one writer: a free one, or one whose writer process died.
@@ -140,7 +159,9 @@ cdef class Ring:
         writes.clear(self._table)
 
     def snapshot(self, bint priorities=False):
-        """Every complete transition now, oldest first (lane by lane), taken under the lock.
+        """Every complete transition now, oldest first, taken under the lock: lane by lane from
+        each cursor, or -- an ordered selector over rows, whose order is the rows' insertion
+        order, not their places -- in the order the selector was given them.
 
         Returns ``(slots, guards, raw)``: ``guards`` is what :meth:`unchanged` needs to tell,
         once the rows were copied without the lock, which of them were overwritten
@@ -153,6 +174,8 @@ cdef class Ring:
         cdef cnp.ndarray slots = np.empty(self.size, dtype=np.int64)
         cdef cnp.ndarray oldest = np.empty(self.size, dtype=np.int64)
         cdef cnp.ndarray gens = np.empty((self.size, 2), dtype=np.uint64)
+        cdef cnp.ndarray arrivals = np.empty(self.size, dtype=np.int64)
+        cdef int64_t* ap = <int64_t*>cnp.PyArray_DATA(arrivals)
         cdef int64_t* sp = <int64_t*>cnp.PyArray_DATA(slots)
         cdef int64_t* op = <int64_t*>cnp.PyArray_DATA(oldest)
         cdef uint64_t* gp = <uint64_t*>cnp.PyArray_DATA(gens)
@@ -179,6 +202,7 @@ cdef class Ring:
                                     best, o = age, reads[f]
                         sp[count], op[count] = s, o
                         gp[2 * count], gp[2 * count + 1] = slot_table.generation(s), slot_table.generation(o)
+                        ap[count] = t.selector.arrival(s)
                         count += 1
             raw = None
             if priorities:
@@ -187,7 +211,13 @@ cdef class Ring:
                     raw[j] = t.selector.priority(sp[j])
         finally:
             t.gate.release()
-        return slots[:count], (oldest[:count], gens[:count]), raw
+        slots, oldest, gens = slots[:count], oldest[:count], gens[:count]
+        if count and not compressed and t.sequences is None and arrivals[0] >= 0:
+            # A compressed lane's rows are its episodes' steps in order; rows stand alone.
+            order = np.argsort(arrivals[:count], kind="stable")
+            slots, oldest, gens = slots[order], oldest[order], gens[order]
+            raw = None if raw is None else raw[order]
+        return slots, (oldest, gens), raw
 
     def unchanged(self, const int64_t[::1] slots not None, tuple guards not None):
         """Which rows of a :meth:`snapshot` were not overwritten since (call after copying them)."""

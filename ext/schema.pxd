@@ -16,6 +16,11 @@ cpdef enum:
     RESERVED         # rows reserved by writers, ever (the inserts a rate limiter counts)
     EPOCH            # bumped (low 32 bits) whenever a blocked caller may proceed: the futex word
     WAITERS          # callers blocked on EPOCH
+    # The run of slots a writer is reserving, written before the first slot changes and cleared
+    # once the last has: recovery ends a reservation its holder died inside (Slots.recover).
+    PENDING_LANE
+    PENDING_START
+    PENDING_COUNT    # 0: no reservation in progress
     HEADER_LEN = 16
 
 # "limits": float64 rate limiter settings (see mpreplay.limiter).

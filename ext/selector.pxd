@@ -30,6 +30,10 @@ cdef class Selector:
     cdef double smallest(self) noexcept nogil       # the smallest positive weight, inf when none
     cdef double weight(self, Py_ssize_t item) noexcept nogil    # 0: not drawable
     cdef double priority(self, Py_ssize_t item) noexcept nogil  # as given (0 for an item not drawn)
+    # A drawable item's place in the order items were inserted (0 the first ever); -1 where the
+    # selector keeps no such order (random selectors) or the item is not drawable.  An ordered
+    # selector's order follows it, so a snapshot in this order, loaded again, draws the same.
+    cdef int64_t arrival(self, Py_ssize_t item) noexcept nogil
     # k draws by the selector's rule (random ones: in proportion to the weights, draw j in
     # stratum j of nstrata, 1: unstratified; ordered ones: the first k in order, see the registry).
     cdef void draw(self, int64_t* items, double* scratch, Py_ssize_t k, Py_ssize_t nstrata,

@@ -100,6 +100,12 @@ cdef class Selector:
         """The priority an item inserted without one gets now."""
         return self.default_priority()
 
+    def item_arrival(self, Py_ssize_t item):
+        """The drawable ``item``'s place in the order items were inserted, -1 where the selector
+        keeps no such order or ``item`` is not drawable."""
+        _check(item, self.capacity)
+        return self.arrival(item)
+
     def largest_priority(self):
         """The largest priority of a drawable item, -inf when none (a scan of every item)."""
         cdef Py_ssize_t i
@@ -156,6 +162,9 @@ cdef class Selector:
 
     cdef double priority(self, Py_ssize_t item) noexcept nogil:
         return 0.0
+
+    cdef int64_t arrival(self, Py_ssize_t item) noexcept nogil:
+        return -1
 
     cdef void draw(self, int64_t* items, double* scratch, Py_ssize_t k, Py_ssize_t nstrata,
                    bitgen_t* rng) noexcept nogil:

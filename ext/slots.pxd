@@ -71,21 +71,24 @@ cdef class Slots:
     cdef Py_ssize_t slot(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t j) noexcept nogil
     cdef void fix_run(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k) noexcept nogil
     cdef int64_t busy_owner(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil
-    cdef bint seek_free(self, Py_ssize_t k, Py_ssize_t lane) except -1
+    cdef bint reserve_free(self, Py_ssize_t k, uint64_t* reserved, int64_t* slots, Py_ssize_t lane) except -1
+    cdef bint holds_unread(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil
     cdef void take_over(self, int64_t dead, Py_ssize_t k, Py_ssize_t lane) noexcept nogil
-    cdef void skip(self, Py_ssize_t lane, Py_ssize_t n) noexcept nogil
     cdef Py_ssize_t claim_lane(self) except -2
     cdef void release_lane(self, Py_ssize_t lane) noexcept nogil
     cdef void restart_lanes(self) noexcept nogil
     cdef void retire(self, Py_ssize_t s) noexcept nogil
     cdef void count_draw(self, Py_ssize_t s) noexcept nogil
     cdef void retire_readers(self, Py_ssize_t lane, Py_ssize_t s) noexcept nogil
-    cdef Py_ssize_t reserve(self, Py_ssize_t k, uint64_t* reserved, bint insert, Py_ssize_t lane) noexcept nogil
+    cdef uint64_t _take(self, Py_ssize_t s) noexcept nogil
+    cdef Py_ssize_t reserve(self, Py_ssize_t k, uint64_t* reserved, bint insert, Py_ssize_t lane,
+                            Py_ssize_t skip) noexcept nogil
     cdef int note_writer(self) except -1
     cdef Py_ssize_t publish(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved,
-                            const double* priorities, const uint8_t* states) noexcept nogil
+                            const double* priorities, const uint8_t* states, const int64_t* slots) noexcept nogil
     cdef Py_ssize_t complete(self, const int64_t* slots, const uint64_t* generations, const double* priorities,
                              Py_ssize_t n) noexcept nogil
     cdef Py_ssize_t open_sequences(self, const int64_t* slots, const uint64_t* generations, const int64_t* steps,
                                    const double* priorities, Py_ssize_t n) noexcept nogil
-    cdef void disown(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved) noexcept nogil
+    cdef void disown(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved,
+                     const int64_t* slots) noexcept nogil

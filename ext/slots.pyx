@@ -9,12 +9,12 @@ they keep the stored count and the selector's weights in step with the slot
 states, and :func:`recover` makes them agree again after a holder died.  See
 docs/architecture.md, "Concurrency protocol" and "Crash handling".
 """
-from mpreplay._ext.atomics cimport _atomic_add, _atomic_cas, _atomic_store
+from mpreplay._ext.atomics cimport _atomic_add, _atomic_cas, _atomic_store, _mpreplay_compiler_fence
 from mpreplay._ext.processes cimport process_token, token_alive
 from mpreplay._ext.sequences cimport Sequences
 from mpreplay._ext.schema cimport (COMPLETE, EMPTY, INSERTS, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, MAX_WRITERS,
-                                   RESERVED, STORED, WAITING, WRITER_INSERTS, WRITER_TOKEN, being_written,
-                                   next_reservation)
+                                   PENDING_COUNT, PENDING_LANE, PENDING_START, RESERVED, STORED, WAITING,
+                                   WRITER_INSERTS, WRITER_TOKEN, being_written, next_reservation)
 
 import os
 
@@ -46,42 +46,6 @@ cdef void fault(int site) noexcept nogil:
         _fault_countdown -= 1
         if _fault_countdown == 0:
             raise_signal(SIGKILL)
-
-
-def recover(uint64_t[::1] generation not None, uint8_t[::1] state not None, int64_t[::1] header not None,
-            Selector selector not None, Sequences sequences=None, int64_t[::1] times_sampled=None,
-            int64_t max_times=0):
-    """With the lock held, after its previous holder died: make everything derived agree
-    with the slots again (the lock's ``on_recover``).
-
-    A holder killed inside a critical section may have left a slot half
-    reserved or half published, the stored count a step behind the slot
-    states, and the selector's sums stale.  Rows whose generation is odd were
-    being written: they become unsampleable.  Then every item that may not be
-    drawn is cleared from the selector, which rebuilds what it derives, and
-    the stored count -- which the rate limiter reads -- is recounted.  The
-    cumulative counters (inserts, samples, reservations) change by single
-    stores and cannot be torn.  In a sequence table an item is a sequence:
-    only slots where one starts (``sequences``) may keep their weight.  With
-    ``max_times_sampled``, an item drawn that many times (``times_sampled``) retires, as the
-    draw that reached the count would have retired it.  See
-    docs/architecture.md, "Crash handling".
-    """
-    cdef Py_ssize_t s, stored = 0
-    with nogil:
-        for s in range(generation.shape[0]):
-            if being_written(generation[s]):
-                state[s] = EMPTY
-            if max_times and times_sampled[s] >= max_times:
-                state[s] = EMPTY
-            if state[s] == COMPLETE:
-                stored += 1
-            if state[s] != COMPLETE or (sequences is not None and sequences.steps(s) == 0):
-                selector.remove_item(s)
-                if sequences is not None:
-                    sequences.close(s)
-        header[STORED] = stored
-        selector.rebuild()
 
 
 cdef class Slots:
@@ -126,6 +90,48 @@ cdef class Slots:
         """In a forked child: write as this process."""
         self.token = process_token(os.getpid())
         self.writer_row = -1
+
+    def recover(self):
+        """With the lock held, after its previous holder died: make everything derived agree
+        with the slots again (the lock's ``on_recover``).
+
+        A holder killed inside a critical section may have left a reservation half made, a
+        slot half published, the stored count a step behind the slot states, and the
+        selector's sums stale.  A reservation in progress (the header's pending run) is
+        finished as far as the slots go: every slot of its run retires and the lane's cursor
+        moves past it, as the reservation would have left them -- otherwise rows it had not
+        reached yet would sit behind the cursor, newest in the ring's order though oldest in
+        fact.  Rows whose generation is odd were being written: they become unsampleable.
+        Then every item that may not be drawn is cleared from the selector, which rebuilds
+        what it derives, and the stored count -- which the rate limiter reads -- is
+        recounted.  The cumulative counters (inserts, samples, reservations) change by single
+        stores and cannot be torn.  In a sequence table an item is a sequence: only slots
+        where one starts may keep their weight.  With ``max_times_sampled``, an item drawn
+        that many times retires, as the draw that reached the count would have retired it.
+        See docs/architecture.md, "Crash handling".
+        """
+        cdef Py_ssize_t s, j, lane, start, k, stored = 0
+        with nogil:
+            k = self.header[PENDING_COUNT]
+            if k > 0:
+                lane, start = self.header[PENDING_LANE], self.header[PENDING_START]
+                for j in range(k):
+                    self.state[self.slot(lane, start, j)] = EMPTY
+                self.lanes[lane, LANE_CURSOR] = self.slot(lane, start, k)
+                self.header[PENDING_COUNT] = 0
+            for s in range(self.size):
+                if being_written(self.gen[s]):
+                    self.state[s] = EMPTY
+                if self.max_times and self.times_sampled[s] >= self.max_times:
+                    self.state[s] = EMPTY
+                if self.state[s] == COMPLETE:
+                    stored += 1
+                if self.state[s] != COMPLETE or (self.sequences is not None and self.sequences.steps(s) == 0):
+                    self.selector.remove_item(s)
+                    if self.sequences is not None:
+                        self.sequences.close(s)
+            self.header[STORED] = stored
+            self.selector.rebuild()
 
     cdef int note_writer(self) except -1:
         # Lock held, before a publish: find this process's row of `writers`, or take a free
@@ -179,24 +185,52 @@ cdef class Slots:
                 return self.owner[s]
         return 0
 
-    cdef bint seek_free(self, Py_ssize_t k, Py_ssize_t lane) except -1:
-        # Lock held, a table that keeps unread rows (Queue, Stack): move the lane's cursor on to
-        # the first k consecutive slots, from the cursor, that hold no row and that no live writer
-        # holds, taking over a dead writer's reservations on the way.  False (the cursor left
-        # where it was): no such run now.  The slot states are the only count this reads, so a
-        # writer killed after reserving shrinks the queue only until the next writer looks.
-        cdef Py_ssize_t cursor = self.lanes[lane, LANE_CURSOR], j, s, run = 0
-        for j in range(self.lane_length(lane) + k - 1):  # a run may wrap
+    cdef bint reserve_free(self, Py_ssize_t k, uint64_t* reserved, int64_t* slots, Py_ssize_t lane) except -1:
+        # Lock held, a table of rows that keeps unread ones (Queue, Stack): reserve the first k
+        # slots, from the lane's cursor on, that hold no row and that no live writer holds,
+        # wherever they lie (a stack frees its newest slots first, a queue written by several
+        # processes frees them out of order), taking over a dead writer's reservations on the
+        # way; the cursor moves past the last.  False, nothing reserved: fewer than k are free
+        # now.  The slot states are the only count this reads, so a writer killed after
+        # reserving shrinks the queue only until the next writer looks.  The rows' order is
+        # the selector's (their insertion numbers), not their places.
+        cdef Py_ssize_t n = self.lane_length(lane), cursor = self.lanes[lane, LANE_CURSOR], j, s, found = 0
+        for j in range(n):
             s = self.slot(lane, cursor, j)
             if being_written(self.gen[s]) and self.owner[s] != 0 and not token_alive(self.owner[s]):
                 self.owner[s] = 0
             if self.state[s] == EMPTY and (not being_written(self.gen[s]) or self.owner[s] == 0):
-                run += 1
-                if run == k:
-                    self.lanes[lane, LANE_CURSOR] = self.slot(lane, cursor, j - k + 1)
+                slots[found] = s
+                found += 1
+                if found == k:
+                    break
+        if found < k:
+            return False
+        for j in range(k):
+            reserved[j] = self._take(slots[j])
+            self.selector.fix(slots[j])
+        if k:
+            self.lanes[lane, LANE_CURSOR] = self.slot(lane, slots[k - 1], 1)
+            _atomic_add(&self.header[RESERVED], k)
+        return True
+
+    cdef bint holds_unread(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
+        # Lock held, a table that keeps unread rows: whether one of the next k slots of the lane
+        # holds a complete row, or a frame one reads.  A compressed writer writes its lane in
+        # order (an episode's frames are consecutive), so it waits for these slots rather than
+        # look for others.  A WAITING row there is no item: its episode was given up (a writer
+        # that died or started over), its next frame never to come.
+        cdef Py_ssize_t cursor = self.lanes[lane, LANE_CURSOR], j, i, s, r
+        for j in range(k):
+            s = self.slot(lane, cursor, j)
+            if self.state[s] == COMPLETE:
+                return True
+            if self.frames is None:
+                continue
+            for i in range(-self.frames.max_next - self.frames.max_stack, self.frames.max_stack):
+                r = self.slot(lane, s, i)
+                if r != s and self.state[r] == COMPLETE and self.frames.reads(r, s):
                     return True
-            else:
-                run = 0
         return False
 
     cdef void take_over(self, int64_t dead, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
@@ -208,11 +242,6 @@ cdef class Slots:
             s = self.slot(lane, cursor, j)
             if self.owner[s] == dead:
                 self.owner[s] = 0
-
-    cdef void skip(self, Py_ssize_t lane, Py_ssize_t n) noexcept nogil:
-        # Lock held: the lane's cursor moves n slots on (a batch longer than the lane: its
-        # newest rows go where they would have gone had all been written).
-        self.lanes[lane, LANE_CURSOR] = self.slot(lane, self.lanes[lane, LANE_CURSOR], n)
 
     cdef Py_ssize_t claim_lane(self) except -2:
         # Lock held: take a lane for a writer of this process, a free one or one whose writer
@@ -276,42 +305,54 @@ cdef class Slots:
                 self.retire(r)
                 self.selector.fix(r)
 
-    cdef Py_ssize_t reserve(self, Py_ssize_t k, uint64_t* reserved, bint insert, Py_ssize_t lane) noexcept nogil:
-        # Lock held, no busy owner.  Odd generation + zero leaf: nobody samples the slot now.
-        cdef Py_ssize_t start = self.lanes[lane, LANE_CURSOR], j, s
-        cdef uint64_t g
+    cdef uint64_t _take(self, Py_ssize_t s) noexcept nogil:
+        # Lock held: slot s reserved by this process; returns its odd generation.  Odd
+        # generation + no weight: nobody samples the slot now.
+        cdef uint64_t g = next_reservation(self.gen[s])
+        self.gen[s] = g
+        fault(F_RESERVE)
+        self.owner[s] = self.token
+        if self.times_sampled != NULL:
+            self.times_sampled[s] = 0
+        self.retire(s)
+        return g
+
+    cdef Py_ssize_t reserve(self, Py_ssize_t k, uint64_t* reserved, bint insert, Py_ssize_t lane,
+                            Py_ssize_t skip) noexcept nogil:
+        # Lock held, no busy owner: the k slots of the lane from `skip` past its cursor.  The run
+        # is written into the header before its first slot changes, so a holder killed midway
+        # leaves recover() enough to finish it (see Slots.recover).
+        cdef Py_ssize_t start = self.slot(lane, self.lanes[lane, LANE_CURSOR], skip), j, s
+        self.header[PENDING_LANE] = lane
+        self.header[PENDING_START] = start
+        self.header[PENDING_COUNT] = k
+        _mpreplay_compiler_fence()  # the run is written before any slot changes
         self.lanes[lane, LANE_CURSOR] = self.slot(lane, start, k)
         for j in range(k):
             s = self.slot(lane, start, j)
             if self.frames is not None:
                 self.retire_readers(lane, s)
-            g = self.gen[s]
-            g = next_reservation(g)
-            self.gen[s] = g
-            fault(F_RESERVE)
-            self.owner[s] = self.token
-            if self.times_sampled != NULL:
-                self.times_sampled[s] = 0
-            reserved[j] = g
-            self.retire(s)
+            reserved[j] = self._take(s)
         self.fix_run(lane, start, k)
+        _mpreplay_compiler_fence()  # and cleared once every slot has
+        self.header[PENDING_COUNT] = 0
         if insert:
             # Atomic: disown() gives an insert back without the lock.
             _atomic_add(&self.header[RESERVED], k)
         return start
 
     cdef Py_ssize_t publish(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved,
-                             const double* priorities, const uint8_t* states) noexcept nogil:
-        # Lock held.  Slot j becomes states[j] (all COMPLETE when NULL); only
-        # complete ones get a leaf.  Returns how many slots were lost to a
-        # writer that took them over meanwhile (only after judging this one
-        # dead): their rows may be mixed, so they stay unsampleable.
+                             const double* priorities, const uint8_t* states, const int64_t* slots) noexcept nogil:
+        # Lock held.  Slot j of the reservation (the run from `start`, or slots[j] when given:
+        # reserve_free's) becomes states[j] (all COMPLETE when NULL); only complete ones get a
+        # leaf.  Returns how many slots were lost to a writer that took them over meanwhile
+        # (only after judging this one dead): their rows may be mixed, so they stay unsampleable.
         cdef Py_ssize_t j, s, lost = 0, inserted = 0
         cdef uint64_t g
         cdef uint8_t st
         cdef double p = self.selector.default_priority()
         for j in range(k):
-            s = self.slot(lane, start, j)
+            s = self.slot(lane, start, j) if slots == NULL else slots[j]
             g = self.gen[s]
             st = COMPLETE if states == NULL else states[j]
             if g == reserved[j]:
@@ -334,7 +375,10 @@ cdef class Slots:
                 self.gen[s] = next_reservation(g)
                 self.retire(s)
                 lost += 1
-        self.fix_run(lane, start, k)
+        if slots == NULL:
+            self.fix_run(lane, start, k)
+        else:
+            self.selector.fix_each(slots, k)
         if self.writer_row >= 0:
             self.writers[self.writer_row, WRITER_INSERTS] += inserted
         return lost
@@ -377,19 +421,22 @@ cdef class Slots:
                 opened += 1
         return opened
 
-    cdef void disown(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved) noexcept nogil:
+    cdef void disown(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved,
+                     const int64_t* slots) noexcept nogil:
         # Without the lock: give up this process's reservation of an insert that is not
-        # made after all.  The slots stay unsampleable (odd generation, EMPTY) and free for
-        # the next writer (no other process writes the owner of a slot a live writer holds);
-        # the rate limiter stops counting the insert; the lane's cursor goes back to `start`
-        # unless a writer reserved after it (so a compressed lane keeps no gap for its
-        # stacks to read across).  The rows the slots held before stay retired.
+        # made after all (the run from `start`, or `slots`).  The slots stay unsampleable
+        # (odd generation, EMPTY) and free for the next writer (no other process writes the
+        # owner of a slot a live writer holds); the rate limiter stops counting the insert; a
+        # run's lane cursor goes back to `start` unless a writer reserved after it (so a
+        # compressed lane keeps no gap for its stacks to read across).  The rows the slots
+        # held before stay retired.
         cdef Py_ssize_t j, s
         cdef int64_t end = self.slot(lane, start, k)
         for j in range(k):
-            s = self.slot(lane, start, j)
+            s = self.slot(lane, start, j) if slots == NULL else slots[j]
             if self.gen[s] == reserved[j] and self.owner[s] == self.token:
                 _atomic_store(&self.owner[s], 0)
         if k:
             _atomic_add(&self.header[RESERVED], -k)
-            _atomic_cas(&self.lanes[lane, LANE_CURSOR], &end, start)
+            if slots == NULL:
+                _atomic_cas(&self.lanes[lane, LANE_CURSOR], &end, start)

@@ -24,29 +24,34 @@ cnp.import_array()
 
 
 cdef Py_ssize_t reserve_waiting(Table t, Py_ssize_t k, uint64_t* reserved, bint insert, double deadline,
-                                Py_ssize_t lane, Py_ssize_t skip=0) except -1:
-    # Reserve k slots once no live process still writes one of them and
-    # (for inserts) the rate limiter allows it; `skip` (k: the whole lane) moves
-    # the cursor that many slots on first, in the same critical section.
+                                Py_ssize_t lane, Py_ssize_t skip=0, int64_t* free_slots=NULL) except -1:
+    # Reserve k slots once no live process still writes one of them and (for inserts) the
+    # rate limiter allows it: the run from `skip` past the lane's cursor (k: the whole lane,
+    # skip the slots a batch longer than the lane would overwrite), or -- `free_slots`, for a
+    # table of rows that keeps unread ones -- any k free slots, into free_slots (returns the
+    # first).  A table that keeps unread rows never overwrites one: its writes wait instead.
     cdef int64_t blocker
+    cdef bint keep = insert and t.gate.keeps_unread()
     if insert:
         t.gate.check_insert(k)
     t.gate.acquire(deadline)
     try:
-        while insert and t.gate.keeps_unread():
-            if t.slots.seek_free(k, lane):
-                return t.slots.reserve(k, reserved, insert, lane)
-            t.gate.block(deadline, f"add: fewer than {k} free slots in a row: the others hold rows not yet "
-                         "sampled or being written; the queue waits for a sample")
+        while free_slots != NULL:
+            if t.slots.reserve_free(k, reserved, free_slots, lane):
+                return free_slots[0] if k else 0
+            t.gate.block(deadline, f"add: fewer than {k} free slots: the others hold rows not yet sampled or "
+                         "being written; the queue waits for a sample")
         while True:
             blocker = t.slots.busy_owner(k, lane)
             if blocker != 0 and not token_alive(blocker):
                 t.slots.take_over(blocker, k, lane)
                 continue
+            if blocker == 0 and keep and t.slots.holds_unread(k, lane):
+                t.gate.block(deadline, f"add: the next {k} slots of the writer's lane hold items not yet "
+                             "sampled, or frames they read; the queue waits for a sample")
+                continue
             if blocker == 0 and (not insert or t.gate.can_insert(k)):
-                if skip:
-                    t.slots.skip(lane, skip)
-                return t.slots.reserve(k, reserved, insert, lane)
+                return t.slots.reserve(k, reserved, insert, lane, skip)
             t.gate.block(deadline, f"add: {describe_process(token_pid(blocker))} is still writing the next slots"
                          if blocker else "add: the rate limiter holds inserts back until more is sampled")
     finally:
@@ -54,13 +59,15 @@ cdef Py_ssize_t reserve_waiting(Table t, Py_ssize_t k, uint64_t* reserved, bint 
 
 
 cdef Py_ssize_t publish_locked(Table t, double deadline, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k,
-                               const uint64_t* reserved, const double* priorities, const uint8_t* states,
+                               const uint64_t* reserved, const int64_t* slots, const double* priorities,
+                               const uint8_t* states,
                                const int64_t* complete, const uint64_t* complete_generations,
                                const double* complete_priorities, Py_ssize_t nc, const int64_t* open_slots,
                                const uint64_t* open_generations, const int64_t* open_steps,
                                const double* open_priorities, Py_ssize_t ns) except -1:
-    # The one critical section that makes a write readable: the k reserved slots published
-    # (states NULL: all COMPLETE; priorities NULL: the stored maximum), the nc WAITING rows they
+    # The one critical section that makes a write readable: the k reserved slots published (the
+    # run from `start`, or `slots`; states NULL: all COMPLETE; priorities NULL: the stored
+    # maximum), the nc WAITING rows they
     # complete, the ns sequences they end; then whoever waits for it is woken.  When the lock
     # cannot be had by the deadline the reservation is given up (Slots.disown) and the error
     # raised: nothing is stored.  Returns how many slots were lost to a writer that took them over.
@@ -70,12 +77,12 @@ cdef Py_ssize_t publish_locked(Table t, double deadline, Py_ssize_t lane, Py_ssi
         t.gate.acquire(deadline)
     except BaseException:
         if k:
-            t.slots.disown(lane, start, k, reserved)
+            t.slots.disown(lane, start, k, reserved, slots)
         raise
     try:
         t.slots.note_writer()
         if k:
-            lost = t.slots.publish(lane, start, k, reserved, priorities, states)
+            lost = t.slots.publish(lane, start, k, reserved, priorities, states, slots)
         if nc:
             t.slots.complete(complete, complete_generations, complete_priorities, nc)
         if ns:
@@ -102,6 +109,20 @@ cdef tuple reserve(Table t, Py_ssize_t k, double deadline, bint insert, Py_ssize
     return start, reserved
 
 
+cdef tuple reserve_free(Table t, Py_ssize_t k, double deadline):
+    cdef cnp.ndarray reserved = np.empty(k, dtype=np.uint64)
+    cdef cnp.ndarray slots = np.empty(max(k, 1), dtype=np.int64)
+    if not t.gate.keeps_unread() or t.frames is not None or t.sequences is not None:
+        raise ValueError("reserve_free: only a table of rows that keeps unread ones (a Queue or a Stack) "
+                         "reserves scattered slots")
+    if not 0 <= k <= t.size:
+        raise ValueError(f"add: {k} rows at once exceed the queue's size {t.size}: its unread rows are never "
+                         "overwritten; add fewer per call")
+    reserve_waiting(t, k, <uint64_t*>cnp.PyArray_DATA(reserved), True, deadline, 0, 0,
+                    <int64_t*>cnp.PyArray_DATA(slots))
+    return slots[:k], reserved
+
+
 cdef Py_ssize_t _check_sequences(Table t, const int64_t[::1] slots, const uint64_t[::1] generations,
                                  const int64_t[::1] steps, const double[::1] priorities) except -1:
     # How many sequences publish() is asked to open, once their description is checked.
@@ -120,10 +141,10 @@ cdef Py_ssize_t _check_sequences(Table t, const int64_t[::1] slots, const uint64
 cdef Py_ssize_t publish(Table t, Py_ssize_t start, const uint64_t[::1] reserved, const double[::1] priorities,
                         const uint8_t[::1] states, Py_ssize_t lane, double deadline, const int64_t[::1] complete,
                         const uint64_t[::1] complete_generations, const double[::1] complete_priorities,
-                        tuple sequences) except -1:
+                        tuple sequences, const int64_t[::1] slots) except -1:
     # Ring.publish, its arguments checked first.
     cdef Py_ssize_t k = reserved.shape[0], nc = 0 if complete is None else complete.shape[0]
-    cdef Py_ssize_t ns = 0
+    cdef Py_ssize_t ns = 0, j
     cdef const double* prio = NULL
     cdef const uint8_t* st = NULL
     cdef const double* cprio = NULL
@@ -139,6 +160,12 @@ cdef Py_ssize_t publish(Table t, Py_ssize_t start, const uint64_t[::1] reserved,
         if states.shape[0] != k:
             raise ValueError("states: expected one per reserved slot")
         st = &states[0] if k else NULL
+    if slots is not None:
+        if slots.shape[0] != k:
+            raise ValueError("slots: expected one per reserved slot")
+        for j in range(k):
+            if not 0 <= slots[j] < t.size:
+                raise ValueError(f"slots: expected slots in [0, {t.size}), got {slots[j]} at position {j}")
     if nc:
         if complete_generations is None or complete_generations.shape[0] != nc:
             raise ValueError("complete_generations: expected one per slot to complete")
@@ -151,7 +178,8 @@ cdef Py_ssize_t publish(Table t, Py_ssize_t start, const uint64_t[::1] reserved,
         ns = _check_sequences(t, open_slots, open_generations, open_steps, open_priorities)
     if k == 0 and nc == 0 and ns == 0:
         return 0
-    return publish_locked(t, deadline, lane, start, k, &reserved[0] if k else NULL, prio, st,
+    return publish_locked(t, deadline, lane, start, k, &reserved[0] if k else NULL,
+                          &slots[0] if slots is not None and k else NULL, prio, st,
                           &complete[0] if nc else NULL, &complete_generations[0] if nc else NULL, cprio, nc,
                           &open_slots[0] if ns else NULL, &open_generations[0] if ns else NULL,
                           &open_steps[0] if ns else NULL, &open_priorities[0] if ns else NULL, ns)
@@ -168,6 +196,7 @@ cdef Py_ssize_t add_one(Table t, Handle h, dict values, double priority, object 
     # Ring.add_one: one transition of Python scalars and exact-dtype arrays, or -1.
     cdef Py_ssize_t slot
     cdef uint64_t reserved
+    cdef int64_t free_slot
     cdef double deadline
     if values is None:
         raise TypeError("values: expected a dict of the fields, got None")
@@ -176,9 +205,10 @@ cdef Py_ssize_t add_one(Table t, Handle h, dict values, double priority, object 
     if not h.staging.stage_all(values):
         return -1
     deadline = deadline_of(timeout)
-    slot = reserve_waiting(t, 1, &reserved, True, deadline, 0)
+    # One slot: a run of one and a free slot are the same reservation.
+    slot = reserve_waiting(t, 1, &reserved, True, deadline, 0, 0, &free_slot if t.gate.keeps_unread() else NULL)
     _copy_staged(t, h, slot)
-    publish_locked(t, deadline, 0, slot, 1, &reserved, &priority if priority >= 0.0 else NULL, NULL,
+    publish_locked(t, deadline, 0, slot, 1, &reserved, NULL, &priority if priority >= 0.0 else NULL, NULL,
                    NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0)
     return slot
 
@@ -219,8 +249,8 @@ cdef Py_ssize_t add_step(Table t, Handle h, dict values, double priority, object
         done = episode.settle(plan, slots, row_priority, states, item_priority)
     # A slot lost to a writer that took it over stays unsampleable, as in publish().  Rows
     # published WAITING by earlier calls complete with this publication.
-    publish_locked(t, deadline, lane, start, plan.items, reserved, item_priority if row_priority != NULL else NULL,
-                   states, episode.done_slots, episode.done_generations, episode.done_priorities, done,
+    publish_locked(t, deadline, lane, start, plan.items, reserved, NULL,
+                   item_priority if row_priority != NULL else NULL, states, episode.done_slots, episode.done_generations, episode.done_priorities, done,
                    NULL, NULL, NULL, NULL, 0)
     episode.advance_past(plan, slots, reserved, row_priority)
     return row_slot

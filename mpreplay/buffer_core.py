@@ -188,7 +188,7 @@ class BufferCore(BufferCalls):
     def _allocate(self, layout: Layout) -> HeapMemory | FileMemory | SharedMemory:
         return HeapMemory(layout) if self._mmap_prefix is None else FileMemory(layout, self._mmap_prefix)
 
-    def _make_lock(self, create: bool) -> ThreadLock | SharedLock:
+    def _make_lock(self, create: bool, slots: Slots) -> ThreadLock | SharedLock:
         # One process: a lock between its threads (a prefetching sampler, the training
         # thread's updates), shared by every handle of this memory (episode writers).
         self._lock = None
@@ -223,7 +223,6 @@ class BufferCore(BufferCalls):
             if self._sequence is None
             else Sequences(arrays[SEQUENCE_STEPS_ARRAY], self._lanes, self._sequence.length)
         )
-        self._gate = gate = Gate(self._header, arrays[LIMITS_ARRAY], self._make_lock(create))
         slots = Slots(
             self._header,
             self._lanes,
@@ -236,6 +235,7 @@ class BufferCore(BufferCalls):
             self._sequences,
             *self._times_sampled(),
         )
+        self._gate = gate = Gate(self._header, arrays[LIMITS_ARRAY], self._make_lock(create, slots))
         # A sequence's samples also carry each step's index in its episode.
         sampled = list(self._fields.items()) + (
             [] if self._sequences is None else [(EPISODE_STEP_ARRAY, arrays[EPISODE_STEP_ARRAY])]

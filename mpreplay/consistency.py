@@ -45,6 +45,9 @@ from ._ext.schema import (
     MEMBERS_ARRAY,
     NEXT_ARRAY,
     OWNER_ARRAY,
+    PENDING_COUNT,
+    PENDING_LANE,
+    PENDING_START,
     RESERVED,
     SAMPLES,
     SEQUENCE_STEPS_ARRAY,
@@ -111,6 +114,14 @@ def check_arrays(
     if header[INSERTS] > header[RESERVED]:
         problems.append(
             f"header INSERTS: {int(header[INSERTS])} published, more than the {int(header[RESERVED])} RESERVED"
+        )
+    if header[PENDING_COUNT] != 0:
+        # Only a reservation under way writes it, and the lock is held here: its holder died
+        # and the repair that ends the reservation (Slots.recover) never ran, so the lane's
+        # cursor may have passed rows that were to be overwritten -- the ring's age order broken.
+        problems.append(
+            f"header PENDING_COUNT: a reservation of {int(header[PENDING_COUNT])} slots from slot "
+            f"{int(header[PENDING_START])} of lane {int(header[PENDING_LANE])} was left half made"
         )
     _check_writers(problems, arrays[WRITERS_ARRAY], int(header[INSERTS]))
     _check_limits(problems, arrays[LIMITS_ARRAY])

@@ -43,17 +43,21 @@ __all__ = ["FAULT_SITES", "Inspection", "Reservation", "arm_fault"]
 class Reservation:
     """Slots a writer reserved and has not published (see :meth:`Inspection.reserve`)."""
 
-    def __init__(self, ring: Any, start: int, reserved: np.ndarray):
-        self._ring, self.start, self._reserved = ring, start, reserved
+    def __init__(self, ring: Any, start: int, reserved: np.ndarray, free: np.ndarray | None = None):
+        self._ring, self.start, self._reserved, self._free = ring, start, reserved, free
 
     @property
     def slots(self) -> np.ndarray:
-        """The reserved slots, in their lane's order."""
+        """The reserved slots: a run in their lane's order, or a queue's free slots."""
+        if self._free is not None:
+            return self._free.copy()
         return np.arange(self.start, self.start + len(self._reserved)) % self._ring.size
 
     def publish(self, *, timeout: float | None = None) -> None:
         """Publish the slots as they are (the write's last step); TimeoutError gives them up."""
-        self._ring.publish(self.start, self._reserved, deadline=deadline(checks.seconds("timeout", timeout)))
+        self._ring.publish(
+            self.start, self._reserved, deadline=deadline(checks.seconds("timeout", timeout)), slots=self._free
+        )
 
 
 class Inspection:
@@ -150,5 +154,9 @@ class Inspection:
                 "compressed or sequence buffer's writer claims its own"
             )
         k = checks.integer("k", k, low=1)
-        start, reserved = self._ring.reserve(k, deadline(checks.seconds("timeout", timeout)))
+        until = deadline(checks.seconds("timeout", timeout))
+        if self._ring.keeps_unread:  # a Queue's or a Stack's writer takes whichever slots are free
+            free, reserved = self._ring.reserve_free(k, until)
+            return Reservation(self._ring, int(free[0]), reserved, free)
+        start, reserved = self._ring.reserve(k, until)
         return Reservation(self._ring, start, reserved)

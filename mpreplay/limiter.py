@@ -118,12 +118,15 @@ class ExactlyOnce(RateLimiter):
 
     The buffer holds ``size`` items (its capacity must be ``size``), draws them in
     the order of its ``selector`` and retires each at its draw (``max_times_sampled=1``).
-    A write waits (``timeout=``; a ``TimeoutError`` changes nothing) while every slot
-    holds an item not yet sampled or being written, instead of overwriting one; a
-    sample of ``k`` waits until ``k`` items are stored.  The count a write waits on
-    is the slot states themselves, so a writer killed after reserving holds its slots
-    only until the next writer finds it dead.  Build it through :class:`Queue` or
-    :class:`Stack`.
+    A write of ``k`` rows waits (``timeout=``; a ``TimeoutError`` changes nothing) until
+    ``k`` slots hold no item not yet sampled or being written, wherever they lie, instead
+    of overwriting one; with ``next_of`` / ``stack_compress`` an episode's frames lie
+    consecutive in the writer's lane, so a write waits for the next slots of that lane (no
+    unread item there, nor a frame one reads).  A sample of ``k`` waits until ``k`` items
+    are stored.  The count a write waits on is the slot states themselves, so a writer
+    killed after reserving holds its slots only until the next writer finds it dead.
+    Snapshots and files list the items in their order.  Build it through :class:`Queue`
+    or :class:`Stack`.
     """
 
     selector: str = "fifo"

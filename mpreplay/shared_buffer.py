@@ -4,7 +4,6 @@ must not inherit of its parent's buffers."""
 
 from __future__ import annotations
 
-import functools
 import os
 import weakref
 from typing import Any
@@ -13,8 +12,8 @@ import numpy as np
 
 from . import manifest
 from ._ext.lock import LOCK_NBYTES, SharedLock
-from ._ext.schema import LOCK_ARRAY, LOCK_HOLDS, LOCK_WAIT_NS, STATE_ARRAY
-from ._ext.slots import recover
+from ._ext.schema import LOCK_ARRAY, LOCK_HOLDS, LOCK_WAIT_NS
+from ._ext.slots import Slots
 from .buffer import ReplayBuffer
 from .buffer_core import BufferCore, open_handle
 from .memory import Layout, SharedMemory
@@ -53,23 +52,14 @@ class SharedMemoryBuffer(BufferCore):
             )
         return SharedMemory(layout)
 
-    def _make_lock(self, create: bool) -> SharedLock:
+    def _make_lock(self, create: bool, slots: Slots) -> SharedLock:
         # A holder that died may have left slots, counters and tree nodes half
         # updated: the next owner makes them agree with the slot states again.
-        arrays = self._memory.arrays
         self._thread_lock = None  # processes take the segment's lock
         self._lock = SharedLock(
-            arrays[LOCK_ARRAY],
+            self._memory.arrays[LOCK_ARRAY],
             create,
-            on_recover=functools.partial(
-                recover,
-                self._generation,
-                arrays[STATE_ARRAY],
-                self._header,
-                self._selector,
-                self._sequences,
-                *self._times_sampled(),
-            ),
+            on_recover=slots.recover,
             counters=self._header[LOCK_WAIT_NS : LOCK_HOLDS + 1],
         )
         return self._lock

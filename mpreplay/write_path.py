@@ -80,6 +80,8 @@ class RowStore:
             return None
         size = self._ring.size
         until = deadline(timeout)
+        if self._ring.keeps_unread:
+            return self._write_free(rows, k, priorities, until)
         first = self._next_index()
         skip = 0
         if k > size:
@@ -101,6 +103,20 @@ class RowStore:
             raise
         self._ring.publish(start, reserved, priorities, deadline=until)
         return first
+
+    def _write_free(
+        self, rows: Mapping[str, np.ndarray], k: int, priorities: np.ndarray | None, until: float
+    ) -> int | None:
+        """A queue's write: into whichever slots hold no unread row (its order is its selector's)."""
+        slots, reserved = self._ring.reserve_free(k, until)
+        try:
+            for name, dst in self._fields.items():
+                dst[slots] = rows[name]
+        except BaseException:
+            self._ring.abandon(0, reserved, slots=slots)
+            raise
+        self._ring.publish(0, reserved, priorities, deadline=until, slots=slots)
+        return int(slots[0]) if k else None
 
     def add_one(self, fields: dict[str, Any], priority: float, timeout: float | None) -> int:
         return self._ring.add_one(fields, priority, timeout)

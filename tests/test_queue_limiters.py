@@ -96,6 +96,72 @@ def test_a_stack_whose_oldest_item_stays_unread_still_takes_writes():
     stack.close()
 
 
+def test_a_stack_write_of_k_rows_goes_into_any_k_free_slots():
+    stack = MPReplayBuffer(4, ENV, rate_limiter=Stack(4))
+    stack.add(id=np.array([0, 1]))
+    assert stack.sample(1)["id"].tolist() == [1]
+    stack.add(id=2)  # the free slots are now apart: the one 1 left, and the last
+    stack.add(id=np.array([3, 4]), timeout=0)
+    assert stack.sample(4)["id"].tolist() == [4, 3, 2, 0]
+    stack.close()
+
+
+def _take(buffer: MPReplayBuffer, k: int, got) -> None:
+    got.value = len(buffer.sample(k, timeout=30)["id"])
+
+
+@METHODS
+@pytest.mark.timeout(60, method="thread")
+def test_a_stack_write_into_free_slots_apart_reaches_a_learner_waiting_for_it(method):
+    ctx = mp.get_context(method)
+    stack = MPReplayBuffer(4, ENV, rate_limiter=Stack(4))
+    stack.add(id=np.array([0, 1]))
+    stack.sample(1)
+    stack.add(id=2)
+    got = ctx.Value("i", 0)
+    learner = ctx.Process(target=_take, args=(stack, 3, got))
+    learner.start()
+    stack.add(id=np.array([3, 4]), timeout=10)
+    learner.join(30)
+    assert learner.exitcode == 0 and got.value == 3
+    assert stack.sample(1)["id"].tolist() == [0]
+    stack.close()
+
+
+@pytest.mark.parametrize(
+    ("limiter", "items", "order"), [(Queue, [11, 20, 21, 22], [0, 1, 2, 3]), (Stack, [10, 20, 21, 22], [3, 2, 1, 0])]
+)
+def test_a_snapshot_lists_the_items_oldest_first_wherever_they_lie(limiter, items, order, tmp_path):
+    # The last item lands in the slot the sample freed, wherever that is; the file keeps the
+    # items' order, so the buffer loaded from it hands them out in the same order.
+    queue = MPReplayBuffer(4, ENV, rate_limiter=limiter(4))
+    queue.add(id=np.array([10, 11]))
+    queue.sample(1)
+    for i in (20, 21, 22):
+        queue.add(id=i)
+    assert queue.get_all_transitions()["id"].tolist() == items
+    queue.save_transitions(tmp_path / "queue.npz")
+    loaded = MPReplayBuffer(4, ENV, rate_limiter=limiter(4))
+    loaded.load_transitions(tmp_path / "queue.npz")
+    assert loaded.get_all_transitions()["id"].tolist() == items
+    assert loaded.sample(4)["id"].tolist() == queue.sample(4)["id"].tolist() == [items[i] for i in order]
+    queue.close()
+    loaded.close()
+
+
+def test_a_queue_snapshot_follows_the_order_items_were_published_in():
+    # A writer that reserved first and published last: its item comes last, as the queue draws it.
+    queue = MPReplayBuffer(4, ENV, rate_limiter=Queue(4))
+    view = queue.inspection()
+    early = view.reserve(1)
+    view.writable("field:id")[early.slots] = 9
+    queue.add(id=1)
+    early.publish()
+    assert queue.get_all_transitions()["id"].tolist() == [1, 9]
+    assert queue.sample(2)["id"].tolist() == [1, 9]
+    queue.close()
+
+
 @pytest.mark.parametrize("limiter", [Queue(4), Stack(4)])
 def test_more_rows_at_once_than_the_size_are_refused(limiter):
     queue = MPReplayBuffer(4, ENV, rate_limiter=limiter)

@@ -15,7 +15,7 @@ import signal
 import numpy as np
 import pytest
 
-from mpreplay import MinSize, MPPrioritizedReplayBuffer, MPPrioritizedSequenceReplayBuffer
+from mpreplay import MinSize, MPPrioritizedReplayBuffer, MPPrioritizedSequenceReplayBuffer, MPReplayBuffer
 from mpreplay.inspect import FAULT_SITES, arm_fault
 
 METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
@@ -88,6 +88,29 @@ def test_a_holder_killed_at_each_site_leaves_counts_and_tree_consistent(method, 
         batch = buffer.sample(16, timeout=10)
         assert set(batch["id"].tolist()) <= set(range(2000, 2000 + CAPACITY))
         _assert_consistent(buffer)
+
+
+def _die_reserving_three(buffer, site: str) -> None:
+    arm_fault(site)
+    buffer.add(id=np.array([100, 101, 102]))
+    os._exit(3)
+
+
+@METHODS
+@pytest.mark.parametrize("selector", ["fifo", "uniform"])
+@pytest.mark.timeout(120)
+def test_a_writer_killed_reserving_rows_of_a_full_ring_leaves_it_oldest_first(method, selector):
+    # The ring holds 2..9 and the write was to go over 2, 3 and 4: the repair ends the
+    # reservation, so the ring keeps 5..9 oldest first and the next write replaces the oldest.
+    with MPReplayBuffer(8, {"id": {"dtype": np.int64}}, selector=selector) as buffer:
+        buffer.add(id=np.arange(10))
+        _kill_child_at(method, buffer, "reserve", _die_reserving_three)
+        assert buffer.get_all_transitions()["id"].tolist() == [5, 6, 7, 8, 9]
+        if selector == "fifo":
+            assert buffer.sample(5)["id"].tolist() == [5, 6, 7, 8, 9]
+        buffer.verify()
+        buffer.add(id=50)
+        assert buffer.get_all_transitions()["id"].tolist() == [6, 7, 8, 9, 50]
 
 
 def _complete_then_die(buffer, site: str) -> None:

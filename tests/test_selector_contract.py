@@ -155,6 +155,19 @@ def test_a_batch_of_all_the_items_holds_each_once_when_stratified(name):
 
 
 @NAMES
+def test_an_ordered_selector_numbers_its_items_in_insertion_order_and_others_keep_no_order(name):
+    selector = _selector(name, 8, items=[5, 2, 7])
+    selector.remove(2)
+    selector.insert(2, 1.0)
+    arrivals = [selector.item_arrival(item) for item in (5, 7, 2)]
+    if selectors.entry(name).ordered:
+        assert arrivals == sorted(arrivals) and len(set(arrivals)) == 3
+    else:
+        assert arrivals == [-1, -1, -1]
+    assert selector.item_arrival(0) == -1  # not drawable
+
+
+@NAMES
 def test_recompute_gives_back_the_same_state(name):
     # What crash recovery calls: everything derived is recomputed from the per-item entries.
     rng = np.random.default_rng(6)

@@ -25,7 +25,15 @@ from mpreplay import (
     SampleToInsertRatio,
     SequenceReplayBuffer,
 )
-from mpreplay._ext.schema import LANE_CURSOR, RESERVED, STORED, TREE_ARRAY
+from mpreplay._ext.schema import (
+    LANE_CURSOR,
+    PENDING_COUNT,
+    PENDING_LANE,
+    PENDING_START,
+    RESERVED,
+    STORED,
+    TREE_ARRAY,
+)
 from mpreplay.cli import main
 from mpreplay.inspect import arm_fault
 
@@ -204,6 +212,16 @@ def test_a_tree_node_that_disagrees_with_its_children_is_named():
         error.problems == [error.problems[0]]
         and "inner entries differ from their children's, first at entry 8" in error.problems[0]
     )
+
+
+def test_a_reservation_left_half_made_is_named():
+    # Only a reservation under way writes the pending run, and verify holds the lock: a run left
+    # there means its holder died and the repair that ends it never ran.
+    def damage(view):
+        view.writable("header")[[PENDING_LANE, PENDING_START, PENDING_COUNT]] = 0, 5, 3
+
+    error = _damaged(damage)
+    assert any("a reservation of 3 slots from slot 5 of lane 0 was left half made" in p for p in error.problems)
 
 
 def test_a_cursor_outside_its_lane_is_named():
