@@ -133,7 +133,9 @@ class ReplayBuffer(BufferFiles):
     ):
         size = checks.capacity("size", size)
         if isinstance(rate_limiter, ExactlyOnce):
-            selector, max_times_sampled = rate_limiter.buffer_options(selector, max_times_sampled)
+            selector, max_times_sampled = rate_limiter.buffer_options(
+                selector, max_times_sampled, prioritized=self._PRIORITIZED, sequences=self._sequence is not None
+            )
         self._selector_spec = self._check_selector(SelectorSpec.of("uniform" if selector is None else selector))
         self._max_times_sampled = (
             None if max_times_sampled is None else checks.integer("max_times_sampled", max_times_sampled, low=1)

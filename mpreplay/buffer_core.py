@@ -243,12 +243,16 @@ class BufferCore(BufferCalls):
         self._ring = Ring(
             self._header, gate, slots, self._selector, sampled, rng, self._frames, outputs, self._sequences
         )
+        # The parts get the arrays and kernels they use, never this buffer or a bound method of
+        # it: a part that referred back would put the handle in a reference cycle, and a handle
+        # dropped without close() would keep its mapping and descriptors until the cyclic
+        # collector ran (docs/architecture.md, "Segment lifecycle").
         self._path = WritePath(
             self._specs,
             self._make_storage(arrays),
             self._ring,
             self._nstep,
-            lambda: float(self._selector.new_item_priority),
+            self._selector,
         )
         # One transition goes straight to the kernel (Ring.add_one) unless it is folded or planned first.
         self._bind_calls(self._ring, self._path.plain, **self._call_options())
@@ -257,7 +261,7 @@ class BufferCore(BufferCalls):
         """The store this handle's rows go to: rows, frames (compression) or sequences."""
         c = self._compression
         if c is None:
-            return RowStore(self._ring, self._fields, self.get_next_index)
+            return RowStore(self._ring, self._fields, self._lanes)
         frames = FrameWriter(c, self._specs, self._ring, arrays)
         if self._sequence is None:
             return frames

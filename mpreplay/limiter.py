@@ -145,9 +145,24 @@ class ExactlyOnce(RateLimiter):
                 f"got {capacity}"
             )
 
-    def buffer_options(self, selector: object, max_times_sampled: int | None) -> tuple[str, int]:
-        """The buffer's ``selector`` and ``max_times_sampled`` for this limiter; ValueError naming
-        the argument when one given contradicts it (None: not given)."""
+    def buffer_options(
+        self, selector: object, max_times_sampled: int | None, *, prioritized: bool, sequences: bool
+    ) -> tuple[str, int]:
+        """The buffer's ``selector`` and ``max_times_sampled`` for this limiter.  ValueError naming
+        ``rate_limiter`` when the buffer cannot be such a queue (``prioritized``: its class draws by
+        priority; ``sequences``: its items are sequences), or naming the argument given that
+        contradicts it (None: not given) -- never one the caller left to the limiter."""
+        if sequences:
+            raise ValueError(
+                f"rate_limiter: a sequence buffer takes no {self!r}: its items are sequences, which it never "
+                f"retires once sampled, and a {type(self).__name__} samples every item exactly once; give it "
+                f"MinSize or SampleToInsertRatio"
+            )
+        if prioritized:
+            raise ValueError(
+                f"rate_limiter: a prioritized buffer takes no {self!r}: a {type(self).__name__} draws with "
+                f"selector {self.selector!r}, by no priority; build a ReplayBuffer (or MPReplayBuffer) with it"
+            )
         name = getattr(selector, "name", selector)
         if selector is not None and (name != self.selector or getattr(selector, "options", None)):
             raise ValueError(f"selector: a {self!r} draws with selector {self.selector!r}, got {selector!r}")

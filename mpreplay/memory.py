@@ -205,10 +205,10 @@ class SharedMemory:
     """A named segment holding ``layout``.
 
     The creating process owns the segment and unlinks it on :meth:`close`
-    (also at garbage collection and interpreter exit); attaching processes
-    only unmap it.  An attaching process may pass ``verify``: it is called with
-    the whole mapping before any view of ``layout`` is made, must not keep it,
-    and refuses the segment by raising (the segment is then unmapped).
+    (also when the object is freed, and at interpreter exit); attaching
+    processes only unmap it.  An attaching process may pass ``verify``: it is
+    called with the whole mapping before any view of ``layout`` is made, must
+    not keep it, and refuses the segment by raising (the segment is then unmapped).
     """
 
     shared = True

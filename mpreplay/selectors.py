@@ -88,6 +88,13 @@ class SelectorEntry:
     def array_name(self) -> str:
         return self.array or selector_array(self.name)
 
+    @property
+    def proportional(self) -> bool:
+        """Whether a draw picks items at random in proportion to their priority weights, so that the
+        table's total weight weighs it against other tables (what a client sampling several shards
+        needs, :mod:`mpreplay.sharded`); an ordered selector's total is merely its item count."""
+        return self.by_priority and not self.ordered
+
 
 SELECTORS: tuple[SelectorEntry, ...] = (
     SelectorEntry("uniform", "uniform", "UniformSelector", "every stored item equally likely", array=MEMBERS_ARRAY),

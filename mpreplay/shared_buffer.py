@@ -38,7 +38,8 @@ class SharedMemoryBuffer(BufferCore):
     Pickling sends a small handle (the segment's name and the buffer's
     configuration); unpickling in another process maps the same segment.
     The creating process owns the segment and unlinks it on ``close()``,
-    on garbage collection and at exit; other processes only unmap it.
+    when its last reference is dropped and at exit; other processes only
+    unmap it (a dropped handle at once).
     """
 
     _memory: SharedMemory

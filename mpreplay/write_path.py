@@ -19,7 +19,7 @@ publishes anything, and the stages commit once the store returns -- so an add th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -27,6 +27,8 @@ import numpy as np
 from . import checks
 from ._ext.gate import deadline
 from ._ext.ring import Ring
+from ._ext.schema import LANE_CURSOR
+from ._ext.selector import Selector
 from .nstep_stage import NstepStage
 from .spec import FieldSpec, convert_batch
 
@@ -60,12 +62,13 @@ class Store(Protocol):
 
 class RowStore:
     """The store of a buffer without compression: rows, fields side by side, copied into
-    the next slots of its one lane in one reservation."""
+    the next slots of its one lane (``lanes``: the table's lanes array) in one reservation --
+    or, in a Queue or a Stack, into whichever slots hold no unread row."""
 
-    def __init__(self, ring: Ring, fields: Mapping[str, np.ndarray], next_index: Callable[[], int]):
+    def __init__(self, ring: Ring, fields: Mapping[str, np.ndarray], lanes: np.ndarray):
         self._ring = ring
         self._fields = fields
-        self._next_index = next_index
+        self._lanes = lanes
 
     def write(
         self,
@@ -82,7 +85,7 @@ class RowStore:
         until = deadline(timeout)
         if self._ring.keeps_unread:
             return self._write_free(rows, k, priorities, until)
-        first = self._next_index()
+        first = int(self._lanes[0, LANE_CURSOR])
         skip = 0
         if k > size:
             # Only the newest `size` rows would survive: skip the others, in the
@@ -138,15 +141,15 @@ class WritePath:
         store: Store,
         ring: Ring,
         nstep: NstepStage | None,
-        new_item_priority: Callable[[], float],
+        selector: Selector,
     ):
-        """``new_item_priority``: the priority a folded row given NaN gets when stored (the
-        largest stored now)."""
+        """``selector``: the table's, which gives a folded row that got NaN its priority when
+        stored (``new_item_priority``: the largest stored now)."""
         self.store = store
         self.nstep = nstep
         self._specs = specs
         self._ring = ring
-        self._new_item_priority = new_item_priority
+        self._selector = selector
 
     def add(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int | None:
         """What ``add`` stores: the rows ``fields``' steps complete, with ``priorities``
@@ -196,7 +199,7 @@ class WritePath:
         """Store what the n-step stage emitted; None when it emitted nothing."""
         k, converted = convert_batch(self._specs, rows)
         if priorities is not None and np.isnan(priorities).any():
-            priorities = np.where(np.isnan(priorities), self._new_item_priority(), priorities)
+            priorities = np.where(np.isnan(priorities), float(self._selector.new_item_priority), priorities)
         return self.store.write(k, converted, priorities, timeout, end_episode) if k or end_episode else None
 
     @property

@@ -6,13 +6,25 @@ import contextlib
 import multiprocessing as mp
 import os
 import random
+import re
 import signal
 import time
 
 import numpy as np
 import pytest
 
-from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, Queue, ReplayBuffer, Stack
+from mpreplay import (
+    MPPrioritizedReplayBuffer,
+    MPPrioritizedSequenceReplayBuffer,
+    MPReplayBuffer,
+    MPSequenceReplayBuffer,
+    PrioritizedReplayBuffer,
+    PrioritizedSequenceReplayBuffer,
+    Queue,
+    ReplayBuffer,
+    SequenceReplayBuffer,
+    Stack,
+)
 from mpreplay._ext.schema import EPOCH, LOCK_HOLDS, LOCK_WAIT_NS
 from mpreplay.inspect import arm_fault
 
@@ -202,9 +214,27 @@ def test_a_queue_agrees_with_its_own_selector_and_count():
     assert queue.sample(2)["id"].tolist() == [0, 1]
 
 
-def test_a_prioritized_buffer_refuses_a_queue():
-    with pytest.raises(ValueError, match="selector"):
-        PrioritizedReplayBuffer(4, ENV, rate_limiter=Queue(4))
+LIMITERS = pytest.mark.parametrize("limiter", [Queue(4), Stack(4)], ids=repr)
+
+
+@LIMITERS
+@pytest.mark.parametrize("cls", [PrioritizedReplayBuffer, MPPrioritizedReplayBuffer])
+def test_a_prioritized_buffer_refuses_a_queue_naming_the_rate_limiter(cls, limiter):
+    refusal = rf"^rate_limiter: a prioritized buffer takes no {re.escape(repr(limiter))}: .* by no priority"
+    with pytest.raises(ValueError, match=refusal):
+        cls(4, ENV, rate_limiter=limiter)
+
+
+@LIMITERS
+@pytest.mark.parametrize(
+    "cls",
+    [SequenceReplayBuffer, PrioritizedSequenceReplayBuffer, MPSequenceReplayBuffer, MPPrioritizedSequenceReplayBuffer],
+)
+def test_a_sequence_buffer_refuses_a_queue_naming_the_rate_limiter(cls, limiter):
+    # Not max_times_sampled or selector, which the caller never wrote: the limiter sets them.
+    refusal = rf"^rate_limiter: a sequence buffer takes no {re.escape(repr(limiter))}: its items are sequences"
+    with pytest.raises(ValueError, match=refusal):
+        cls(4, ENV, length=2, rate_limiter=limiter)
 
 
 @pytest.mark.parametrize("size", [0, -1, 1.5])

@@ -294,6 +294,12 @@ def test_nstep_folding_is_refused():
         SequenceReplayBuffer(64, {**ENV, "rew": {}, "next_obs": {"shape": (2,)}}, length=4, nstep={"size": 3})
 
 
+@pytest.mark.parametrize("cls", [SequenceReplayBuffer, MPSequenceReplayBuffer])
+def test_max_times_sampled_is_refused_by_name(cls):
+    with pytest.raises(ValueError, match=r"^max_times_sampled: a sequence buffer's items are sequences"):
+        cls(64, ENV, length=4, max_times_sampled=1)
+
+
 def test_a_field_named_episode_step_is_refused():
     with pytest.raises(ValueError, match="'episode_step' is the name"):
         SequenceReplayBuffer(64, {**ENV, "episode_step": {}}, length=4)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import multiprocessing as mp
+import os
 import pickle
 import sys
 import types
@@ -17,7 +18,7 @@ import warnings
 import numpy as np
 import pytest
 
-from mpreplay import MPPrioritizedReplayBuffer, PrioritizedReplayBuffer, SharedMemoryError
+from mpreplay import BufferClosed, MPPrioritizedReplayBuffer, PrioritizedReplayBuffer, SharedMemoryError
 from mpreplay.sharded import ShardedReplay, ShardLostWarning, ShardServer, ShardUnavailable, split_indexes
 
 ALPHA, EPS = 0.6, 1e-4
@@ -423,6 +424,28 @@ def test_bad_sample_arguments_raise(batch_size, beta, error, match):
 def test_a_server_refuses_what_is_not_a_prioritized_buffer():
     with pytest.raises(TypeError, match="buffer: expected a PrioritizedReplayBuffer"):
         ShardServer(lambda: "not a buffer")
+
+
+@pytest.mark.parametrize("selector", ["max_heap", "min_heap"])
+def test_a_server_refuses_a_buffer_whose_selector_does_not_draw_in_proportion_to_priority(selector):
+    refusal = rf"buffer: selector '{selector}' .* expected a selector that does: 'prioritized'"
+    with PrioritizedReplayBuffer(8, ENV, selector=selector) as buffer, pytest.raises(ValueError, match=refusal):
+        ShardServer(buffer)
+
+
+def test_a_server_that_refuses_the_buffer_its_factory_made_releases_it():
+    made = []
+
+    def factory() -> MPPrioritizedReplayBuffer:
+        made.append(MPPrioritizedReplayBuffer(8, ENV, selector="max_heap"))
+        return made[-1]
+
+    with pytest.raises(ValueError, match="selector 'max_heap'"):
+        ShardServer(factory)
+    (buffer,) = made  # still referenced: only close() unlinks its segment
+    with pytest.raises(BufferClosed):
+        buffer.sample(1)
+    assert not os.path.exists(f"/dev/shm/{buffer.name}")
 
 
 def test_a_server_made_with_a_factory_owns_and_releases_its_buffer():

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import selectors
 from ..prioritized_buffer import PrioritizedReplayBuffer
 from .keys import MAX_SLOTS, key_of, keys_valid, split_keys, tags_match
 
@@ -26,23 +27,28 @@ class ShardServer:
         process (the server never unlinks it); a callable runs in the
         server's process, which then owns the buffer (and its segment) and
         releases it on :meth:`close`.  Actors on the node get a handle from
-        :meth:`buffer`.
+        :meth:`buffer`.  Its selector must draw in proportion to priority
+        (``"prioritized"``): the client weighs the shards by their total priority,
+        which an ordered selector (``"max_heap"``, ``"min_heap"``) does not give.
 
     One server is meant to be called by one thread at a time (as a Ray actor
     is, by default).
     """
 
     def __init__(self, buffer: PrioritizedReplayBuffer | Callable[[], PrioritizedReplayBuffer]):
-        if not isinstance(buffer, PrioritizedReplayBuffer) and callable(buffer):
+        made = not isinstance(buffer, PrioritizedReplayBuffer) and callable(buffer)
+        if made:
             buffer = buffer()
         if not isinstance(buffer, PrioritizedReplayBuffer):
             raise TypeError(
                 f"buffer: expected a PrioritizedReplayBuffer or a callable returning one, got {type(buffer).__name__}"
             )
-        if buffer.get_buffer_size() > MAX_SLOTS:
-            raise ValueError(
-                f"buffer: a shard holds at most {MAX_SLOTS} transitions, got a capacity of {buffer.get_buffer_size()}"
-            )
+        try:
+            _check_servable(buffer)
+        except BaseException:
+            if made:  # nobody else holds what this server made
+                buffer.close()
+            raise
         self._buffer = buffer
         self._stale = 0
 
@@ -138,3 +144,19 @@ class ShardServer:
     def close(self) -> None:
         """Release the buffer (unlinking its segment if this server created it)."""
         self._buffer.close()
+
+
+def _check_servable(buffer: PrioritizedReplayBuffer) -> None:
+    """Raise ValueError unless a client can sample ``buffer`` as one shard among others."""
+    if buffer.get_buffer_size() > MAX_SLOTS:
+        raise ValueError(
+            f"buffer: a shard holds at most {MAX_SLOTS} transitions, got a capacity of {buffer.get_buffer_size()}"
+        )
+    entry = selectors.entry(buffer.inspection().selector_name)
+    if not entry.proportional:
+        accepted = [e.name for e in selectors.SELECTORS if e.proportional]
+        raise ValueError(
+            f"buffer: selector {entry.name!r} ({entry.description}) cannot be sharded: a client splits each "
+            f"batch over the shards by their total priority, and this selector does not draw in proportion "
+            f"to it; expected a selector that does: {', '.join(map(repr, accepted))}"
+        )
