@@ -31,10 +31,14 @@ cdef class FramePlanner:
     cdef bint _same(self, Py_ssize_t q, Observation a, Observation b) noexcept nogil
     cdef Observation row(self, Py_ssize_t q, Observation rows, Py_ssize_t i) noexcept nogil
     cdef FramePlan plan(self, Py_ssize_t k, const Observation* obs, const Observation* nexts, const uint8_t* flag,
-                        EpisodeState episode, bint end_episode, object keep, Py_ssize_t resume)
+                        EpisodeState episode, bint end_episode, object keep, Py_ssize_t resume, bint open_end)
     cdef Py_ssize_t _resumed_stack(self, Py_ssize_t q, Observation first, Py_ssize_t resume) except -1
     cdef tuple _finish(self, FramePlan p, Py_ssize_t ending, Py_ssize_t items, Py_ssize_t head, Py_ssize_t tail,
                        Py_ssize_t t, Observation* before)
+    cdef tuple _trail(self, FramePlan p, Py_ssize_t items, Py_ssize_t head, Py_ssize_t tail, Py_ssize_t t,
+                      Observation* before, bint unresolved, int64_t base)
+    cdef Py_ssize_t _steps_past(self, FramePlan p, Py_ssize_t o, Observation* before, bint further) except -1
+    cdef bint _same_nexts(self, FramePlan p, Py_ssize_t a, Py_ssize_t b) noexcept nogil
     cdef bint _equals_next(self, FramePlan p, Py_ssize_t o, Py_ssize_t i) noexcept nogil
 
 
@@ -48,8 +52,9 @@ cdef class FramePlan:
     cdef readonly Py_ssize_t rows      # rows planned
     cdef Py_ssize_t earlier            # pending rows of earlier calls (ordinals 0 .. earlier-1)
     cdef int64_t* item_row             # per item: its row, -1 for a frame of no row
-    cdef int64_t* item_source          # per item of no row: the pending ordinal whose last next frame it is,
-                                       # or -1 - b: the frame b steps before a resumed first row
+    cdef int64_t* item_source          # per item of no row: the pending ordinal whose next observation holds
+                                       # its frame, or -1: the first row's observation (a resumed row's)
+    cdef int64_t* item_back            # per item of no row: the steps its frame is before that observation's
     cdef uint8_t* item_depth           # per item: earlier frames of its episode (at most 255)
     cdef int64_t* row_item             # per row: its item
     cdef int64_t* resolved_item        # per pending ordinal < head: the item holding its next frame
@@ -59,7 +64,7 @@ cdef class FramePlan:
     cdef Observation* _pending         # (earlier, nkeys): next observations of earlier calls' pending rows
     cdef object _keep
 
-    cdef _init(self, FramePlanner planner, Py_ssize_t rows, Py_ssize_t earlier, Py_ssize_t seeds)
+    cdef _init(self, FramePlanner planner, Py_ssize_t rows, Py_ssize_t earlier, Py_ssize_t extra)
     cdef Observation next_of(self, Py_ssize_t o, Py_ssize_t q) noexcept nogil
     cdef int64_t item_of(self, Py_ssize_t row) noexcept nogil
     cdef int64_t _position(self, Py_ssize_t o, int64_t base) noexcept nogil

@@ -32,7 +32,10 @@ A batch may *resume* an episode at step t > 0 none of whose steps the writer
 stored (a saved buffer's oldest kept step): its first row's stacks hold every
 older frame they read, so those frames take items of their own before it
 (never sampled, as a lone next frame), and its depth is t, as when it was first
-stored.
+stored.  Symmetrically, a batch may end an episode *open* (a saved one, which
+may have gone on when it was saved): rows folded n steps ahead then look past
+its last row, and the steps their next observations reach take items of their
+own after it, each checked to be the one before shifted by one frame.
 """
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
@@ -194,16 +197,19 @@ cdef class FramePlanner:
         return rows
 
     cdef FramePlan plan(self, Py_ssize_t k, const Observation* obs, const Observation* nexts, const uint8_t* flag,
-                        EpisodeState episode, bint end_episode, object keep, Py_ssize_t resume):
+                        EpisodeState episode, bint end_episode, object keep, Py_ssize_t resume, bint open_end):
         # Plan k rows (obs, nexts: per key, row 0 of the rows; flag: per row) after the episode
         # (one made for this planner); `keep` holds the memory they point into for as long as the
         # plan lives.  Raises ValueError naming the field; changes nothing.  resume > 0: the first
         # row is step `resume` of an episode whose older steps are not stored (the episode must be
         # between episodes): the older frames its stacks read are planned as items of their own
         # before it, and its stacks are not checked against a step before it -- only that the
-        # positions older than the episode repeat its first frame.
+        # positions older than the episode repeat its first frame.  open_end: end_episode ends
+        # the episode where the rows stop, which may be before it did (see _trail).
         cdef Py_ssize_t q, i, m, nk = self.nkeys, earlier = episode.waiting, t = episode.t
         cdef Py_ssize_t head = 0, tail = earlier, ending = -1, items = 0, last_row = -1, seeds = 0
+        # The pending ordinal of the episode's first row, -1 where it began in an earlier call.
+        cdef Py_ssize_t opened = earlier if t == 0 else -1
         cdef int64_t base = episode.written
         cdef bint flagged, tail_ok
         if resume < 0 or (resume > 0 and (t != 0 or earlier != 0)):
@@ -214,7 +220,7 @@ cdef class FramePlanner:
             if resume > 0 and self.stack[q] > 1:
                 seeds = max(seeds, self._resumed_stack(q, obs[q], resume))
         cdef FramePlan p = FramePlan.__new__(FramePlan)
-        p._init(self, k, earlier, seeds)
+        p._init(self, k, earlier, seeds + (self.max_next if open_end else 0))
         for q in range(nk):
             p.obs[q] = obs[q]
             if self.has_next[q]:
@@ -239,8 +245,9 @@ cdef class FramePlanner:
                 if self.stack[q] > 1 and t > 0:
                     before[q].data, before[q].planar = episode.last[q], episode.last_planar[q]
             for m in range(seeds):
-                # The frame `seeds - m` steps before the resumed row: its source says how far back.
-                item_row[m], item_source[m], item_depth[m] = -1, -1 - (seeds - m), min(resume - (seeds - m), 255)
+                # The frame `seeds - m` steps before the resumed row's.
+                item_row[m], item_source[m], p.item_back[m] = -1, -1, seeds - m
+                item_depth[m] = min(resume - (seeds - m), 255)
             items = seeds
             if resume > 0:
                 t = resume
@@ -259,7 +266,7 @@ cdef class FramePlanner:
                             tail_ok = False
                     if not tail_ok:
                         items, head, t = self._finish(p, ending, items, head, tail, t, before)
-                        ending = -1
+                        ending, opened = -1, earlier + i
                 for q in range(nk):
                     if self.stack[q] > 1 and (i > 0 or resume == 0) \
                             and not self._stack_ok(q, self.row(q, p.obs[q], i), before[q], t):
@@ -289,7 +296,10 @@ cdef class FramePlanner:
                 if flagged:
                     ending = earlier + i
             if end_episode and ending < 0 and head < tail:
-                ending = tail - 1
+                if open_end:
+                    items, head, t = self._trail(p, items, head, tail, t, before, head == opened, base)
+                else:
+                    ending = tail - 1
             if ending >= 0:
                 items, head, t = self._finish(p, ending, items, head, tail, t, before)
             elif end_episode:
@@ -322,7 +332,7 @@ cdef class FramePlanner:
                 raise ValueError(f"field 'next_{self.names[q]}': the episode's last next observation is not its "
                                  "last observation shifted by one frame (stack_compress)")
         m = items
-        p.item_row[m], p.item_depth[m], p.item_source[m] = -1, min(t, 255), ending
+        p.item_row[m], p.item_depth[m], p.item_source[m], p.item_back[m] = -1, min(t, 255), ending, 0
         while head < tail:
             for q in range(nk):
                 if self.has_next[q] and not self._same(q, p.next_of(head, q), p.next_of(ending, q)):
@@ -331,6 +341,70 @@ cdef class FramePlanner:
             p.resolved_item[head] = m
             head += 1
         return items + 1, head, 0
+
+    cdef tuple _trail(self, FramePlan p, Py_ssize_t items, Py_ssize_t head, Py_ssize_t tail, Py_ssize_t t,
+                      Observation* before, bint unresolved, int64_t base):
+        """End an episode where its rows stop, which may be before it did (a saved episode, open
+        when saved).  Rows folded n steps ahead then look up to n steps past its last row: each
+        pending row's next observation, oldest first, takes an item of its own after the one
+        before (or shares it, when equal), and must be that one shifted by one frame.  Only where
+        ``unresolved`` (no row of the episode found its next observation: fewer rows than their
+        look-ahead) may the first lie further on: the fewest steps its stacks agree with, the
+        frames between taking items of their own, as those stacks hold them.  Returns (items,
+        head, t)."""
+        cdef Py_ssize_t q, b, d, m = -1, shared = -1, nk = self.nkeys
+        while head < tail:
+            if shared < 0 or not self._same_nexts(p, head, shared):
+                d = self._steps_past(p, head, before, unresolved and shared < 0)
+                if base + items + d - 1 - p._position(head, base) > self.max_next:
+                    raise ValueError(f"field 'next_{self.names[self._first_next]}': no observation within "
+                                     f"{self.max_next} steps equals this next observation "
+                                     "(next_of needs next_obs[t] == obs[t + n])")
+                for b in range(d):
+                    m = items
+                    p.item_row[m], p.item_source[m], p.item_back[m] = -1, head, d - 1 - b
+                    p.item_depth[m] = min(t, 255)
+                    items += 1
+                    t += 1
+                for q in range(nk):
+                    if self.has_next[q] and self.stack[q] > 1:
+                        before[q] = p.next_of(head, q)
+                shared = head
+            p.resolved_item[head] = m
+            head += 1
+        return items, head, 0
+
+    cdef Py_ssize_t _steps_past(self, FramePlan p, Py_ssize_t o, Observation* before, bint further) except -1:
+        """The steps from ``before`` (per stacked key, the episode's newest observation) to the next
+        observation of pending ordinal ``o``: 1 where it is ``before`` shifted by one frame; with
+        ``further``, the fewest whose shift its stacks agree with (any, past a key's stack).
+        ValueError otherwise."""
+        cdef Py_ssize_t q, d, s, eb, most = 1
+        cdef bint agree
+        if further:
+            for q in range(self.nkeys):
+                if self.has_next[q]:
+                    most = max(most, self.stack[q])
+        for d in range(1, most + 1):
+            agree = True
+            for q in range(self.nkeys):
+                s, eb = self.stack[q], self.elem_bytes[q]
+                if self.has_next[q] and d < s and not _positions_equal(
+                        p.next_of(o, q), 0, before[q], d, s - d, self.row_bytes[q] // (s * eb), s, eb):
+                    agree = False
+                    break
+            if agree:
+                return d
+        raise ValueError(f"field 'next_{self.names[q]}': a next observation no row of the episode holds is not the "
+                         "observation before it shifted by one frame (stack_compress)")
+
+    cdef bint _same_nexts(self, FramePlan p, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+        # Whether pending ordinals a and b have the same next observation, for every next_of key.
+        cdef Py_ssize_t q
+        for q in range(self.nkeys):
+            if self.has_next[q] and not self._same(q, p.next_of(a, q), p.next_of(b, q)):
+                return False
+        return True
 
     cdef bint _equals_next(self, FramePlan p, Py_ssize_t o, Py_ssize_t i) noexcept nogil:
         # Whether row i's observation is the next observation of pending ordinal o, for every next_of key.
@@ -346,16 +420,18 @@ cdef class FramePlan:
 
     def __cinit__(self):
         self.obs = self.nexts = self._pending = NULL
-        self.item_row = self.item_source = self.row_item = self.resolved_item = self._positions = NULL
+        self.item_row = self.item_source = self.item_back = self.row_item = self.resolved_item = self._positions = NULL
         self.item_depth = NULL
 
-    cdef _init(self, FramePlanner planner, Py_ssize_t rows, Py_ssize_t earlier, Py_ssize_t seeds):
-        # An episode ends before each row and after the last; a resumed one has `seeds` older frames.
-        cdef Py_ssize_t nk = planner.nkeys, most = 2 * rows + 1 + seeds
+    cdef _init(self, FramePlanner planner, Py_ssize_t rows, Py_ssize_t earlier, Py_ssize_t extra):
+        # An episode ends before each row and after the last; `extra` items more: a resumed
+        # episode's older frames, an open end's next frames.
+        cdef Py_ssize_t nk = planner.nkeys, most = 2 * rows + 1 + extra
         self.planner = planner
         self.rows, self.earlier = rows, earlier
         self.item_row = <int64_t*>malloc(most * sizeof(int64_t))
         self.item_source = <int64_t*>malloc(most * sizeof(int64_t))
+        self.item_back = <int64_t*>malloc(most * sizeof(int64_t))
         self.item_depth = <uint8_t*>malloc(most)
         self.row_item = <int64_t*>malloc(rows * sizeof(int64_t) + 1)
         self.resolved_item = <int64_t*>malloc((earlier + rows) * sizeof(int64_t) + 1)
@@ -363,14 +439,15 @@ cdef class FramePlan:
         self.obs = <Observation*>malloc(nk * sizeof(Observation) + 1)
         self.nexts = <Observation*>malloc(nk * sizeof(Observation) + 1)
         self._pending = <Observation*>malloc(earlier * nk * sizeof(Observation) + 1)
-        if not (self.item_row and self.item_source and self.item_depth and self.row_item and self.resolved_item
-                and self._positions and self.obs and self.nexts and self._pending):
+        if not (self.item_row and self.item_source and self.item_back and self.item_depth and self.row_item
+                and self.resolved_item and self._positions and self.obs and self.nexts and self._pending):
             raise MemoryError()
         memset(self.nexts, 0, nk * sizeof(Observation))
 
     def __dealloc__(self):
         free(self.item_row)
         free(self.item_source)
+        free(self.item_back)
         free(self.item_depth)
         free(self.row_item)
         free(self.resolved_item)

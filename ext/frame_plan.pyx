@@ -114,7 +114,7 @@ cdef class Episode(EpisodeState):
 
     # -- planning -----------------------------------------------------------------
     def plan(self, Py_ssize_t k, list obs not None, list nexts not None, object flags, bint end_episode,
-             Py_ssize_t resume=0):
+             Py_ssize_t resume=0, bint open_end=False):
         """Plan ``k`` rows after this episode; returns a :class:`~mpreplay._ext.batch_plan.FramePlan`,
         or raises ValueError naming the field.  Changes nothing.
 
@@ -127,6 +127,10 @@ cdef class Episode(EpisodeState):
             stored (this episode must be between episodes): the older frames its stacks read are
             planned as items of their own before it, and its stacks are not checked against a
             step before it -- only that the positions older than the episode repeat its first frame
+        open_end : ``end_episode`` ends the episode where the rows stop, which may be before it did
+            (a saved episode, open when saved): the steps its rows' next observations reach past its
+            last row (n with rows folded n steps ahead) take items of their own, each checked to be
+            the one before shifted by one frame
         """
         cdef FramePlanner planner = self.planner
         cdef Py_ssize_t q, nk = planner.nkeys
@@ -142,7 +146,7 @@ cdef class Episode(EpisodeState):
                 o[q] = _observation(obs[q], k * planner.row_bytes[q], planner.names[q])
                 if planner.has_next[q]:
                     o[nk + q] = _observation(nexts[q], k * planner.row_bytes[q], planner.names[q], "next_")
-            return planner.plan(k, o, o + nk, flag, self, end_episode, (obs, nexts), resume)
+            return planner.plan(k, o, o + nk, flag, self, end_episode, (obs, nexts), resume, open_end)
         finally:
             free(o)
 
@@ -197,7 +201,7 @@ cdef class Episode(EpisodeState):
     cdef FramePlan plan_step(self, const uint8_t* flag, object keep):
         """Plan the step :meth:`take_step` found (``flag``: it ends its episode), as
         :meth:`plan` plans a batch of one; ``keep`` holds its arrays."""
-        return self.planner.plan(1, self._step_obs, self._step_next, flag, self, False, keep, 0)
+        return self.planner.plan(1, self._step_obs, self._step_next, flag, self, False, keep, 0, False)
 
     # -- any batch ----------------------------------------------------------------
     cdef void copy_frames(self, FramePlan p, const int64_t* slot) noexcept nogil:

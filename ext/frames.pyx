@@ -394,15 +394,16 @@ cdef class FrameStore:
                 row, at = p.item_row[j], s - 1
                 if row >= 0:
                     src = self.planner.row(q, p.obs[q], row)
-                elif p.item_source[j] < 0:
-                    # A frame -1 - source steps before the resumed first row (a key of a
-                    # shorter stack never reads it: any of its frames will do).
-                    src = p.obs[q]
-                    at = max(0, s - 1 - (-1 - p.item_source[j]))
-                elif self.planner.has_next[q]:
-                    src = p.next_of(p.item_source[j], q)
                 else:
-                    continue
+                    # A frame item_back steps before an observation's newest (a key of a
+                    # shorter stack never reads it: any of its frames will do).
+                    at = max(0, s - 1 - p.item_back[j])
+                    if p.item_source[j] < 0:
+                        src = p.obs[q]
+                    elif self.planner.has_next[q]:
+                        src = p.next_of(p.item_source[j], q)
+                    else:
+                        continue
                 dst = self.frames[q] + slot[j] * fb
                 if s == 1 or src.planar:
                     memcpy(dst, src.data + at * fb, fb)

@@ -252,15 +252,22 @@ class FrameWriter:
         return flags
 
     def plan(
-        self, k: int, rows: Mapping[str, np.ndarray], end_episode: bool, resume: int = 0, episode: Episode | None = None
+        self,
+        k: int,
+        rows: Mapping[str, np.ndarray],
+        end_episode: bool,
+        resume: int = 0,
+        episode: Episode | None = None,
+        open_end: bool = False,
     ) -> FramePlan:
         """Lay out ``k`` converted rows (and, with ``end_episode``, the end of their episode)
         after ``episode`` (None: the writer's).
 
         A flagged row (done or truncated) ends its episode, together with the
         flagged rows right after it that share its next observation.  ``resume`` > 0:
-        the first row is that step of an episode none of whose older steps are stored
-        (see :meth:`write_rows`).  Raises ValueError, changing nothing, when a stack or
+        the first row is that step of an episode none of whose older steps are stored;
+        ``open_end``: ``end_episode`` ends it where the rows stop, which may be before it
+        did (see :meth:`write_rows`).  Raises ValueError, changing nothing, when a stack or
         next observation cannot be rebuilt bit for bit (the checks run in
         ``ext/batch_plan.pyx``).
         """
@@ -269,15 +276,15 @@ class FrameWriter:
         for q, key in self._next_keys:
             nexts[q] = self._observations(k, rows, f"next_{key}", q)
         episode = self._episode if episode is None else episode
-        return episode.plan(k, obs, nexts, self._flags(k, rows), end_episode, resume)
+        return episode.plan(k, obs, nexts, self._flags(k, rows), end_episode, resume, open_end)
 
     def episode_slots(self, k: int, rows: Mapping[str, np.ndarray], resume: int = 0) -> int:
-        """The slots ``k`` converted rows of one whole episode take when a writer between episodes
-        writes them and ends the episode (as :meth:`write_rows` with ``end_episode``).  Raises its
-        ValueError for rows it would refuse; changes nothing."""
+        """The slots ``k`` converted rows of one saved episode take when a writer between episodes
+        writes them and ends the episode (as :meth:`load_episode`).  Raises its ValueError for rows
+        it would refuse; changes nothing."""
         if self._between is None:
             self._between = self._new_episode()
-        return self.plan(k, rows, True, resume, self._between).items
+        return self.plan(k, rows, True, resume, self._between, open_end=True).items
 
     # -- writing ----------------------------------------------------------------
     @property
@@ -313,6 +320,7 @@ class FrameWriter:
         meta: Mapping[str, np.ndarray] | None = None,
         resume: int = 0,
         opening: Callable[[np.ndarray, np.ndarray, int], tuple | None] | None = None,
+        open_end: bool = False,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Store ``k`` converted rows; returns the slot of each row and the generation it
         was published with.  ``meta`` maps per-slot arrays of the buffer's memory to a
@@ -324,10 +332,14 @@ class FrameWriter:
         ``resume`` > 0 (a writer between episodes only): the first row is that step of an
         episode whose older steps are not stored (a saved buffer's oldest kept step); the
         older frames its stacks read are stored before it, in slots never sampled.
+        ``open_end`` (with ``end_episode``): the episode ends where the rows stop, which may be
+        before it did (a saved episode, open when saved); the frames of the steps its rows'
+        next observations reach past its last row (n, folded n steps ahead) are stored after
+        it, in slots never sampled.
 
         All or nothing: a call that raises (bad rows, TimeoutError, BufferClosed) leaves the
         episode as it was and stores nothing, so the same call can be made again."""
-        plan = self.plan(k, rows, end_episode, resume)
+        plan = self.plan(k, rows, end_episode, resume, open_end=open_end)
         until = deadline(timeout)
         claimed = not self.has_lane
         self._claim(until)
@@ -408,9 +420,10 @@ class FrameWriter:
 
     def load_episode(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None, first: int) -> None:
         """End the episode in progress, then store ``k`` converted rows of a saved episode whose
-        first row is step ``first`` (resumed there, see :meth:`write_rows`); it ends."""
+        first row is step ``first`` (resumed there, see :meth:`write_rows`); it ends where its rows
+        stop (``open_end``: it may have been open when saved)."""
         self.write_rows(0, {}, None, None, end_episode=True)
-        self.write_rows(k, rows, priorities, None, end_episode=True, resume=first)
+        self.write_rows(k, rows, priorities, None, end_episode=True, resume=first, open_end=True)
 
     def reset(self) -> None:
         """Forget the episode in progress and give the lane back (after a fork or clear).

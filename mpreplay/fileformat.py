@@ -66,7 +66,8 @@ Loading never unpickles either: each array's ``.npy`` header (shape, dtype,
 byte count) is checked against the metadata before its data is read, and
 only numeric dtypes are accepted.  Every way a file can be wrong -- not an
 archive, damaged or truncated bytes, an unknown format version, fields,
-shapes, dtypes or n-step settings that differ from the buffer's, a count that
+shapes, dtypes or n-step settings that differ from the buffer's (a scalar
+field is one whether saved as ``()`` or as ``(1,)``), a count that
 disagrees with the arrays, negative or non-finite priorities, episodes or
 lanes whose rows are not consecutive -- raises :class:`TransitionFileError`
 (a ``ValueError``) before the buffer changes.
@@ -168,7 +169,9 @@ def read_transitions(
     file: File, specs: dict[str, FieldSpec], *, nstep: tuple[int, float] | None = None, episodes: bool | None = False
 ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
     """``(rows, priorities or None)`` saved in ``file``, checked to be transitions of ``specs``
-    folded with ``nstep`` (as :func:`write_transitions` takes them).  With ``episodes``
+    folded with ``nstep`` (as :func:`write_transitions` takes them); a scalar field saved as
+    ``(1,)`` (cpprb's shape of a field given none, which its compat layer keeps) is read as ``()``,
+    and the reverse, each in its field's shape in ``specs``.  With ``episodes``
     the file must record each step's episode and lane, and ``rows`` holds them as
     ``rows[EPISODE_ID]`` and ``rows[EPISODE_LANE]``; with None, ``rows`` holds them when
     the file records them; with False, they are left out.
@@ -190,6 +193,9 @@ def read_transitions(
                 "file: it records no episode or lane per step (it was not saved by a sequence buffer)"
             )
         arrays = _read_arrays(archive, meta)
+    for name, spec in specs.items():
+        # In the buffer's shape: a scalar field may have been saved as (1,), cpprb's shape, or ().
+        arrays[name] = arrays[name].reshape((meta.count,) + spec.shape)
     if episodes is False:
         for name in (EPISODE_ID, EPISODE_LANE):
             arrays.pop(name, None)
@@ -372,11 +378,18 @@ def _check_fits(meta: _Metadata, ours: dict[str, FieldSpec], nstep: tuple[int, f
         )
     for name, spec in ours.items():
         other = theirs[name]
-        if (other.shape, other.dtype) != (spec.shape, spec.dtype):
+        if other.dtype != spec.dtype or not _same_values(other.shape, spec.shape):
             raise TransitionFileError(
                 f"field {name!r}: the file stores {_describe(other.shape, other.dtype)}, "
                 f"the buffer expects {_describe(spec.shape, spec.dtype)}"
             )
+
+
+def _same_values(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Whether a field of shape ``a`` holds the values of one of shape ``b``: the same shape, or one
+    scalar per transition, ``()`` in the native buffers and ``(1,)`` in cpprb's (and its compat
+    layer's) for a field given no shape."""
+    return a == b or {a, b} == {(), (1,)}
 
 
 def _read_arrays(archive: zipfile.ZipFile, meta: _Metadata) -> dict[str, np.ndarray]:

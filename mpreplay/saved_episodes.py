@@ -92,9 +92,9 @@ def transition_episodes(slots: np.ndarray, lanes: np.ndarray, depths: np.ndarray
     row's earlier frames in its episode (as the buffer stores them, at most 255).
 
     An episode's rows fill consecutive slots of its lane with depths counting up by one, so an
-    episode begins after a slot that is not listed (an episode's last next frame, the older frames
-    of a loaded episode's first row, a row overwritten or waiting) and where the depth does not
-    count on (a writer's step 0)."""
+    episode begins after a slot that is not listed (an episode's last next frame or frames, the
+    older frames of a loaded episode's first row, a row overwritten or waiting) and where the depth
+    does not count on (a writer's step 0)."""
     lane = lanes_of(slots, lanes)
     width = (lanes[:, LANE_END] - lanes[:, LANE_START])[lane]
     depths = depths.astype(np.int64)

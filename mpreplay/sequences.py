@@ -186,12 +186,14 @@ class SequenceWriter:
         end_episode: bool = False,
         start_priorities: bool = False,
         resume: int = 0,
+        open_end: bool = False,
     ) -> int | None:
         """Store ``k`` converted steps (as :meth:`FrameWriter.write`); returns the slot of the first.
 
         ``start_priorities``: ``priorities`` are those of the sequences starting at each
         step (a saved buffer's), not per-step ones to fold; ``resume``: the episode begun
-        at that step keeps none of its older steps (see :meth:`FrameWriter.write_rows`)."""
+        at that step keeps none of its older steps; ``open_end``: ``end_episode`` ends it
+        where the steps stop (see :meth:`FrameWriter.write_rows`)."""
         flagged = self._flagged(k, rows)
         ends = np.flatnonzero(flagged)
         later = ends[ends + 1 < k] + 1  # the rows starting an episode after a flagged one
@@ -235,6 +237,7 @@ class SequenceWriter:
             {EPISODE_STEP_ARRAY: steps, EPISODE_START_ARRAY: starts},
             resume=resume,
             opening=opening,
+            open_end=open_end,
         )
         self._episode = after[0]
         return int(slots[0]) if len(slots) else None
@@ -335,7 +338,16 @@ class SequenceWriter:
         starting there, or None); it ends.  See :func:`mpreplay.saved_episodes.load_episodes`."""
         self.write(0, {}, None, None, end_episode=True)
         self._episode = _Episode(self._spec, first)
-        self.write(k, rows, priorities, None, end_episode=True, start_priorities=priorities is not None, resume=first)
+        self.write(
+            k,
+            rows,
+            priorities,
+            None,
+            end_episode=True,
+            start_priorities=priorities is not None,
+            resume=first,
+            open_end=True,
+        )
 
     def reset(self) -> None:
         """Forget the episode in progress and give the lane back (after a fork or clear)."""

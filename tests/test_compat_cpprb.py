@@ -11,6 +11,7 @@ from multiprocessing.managers import SyncManager
 import numpy as np
 import pytest
 
+import mpreplay
 from mpreplay.compat import cpprb
 
 ENV = {"obs": {"shape": 3}, "act": {"dtype": np.int64}, "rew": {}, "next_obs": {"shape": 3}, "done": {}}
@@ -436,6 +437,61 @@ def test_a_file_of_nstep_rows_is_refused_by_a_buffer_that_does_not_fold():
     f.seek(0)
     with pytest.raises(ValueError, match=r"nstep|n-step|folded"):
         cpprb.ReplayBuffer(8, {"done": {}}).load_transitions(f)
+
+
+def _file(buffer) -> io.BytesIO:
+    f = io.BytesIO()
+    buffer.save_transitions(f)
+    f.seek(0)
+    return f
+
+
+SCALARS = ["act", "rew", "done"]  # the fields of ENV given no shape: (1,) here, () in the native buffers
+
+
+def test_a_file_of_the_layer_loads_into_a_native_buffer_of_the_same_env_dict():
+    source = _filled(cpprb.ReplayBuffer)
+    target = mpreplay.ReplayBuffer(16, ENV)
+    target.load_transitions(_file(source))
+    saved, loaded = source.get_all_transitions(), target.get_all_transitions()
+    for name in SCALARS:
+        assert saved[name].shape == (5, 1) and loaded[name].shape == (5,)
+        np.testing.assert_array_equal(loaded[name], saved[name][:, 0])
+    for name in ("obs", "next_obs"):
+        np.testing.assert_array_equal(loaded[name], saved[name])
+
+
+def test_a_native_buffers_file_loads_into_a_buffer_of_the_layer_of_the_same_env_dict():
+    source = mpreplay.ReplayBuffer(16, ENV)
+    for i in range(5):
+        source.add(**_step(i))
+    target = cpprb.ReplayBuffer(16, ENV)
+    target.load_transitions(_file(source))
+    saved, loaded = source.get_all_transitions(), target.get_all_transitions()
+    for name in SCALARS:
+        assert saved[name].shape == (5,) and loaded[name].shape == (5, 1)
+        np.testing.assert_array_equal(loaded[name][:, 0], saved[name])
+    for name in ("obs", "next_obs"):
+        np.testing.assert_array_equal(loaded[name], saved[name])
+
+
+@pytest.mark.parametrize(
+    "spec, stored",
+    [
+        ({"shape": 2, "dtype": np.int64}, r"shape \(2,\) int64"),
+        ({"shape": (1, 1), "dtype": np.int64}, r"shape \(1, 1\) int64"),
+        ({"dtype": np.int32}, r"shape \(1,\) int32"),
+    ],
+    ids=["two values", "one value in two dimensions", "another dtype"],
+)
+def test_a_file_whose_field_differs_from_a_scalar_otherwise_is_refused_naming_it(spec, stored, unchanged):
+    source = cpprb.ReplayBuffer(16, {**ENV, "act": spec})
+    target = mpreplay.ReplayBuffer(16, ENV)
+    with (
+        unchanged(target),
+        pytest.raises(ValueError, match=rf"field 'act': the file stores {stored}, the buffer expects shape \(\) int64"),
+    ):
+        target.load_transitions(_file(source))
 
 
 def test_a_file_that_is_neither_format_is_refused():
