@@ -17,6 +17,8 @@ cdef enum:
 cdef void fault(int site) noexcept nogil
 
 
+# Final: the write and draw paths call its methods directly, not through a table of methods.
+@cython.final
 cdef class Slots:
     cdef int64_t[::1] header
     cdef int64_t[:, ::1] lanes

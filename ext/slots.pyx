@@ -322,7 +322,9 @@ cdef class Slots:
         # Lock held, no busy owner: the k slots of the lane from `skip` past its cursor.  The run
         # is written into the header before its first slot changes, so a holder killed midway
         # leaves recover() enough to finish it (see Slots.recover).
-        cdef Py_ssize_t start = self.slot(lane, self.lanes[lane, LANE_CURSOR], skip), j, s
+        cdef Py_ssize_t start = self.lanes[lane, LANE_CURSOR], j, s
+        if skip:
+            start = self.slot(lane, start, skip)
         self.header[PENDING_LANE] = lane
         self.header[PENDING_START] = start
         self.header[PENDING_COUNT] = k

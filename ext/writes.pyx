@@ -27,16 +27,17 @@ cdef Py_ssize_t reserve_waiting(Table t, Py_ssize_t k, uint64_t* reserved, bint 
                                 Py_ssize_t lane, Py_ssize_t skip=0, int64_t* free_slots=NULL) except -1:
     # Reserve k slots once no live process still writes one of them and (for inserts) the
     # rate limiter allows it: the run from `skip` past the lane's cursor (k: the whole lane,
-    # skip the slots a batch longer than the lane would overwrite), or -- `free_slots`, for a
-    # table of rows that keeps unread ones -- any k free slots, into free_slots (returns the
+    # skip the slots a batch longer than the lane would overwrite), or -- a table of rows that
+    # keeps unread ones, given `free_slots` -- any k free slots, into free_slots (returns the
     # first).  A table that keeps unread rows never overwrites one: its writes wait instead.
     cdef int64_t blocker
     cdef bint keep = insert and t.gate.keeps_unread()
+    cdef bint anywhere = keep and free_slots != NULL and t.frames is None and t.sequences is None
     if insert:
         t.gate.check_insert(k)
     t.gate.acquire(deadline)
     try:
-        while free_slots != NULL:
+        while anywhere:
             if t.slots.reserve_free(k, reserved, free_slots, lane):
                 return free_slots[0] if k else 0
             t.gate.block(deadline, f"add: fewer than {k} free slots: the others hold rows not yet sampled or "
@@ -205,8 +206,8 @@ cdef Py_ssize_t add_one(Table t, Handle h, dict values, double priority, object 
     if not h.staging.stage_all(values):
         return -1
     deadline = deadline_of(timeout)
-    # One slot: a run of one and a free slot are the same reservation.
-    slot = reserve_waiting(t, 1, &reserved, True, deadline, 0, 0, &free_slot if t.gate.keeps_unread() else NULL)
+    # One slot: a run of one and a free slot (a queue's) are the same reservation.
+    slot = reserve_waiting(t, 1, &reserved, True, deadline, 0, 0, &free_slot)
     _copy_staged(t, h, slot)
     publish_locked(t, deadline, 0, slot, 1, &reserved, NULL, &priority if priority >= 0.0 else NULL, NULL,
                    NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0)
