@@ -66,6 +66,11 @@ APEX_SOLVED_RETURN = 475.0  # CartPole-v1's reward threshold
 
 
 def _q_network(config: Config) -> Any:
+    if config.env == "atari":
+        from .apex_atari import atari_network
+        from .atari import num_actions
+
+        return atari_network(config, num_actions(config))  # type: ignore[arg-type]
     from torch import nn
 
     hidden = config.hidden
@@ -111,6 +116,10 @@ def _td_errors(online: Any, target: Any, batch: Mapping[str, np.ndarray]) -> Any
 
 def _actor(ctx: Context, config: Config) -> None:
     """Play CartPole on a vector of sub-environments with ε-greedy actions; push prioritized n-step transitions."""
+    if config.env == "atari":
+        from .apex_atari import atari_actor
+
+        return atari_actor(ctx, config)  # type: ignore[arg-type]
     torch = import_torch()
     replay, log = ctx.buffer["replay"], ctx.buffer["episodes"]
     num_envs = config.envs_per_actor
@@ -172,11 +181,15 @@ def _loss(online: Any, target: Any, batch: Mapping[str, np.ndarray], config: Con
 
 
 def _learner(ctx: Context, config: Config) -> dict[str, Any]:
-    """Train until CartPole is solved or the run is stopped; return the learner's counters."""
-    return run_learner(ctx, config, _q_network, _loss, APEX_SOLVED_RETURN)
+    """Train until the task is solved (CartPole) or the run is stopped; return the learner's counters."""
+    return run_learner(ctx, config, _q_network, _loss, APEX.goal(config))
 
 
 def _apex_replay(config: Config) -> MPPrioritizedReplayBuffer:
+    if config.env == "atari":
+        from .apex_atari import atari_replay
+
+        return atari_replay(config)  # type: ignore[arg-type]
     # The window lets every actor's batch in at once; SampleToInsertRatio centres it.
     slack = config.samples_per_insert * config.actor_batch * config.actors * 2 + config.batch_size
     limiter = SampleToInsertRatio(config.samples_per_insert, config.learning_starts, slack)
@@ -186,6 +199,8 @@ def _apex_replay(config: Config) -> MPPrioritizedReplayBuffer:
 
 
 def _apex_arguments(p: argparse.ArgumentParser, d: Config) -> None:
+    if d.env != "cartpole":
+        return
     p.add_argument(
         "--hide-velocity",
         action="store_true",
@@ -204,4 +219,5 @@ APEX = Agent(
     _learner,
     _apex_arguments,
     module=__name__,
+    envs=("cartpole", "atari"),
 )

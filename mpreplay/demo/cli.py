@@ -27,6 +27,10 @@ __all__ = ["AGENTS", "load_agent", "main"]
 # The agents `--agent` chooses from: the module defining each, and the Agent's name there.  Each is
 # imported only when chosen (an agent's module imports what it needs, torch among it).
 AGENTS = {"apex": ("mpreplay.demo.apex", "APEX"), "r2d2": ("mpreplay.demo.r2d2", "R2D2")}
+# The tasks `--env` chooses from: CartPole plays each agent's own settings; another task has a
+# settings class of its own, imported only when chosen (the Atari task imports gymnasium).
+ENVS: dict[str, tuple[str, str] | None] = {"cartpole": None, "atari": ("mpreplay.demo.atari", "AtariConfig")}
+_ATARI_EXTRA = "mpreplay demo --env atari needs ale-py and opencv-python-headless (the 'atari' extra)"
 _EPISODE_LOG_SIZE = 1 << 14  # rows; far more episodes than can end between two reads of the log
 
 
@@ -36,11 +40,29 @@ def load_agent(name: str) -> Agent:
     return getattr(importlib.import_module(module), attribute)
 
 
+def _settings(chosen: Agent, env: str) -> type[Config]:
+    """The settings class of ``chosen`` playing ``env``."""
+    where = ENVS[env]
+    if where is None:
+        return chosen.config
+    module, attribute = where
+    try:
+        return getattr(importlib.import_module(module), attribute)
+    except ImportError as exc:
+        print(f"{_ATARI_EXTRA}, and gymnasium: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
 def _parse(argv: Sequence[str] | None) -> tuple[Agent, Config]:
     first = argparse.ArgumentParser(add_help=False)
     first.add_argument("--agent", choices=tuple(AGENTS), default="apex")
-    chosen = load_agent(first.parse_known_args(argv)[0].agent)
-    d = chosen.config()
+    first.add_argument("--env", choices=tuple(ENVS), default="cartpole")
+    known = first.parse_known_args(argv)[0]
+    chosen = load_agent(known.agent)
+    if known.env not in chosen.envs:
+        first.error(f"--env {known.env}: --agent {known.agent} plays {' or '.join(chosen.envs)}")
+    settings = _settings(chosen, known.env)
+    d = settings()
     p = argparse.ArgumentParser(
         prog="mpreplay demo", description=chosen.description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
@@ -50,6 +72,13 @@ def _parse(argv: Sequence[str] | None) -> tuple[Agent, Config]:
         default="apex",
         help="apex: Ape-X DQN (feed-forward); r2d2: R2D2 (LSTM, sequence replay) with the velocities "
         "hidden; `--agent r2d2 --help` lists its flags",
+    )
+    p.add_argument(
+        "--env",
+        choices=tuple(ENVS),
+        default="cartpole",
+        help="cartpole: CartPole-v1; atari: an ALE game on pixels, Ape-X only (the 'atari' extra; "
+        "`--env atari --help` lists its flags and defaults)",
     )
     p.add_argument("--actors", type=int, default=d.actors, help="actor processes")
     p.add_argument("--seconds", type=float, default=d.seconds, help="stop after this long if not solved")
@@ -77,13 +106,17 @@ def _parse(argv: Sequence[str] | None) -> tuple[Agent, Config]:
         "--envs-per-actor",
         type=int,
         default=d.envs_per_actor,
-        help="CartPole sub-environments each actor steps as one vector env",
+        help="sub-environments each actor steps as one vector env",
     )
     p.add_argument("--grad-clip", type=float, default=d.grad_clip, help="gradient norm limit")
+    p.add_argument(
+        "--prefetch", type=int, default=d.prefetch, help="batches the learner samples ahead on a thread (0: in turn)"
+    )
     p.add_argument("--plain", action="store_true", help="print one line per second instead of a rich table")
     chosen.arguments(p, d)
+    settings.arguments(p, d)
     args = vars(p.parse_args(argv))
-    del args["agent"]
+    del args["agent"], args["env"]
     for name in (
         "actors",
         "capacity",
@@ -99,12 +132,14 @@ def _parse(argv: Sequence[str] | None) -> tuple[Agent, Config]:
     ):
         if args[name] < 1:
             p.error(f"--{name.replace('_', '-')}: expected an integer >= 1, got {args[name]}")
+    if args["prefetch"] < 0:
+        p.error(f"--prefetch: expected an integer >= 0, got {args['prefetch']}")
     if not args["seconds"] > 0:
         p.error(f"--seconds: expected a positive number, got {args['seconds']}")
     if args["learning_starts"] > args["capacity"]:
         p.error(f"--learning-starts ({args['learning_starts']}) exceeds --capacity ({args['capacity']})")
     try:
-        return chosen, chosen.config(**args)
+        return chosen, settings(**args)
     except ValueError as exc:  # a check across an agent's own settings
         p.error(str(exc))
 
@@ -119,6 +154,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as exc:
         print(f"mpreplay demo needs PyTorch and gymnasium (the 'examples' extra): {exc}", file=sys.stderr)
         return 1
+    try:
+        for module in config.preload:
+            if not module.startswith("mpreplay."):  # the libraries the task needs, not its own modules
+                importlib.import_module(module)
+    except ImportError as exc:
+        print(f"{_ATARI_EXTRA}: {exc}", file=sys.stderr)
+        return 1
     ladder = config.actors * config.envs_per_actor
     if epsilon(ladder - 1, ladder) > GREEDY_EPSILON:
         print(
@@ -127,7 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
     os.makedirs(config.out, exist_ok=True)
+    baseline = _random_baseline(config)
     report, episodes = _run(chosen, config)
+    if baseline is not None:
+        report["random_policy"] = baseline
     with open(os.path.join(config.out, "summary.json"), "w") as f:
         json.dump(report, f, indent=2)
     with open(os.path.join(config.out, "episodes.json"), "w") as f:
@@ -138,19 +183,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 130 if report["reason"] == "interrupted" else 0
 
 
+def _random_baseline(config: Config) -> dict[str, Any] | None:
+    """``--random-games`` games of a uniformly random policy on the run's task, before the run."""
+    games = getattr(config, "random_games", 0)
+    if not games:
+        return None
+    from .atari import mean_and_error, random_returns
+
+    start = time.monotonic()
+    returns = random_returns(config, games, seed=config.seed)  # type: ignore[arg-type]
+    mean, error = mean_and_error(returns)
+    seconds = time.monotonic() - start
+    print(f"random policy: {mean:.2f} ± {error:.2f} (standard error) over {games} games, {seconds:.0f} s")
+    return {"games": games, "mean_return": round(mean, 3), "standard_error": round(error, 3)}
+
+
 def _run(agent: Agent, config: Config) -> tuple[dict[str, Any], Episodes]:
     """Create the shared buffers and the parameter store, run the processes, watch them."""
     import_torch().manual_seed(config.seed)  # the initial weights, published as version 0
     # The processes fork from a server that has imported torch and gymnasium
     # once, instead of importing them each (seconds apiece on a busy machine).
     # The server only imports torch; forking after torch has run is what can deadlock.
-    multiprocessing.set_forkserver_preload(["torch", "gymnasium", agent.module])
+    multiprocessing.set_forkserver_preload(["torch", *config.preload, agent.module])
     reason, learner = "interrupted", None
     with ExitStack() as resources:
         replay = resources.enter_context(agent.replay(config))
         log = resources.enter_context(MPReplayBuffer(_EPISODE_LOG_SIZE, EPISODE_FIELDS))
         params = resources.enter_context(ParameterStore(agent.network(config).state_dict()))
-        monitor = Monitor(replay, log, params, time.time(), agent.solved_return)
+        monitor = Monitor(replay, log, params, time.time(), agent.goal(config))
         done = threading.Event()
         with live_view(config.plain, f"{agent.name} on {env_title(config)}") as show:
             watcher = threading.Thread(target=watch, args=(monitor, show, done), daemon=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import copy
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,11 @@ class Agent:
     arguments: Callable[[argparse.ArgumentParser, Config], None]  # its own flags beside the common ones
     module: str  # its module, imported by the process server before it forks
     positive: tuple[str, ...] = ()  # its own integer settings that must be >= 1
+    envs: tuple[str, ...] = ("cartpole",)  # the tasks it plays (`--env`)
+
+    def goal(self, config: Config) -> float | None:
+        """The return that ends a run of ``config``'s task as solved; None: it ends at ``--seconds``."""
+        return self.solved_return if config.solvable else None
 
 
 def import_torch() -> Any:
@@ -70,14 +75,15 @@ Loss = Callable[[Any, Any, Mapping[str, np.ndarray], Config], tuple[Any, np.ndar
 
 
 def run_learner(
-    ctx: Context, config: Config, network: Callable[[Config], Any], loss_of: Loss, goal: float
+    ctx: Context, config: Config, network: Callable[[Config], Any], loss_of: Loss, goal: float | None
 ) -> dict[str, Any]:
     """The learner both agents run: sample, step, write priorities back, publish, sync the target network.
 
     ``loss_of(online, target, batch, config)`` returns the batch's loss (a scalar tensor,
-    importance weights applied) and the sampled rows' new priorities.  Stops when the run
-    does or when the greedy sub-environments average ``goal`` (see :class:`SolvedCheck`);
-    returns the learner's counters.
+    importance weights applied) and the sampled rows' new priorities.  With ``config.prefetch``
+    the batches are drawn that many steps ahead on a background thread (``batches()``) while
+    this one trains.  Stops when the run does or when the greedy sub-environments average
+    ``goal`` (see :class:`SolvedCheck`; None: never); returns the learner's counters.
     """
     torch = import_torch()
 
@@ -89,15 +95,9 @@ def run_learner(
     optimizer = torch.optim.Adam(online.parameters(), lr=config.lr)
     counts = {"learner_steps": 0, "priority_updates": 0, "solved": False}
     solved = SolvedCheck(ctx.buffer["episodes"], goal)
-    while not ctx.stop.is_set():
+    for batch in _batches(ctx, replay, config):
         if solved():
             counts["solved"] = True
-            break
-        try:
-            batch = replay.sample(config.batch_size, config.beta, timeout=WAIT)
-        except TimeoutError:
-            continue
-        except BufferClosed:
             break
         loss, priorities = loss_of(online, target, batch, config)
         optimizer.zero_grad()
@@ -114,6 +114,27 @@ def run_learner(
     return counts
 
 
+def _batches(ctx: Context, replay: Any, config: Config) -> Iterator[dict[str, np.ndarray]]:
+    """The learner's batches until the run stops or the buffer closes: sampled in turn, or
+    ``config.prefetch`` ahead (a batch stays valid until the next one is asked for)."""
+    while not ctx.stop.is_set():
+        try:
+            if not config.prefetch:
+                yield replay.sample(config.batch_size, config.beta, timeout=WAIT)
+                continue
+            # A wait on the rate limiter longer than WAIT ends the prefetcher: look at the stop
+            # flag, then start another.
+            with replay.batches(config.batch_size, config.beta, prefetch=config.prefetch, timeout=WAIT) as batches:
+                for batch in batches:
+                    yield batch
+                    if ctx.stop.is_set():
+                        return
+        except TimeoutError:
+            continue
+        except BufferClosed:
+            return
+
+
 class SolvedCheck:
     """Whether the greedy sub-environments' last WINDOW episodes average ``goal`` or more.
 
@@ -121,11 +142,11 @@ class SolvedCheck:
     ``_SOLVED_CHECK`` seconds and answers False in between.
     """
 
-    def __init__(self, log: MPReplayBuffer, goal: float):
+    def __init__(self, log: MPReplayBuffer, goal: float | None):
         self._log, self._goal, self._next = log, goal, time.monotonic()
 
     def __call__(self) -> bool:
-        if time.monotonic() < self._next:
+        if self._goal is None or time.monotonic() < self._next:
             return False
         self._next = time.monotonic() + _SOLVED_CHECK
         return recent_mean(self._log.get_all_transitions()) >= self._goal

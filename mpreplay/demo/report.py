@@ -49,7 +49,12 @@ class Monitor:
     """Reads the buffers' counters and the episode log; computes rates over the last few seconds."""
 
     def __init__(
-        self, replay: MPPrioritizedReplayBuffer, log: MPReplayBuffer, params: ParameterStore, start: float, goal: float
+        self,
+        replay: MPPrioritizedReplayBuffer,
+        log: MPReplayBuffer,
+        params: ParameterStore,
+        start: float,
+        goal: float | None,
     ):
         self._replay, self._log, self._params, self.start, self.goal = replay, log, params, start, goal
         self.episodes = Episodes([], [], [], [], [])
@@ -110,6 +115,10 @@ def _number(value: float) -> str:
     return "-" if value == -math.inf else f"{value:.1f}"
 
 
+def _goal(goal: float | None) -> str:
+    return "no goal: ends at --seconds" if goal is None else f"solved at {goal:g}"
+
+
 def _live_rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
     return [
         ("elapsed", f"{s['elapsed']:.0f} s"),
@@ -121,8 +130,7 @@ def _live_rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
             f"return, last {WINDOW} episodes",
             (
                 f"{_number(s['mean_return_all'])} (all actors)  "
-                f"{_number(s['mean_return_greedy'])} (ε ≤ {GREEDY_EPSILON:g}; "
-                f"solved at {s['goal']:g})"
+                f"{_number(s['mean_return_greedy'])} (ε ≤ {GREEDY_EPSILON:g}; {_goal(s['goal'])})"
             ),
         ),
         ("stale updates dropped", f"{s['stale_updates_dropped']:,}"),
@@ -180,12 +188,13 @@ def summary(
     episodes: Episodes,
     reason: str,
 ) -> dict[str, Any]:
-    solved = solve_point(episodes.arrays(), agent.solved_return)
+    goal = agent.goal(config)
+    solved = None if goal is None else solve_point(episodes.arrays(), goal)
     learner = learner or {}
     return {
         "agent": agent.name,
         "env": env_title(config),
-        "solved_at": agent.solved_return,
+        "solved_at": goal,
         "reason": reason,
         "solved": solved is not None,
         "seconds_to_solve": None if solved is None else round(solved[0], 1),
@@ -240,7 +249,7 @@ def plot(episodes: Episodes, summary: Mapping[str, Any], path: str) -> None:
     from matplotlib import pyplot as plt
 
     ep = episodes.arrays()
-    goal = summary["solved_at"]
+    goal, baseline = summary["solved_at"], summary.get("random_policy")
     greedy = ep["eps"] <= GREEDY_EPSILON
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     for ax, key, label in ((axes[0], "time", "wall time (s)"), (axes[1], "env_steps", "env steps")):
@@ -252,16 +261,26 @@ def plot(episodes: Episodes, summary: Mapping[str, Any], path: str) -> None:
             color="C3",
             label=f"mean of the last {WINDOW} with ε ≤ {GREEDY_EPSILON:g}",
         )
-        ax.axhline(goal, color="grey", linestyle="--", linewidth=1, label=f"solved ({goal:g})")
+        if goal is not None:
+            ax.axhline(goal, color="grey", linestyle="--", linewidth=1, label=f"solved ({goal:g})")
+        if baseline is not None:
+            ax.axhline(
+                baseline["mean_return"],
+                color="black",
+                linestyle=":",
+                linewidth=1,
+                label=f"random policy ({baseline['mean_return']:.2f}, {baseline['games']} games)",
+            )
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("episode return")
     axes[0].legend(loc="upper left", fontsize=7)
-    solved = (
-        f"solved in {summary['seconds_to_solve']:.0f} s, {summary['env_steps_to_solve']:,} env steps"
-        if summary["solved"]
-        else "not solved"
-    )
+    if summary["solved"]:
+        solved = f"solved in {summary['seconds_to_solve']:.0f} s, {summary['env_steps_to_solve']:,} env steps"
+    elif goal is None:
+        solved = f"{summary['elapsed_seconds']:.0f} s, {summary['env_steps']:,} env steps"
+    else:
+        solved = "not solved"
     fig.suptitle(f"{summary['agent']} on {summary['env']}, {summary['config']['actors']} actors: {solved}")
     fig.tight_layout()
     fig.savefig(path, dpi=80)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -68,11 +69,27 @@ class Config:
     grad_clip: float = 10.0
     hide_velocity: bool = False
     plain: bool = False
+    prefetch: int = 0
+
+    # What `--env` names this task; whether a run of it can be judged solved (else it ends at --seconds);
+    # the modules the process server imports before it forks the processes.
+    env: ClassVar[str] = "cartpole"
+    solvable: ClassVar[bool] = True
+    preload: ClassVar[tuple[str, ...]] = ("gymnasium",)
 
     @property
     def obs_dim(self) -> int:
         """Numbers an actor observes per step."""
         return len(POSITIONS) if self.hide_velocity else 4
+
+    @classmethod
+    def arguments(cls, p: argparse.ArgumentParser, d: Config) -> None:
+        """The task's own flags beside the common ones (CartPole has none; an agent may add some)."""
+
+    @property
+    def title(self) -> str:
+        """What the live view, summary and plot call the task."""
+        return f"{ENV_ID}, velocities hidden" if self.hide_velocity else ENV_ID
 
 
 def epsilon(rank: int, num_actors: int, base: float = 0.4, alpha: float = 7.0) -> float:
@@ -114,7 +131,7 @@ def vector_env(config: Config, **vector_kwargs: Any) -> Any:
 
 def env_title(config: Config) -> str:
     """What the live view, summary and plot call the task."""
-    return f"{ENV_ID}, velocities hidden" if config.hide_velocity else ENV_ID
+    return config.title
 
 
 def actor_epsilons(ctx: Context, config: Config) -> np.ndarray:

@@ -1,0 +1,182 @@
+"""Ape-X DQN on Atari (``mpreplay demo --env atari``): the actor's loop and the compressed replay buffer.
+
+The learner is the Ape-X learner of :mod:`mpreplay.demo.apex` (the shared loop, on prefetched
+batches) with the Nature CNN (:mod:`mpreplay.demo.nature_cnn`); what differs on pixels is here.
+
+* Each actor steps ``--envs-per-actor`` games in one gymnasium ``SyncVectorEnv``
+  (:mod:`mpreplay.demo.atari`), each sub-environment at its rung of the Ape-X ε ladder.  It
+  keeps every sub-environment's last 4 frames in a :class:`~mpreplay.demo.atari.FrameStacks`
+  (a new episode's stack repeats its first frame) and computes the stacks' Q-values once per
+  step, for acting.
+* :class:`~mpreplay.vector_env.VectorTransitions` folds each sub-environment's 3-step returns
+  from the stacks, with each stack's Q-values riding beside it: a folded row carries Q(s) and
+  Q(s'), so its initial priority |R + γ^m max Q(s') - Q(s, a)| costs no second forward pass.
+* :class:`~mpreplay.vector_env.VectorWriter` writes every sub-environment's rows through an
+  episode writer of its own (a lane of the buffer) and ends each episode where it ended: the
+  buffer (``next_of`` + ``stack_compress``) checks every stack against the step before and
+  stores one frame a step.
+* The episode log gets one row per *game* (``info["game_over"]``), whether or not each lost
+  life ended a replay episode.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..launcher import Context
+from ..limiter import SampleToInsertRatio
+from ..shared_buffer import MPPrioritizedReplayBuffer
+from ..vector_env import TransitionBatch, VectorTransitions, VectorWriter
+from .atari import DEPTH, AtariConfig, FrameStacks, stacked_spaces, vector_env
+from .nature_cnn import nature_cnn
+from .processes import WAIT, import_torch
+from .task import actor_epsilons, actor_seed
+
+__all__ = ["atari_network", "atari_replay", "atari_actor", "initial_priorities", "replay_fields"]
+
+_Q = ("obs_q", "next_obs_q")  # the fields of the Q-values riding with the stacks (never stored)
+_RENAMED = {"obs_frames": "obs", "next_obs_frames": "next_obs"}
+
+
+def atari_network(config: AtariConfig, num_actions: int) -> Any:
+    return nature_cnn(num_actions, DEPTH, dueling=config.dueling)
+
+
+def replay_fields() -> dict[str, dict[str, Any]]:
+    stack = {"shape": (84, 84, DEPTH), "dtype": np.uint8}
+    return {
+        "obs": stack,
+        "act": {"dtype": np.int64},
+        "rew": {},
+        "next_obs": stack,
+        "done": {},
+        "discount": {},
+    }  # discount: gamma**m
+
+
+def atari_replay(config: AtariConfig) -> MPPrioritizedReplayBuffer:
+    """Stacks stored one frame a step: a lane per sub-environment of every actor."""
+    slack = config.samples_per_insert * config.actor_batch * config.actors * 2 + config.batch_size * (
+        1 + config.prefetch
+    )
+    limiter = SampleToInsertRatio(config.samples_per_insert, config.learning_starts, slack)
+    return MPPrioritizedReplayBuffer(
+        config.capacity,
+        replay_fields(),
+        alpha=config.alpha,
+        seed=config.seed,
+        rate_limiter=limiter,
+        next_of="obs",
+        stack_compress="obs",
+        lanes=config.actors * config.envs_per_actor,
+    )
+
+
+def initial_priorities(rows: Mapping[str, np.ndarray]) -> np.ndarray:
+    """|R + discount (1 - done) max_a Q(s', a) - Q(s, act)| from the Q-values the rows carry."""
+    taken = np.take_along_axis(rows["obs_q"], rows["act"][:, None], 1)[:, 0]
+    bootstrap = rows["next_obs_q"].max(1)
+    target = rows["rew"] + rows["discount"] * (1.0 - rows["done"]) * bootstrap
+    return np.abs(target - taken)
+
+
+def _stored(batch: TransitionBatch) -> TransitionBatch:
+    """The batch's rows as the buffer stores them: the stacks under their field names, no Q-values."""
+    rows = {_RENAMED.get(name, name): value for name, value in batch.rows.items() if name not in _Q}
+    return TransitionBatch(rows, batch.envs, batch.ended)
+
+
+class _Pending:
+    """The step batches not yet written, whose priorities are computed together."""
+
+    def __init__(self) -> None:
+        self.batches: list[TransitionBatch] = []
+        self.rows = 0
+
+    def append(self, batch: TransitionBatch) -> None:
+        if len(batch) or len(batch.ended):
+            self.batches.append(batch)
+            self.rows += len(batch)
+
+    def write(self, ctx: Context, writer: VectorWriter) -> bool:
+        """Write them all in order, waiting on the rate limiter; False if the run ends first."""
+        if not self.rows:
+            priorities = np.zeros(0)
+        else:
+            columns = ("obs_q", "next_obs_q", "act", "rew", "discount", "done")
+            priorities = initial_priorities(
+                {key: np.concatenate([b.rows[key] for b in self.batches if len(b)]) for key in columns}
+            )
+        start = 0
+        for batch in self.batches:
+            stored, mine = _stored(batch), priorities[start : start + len(batch)]
+            start += len(batch)
+            while True:  # a timed-out add goes on where it stopped (VectorWriter keeps the place)
+                if ctx.stop.is_set():
+                    return False
+                try:
+                    writer.add(stored, mine, timeout=WAIT)
+                    break
+                except TimeoutError:
+                    continue
+        self.batches, self.rows = [], 0
+        return True
+
+
+def atari_actor(ctx: Context, config: AtariConfig) -> None:
+    """Play the game on a vector of sub-environments with ε-greedy actions; write prioritized
+    3-step transitions of frame stacks, each episode through a lane of its own."""
+    torch = import_torch()
+    from ..errors import BufferClosed
+
+    replay, log = ctx.buffer["replay"], ctx.buffer["episodes"]
+    env = vector_env(config)
+    num_envs, num_actions = env.num_envs, int(env.single_action_space.n)
+    eps = actor_epsilons(ctx, config)
+    seed = actor_seed(ctx, config)
+    rng = np.random.default_rng(seed)
+    steps = VectorTransitions(stacked_spaces(env), nstep=config.nstep, gamma=config.gamma)
+    writer = VectorWriter(replay, num_envs)
+    net = atari_network(config, num_actions)
+    weights, version = net.state_dict(), -1  # the state dict's tensors share the network's memory
+    stacks = FrameStacks(num_envs)
+
+    def q_values() -> np.ndarray:
+        with torch.inference_mode():
+            return net(torch.from_numpy(stacks.stacks)).numpy()
+
+    frames, _ = env.reset(seed=seed)
+    stacks.restart(frames)
+    q = q_values()
+    steps.reset({"frames": stacks.stacks, "q": q})
+    pending = _Pending()
+    games, env_steps = 0, 0
+    returns = np.zeros(num_envs)
+    resetting = np.zeros(num_envs, bool)  # NextStep autoreset: these sub-environments' step is a reset
+    try:
+        while not ctx.stop.is_set():
+            newer = ctx.params.read_if_newer(version, out=weights)
+            if newer is not None:
+                version = newer[1]
+            act = np.where(rng.random(num_envs) < eps, rng.integers(num_actions, size=num_envs), q.argmax(1))
+            frames, rew, terminated, truncated, info = env.step(act)
+            stacks.push(frames, restart=resetting)
+            q = q_values()
+            pending.append(steps.step(act, {"frames": stacks.stacks, "q": q}, rew, terminated, truncated, info))
+            env_steps += int(num_envs - resetting.sum())
+            returns += rew
+            resetting = terminated | truncated
+            for e in np.flatnonzero(resetting & info["game_over"]):
+                log.add(rank=ctx.rank, episode=games, eps=eps[e], ret=returns[e], steps=env_steps, time=time.time())
+                games, returns[e] = games + 1, 0.0
+            if pending.rows >= config.actor_batch and not pending.write(ctx, writer):
+                return
+    except BufferClosed:
+        return
+    finally:
+        writer.close()
+        env.close()
