@@ -57,10 +57,10 @@ class AtariConfig(Config):
     batch_size: int = 32
     out: str = "./mpreplay-demo-atari"
     lr: float = 2.5e-4
-    target_update: int = 1_000
+    target_update: int = 500
     publish_every: int = 50
-    learning_starts: int = 10_000
-    samples_per_insert: float = 1.0
+    learning_starts: int = 5_000
+    samples_per_insert: float = 2.0
     actor_batch: int = 64
     envs_per_actor: int = 4
     game: str = "Breakout"
