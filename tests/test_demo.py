@@ -9,12 +9,10 @@ under "fork".
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
@@ -22,39 +20,16 @@ pytest.importorskip("torch")
 pytest.importorskip("gymnasium")
 pytest.importorskip("matplotlib")
 
+from demo_runs import Run, run_demo, segments_of, summary_of  # tests/demo_runs.py
+
 from mpreplay import cli
 from mpreplay.demo import epsilon
-from mpreplay.memory import SEGMENT_PREFIX
-
-
-class Run(NamedTuple):
-    returncode: int
-    pid: int
-    out: Path
-    stdout: str
-    stderr: str
-
-
-def segments_of(pid: int) -> set[str]:
-    """The /dev/shm entries of the segments process ``pid`` created (mpreplay names them after it)."""
-    return {name for name in os.listdir("/dev/shm") if name.startswith(f"{SEGMENT_PREFIX}{pid}-")}
-
-
-def summary_of(run: Run) -> dict:
-    return json.loads((run.out / "summary.json").read_text())
 
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """``main(["--seconds", "20", "--out", DIR])`` in a subprocess, once for the tests below."""
-    out = tmp_path_factory.mktemp("demo")
-    code = f"from mpreplay.demo import main; raise SystemExit(main(['--seconds', '20', '--out', {str(out)!r}]))"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=150)
-    finally:
-        proc.kill()
-    return Run(proc.returncode, proc.pid, out, stdout, stderr)
+    return run_demo(["--seconds", "20"], tmp_path_factory.mktemp("demo"), timeout=150)
 
 
 @pytest.mark.timeout(180)

@@ -22,11 +22,12 @@ batches) with the Nature CNN (:mod:`mpreplay.demo.nature_cnn`); what differs on 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from ..errors import BufferClosed
 from ..launcher import Context
 from ..limiter import SampleToInsertRatio
 from ..shared_buffer import MPPrioritizedReplayBuffer
@@ -36,7 +37,15 @@ from .nature_cnn import nature_cnn
 from .processes import WAIT, import_torch
 from .task import actor_epsilons, actor_seed
 
-__all__ = ["atari_network", "atari_replay", "atari_actor", "initial_priorities", "replay_fields"]
+__all__ = [
+    "StackedSteps",
+    "atari_actor",
+    "atari_network",
+    "atari_replay",
+    "initial_priorities",
+    "replay_fields",
+    "stored",
+]
 
 _Q = ("obs_q", "next_obs_q")  # the fields of the Q-values riding with the stacks (never stored)
 _RENAMED = {"obs_frames": "obs", "next_obs_frames": "next_obs"}
@@ -84,7 +93,7 @@ def initial_priorities(rows: Mapping[str, np.ndarray]) -> np.ndarray:
     return np.abs(target - taken)
 
 
-def _stored(batch: TransitionBatch) -> TransitionBatch:
+def stored(batch: TransitionBatch) -> TransitionBatch:
     """The batch's rows as the buffer stores them: the stacks under their field names, no Q-values."""
     rows = {_RENAMED.get(name, name): value for name, value in batch.rows.items() if name not in _Q}
     return TransitionBatch(rows, batch.envs, batch.ended)
@@ -113,13 +122,13 @@ class _Pending:
             )
         start = 0
         for batch in self.batches:
-            stored, mine = _stored(batch), priorities[start : start + len(batch)]
+            rows, mine = stored(batch), priorities[start : start + len(batch)]
             start += len(batch)
             while True:  # a timed-out add goes on where it stopped (VectorWriter keeps the place)
                 if ctx.stop.is_set():
                     return False
                 try:
-                    writer.add(stored, mine, timeout=WAIT)
+                    writer.add(rows, mine, timeout=WAIT)
                     break
                 except TimeoutError:
                     continue
@@ -127,11 +136,52 @@ class _Pending:
         return True
 
 
+class StackedSteps:
+    """A vector of games as the actor sees them: each sub-environment's last 4 frames, the stacks'
+    Q-values from ``q_values`` (computed once a step, for acting and for the priorities), and the
+    folded transitions each step completes.
+
+    ``step(act)`` returns the :class:`~mpreplay.vector_env.TransitionBatch` of the step (rows
+    carrying ``obs_q`` and ``next_obs_q``: see :func:`initial_priorities`, then :func:`stored`),
+    its rewards, the sub-environments whose episode ended and those whose game ended.
+    """
+
+    def __init__(self, env: Any, q_values: Callable[[np.ndarray], np.ndarray], nstep: int, gamma: float):
+        self._env, self._q_values = env, q_values
+        self._stacks = FrameStacks(env.num_envs)
+        self._steps = VectorTransitions(stacked_spaces(env), nstep=nstep, gamma=gamma)
+        self._resetting = np.zeros(env.num_envs, bool)  # NextStep autoreset: their next step is a reset
+        self.q = np.zeros((env.num_envs, int(env.single_action_space.n)), np.float32)
+
+    @property
+    def stacks(self) -> np.ndarray:
+        """``(num_envs, 84, 84, 4)`` uint8: each sub-environment's current stack."""
+        return self._stacks.stacks
+
+    @property
+    def resetting(self) -> np.ndarray:
+        """The sub-environments whose next step is a reset (it is no env step: it counts none)."""
+        return self._resetting.copy()
+
+    def reset(self, seed: int) -> None:
+        frames, _ = self._env.reset(seed=seed)
+        self._stacks.restart(frames)
+        self.q = self._q_values(self._stacks.stacks)
+        self._steps.reset({"frames": self._stacks.stacks, "q": self.q})
+
+    def step(self, act: np.ndarray) -> tuple[TransitionBatch, np.ndarray, np.ndarray, np.ndarray]:
+        frames, rew, terminated, truncated, info = self._env.step(act)
+        self._stacks.push(frames, restart=self._resetting)
+        self.q = self._q_values(self._stacks.stacks)
+        batch = self._steps.step(act, {"frames": self._stacks.stacks, "q": self.q}, rew, terminated, truncated, info)
+        self._resetting = ended = terminated | truncated
+        return batch, rew, ended, ended & info["game_over"]
+
+
 def atari_actor(ctx: Context, config: AtariConfig) -> None:
     """Play the game on a vector of sub-environments with ε-greedy actions; write prioritized
     3-step transitions of frame stacks, each episode through a lane of its own."""
     torch = import_torch()
-    from ..errors import BufferClosed
 
     replay, log = ctx.buffer["replay"], ctx.buffer["episodes"]
     env = vector_env(config)
@@ -139,38 +189,30 @@ def atari_actor(ctx: Context, config: AtariConfig) -> None:
     eps = actor_epsilons(ctx, config)
     seed = actor_seed(ctx, config)
     rng = np.random.default_rng(seed)
-    steps = VectorTransitions(stacked_spaces(env), nstep=config.nstep, gamma=config.gamma)
     writer = VectorWriter(replay, num_envs)
     net = atari_network(config, num_actions)
     weights, version = net.state_dict(), -1  # the state dict's tensors share the network's memory
-    stacks = FrameStacks(num_envs)
 
-    def q_values() -> np.ndarray:
+    def q_values(stacks: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
-            return net(torch.from_numpy(stacks.stacks)).numpy()
+            return net(torch.from_numpy(stacks)).numpy()
 
-    frames, _ = env.reset(seed=seed)
-    stacks.restart(frames)
-    q = q_values()
-    steps.reset({"frames": stacks.stacks, "q": q})
+    steps = StackedSteps(env, q_values, config.nstep, config.gamma)
+    steps.reset(seed)
     pending = _Pending()
     games, env_steps = 0, 0
     returns = np.zeros(num_envs)
-    resetting = np.zeros(num_envs, bool)  # NextStep autoreset: these sub-environments' step is a reset
     try:
         while not ctx.stop.is_set():
             newer = ctx.params.read_if_newer(version, out=weights)
             if newer is not None:
                 version = newer[1]
-            act = np.where(rng.random(num_envs) < eps, rng.integers(num_actions, size=num_envs), q.argmax(1))
-            frames, rew, terminated, truncated, info = env.step(act)
-            stacks.push(frames, restart=resetting)
-            q = q_values()
-            pending.append(steps.step(act, {"frames": stacks.stacks, "q": q}, rew, terminated, truncated, info))
-            env_steps += int(num_envs - resetting.sum())
+            act = np.where(rng.random(num_envs) < eps, rng.integers(num_actions, size=num_envs), steps.q.argmax(1))
+            env_steps += int(num_envs - steps.resetting.sum())
+            batch, rew, _, game_over = steps.step(act)
+            pending.append(batch)
             returns += rew
-            resetting = terminated | truncated
-            for e in np.flatnonzero(resetting & info["game_over"]):
+            for e in np.flatnonzero(game_over):
                 log.add(rank=ctx.rank, episode=games, eps=eps[e], ret=returns[e], steps=env_steps, time=time.time())
                 games, returns[e] = games + 1, 0.0
             if pending.rows >= config.actor_batch and not pending.write(ctx, writer):
