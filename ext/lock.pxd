@@ -20,6 +20,10 @@ cdef class SharedLock:
     cdef LockWords* _sh
     cdef int64_t[::1] _counters
     cdef object _on_recover
+    # This object's own holds, timed only when asked (time_holds): a benchmark's measure of how
+    # long a call keeps everyone else out.  Process-local, never in the segment.
+    cdef bint _timing
+    cdef int64_t _taken_ns, _held_ns, _holds
 
     # acquire() and release() without a Python call: lock(limit) waits at most `limit`
     # seconds (< 0: no limit) and returns 1 once held, 0 when the wait timed out.

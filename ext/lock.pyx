@@ -285,6 +285,8 @@ cdef class SharedLock:
         self._sh.holder = mpr_pid
         if self._sh.pending:
             self._recover()
+        if self._timing:
+            self._taken_ns = _now_ns()
         return 1
 
     cdef int _spin(self, int64_t until) noexcept nogil:
@@ -348,6 +350,18 @@ cdef class SharedLock:
         self._sh.pending = 0
         return 0
 
+    def time_holds(self, bint on) -> None:
+        """Start (``on``) or stop timing this object's holds, from acquisition to release; starting
+        sets :meth:`hold_times` back to zero.  Two clock reads a hold while on, none while off."""
+        self._timing = on
+        if on:
+            self._held_ns = self._holds = 0
+            self._taken_ns = _now_ns()  # a hold under way now counts from here
+
+    def hold_times(self):
+        """``(seconds, holds)``: how long this object held the lock, and how many times, while timed."""
+        return self._held_ns * 1e-9, int(self._holds)
+
     def release(self) -> None:
         """Release the lock; RuntimeError if this thread does not hold it."""
         self.unlock()
@@ -355,6 +369,9 @@ cdef class SharedLock:
     cdef int unlock(self) except -1:
         cdef int64_t holder = self._sh.holder
         cdef int rc
+        if self._timing and holder == mpr_pid:
+            self._held_ns += _now_ns() - self._taken_ns
+            self._holds += 1
         self._sh.holder = 0
         rc = pthread_mutex_unlock(&self._sh.mutex)
         if rc == EPERM:

@@ -356,4 +356,5 @@ class ReplayBuffer(BufferFiles):
             sequence_length=None if self._sequence is None else self._sequence.length,
             one_lane=self._compression is None,
             selector_name=self._selector_spec.name,
+            lock=self._lock,
         )

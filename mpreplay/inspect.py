@@ -13,6 +13,8 @@ working.  ``buffer.inspection()`` gives an :class:`Inspection`:
   header by counter name.
 * ``priorities(indexes)`` and ``total_weight``: what the selector holds.
 * ``verify(timeout)``: the consistency check behind ``buffer.verify()``.
+* ``time_lock_holds()`` and ``lock_holds()``: how long this handle's calls hold a shared
+  buffer's lock (timed only when asked), for benchmarks.
 * Test hooks, which change the buffer: ``writable(name)`` (a writable view, to
   damage a buffer on purpose), ``holding_lock(timeout)`` (hold the lock as a
   call does: a frozen or killed holder), ``reserve(k)`` (a write stopped
@@ -77,8 +79,10 @@ class Inspection:
         sequence_length: int | None,
         one_lane: bool,
         selector_name: str,
+        lock: Any = None,
     ):
         self._memory, self._gate, self._ring, self._selector = memory, gate, ring, selector
+        self._lock = lock  # a shared buffer's process-shared lock (None: a local buffer's)
         self.capacity = capacity
         self.sequence_length = sequence_length
         self.selector_name = selector_name  # its entry in mpreplay.selectors
@@ -124,6 +128,22 @@ class Inspection:
         ``mpreplay.consistency``): the report, or :class:`~mpreplay.errors.CorruptBufferError`."""
         with self.holding_lock(timeout):
             return check_arrays(self._memory.arrays, self.capacity, self.sequence_length, self.selector_name)
+
+    def time_lock_holds(self, on: bool = True) -> None:
+        """Start (or with ``on=False`` stop) timing how long the calls of this buffer object -- this
+        handle, in this process -- hold the shared lock, each hold from acquisition to release;
+        starting sets :meth:`lock_holds` back to zero.  For benchmarks: the hold time per call is
+        what limits how many processes one lock serves.  Shared buffers only (TypeError otherwise)."""
+        if self._lock is None:
+            raise TypeError("time_lock_holds: a local buffer has no shared lock (its threads take a ThreadLock)")
+        self._lock.time_holds(checks.flag("on", on))
+
+    def lock_holds(self) -> tuple[float, int]:
+        """``(seconds, holds)``: how long this buffer object held the shared lock, and how many
+        times, since :meth:`time_lock_holds` started timing."""
+        if self._lock is None:
+            raise TypeError("lock_holds: a local buffer has no shared lock (its threads take a ThreadLock)")
+        return self._lock.hold_times()
 
     # -- test hooks: these change the buffer -----------------------------------------------
     def writable(self, name: str) -> np.ndarray:

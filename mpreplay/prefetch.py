@@ -125,6 +125,12 @@ class Prefetcher(Iterator[dict[str, Any]]):
     def __iter__(self) -> Prefetcher:
         return self
 
+    @property
+    def ready(self) -> int:
+        """Batches drawn and not handed out yet (at most ``prefetch + 1``): while it is above
+        zero, ``next()`` returns without waiting for the drawing thread."""
+        return self._ready.qsize()
+
     def __next__(self) -> dict[str, Any]:
         if self._error is not None:
             raise self._error

@@ -52,6 +52,28 @@ def test_batches_reuse_prefetch_plus_one_sets_of_arrays():
     assert len(addresses) <= 3
 
 
+def wait_until(condition, seconds: float = 10.0) -> None:
+    end = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < end, "the condition did not come true in time"
+        time.sleep(0.001)
+
+
+def test_ready_counts_the_batches_drawn_ahead_up_to_prefetch_plus_one():
+    with filled().batches(8, prefetch=2) as batches:
+        wait_until(lambda: batches.ready == 3)
+        time.sleep(0.05)
+        assert batches.ready == 3
+
+
+def test_a_batch_handed_out_leaves_the_ready_count():
+    with filled().batches(8, prefetch=2) as batches:
+        wait_until(lambda: batches.ready == 3)
+        next(batches)
+        time.sleep(0.05)  # the held batch's arrays are not free: nothing more is drawn
+        assert batches.ready == 2
+
+
 def test_a_batch_is_not_refilled_while_the_caller_holds_it():
     with filled().batches(8, prefetch=2) as batches:
         batch = next(batches)
