@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 _BENCHMARKS = {
+    "apex": "Ape-X on real Breakout frames: memory at 1e6, an actor's CPU by part, the learner, the lock's hold times",
     "memory": "bytes per transition with next_of / stack_compress vs one frame per step; cost of rebuilding stacks",
     "learner": "a learner step (sample 256 Atari stacks, 5 ms of training) with and without prefetched batches",
     "io": "save_transitions/load_transitions of 100k Atari-like frames: MB/s and file size vs np.savez/np.load",

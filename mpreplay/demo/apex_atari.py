@@ -38,6 +38,7 @@ from .processes import WAIT, import_torch
 from .task import actor_epsilons, actor_seed
 
 __all__ = [
+    "PendingRows",
     "StackedSteps",
     "atari_actor",
     "atari_network",
@@ -99,41 +100,50 @@ def stored(batch: TransitionBatch) -> TransitionBatch:
     return TransitionBatch(rows, batch.envs, batch.ended)
 
 
-class _Pending:
-    """The step batches not yet written, whose priorities are computed together."""
+class PendingRows:
+    """The step batches not yet written, merged into one batch whose priorities are computed together.
+
+    A write is due once ``actor_batch`` rows wait, or as soon as an episode has ended: a merged
+    batch holds each sub-environment's rows in time order and may end episodes only after them,
+    so it never spans an episode's end.  Its rows go in one ``add`` per sub-environment.
+    """
 
     def __init__(self) -> None:
-        self.batches: list[TransitionBatch] = []
+        self._batches: list[TransitionBatch] = []
         self.rows = 0
+        self._ended = False
 
     def append(self, batch: TransitionBatch) -> None:
         if len(batch) or len(batch.ended):
-            self.batches.append(batch)
+            self._batches.append(batch)
             self.rows += len(batch)
+            self._ended = bool(len(batch.ended))
 
-    def write(self, ctx: Context, writer: VectorWriter) -> bool:
-        """Write them all in order, waiting on the rate limiter; False if the run ends first."""
-        if not self.rows:
-            priorities = np.zeros(0)
-        else:
-            columns = ("obs_q", "next_obs_q", "act", "rew", "discount", "done")
-            priorities = initial_priorities(
-                {key: np.concatenate([b.rows[key] for b in self.batches if len(b)]) for key in columns}
-            )
-        start = 0
-        for batch in self.batches:
-            rows, mine = stored(batch), priorities[start : start + len(batch)]
-            start += len(batch)
-            while True:  # a timed-out add goes on where it stopped (VectorWriter keeps the place)
-                if ctx.stop.is_set():
-                    return False
-                try:
-                    writer.add(rows, mine, timeout=WAIT)
-                    break
-                except TimeoutError:
-                    continue
-        self.batches, self.rows = [], 0
-        return True
+    def due(self, actor_batch: int) -> bool:
+        return self._ended or self.rows >= actor_batch
+
+    def take(self) -> tuple[TransitionBatch, np.ndarray]:
+        """The pending rows as the buffer stores them, each sub-environment's together, and their
+        initial priorities; nothing is pending after."""
+        batches, self._batches, self.rows, self._ended = self._batches, [], 0, False
+        if not batches:
+            return TransitionBatch({}, np.zeros(0, np.int64), np.zeros(0, np.int64)), np.zeros(0)
+        envs = np.concatenate([b.envs for b in batches])
+        order = np.argsort(envs, kind="stable")  # each sub-environment's rows, in time order
+        rows = {key: np.concatenate([b.rows[key] for b in batches])[order] for key in batches[0].rows}
+        return stored(TransitionBatch(rows, envs[order], batches[-1].ended)), initial_priorities(rows)
+
+
+def _write(ctx: Context, writer: VectorWriter, batch: TransitionBatch, priorities: np.ndarray) -> bool:
+    """``writer.add``, waiting on the rate limiter; False if the run ends first.  A timed-out add goes
+    on where it stopped (VectorWriter keeps the place)."""
+    while not ctx.stop.is_set():
+        try:
+            writer.add(batch, priorities, timeout=WAIT)
+            return True
+        except TimeoutError:
+            continue
+    return False
 
 
 class StackedSteps:
@@ -149,7 +159,7 @@ class StackedSteps:
     def __init__(self, env: Any, q_values: Callable[[np.ndarray], np.ndarray], nstep: int, gamma: float):
         self._env, self._q_values = env, q_values
         self._stacks = FrameStacks(env.num_envs)
-        self._steps = VectorTransitions(stacked_spaces(env), nstep=nstep, gamma=gamma)
+        self.transitions = VectorTransitions(stacked_spaces(env), nstep=nstep, gamma=gamma)  # the n-step folder
         self._resetting = np.zeros(env.num_envs, bool)  # NextStep autoreset: their next step is a reset
         self.q = np.zeros((env.num_envs, int(env.single_action_space.n)), np.float32)
 
@@ -167,13 +177,14 @@ class StackedSteps:
         frames, _ = self._env.reset(seed=seed)
         self._stacks.restart(frames)
         self.q = self._q_values(self._stacks.stacks)
-        self._steps.reset({"frames": self._stacks.stacks, "q": self.q})
+        self.transitions.reset({"frames": self._stacks.stacks, "q": self.q})
 
     def step(self, act: np.ndarray) -> tuple[TransitionBatch, np.ndarray, np.ndarray, np.ndarray]:
         frames, rew, terminated, truncated, info = self._env.step(act)
         self._stacks.push(frames, restart=self._resetting)
         self.q = self._q_values(self._stacks.stacks)
-        batch = self._steps.step(act, {"frames": self._stacks.stacks, "q": self.q}, rew, terminated, truncated, info)
+        obs = {"frames": self._stacks.stacks, "q": self.q}
+        batch = self.transitions.step(act, obs, rew, terminated, truncated, info)
         self._resetting = ended = terminated | truncated
         return batch, rew, ended, ended & info["game_over"]
 
@@ -199,7 +210,7 @@ def atari_actor(ctx: Context, config: AtariConfig) -> None:
 
     steps = StackedSteps(env, q_values, config.nstep, config.gamma)
     steps.reset(seed)
-    pending = _Pending()
+    pending = PendingRows()
     games, env_steps = 0, 0
     returns = np.zeros(num_envs)
     try:
@@ -215,7 +226,7 @@ def atari_actor(ctx: Context, config: AtariConfig) -> None:
             for e in np.flatnonzero(game_over):
                 log.add(rank=ctx.rank, episode=games, eps=eps[e], ret=returns[e], steps=env_steps, time=time.time())
                 games, returns[e] = games + 1, 0.0
-            if pending.rows >= config.actor_batch and not pending.write(ctx, writer):
+            if pending.due(config.actor_batch) and not _write(ctx, writer, *pending.take()):
                 return
     except BufferClosed:
         return
