@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     inspect_cmd.add_argument("file", help="a file written by save_transitions")
     sub.add_parser(
         "demo",
-        help="Ape-X DQN (default) or R2D2 (--agent r2d2) on CartPole with a live view (mpreplay demo --help)",
+        help="Ape-X DQN (default) or R2D2 (--agent r2d2) on CartPole, or Ape-X on Atari (--env atari), "
+        "with a live view (mpreplay demo --help)",
         add_help=False,
     )
     ls = sub.add_parser("ls", help="one line per replay buffer segment on this machine")

@@ -257,7 +257,7 @@ def test_the_atari_task_is_refused_to_an_agent_that_does_not_play_it(capsys: pyt
 
 @pytest.fixture(scope="module")
 def atari_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """``mpreplay demo --env atari`` for 30 s in a subprocess, once for the tests below."""
+    """``mpreplay demo --env atari`` for 45 s in a subprocess, once for the tests below."""
     # One actor of two games: a game ends within seconds even on a busy machine (45 s: the processes
     # import torch, gymnasium and ale-py first, which takes a loaded machine tens of seconds).
     argv = ["--env", "atari", "--seconds", "45", "--actors", "1", "--envs-per-actor", "2", "--learning-starts", "200"]

@@ -27,15 +27,15 @@ class Episode:
     def __len__(self) -> int:
         return len(self.act)
 
-    def rows(self, start: int = 0, stop: int | None = None) -> dict[str, np.ndarray]:
+    def rows(self, start: int = 0, stop: int | None = None, nstep: int = NSTEP) -> dict[str, np.ndarray]:
         """Rows ``start:stop`` as an actor writes them: the stack at step t (the first frame repeated
-        before the episode), the 3-step return from t, the stack 3 steps on (or the last), ``done``
-        where a terminal step falls inside the 3, ``discount`` = γ^m."""
+        before the episode), the n-step return from t, the stack n steps on (or the last), ``done``
+        where a terminal step falls inside the n, ``discount`` = γ^m."""
         steps = len(self)
         stop = steps if stop is None else stop
         dones = np.zeros(steps, np.float32)
         dones[-1] = self.terminated
-        folded = n_step_returns(self.rew, dones, GAMMA, NSTEP)
+        folded = n_step_returns(self.rew, dones, GAMMA, nstep)
         t = np.arange(start, stop)
         ahead = t + folded.steps[t]
         return {
@@ -84,13 +84,13 @@ def record(steps: int, num_envs: int = 4, seed: int = 0) -> list[Episode]:
     return done
 
 
-def cycle_rows(episodes: list[Episode], rows: int) -> Iterator[tuple[dict[str, np.ndarray], bool]]:
-    """The episodes' rows, ``rows`` at a time (an episode's last chunk may be shorter), the episodes
-    over and over; with each chunk, whether it is its episode's last."""
+def cycle_rows(episodes: list[Episode], rows: int, nstep: int = NSTEP) -> Iterator[tuple[dict[str, np.ndarray], bool]]:
+    """The episodes' n-step rows, ``rows`` at a time (see :func:`chunks`), the episodes over and
+    over; with each chunk, whether it is its episode's last."""
     while True:
         for episode in episodes:
             for start, stop in chunks(len(episode), rows):
-                yield episode.rows(start, stop), stop == len(episode)
+                yield episode.rows(start, stop, nstep), stop == len(episode)
 
 
 def chunks(steps: int, rows: int) -> list[tuple[int, int]]:
@@ -98,6 +98,6 @@ def chunks(steps: int, rows: int) -> list[tuple[int, int]]:
     the last ``NSTEP`` rows in one: their n steps all reach the episode's end, as the actor's folder
     returns them at once (a buffer that stores each frame once takes the episode's end whole)."""
     starts = list(range(0, steps, rows))
-    if len(starts) > 1 and steps - starts[-1] < NSTEP:
+    while len(starts) > 1 and steps - starts[-1] < NSTEP:
         starts.pop()
     return [(a, b) for a, b in zip(starts, [*starts[1:], steps], strict=True)]

@@ -2,6 +2,9 @@
 
 Run it with ``mpreplay demo`` (or ``python examples/apex_dqn.py``); it needs
 PyTorch and gymnasium, and shows a live view with rich when rich is installed.
+``mpreplay demo --env atari`` runs the same agent on an Atari game's pixels: the
+actor and the compressed buffer of that task are :mod:`mpreplay.demo.apex_atari`,
+the learner (and its loss) is this one with the Nature CNN.
 
 ::
 

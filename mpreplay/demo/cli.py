@@ -89,7 +89,7 @@ def _parse(argv: Sequence[str] | None) -> tuple[Agent, Config]:
     p.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate")
     p.add_argument("--gamma", type=float, default=d.gamma, help="discount factor")
     p.add_argument("--nstep", type=int, default=d.nstep, help="steps of reward in a target")
-    p.add_argument("--hidden", type=int, default=d.hidden, help="units in each hidden layer")
+    p.add_argument("--hidden", type=int, default=d.hidden, help="units in each hidden layer (CartPole's networks)")
     p.add_argument("--target-update", type=int, default=d.target_update, help="learner steps between target syncs")
     p.add_argument("--publish-every", type=int, default=d.publish_every, help="learner steps between publishes")
     p.add_argument("--learning-starts", type=int, default=d.learning_starts, help="rows stored before sampling")
