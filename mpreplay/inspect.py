@@ -50,7 +50,7 @@ class Reservation:
 
     @property
     def slots(self) -> np.ndarray:
-        """The reserved slots: a run in their lane's order, or a queue's free slots."""
+        """The reserved slots (a run in their lane's order, or a queue's free slots)."""
         if self._free is not None:
             return self._free.copy()
         return np.arange(self.start, self.start + len(self._reserved)) % self._ring.size
