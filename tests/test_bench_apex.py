@@ -48,7 +48,7 @@ def test_a_row_bootstraps_from_the_stack_three_steps_on(episodes):
 
 @pytest.mark.timeout(600)
 def test_a_quick_run_prints_every_table_and_the_targets(capsys):
-    assert apex.main(["--quick", "--writers", "1,2"]) == 0
+    assert apex.main(["--quick", "--writers", "1"]) == 0
     out = capsys.readouterr().out
     for title in ("Memory: real Breakout episodes", "Actor: 4 Breakout games", "Learner: sample", "Lock: writers"):
         assert title in out, title
