@@ -8,7 +8,7 @@ from mpreplay._ext.table cimport Table
 
 
 cdef Py_ssize_t reserve_waiting(Table t, Py_ssize_t k, uint64_t* reserved, bint insert, double deadline,
-                                Py_ssize_t lane, Py_ssize_t skip=*, int64_t* free_slots=*) except -1
+                                Py_ssize_t lane, Py_ssize_t skip=*, int64_t* free=*) except -3
 cdef Py_ssize_t publish_locked(Table t, double deadline, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k,
                                const uint64_t* reserved, const int64_t* slots, const double* priorities,
                                const uint8_t* states,
@@ -16,8 +16,15 @@ cdef Py_ssize_t publish_locked(Table t, double deadline, Py_ssize_t lane, Py_ssi
                                const double* complete_priorities, Py_ssize_t nc, const int64_t* open_slots,
                                const uint64_t* open_generations, const int64_t* open_steps,
                                const double* open_priorities, Py_ssize_t ns) except -1
-cdef tuple reserve(Table t, Py_ssize_t k, double deadline, bint insert, Py_ssize_t lane, Py_ssize_t skip)
-cdef tuple reserve_free(Table t, Py_ssize_t k, double deadline)
+cdef class Reservation:
+    cdef Table table
+    cdef readonly Py_ssize_t lane, start, k
+    cdef readonly object reserved    # per slot, the odd generation it was reserved with (uint64)
+    cdef object free                 # a scattered reservation's slots (int64), else None
+
+
+cdef Reservation reserve(Table t, Py_ssize_t k, double deadline, bint insert, Py_ssize_t lane, Py_ssize_t skip,
+                         bint scatter)
 cdef Py_ssize_t publish(Table t, Py_ssize_t start, const uint64_t[::1] reserved, const double[::1] priorities,
                         const uint8_t[::1] states, Py_ssize_t lane, double deadline, const int64_t[::1] complete,
                         const uint64_t[::1] complete_generations, const double[::1] complete_priorities,

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from . import checks
+from . import checks, removers
 from ._ext.schema import (
     INSERTS,
     LANE_CURSOR,
@@ -130,11 +130,22 @@ class ReplayBuffer(BufferFiles):
         mmap_prefix: str | os.PathLike | None = None,
         selector: str | SelectorSpec | None = None,
         max_times_sampled: int | None = None,
+        remover: str | None = None,
     ):
         size = checks.capacity("size", size)
         if isinstance(rate_limiter, ExactlyOnce):
-            selector, max_times_sampled = rate_limiter.buffer_options(
-                selector, max_times_sampled, prioritized=self._PRIORITIZED, sequences=self._sequence is not None
+            selector, max_times_sampled, remover = rate_limiter.buffer_options(
+                selector,
+                max_times_sampled,
+                remover,
+                prioritized=self._PRIORITIZED,
+                sequences=self._sequence is not None,
+            )
+        self._remover = removers.entry("fifo" if remover is None else remover).name
+        if not removers.entry(self._remover).overwrites and self._sequence is not None:
+            raise ValueError(
+                f"remover: a sequence buffer takes no {self._remover!r} remover: its items are sequences, which "
+                "no sample retires, so its writes would wait for ever"
             )
         self._selector_spec = self._check_selector(SelectorSpec.of("uniform" if selector is None else selector))
         self._max_times_sampled = (
@@ -157,6 +168,12 @@ class ReplayBuffer(BufferFiles):
         self._make_stages()
         self._specs = parse_env_dict(self._nstep.rows.output_env_dict() if self._nstep else env_dict, default_dtype)
         self._specs = with_next_fields(self._specs, next_of)
+        if (next_of is not None or stack_compress is not None) and not removers.entry(self._remover).frames:
+            framed = [n for n in removers.names() if removers.entry(n).frames]
+            raise ValueError(
+                f"remover: {self._remover!r} replaces rows whose frames the next steps of an episode read; "
+                f"a compressed buffer (next_of, stack_compress) takes {framed}"
+            )
         self._compression = Compression.build(
             self._specs,
             next_of,

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from . import manifest, selectors
+from . import manifest, removers, selectors
 from ._ext.calls import BufferCalls
 from ._ext.gate import Gate
 from ._ext.lock import SharedLock, ThreadLock
@@ -107,6 +107,7 @@ class BufferCore(BufferCalls):
         "_thread_lock",
         "_selector_spec",
         "_max_times_sampled",
+        "_remover",
     )
     _LOCK_NBYTES = 0  # a local buffer has no lock in its memory: its threads take a ThreadLock
     _PRIORITIZED = False  # whether the class's API gives and updates priorities
@@ -121,6 +122,7 @@ class BufferCore(BufferCalls):
     _thread_lock: ThreadLock | None
     _selector_spec: SelectorSpec
     _max_times_sampled: int | None
+    _remover: str  # its entry in mpreplay.removers
     # This handle's own n-step stage (its folders: the rows', and the initial priorities').
     _nstep: NstepStage | None
     # What _bind assembles over the memory.
@@ -231,6 +233,7 @@ class BufferCore(BufferCalls):
             arrays[STATE_ARRAY],
             arrays[WRITERS_ARRAY],
             self._selector,
+            removers.make(self._remover),
             self._frames,
             self._sequences,
             *self._times_sampled(),
@@ -261,7 +264,7 @@ class BufferCore(BufferCalls):
         """The store this handle's rows go to: rows, frames (compression) or sequences."""
         c = self._compression
         if c is None:
-            return RowStore(self._ring, self._fields, self._lanes)
+            return RowStore(self._ring, self._fields)
         frames = FrameWriter(c, self._specs, self._ring, arrays)
         if self._sequence is None:
             return frames
@@ -288,6 +291,7 @@ class BufferCore(BufferCalls):
             "next_of": [] if c is None else list(c.next_of),
             "stack_compress": [] if c is None else list(c.stack),
             "selector": self._selector_spec.name,
+            "remover": self._remover,
             "max_times_sampled": self._max_times_sampled,
             "sequence": None
             if self._sequence is None

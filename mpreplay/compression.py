@@ -367,16 +367,16 @@ class FrameWriter:
             raise ValueError(f"add: {plan.items} slots at once exceed the lane's {hi - lo}; add fewer rows per call")
         if priorities is not None:
             priorities = np.ascontiguousarray(priorities, dtype=np.float64)
-        if not plan.items:
+        reservation = ring.reserve(plan.items, until, True, lane)
+        if not plan.items:  # what the write completes, or the sequences it ends, only
             sequences = (
                 None if opening is None else opening(np.empty(0, np.int64), np.empty(0, np.uint64), plan.waiting)
             )
-            ring.publish(0, np.empty(0, np.uint64), deadline=until, sequences=sequences)
+            reservation.publish(deadline=until, sequences=sequences)
             episode.advance(plan, None, None, priorities)
             return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
-        start, reserved = ring.reserve(plan.items, until, True, lane)
+        slots, reserved = reservation.slots, reservation.reserved
         try:
-            slots = lo + (start - lo + np.arange(plan.items, dtype=np.int64)) % (hi - lo)
             episode.store.copy(
                 plan,
                 slots,
@@ -390,10 +390,10 @@ class FrameWriter:
             states, prio, complete, generations, complete_priorities = episode.publication(plan, slots, priorities)
             sequences = None if opening is None else opening(row_slots, row_generations, plan.waiting)
         except BaseException:
-            ring.abandon(start, reserved, lane)
+            reservation.abandon()
             raise
         # Rows published WAITING by earlier calls complete with this publication.
-        ring.publish(start, reserved, prio, states, lane, until, complete, generations, complete_priorities, sequences)
+        reservation.publish(prio, states, until, complete, generations, complete_priorities, sequences)
         episode.advance(plan, slots, reserved, priorities)
         return row_slots, row_generations
 

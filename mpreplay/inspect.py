@@ -43,21 +43,17 @@ __all__ = ["FAULT_SITES", "Inspection", "Reservation", "arm_fault"]
 class Reservation:
     """Slots a writer reserved and has not published (see :meth:`Inspection.reserve`)."""
 
-    def __init__(self, ring: Any, start: int, reserved: np.ndarray, free: np.ndarray | None = None):
-        self._ring, self.start, self._reserved, self._free = ring, start, reserved, free
+    def __init__(self, reservation: Any):
+        self._reservation = reservation
 
     @property
     def slots(self) -> np.ndarray:
         """The reserved slots: a run in their lane's order, or a queue's free slots."""
-        if self._free is not None:
-            return self._free.copy()
-        return np.arange(self.start, self.start + len(self._reserved)) % self._ring.size
+        return np.array(self._reservation.slots)
 
     def publish(self, *, timeout: float | None = None) -> None:
         """Publish the slots as they are (the write's last step); TimeoutError gives them up."""
-        self._ring.publish(
-            self.start, self._reserved, deadline=deadline(checks.seconds("timeout", timeout)), slots=self._free
-        )
+        self._reservation.publish(deadline=deadline(checks.seconds("timeout", timeout)))
 
 
 class Inspection:
@@ -154,9 +150,4 @@ class Inspection:
                 "compressed or sequence buffer's writer claims its own"
             )
         k = checks.integer("k", k, low=1)
-        until = deadline(checks.seconds("timeout", timeout))
-        if self._ring.keeps_unread:  # a Queue's or a Stack's writer takes whichever slots are free
-            free, reserved = self._ring.reserve_free(k, until)
-            return Reservation(self._ring, int(free[0]), reserved, free)
-        start, reserved = self._ring.reserve(k, until)
-        return Reservation(self._ring, start, reserved)
+        return Reservation(self._ring.reserve(k, deadline(checks.seconds("timeout", timeout)), scatter=True))

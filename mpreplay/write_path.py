@@ -19,7 +19,7 @@ publishes anything, and the stages commit once the store returns -- so an add th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -27,9 +27,9 @@ import numpy as np
 from . import checks
 from ._ext.gate import deadline
 from ._ext.ring import Ring
-from ._ext.schema import LANE_CURSOR
 from ._ext.selector import Selector
 from .nstep_stage import NstepStage
+from .saved_episodes import EpisodeWriter, SavedEpisode, load_episodes
 from .spec import FieldSpec, convert_batch
 
 __all__ = ["RowStore", "Store", "WritePath"]
@@ -61,14 +61,13 @@ class Store(Protocol):
 
 
 class RowStore:
-    """The store of a buffer without compression: rows, fields side by side, copied into
-    the next slots of its one lane (``lanes``: the table's lanes array) in one reservation --
-    or, in a Queue or a Stack, into whichever slots hold no unread row."""
+    """The store of a buffer without compression: rows, fields side by side, copied in one
+    reservation into the next slots of its one lane -- or, in a Queue or a Stack, into
+    whichever slots hold no unread row."""
 
-    def __init__(self, ring: Ring, fields: Mapping[str, np.ndarray], lanes: np.ndarray):
+    def __init__(self, ring: Ring, fields: Mapping[str, np.ndarray]):
         self._ring = ring
         self._fields = fields
-        self._lanes = lanes
 
     def write(
         self,
@@ -82,10 +81,6 @@ class RowStore:
         if not k and end_episode:
             return None
         size = self._ring.size
-        until = deadline(timeout)
-        if self._ring.keeps_unread:
-            return self._write_free(rows, k, priorities, until)
-        first = int(self._lanes[0, LANE_CURSOR])
         skip = 0
         if k > size:
             # Only the newest `size` rows would survive: skip the others, in the
@@ -94,32 +89,25 @@ class RowStore:
             rows = {n: r[skip:] for n, r in rows.items()}
             priorities = None if priorities is None else priorities[skip:]
             k = size
-        start, reserved = self._ring.reserve(k, until, skip=skip)
+        until = deadline(timeout)
+        reservation = self._ring.reserve(k, until, skip=skip, scatter=True)
         try:
-            head = min(k, size - start)
-            for name, dst in self._fields.items():
-                src = rows[name]
-                dst[start : start + head] = src[:head]
-                dst[: k - head] = src[head:]
+            if reservation.scattered:  # a queue's rows: into whichever slots were free
+                for name, dst in self._fields.items():
+                    dst[reservation.slots] = rows[name]
+            else:
+                start = reservation.start
+                head = min(k, size - start)
+                for name, dst in self._fields.items():
+                    src = rows[name]
+                    dst[start : start + head] = src[:head]
+                    dst[: k - head] = src[head:]
         except BaseException:
-            self._ring.abandon(start, reserved)
+            reservation.abandon()
             raise
-        self._ring.publish(start, reserved, priorities, deadline=until)
-        return first
-
-    def _write_free(
-        self, rows: Mapping[str, np.ndarray], k: int, priorities: np.ndarray | None, until: float
-    ) -> int | None:
-        """A queue's write: into whichever slots hold no unread row (its order is its selector's)."""
-        slots, reserved = self._ring.reserve_free(k, until)
-        try:
-            for name, dst in self._fields.items():
-                dst[slots] = rows[name]
-        except BaseException:
-            self._ring.abandon(0, reserved, slots=slots)
-            raise
-        self._ring.publish(0, reserved, priorities, deadline=until, slots=slots)
-        return int(slots[0]) if k else None
+        reservation.publish(priorities, deadline=until)
+        # The slot of the first row: where a skipped one would have gone.
+        return reservation.start if reservation.scattered else (reservation.start - skip) % size
 
     def add_one(self, fields: dict[str, Any], priority: float, timeout: float | None) -> int:
         return self._ring.add_one(fields, priority, timeout)
@@ -142,14 +130,18 @@ class WritePath:
         ring: Ring,
         nstep: NstepStage | None,
         selector: Selector,
+        episodes: EpisodeWriter | None = None,
     ):
         """``selector``: the table's, which gives a folded row that got NaN its priority when
-        stored (``new_item_priority``: the largest stored now)."""
+        stored (``new_item_priority``: the largest stored now).  ``episodes``: the store, where
+        it keeps episodes in lanes (a compressed or sequence table's), through which a file's
+        episodes load."""
         self.store = store
         self.nstep = nstep
         self._specs = specs
         self._ring = ring
         self._selector = selector
+        self._episodes = episodes
 
     def add(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int | None:
         """What ``add`` stores: the rows ``fields``' steps complete, with ``priorities``
@@ -187,6 +179,15 @@ class WritePath:
         rows, folded, commit = self.nstep.preview_episode_end()
         self._store_converted(rows, folded, timeout, True)
         commit()
+
+    def load_episodes(
+        self, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None, episodes: Sequence[SavedEpisode]
+    ) -> None:
+        """Store a saved table's ``episodes`` of converted ``rows`` (already folded), each whole,
+        in lanes of their own while lanes are free (see :func:`~mpreplay.saved_episodes.load_episodes`)."""
+        if self._episodes is None:
+            raise ValueError("load_transitions: this table keeps no episodes in lanes; its files hold none")
+        load_episodes(self._episodes, rows, priorities, episodes)
 
     def load(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None) -> None:
         """Store ``k`` converted rows of a saved buffer: already folded, and ending an episode

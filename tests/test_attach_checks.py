@@ -121,7 +121,7 @@ def test_a_handle_refuses_a_segment_whose_list_of_arrays_differs_and_names_the_a
 @pytest.mark.parametrize(
     "change, found",
     [
-        (damage.setting("version", 4), "manifest format 4"),
+        (damage.setting("version", manifest.VERSION + 1), f"manifest format {manifest.VERSION + 1}"),
         (lambda d: d["fields"]["obs"].__setitem__("shape", [5]), "'fields' is {'obs': {'shape': [5],"),
         (damage.setting("class", "MPReplayBuffer"), "'class' is 'MPReplayBuffer' in the segment"),
         (damage.setting("nbytes", 10**6), "the manifest describes 1000000 bytes, the segment holds"),

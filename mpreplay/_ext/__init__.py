@@ -16,6 +16,8 @@ KERNELS = (
     "processes",
     "sumtree",
     "selector",
+    "remover",
+    "fifo_remover",
     "uniform",
     "prioritized",
     "episode_state",
