@@ -218,10 +218,10 @@ cdef class Slots:
                     return True
         return False
 
-    cdef bint holds_unread(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
-        # Lock held: whether one of the next k slots of the lane holds a complete row, or a
-        # frame one reads.  A WAITING row there is no item: its episode was given up (a writer
-        # that died or started over), its next frame never to come.
+    cdef bint holds_items(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
+        # Lock held: whether one of the next k slots of the lane holds an item -- a complete row --
+        # or a frame one reads.  A WAITING row there is no item: its episode was given up (a
+        # writer that died or started over), its next frame never to come.
         cdef Py_ssize_t cursor = self.lanes[lane, LANE_CURSOR], j, i, s, r
         for j in range(k):
             s = self.slot(lane, cursor, j)
