@@ -103,6 +103,15 @@ def test_a_compressed_table_keeps_an_episodes_frames_whole(name):
     buffer.verify()
 
 
+@NAMES
+def test_a_compressed_table_takes_a_remover_only_if_it_keeps_an_episodes_frames_in_order(name):
+    if removers.entry(name).frames:
+        ReplayBuffer(64, FRAMES, remover=name, next_of="obs").close()
+    else:
+        with pytest.raises(ValueError, match=f"remover: '{name}' replaces"):
+            ReplayBuffer(64, FRAMES, remover=name, next_of="obs")
+
+
 @pytest.mark.parametrize("name", [n for n in removers.names() if not removers.entry(n).overwrites])
 def test_a_sequence_buffer_refuses_a_remover_that_waits_for_samples(name):
     from mpreplay import SequenceReplayBuffer
