@@ -41,6 +41,7 @@ class RemoverEntry:
 REMOVERS: tuple[RemoverEntry, ...] = (
     RemoverEntry("fifo", "fifo_remover", "FifoRemover", "the oldest rows of the writer's lane (the ring)"),
     RemoverEntry("keep_unread", "keep_unread", "KeepUnreadRemover", "none: a write waits for room", overwrites=False),
+    RemoverEntry("lifo", "lifo_remover", "LifoRemover", "the newest rows, once the lane is full", frames=False),
 )
 
 _BY_NAME = {e.name: e for e in REMOVERS}

@@ -21,6 +21,7 @@ FRAMES = {"obs": {"shape": (2, 3), "dtype": np.uint8}, "done": {}}
 RULES = {
     "fifo": [1, 2, 3, 4],
     "keep_unread": None,
+    "lifo": [0, 1, 2, 4],
 }
 
 
