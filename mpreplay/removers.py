@@ -10,6 +10,8 @@ states are the table's), so it has no array in the segment.
 
 * ``"fifo"``: the ring.  A write takes the next slots of its lane from the cursor, replacing the
   oldest rows there (the default).
+* ``"lifo"``: while a lane fills, as the ring; once full, a write replaces its newest rows (rows
+  only: an episode's next steps read the newest frames).
 * ``"keep_unread"``: a write never replaces a row not yet sampled; it waits for room.  A table of
   rows writes into any free slots; a compressed one (an episode's frames consecutive in its
   lane) into the run at its cursor once no unread row holds it or reads a frame there.  With
