@@ -29,11 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from . import checks
+from . import checks, selectors
 from ._ext.gate import deadline
-from ._ext.schema import HEADER_ARRAY, TREE_ARRAY
+from ._ext.schema import HEADER_ARRAY
 from ._ext.slots import FAULT_SITES, arm_fault
-from ._ext.sumtree import leaf_views
 from .consistency import COUNTERS, check_arrays
 
 __all__ = ["FAULT_SITES", "Inspection", "Reservation", "arm_fault"]
@@ -101,13 +100,18 @@ class Inspection:
         return {name: int(header[at]) for name, at in COUNTERS.items()}
 
     def priorities(self, indexes: Any) -> tuple[np.ndarray, np.ndarray]:
-        """``(weights, raw)`` copies of the tree's leaves at ``indexes``: each slot's sampling
-        weight (0: not drawable) and raw priority (-inf: not drawable).  Prioritized buffers only."""
-        if TREE_ARRAY not in self._memory.arrays:
-            raise TypeError("priorities: a uniform buffer keeps no priorities")
+        """``(weights, raw)`` copies at ``indexes``: each slot's weight in the selector (0: not
+        drawable) and raw priority (-inf: not drawable).  A selector that keeps priorities only
+        (TypeError for one that keeps none, such as ``"uniform"``)."""
+        views = selectors.priority_views(self.selector_name, self._selector_state(), self.capacity)
+        if views is None:
+            raise TypeError(f"priorities: selector {self.selector_name!r} keeps no priorities")
         idx = checks.indexes("indexes", indexes)
-        weights, raw = leaf_views(self._memory.arrays[TREE_ARRAY], self.capacity)
-        return weights[idx].copy(), raw[idx].copy()
+        weights, raw = views
+        return weights[idx].copy(), np.where(weights[idx] > 0, raw[idx], -np.inf)
+
+    def _selector_state(self) -> np.ndarray:
+        return self._memory.arrays[selectors.entry(self.selector_name).array_name]
 
     @property
     def total_weight(self) -> float:

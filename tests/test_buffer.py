@@ -612,6 +612,15 @@ def test_uniform_buffer_refuses_priorities(unchanged):
         buffer.add(**_row(0), priorities=1.0)
 
 
+def test_uniform_buffer_refuses_a_beta_and_a_priority_update(unchanged):
+    buffer = _filled(ReplayBuffer)
+    batch = buffer.sample(2)
+    with unchanged(buffer), pytest.raises(TypeError, match="beta: only a table whose selector draws by priority"):
+        buffer.sample(2, 0.4)
+    with unchanged(buffer), pytest.raises(TypeError, match="update_priorities: this table's selector draws by no"):
+        buffer.update_priorities(batch["indexes"], np.ones(2))
+
+
 _BAD_FOR_PRIORITIZED_BUFFER = [
     pytest.param(lambda b: b.add(**_row(0), priorities=math.nan), ValueError, "priorities", id="add-nan-priority"),
     pytest.param(lambda b: b.add(**_row(0), priorities=math.inf), ValueError, "priorities", id="add-inf-priority"),
@@ -692,7 +701,6 @@ _BAD_FOR_PRIORITIZED_BUFFER = [
     pytest.param(lambda b: b.sample(2, beta=-0.1), ValueError, "beta", id="sample-beta-negative"),
     pytest.param(lambda b: b.sample(2, beta=math.nan), ValueError, "beta", id="sample-beta-nan"),
     pytest.param(lambda b: b.sample(2, beta=math.inf), ValueError, "beta", id="sample-beta-inf"),
-    pytest.param(lambda b: b.sample(2, beta=None), (TypeError, ValueError), "beta", id="sample-beta-none"),
     pytest.param(lambda b: b.sample(2, beta="high"), (TypeError, ValueError), "beta", id="sample-beta-string"),
 ]
 

@@ -179,7 +179,7 @@ def test_a_prioritized_target_gives_unsaved_priorities_its_default():
 
 
 def test_saving_priorities_of_a_uniform_buffer_is_refused():
-    with pytest.raises(ValueError, match="priorities: a ReplayBuffer has no priorities"):
+    with pytest.raises(ValueError, match="priorities: selector 'uniform' keeps no priorities to save"):
         _saved(_filled(ReplayBuffer, 4, range(2)), priorities=True)
 
 

@@ -16,9 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mpreplay import MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer
+from mpreplay import BufferClosed, MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer
 from mpreplay._ext.schema import LOCK_WAIT_NS
-from mpreplay.buffer import BufferClosed
 from mpreplay.memory import SEGMENT_PREFIX, SharedMemoryError
 
 METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])

@@ -41,8 +41,6 @@ ALLOWED: dict[tuple[str, str], tuple[set[str], str]] = {
     ("consistency.py", "lanes"): ({"dict key"}, "an entry of verify()'s report: how many lanes the buffer has"),
     ("manifest.py", "owner"): ({"dict key", "document[]"}, "the manifest's entry for its creator's process token"),
     ("monitor.py", "owner"): ({"document[]", "doc[]", "tuple"}, "the manifest's entry for its creator's token"),
-    ("prioritized_buffer.py", "tree"): ({"getattr()"}, "the attribute a selector kernel's PriorityTree is read by"),
-    ("sequence_buffer.py", "episode_step"): ({"_EPISODE_STEP ="}, "the column of a saved file giving a step's index"),
 }
 
 

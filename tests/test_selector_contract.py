@@ -292,11 +292,13 @@ def test_a_writer_killed_while_publishing_leaves_only_whole_rows_drawable(name, 
 
 
 @NAMES
-def test_a_buffer_class_refuses_a_selector_its_api_does_not_drive(name):
-    # Selectors that draw by priority need update_priorities: the prioritized classes.
-    other = ReplayBuffer if selectors.entry(name).by_priority else PrioritizedReplayBuffer
-    with pytest.raises(ValueError, match=f"selector: {name!r} draws by"):
-        other(8, ENV, selector=name)
+@pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer])
+def test_every_buffer_class_takes_every_selector_and_samples_by_its_rule(name, cls):
+    buffer = cls(8, ENV, selector=name)
+    buffer.add(**_rows(np.arange(4)))
+    batch = buffer.sample(2)
+    assert set(batch["id"].tolist()) <= {0, 1, 2, 3}
+    assert ("weights" in batch) == selectors.entry(name).by_priority
 
 
 def test_the_prioritized_options_go_with_the_prioritized_selector_only():

@@ -421,8 +421,8 @@ def test_bad_sample_arguments_raise(batch_size, beta, error, match):
         _client(_buffers()).sample(batch_size, beta)
 
 
-def test_a_server_refuses_what_is_not_a_prioritized_buffer():
-    with pytest.raises(TypeError, match="buffer: expected a PrioritizedReplayBuffer"):
+def test_a_server_refuses_what_is_not_a_replay_table():
+    with pytest.raises(TypeError, match="buffer: expected a replay table"):
         ShardServer(lambda: "not a buffer")
 
 

@@ -127,7 +127,7 @@ def test_a_buffer_wrapped_many_times_and_updated_verifies(make):
     with make() as buffer:
         for lap in range(12):
             _add_episode(buffer, 25, first=100 * lap)
-            if hasattr(buffer, "update_priorities"):
+            if buffer.config.by_priority:
                 batch = buffer.sample(8)
                 buffer.update_priorities(batch["indexes"], np.arange(1.0, 9.0))
         assert buffer.verify()["complete"] == buffer.get_stored_size()
