@@ -26,7 +26,6 @@ from ._ext.gate import Gate
 from ._ext.lock import SharedLock
 from ._ext.processes import process_token
 from ._ext.ring import Ring
-from ._ext.selector import Selector
 from ._ext.schema import (
     EPISODE_STEP_ARRAY,
     GENERATION_ARRAY,
@@ -55,6 +54,7 @@ from ._ext.schema import (
     WRITERS_ARRAY,
     field_array,
 )
+from ._ext.selector import Selector
 from ._ext.sequences import Sequences
 from ._ext.slots import Slots
 from .compression import FrameWriter

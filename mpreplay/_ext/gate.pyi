@@ -7,7 +7,6 @@ from .lock import SharedLock, ThreadLock
 class BufferClosed(RuntimeError):
     """The buffer was closed: its memory is gone, or its owner closed it."""
 
-
 def deadline(timeout: float | None) -> float:
     """The ``time.monotonic()`` moment a ``timeout`` in seconds ends (None: never, inf)."""
 
