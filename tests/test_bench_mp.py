@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import START_METHODS
 
 from mpreplay.memory import SEGMENT_PREFIX
 
-START_METHODS = ("fork", "spawn")
 OBSERVATIONS = ("(4,) float32", "(84, 84, 4) uint8")
 CASES = ("learner", "1 writer", "2 writers", "1 writer + learner", "2 writers + learner")
 

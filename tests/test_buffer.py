@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+from helpers import EACH_BUFFER_CLASS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +16,6 @@ from mpreplay._ext.schema import MEMBERS_ARRAY, TREE_ARRAY, field_array
 from mpreplay._ext.sumtree import TREE_HEAD_LEN
 
 ENV = {"obs": {"shape": (3,)}, "act": {"dtype": np.int64}, "rew": {}, "done": {"dtype": np.uint8}}
-BOTH = pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer], ids=["uniform", "prioritized"])
 
 
 def _transitions(numbers) -> dict[str, np.ndarray]:
@@ -74,7 +74,7 @@ def test_default_dtype_applies_to_fields_without_a_dtype():
     assert buffer.get_env_dict()["act"]["dtype"] == np.int32
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_new_buffer_is_empty(cls):
     buffer = cls(6, ENV)
     assert (buffer.get_buffer_size(), buffer.get_stored_size(), buffer.get_next_index()) == (6, 0, 0)
@@ -84,7 +84,7 @@ def test_new_buffer_is_empty(cls):
 # -- add --------------------------------------------------------------------------
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_add_one_transition_returns_its_slot(cls):
     buffer = cls(4, ENV)
     assert buffer.add(**_row(0)) == 0
@@ -98,7 +98,7 @@ def _exact_row(i: int) -> dict[str, object]:
     return {"obs": np.array([i, 10.0 * i, 100.0 * i], dtype=np.float32), "act": i, "rew": i / 2, "done": i % 2}
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_add_row_stores_one_transition_of_exact_values_and_returns_its_slot(cls):
     buffer = cls(4, ENV)
     assert buffer.add_row(_exact_row(0)) == 0
@@ -106,7 +106,7 @@ def test_add_row_stores_one_transition_of_exact_values_and_returns_its_slot(cls)
     _is_transition(buffer.get_all_transitions(), [0, 1])
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 @pytest.mark.parametrize(
     "values",
     [
@@ -131,7 +131,7 @@ def test_add_row_leaves_a_transition_to_fold_to_add():
     assert buffer.get_stored_size() == 0
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_add_batch_returns_the_slot_of_its_first_transition(cls):
     buffer = cls(8, ENV)
     buffer.add(**_rows(0, 3))
@@ -140,7 +140,7 @@ def test_add_batch_returns_the_slot_of_its_first_transition(cls):
     _is_transition(buffer.get_all_transitions(), range(7))
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_fields_are_stored_in_their_dtypes(cls):
     buffer = cls(4, ENV)
     buffer.add(**_row(1))
@@ -154,7 +154,7 @@ def test_fields_are_stored_in_their_dtypes(cls):
     assert {name: stored[name].shape for name in ENV} == {"obs": (1, 3), "act": (1,), "rew": (1,), "done": (1,)}
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_full_buffer_overwrites_the_oldest_transitions_first(cls):
     buffer = cls(5, ENV)
     slots = [buffer.add(**_row(i)) for i in range(12)]
@@ -163,7 +163,7 @@ def test_full_buffer_overwrites_the_oldest_transitions_first(cls):
     _is_transition(buffer.get_all_transitions(), range(7, 12))
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_batch_that_reaches_the_end_wraps_to_the_start(cls):
     buffer = cls(5, ENV)
     buffer.add(**_rows(0, 3))
@@ -173,7 +173,7 @@ def test_batch_that_reaches_the_end_wraps_to_the_start(cls):
     np.testing.assert_array_equal(buffer.inspection().arrays[field_array("act")], [5, 6, 2, 3, 4])
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 @pytest.mark.parametrize("k", [7, 13], ids=["less-than-twice-the-capacity", "more-than-twice-the-capacity"])
 def test_batch_larger_than_the_capacity_keeps_its_newest_rows(cls, k):
     buffer = cls(5, ENV)
@@ -198,7 +198,7 @@ def _given(cls, priorities) -> dict:
     return {"priorities": priorities} if cls is PrioritizedReplayBuffer else {}
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 @pytest.mark.parametrize("lengths", list(_BATCHINGS.values()), ids=list(_BATCHINGS))
 def test_batched_and_one_by_one_adds_give_identical_contents(cls, lengths):
     batched, single = cls(5, ENV), cls(5, ENV)
@@ -241,7 +241,7 @@ def _selectable(buffer) -> bytes | set:
     return set(state[1 : 1 + state[0]].tolist())
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_on_episode_end_is_accepted_and_changes_nothing(cls, unchanged):
     buffer = _filled(cls)
     with unchanged(buffer):
@@ -251,7 +251,7 @@ def test_on_episode_end_is_accepted_and_changes_nothing(cls, unchanged):
 # -- sample -----------------------------------------------------------------------
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_sample_returns_whole_stored_rows_with_their_indexes(cls):
     buffer = cls(8, ENV, seed=3)
     buffer.add(**_rows(0, 11))
@@ -264,7 +264,7 @@ def test_sample_returns_whole_stored_rows_with_their_indexes(cls):
     _is_transition(batch, numbers)
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_same_seed_gives_the_same_samples(cls):
     a, b = cls(8, ENV, seed=42), cls(8, ENV, seed=42)
     for buffer in (a, b):
@@ -349,7 +349,7 @@ def test_importance_weights_stay_exact_for_extreme_priority_ratios():
     np.testing.assert_allclose(batch["weights"], expected, rtol=1e-9)
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_sample_from_an_empty_buffer_raises_and_changes_nothing(cls, unchanged):
     buffer = cls(4, ENV, seed=0)
     with unchanged(buffer), pytest.raises(ValueError, match="no transition"):
@@ -488,7 +488,7 @@ def test_update_sampled_before_a_clear_is_dropped_once_the_slot_is_refilled():
 # -- clear -----------------------------------------------------------------------
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_clear_empties_the_buffer(cls):
     buffer = _filled(cls)
     buffer.clear()
@@ -498,7 +498,7 @@ def test_clear_empties_the_buffer(cls):
         buffer.sample(1)
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_add_after_clear_starts_afresh(cls):
     buffer = _filled(cls)
     buffer.clear()
@@ -590,7 +590,7 @@ _BAD_FOR_ANY_BUFFER = [
 ]
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 @pytest.mark.parametrize("call, error, field", _BAD_FOR_ANY_BUFFER)
 def test_bad_input_raises_naming_the_field_and_changes_nothing(cls, call, error, field, unchanged):
     buffer = _filled(cls)
@@ -598,7 +598,7 @@ def test_bad_input_raises_naming_the_field_and_changes_nothing(cls, call, error,
         call(buffer)
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_a_float64_row_into_a_float32_field_is_stored_rounded_to_float32(cls):
     buffer = cls(4, ENV)
     obs = np.array([0.1, -np.inf, np.nan])
@@ -720,7 +720,7 @@ def test_max_priority_falls_with_the_capacity_when_alpha_is_large():
     assert large.max_priority < small.max_priority < 1e300
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_timeout_0_means_do_not_wait(cls):
     buffer = _filled(cls)
     assert buffer.add(**_row(0), timeout=0) >= 0
@@ -777,7 +777,7 @@ def test_bad_construction_raises_naming_the_argument(options, name):
         cls(arguments.pop("size"), arguments.pop("env_dict"), **arguments)
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_sample_fills_the_arrays_given_in_out(cls):
     buffer = _filled(cls)
     first = buffer.sample(4)
@@ -787,7 +787,7 @@ def test_sample_fills_the_arrays_given_in_out(cls):
     np.testing.assert_array_equal(again["obs"], buffer.inspection().arrays[field_array("obs")][again["indexes"]])
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_sample_rejects_an_out_array_of_the_wrong_shape(cls):
     buffer = _filled(cls)
     with pytest.raises(ValueError, match=r"out\['obs'\]"):
@@ -803,7 +803,7 @@ _BAD_OUT = [
 ]
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 @pytest.mark.parametrize("array", _BAD_OUT)
 def test_sample_rejects_an_out_array_it_cannot_fill_and_changes_nothing(cls, array, unchanged):
     buffer = _filled(cls)
@@ -841,7 +841,7 @@ def test_update_priorities_takes_unaligned_arrays(unaligned):
     np.testing.assert_array_equal(_priorities_of(buffer)[[3, 6]], [7.0, 9.0])
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_a_batch_the_caller_still_holds_is_never_refilled(cls):
     buffer = _filled(cls)
     held = [buffer.sample(4) for _ in range(6)]
@@ -853,7 +853,7 @@ def test_a_batch_the_caller_still_holds_is_never_refilled(cls):
             np.testing.assert_array_equal(batch[name], copy[name])
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_a_view_of_a_dropped_batch_keeps_its_rows(cls):
     buffer = _filled(cls)
     view = buffer.sample(4)["obs"][1:]
@@ -863,7 +863,7 @@ def test_a_view_of_a_dropped_batch_keeps_its_rows(cls):
     np.testing.assert_array_equal(view, kept)
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_a_dropped_batch_reshaped_in_place_does_not_change_later_batches(cls):
     buffer = _filled(cls)
     for _ in range(3):
@@ -876,7 +876,7 @@ def test_a_dropped_batch_reshaped_in_place_does_not_change_later_batches(cls):
     _is_transition(batch, batch["act"])  # act holds each row's number
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_a_dropped_batch_whose_arrays_changed_keys_does_not_mislabel_later_batches(cls):
     buffer = _filled(cls)  # slot s holds transition s + 8 for s < 3, s otherwise
     for _ in range(3):
@@ -889,7 +889,7 @@ def test_a_dropped_batch_whose_arrays_changed_keys_does_not_mislabel_later_batch
         np.testing.assert_array_equal(batch["indexes"], batch["act"] % 8)
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_an_array_put_into_a_dropped_batch_is_never_filled(cls):
     buffer = _filled(cls)
     mine = np.zeros((8, 3), dtype=buffer.sample(4)["obs"].dtype)
@@ -1034,14 +1034,14 @@ def test_complex_values_are_refused_in_a_float_field(unchanged):
 
 
 # -- reading slots --------------------------------------------------------------------------------
-@BOTH
+@EACH_BUFFER_CLASS
 def test_read_returns_the_transitions_in_the_slots_given(cls):
     buffer = cls(4, {"a": {}})
     buffer.add(a=np.arange(6, dtype=np.float32))  # slots 0, 1 hold 4, 5
     np.testing.assert_array_equal(buffer.read([1, 0, 3])["a"], [5, 4, 3])
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_read_refuses_a_slot_that_holds_no_transition(cls):
     buffer = cls(4, {"a": {}})
     buffer.add(a=1.0)

@@ -7,11 +7,11 @@ import multiprocessing as mp
 
 import numpy as np
 import pytest
+from helpers import EACH_BUFFER_CLASS, EACH_START_METHOD
 
 from mpreplay import MPPrioritizedReplayBuffer, NstepBuffer, PrioritizedReplayBuffer, ReplayBuffer
 
 ENV = {"obs": {"shape": (2,)}, "act": {"dtype": np.int64}, "rew": {}, "next_obs": {"shape": (2,)}, "done": {}}
-BOTH = pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer], ids=["uniform", "prioritized"])
 
 
 def _episode(length: int, start: int = 0, terminal: bool = True) -> list[dict]:
@@ -32,7 +32,7 @@ def _play(buffer, steps: list[dict]) -> None:
         buffer.add(**step)
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_a_folding_buffer_stores_what_an_nstep_buffer_emits(cls):
     steps = _episode(7) + _episode(4, start=100, terminal=False)
     buffer = cls(64, ENV, nstep={"size": 3, "gamma": 0.9})
@@ -178,7 +178,7 @@ def _fold_in_child(buffer) -> None:
     _play(buffer, _episode(5))
 
 
-@pytest.mark.parametrize("method", ["spawn", "fork"])
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_each_process_of_a_shared_buffer_folds_its_own_steps(method):
     ctx = mp.get_context(method)

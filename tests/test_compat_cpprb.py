@@ -10,15 +10,13 @@ from multiprocessing.managers import SyncManager
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, uniform_and_prioritized
 
 import mpreplay
 from mpreplay.compat import cpprb
 
 ENV = {"obs": {"shape": 3}, "act": {"dtype": np.int64}, "rew": {}, "next_obs": {"shape": 3}, "done": {}}
-BOTH = pytest.mark.parametrize(
-    "cls", [cpprb.ReplayBuffer, cpprb.PrioritizedReplayBuffer], ids=["uniform", "prioritized"]
-)
-START_METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
+BOTH = uniform_and_prioritized(cpprb.ReplayBuffer, cpprb.PrioritizedReplayBuffer)
 
 
 def _step(i: int, done: float = 0.0) -> dict:
@@ -505,7 +503,7 @@ def _add_in_child(buffer, values) -> None:
         buffer.add(a=v, priorities=0.5)
 
 
-@START_METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60, method="thread")
 def test_a_shared_buffer_takes_adds_from_a_child_process(method):
     buffer = cpprb.MPPrioritizedReplayBuffer(16, {"a": {"dtype": np.int64}}, ctx=mp.get_context(method))
@@ -517,7 +515,7 @@ def test_a_shared_buffer_takes_adds_from_a_child_process(method):
     buffer.close()
 
 
-@START_METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60, method="thread")
 def test_a_child_that_sampled_nothing_cannot_update_priorities(method):
     buffer = cpprb.MPPrioritizedReplayBuffer(4, {"a": {}})
@@ -547,7 +545,7 @@ def _write_whole_rows(buffer, start: int, count: int) -> None:
         buffer.add(id=i, obs=np.full(256, i, np.int64))
 
 
-@START_METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120, method="thread")
 def test_a_shared_buffer_never_hands_out_a_row_being_written(method):
     ctx = mp.get_context(method)

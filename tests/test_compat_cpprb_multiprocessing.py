@@ -8,10 +8,10 @@ import os
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD
 
 from mpreplay.compat.cpprb import multiprocessing as cmp
 
-START_METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 CTYPES = pytest.mark.parametrize(
     "ctype, dtype",
     [
@@ -68,7 +68,7 @@ def _fill(array, value) -> None:
     array[:] = value
 
 
-@START_METHODS
+@EACH_START_METHOD
 @BACKENDS
 @pytest.mark.timeout(60, method="thread")
 def test_a_child_process_writes_the_parents_array(method, backend):

@@ -13,10 +13,10 @@ import time
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, START_METHODS
 
 from mpreplay import MPPrioritizedReplayBuffer
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 ENV = {"obs": {"shape": (4,)}}
 TIMEOUT = 0.5
 # Generous: the point is that the call returns at all instead of waiting for the holder.
@@ -58,7 +58,7 @@ def frozen(request):
         buffer.close()
 
 
-FROZEN = pytest.mark.parametrize("frozen", ["spawn", "fork"], indirect=True)
+FROZEN = pytest.mark.parametrize("frozen", START_METHODS, indirect=True)
 
 
 @FROZEN
@@ -122,7 +122,7 @@ def test_stats_name_no_holder_when_the_lock_is_free():
         assert stats["lock_holder_pid"] is None and stats["lock_held_seconds"] is None
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_an_add_that_timed_out_after_reserving_leaves_its_slots_to_the_next_writer(method):
     # The holder freezes after this process reserved and copied: the add gives

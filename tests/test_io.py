@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -32,7 +33,6 @@ def load_transitions(buffer: ReplayBuffer, file: Any) -> int:
 ENV = {"obs": {"shape": (3,)}, "act": {"dtype": np.int64}, "rew": {}, "done": {"dtype": np.uint8}}
 CLASSES = [ReplayBuffer, PrioritizedReplayBuffer, MPReplayBuffer, MPPrioritizedReplayBuffer]
 PRIORITIZED = [PrioritizedReplayBuffer, MPPrioritizedReplayBuffer]
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 
 
 def _transitions(numbers) -> dict[str, np.ndarray]:
@@ -129,7 +129,7 @@ def _save_in_child(buffer: ReplayBuffer, path: str) -> None:
     save_transitions(buffer, path, priorities=True)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_a_child_process_saves_a_shared_buffer_the_parent_loads(method, tmp_path):
     path = str(tmp_path / "t.npz")

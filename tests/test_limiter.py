@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD
 
 from mpreplay import (
     BufferClosed,
@@ -25,7 +26,6 @@ from mpreplay import (
 )
 from mpreplay._ext.schema import RESERVED, SAMPLES
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 ENV = {"obs": {"shape": (2,)}, "id": {"dtype": np.int64}}
 
 
@@ -168,7 +168,7 @@ def test_a_bad_timeout_is_rejected():
 # -- shared buffers -------------------------------------------------------------------
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_a_blocked_sample_wakes_when_another_process_inserts(method):
     ctx = mp.get_context(method)
@@ -210,7 +210,7 @@ def test_a_blocked_caller_does_not_spin_a_core():
         assert cpu < 0.2, f"waiting 1 s used {cpu:.3f} s of CPU"
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_closing_the_buffer_wakes_a_blocked_process_with_buffer_closed(method):
     ctx = mp.get_context(method)
@@ -226,7 +226,7 @@ def test_closing_the_buffer_wakes_a_blocked_process_with_buffer_closed(method):
     assert child.exitcode == 0
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_the_ratio_stays_within_the_error_buffer_with_two_writers(method):
     ctx = mp.get_context(method)
@@ -254,7 +254,7 @@ def test_the_ratio_stays_within_the_error_buffer_with_two_writers(method):
         assert abs(inserts * spi - header[SAMPLES] - offset) <= error + 2 * spi
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_a_learner_waiting_on_a_writer_that_dies_is_not_deadlocked(method):
     ctx = mp.get_context(method)

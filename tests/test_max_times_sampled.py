@@ -8,11 +8,11 @@ import signal
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD
 
 from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer, SequenceReplayBuffer
 from mpreplay._ext.slots import arm_fault
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 ENV = {"id": {"dtype": np.int64}}
 
 
@@ -85,7 +85,7 @@ def _sample_ids(buffer, k, queue) -> None:
     queue.put(buffer.sample(k)["id"].tolist())
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60, method="thread")
 def test_draws_are_counted_across_processes(method):
     ctx = mp.get_context(method)
@@ -107,7 +107,7 @@ def _die_retiring(buffer) -> None:
     os._exit(3)  # not reached: the armed site kills the process
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60, method="thread")
 def test_a_sampler_killed_while_retiring_leaves_the_row_retired(method):
     with MPReplayBuffer(8, ENV, selector="fifo", max_times_sampled=1) as buffer:

@@ -12,12 +12,12 @@ import time
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, START_METHODS
 
 from mpreplay import MPPrioritizedReplayBuffer, MPPrioritizedSequenceReplayBuffer, MPReplayBuffer, SampleToInsertRatio
 from mpreplay.cli import main
 from mpreplay.monitor import SHM_DIR, BufferView, list_segments, remove_segments
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 ENV = {"obs": {"shape": (4,)}}
 pytestmark = pytest.mark.timeout(120, method="thread")
 
@@ -49,7 +49,7 @@ def owned(request):
             owner.kill()
 
 
-OWNED = pytest.mark.parametrize("owned", ["spawn", "fork"], indirect=True)
+OWNED = pytest.mark.parametrize("owned", START_METHODS, indirect=True)
 
 
 def _ls(capsys) -> list[dict]:
@@ -138,7 +138,7 @@ def test_top_falls_back_to_plain_text_when_rich_is_missing(monkeypatch, capsys):
         assert re.search(rf"buffer\s+{buffer.name}  MPPrioritizedReplayBuffer", capsys.readouterr().out)
 
 
-@METHODS
+@EACH_START_METHOD
 def test_top_goes_on_when_a_writer_is_killed_mid_run_and_shows_it_gone(method, capsys):
     ctx = mp.get_context(method)
     with MPPrioritizedReplayBuffer(1000, ENV) as buffer:
@@ -163,7 +163,7 @@ def _hold_lock(buffer, held) -> None:
         time.sleep(120)
 
 
-@METHODS
+@EACH_START_METHOD
 def test_top_reads_a_buffer_whose_lock_a_stopped_process_holds_and_names_it(method, capsys):
     ctx = mp.get_context(method)
     with MPPrioritizedReplayBuffer(64, ENV) as buffer:
@@ -180,7 +180,7 @@ def test_top_reads_a_buffer_whose_lock_a_stopped_process_holds_and_names_it(meth
         assert re.search(rf"lock holder\s+process {holder.pid} \(stopped\) for [\d,.]+ ms", capsys.readouterr().out)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_top_counts_the_lock_holders_that_died_once_repaired(method, capsys):
     ctx = mp.get_context(method)
@@ -219,7 +219,7 @@ def _own_and_die(queue) -> None:
     time.sleep(120)
 
 
-@METHODS
+@EACH_START_METHOD
 def test_rm_dead_removes_the_segment_of_a_killed_owner_and_keeps_a_live_one(method, capsys):
     ctx = mp.get_context(method)
     queue = ctx.Queue()

@@ -15,14 +15,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, uniform_and_prioritized
 
 from mpreplay import MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer
 from mpreplay._ext.schema import LOCK_WAIT_NS
 from mpreplay.buffer import BufferClosed
 from mpreplay.memory import SEGMENT_PREFIX, SharedMemoryError
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
-BOTH = pytest.mark.parametrize("cls", [MPReplayBuffer, MPPrioritizedReplayBuffer], ids=["uniform", "prioritized"])
+BOTH = uniform_and_prioritized(MPReplayBuffer, MPPrioritizedReplayBuffer)
 
 # Every field of a row encodes the same id, so a row mixed from two writes is visible.
 ENV = {"obs": {"shape": (16,), "dtype": np.int64}, "id": {"dtype": np.int64}, "rew": {"dtype": np.float64}}
@@ -94,7 +94,7 @@ def test_a_buffer_pickles_to_a_small_handle(cls, no_leak):
 
 
 @BOTH
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_a_child_sees_what_the_parent_wrote(cls, method, no_leak):
     ctx = mp.get_context(method)
@@ -108,7 +108,7 @@ def test_a_child_sees_what_the_parent_wrote(cls, method, no_leak):
         assert child.exitcode == 0
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_rows_written_by_a_child_are_sampled_by_the_parent(method, no_leak):
     ctx = mp.get_context(method)
@@ -175,7 +175,7 @@ def test_too_little_free_shared_memory_raises_before_creating(monkeypatch, no_le
 
 
 @BOTH
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("batch", [1, 7])
 def test_writers_and_a_learner_never_see_a_torn_row_and_counts_add_up(cls, method, batch, no_leak):
@@ -208,7 +208,7 @@ def test_writers_and_a_learner_never_see_a_torn_row_and_counts_add_up(cls, metho
         assert len(everything["id"]) == 64
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_a_writer_killed_mid_add_leaves_the_learner_sampling(method, no_leak):
     ctx = mp.get_context(method)
@@ -233,7 +233,7 @@ def test_a_writer_killed_mid_add_leaves_the_learner_sampling(method, no_leak):
         assert set(batch["id"] // 10**9) == {9}, "the survivor's rows replaced every slot"
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_a_process_killed_holding_the_lock_does_not_block_the_others(method, no_leak):
     ctx = mp.get_context(method)
@@ -408,7 +408,7 @@ def _own_a_buffer(queue, wait: bool) -> None:
     # returns without close(): the child's exit must unlink the segment
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_a_buffer_created_in_a_child_is_unlinked_when_the_child_returns(method):
     ctx = mp.get_context(method)
@@ -421,7 +421,7 @@ def test_a_buffer_created_in_a_child_is_unlinked_when_the_child_returns(method):
     assert not os.path.exists(f"/dev/shm/{name}")
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 @pytest.mark.usefixtures("default_termination_signals")  # as in a program that sets no SIGTERM handler
 def test_a_buffer_created_in_a_child_is_unlinked_when_the_child_is_terminated(method):

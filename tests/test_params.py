@@ -10,10 +10,9 @@ import time
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD
 
 from mpreplay.params import ParameterStore, ParameterStoreTimeout
-
-METHODS = ["spawn", "fork"]
 
 
 def template():
@@ -207,7 +206,7 @@ def publish_versions(store: ParameterStore, stop) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_a_reader_never_sees_a_torn_update_while_another_process_publishes(method):
     ctx = multiprocessing.get_context(method)
     with ParameterStore(TORN_TEMPLATE) as store:
@@ -250,7 +249,7 @@ def kill_a_writer_mid_publish(store: ParameterStore, method: str) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_a_writer_dead_mid_publish_makes_reads_time_out_instead_of_hanging(method):
     with ParameterStore(template(), timeout=0.2) as store:
         kill_a_writer_mid_publish(store, method)
@@ -272,7 +271,7 @@ def test_timeout_0_reads_once_and_does_not_wait(monkeypatch):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_the_next_publish_after_a_dead_writer_makes_the_store_readable(method):
     with ParameterStore(template(), timeout=0.2) as store:
         kill_a_writer_mid_publish(store, method)

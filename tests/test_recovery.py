@@ -14,11 +14,11 @@ import signal
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD
 
 from mpreplay import MinSize, MPPrioritizedReplayBuffer, MPPrioritizedSequenceReplayBuffer, MPReplayBuffer
 from mpreplay.inspect import FAULT_SITES, arm_fault
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 ENV = {"obs": {"shape": (4,), "dtype": np.int64}, "id": {"dtype": np.int64}}
 CAPACITY = 64
 ALPHA, EPS = 0.6, 1e-4
@@ -73,7 +73,7 @@ def test_every_fault_site_is_exercised():
     assert set(ACTIONS) | {"complete", "open"} == set(FAULT_SITES)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.parametrize("site", sorted(ACTIONS))
 @pytest.mark.timeout(120)
 def test_a_holder_killed_at_each_site_leaves_counts_and_tree_consistent(method, site):
@@ -96,7 +96,7 @@ def _die_reserving_three(buffer, site: str) -> None:
     os._exit(3)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.parametrize("selector", ["fifo", "uniform"])
 @pytest.mark.timeout(120)
 def test_a_writer_killed_reserving_rows_of_a_full_ring_leaves_it_oldest_first(method, selector):
@@ -120,7 +120,7 @@ def _complete_then_die(buffer, site: str) -> None:
     os._exit(3)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.parametrize("site", ["reserve", "complete"])  # a waiting row publishes without a leaf: no "publish" site
 @pytest.mark.timeout(120)
 def test_a_writer_killed_storing_a_compressed_step_that_completes_another_leaves_counts_consistent(method, site):
@@ -142,7 +142,7 @@ def _open_then_die(buffer, site: str) -> None:
     os._exit(3)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_a_writer_killed_opening_a_sequence_leaves_counts_and_tree_consistent(method):
     env = {**ENV, "done": {}}

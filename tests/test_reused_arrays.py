@@ -10,10 +10,10 @@ import multiprocessing as mp
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD
 
 from mpreplay import MPReplayBuffer, ReplayBuffer
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 STACK, FRAME = 4, (6, 6)
 ENV = {
     "obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
@@ -97,7 +97,7 @@ def test_an_uncompressed_buffer_stores_what_was_passed_although_the_arrays_chang
     _assert_stores_the_reference(buffer.get_all_transitions())
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.parametrize("feed", [_add_reusing_one_step, _add_reusing_a_batch], ids=["one step", "batch"])
 @pytest.mark.timeout(120, method="thread")
 def test_actor_processes_reusing_their_arrays_fill_a_shared_compressed_buffer(method, feed):

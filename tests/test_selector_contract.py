@@ -13,6 +13,7 @@ import signal
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD
 
 from mpreplay import (
     MPPrioritizedReplayBuffer,
@@ -26,7 +27,6 @@ from mpreplay._ext.slots import arm_fault
 from mpreplay.selectors import SelectorSpec
 
 NAMES = pytest.mark.parametrize("name", selectors.names())
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 ENV = {"obs": {"shape": (2,), "dtype": np.int64}, "id": {"dtype": np.int64}}
 
 
@@ -255,7 +255,7 @@ def _add_in_child(buffer, ids) -> None:
 
 
 @NAMES
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60, method="thread")
 def test_rows_another_process_adds_are_drawn_here(name, method):
     with _buffer(name, 16, shared=True, seed=1) as buffer:
@@ -274,7 +274,7 @@ def _die_publishing(buffer) -> None:
 
 
 @NAMES
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60, method="thread")
 def test_a_writer_killed_while_publishing_leaves_only_whole_rows_drawable(name, method):
     with _buffer(name, 16, shared=True, seed=2) as buffer:

@@ -7,10 +7,9 @@ import multiprocessing as mp
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD
 
 from mpreplay import MPPrioritizedReplayBuffer, MPReplayBuffer, ReplayBuffer
-
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 
 # Every field of a row encodes the same id, so a row mixed from two writes is visible.
 ENV = {"obs": {"shape": (64,), "dtype": np.int64}, "id": {"dtype": np.int64}}
@@ -72,7 +71,7 @@ def full_buffer(request):
         yield buffer
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_get_all_transitions_under_concurrent_writes_holds_whole_rows_oldest_first(full_buffer, method):
     with _Writers(method, full_buffer):
@@ -80,7 +79,7 @@ def test_get_all_transitions_under_concurrent_writes_holds_whole_rows_oldest_fir
             _assert_whole_and_oldest_first(full_buffer.get_all_transitions())
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_a_snapshot_misses_only_rows_overwritten_while_it_was_taken(full_buffer, method):
     # Every row complete at the start is in the snapshot unless a writer took its
@@ -94,7 +93,7 @@ def test_a_snapshot_misses_only_rows_overwritten_while_it_was_taken(full_buffer,
             assert count >= CAPACITY - inserted - 2 * WRITERS * BATCH, (count, inserted)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_save_transitions_under_concurrent_writes_saves_whole_rows_oldest_first(full_buffer, method):
     with _Writers(method, full_buffer):

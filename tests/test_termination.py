@@ -11,11 +11,11 @@ import time
 from multiprocessing import resource_tracker
 
 import pytest
+from helpers import EACH_START_METHOD
 
 from mpreplay import MPReplayBuffer
 from mpreplay._ext import termination
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 pytestmark = pytest.mark.usefixtures("default_termination_signals")
 
 
@@ -86,7 +86,7 @@ def _sleep(seconds: float) -> None:
 # -- behaviour ---------------------------------------------------------------
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 @pytest.mark.timeout(60)
 def test_a_signal_on_another_thread_ends_the_child_while_its_main_thread_sleeps(method, sig):
@@ -99,7 +99,7 @@ def test_a_signal_on_another_thread_ends_the_child_while_its_main_thread_sleeps(
         _stop(child)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_a_child_stuck_in_c_with_the_gil_is_still_unlinked_and_ended_by_sigterm(method):
     child, name = _run_child(method, _busy_in_c)
@@ -116,7 +116,7 @@ def test_a_child_stuck_in_c_with_the_gil_is_still_unlinked_and_ended_by_sigterm(
         resource_tracker.unregister(f"/{name}", "shared_memory")
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_a_sigterm_handler_the_program_set_itself_is_kept(method):
     child, name = _run_child(method, _handle_sigterm_itself)

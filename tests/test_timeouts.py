@@ -18,6 +18,7 @@ import threading
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD
 
 from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer, SampleToInsertRatio, SequenceReplayBuffer
 from mpreplay.vector_env import TransitionBatch, VectorWriter
@@ -35,7 +36,6 @@ SIZE = 256
 # Inserts wait once they are 6 rows ahead of the samples (room for the rows an n-step episode end
 # stores while earlier ones wait for their next observation); samples never wait for inserts.
 AHEAD = 6.0
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 
 
 def _limiter() -> SampleToInsertRatio:
@@ -256,7 +256,7 @@ def _sample_while(buffer, process) -> None:
         process.join(0.005)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.parametrize("path", ["nstep", "nstep-next_of-stack_compress"])
 @pytest.mark.timeout(120, method="thread")
 def test_a_writer_process_whose_writes_time_out_and_are_made_again_stores_each_transition_once(method, path):
@@ -395,7 +395,7 @@ def _vector_actor(buffer, timeouts) -> None:
     timeouts.put(count)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.parametrize("layout", VECTOR)
 @pytest.mark.timeout(120, method="thread")
 def test_a_vector_actor_process_whose_adds_time_out_and_are_made_again_stores_each_transition_once(method, layout):

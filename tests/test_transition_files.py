@@ -11,6 +11,7 @@ from typing import Any
 import damage  # tests/damage.py: transitions files taken apart and put together
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD
 
 from mpreplay import MPPrioritizedReplayBuffer, MPReplayBuffer, ReplayBuffer
 from mpreplay.fileformat import TransitionFileError
@@ -131,7 +132,7 @@ def _write_lane(buffer: Any, w: int) -> None:
     buffer.close()
 
 
-@pytest.mark.parametrize("method", ["spawn", "fork"])
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_lanes_written_by_other_processes_load_back(method):
     def make():

@@ -18,6 +18,7 @@ import pytest
 gym = pytest.importorskip("gymnasium")
 from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
+from helpers import EACH_START_METHOD
 
 from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer, SampleToInsertRatio, SequenceReplayBuffer
 from mpreplay.vector_env import DISABLED, NEXT_STEP, SAME_STEP, VectorTransitions, VectorWriter, env_dict
@@ -233,7 +234,7 @@ def test_a_sync_vector_env_stores_what_each_sub_environment_alone_stores(mode, n
 
 @pytest.mark.parametrize("nstep, layout", [(1, "plain"), (3, "both")])
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("method", ["spawn", "fork"])
+@EACH_START_METHOD
 @pytest.mark.timeout(120, method="thread")
 def test_an_async_vector_env_stores_what_each_sub_environment_alone_stores(method, mode, nstep, layout):
     env = _make("async", mode, context=method)
@@ -602,7 +603,7 @@ def _actor_process(buffer, nstep, layout) -> None:
 
 
 @pytest.mark.parametrize("layout", ["plain", "both"])
-@pytest.mark.parametrize("method", ["spawn", "fork"])
+@EACH_START_METHOD
 @pytest.mark.timeout(120, method="thread")
 def test_an_actor_process_writes_a_shared_buffer_as_the_reference_loop_does(method, layout):
     fields = env_dict(Toy(0).observation_space, Toy(0).action_space, discount=True)

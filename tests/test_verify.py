@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD
 
 from mpreplay import (
     CorruptBufferError,
@@ -37,7 +38,6 @@ from mpreplay._ext.schema import (
 from mpreplay.cli import main
 from mpreplay.inspect import arm_fault
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 ENV = {"obs": {"shape": (2,)}, "done": {}}
 CAPACITY = 64
 
@@ -155,7 +155,7 @@ def _add_and_die_publishing(buffer) -> None:
     os._exit(3)  # not reached: the armed site kills the process
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_a_buffer_whose_holder_died_verifies_once_recovered(method):
     with MPPrioritizedReplayBuffer(CAPACITY, ENV) as buffer:
@@ -333,7 +333,7 @@ def _hold_the_lock_and_wait(buffer, held) -> None:
         time.sleep(120)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_mpreplay_verify_leaves_a_dead_holders_repair_to_the_buffer(method, capsys):
     ctx = mp.get_context(method)
