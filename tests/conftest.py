@@ -11,6 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+# The shared helpers' asserts report their operands as a test's own do.
+pytest.register_assert_rewrite("helpers")
+
 
 def _buffer_state(buffer: Any) -> dict[str, bytes]:
     """The bytes of every array of a buffer's memory block: header, generations, trees, fields."""

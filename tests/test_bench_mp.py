@@ -17,9 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import START_METHODS
-
-from mpreplay.memory import SEGMENT_PREFIX
+from helpers import START_METHODS, segments_of
 
 OBSERVATIONS = ("(4,) float32", "(84, 84, 4) uint8")
 CASES = ("learner", "1 writer", "2 writers", "1 writer + learner", "2 writers + learner")
@@ -50,10 +48,6 @@ def _finish(proc: subprocess.Popen, timeout: float) -> Run:
         proc.kill()
         proc.wait()
     return Run(proc.pid, proc.returncode, stdout, stderr)
-
-
-def _segments(pid: int) -> list[str]:
-    return [p.name for p in Path("/dev/shm").glob(f"{SEGMENT_PREFIX}{pid}-*")]
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -127,7 +121,7 @@ def test_quick_run_reports_every_target(quick_run, target):
 @pytest.mark.timeout(120)
 def test_quick_run_leaves_no_process_and_no_segment_behind(quick_run):
     assert _wait_until(lambda: not _group_members(quick_run.pid)), _group_members(quick_run.pid)
-    assert _segments(quick_run.pid) == []
+    assert segments_of(quick_run.pid) == set()
     assert "leaked" not in quick_run.stderr  # the resource tracker had nothing left to unlink
 
 
@@ -136,7 +130,7 @@ def test_quick_run_leaves_no_process_and_no_segment_behind(quick_run):
 def test_ctrl_c_stops_every_process_and_unlinks_every_segment(method):
     proc = _start(method)
     try:
-        assert _wait_until(lambda: _segments(proc.pid), timeout=60), "the benchmark never created a buffer"
+        assert _wait_until(lambda: segments_of(proc.pid), timeout=60), "the benchmark never created a buffer"
         time.sleep(0.5)  # into the cases: writer and learner processes run now
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         _, stderr = proc.communicate(timeout=30)
@@ -145,7 +139,7 @@ def test_ctrl_c_stops_every_process_and_unlinks_every_segment(method):
         proc.wait()
     assert proc.returncode == 128 + signal.SIGINT, stderr
     assert _wait_until(lambda: not _group_members(proc.pid)), _group_members(proc.pid)
-    assert _segments(proc.pid) == []
+    assert segments_of(proc.pid) == set()
     assert "leaked" not in stderr  # the resource tracker had nothing left to unlink
 
 
@@ -165,4 +159,4 @@ def test_atari_scale_run_reports_eight_compressed_writers_beside_a_learner(atari
 
 @pytest.mark.timeout(180)
 def test_atari_scale_run_leaves_no_segment_behind(atari_scale_run):
-    assert _segments(atari_scale_run.pid) == []
+    assert segments_of(atari_scale_run.pid) == set()

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import io
-import multiprocessing as mp
 
 import numpy as np
 import pytest
-from helpers import EACH_BUFFER_CLASS, EACH_START_METHOD
+from helpers import EACH_BUFFER_CLASS, EACH_START_METHOD, run_in_child
 
 from mpreplay import MPPrioritizedReplayBuffer, NstepBuffer, PrioritizedReplayBuffer, ReplayBuffer
 
@@ -181,13 +180,9 @@ def _fold_in_child(buffer) -> None:
 @EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_each_process_of_a_shared_buffer_folds_its_own_steps(method):
-    ctx = mp.get_context(method)
     with MPPrioritizedReplayBuffer(64, ENV, nstep={"size": 2, "gamma": 0.5}) as buffer:
         _play(buffer, _episode(3, start=1000, terminal=False))  # stores 1000, 1001; 1002 stays pending here
-        child = ctx.Process(target=_fold_in_child, args=(buffer,))
-        child.start()
-        child.join(30)
-        assert child.exitcode == 0
+        assert run_in_child(method, _fold_in_child, buffer) == 0
         stored = buffer.get_all_transitions()
         np.testing.assert_array_equal(stored["act"], [1000, 1001, 0, 1, 2, 3, 4])
         np.testing.assert_allclose(stored["rew"][2:], [2, 3.5, 5, 6.5, 5])

@@ -10,7 +10,7 @@ from multiprocessing.managers import SyncManager
 
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD, uniform_and_prioritized
+from helpers import EACH_START_METHOD, run_in_child, uniform_and_prioritized
 
 import mpreplay
 from mpreplay.compat import cpprb
@@ -507,10 +507,7 @@ def _add_in_child(buffer, values) -> None:
 @pytest.mark.timeout(60, method="thread")
 def test_a_shared_buffer_takes_adds_from_a_child_process(method):
     buffer = cpprb.MPPrioritizedReplayBuffer(16, {"a": {"dtype": np.int64}}, ctx=mp.get_context(method))
-    child = mp.get_context(method).Process(target=_add_in_child, args=(buffer, range(5)))
-    child.start()
-    child.join(30)
-    assert child.exitcode == 0
+    assert run_in_child(method, _add_in_child, buffer, range(5)) == 0
     np.testing.assert_array_equal(buffer.get_all_transitions()["a"].ravel(), np.arange(5))
     buffer.close()
 
@@ -521,10 +518,7 @@ def test_a_child_that_sampled_nothing_cannot_update_priorities(method):
     buffer = cpprb.MPPrioritizedReplayBuffer(4, {"a": {}})
     buffer.add(a=[0, 1])
     buffer.sample(8)  # the parent sampled; the child has not
-    child = mp.get_context(method).Process(target=buffer.update_priorities, args=([0, 1], [9.0, 9.0]))
-    child.start()
-    child.join(30)
-    assert child.exitcode == 0
+    assert run_in_child(method, buffer.update_priorities, [0, 1], [9.0, 9.0]) == 0
     assert buffer.get_max_priority() == 1.0
     buffer.close()
 

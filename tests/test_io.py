@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import multiprocessing as mp
 import os
 import zipfile
 from collections.abc import Callable
@@ -12,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD
+from helpers import EACH_START_METHOD, run_in_child
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -135,10 +134,7 @@ def test_a_child_process_saves_a_shared_buffer_the_parent_loads(method, tmp_path
     path = str(tmp_path / "t.npz")
     with _filled(MPPrioritizedReplayBuffer, 8, range(6)) as buffer:
         buffer.update_priorities(np.arange(6), np.arange(1.0, 7.0))
-        child = mp.get_context(method).Process(target=_save_in_child, args=(buffer, path))
-        child.start()
-        child.join(30)
-        assert child.exitcode == 0
+        assert run_in_child(method, _save_in_child, buffer, path) == 0
     target = PrioritizedReplayBuffer(8, ENV)
     load_transitions(target, path)
     _assert_holds(target, range(6))

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD, START_METHODS
+from helpers import EACH_START_METHOD, START_METHODS, segment_exists, segments_of
 
 from mpreplay.launcher import ChildFailed, StopFlag, launch
-from mpreplay.memory import SEGMENT_PREFIX, Layout, SharedMemory
+from mpreplay.memory import Layout, SharedMemory
 from mpreplay.params import ParameterStore
 
 
@@ -41,17 +41,8 @@ class Board:
         self.memory.close()
 
 
-def segment_exists(name: str) -> bool:
-    return os.path.exists(f"/dev/shm/{name}")
-
-
 def process_exists(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")  # a zombie still has an entry: it must be reaped too
-
-
-def segments_of(pid: int) -> set[str]:
-    """The /dev/shm entries of the segments process ``pid`` created (mpreplay names them after it)."""
-    return {name for name in os.listdir("/dev/shm") if name.startswith(f"{SEGMENT_PREFIX}{pid}-")}
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD, START_METHODS
+from helpers import EACH_START_METHOD, START_METHODS, start_lock_holder
 
 from mpreplay import MPPrioritizedReplayBuffer, MPPrioritizedSequenceReplayBuffer, MPReplayBuffer, SampleToInsertRatio
 from mpreplay.cli import main
@@ -157,21 +157,12 @@ def test_top_goes_on_when_a_writer_is_killed_mid_run_and_shows_it_gone(method, c
         buffer.add(obs=np.ones(4))  # the buffer goes on too
 
 
-def _hold_lock(buffer, held) -> None:
-    with buffer.inspection().holding_lock():
-        held.set()
-        time.sleep(120)
-
-
 @EACH_START_METHOD
 def test_top_reads_a_buffer_whose_lock_a_stopped_process_holds_and_names_it(method, capsys):
     ctx = mp.get_context(method)
     with MPPrioritizedReplayBuffer(64, ENV) as buffer:
-        held = ctx.Event()
-        holder = ctx.Process(target=_hold_lock, args=(buffer, held))
-        holder.start()
+        holder = start_lock_holder(ctx, buffer)
         try:
-            assert held.wait(60)
             os.kill(holder.pid, signal.SIGSTOP)
             assert main(["top", buffer.name, "--once", "--interval", "0.1", "--plain"]) == 0
         finally:
@@ -188,10 +179,7 @@ def test_top_counts_the_lock_holders_that_died_once_repaired(method, capsys):
         assert main(["top", buffer.name, "--once", "--interval", "0.1", "--plain"]) == 0
         assert "lock recoveries" not in capsys.readouterr().out  # none died: no row
         for _ in range(2):
-            held = ctx.Event()
-            holder = ctx.Process(target=_hold_lock, args=(buffer, held))
-            holder.start()
-            assert held.wait(60)
+            holder = start_lock_holder(ctx, buffer)
             os.kill(holder.pid, signal.SIGKILL)
             holder.join(30)
             buffer.add(obs=np.ones(4))  # takes the lock over and repairs

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD
+from helpers import EACH_START_METHOD, run_in_child, segment_exists
 
 from mpreplay.params import ParameterStore, ParameterStoreTimeout
 
@@ -34,10 +34,6 @@ def assert_params_equal(got, expected):
 def store():
     with ParameterStore(template()) as store:
         yield store
-
-
-def segment_exists(name: str) -> bool:
-    return os.path.exists(f"/dev/shm/{name}")
 
 
 # ------------------------------------------------------------------ one process
@@ -242,10 +238,7 @@ def die_mid_publish(store: ParameterStore) -> None:
 
 
 def kill_a_writer_mid_publish(store: ParameterStore, method: str) -> None:
-    writer = multiprocessing.get_context(method).Process(target=die_mid_publish, args=(store,))
-    writer.start()
-    writer.join(30)
-    assert writer.exitcode == -signal.SIGKILL
+    assert run_in_child(method, die_mid_publish, store) == -signal.SIGKILL
 
 
 @pytest.mark.timeout(60)

@@ -7,13 +7,9 @@ order of the ordered ones) lives in its own test file.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import signal
-
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD
+from helpers import EACH_START_METHOD, assert_child_dies_at, run_in_child
 
 from mpreplay import (
     MPPrioritizedReplayBuffer,
@@ -23,7 +19,6 @@ from mpreplay import (
     monitor,
     selectors,
 )
-from mpreplay._ext.slots import arm_fault
 from mpreplay.selectors import SelectorSpec
 
 NAMES = pytest.mark.parametrize("name", selectors.names())
@@ -259,18 +254,9 @@ def _add_in_child(buffer, ids) -> None:
 @pytest.mark.timeout(60, method="thread")
 def test_rows_another_process_adds_are_drawn_here(name, method):
     with _buffer(name, 16, shared=True, seed=1) as buffer:
-        child = mp.get_context(method).Process(target=_add_in_child, args=(buffer, range(100, 106)))
-        child.start()
-        child.join(30)
-        assert child.exitcode == 0
+        assert run_in_child(method, _add_in_child, buffer, range(100, 106)) == 0
         assert buffer.get_stored_size() == 6
         assert set(buffer.sample(64)["id"].tolist()) <= set(range(100, 106))
-
-
-def _die_publishing(buffer) -> None:
-    arm_fault("publish")
-    buffer.add(**_rows(range(200, 204)))
-    os._exit(3)  # not reached: the armed site kills the process
 
 
 @NAMES
@@ -279,10 +265,7 @@ def _die_publishing(buffer) -> None:
 def test_a_writer_killed_while_publishing_leaves_only_whole_rows_drawable(name, method):
     with _buffer(name, 16, shared=True, seed=2) as buffer:
         buffer.add(**_rows(range(4)))
-        child = mp.get_context(method).Process(target=_die_publishing, args=(buffer,))
-        child.start()
-        child.join(30)
-        assert child.exitcode == -signal.SIGKILL
+        assert_child_dies_at(method, "publish", _add_in_child, buffer, range(200, 204), timeout=30)
         stored = buffer.get_all_transitions()
         assert buffer.get_stored_size() == len(stored["id"])
         for _ in range(10):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import io
-import multiprocessing as mp
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ import pytest
 gym = pytest.importorskip("gymnasium")
 from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
-from helpers import EACH_START_METHOD
+from helpers import EACH_START_METHOD, run_in_child
 
 from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer, SampleToInsertRatio, SequenceReplayBuffer
 from mpreplay.vector_env import DISABLED, NEXT_STEP, SAME_STEP, VectorTransitions, VectorWriter, env_dict
@@ -608,10 +607,7 @@ def _actor_process(buffer, nstep, layout) -> None:
 def test_an_actor_process_writes_a_shared_buffer_as_the_reference_loop_does(method, layout):
     fields = env_dict(Toy(0).observation_space, Toy(0).action_space, discount=True)
     with MPReplayBuffer(NUM_ENVS * 256, fields, **_buffer_options(layout, False, NUM_ENVS)) as buffer:
-        child = mp.get_context(method).Process(target=_actor_process, args=(buffer, 3, layout))
-        child.start()
-        child.join(100)
-        assert child.exitcode == 0
+        assert run_in_child(method, _actor_process, buffer, 3, layout, timeout=100) == 0
         stored = buffer.get_all_transitions()
     completed = np.array([(_episode_of(stored)[_env_of_toy(stored) == i]).max() for i in range(NUM_ENVS)])
     _assert_same_as_reference(
