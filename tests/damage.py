@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+from helpers import transition_fields
 
 from mpreplay import (
     MPPrioritizedReplayBuffer,
@@ -24,7 +25,7 @@ from mpreplay import (
 )
 from mpreplay.monitor import SHM_DIR
 
-ENV = {"obs": {"shape": (4,)}, "act": {"dtype": np.int64}, "rew": {}, "next_obs": {"shape": (4,)}, "done": {}}
+ENV = transition_fields((4,))
 HEAD = struct.Struct("<8sQ")  # the manifest's magic and length
 
 # -- real segments -----------------------------------------------------------------------------

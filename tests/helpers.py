@@ -17,6 +17,7 @@ from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+import numpy as np
 import pytest
 
 from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
@@ -117,3 +118,92 @@ def start_buffer_owner(method: str, target: Callable[..., object], *args: object
     child = ctx.Process(target=target, args=(queue, *args))
     child.start()
     return child, queue.get(timeout=30)
+
+
+# -- fields and the rows that fill them ------------------------------------------------------------
+
+# One observation of 4 numbers.
+OBS_OF_4 = {"obs": {"shape": (4,)}}
+# An item's number, alone.
+ID_FIELD = {"id": {"dtype": np.int64}}
+# Steps of episodes: an observation of 2 numbers and the episode's end.
+EPISODE_STEP_FIELDS = {"obs": {"shape": (2,)}, "done": {}}
+# Steps tagged (writer, episode, step), with stacks of 4 frames of 3x3.
+TAGGED_STACK_FIELDS = {
+    "tag": {"shape": (3,), "dtype": np.int64},
+    "obs": {"shape": (3, 3, 4), "dtype": np.uint8},
+    "next_obs": {"shape": (3, 3, 4), "dtype": np.uint8},
+    "done": {},
+}
+# The fields of the cpprb files the tests write and damage.
+CPPRB_FILE_FIELDS = {"obs": {"shape": (2, 3)}, "act": {"dtype": np.int64}, "rew": {}, "done": {}}
+
+
+def transition_fields(obs_shape: tuple[int, ...]) -> dict[str, dict[str, Any]]:
+    """The fields of a one-step transition: obs and next_obs of ``obs_shape``, act (int64), rew, done."""
+    return {
+        "obs": {"shape": obs_shape},
+        "act": {"dtype": np.int64},
+        "rew": {},
+        "next_obs": {"shape": obs_shape},
+        "done": {},
+    }
+
+
+def rows_of(fields: dict[str, dict[str, Any]], ids: Any) -> dict[str, np.ndarray]:
+    """Rows numbered ``ids``: every element of every field holds its row's number, in the field's
+    shape and dtype (float32 where it names none), so a row mixed from two writes shows."""
+    ids = np.asarray(ids, dtype=np.int64)
+    rows = {}
+    for name, spec in fields.items():
+        shape = spec.get("shape", ())
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        rows[name] = np.empty((len(ids), *shape), spec.get("dtype", np.float32))
+        rows[name][...] = ids.reshape((-1,) + (1,) * len(shape))
+    return rows
+
+
+# -- numbered transitions: every field encodes the transition's number -----------------------------
+
+NUMBERED_FIELDS = {"obs": {"shape": (3,)}, "act": {"dtype": np.int64}, "rew": {}, "done": {"dtype": np.uint8}}
+
+
+def numbered_transitions(numbers: Any) -> dict[str, np.ndarray]:
+    """The transitions with these ``numbers``, as a batch of :data:`NUMBERED_FIELDS`."""
+    i = np.asarray(numbers, dtype=np.int64)
+    return {"obs": i[:, None] * np.array([1.0, 10.0, 100.0]), "act": i, "rew": i / 2, "done": i % 2}
+
+
+def numbered_row(i: int) -> dict[str, object]:
+    """Transition number ``i`` as plain Python values."""
+    return {"obs": [float(i), 10.0 * i, 100.0 * i], "act": i, "rew": i / 2, "done": i % 2}
+
+
+def assert_numbered(rows: dict[str, np.ndarray], numbers: Any) -> None:
+    """Checks that ``rows`` are, field by field, the transitions with these ``numbers``."""
+    expected = numbered_transitions(list(numbers))
+    for name in NUMBERED_FIELDS:
+        np.testing.assert_array_equal(rows[name], expected[name], err_msg=name)
+
+
+def numbered_buffer(cls: type, size: int, numbers: Any, **options: Any) -> Any:
+    """A ``cls`` buffer of capacity ``size`` that was given the transitions ``numbers``, in order."""
+    buffer = cls(size, NUMBERED_FIELDS, **options)
+    if len(numbers):
+        buffer.add(**numbered_transitions(numbers))
+    return buffer
+
+
+def wrapped_buffer(cls: type) -> Any:
+    """A ``cls`` buffer of 8 slots that has wrapped (slot s holds transition s + 8 for s < 3, s
+    otherwise), holds distinct priorities where it has any, and has been sampled from."""
+    buffer = numbered_buffer(cls, 8, range(11), seed=0)
+    if cls is PrioritizedReplayBuffer:
+        buffer.update_priorities(np.arange(8), np.linspace(0.5, 4.0, 8))
+    buffer.sample(4)
+    return buffer
+
+
+def slot_priorities(buffer: Any) -> np.ndarray:
+    """The raw priority stored for every slot in use, by slot."""
+    return buffer.inspection().priorities(np.arange(buffer.get_stored_size()))[1]

@@ -7,7 +7,15 @@ import os
 
 import numpy as np
 import pytest
-from helpers import EACH_BUFFER_CLASS
+from helpers import (
+    EACH_BUFFER_CLASS,
+    NUMBERED_FIELDS,
+    assert_numbered,
+    numbered_row,
+    numbered_transitions,
+    slot_priorities,
+    wrapped_buffer,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,45 +23,7 @@ from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
 from mpreplay._ext.schema import MEMBERS_ARRAY, TREE_ARRAY, field_array
 from mpreplay._ext.sumtree import TREE_HEAD_LEN
 
-ENV = {"obs": {"shape": (3,)}, "act": {"dtype": np.int64}, "rew": {}, "done": {"dtype": np.uint8}}
-
-
-def _transitions(numbers) -> dict[str, np.ndarray]:
-    """The transitions with these ``numbers``: every field encodes the number."""
-    i = np.asarray(numbers, dtype=np.int64)
-    return {"obs": i[:, None] * np.array([1.0, 10.0, 100.0]), "act": i, "rew": i / 2, "done": i % 2}
-
-
-def _rows(start: int, k: int) -> dict[str, np.ndarray]:
-    """Transitions number ``start`` .. ``start + k - 1``."""
-    return _transitions(np.arange(start, start + k))
-
-
-def _row(i: int) -> dict[str, object]:
-    """Transition number ``i`` as plain Python values."""
-    return {"obs": [float(i), 10.0 * i, 100.0 * i], "act": i, "rew": i / 2, "done": i % 2}
-
-
-def _is_transition(batch: dict[str, np.ndarray], numbers) -> None:
-    """Assert that the rows of ``batch`` are, field by field, the transitions with these ``numbers``."""
-    expected = _transitions(list(numbers))
-    for name in ENV:
-        np.testing.assert_array_equal(batch[name], expected[name], err_msg=name)
-
-
-def _priorities_of(buffer: PrioritizedReplayBuffer) -> np.ndarray:
-    """The raw priority stored for every slot in use."""
-    return buffer.inspection().priorities(np.arange(buffer.get_stored_size()))[1]
-
-
-def _filled(cls):
-    """A buffer of 8 slots that has wrapped, holds distinct priorities and has been sampled from."""
-    buffer = cls(8, ENV, seed=0)
-    buffer.add(**_rows(0, 11))
-    if cls is PrioritizedReplayBuffer:
-        buffer.update_priorities(np.arange(8), np.linspace(0.5, 4.0, 8))
-    buffer.sample(4)
-    return buffer
+ENV = NUMBERED_FIELDS
 
 
 # -- construction ------------------------------------------------------------------
@@ -87,10 +57,10 @@ def test_new_buffer_is_empty(cls):
 @EACH_BUFFER_CLASS
 def test_add_one_transition_returns_its_slot(cls):
     buffer = cls(4, ENV)
-    assert buffer.add(**_row(0)) == 0
-    assert buffer.add(**_row(1)) == 1
+    assert buffer.add(**numbered_row(0)) == 0
+    assert buffer.add(**numbered_row(1)) == 1
     assert (buffer.get_stored_size(), buffer.get_next_index()) == (2, 2)
-    _is_transition(buffer.get_all_transitions(), [0, 1])
+    assert_numbered(buffer.get_all_transitions(), [0, 1])
 
 
 def _exact_row(i: int) -> dict[str, object]:
@@ -103,7 +73,7 @@ def test_add_row_stores_one_transition_of_exact_values_and_returns_its_slot(cls)
     buffer = cls(4, ENV)
     assert buffer.add_row(_exact_row(0)) == 0
     assert buffer.add_row(_exact_row(1)) == 1
-    _is_transition(buffer.get_all_transitions(), [0, 1])
+    assert_numbered(buffer.get_all_transitions(), [0, 1])
 
 
 @EACH_BUFFER_CLASS
@@ -134,16 +104,16 @@ def test_add_row_leaves_a_transition_to_fold_to_add():
 @EACH_BUFFER_CLASS
 def test_add_batch_returns_the_slot_of_its_first_transition(cls):
     buffer = cls(8, ENV)
-    buffer.add(**_rows(0, 3))
-    assert buffer.add(**_rows(3, 4)) == 3
+    buffer.add(**numbered_transitions(range(3)))
+    assert buffer.add(**numbered_transitions(range(3, 7))) == 3
     assert (buffer.get_stored_size(), buffer.get_next_index()) == (7, 7)
-    _is_transition(buffer.get_all_transitions(), range(7))
+    assert_numbered(buffer.get_all_transitions(), range(7))
 
 
 @EACH_BUFFER_CLASS
 def test_fields_are_stored_in_their_dtypes(cls):
     buffer = cls(4, ENV)
-    buffer.add(**_row(1))
+    buffer.add(**numbered_row(1))
     stored = buffer.get_all_transitions()
     assert {name: stored[name].dtype for name in ENV} == {
         "obs": np.float32,
@@ -157,19 +127,19 @@ def test_fields_are_stored_in_their_dtypes(cls):
 @EACH_BUFFER_CLASS
 def test_full_buffer_overwrites_the_oldest_transitions_first(cls):
     buffer = cls(5, ENV)
-    slots = [buffer.add(**_row(i)) for i in range(12)]
+    slots = [buffer.add(**numbered_row(i)) for i in range(12)]
     assert slots == [i % 5 for i in range(12)]
     assert (buffer.get_stored_size(), buffer.get_next_index()) == (5, 2)
-    _is_transition(buffer.get_all_transitions(), range(7, 12))
+    assert_numbered(buffer.get_all_transitions(), range(7, 12))
 
 
 @EACH_BUFFER_CLASS
 def test_batch_that_reaches_the_end_wraps_to_the_start(cls):
     buffer = cls(5, ENV)
-    buffer.add(**_rows(0, 3))
-    assert buffer.add(**_rows(3, 4)) == 3
+    buffer.add(**numbered_transitions(range(3)))
+    assert buffer.add(**numbered_transitions(range(3, 7))) == 3
     assert buffer.get_next_index() == 2
-    _is_transition(buffer.get_all_transitions(), range(2, 7))
+    assert_numbered(buffer.get_all_transitions(), range(2, 7))
     np.testing.assert_array_equal(buffer.inspection().arrays[field_array("act")], [5, 6, 2, 3, 4])
 
 
@@ -177,10 +147,10 @@ def test_batch_that_reaches_the_end_wraps_to_the_start(cls):
 @pytest.mark.parametrize("k", [7, 13], ids=["less-than-twice-the-capacity", "more-than-twice-the-capacity"])
 def test_batch_larger_than_the_capacity_keeps_its_newest_rows(cls, k):
     buffer = cls(5, ENV)
-    buffer.add(**_rows(0, 2))
-    assert buffer.add(**_rows(2, k)) == 2  # where its first row would have gone
+    buffer.add(**numbered_transitions(range(2)))
+    assert buffer.add(**numbered_transitions(range(2, 2 + k))) == 2  # where its first row would have gone
     assert (buffer.get_stored_size(), buffer.get_next_index()) == (5, (2 + k) % 5)
-    _is_transition(buffer.get_all_transitions(), range(k - 3, k + 2))
+    assert_numbered(buffer.get_all_transitions(), range(k - 3, k + 2))
 
 
 _BATCHINGS = {
@@ -205,8 +175,8 @@ def test_batched_and_one_by_one_adds_give_identical_contents(cls, lengths):
     start = 0
     for k in lengths:
         p = np.arange(start, start + k) % 7 + 0.5
-        first = batched.add(**_rows(start, k), **_given(cls, p))
-        firsts = [single.add(**_row(start + j), **_given(cls, p[j])) for j in range(k)]
+        first = batched.add(**numbered_transitions(range(start, start + k)), **_given(cls, p))
+        firsts = [single.add(**numbered_row(start + j), **_given(cls, p[j])) for j in range(k)]
         assert first == firsts[0]
         start += k
     assert (batched.get_stored_size(), batched.get_next_index()) == (single.get_stored_size(), single.get_next_index())
@@ -224,9 +194,9 @@ def test_a_batch_fixes_the_tree_exactly_as_its_rows_one_by_one(capacity, lengths
     start = 0
     for k in lengths:
         p = (np.arange(start, start + k) * 0.37) % 5 + 0.1
-        batched.add(**_rows(start, k), priorities=p)
+        batched.add(**numbered_transitions(range(start, start + k)), priorities=p)
         for j in range(k):
-            single.add(**_row(start + j), priorities=p[j])
+            single.add(**numbered_row(start + j), priorities=p[j])
         start += k
     assert _selectable(batched) == _selectable(single)
 
@@ -243,7 +213,7 @@ def _selectable(buffer) -> bytes | set:
 
 @EACH_BUFFER_CLASS
 def test_on_episode_end_is_accepted_and_changes_nothing(cls, unchanged):
-    buffer = _filled(cls)
+    buffer = wrapped_buffer(cls)
     with unchanged(buffer):
         buffer.on_episode_end()
 
@@ -254,21 +224,21 @@ def test_on_episode_end_is_accepted_and_changes_nothing(cls, unchanged):
 @EACH_BUFFER_CLASS
 def test_sample_returns_whole_stored_rows_with_their_indexes(cls):
     buffer = cls(8, ENV, seed=3)
-    buffer.add(**_rows(0, 11))
+    buffer.add(**numbered_transitions(range(11)))
     batch = buffer.sample(32)
     assert batch["indexes"].shape == (32,)
     assert {name: batch[name].shape for name in ENV} == {"obs": (32, 3), "act": (32,), "rew": (32,), "done": (32,)}
     numbers = batch["act"]
     assert ((numbers >= 3) & (numbers < 11)).all()
     np.testing.assert_array_equal(numbers % 8, batch["indexes"])
-    _is_transition(batch, numbers)
+    assert_numbered(batch, numbers)
 
 
 @EACH_BUFFER_CLASS
 def test_same_seed_gives_the_same_samples(cls):
     a, b = cls(8, ENV, seed=42), cls(8, ENV, seed=42)
     for buffer in (a, b):
-        buffer.add(**_rows(0, 8))
+        buffer.add(**numbered_transitions(range(8)))
     np.testing.assert_array_equal(a.sample(64)["indexes"], b.sample(64)["indexes"])
 
 
@@ -281,7 +251,7 @@ def _draw_counts(buffer, draws: int, batch_size: int = 1000) -> np.ndarray:
 
 def test_uniform_sampling_draws_every_stored_slot_equally_and_never_an_empty_one(assert_frequencies):
     buffer = ReplayBuffer(16, ENV, seed=7)
-    buffer.add(**_rows(0, 10))
+    buffer.add(**numbered_transitions(range(10)))
     counts = _draw_counts(buffer, 100_000)
     assert_frequencies(counts, np.r_[np.ones(10), np.zeros(6)])
 
@@ -290,14 +260,14 @@ def test_prioritized_sampling_frequencies_follow_p_plus_eps_to_the_alpha(assert_
     alpha, eps = 0.7, 0.01
     buffer = PrioritizedReplayBuffer(20, ENV, alpha=alpha, eps=eps, seed=11)
     p = np.geomspace(0.05, 20.0, 16)
-    buffer.add(**_rows(0, 16), priorities=p)
+    buffer.add(**numbered_transitions(range(16)), priorities=p)
     counts = _draw_counts(buffer, 100_000)
     assert_frequencies(counts, np.r_[(p + eps) ** alpha, np.zeros(4)])
 
 
 def test_sampling_frequencies_follow_updated_priorities(assert_frequencies):
     buffer = PrioritizedReplayBuffer(12, ENV, alpha=1.0, eps=0.0, seed=5)
-    buffer.add(**_rows(0, 12))
+    buffer.add(**numbered_transitions(range(12)))
     p = np.arange(12) % 4 + 1.0
     buffer.update_priorities(np.arange(12), p)
     assert_frequencies(_draw_counts(buffer, 100_000), p)
@@ -308,7 +278,7 @@ def test_importance_weights_match_the_definition(beta):
     alpha, eps = 0.6, 1e-4
     buffer = PrioritizedReplayBuffer(10, ENV, alpha=alpha, eps=eps, seed=2)
     p = np.array([0.0, 3.0, 0.2, 1.0, 7.5, 0.01, 2.0])
-    buffer.add(**_rows(0, 7), priorities=p)
+    buffer.add(**numbered_transitions(range(7)), priorities=p)
     batch = buffer.sample(64) if beta is None else buffer.sample(64, beta=beta)
     beta = 0.4 if beta is None else beta
     n = len(p)
@@ -323,15 +293,15 @@ _HUGE_AND_TINY = [1e300, 1e-300, 0.0, 5e-324, 1e300]
 
 def test_huge_and_tiny_priorities_side_by_side_sample_only_stored_rows():
     buffer = PrioritizedReplayBuffer(8, ENV, alpha=1.0, eps=0.0, seed=1)
-    buffer.add(**_rows(0, 5), priorities=_HUGE_AND_TINY)
+    buffer.add(**numbered_transitions(range(5)), priorities=_HUGE_AND_TINY)
     batch = buffer.sample(1000)
     assert set(batch["indexes"]) <= {0, 1, 3, 4}
-    _is_transition(batch, batch["act"])
+    assert_numbered(batch, batch["act"])
 
 
 def test_importance_weights_never_exceed_one_and_the_rarest_row_weighs_exactly_one():
     buffer = PrioritizedReplayBuffer(64, ENV, seed=3)
-    buffer.add(**_rows(0, 64), priorities=np.geomspace(0.1, 10.0, 64))
+    buffer.add(**numbered_transitions(range(64)), priorities=np.geomspace(0.1, 10.0, 64))
     weights, indexes = (batch := buffer.sample(4096))["weights"], batch["indexes"]
     assert weights.max() <= 1.0
     np.testing.assert_array_equal(weights[indexes == 0], 1.0)
@@ -341,7 +311,7 @@ def test_importance_weights_never_exceed_one_and_the_rarest_row_weighs_exactly_o
 def test_importance_weights_stay_exact_for_extreme_priority_ratios():
     beta = 0.4
     buffer = PrioritizedReplayBuffer(8, ENV, alpha=1.0, eps=0.0, seed=1)
-    buffer.add(**_rows(0, 5), priorities=_HUGE_AND_TINY)
+    buffer.add(**numbered_transitions(range(5)), priorities=_HUGE_AND_TINY)
     batch = buffer.sample(1000, beta=beta)
     # In logs: the ratio 1e300 / 5e-324 overflows a float, its weight (~1e-249) does not.
     log_p = np.log(np.array(_HUGE_AND_TINY)[batch["indexes"]])
@@ -362,61 +332,61 @@ def test_sample_from_an_empty_buffer_raises_and_changes_nothing(cls, unchanged):
 def test_empty_buffer_reports_max_priority_one_and_first_insert_gets_it():
     buffer = PrioritizedReplayBuffer(4, ENV)
     assert buffer.get_max_priority() == 1.0
-    buffer.add(**_row(0))
-    np.testing.assert_array_equal(_priorities_of(buffer), [1.0])
+    buffer.add(**numbered_row(0))
+    np.testing.assert_array_equal(slot_priorities(buffer), [1.0])
 
 
 def test_given_priorities_are_stored():
     buffer = PrioritizedReplayBuffer(4, ENV)
-    buffer.add(**_rows(0, 3), priorities=[0.5, 0.0, 2.0])
-    buffer.add(**_row(3), priorities=4.0)
-    np.testing.assert_array_equal(_priorities_of(buffer), [0.5, 0.0, 2.0, 4.0])
+    buffer.add(**numbered_transitions(range(3)), priorities=[0.5, 0.0, 2.0])
+    buffer.add(**numbered_row(3), priorities=4.0)
+    np.testing.assert_array_equal(slot_priorities(buffer), [0.5, 0.0, 2.0, 4.0])
     assert buffer.get_max_priority() == 4.0
 
 
 def test_new_transitions_get_the_largest_priority_stored():
     buffer = PrioritizedReplayBuffer(6, ENV)
-    buffer.add(**_rows(0, 3), priorities=[0.5, 3.0, 2.0])
-    buffer.add(**_rows(3, 2))
-    np.testing.assert_array_equal(_priorities_of(buffer), [0.5, 3.0, 2.0, 3.0, 3.0])
+    buffer.add(**numbered_transitions(range(3)), priorities=[0.5, 3.0, 2.0])
+    buffer.add(**numbered_transitions(range(3, 5)))
+    np.testing.assert_array_equal(slot_priorities(buffer), [0.5, 3.0, 2.0, 3.0, 3.0])
 
 
 def test_new_transition_gets_the_new_max_after_the_max_was_overwritten():
     buffer = PrioritizedReplayBuffer(3, ENV)
-    buffer.add(**_rows(0, 3), priorities=[5.0, 1.0, 2.0])
-    buffer.add(**_row(3))  # overwrites the 5.0
-    np.testing.assert_array_equal(_priorities_of(buffer), [2.0, 1.0, 2.0])
+    buffer.add(**numbered_transitions(range(3)), priorities=[5.0, 1.0, 2.0])
+    buffer.add(**numbered_row(3))  # overwrites the 5.0
+    np.testing.assert_array_equal(slot_priorities(buffer), [2.0, 1.0, 2.0])
     assert buffer.get_max_priority() == 2.0
 
 
 def test_new_transition_gets_the_new_max_after_the_max_was_lowered():
     buffer = PrioritizedReplayBuffer(5, ENV)
-    buffer.add(**_rows(0, 3), priorities=[5.0, 1.0, 2.0])
+    buffer.add(**numbered_transitions(range(3)), priorities=[5.0, 1.0, 2.0])
     buffer.update_priorities([0], [0.5])
     assert buffer.get_max_priority() == 2.0
-    buffer.add(**_row(3))
-    np.testing.assert_array_equal(_priorities_of(buffer), [0.5, 1.0, 2.0, 2.0])
+    buffer.add(**numbered_row(3))
+    np.testing.assert_array_equal(slot_priorities(buffer), [0.5, 1.0, 2.0, 2.0])
 
 
 def test_update_priorities_sets_the_priorities_of_sampled_transitions():
     buffer = PrioritizedReplayBuffer(8, ENV, seed=0)
-    buffer.add(**_rows(0, 8))
+    buffer.add(**numbered_transitions(range(8)))
     indexes = np.unique(buffer.sample(16)["indexes"])
     new = np.linspace(0.1, 9.0, len(indexes))
     buffer.update_priorities(indexes, new)
-    np.testing.assert_array_equal(_priorities_of(buffer)[indexes], new)
+    np.testing.assert_array_equal(slot_priorities(buffer)[indexes], new)
     assert buffer.get_max_priority() == 9.0
 
 
 def test_updates_of_a_buffer_whose_tree_outgrows_a_cache_keep_every_sum_min_and_max():
     # From about 40,000 slots the tree's lowest levels are prefetched ahead of an update.
     buffer = PrioritizedReplayBuffer(100_000, ENV, seed=0)
-    buffer.add(**_rows(0, 100_000))
+    buffer.add(**numbered_transitions(range(100_000)))
     rng = np.random.default_rng(0)
     for _ in range(50):
         indexes = buffer.sample(32)["indexes"]
         buffer.update_priorities(indexes, rng.uniform(0.01, 5.0, 32))
-    raw = _priorities_of(buffer)
+    raw = slot_priorities(buffer)
     weights = (raw + buffer.eps) ** buffer.alpha
     assert buffer.leaf_mass() == (pytest.approx(math.fsum(weights), rel=1e-12), pytest.approx(weights.min(), rel=1e-15))
     assert buffer.get_max_priority() == raw.max()
@@ -428,60 +398,60 @@ def test_a_buffer_whose_rows_outgrow_a_cache_samples_every_field_of_the_drawn_ro
     # for fields side by side, one a field for fields in files of their own.
     prefix = str(tmp_path / "rb") if where == "files" else None
     buffer = PrioritizedReplayBuffer(40_000, ENV, seed=0, mmap_prefix=prefix)
-    buffer.add(**_rows(0, 40_000))
+    buffer.add(**numbered_transitions(range(40_000)))
     for _ in range(20):
         batch = buffer.sample(64)
-        expected = _transitions(batch["indexes"])
+        expected = numbered_transitions(batch["indexes"])
         for name, value in expected.items():
             np.testing.assert_array_equal(batch[name].reshape(value.shape), value)
 
 
 def test_update_priorities_with_repeated_indexes_keeps_the_last():
     buffer = PrioritizedReplayBuffer(4, ENV)
-    buffer.add(**_rows(0, 4))
+    buffer.add(**numbered_transitions(range(4)))
     buffer.update_priorities([2, 1, 2], [7.0, 3.0, 0.25])
-    np.testing.assert_array_equal(_priorities_of(buffer), [1.0, 3.0, 0.25, 1.0])
+    np.testing.assert_array_equal(slot_priorities(buffer), [1.0, 3.0, 0.25, 1.0])
 
 
 def test_update_for_a_slot_overwritten_since_sampling_is_dropped_and_counted():
     buffer = PrioritizedReplayBuffer(4, ENV, seed=0)
-    buffer.add(**_rows(0, 4), priorities=[1.0, 2.0, 3.0, 4.0])
+    buffer.add(**numbered_transitions(range(4)), priorities=[1.0, 2.0, 3.0, 4.0])
     sampled = buffer.sample(3)["indexes"]
-    buffer.add(**_rows(4, 4), priorities=[5.0, 6.0, 7.0, 8.0])
+    buffer.add(**numbered_transitions(range(4, 8)), priorities=[5.0, 6.0, 7.0, 8.0])
     buffer.update_priorities(sampled, [100.0, 100.0, 100.0])
-    np.testing.assert_array_equal(_priorities_of(buffer), [5.0, 6.0, 7.0, 8.0])
+    np.testing.assert_array_equal(slot_priorities(buffer), [5.0, 6.0, 7.0, 8.0])
     assert buffer.stats()["stale_updates_dropped"] == 3
 
 
 def test_only_the_stale_part_of_an_update_is_dropped():
     buffer = PrioritizedReplayBuffer(4, ENV, seed=0)
-    buffer.add(**_rows(0, 4))
+    buffer.add(**numbered_transitions(range(4)))
     buffer.sample(8)
-    buffer.add(**_row(4))  # overwrites slot 0 only
+    buffer.add(**numbered_row(4))  # overwrites slot 0 only
     buffer.update_priorities([0, 1, 2, 3], [9.0, 2.0, 3.0, 4.0])
-    np.testing.assert_array_equal(_priorities_of(buffer), [1.0, 2.0, 3.0, 4.0])
+    np.testing.assert_array_equal(slot_priorities(buffer), [1.0, 2.0, 3.0, 4.0])
     assert buffer.stats()["stale_updates_dropped"] == 1
 
 
 def test_update_after_sampling_the_new_occupant_again_is_applied():
     buffer = PrioritizedReplayBuffer(2, ENV, seed=0)
-    buffer.add(**_rows(0, 2))
+    buffer.add(**numbered_transitions(range(2)))
     buffer.sample(8)
-    buffer.add(**_rows(2, 2))
+    buffer.add(**numbered_transitions(range(2, 4)))
     indexes = buffer.sample(8)["indexes"]
     buffer.update_priorities(indexes, np.full(8, 6.0))
-    assert set(_priorities_of(buffer)[indexes]) == {6.0}
+    assert set(slot_priorities(buffer)[indexes]) == {6.0}
     assert buffer.stats()["stale_updates_dropped"] == 0
 
 
 def test_update_sampled_before_a_clear_is_dropped_once_the_slot_is_refilled():
     buffer = PrioritizedReplayBuffer(4, ENV, seed=0)
-    buffer.add(**_rows(0, 4))
+    buffer.add(**numbered_transitions(range(4)))
     sampled = buffer.sample(4)["indexes"]
     buffer.clear()
-    buffer.add(**_rows(4, 4), priorities=[5.0, 6.0, 7.0, 8.0])
+    buffer.add(**numbered_transitions(range(4, 8)), priorities=[5.0, 6.0, 7.0, 8.0])
     buffer.update_priorities(sampled, np.full(4, 100.0))
-    np.testing.assert_array_equal(_priorities_of(buffer), [5.0, 6.0, 7.0, 8.0])
+    np.testing.assert_array_equal(slot_priorities(buffer), [5.0, 6.0, 7.0, 8.0])
     assert buffer.stats()["stale_updates_dropped"] == 4
 
 
@@ -490,7 +460,7 @@ def test_update_sampled_before_a_clear_is_dropped_once_the_slot_is_refilled():
 
 @EACH_BUFFER_CLASS
 def test_clear_empties_the_buffer(cls):
-    buffer = _filled(cls)
+    buffer = wrapped_buffer(cls)
     buffer.clear()
     assert (buffer.get_stored_size(), buffer.get_next_index(), buffer.get_buffer_size()) == (0, 0, 8)
     assert len(buffer.get_all_transitions()["act"]) == 0
@@ -500,19 +470,19 @@ def test_clear_empties_the_buffer(cls):
 
 @EACH_BUFFER_CLASS
 def test_add_after_clear_starts_afresh(cls):
-    buffer = _filled(cls)
+    buffer = wrapped_buffer(cls)
     buffer.clear()
-    assert buffer.add(**_rows(100, 3)) == 0
-    _is_transition(buffer.get_all_transitions(), range(100, 103))
+    assert buffer.add(**numbered_transitions(range(100, 103))) == 0
+    assert_numbered(buffer.get_all_transitions(), range(100, 103))
     assert set(buffer.sample(50)["act"]) <= {100, 101, 102}
 
 
 def test_clear_resets_the_max_priority_to_one():
-    buffer = _filled(PrioritizedReplayBuffer)
+    buffer = wrapped_buffer(PrioritizedReplayBuffer)
     buffer.clear()
     assert buffer.get_max_priority() == 1.0
-    buffer.add(**_row(0))
-    np.testing.assert_array_equal(_priorities_of(buffer), [1.0])
+    buffer.add(**numbered_row(0))
+    np.testing.assert_array_equal(slot_priorities(buffer), [1.0])
 
 
 # -- bad input ------------------------------------------------------------------------
@@ -528,49 +498,70 @@ def _with(rows: dict, **changes) -> dict:
 
 def _bad_last_row(k: int, name: str, value) -> dict:
     """A batch of k good rows but for field ``name`` of the last one (the whole batch must be refused)."""
-    rows = _rows(0, k)
+    rows = numbered_transitions(range(k))
     column = rows[name].astype(np.result_type(rows[name], np.asarray(value)))
     column[-1] = value
     return {**rows, name: column}
 
 
 _BAD_FOR_ANY_BUFFER = [
-    pytest.param(lambda b: b.add(**_row(0), extra=1.0), ValueError, "'extra'", id="add-unknown-field"),
-    pytest.param(lambda b: b.add(**_without(_row(0), "act")), ValueError, "'act'", id="add-missing-field"),
-    pytest.param(lambda b: b.add(**_with(_row(0), obs=np.zeros(2))), ValueError, "'obs'", id="add-wrong-shape"),
+    pytest.param(lambda b: b.add(**numbered_row(0), extra=1.0), ValueError, "'extra'", id="add-unknown-field"),
+    pytest.param(lambda b: b.add(**_without(numbered_row(0), "act")), ValueError, "'act'", id="add-missing-field"),
+    pytest.param(lambda b: b.add(**_with(numbered_row(0), obs=np.zeros(2))), ValueError, "'obs'", id="add-wrong-shape"),
     pytest.param(
-        lambda b: b.add(**_with(_rows(0, 2), obs=np.zeros((2, 4)))), ValueError, "'obs'", id="add-batch-wrong-row-shape"
+        lambda b: b.add(**_with(numbered_transitions(range(2)), obs=np.zeros((2, 4)))),
+        ValueError,
+        "'obs'",
+        id="add-batch-wrong-row-shape",
     ),
-    pytest.param(lambda b: b.add(**_with(_row(0), obs=[1.0, 2.0])), ValueError, "'obs'", id="add-list-of-wrong-length"),
     pytest.param(
-        lambda b: b.add(**_with(_row(0), obs=[[1.0, 2.0, 3.0], [1.0, 2.0]])), ValueError, "'obs'", id="add-ragged-list"
+        lambda b: b.add(**_with(numbered_row(0), obs=[1.0, 2.0])), ValueError, "'obs'", id="add-list-of-wrong-length"
     ),
-    pytest.param(lambda b: b.add(**_with(_row(0), act=1.5)), TypeError, "'act'", id="add-float-into-int-field"),
     pytest.param(
-        lambda b: b.add(**_with(_rows(0, 2), act=np.array([1.0, 2.0]))),
+        lambda b: b.add(**_with(numbered_row(0), obs=[[1.0, 2.0, 3.0], [1.0, 2.0]])),
+        ValueError,
+        "'obs'",
+        id="add-ragged-list",
+    ),
+    pytest.param(lambda b: b.add(**_with(numbered_row(0), act=1.5)), TypeError, "'act'", id="add-float-into-int-field"),
+    pytest.param(
+        lambda b: b.add(**_with(numbered_transitions(range(2)), act=np.array([1.0, 2.0]))),
         TypeError,
         "'act'",
         id="add-float-array-into-int-field",
     ),
-    pytest.param(lambda b: b.add(**_with(_row(0), done=256)), ValueError, "'done'", id="add-int-above-uint8"),
-    pytest.param(lambda b: b.add(**_with(_row(0), done=-1)), ValueError, "'done'", id="add-negative-into-uint8"),
+    pytest.param(lambda b: b.add(**_with(numbered_row(0), done=256)), ValueError, "'done'", id="add-int-above-uint8"),
     pytest.param(
-        lambda b: b.add(**_with(_row(0), done=np.int8(-1))), ValueError, "'done'", id="add-negative-int8-into-uint8"
+        lambda b: b.add(**_with(numbered_row(0), done=-1)), ValueError, "'done'", id="add-negative-into-uint8"
     ),
     pytest.param(
-        lambda b: b.add(**_with(_row(0), act=np.uint64(2**63))), ValueError, "'act'", id="add-uint64-above-int64-range"
+        lambda b: b.add(**_with(numbered_row(0), done=np.int8(-1))),
+        ValueError,
+        "'done'",
+        id="add-negative-int8-into-uint8",
     ),
-    pytest.param(lambda b: b.add(**_with(_row(0), rew=1e300)), ValueError, "'rew'", id="add-float-overflowing-float32"),
     pytest.param(
-        lambda b: b.add(**_with(_row(0), obs=np.array([0.0, 1e300, 2.0]))),
+        lambda b: b.add(**_with(numbered_row(0), act=np.uint64(2**63))),
+        ValueError,
+        "'act'",
+        id="add-uint64-above-int64-range",
+    ),
+    pytest.param(
+        lambda b: b.add(**_with(numbered_row(0), rew=1e300)), ValueError, "'rew'", id="add-float-overflowing-float32"
+    ),
+    pytest.param(
+        lambda b: b.add(**_with(numbered_row(0), obs=np.array([0.0, 1e300, 2.0]))),
         ValueError,
         "'obs'",
         id="add-float64-row-overflowing-float32",
     ),
-    pytest.param(lambda b: b.add(**_with(_row(0), rew="high")), TypeError, "'rew'", id="add-string-value"),
-    pytest.param(lambda b: b.add(**_with(_row(0), rew=None)), TypeError, "'rew'", id="add-none-value"),
+    pytest.param(lambda b: b.add(**_with(numbered_row(0), rew="high")), TypeError, "'rew'", id="add-string-value"),
+    pytest.param(lambda b: b.add(**_with(numbered_row(0), rew=None)), TypeError, "'rew'", id="add-none-value"),
     pytest.param(
-        lambda b: b.add(**_with(_rows(0, 2), act=np.arange(3))), ValueError, "'act'", id="add-batch-lengths-disagree"
+        lambda b: b.add(**_with(numbered_transitions(range(2)), act=np.arange(3))),
+        ValueError,
+        "'act'",
+        id="add-batch-lengths-disagree",
     ),
     pytest.param(
         lambda b: b.add(**_bad_last_row(6, "done", 300)), ValueError, "'done'", id="add-wrapping-batch-bad-last-row"
@@ -585,15 +576,15 @@ _BAD_FOR_ANY_BUFFER = [
     pytest.param(lambda b: b.sample(None), ValueError, "batch_size", id="sample-batch-size-none"),
     pytest.param(lambda b: b.sample(2, timeout=-1.0), ValueError, "timeout", id="sample-timeout-negative"),
     pytest.param(lambda b: b.sample(2, timeout=math.inf), ValueError, "timeout", id="sample-timeout-inf"),
-    pytest.param(lambda b: b.add(**_row(0), timeout=math.nan), ValueError, "timeout", id="add-timeout-nan"),
-    pytest.param(lambda b: b.add(**_row(0), timeout="1"), TypeError, "timeout", id="add-timeout-string"),
+    pytest.param(lambda b: b.add(**numbered_row(0), timeout=math.nan), ValueError, "timeout", id="add-timeout-nan"),
+    pytest.param(lambda b: b.add(**numbered_row(0), timeout="1"), TypeError, "timeout", id="add-timeout-string"),
 ]
 
 
 @EACH_BUFFER_CLASS
 @pytest.mark.parametrize("call, error, field", _BAD_FOR_ANY_BUFFER)
 def test_bad_input_raises_naming_the_field_and_changes_nothing(cls, call, error, field, unchanged):
-    buffer = _filled(cls)
+    buffer = wrapped_buffer(cls)
     with unchanged(buffer), pytest.raises(error, match=field):
         call(buffer)
 
@@ -602,38 +593,49 @@ def test_bad_input_raises_naming_the_field_and_changes_nothing(cls, call, error,
 def test_a_float64_row_into_a_float32_field_is_stored_rounded_to_float32(cls):
     buffer = cls(4, ENV)
     obs = np.array([0.1, -np.inf, np.nan])
-    buffer.add(**_with(_row(0), obs=obs))
+    buffer.add(**_with(numbered_row(0), obs=obs))
     assert buffer.get_all_transitions()["obs"][0].tobytes() == obs.astype(np.float32).tobytes()
 
 
 def test_uniform_buffer_refuses_priorities(unchanged):
-    buffer = _filled(ReplayBuffer)
+    buffer = wrapped_buffer(ReplayBuffer)
     with unchanged(buffer), pytest.raises(TypeError, match="priorities"):
-        buffer.add(**_row(0), priorities=1.0)
+        buffer.add(**numbered_row(0), priorities=1.0)
 
 
 _BAD_FOR_PRIORITIZED_BUFFER = [
-    pytest.param(lambda b: b.add(**_row(0), priorities=math.nan), ValueError, "priorities", id="add-nan-priority"),
-    pytest.param(lambda b: b.add(**_row(0), priorities=math.inf), ValueError, "priorities", id="add-inf-priority"),
-    pytest.param(lambda b: b.add(**_row(0), priorities=-0.5), ValueError, "priorities", id="add-negative-priority"),
     pytest.param(
-        lambda b: b.add(**_rows(0, 3), priorities=[1.0, 2.0]), ValueError, "priorities", id="add-too-few-priorities"
+        lambda b: b.add(**numbered_row(0), priorities=math.nan), ValueError, "priorities", id="add-nan-priority"
     ),
     pytest.param(
-        lambda b: b.add(**_rows(0, 2), priorities=[[1.0, 2.0], [3.0, 4.0]]),
+        lambda b: b.add(**numbered_row(0), priorities=math.inf), ValueError, "priorities", id="add-inf-priority"
+    ),
+    pytest.param(
+        lambda b: b.add(**numbered_row(0), priorities=-0.5), ValueError, "priorities", id="add-negative-priority"
+    ),
+    pytest.param(
+        lambda b: b.add(**numbered_transitions(range(3)), priorities=[1.0, 2.0]),
+        ValueError,
+        "priorities",
+        id="add-too-few-priorities",
+    ),
+    pytest.param(
+        lambda b: b.add(**numbered_transitions(range(2)), priorities=[[1.0, 2.0], [3.0, 4.0]]),
         ValueError,
         "priorities",
         id="add-priorities-2d-too-many",
     ),
-    pytest.param(lambda b: b.add(**_row(0), priorities="high"), TypeError, "priorities", id="add-priority-string"),
     pytest.param(
-        lambda b: b.add(**_rows(0, 6), priorities=[1.0] * 5 + [math.nan]),
+        lambda b: b.add(**numbered_row(0), priorities="high"), TypeError, "priorities", id="add-priority-string"
+    ),
+    pytest.param(
+        lambda b: b.add(**numbered_transitions(range(6)), priorities=[1.0] * 5 + [math.nan]),
         ValueError,
         "priorities",
         id="add-wrapping-batch-bad-last-priority",
     ),
     pytest.param(
-        lambda b: b.add(**_rows(0, 20), priorities=[1.0] * 19 + [-1.0]),
+        lambda b: b.add(**numbered_transitions(range(20)), priorities=[1.0] * 19 + [-1.0]),
         ValueError,
         "priorities",
         id="add-oversized-batch-bad-last-priority",
@@ -701,13 +703,13 @@ _BAD_FOR_PRIORITIZED_BUFFER = [
 def test_bad_input_to_a_prioritized_buffer_raises_naming_the_argument_and_changes_nothing(
     call, error, field, unchanged
 ):
-    buffer = _filled(PrioritizedReplayBuffer)
+    buffer = wrapped_buffer(PrioritizedReplayBuffer)
     with unchanged(buffer), pytest.raises(error, match=field):
         call(buffer)
 
 
 def test_max_priority_is_the_largest_priority_the_buffer_accepts(unchanged):
-    buffer = _filled(PrioritizedReplayBuffer)
+    buffer = wrapped_buffer(PrioritizedReplayBuffer)
     assert 1e200 < buffer.max_priority <= 1e300
     buffer.update_priorities([0], [buffer.max_priority])
     assert buffer.get_max_priority() == buffer.max_priority
@@ -722,14 +724,14 @@ def test_max_priority_falls_with_the_capacity_when_alpha_is_large():
 
 @EACH_BUFFER_CLASS
 def test_timeout_0_means_do_not_wait(cls):
-    buffer = _filled(cls)
-    assert buffer.add(**_row(0), timeout=0) >= 0
+    buffer = wrapped_buffer(cls)
+    assert buffer.add(**numbered_row(0), timeout=0) >= 0
     assert len(buffer.sample(2, timeout=0)["indexes"]) == 2
 
 
 def test_update_of_a_slot_not_stored_yet_raises_and_changes_nothing(unchanged):
     buffer = PrioritizedReplayBuffer(8, ENV)
-    buffer.add(**_rows(0, 3))
+    buffer.add(**numbered_transitions(range(3)))
     with unchanged(buffer), pytest.raises(ValueError, match="indexes"):
         buffer.update_priorities([3], [1.0])
 
@@ -779,7 +781,7 @@ def test_bad_construction_raises_naming_the_argument(options, name):
 
 @EACH_BUFFER_CLASS
 def test_sample_fills_the_arrays_given_in_out(cls):
-    buffer = _filled(cls)
+    buffer = wrapped_buffer(cls)
     first = buffer.sample(4)
     again = buffer.sample(4, out=first)
     for name in ENV:
@@ -789,7 +791,7 @@ def test_sample_fills_the_arrays_given_in_out(cls):
 
 @EACH_BUFFER_CLASS
 def test_sample_rejects_an_out_array_of_the_wrong_shape(cls):
-    buffer = _filled(cls)
+    buffer = wrapped_buffer(cls)
     with pytest.raises(ValueError, match=r"out\['obs'\]"):
         buffer.sample(4, out={"obs": np.zeros((3, 3), np.float32)})
 
@@ -806,17 +808,17 @@ _BAD_OUT = [
 @EACH_BUFFER_CLASS
 @pytest.mark.parametrize("array", _BAD_OUT)
 def test_sample_rejects_an_out_array_it_cannot_fill_and_changes_nothing(cls, array, unchanged):
-    buffer = _filled(cls)
+    buffer = wrapped_buffer(cls)
     with unchanged(buffer), pytest.raises(ValueError, match=r"out\['obs'\]: expected a writable C-contiguous"):
         buffer.sample(4, out={"obs": array})
 
 
 def test_update_priorities_takes_read_only_arrays():
-    buffer = _filled(PrioritizedReplayBuffer)
+    buffer = wrapped_buffer(PrioritizedReplayBuffer)
     indexes, priorities = np.array([2, 5]), np.array([7.0, 9.0])
     indexes.flags.writeable = priorities.flags.writeable = False
     buffer.update_priorities(indexes, priorities)
-    np.testing.assert_array_equal(_priorities_of(buffer)[indexes], priorities)
+    np.testing.assert_array_equal(slot_priorities(buffer)[indexes], priorities)
 
 
 @pytest.mark.parametrize(
@@ -830,20 +832,20 @@ def test_update_priorities_takes_read_only_arrays():
     ],
 )
 def test_update_priorities_converts_other_integers_and_numbers(indexes, priorities):
-    buffer = _filled(PrioritizedReplayBuffer)
+    buffer = wrapped_buffer(PrioritizedReplayBuffer)
     buffer.update_priorities(indexes, priorities)
-    np.testing.assert_array_equal(_priorities_of(buffer)[[3, 6]], [7.0, 9.0])
+    np.testing.assert_array_equal(slot_priorities(buffer)[[3, 6]], [7.0, 9.0])
 
 
 def test_update_priorities_takes_unaligned_arrays(unaligned):
-    buffer = _filled(PrioritizedReplayBuffer)
+    buffer = wrapped_buffer(PrioritizedReplayBuffer)
     buffer.update_priorities(unaligned(np.array([3, 6])), unaligned(np.array([7.0, 9.0])))
-    np.testing.assert_array_equal(_priorities_of(buffer)[[3, 6]], [7.0, 9.0])
+    np.testing.assert_array_equal(slot_priorities(buffer)[[3, 6]], [7.0, 9.0])
 
 
 @EACH_BUFFER_CLASS
 def test_a_batch_the_caller_still_holds_is_never_refilled(cls):
-    buffer = _filled(cls)
+    buffer = wrapped_buffer(cls)
     held = [buffer.sample(4) for _ in range(6)]
     copies = [{name: array.copy() for name, array in batch.items()} for batch in held]
     for _ in range(10):
@@ -855,7 +857,7 @@ def test_a_batch_the_caller_still_holds_is_never_refilled(cls):
 
 @EACH_BUFFER_CLASS
 def test_a_view_of_a_dropped_batch_keeps_its_rows(cls):
-    buffer = _filled(cls)
+    buffer = wrapped_buffer(cls)
     view = buffer.sample(4)["obs"][1:]
     kept = view.copy()
     for _ in range(10):
@@ -865,7 +867,7 @@ def test_a_view_of_a_dropped_batch_keeps_its_rows(cls):
 
 @EACH_BUFFER_CLASS
 def test_a_dropped_batch_reshaped_in_place_does_not_change_later_batches(cls):
-    buffer = _filled(cls)
+    buffer = wrapped_buffer(cls)
     for _ in range(3):
         batch = buffer.sample(4)
         batch["obs"].shape = (2, 6)
@@ -873,25 +875,25 @@ def test_a_dropped_batch_reshaped_in_place_does_not_change_later_batches(cls):
         del batch
     batch = buffer.sample(4)
     assert batch["obs"].shape == (4, 3) and batch["act"].dtype == np.int64
-    _is_transition(batch, batch["act"])  # act holds each row's number
+    assert_numbered(batch, batch["act"])  # act holds each row's number
 
 
 @EACH_BUFFER_CLASS
 def test_a_dropped_batch_whose_arrays_changed_keys_does_not_mislabel_later_batches(cls):
-    buffer = _filled(cls)  # slot s holds transition s + 8 for s < 3, s otherwise
+    buffer = wrapped_buffer(cls)  # slot s holds transition s + 8 for s < 3, s otherwise
     for _ in range(3):
         batch = buffer.sample(4)
         batch["act"], batch["indexes"] = batch["indexes"], batch["act"]  # same dtype and shape
         del batch
     for _ in range(3):
         batch = buffer.sample(4)
-        _is_transition(batch, batch["act"])
+        assert_numbered(batch, batch["act"])
         np.testing.assert_array_equal(batch["indexes"], batch["act"] % 8)
 
 
 @EACH_BUFFER_CLASS
 def test_an_array_put_into_a_dropped_batch_is_never_filled(cls):
-    buffer = _filled(cls)
+    buffer = wrapped_buffer(cls)
     mine = np.zeros((8, 3), dtype=buffer.sample(4)["obs"].dtype)
     for _ in range(3):
         batch = buffer.sample(4)
@@ -904,24 +906,24 @@ def test_an_array_put_into_a_dropped_batch_is_never_filled(cls):
 
 def test_reused_batches_keep_cpprbs_dtypes_and_a_held_one_is_never_refilled():
     buffer = PrioritizedReplayBuffer(8, ENV, seed=0, weights_dtype=np.float32, indexes_dtype=np.uint64)
-    buffer.add(**_rows(0, 8))
+    buffer.add(**numbered_transitions(range(8)))
     held = buffer.sample(4)
     kept = {name: array.copy() for name, array in held.items()}
     for _ in range(6):
         batch = buffer.sample(4)
         assert batch["indexes"].dtype == np.uint64 and batch["weights"].dtype == np.float32
-        _is_transition(batch, batch["act"])
+        assert_numbered(batch, batch["act"])
         del batch
     for name in kept:
         np.testing.assert_array_equal(held[name], kept[name])
 
 
 def test_a_uint64_index_of_2_to_the_63_or_more_is_refused_as_given():
-    buffer = _filled(PrioritizedReplayBuffer)
-    before = _priorities_of(buffer)
+    buffer = wrapped_buffer(PrioritizedReplayBuffer)
+    before = slot_priorities(buffer)
     with pytest.raises(ValueError, match=f"indexes: expected slots .* got {2**63 + 1} at position 1"):
         buffer.update_priorities(np.array([0, 2**63 + 1], dtype=np.uint64), np.array([5.0, 5.0]))
-    np.testing.assert_array_equal(_priorities_of(buffer), before)
+    np.testing.assert_array_equal(slot_priorities(buffer), before)
 
 
 # -- what a sharded client reads ------------------------------------------------------------------

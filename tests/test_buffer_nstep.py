@@ -6,11 +6,11 @@ import io
 
 import numpy as np
 import pytest
-from helpers import EACH_BUFFER_CLASS, EACH_START_METHOD, run_in_child
+from helpers import EACH_BUFFER_CLASS, EACH_START_METHOD, run_in_child, transition_fields
 
 from mpreplay import MPPrioritizedReplayBuffer, NstepBuffer, PrioritizedReplayBuffer, ReplayBuffer
 
-ENV = {"obs": {"shape": (2,)}, "act": {"dtype": np.int64}, "rew": {}, "next_obs": {"shape": (2,)}, "done": {}}
+ENV = transition_fields((2,))
 
 
 def _episode(length: int, start: int = 0, terminal: bool = True) -> list[dict]:

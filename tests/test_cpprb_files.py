@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import CPPRB_FILE_FIELDS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -128,7 +129,7 @@ def _assert_same(got: dict[str, np.ndarray], expected: dict[str, np.ndarray]) ->
 
 # -- files written by the real cpprb ------------------------------------------------------------
 
-ENV = {"obs": {"shape": (2, 3)}, "act": {"dtype": np.int64}, "rew": {}, "done": {}}
+ENV = CPPRB_FILE_FIELDS
 NSTEP = {"size": 3, "gamma": 0.9, "rew": "rew"}
 OPTIONS = {
     "plain": {},

@@ -22,12 +22,13 @@ from typing import Any
 import damage  # tests/damage.py: real segments and the fuzzers' damage
 import numpy as np
 import pytest
+from helpers import CPPRB_FILE_FIELDS, NUMBERED_FIELDS, numbered_buffer, numbered_transitions
 
 from mpreplay import PrioritizedReplayBuffer, ReplayBuffer
 from mpreplay.compat.cpprb_files import read_cpprb_transitions
 from mpreplay.fileformat import TransitionFileError
 
-ENV = {"obs": {"shape": (3,)}, "act": {"dtype": np.int64}, "rew": {}, "done": {"dtype": np.uint8}}
+ENV = NUMBERED_FIELDS
 pytestmark = pytest.mark.timeout(120, method="thread")
 
 # -- archives, taken apart and put together ------------------------------------------------------
@@ -126,19 +127,8 @@ def _peak_allocation(read: Callable[[], Any]) -> int:
 # -- mpreplay's own files ----------------------------------------------------------------------
 
 
-def _transitions(numbers: Any) -> dict[str, np.ndarray]:
-    i = np.asarray(numbers, dtype=np.int64)
-    return {"obs": i[:, None] * np.array([1.0, 10.0, 100.0]), "act": i, "rew": i / 2, "done": i % 2}
-
-
-def _filled(numbers: Any) -> PrioritizedReplayBuffer:
-    buffer = PrioritizedReplayBuffer(8, ENV)
-    buffer.add(**_transitions(numbers))
-    return buffer
-
-
 def _saved(compress: bool, priorities: bool) -> bytes:
-    buffer = _filled(range(11))
+    buffer = numbered_buffer(PrioritizedReplayBuffer, 8, range(11))
     buffer.update_priorities(np.arange(8), np.linspace(0.5, 4.0, 8))
     f = io.BytesIO()
     buffer.save_transitions(f, compress=compress, priorities=priorities)
@@ -149,14 +139,14 @@ FILES = {"deflated-with-priorities": _saved(True, True), "stored": _saved(False,
 
 
 def _holds(buffer: ReplayBuffer, numbers: Any) -> bool:
-    stored, expected = buffer.get_all_transitions(), _transitions(list(numbers))
+    stored, expected = buffer.get_all_transitions(), numbered_transitions(list(numbers))
     return all(np.array_equal(stored[name], expected[name]) for name in ENV)
 
 
 @pytest.mark.parametrize("file", list(FILES))
 def test_load_transitions_refuses_any_damage_with_transition_file_error_and_changes_nothing(file, unchanged):
     rng = random.Random(f"transitions-{file}")
-    target = _filled([100, 101])
+    target = numbered_buffer(PrioritizedReplayBuffer, 8, [100, 101])
     for _ in range(800):
         how, damaged = _damaged_archive(FILES[file], rng, "metadata.json.npy")
         scratch = PrioritizedReplayBuffer(8, ENV)
@@ -211,7 +201,6 @@ def test_a_file_claiming_more_rows_than_it_holds_is_refused_before_they_are_allo
 
 # -- cpprb's files -----------------------------------------------------------------------------
 
-CPPRB_ENV = {"obs": {"shape": (2, 3)}, "act": {"dtype": np.int64}, "rew": {}, "done": {}}
 CPPRB_FILES = {  # cpprb buffer options, save_transitions(safe=)
     "plain": ({}, True),
     "next_of+stack_compress-unsafe": ({"next_of": "obs", "stack_compress": "obs"}, False),
@@ -222,7 +211,7 @@ CPPRB_FILES = {  # cpprb buffer options, save_transitions(safe=)
 
 def _cpprb_file(options: dict[str, Any], safe: bool) -> bytes:
     cpprb = pytest.importorskip("cpprb")
-    buffer = cpprb.ReplayBuffer(8, {name: dict(spec) for name, spec in CPPRB_ENV.items()}, **options)
+    buffer = cpprb.ReplayBuffer(8, {name: dict(spec) for name, spec in CPPRB_FILE_FIELDS.items()}, **options)
     rng = np.random.default_rng(0)
     for k, end in ((3, True), (6, False)):
         steps = {

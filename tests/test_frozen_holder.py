@@ -13,11 +13,11 @@ import time
 
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD, START_METHODS, run_in_child, start_lock_holder
+from helpers import EACH_START_METHOD, OBS_OF_4, START_METHODS, run_in_child, start_lock_holder
 
 from mpreplay import MPPrioritizedReplayBuffer
 
-ENV = {"obs": {"shape": (4,)}}
+ENV = OBS_OF_4
 TIMEOUT = 0.5
 # Generous: the point is that the call returns at all instead of waiting for the holder.
 RETURNS_WITHIN = 10.0

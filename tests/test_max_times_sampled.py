@@ -6,11 +6,11 @@ import multiprocessing as mp
 
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD, assert_child_dies_at
+from helpers import EACH_START_METHOD, ID_FIELD, assert_child_dies_at
 
 from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer, SequenceReplayBuffer
 
-ENV = {"id": {"dtype": np.int64}}
+ENV = ID_FIELD
 
 
 def test_a_transition_sampled_max_times_is_never_drawn_again():

@@ -12,13 +12,13 @@ import time
 
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD, START_METHODS, start_lock_holder
+from helpers import EACH_START_METHOD, OBS_OF_4, START_METHODS, start_lock_holder
 
 from mpreplay import MPPrioritizedReplayBuffer, MPPrioritizedSequenceReplayBuffer, MPReplayBuffer, SampleToInsertRatio
 from mpreplay.cli import main
 from mpreplay.monitor import SHM_DIR, BufferView, list_segments, remove_segments
 
-ENV = {"obs": {"shape": (4,)}}
+ENV = OBS_OF_4
 pytestmark = pytest.mark.timeout(120, method="thread")
 
 

@@ -18,6 +18,7 @@ import pytest
 from helpers import (
     EACH_START_METHOD,
     own_a_buffer,
+    rows_of,
     run_in_child,
     segment_exists,
     segments_of,
@@ -35,11 +36,6 @@ BOTH = uniform_and_prioritized(MPReplayBuffer, MPPrioritizedReplayBuffer)
 
 # Every field of a row encodes the same id, so a row mixed from two writes is visible.
 ENV = {"obs": {"shape": (16,), "dtype": np.int64}, "id": {"dtype": np.int64}, "rew": {"dtype": np.float64}}
-
-
-def _rows(ids: np.ndarray) -> dict[str, np.ndarray]:
-    ids = np.asarray(ids, dtype=np.int64)
-    return {"obs": np.repeat(ids[:, None], 16, axis=1), "id": ids, "rew": ids.astype(np.float64)}
 
 
 def _assert_consistent(batch: dict[str, np.ndarray]) -> None:
@@ -68,14 +64,14 @@ def _write(buffer, rank: int, count: int, batch: int, done) -> None:
         if batch == 1:
             buffer.add(obs=np.full(16, ids[0], np.int64), id=int(ids[0]), rew=float(ids[0]))
         else:
-            buffer.add(**_rows(ids))
+            buffer.add(**rows_of(ENV, ids))
     done.set()
 
 
 def _write_forever(buffer, rank: int) -> None:
     i = rank * 10**9
     while True:
-        buffer.add(**_rows(np.arange(i, i + 4)))
+        buffer.add(**rows_of(ENV, np.arange(i, i + 4)))
         i += 4
 
 
@@ -98,7 +94,7 @@ def test_a_buffer_pickles_to_a_small_handle(cls, no_leak):
 def test_a_child_sees_what_the_parent_wrote(cls, method, no_leak):
     ctx = mp.get_context(method)
     with cls(64, ENV) as buffer:
-        buffer.add(**_rows(np.full(10, 7)))
+        buffer.add(**rows_of(ENV, np.full(10, 7)))
         queue = ctx.Queue()
         child = ctx.Process(target=_sample_and_report, args=(buffer, queue))
         child.start()
@@ -120,7 +116,7 @@ def test_rows_written_by_a_child_are_sampled_by_the_parent(method, no_leak):
 
 def test_an_attached_handle_does_not_unlink_the_segment(no_leak):
     with MPReplayBuffer(16, ENV) as buffer:
-        buffer.add(**_rows(np.arange(3)))
+        buffer.add(**rows_of(ENV, np.arange(3)))
         clone = pickle.loads(pickle.dumps(buffer))
         clone.close()
         assert segment_exists(buffer.name)
@@ -138,10 +134,10 @@ def test_attaching_after_the_owner_closed_raises_a_clear_error(no_leak):
 
 def test_a_closed_buffer_raises_buffer_closed(no_leak):
     buffer = MPPrioritizedReplayBuffer(16, ENV)
-    buffer.add(**_rows(np.arange(3)))
+    buffer.add(**rows_of(ENV, np.arange(3)))
     buffer.close()
     with pytest.raises(BufferClosed):
-        buffer.add(**_rows(np.arange(3)))
+        buffer.add(**rows_of(ENV, np.arange(3)))
     with pytest.raises(BufferClosed):
         buffer.sample(2)
 
@@ -209,7 +205,7 @@ def test_writers_and_a_learner_never_see_a_torn_row_and_counts_add_up(cls, metho
 def test_a_writer_killed_mid_add_leaves_the_learner_sampling(method, no_leak):
     ctx = mp.get_context(method)
     with MPPrioritizedReplayBuffer(256, ENV) as buffer:
-        buffer.add(**_rows(np.arange(8)))
+        buffer.add(**rows_of(ENV, np.arange(8)))
         for round_ in range(6):
             writer = ctx.Process(target=_write_forever, args=(buffer, round_ + 1))
             writer.start()
@@ -231,13 +227,13 @@ def test_a_writer_killed_mid_add_leaves_the_learner_sampling(method, no_leak):
 def test_a_process_killed_holding_the_lock_does_not_block_the_others(method, no_leak):
     ctx = mp.get_context(method)
     with MPPrioritizedReplayBuffer(64, ENV) as buffer:
-        buffer.add(**_rows(np.arange(10)))
+        buffer.add(**rows_of(ENV, np.arange(10)))
         for _ in range(3):
             holder = start_lock_holder(ctx, buffer, wait=30, seconds=60)
             os.kill(holder.pid, signal.SIGKILL)
             holder.join(10)
             _assert_consistent(buffer.sample(8))
-            buffer.add(**_rows(np.arange(10, 12)))
+            buffer.add(**rows_of(ENV, np.arange(10, 12)))
         assert buffer.stats()["lock_recoveries"] == 3
 
 
@@ -246,10 +242,10 @@ def test_a_process_killed_holding_the_lock_does_not_block_the_others(method, no_
 
 def test_an_update_for_a_slot_overwritten_by_another_process_is_dropped(no_leak):
     with MPPrioritizedReplayBuffer(4, ENV) as buffer:
-        buffer.add(**_rows(np.arange(4)))
+        buffer.add(**rows_of(ENV, np.arange(4)))
         batch = buffer.sample(4)
         writer = pickle.loads(pickle.dumps(buffer))  # another handle, as in a writer process
-        writer.add(**_rows(np.arange(100, 104)))
+        writer.add(**rows_of(ENV, np.arange(100, 104)))
         writer.close()
         before = buffer.inspection().arrays["tree"].copy()
         buffer.update_priorities(batch["indexes"], np.full(4, 50.0))
@@ -261,7 +257,7 @@ def test_an_update_for_a_slot_overwritten_by_another_process_is_dropped(no_leak)
 def test_an_update_in_a_forked_child_is_not_judged_by_the_parents_samples(no_leak):
     # The record of sampled generations is per process: a forked child starts without one.
     with MPPrioritizedReplayBuffer(8, ENV) as buffer:
-        buffer.add(**_rows(np.arange(8)))
+        buffer.add(**rows_of(ENV, np.arange(8)))
         buffer.sample(8)
         assert run_in_child("fork", buffer.update_priorities, np.arange(8), np.full(8, 3.0)) == 0
         assert buffer.get_max_priority() == 3.0
@@ -374,7 +370,7 @@ def test_local_and_shared_buffers_store_the_same_bytes(no_leak):
     local = PrioritizedReplayBuffer(8, ENV, seed=3)
     with MPPrioritizedReplayBuffer(8, ENV, seed=3) as shared:
         for b in (local, shared):
-            b.add(**_rows(np.arange(11)), priorities=np.arange(11) + 0.5)
+            b.add(**rows_of(ENV, np.arange(11)), priorities=np.arange(11) + 0.5)
             b.update_priorities(np.arange(3), np.array([4.0, 5.0, 6.0]))
         shared_arrays = shared.inspection().arrays
         for name, array in local.inspection().arrays.items():
@@ -413,7 +409,7 @@ def test_a_buffer_created_in_a_child_is_unlinked_when_the_child_is_terminated(me
 
 
 def _call_every_method(buffer) -> dict[str, Any]:
-    rows = _rows(np.arange(2))
+    rows = rows_of(ENV, np.arange(2))
     return {
         "add": lambda: buffer.add(**rows),
         "add_row": lambda: buffer.add_row({name: row[0] for name, row in rows.items()}),
@@ -445,7 +441,7 @@ def _call_every_method(buffer) -> dict[str, Any]:
 def _saved_rows() -> io.BytesIO:
     f = io.BytesIO()
     source = PrioritizedReplayBuffer(4, ENV)
-    source.add(**_rows(np.arange(2)))
+    source.add(**rows_of(ENV, np.arange(2)))
     source.save_transitions(f)
     f.seek(0)
     return f
@@ -453,7 +449,7 @@ def _saved_rows() -> io.BytesIO:
 
 def test_every_method_of_a_closed_buffer_raises_buffer_closed(no_leak):
     buffer = MPPrioritizedReplayBuffer(16, ENV)
-    buffer.add(**_rows(np.arange(3)))
+    buffer.add(**rows_of(ENV, np.arange(3)))
     calls = _call_every_method(buffer)
     public = {n for n in dir(buffer) if not n.startswith("_") and callable(getattr(buffer, n))} - {"close"}
     assert public == set(calls), "a public method is missing from this test"

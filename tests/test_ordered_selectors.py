@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import ID_FIELD
 
 from mpreplay import CorruptBufferError, PrioritizedReplayBuffer, ReplayBuffer, selectors
 from mpreplay.selectors import SelectorSpec
@@ -21,7 +22,7 @@ KEYS = {
     "min_heap": lambda priority, number: (priority,),
 }
 ORDERED = pytest.mark.parametrize("name", sorted(KEYS))
-ENV = {"id": {"dtype": np.int64}}
+ENV = ID_FIELD
 
 
 def test_every_ordered_selector_of_the_registry_is_modelled_here():

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD
+from helpers import EACH_START_METHOD, rows_of
 
 from mpreplay import MinSize, MPPrioritizedReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
 from mpreplay.errors import BufferClosed
@@ -143,7 +143,7 @@ def test_a_bad_option_is_refused_by_name_and_starts_no_thread(option, value, err
 def _write(buffer, start: int, count: int) -> None:
     for i in range(start, start + count, 8):
         ids = np.arange(i, i + 8)
-        buffer.add(obs=np.repeat(ids[:, None], 3, axis=1).astype(np.float32), act=ids, priorities=np.ones(8))
+        buffer.add(**rows_of(ENV, ids), priorities=np.ones(8))
 
 
 @EACH_START_METHOD

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD
+from helpers import EACH_START_METHOD, ID_FIELD
 
 from mpreplay import (
     MPPrioritizedReplayBuffer,
@@ -29,7 +29,7 @@ from mpreplay import (
 from mpreplay._ext.schema import EPOCH, LOCK_HOLDS, LOCK_WAIT_NS
 from mpreplay.inspect import arm_fault
 
-ENV = {"id": {"dtype": np.int64}}
+ENV = ID_FIELD
 # A tagged item: its writer, its number, and a payload every element of which repeats both.
 ITEM = {"writer": {"dtype": np.int64}, "seq": {"dtype": np.int64}, "payload": {"shape": (64,), "dtype": np.int64}}
 

@@ -12,7 +12,7 @@ import signal
 
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD, assert_child_dies_at, crash_at, run_in_child
+from helpers import EACH_START_METHOD, assert_child_dies_at, crash_at, rows_of, run_in_child
 
 from mpreplay import MinSize, MPPrioritizedReplayBuffer, MPPrioritizedSequenceReplayBuffer, MPReplayBuffer
 from mpreplay.inspect import FAULT_SITES
@@ -22,14 +22,9 @@ CAPACITY = 64
 ALPHA, EPS = 0.6, 1e-4
 
 
-def _rows(ids) -> dict[str, np.ndarray]:
-    ids = np.asarray(ids, dtype=np.int64)
-    return {"obs": np.repeat(ids[:, None], 4, axis=1), "id": ids}
-
-
 # What the child does once armed: each reaches its site with the lock held.
 def _add(buffer) -> None:
-    buffer.add(**_rows(np.arange(1000, 1008)), priorities=np.full(8, 2.0))
+    buffer.add(**rows_of(ENV, np.arange(1000, 1008)), priorities=np.full(8, 2.0))
 
 
 def _update(buffer) -> None:
@@ -70,12 +65,12 @@ def test_every_fault_site_is_exercised():
 @pytest.mark.timeout(120)
 def test_a_holder_killed_at_each_site_leaves_counts_and_tree_consistent(method, site):
     with MPPrioritizedReplayBuffer(CAPACITY, ENV, alpha=ALPHA, eps=EPS, rate_limiter=MinSize(CAPACITY)) as buffer:
-        buffer.add(**_rows(np.arange(CAPACITY)))
+        buffer.add(**rows_of(ENV, np.arange(CAPACITY)))
         assert_child_dies_at(method, site, ACTIONS[site], buffer, timeout=60)
         _assert_consistent(buffer)  # its lock acquisition recovers
         assert buffer.stats()["lock_recoveries"] == 1
         # A full lap later the buffer is full again, and the limiter knows it.
-        buffer.add(**_rows(np.arange(2000, 2000 + CAPACITY)))
+        buffer.add(**rows_of(ENV, np.arange(2000, 2000 + CAPACITY)))
         assert buffer.get_stored_size() == CAPACITY
         batch = buffer.sample(16, timeout=10)
         assert set(batch["id"].tolist()) <= set(range(2000, 2000 + CAPACITY))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD, assert_child_dies_at, run_in_child
+from helpers import EACH_START_METHOD, assert_child_dies_at, rows_of, run_in_child
 
 from mpreplay import (
     MPPrioritizedReplayBuffer,
@@ -52,11 +52,6 @@ def _buffer(name: str, size: int, shared: bool = False, **options):
         (True, True): MPPrioritizedReplayBuffer,
     }[selectors.entry(name).by_priority, shared]
     return cls(size, ENV, selector=name, **options)
-
-
-def _rows(ids) -> dict[str, np.ndarray]:
-    ids = np.asarray(ids, dtype=np.int64)
-    return {"obs": np.repeat(ids[:, None], 2, axis=1), "id": ids}
 
 
 def test_the_registry_holds_the_selectors_the_buffers_have_always_had():
@@ -222,7 +217,7 @@ def test_an_unknown_selector_is_refused_naming_the_registered_ones():
 @NAMES
 def test_a_buffer_draws_only_rows_that_are_stored(name):
     buffer = _buffer(name, 8, seed=0)
-    buffer.add(**_rows(range(20)))  # the first 12 are overwritten
+    buffer.add(**rows_of(ENV, range(20)))  # the first 12 are overwritten
     for _ in range(20):
         batch = buffer.sample(4)
         assert set(batch["id"].tolist()) <= set(range(12, 20))
@@ -246,7 +241,7 @@ def test_a_buffer_names_its_selector_in_its_manifest(name):
 
 
 def _add_in_child(buffer, ids) -> None:
-    buffer.add(**_rows(ids))
+    buffer.add(**rows_of(ENV, ids))
 
 
 @NAMES
@@ -264,7 +259,7 @@ def test_rows_another_process_adds_are_drawn_here(name, method):
 @pytest.mark.timeout(60, method="thread")
 def test_a_writer_killed_while_publishing_leaves_only_whole_rows_drawable(name, method):
     with _buffer(name, 16, shared=True, seed=2) as buffer:
-        buffer.add(**_rows(range(4)))
+        buffer.add(**rows_of(ENV, range(4)))
         assert_child_dies_at(method, "publish", _add_in_child, buffer, range(200, 204), timeout=30)
         stored = buffer.get_all_transitions()
         assert buffer.get_stored_size() == len(stored["id"])
@@ -292,7 +287,7 @@ def test_the_prioritized_options_go_with_the_prioritized_selector_only():
 @pytest.mark.parametrize("shared", [False, True])
 def test_verify_finds_the_selectors_state_agreeing_with_the_slots_after_adds_samples_updates_and_wraps(name, shared):
     with _buffer(name, 16, shared) as buffer:
-        buffer.add(**_rows(np.arange(40)))
+        buffer.add(**rows_of(ENV, np.arange(40)))
         buffer.sample(8)
         if selectors.entry(name).by_priority:
             buffer.update_priorities(np.arange(4), np.array([9.0, 0.5, 3.0, 7.0]))

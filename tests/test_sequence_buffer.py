@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD
+from helpers import EACH_START_METHOD, EPISODE_STEP_FIELDS
 
 from mpreplay import (
     MinSize,
@@ -20,7 +20,7 @@ from mpreplay import (
     sequence_priority,
 )
 
-ENV = {"obs": {"shape": (2,)}, "done": {}}
+ENV = EPISODE_STEP_FIELDS
 
 
 def _step(episode: int, t: int) -> dict:

@@ -9,17 +9,13 @@ from typing import Any
 import damage  # tests/damage.py: transitions files taken apart and put together
 import numpy as np
 import pytest
+from helpers import TAGGED_STACK_FIELDS
 
 from mpreplay import MPPrioritizedSequenceReplayBuffer, SequenceReplayBuffer
 from mpreplay.fileformat import TransitionFileError
 
 ENV = {"tag": {"shape": (3,), "dtype": np.int64}, "done": {}}
-STACKED = {
-    "tag": {"shape": (3,), "dtype": np.int64},
-    "obs": {"shape": (3, 3, 4), "dtype": np.uint8},
-    "next_obs": {"shape": (3, 3, 4), "dtype": np.uint8},
-    "done": {},
-}
+STACKED = TAGGED_STACK_FIELDS
 COMPRESSIONS = pytest.mark.parametrize(
     "options", [{"stack_compress": "obs"}, {"stack_compress": "obs", "next_of": "obs"}], ids=["stack", "stack+next_of"]
 )

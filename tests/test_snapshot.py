@@ -7,7 +7,7 @@ import multiprocessing as mp
 
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD
+from helpers import EACH_START_METHOD, rows_of
 
 from mpreplay import MPPrioritizedReplayBuffer, MPReplayBuffer, ReplayBuffer
 
@@ -17,14 +17,10 @@ CAPACITY, WRITERS, BATCH = 4096, 2, 64
 RANK = 10**9  # writer r writes ids r * RANK + 0, 1, 2, ...
 
 
-def _rows(ids: np.ndarray) -> dict[str, np.ndarray]:
-    return {"obs": np.repeat(ids[:, None], 64, axis=1), "id": ids}
-
-
 def _write_until_stopped(buffer, rank: int, stop, started) -> None:
     i = rank * RANK
     while not stop.is_set():
-        buffer.add(**_rows(np.arange(i, i + BATCH, dtype=np.int64)))
+        buffer.add(**rows_of(ENV, np.arange(i, i + BATCH, dtype=np.int64)))
         i += BATCH
         started.set()
 
@@ -67,7 +63,7 @@ class _Writers:
 @pytest.fixture(params=[MPReplayBuffer, MPPrioritizedReplayBuffer], ids=["uniform", "prioritized"])
 def full_buffer(request):
     with request.param(CAPACITY, ENV) as buffer:
-        buffer.add(**_rows(np.arange(CAPACITY, dtype=np.int64)))
+        buffer.add(**rows_of(ENV, np.arange(CAPACITY, dtype=np.int64)))
         yield buffer
 
 
@@ -109,7 +105,7 @@ def test_save_transitions_under_concurrent_writes_saves_whole_rows_oldest_first(
 @pytest.mark.timeout(60)
 def test_saved_priorities_are_the_saved_rows_own():
     with MPPrioritizedReplayBuffer(8, ENV) as buffer:
-        buffer.add(**_rows(np.arange(8, dtype=np.int64)), priorities=np.arange(8) + 1.0)
+        buffer.add(**rows_of(ENV, np.arange(8, dtype=np.int64)), priorities=np.arange(8) + 1.0)
         f = io.BytesIO()
         buffer.save_transitions(f, priorities=True)
         f.seek(0)

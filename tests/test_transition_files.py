@@ -11,17 +11,12 @@ from typing import Any
 import damage  # tests/damage.py: transitions files taken apart and put together
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD
+from helpers import EACH_START_METHOD, TAGGED_STACK_FIELDS
 
 from mpreplay import MPPrioritizedReplayBuffer, MPReplayBuffer, ReplayBuffer
 from mpreplay.fileformat import TransitionFileError
 
-ENV = {
-    "tag": {"shape": (3,), "dtype": np.int64},
-    "obs": {"shape": (3, 3, 4), "dtype": np.uint8},
-    "next_obs": {"shape": (3, 3, 4), "dtype": np.uint8},
-    "done": {},
-}
+ENV = TAGGED_STACK_FIELDS
 WIDTH = 40  # slots per lane of every buffer here
 LENGTHS = [9, 13, 7, 11]  # episode lengths, in turn
 COMPRESSIONS = pytest.mark.parametrize(

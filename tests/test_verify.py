@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD, assert_child_dies_at, start_lock_holder
+from helpers import EACH_START_METHOD, EPISODE_STEP_FIELDS, assert_child_dies_at, start_lock_holder
 
 from mpreplay import (
     CorruptBufferError,
@@ -36,7 +36,7 @@ from mpreplay._ext.schema import (
 )
 from mpreplay.cli import main
 
-ENV = {"obs": {"shape": (2,)}, "done": {}}
+ENV = EPISODE_STEP_FIELDS
 CAPACITY = 64
 
 

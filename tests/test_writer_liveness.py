@@ -9,12 +9,12 @@ import time
 
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD
+from helpers import EACH_START_METHOD, OBS_OF_4
 
 from mpreplay import MPReplayBuffer
 from mpreplay._ext.processes import process_token, token_alive
 
-ENV = {"obs": {"shape": (4,)}}
+ENV = OBS_OF_4
 _LAST_PID = "/proc/sys/kernel/ns_last_pid"
 _TICK_S = 1 / os.sysconf("SC_CLK_TCK")  # the unit of a process start time
 
