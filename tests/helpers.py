@@ -9,6 +9,7 @@ Import it as ``from helpers import ...``: pytest puts this folder on ``sys.path`
 
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import os
 import signal
@@ -207,3 +208,75 @@ def wrapped_buffer(cls: type) -> Any:
 def slot_priorities(buffer: Any) -> np.ndarray:
     """The raw priority stored for every slot in use, by slot."""
     return buffer.inspection().priorities(np.arange(buffer.get_stored_size()))[1]
+
+
+# -- files -----------------------------------------------------------------------------------------
+
+
+def saved_file(buffer: Any, **options: Any) -> io.BytesIO:
+    """``buffer.save_transitions(file, **options)`` into memory, rewound to be read."""
+    file = io.BytesIO()
+    buffer.save_transitions(file, **options)
+    file.seek(0)
+    return file
+
+
+def reloaded(buffer: Any, make: Callable[[], Any], file: Any = None) -> Any:
+    """A new buffer, ``make()``, that loaded ``buffer``'s file (saved to ``file``, or into memory)."""
+    if file is None:
+        file = saved_file(buffer)
+    else:
+        buffer.save_transitions(file)
+    fresh = make()
+    fresh.load_transitions(file)
+    return fresh
+
+
+def cpprb_buffer(
+    cpprb: Any,
+    options: dict[str, Any],
+    history: list[int | str],
+    *,
+    size: int = 8,
+    cls: str = "ReplayBuffer",
+    seed: int = 0,
+    **kwargs: Any,
+) -> Any:
+    """A buffer of the real cpprb, of :data:`CPPRB_FILE_FIELDS` and ``options``, that went through
+    ``history``: k random steps added, or "end" (on_episode_end)."""
+    buffer = getattr(cpprb, cls)(
+        size, {name: dict(spec) for name, spec in CPPRB_FILE_FIELDS.items()}, **options, **kwargs
+    )
+    rng = np.random.default_rng(seed)
+    for operation in history:
+        if operation == "end":
+            buffer.on_episode_end()
+            continue
+        k = int(operation)
+        steps = {
+            "obs": rng.normal(size=(k, 2, 3)),
+            "act": rng.integers(0, 9, k),
+            "rew": rng.normal(size=k),
+            "done": np.zeros(k),
+        }
+        if "next_of" in options:
+            steps["next_obs"] = rng.normal(size=(k, 2, 3))
+        buffer.add(**steps)
+    return buffer
+
+
+def tagged_episode(writer: int, episode: int, n: int, *, ended: bool = True, rng: Any = None) -> dict[str, np.ndarray]:
+    """n steps of one episode of :data:`TAGGED_STACK_FIELDS`; ``tag`` says (writer, episode, step),
+    ``done`` ends the episode when ``ended``.  With ``rng``, also stacked frames drawn from it: each
+    step's stack the previous one shifted by a new frame, the first frame repeated at the start;
+    ``next_obs`` is the next stack."""
+    s = np.arange(n)
+    out = {
+        "tag": np.stack([np.full(n, writer), np.full(n, episode), s], axis=1),
+        "done": ((s == n - 1) & ended).astype(np.float32),
+    }
+    if rng is not None:
+        frames = rng.integers(0, 256, size=(n + 1, 3, 3), dtype=np.uint8)
+        stacks = np.moveaxis(frames[np.maximum(0, np.arange(n + 1)[:, None] - 3 + np.arange(4))], 1, -1)
+        out["obs"], out["next_obs"] = np.ascontiguousarray(stacks[:n]), np.ascontiguousarray(stacks[1:])
+    return out

@@ -10,7 +10,7 @@ from multiprocessing.managers import SyncManager
 
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD, run_in_child, uniform_and_prioritized
+from helpers import EACH_START_METHOD, run_in_child, saved_file, uniform_and_prioritized
 
 import mpreplay
 from mpreplay.compat import cpprb
@@ -437,20 +437,13 @@ def test_a_file_of_nstep_rows_is_refused_by_a_buffer_that_does_not_fold():
         cpprb.ReplayBuffer(8, {"done": {}}).load_transitions(f)
 
 
-def _file(buffer) -> io.BytesIO:
-    f = io.BytesIO()
-    buffer.save_transitions(f)
-    f.seek(0)
-    return f
-
-
 SCALARS = ["act", "rew", "done"]  # the fields of ENV given no shape: (1,) here, () in the native buffers
 
 
 def test_a_file_of_the_layer_loads_into_a_native_buffer_of_the_same_env_dict():
     source = _filled(cpprb.ReplayBuffer)
     target = mpreplay.ReplayBuffer(16, ENV)
-    target.load_transitions(_file(source))
+    target.load_transitions(saved_file(source))
     saved, loaded = source.get_all_transitions(), target.get_all_transitions()
     for name in SCALARS:
         assert saved[name].shape == (5, 1) and loaded[name].shape == (5,)
@@ -464,7 +457,7 @@ def test_a_native_buffers_file_loads_into_a_buffer_of_the_layer_of_the_same_env_
     for i in range(5):
         source.add(**_step(i))
     target = cpprb.ReplayBuffer(16, ENV)
-    target.load_transitions(_file(source))
+    target.load_transitions(saved_file(source))
     saved, loaded = source.get_all_transitions(), target.get_all_transitions()
     for name in SCALARS:
         assert saved[name].shape == (5,) and loaded[name].shape == (5, 1)
@@ -489,7 +482,7 @@ def test_a_file_whose_field_differs_from_a_scalar_otherwise_is_refused_naming_it
         unchanged(target),
         pytest.raises(ValueError, match=rf"field 'act': the file stores {stored}, the buffer expects shape \(\) int64"),
     ):
-        target.load_transitions(_file(source))
+        target.load_transitions(saved_file(source))
 
 
 def test_a_file_that_is_neither_format_is_refused():

@@ -9,6 +9,7 @@ import zipfile
 from collections.abc import Callable
 from typing import Any
 
+import damage  # tests/damage.py: files taken apart and put together
 import numpy as np
 import pytest
 from helpers import (
@@ -18,6 +19,7 @@ from helpers import (
     numbered_buffer,
     numbered_transitions,
     run_in_child,
+    saved_file,
     transition_fields,
 )
 from hypothesis import HealthCheck, given, settings
@@ -53,9 +55,7 @@ def _priorities(buffer: PrioritizedReplayBuffer) -> np.ndarray:
 
 
 def _saved(buffer: ReplayBuffer, **kwargs: Any) -> bytes:
-    f = io.BytesIO()
-    save_transitions(buffer, f, **kwargs)
-    return f.getvalue()
+    return saved_file(buffer, **kwargs).getvalue()
 
 
 def _valid_file(**kwargs: Any) -> bytes:
@@ -393,30 +393,11 @@ def test_a_format_version_1_file_still_loads():
 # -- invalid files: a clear ValueError, the buffer untouched ------------------------------------
 
 
-def _members(data: bytes) -> dict[str, Any]:
-    """The arrays of a saved file, with its metadata record decoded."""
-    members = dict(np.load(io.BytesIO(data), allow_pickle=False))
-    members["metadata.json"] = json.loads(members["metadata.json"].tobytes())
-    return members
-
-
-def _archive(members: dict[str, Any]) -> bytes:
-    """An .npz of ``members``; a dict or bytes member is stored as a metadata record would be."""
-    f = io.BytesIO()
-    with zipfile.ZipFile(f, "w") as archive:
-        for name, value in members.items():
-            record = json.dumps(value).encode() if isinstance(value, dict | list) else value
-            array = np.frombuffer(record, dtype=np.uint8) if isinstance(record, bytes) else record
-            with archive.open(f"{name}.npy", "w") as member:
-                np.lib.format.write_array(member, array, allow_pickle=True)
-    return f.getvalue()
-
-
 def _edit(change: Callable[[dict[str, Any], dict[str, Any]], None]) -> bytes:
     """The valid file after ``change(members, metadata)``."""
-    members = _members(_valid_file())
+    members = damage.file_members(io.BytesIO(_valid_file()))
     change(members, members["metadata.json"])
-    return _archive(members)
+    return damage.file_archive(members).getvalue()
 
 
 def _field(meta: dict[str, Any], name: str) -> dict[str, Any]:
@@ -504,12 +485,6 @@ def test_an_invalid_file_is_refused_and_the_buffer_untouched(cls, change, messag
         load_transitions(target, io.BytesIO(_edit(change)))
 
 
-def _npy() -> bytes:
-    f = io.BytesIO()
-    np.save(f, np.arange(3))
-    return f.getvalue()
-
-
 def _npz_without_metadata() -> bytes:
     f = io.BytesIO()
     np.savez(f, obs=np.zeros((2, 3)))
@@ -519,7 +494,7 @@ def _npz_without_metadata() -> bytes:
 NOT_TRANSITIONS = {
     "empty": (b"", "not a readable .npz archive"),
     "text": (b"hello, world\n" * 10, "not a readable .npz archive"),
-    ".npy file": (_npy(), "not a readable .npz archive"),
+    ".npy file": (damage.npy_bytes(np.arange(3)), "not a readable .npz archive"),
     "npz without metadata": (_npz_without_metadata(), "not an mpreplay transitions file"),
     "truncated": (_valid_file()[:-100], "not a readable .npz archive"),
 }
@@ -546,14 +521,12 @@ class _Spy:
 
 
 def test_a_header_claiming_more_data_than_stored_is_refused_before_allocating():
-    members = _members(_valid_file())
+    members = damage.file_members(io.BytesIO(_valid_file()))
     members["metadata.json"]["count"] = 10**12
     del members["obs"]
-    f = io.BytesIO(_archive(members))
-    header = io.BytesIO()
-    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (10**12, 3)})
+    f = damage.file_archive(members)
     with zipfile.ZipFile(f, "a") as archive:
-        archive.writestr("obs.npy", header.getvalue() + bytes(60))
+        archive.writestr("obs.npy", damage.npy_header("<f4", (10**12, 3)) + bytes(60))
     # 12 TB would not fit: reading the data first would end in MemoryError.
     with pytest.raises(ValueError, match="array 'obs' holds 60 bytes of data, its header says 12000000000000"):
         load_transitions(ReplayBuffer(8, ENV), io.BytesIO(f.getvalue()))
@@ -566,19 +539,14 @@ def test_a_header_claiming_more_data_than_stored_is_refused_before_allocating():
 )
 def test_an_array_header_numpy_cannot_parse_is_refused(unchanged, old, new):
     # numpy's header parser raises TokenError and TypeError (no ValueError) on these.
-    f = io.BytesIO(_valid_file())
-    with zipfile.ZipFile(f) as archive:
-        members = {info.filename: archive.read(info) for info in archive.infolist()}
+    members = damage.zip_members(_valid_file())
     header_end = members["obs.npy"].index(b"\n")
     assert members["obs.npy"][:header_end].count(old) == 1
     members["obs.npy"] = members["obs.npy"][:header_end].replace(old, new) + members["obs.npy"][header_end:]
-    damaged = io.BytesIO()
-    with zipfile.ZipFile(damaged, "w") as archive:
-        for name, raw in members.items():
-            archive.writestr(name, raw)
+    damaged = damage.zip_archive(members, zipfile.ZIP_STORED)
     target = numbered_buffer(ReplayBuffer, 8, [100])
     with unchanged(target), pytest.raises(ValueError, match="array 'obs' is damaged or truncated"):
-        load_transitions(target, io.BytesIO(damaged.getvalue()))
+        load_transitions(target, io.BytesIO(damaged))
 
 
 def test_a_pickled_array_is_refused_without_being_unpickled():
