@@ -12,10 +12,12 @@ from __future__ import annotations
 import io
 import multiprocessing as mp
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,9 @@ def uniform_and_prioritized(uniform: type, prioritized: type) -> pytest.MarkDeco
 # Runs the test with each local buffer class as its ``cls`` argument.
 EACH_BUFFER_CLASS = uniform_and_prioritized(ReplayBuffer, PrioritizedReplayBuffer)
 
+
+# The repository's root (or the folder a copy of tests/ sits in).
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # -- child processes -------------------------------------------------------------------------------
 
@@ -73,6 +78,11 @@ def assert_child_dies_at(method: str, site: str, action: Callable[..., object], 
     assert exitcode == -signal.SIGKILL, f"the child did not die at {site!r}: exit code {exitcode}"
 
 
+def put_sampled_ids(buffer: Any, k: int, queue: Any) -> None:
+    """A child's target: puts the ids of a sample of ``k`` rows on ``queue``."""
+    queue.put(buffer.sample(k)["id"].tolist())
+
+
 def hold_lock(buffer: Any, held: Any, seconds: float = 120) -> None:
     """A child's target: takes ``buffer``'s lock, sets the event ``held``, and keeps the lock for
     ``seconds`` s (the test stops or kills it first)."""
@@ -88,6 +98,20 @@ def start_lock_holder(ctx: Any, buffer: Any, *, wait: float = 60, seconds: float
     holder.start()
     assert held.wait(wait), "the child never took the lock"
     return holder
+
+
+def retry_after_timeouts(call: Callable[[], object], make_room: Callable[[], object] | None = None) -> int:
+    """Calls ``call()`` again while it raises TimeoutError, calling ``make_room()`` (if given) after
+    each; how many times it timed out."""
+    timeouts = 0
+    while True:
+        try:
+            call()
+            return timeouts
+        except TimeoutError:
+            timeouts += 1
+            if make_room is not None:
+                make_room()
 
 
 # -- shared-memory segments ------------------------------------------------------------------------
@@ -280,3 +304,44 @@ def tagged_episode(writer: int, episode: int, n: int, *, ended: bool = True, rng
         stacks = np.moveaxis(frames[np.maximum(0, np.arange(n + 1)[:, None] - 3 + np.arange(4))], 1, -1)
         out["obs"], out["next_obs"] = np.ascontiguousarray(stacks[:n]), np.ascontiguousarray(stacks[1:])
     return out
+
+
+# -- selectors, alone ------------------------------------------------------------------------------
+# The selectors' registry is imported where it is used: a test file that makes no selector of its
+# own does not depend on it.
+
+
+def selector_state(name: str, capacity: int) -> np.ndarray:
+    """A fresh state array for the registered selector ``name`` over ``capacity`` slots."""
+    from mpreplay import selectors
+
+    _, length, dtype = selectors.state_array(name, capacity)
+    return np.zeros(length, dtype)
+
+
+def registered_selector(
+    name: str, capacity: int, items: Any = (), state: np.ndarray | None = None, reset: bool = True
+) -> Any:
+    """The registered selector ``name`` over ``state`` (a fresh one when None), holding ``items`` too."""
+    from mpreplay import selectors
+    from mpreplay.selectors import SelectorSpec
+
+    state = selector_state(name, capacity) if state is None else state
+    selector = selectors.make(SelectorSpec(name), state, capacity, reset)
+    for item in items:
+        selector.insert(item, 1.0)
+    return selector
+
+
+def drawn_items(selector: Any, k: int, seed: int = 0) -> list[int]:
+    """The ``k`` items ``selector`` draws with a generator seeded ``seed``."""
+    return selector.sample_items(k, np.random.default_rng(seed)).tolist()
+
+
+# -- what the commands print -----------------------------------------------------------------------
+
+
+def table_cells(text: str) -> list[list[str]]:
+    """The cells of every line of ``text``, a table as rich draws it or as plain text: cells sit
+    between rules or at least two spaces apart (no cell holds two spaces in a row)."""
+    return [[c.strip() for c in re.split(r"[│┃]|\s{2,}", line) if c.strip()] for line in text.splitlines()]

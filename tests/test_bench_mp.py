@@ -8,7 +8,6 @@ No figure is checked: speed is the benchmark's business, not the tests'.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import START_METHODS, segments_of
+from helpers import START_METHODS, segments_of, table_cells
 
 OBSERVATIONS = ("(4,) float32", "(84, 84, 4) uint8")
 CASES = ("learner", "1 writer", "2 writers", "1 writer + learner", "2 writers + learner")
@@ -72,12 +71,6 @@ def _wait_until(condition, timeout: float = 10.0) -> bool:
     return True
 
 
-def _cells(stdout: str) -> list[list[str]]:
-    # Table cells sit between rules (rich) or at least two spaces (plain text);
-    # no cell holds two spaces in a row.
-    return [[c.strip() for c in re.split(r"[│┃]|\s{2,}", line) if c.strip()] for line in stdout.splitlines()]
-
-
 @pytest.fixture(scope="module", params=START_METHODS)
 def quick_run(request) -> Run:
     return _finish(_start(request.param), 100)
@@ -92,21 +85,21 @@ def test_quick_run_exits_with_status_0(quick_run):
 @pytest.mark.parametrize("obs", OBSERVATIONS)
 @pytest.mark.parametrize("case", CASES)
 def test_quick_run_prints_every_case_for_every_observation(quick_run, obs, case):
-    rows = [cells for cells in _cells(quick_run.stdout) if obs in cells and "mpreplay" in cells and case in cells]
+    rows = [cells for cells in table_cells(quick_run.stdout) if obs in cells and "mpreplay" in cells and case in cells]
     assert rows, f"no row for {case!r} with {obs}:\n{quick_run.stdout}"
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("obs", OBSERVATIONS)
 def test_quick_run_prints_the_gather_limit_of_every_observation(quick_run, obs):
-    assert any(obs in cells and "np.take limit" in cells for cells in _cells(quick_run.stdout)), quick_run.stdout
+    assert any(obs in cells and "np.take limit" in cells for cells in table_cells(quick_run.stdout)), quick_run.stdout
 
 
 @pytest.mark.timeout(120)
 def test_quick_run_prints_the_capacity_sweep(quick_run):
     capacities = {
         cells[2]
-        for cells in _cells(quick_run.stdout)
+        for cells in table_cells(quick_run.stdout)
         if len(cells) > 3 and cells[1] == "mpreplay" and cells[3] == "learner"
     }
     assert {"1,000", "10,000"} <= capacities, quick_run.stdout
@@ -115,7 +108,7 @@ def test_quick_run_prints_the_capacity_sweep(quick_run):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("target", ["(a)", "(b)", "(c)", "(d)"])
 def test_quick_run_reports_every_target(quick_run, target):
-    assert any(cells and cells[0].startswith(target) for cells in _cells(quick_run.stdout)), quick_run.stdout
+    assert any(cells and cells[0].startswith(target) for cells in table_cells(quick_run.stdout)), quick_run.stdout
 
 
 @pytest.mark.timeout(120)
@@ -153,7 +146,7 @@ def atari_scale_run() -> Run:
 def test_atari_scale_run_reports_eight_compressed_writers_beside_a_learner(atari_scale_run, rows):
     assert atari_scale_run.returncode == 0, atari_scale_run.stderr
     assert "8 writers + learner" in atari_scale_run.stdout
-    line = next(c for c in _cells(atari_scale_run.stdout) if c[:3] == ["mpreplay, compressed", "8,000", rows])
+    line = next(c for c in table_cells(atari_scale_run.stdout) if c[:3] == ["mpreplay, compressed", "8,000", rows])
     assert len(line) == 11 and all(cell for cell in line)
 
 

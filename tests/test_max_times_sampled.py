@@ -6,7 +6,7 @@ import multiprocessing as mp
 
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD, ID_FIELD, assert_child_dies_at
+from helpers import EACH_START_METHOD, ID_FIELD, assert_child_dies_at, put_sampled_ids
 
 from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer, SequenceReplayBuffer
 
@@ -78,10 +78,6 @@ def test_a_sequence_buffer_refuses_max_times_sampled():
         SequenceReplayBuffer(16, ENV, length=2, max_times_sampled=1)
 
 
-def _sample_ids(buffer, k, queue) -> None:
-    queue.put(buffer.sample(k)["id"].tolist())
-
-
 @EACH_START_METHOD
 @pytest.mark.timeout(60, method="thread")
 def test_draws_are_counted_across_processes(method):
@@ -89,7 +85,7 @@ def test_draws_are_counted_across_processes(method):
     with MPReplayBuffer(32, ENV, max_times_sampled=1, seed=3) as buffer:
         buffer.add(id=np.arange(12))
         queue = ctx.Queue()
-        child = ctx.Process(target=_sample_ids, args=(buffer, 7, queue))
+        child = ctx.Process(target=put_sampled_ids, args=(buffer, 7, queue))
         child.start()
         theirs = queue.get(timeout=30)
         child.join(30)

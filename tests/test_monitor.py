@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 
+import damage  # tests/damage.py: a segment's bytes
 import numpy as np
 import pytest
 from helpers import EACH_START_METHOD, OBS_OF_4, START_METHODS, start_lock_holder
@@ -187,18 +188,13 @@ def test_top_counts_the_lock_holders_that_died_once_repaired(method, capsys):
         assert re.search(r"lock recoveries\s+2 \(holders that died", capsys.readouterr().out)
 
 
-def _segment_bytes(name: str) -> bytes:
-    with open(os.path.join(SHM_DIR, name), "rb") as f:
-        return f.read()
-
-
 def test_ls_and_top_change_no_byte_of_the_segment_and_never_take_its_lock(capsys):
     with MPPrioritizedReplayBuffer(64, ENV) as buffer:
         buffer.add(obs=np.ones((8, 4)))
-        before = _segment_bytes(buffer.name)
+        before = damage.segment_bytes(buffer)
         main(["ls"])
         main(["top", buffer.name, "--once", "--interval", "0.1", "--plain"])
-        assert _segment_bytes(buffer.name) == before  # the lock's hold counter included
+        assert damage.segment_bytes(buffer) == before  # the lock's hold counter included
 
 
 def _own_and_die(queue) -> None:

@@ -18,6 +18,7 @@ import pytest
 from helpers import (
     EACH_START_METHOD,
     own_a_buffer,
+    put_sampled_ids,
     rows_of,
     run_in_child,
     segment_exists,
@@ -75,10 +76,6 @@ def _write_forever(buffer, rank: int) -> None:
         i += 4
 
 
-def _sample_and_report(buffer, queue) -> None:
-    queue.put(buffer.sample(8)["id"].tolist())
-
-
 # -- pickling and attaching ---------------------------------------------------
 
 
@@ -96,7 +93,7 @@ def test_a_child_sees_what_the_parent_wrote(cls, method, no_leak):
     with cls(64, ENV) as buffer:
         buffer.add(**rows_of(ENV, np.full(10, 7)))
         queue = ctx.Queue()
-        child = ctx.Process(target=_sample_and_report, args=(buffer, queue))
+        child = ctx.Process(target=put_sampled_ids, args=(buffer, 8, queue))
         child.start()
         assert queue.get(timeout=30) == [7] * 8
         child.join(30)

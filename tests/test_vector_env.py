@@ -17,7 +17,7 @@ import pytest
 gym = pytest.importorskip("gymnasium")
 from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
-from helpers import EACH_START_METHOD, run_in_child
+from helpers import EACH_START_METHOD, retry_after_timeouts, run_in_child
 
 from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer, SampleToInsertRatio, SequenceReplayBuffer
 from mpreplay.vector_env import DISABLED, NEXT_STEP, SAME_STEP, VectorTransitions, VectorWriter, env_dict
@@ -629,13 +629,7 @@ def test_a_batch_a_timeout_interrupted_is_finished_by_adding_it_again():
         timeouts = 0
         for batch in batches:
             reference.add(batch)
-            while True:
-                try:
-                    writer.add(batch, timeout=0)
-                    break
-                except TimeoutError:
-                    timeouts += 1
-                    limited.sample(8)
+            timeouts += retry_after_timeouts(functools.partial(writer.add, batch, timeout=0), lambda: limited.sample(8))
         assert timeouts > 0
         got, want = limited.get_all_transitions(), free.get_all_transitions()
     assert {k: v.tobytes() for k, v in got.items()} == {k: v.tobytes() for k, v in want.items()}
