@@ -81,6 +81,8 @@ def test_quick_run_exits_with_status_0(quick_run):
     assert quick_run.returncode == 0, quick_run.stderr
 
 
+# The tables are drawn by rich where it is installed, as plain text elsewhere: table_cells reads
+# both, and CI runs this file again with rich installed.
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("obs", OBSERVATIONS)
 @pytest.mark.parametrize("case", CASES)
