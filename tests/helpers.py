@@ -1,5 +1,7 @@
-"""What several test files share: the start methods and buffer classes tests run under, child
-processes (run, crashed at a fault site, holding a lock) and the shared-memory segments they leave.
+"""What several test files share, so that no test file holds a copy of another's helper: the start
+methods and buffer classes tests run under; child processes (run, crashed at a fault site, holding
+the lock) and the shared-memory segments they leave; the common fields and the rows that fill them;
+files saved and reloaded; selectors alone; the cells of the tables the commands print.
 
 Import it as ``from helpers import ...``: pytest puts this folder on ``sys.path`` (the test files and
 ``conftest.py`` sit in it without an ``__init__.py``), from the repository's root or from a copy of
@@ -43,9 +45,9 @@ def uniform_and_prioritized(uniform: type, prioritized: type) -> pytest.MarkDeco
 # Runs the test with each local buffer class as its ``cls`` argument.
 EACH_BUFFER_CLASS = uniform_and_prioritized(ReplayBuffer, PrioritizedReplayBuffer)
 
-
 # The repository's root (or the folder a copy of tests/ sits in).
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
 
 # -- child processes -------------------------------------------------------------------------------
 
@@ -190,6 +192,7 @@ def rows_of(fields: dict[str, dict[str, Any]], ids: Any) -> dict[str, np.ndarray
 
 # -- numbered transitions: every field encodes the transition's number -----------------------------
 
+# obs (3 numbers), act (int64), rew, done (uint8).
 NUMBERED_FIELDS = {"obs": {"shape": (3,)}, "act": {"dtype": np.int64}, "rew": {}, "done": {"dtype": np.uint8}}
 
 
