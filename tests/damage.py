@@ -1,6 +1,7 @@
-"""What the damage tests share: real segments of each kind of buffer, their manifests taken apart
-and put together (the layout of :mod:`mpreplay.manifest`), transitions files taken apart and put
-together, and the seeded damage the fuzzers do to JSON records, bytes and segments."""
+"""What the damage and file tests share: real segments of each kind of buffer and their bytes, their
+manifests taken apart and put together (the layout of :mod:`mpreplay.manifest`), transitions files,
+zip archives and ``.npy`` members taken apart and put together, and the seeded damage the fuzzers do
+to JSON records, bytes and segments."""
 
 from __future__ import annotations
 
