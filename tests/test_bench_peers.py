@@ -7,15 +7,15 @@ CI has no peers' venv (it is gigabytes); the tests that need one run only where
 import io
 import json
 import os
-import re
 import stat
 import sys
 
 import pytest
+from helpers import table_cells
 
 from mpreplay.bench import peer_worker, peers, per, per_peers
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("no_peers_venv")]
 
 
 def _fake_venv(tmp_path, modules: dict[str, str]):
@@ -34,16 +34,7 @@ def _fake_venv(tmp_path, modules: dict[str, str]):
 
 def _first_cells(text: str) -> set[str]:
     """The first cell of every table row, from rich's layout or the plain one."""
-    return {
-        cells[0]
-        for cells in ([c.strip() for c in re.split(r"[│┃]|\s{2,}", line) if c.strip()] for line in text.splitlines())
-        if cells
-    }
-
-
-@pytest.fixture(autouse=True)
-def no_peers_from_the_environment(monkeypatch):
-    monkeypatch.delenv(peers.ENV_VAR, raising=False)
+    return {cells[0] for cells in table_cells(text) if cells}
 
 
 def test_without_a_venv_every_peer_is_unavailable_saying_how_to_make_one():
@@ -191,10 +182,7 @@ def test_targets_compare_each_sampled_layout_with_mpreplay_storing_it_the_same_w
     per_peers.targets(None, tput)
     rows = {
         cells[0]: cells[1:]
-        for cells in (
-            [c.strip() for c in re.split(r"[│┃]|\s{2,}", line) if c.strip()]
-            for line in capsys.readouterr().out.splitlines()
-        )
+        for cells in table_cells(capsys.readouterr().out)
         if cells and cells[0].startswith("sample(256)")
     }
     assert rows["sample(256), compressed"][:3] == ["cpprb compressed", "2.00", "yes"]

@@ -8,11 +8,11 @@ import inspect
 
 import numpy as np
 import pytest
+from helpers import EACH_BUFFER_CLASS
 
 from mpreplay import BufferClosed, MPPrioritizedReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
 
 ENV = {"obs": {"shape": (2,)}, "act": {"dtype": np.int64}}
-BOTH = pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer], ids=["uniform", "prioritized"])
 
 
 def _filled(cls, seed: int = 0):
@@ -21,7 +21,7 @@ def _filled(cls, seed: int = 0):
     return buffer
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_numpy_integer_batch_sizes_draw_what_python_integers_draw(cls):
     a, b = _filled(cls), _filled(cls)
     np.testing.assert_array_equal(a.sample(np.int32(5))["indexes"], b.sample(5)["indexes"])
@@ -56,7 +56,7 @@ def test_a_one_row_add_given_a_priority_stores_that_priority():
     assert buffer.get_max_priority() == 2.5
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_a_buffer_never_bound_to_memory_raises_buffer_closed_from_every_call(cls):
     # The C methods read the table the buffer was bound to: without one they must not run.
     buffer = cls.__new__(cls)

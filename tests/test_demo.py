@@ -9,7 +9,6 @@ under "fork".
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -22,9 +21,10 @@ pytest.importorskip("torch")
 pytest.importorskip("gymnasium")
 pytest.importorskip("matplotlib")
 
+from helpers import segments_of
+
 from mpreplay import cli
 from mpreplay.demo import epsilon
-from mpreplay.memory import SEGMENT_PREFIX
 
 
 class Run(NamedTuple):
@@ -33,11 +33,6 @@ class Run(NamedTuple):
     out: Path
     stdout: str
     stderr: str
-
-
-def segments_of(pid: int) -> set[str]:
-    """The /dev/shm entries of the segments process ``pid`` created (mpreplay names them after it)."""
-    return {name for name in os.listdir("/dev/shm") if name.startswith(f"{SEGMENT_PREFIX}{pid}-")}
 
 
 def summary_of(run: Run) -> dict:

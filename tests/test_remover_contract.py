@@ -10,11 +10,11 @@ import multiprocessing as mp
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD
 
 from mpreplay import MPReplayBuffer, ReplayBuffer, monitor, removers
 
 NAMES = pytest.mark.parametrize("name", removers.names())
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 ENV = {"id": {"dtype": np.int64}}
 FRAMES = {"obs": {"shape": (2, 3), "dtype": np.uint8}, "done": {}}
 # What a full table of rows 0..3 holds after a write of row 4 (None: the write waits for room).
@@ -75,7 +75,7 @@ def _write(buffer, start: int) -> None:
     buffer.add(id=np.arange(start, start + 2), timeout=30)
 
 
-@METHODS
+@EACH_START_METHOD
 @NAMES
 @pytest.mark.timeout(60, method="thread")
 def test_another_process_writes_where_the_remover_places_its_rows(name, method):
