@@ -47,7 +47,7 @@ class Reservation:
 
     @property
     def slots(self) -> np.ndarray:
-        """The reserved slots: a run in their lane's order, or a queue's free slots."""
+        """The reserved slots, a run in their lane's order or a queue's free slots."""
         return np.array(self._reservation.slots)
 
     def publish(self, *, timeout: float | None = None) -> None:

@@ -405,13 +405,13 @@ class Table(TableCalls):
 
     @property
     def name(self) -> str | None:
-        """The shared-memory segment's name (None: a local table)."""
+        """The name of the shared-memory segment, or None for a local table."""
         return self._memory.name if isinstance(self._memory, SharedMemory) else None
 
     # -- what the table is built from -------------------------------------------------
     @property
     def config(self) -> TableConfig:
-        """The parts this table is built from (see :class:`~mpreplay.table_config.TableConfig`)."""
+        """What this table is built from (see :class:`~mpreplay.table_config.TableConfig`)."""
         return self._config
 
     def get_buffer_size(self) -> int:
@@ -433,12 +433,12 @@ class Table(TableCalls):
 
     @property
     def sequence_length(self) -> int | None:
-        """Steps per sampled sequence, padding included (None: a table of transitions)."""
+        """The steps of a sampled sequence, padding included, or None for a table of transitions."""
         return None if self._config.sequence is None else self._config.sequence.length
 
     @property
     def period(self) -> int | None:
-        """Steps between the starts of an episode's sequences (None: a table of transitions)."""
+        """How many steps apart an episode's sequences start, or None for a table of transitions."""
         return None if self._config.sequence is None else self._config.sequence.period
 
     @property

@@ -35,7 +35,7 @@ EPISODE_STEP = EPISODE_STEP_ARRAY
 
 @dataclass(frozen=True)
 class TableConfig:
-    """The parts of a table, checked (see :meth:`build`)."""
+    """The parts of a table, checked (see :meth:`TableConfig.build`)."""
 
     size: int
     specs: dict[str, FieldSpec]  # the fields as stored and sampled (n-step rows' when folded, next_<key> added)
