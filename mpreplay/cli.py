@@ -30,6 +30,8 @@ _BENCHMARKS = {
     "(--peers DIR: also Tianshou, TorchRL, flashbax and a numba sum tree, from the venv "
     "`python -m mpreplay.bench.peers --setup DIR` makes)",
     "ray": "sharded replay over a 3-node loopback Ray cluster: sampled transitions/s vs the same client without Ray",
+    "sharded": "the learner across machines: mpreplay.sharded over a loopback Ray cluster vs the local buffer "
+    "(--peers DIR: and vs Reverb's clients over gRPC), 1 and 2 shards, per CPU-second",
     "seq": "R2D2 sequences (64 x 80 compressed Atari stacks): sampled steps/s vs TorchRL's slice sampler; bytes/step",
     "returns": "discounted cumulative sums and n-step folding vs lfilter, numba loops and np.cumsum",
 }

@@ -70,7 +70,7 @@ def test_a_watched_process_has_its_cpu_read_at_the_first_and_the_last_mark():
     server = ctx.Process(target=_busy_loop, args=(theirs,), daemon=True)
     server.start()
     try:
-        window = case_clock.run_window(ctx, [("child", _counting_child, ())], TIMING, watch=server.pid)
+        window = case_clock.run_window(ctx, [("child", _counting_child, ())], TIMING, watch=[server.pid])
     finally:
         mine.send("stop")
         server.join(10)
@@ -90,7 +90,7 @@ def test_a_process_that_is_gone_has_no_cpu_figure():
 
 def test_a_window_survives_the_workers_json_unchanged():
     ctx = multiprocessing.get_context("fork")
-    window = case_clock.run_window(ctx, [("child", _counting_child, ())], TIMING, watch=os.getpid())
+    window = case_clock.run_window(ctx, [("child", _counting_child, ())], TIMING, watch=[os.getpid()])
     again = window_of(window_json(window))
     assert again.marks == window.marks
     assert again.reports == window.reports

@@ -93,16 +93,6 @@ def test_the_json_holds_every_line_and_every_target(tmp_path):
     assert data["reasons"] == {"torchrl": "why"}
 
 
-def test_the_plot_is_a_png(tmp_path):
-    pytest.importorskip("matplotlib")
-    runs = mp_peers.PeerRuns(results=[_line("reverb", "1 writer", 1, inserts=10.0)])
-    path = tmp_path / "mp.png"
-    mp_peers.plot(
-        [_line("mpreplay", "1 writer", 1, inserts=1e6), _line("mpreplay", "learner", None, steps=9.0)], runs, str(path)
-    )
-    assert path.read_bytes().startswith(b"\x89PNG")
-
-
 def test_every_case_of_bench_mp_is_planned_for_the_peers():
     assert mp_peers.case_plan() == [
         (0, True, 256),

@@ -159,7 +159,7 @@ def slice_rates(counts: Sequence[int], at: Sequence[float], rows: int) -> np.nda
 @dataclass(frozen=True)
 class Window:
     """What one case's processes did: their reports in the order they were started, and the machine's
-    busy seconds and ``watched``'s CPU (seconds, faults) at the first and the last mark."""
+    busy seconds and the watched processes' CPU (seconds, faults, summed) at the first and the last mark."""
 
     marks: list[float]
     reports: list[Trace]
@@ -174,14 +174,14 @@ def run_window(
     timing: Timing,
     *,
     ready_timeout: float = REPLY_TIMEOUT,
-    watch: int | None = None,
+    watch: Sequence[int] = (),
     snapshot: Callable[[], Any] = lambda: None,
     local: tuple[Callable[[], None], int] | None = None,
 ) -> Window:
     """Start each ``(name, target, args)`` as ``target(*args, conn)`` (a body that calls :func:`serve_window`),
     wait until all are ready, give them the same marks, collect their traces and stop them all.
 
-    ``watch``: the pid of a process not started here whose CPU counts too (a server); ``snapshot()``
+    ``watch``: the pids of processes not started here whose CPU counts too (servers); ``snapshot()``
     is taken at the first and the last mark (a buffer's counters); ``local``: a unit of work and its
     stride that this process runs to the same marks (its trace is the last report)."""
     procs, conns = [], []
@@ -213,6 +213,10 @@ def run_window(
     return Window(at, reports, (first[0], last[0]), (first[1], last[1]), (first[2], last[2]))
 
 
-def _observe_at(when: float, watch: int | None, snapshot: Callable[[], Any]) -> tuple[Any, Any, Any]:
+def _observe_at(when: float, watch: Sequence[int], snapshot: Callable[[], Any]) -> tuple[Any, Any, Any]:
     time.sleep(max(0.0, when - time.monotonic()))
-    return machine_busy_seconds(), None if watch is None else process_cpu(watch), snapshot()
+    busy = machine_busy_seconds()
+    seen = [process_cpu(pid) for pid in watch]
+    found = [x for x in seen if x is not None]
+    watched = (sum(x[0] for x in found), sum(x[1] for x in found)) if found and len(found) == len(seen) else None
+    return busy, watched, snapshot()

@@ -82,17 +82,7 @@ class MpSide:
         self.batch = batch
         if self.name == "reverb":
             self.server = _Server(self.ctx, "prioritized", self.obs.capacity, reverb_roles.transition_fields(self.obs))
-            mine, theirs = self.ctx.Pipe()
-            filler = self.ctx.Process(
-                target=reverb_roles.fill, args=(self.server.address, self.obs, self.obs.capacity, theirs), name="fill"
-            )
-            filler.start()
-            theirs.close()
-            try:
-                stored = receive(mine, filler, max(REPLY_TIMEOUT, self.obs.capacity * 5e-3))
-            finally:
-                stop([filler])
-                mine.close()
+            stored = _fill(self.ctx, self.server.address, self.obs)
             self.note = "Table(Prioritized(0.6), Fifo, MinSize(1)); TrajectoryWriter; TrajectoryDataset"
             return {"stored": stored, "note": self.note}
         self.scratch = tempfile.mkdtemp(prefix="mpreplay-torchrl-")
@@ -113,7 +103,7 @@ class MpSide:
             ]
             if learner:
                 children.append(("learner", reverb_roles.learner, (address, self.batch, 99)))
-            window = run_window(self.ctx, children, clock, watch=self.server.pid)
+            window = run_window(self.ctx, children, clock, watch=[self.server.pid])
         else:
             children = [
                 (f"writer {i}", torchrl_roles.writer, (self.buffer, self.obs, rows, 10 + i)) for i in range(writers)
@@ -134,6 +124,40 @@ class MpSide:
         return {}
 
 
+def _fill(ctx: Any, address: str, obs: Obs) -> int:
+    mine, theirs = ctx.Pipe()
+    filler = ctx.Process(target=reverb_roles.fill, args=(address, obs, obs.capacity, theirs), name="fill")
+    filler.start()
+    theirs.close()
+    try:
+        return int(receive(mine, filler, max(REPLY_TIMEOUT, obs.capacity * 5e-3)))
+    finally:
+        stop([filler])
+        mine.close()
+
+
+def sharded_case(shards: int, obs: dict[str, Any], batch: int, timing: dict[str, Any]) -> dict[str, Any]:
+    """``shards`` Reverb servers, each filled and written by a writer of its own (1 transition a call),
+    and one learner drawing from them all (:func:`mpreplay.bench.reverb_roles.sharded_learner`)."""
+    ctx = multiprocessing.get_context("spawn")
+    shape = Obs(obs["label"], tuple(obs["shape"]), obs["dtype"], obs["capacity"])
+    servers: list[_Server] = []
+    try:
+        for _ in range(shards):
+            servers.append(_Server(ctx, "prioritized", shape.capacity, reverb_roles.transition_fields(shape)))
+            _fill(ctx, servers[-1].address, shape)
+        addresses = [s.address for s in servers]
+        children: list[Any] = [
+            (f"writer {i}", reverb_roles.writer, (address, shape, 1, 10 + i)) for i, address in enumerate(addresses)
+        ]
+        children.append(("learner", reverb_roles.sharded_learner, (addresses, batch, 99)))
+        window = run_window(ctx, children, Timing(**timing), watch=[s.pid for s in servers])
+    finally:
+        for server in servers:
+            server.close()
+    return window_json(window)
+
+
 def queue_case(writers: int, steps: int, frame: list[int], size: int, timing: dict[str, Any]) -> dict[str, Any]:
     """Reverb's ``Queue(size)`` table: ``writers`` processes push rollouts of ``steps`` steps, one learner
     takes each once; the window, and how many rollouts the learner was handed twice."""
@@ -146,7 +170,7 @@ def queue_case(writers: int, steps: int, frame: list[int], size: int, timing: di
             (f"writer {i}", reverb_roles.rollout_writer, (server.address, steps, shape, i)) for i in range(writers)
         ]
         children.append(("learner", reverb_roles.rollout_learner, (server.address, duplicates)))
-        window = run_window(ctx, children, Timing(**timing), watch=server.pid)
+        window = run_window(ctx, children, Timing(**timing), watch=[server.pid])
     finally:
         server.close()
     return {**window_json(window), "duplicates": int(duplicates.value), "pid": os.getpid()}

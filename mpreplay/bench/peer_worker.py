@@ -11,9 +11,9 @@ the worker answers each with one line on stdout, ``{"ok": true, ...results}`` or
 ``{"ok": false, "error": "Type: message"}``.  Anything a library prints goes to stderr, so it
 cannot garble an answer.  Commands: ``hello`` (import the library; answers its versions),
 ``per_build``/``per_run`` (:mod:`mpreplay.bench.per`'s loop), ``tput_build``/``tput_run`` and
-``seq_build``/``seq_run`` (:mod:`mpreplay.bench.peer_frames`), ``mp_open``/``mp_case``/``mp_close``
-and ``queue_case`` (:mod:`mpreplay.bench.peer_mp`: ``bench mp`` and ``bench queue``, Reverb and
-TorchRL), ``quit``.
+``seq_build``/``seq_run`` (:mod:`mpreplay.bench.peer_frames`), ``mp_open``/``mp_case``/``mp_close``,
+``queue_case`` and ``sharded_case`` (:mod:`mpreplay.bench.peer_mp`: ``bench mp``, ``bench queue``
+and ``bench sharded``, Reverb and TorchRL), ``quit``.
 
 The loop of ``mpreplay bench per`` lives here too (:func:`workload`, :func:`drive`), so the
 in-process table and the peers' table time one and the same loop.
@@ -491,6 +491,11 @@ class Worker:
             raise ValueError(f"bench queue runs Reverb's Queue table only, not {self.name!r}")
         return peer_mp.queue_case(writers, steps, frame, size, timing)
 
+    def sharded_case(self, shards: int, obs: dict[str, Any], batch: int, timing: dict[str, Any]) -> dict[str, Any]:
+        if self.name != "reverb":
+            raise ValueError(f"bench sharded runs Reverb's servers only, not {self.name!r}")
+        return peer_mp.sharded_case(shards, obs, batch, timing)
+
 
 COMMANDS = (
     "hello",
@@ -504,6 +509,7 @@ COMMANDS = (
     "mp_case",
     "mp_close",
     "queue_case",
+    "sharded_case",
 )
 
 

@@ -160,6 +160,40 @@ def learner(address: str, batch: int, seed: int, conn: Connection) -> None:
     serve_window(conn, build)
 
 
+def sharded_learner(addresses: list[str], batch: int, seed: int, conn: Connection) -> None:
+    """A learner over several servers: each step takes ``batch // len(addresses)`` items from each
+    server's ``TrajectoryDataset`` and sends each server its ``mutate_priorities`` (Reverb has no
+    client that splits a batch over servers by their priority mass: this is the nearest a user gets)."""
+
+    def build() -> tuple[Callable[[], None], int]:
+        import reverb
+
+        share = batch // len(addresses)
+        streams = [
+            (
+                iter(
+                    reverb.TrajectoryDataset.from_table_signature(
+                        address, TABLE, max_in_flight_samples_per_worker=2 * share
+                    ).batch(share)
+                ),
+                reverb.Client(address).mutate_priorities,
+            )
+            for address in addresses
+        ]
+        priorities = itertools.cycle(np.random.default_rng(seed).uniform(0.01, 2.0, (POOL, share)).tolist())
+
+        def learn() -> None:
+            for samples, mutate in streams:
+                sample = next(samples)
+                mutate(TABLE, updates=dict(zip(sample.info.key.numpy().tolist(), next(priorities), strict=True)))
+
+        for _ in range(3):  # the datasets' first batches start their workers and trace their graphs
+            learn()
+        return learn, 1
+
+    serve_window(conn, build)
+
+
 # -- bench queue: rollouts through a Queue(size) table ---------------------------------------
 def rollout_fields(steps: int, frame: tuple[int, ...]) -> dict[str, tuple[tuple[int, ...], str]]:
     """A rollout's item: ``steps`` steps of a frame and small fields; ``writer`` and ``number`` name it."""
