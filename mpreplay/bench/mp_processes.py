@@ -44,7 +44,7 @@ class Role:
     reuse: bool = False  # the learner samples into its previous batch (mpreplay's out=)
 
 
-def _operation(role: Role, buffer: Any) -> tuple[Callable[[], None], int]:
+def role_operation(role: Role, buffer: Any) -> tuple[Callable[[], None], int]:
     """The role's unit of work and how many calls to make between clock reads."""
     if role.kind == "writer":
         items = itertools.cycle(adds(role.obs, role.rows, role.scalar_shape, role.seed))
@@ -66,11 +66,11 @@ def _operation(role: Role, buffer: Any) -> tuple[Callable[[], None], int]:
     return learn, 1
 
 
-def _child(role: Role, buffer: Any, conn: Connection) -> None:
+def role_child(role: Role, buffer: Any, conn: Connection) -> None:
     """Process body: get ready (a writer after one lap of its ring), run to the marks, report."""
 
     def build() -> tuple[Callable[[], None], int]:
-        op, stride = _operation(role, buffer)
+        op, stride = role_operation(role, buffer)
         if role.kind == "writer":
             # A process faults on the first write to every page of the
             # segment, a cost a long-running actor pays once: one lap of the
@@ -130,7 +130,7 @@ def run_case(
     roles += [Role("learner", BATCH, obs, contender.scalar_shape, seed=99, reuse=reuse)] * learner
     window = run_window(
         ctx,
-        [(f"{role.kind} {i}", _child, (role, buffer)) for i, role in enumerate(roles)],
+        [(f"{role.kind} {i}", role_child, (role, buffer)) for i, role in enumerate(roles)],
         timing,
         # Getting ready includes a writer's lap of its ring: allow 1 ms per slot of the buffer.
         ready_timeout=max(REPLY_TIMEOUT, obs.capacity * 1e-3),

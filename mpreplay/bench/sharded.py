@@ -42,7 +42,7 @@ import mpreplay
 from mpreplay.bench._report import positive_int, print_table
 from mpreplay.bench.case_clock import Timing, Window, run_window
 from mpreplay.bench.mp_peers import window_of
-from mpreplay.bench.mp_processes import Result, Role, _child, _operation, summarize
+from mpreplay.bench.mp_processes import Result, Role, role_child, role_operation, summarize
 from mpreplay.bench.mp_workloads import ALPHA, BATCH, EPS, MPREPLAY, SMALL, Obs, env_dict, fill
 from mpreplay.bench.peers import ENV_VAR, PeerError, Unavailable, describe, launch, peers_directory
 
@@ -63,7 +63,8 @@ def _whole_window(result: Result, window: Window, writers: int) -> Result:
 
 def _writers(obs: Obs, buffers: Sequence[Any]) -> list[tuple[str, Callable[..., None], tuple[Any, ...]]]:
     return [
-        (f"writer {i}", _child, (Role("writer", 1, obs, (), seed=10 + i), buffer)) for i, buffer in enumerate(buffers)
+        (f"writer {i}", role_child, (Role("writer", 1, obs, (), seed=10 + i), buffer))
+        for i, buffer in enumerate(buffers)
     ]
 
 
@@ -71,7 +72,7 @@ def _local(ctx: Any, obs: Obs, shards: int, timing: Timing) -> Result:
     whole = obs.resized(obs.capacity * shards)
     with MPREPLAY.make(whole, ctx) as buffer:
         fill(buffer, whole, MPREPLAY)
-        learn, _ = _operation(Role("learner", BATCH, whole, (), seed=99), buffer)
+        learn, _ = role_operation(Role("learner", BATCH, whole, (), seed=99), buffer)
         window = run_window(ctx, _writers(obs, [buffer] * shards), timing, local=(learn, 1))
     return _whole_window(summarize(window, obs.label, "local", whole.capacity, shards, True, 1), window, shards)
 
