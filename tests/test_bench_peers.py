@@ -155,6 +155,46 @@ def test_only_peers_without_a_venv_is_refused(capsys):
     assert "--only-peers" in capsys.readouterr().err
 
 
+def test_reverb_runs_from_the_reverb_venv_inside_the_peers_directory(tmp_path):
+    found = peers.launch([peers.REVERB], str(tmp_path))[peers.REVERB]
+    assert isinstance(found, peers.Unavailable)
+    assert f"no interpreter at {tmp_path}/reverb/bin/python" in found.reason
+
+
+def test_without_a_python_3_11_the_reverb_venv_is_refused_naming_the_option(monkeypatch):
+    monkeypatch.setattr(sys, "version_info", (3, 12, 0, "final", 0))
+    monkeypatch.setattr(peers.shutil, "which", lambda name: None)
+    python, reason = peers.python_for_reverb()
+    assert python is None
+    assert "CPython 3.8-3.11" in reason and "--reverb-python PATH" in reason
+
+
+def test_setup_without_a_python_for_reverb_fails_and_makes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(peers, "python_for_reverb", lambda: (None, "no CPython 3.11 here"))
+    assert peers.setup(str(tmp_path / "venvs"), venvs=[peers.REVERB]) == 1
+    assert "no Reverb venv: no CPython 3.11 here" in capsys.readouterr().err
+    assert not (tmp_path / "venvs").exists()
+
+
+def test_the_reverb_pins_are_exact_and_shipped_beside_the_others():
+    pins = [
+        line.split("==")
+        for line in peers.REVERB_REQUIREMENTS.read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert {name for name, _ in pins} >= {"dm-reverb", "tensorflow-cpu", "numpy"}
+    assert all(len(pin) == 2 and pin[1] for pin in pins)
+
+
+def test_bench_mp_refuses_json_or_plot_without_peers(capsys):
+    from mpreplay.bench import mp
+
+    with pytest.raises(SystemExit) as exc:
+        mp.main(["--quick", "--json", "x.json"])
+    assert exc.value.code == 2
+    assert "give --peers DIR" in capsys.readouterr().err
+
+
 # -- with the real peers' venv ---------------------------------------------------------------
 _VENV = os.environ.get(peers.ENV_VAR)
 needs_venv = pytest.mark.skipif(
