@@ -252,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"load average {os.getloadavg()[0]:.1f}",
         (
             "queue",
-            "writers",
+            "writer processes",
             "rollouts/s",
             "rollouts/CPU-s",
             "CPU ms/rollout",
@@ -269,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print_table(
         "Target (this run): mpreplay's rollouts per CPU-second ÷ Reverb's",
-        ("writers", "ratio", "goal", "met"),
+        ("writer processes", "ratio", "goal", "met"),
         _targets(lines),
     )
     if args.json:
