@@ -37,7 +37,7 @@ def test_quick_run_exits_zero_with_a_row_per_buffer_and_size(capsys):
     assert per.main(["--quick"]) == 0
     out = capsys.readouterr().out
     assert _table_rows(out) == {(name, c, f) for name in _expected_buffers() for c, f in _QUICK_ROWS}
-    assert f"Peers (Tianshou, TorchRL, flashbax) not run: give --peers DIR (or set {ENV_VAR})" in out
+    assert f"Peers (Tianshou, TorchRL, flashbax, numba) not run: give --peers DIR (or set {ENV_VAR})" in out
 
 
 @pytest.mark.timeout(300)
