@@ -71,6 +71,7 @@ nitpick_ignore_regex = [(r"py:.*", rf"({_OTHER_PROJECTS})\..*")]
 nitpick_ignore = [
     ("py:class", "mpreplay.nstep.Folding"),
     ("py:class", "mpreplay.spec.FieldSpec"),
+    ("py:class", "mpreplay.compression.Compression"),
     ("py:class", "mpreplay.compat.cpprb.fields.Fields"),
     # a file argument (a path or a binary file object) and a field's spec, by their alias names
     ("py:class", "File"),
@@ -82,6 +83,8 @@ nitpick_ignore = [
 # Type aliases of typed signatures, shown by name: numpy's ArrayLike, the returns functions'
 # dones (an array, a tensor or None), the type of a ParameterStore.read out= mapping.
 nitpick_ignore += [("py:class", "ArrayLike"), ("py:class", "_Dones"), ("py:class", "mpreplay.params._Out")]
+# The type of a Table's own handles (an episode writer, a context manager's value): the class itself.
+nitpick_ignore += [("py:class", "mpreplay.table._Table")]
 
 html_theme = "furo"
 html_title = f"mpreplay {release}"

@@ -1,18 +1,17 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, annotation_typing=False, auto_pickle=False
-"""The per-step calls of a buffer -- ``add``, ``sample``, ``update_priorities`` -- as
-methods of C base classes of the buffer classes (mpreplay/buffer.py).
+"""The per-step calls of a table -- ``add``, ``sample``, ``update_priorities`` -- as methods of
+the C base class of :class:`mpreplay.TableParts`.
 
-A training loop makes these calls every step.  Through a Python method each would
-pass a Python frame on its way into the kernel; from here it reaches the kernel
-directly, which at small capacities is a sizeable share of what the call costs.
-What is not the usual call (a batch, priorities given, a timeout, values that need
-converting, n-step folding or compression) goes to the buffer's Python methods and
-the argument checks of :mod:`mpreplay.checks`, as it always did.
+A training loop makes these calls every step.  Through a Python method each would pass a
+Python frame on its way into the kernel; from here it reaches the kernel directly, which at
+small capacities is a sizeable share of what the call costs.  What is not the usual call (a
+batch, a timeout, values that need converting, n-step folding or compression) goes to the
+table's Python methods and the argument checks of :mod:`mpreplay.checks`, as it always did.
 """
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
 from cpython.long cimport PyLong_CheckExact
 
-from mpreplay._ext.ring cimport Ring
+from mpreplay._ext.table_handle cimport TableHandle
 
 from typing import Any
 
@@ -23,39 +22,49 @@ from mpreplay._ext.gate import BufferClosed
 
 # Finite betas pass the sample fast path (checks.number refuses inf and NaN).
 cdef double _MAX_BETA = 1.7976931348623157e308
+# A table that draws by priority hands out importance weights with this beta unless told.
+cdef object _DEFAULT_BETA = 0.4
 
 
-cdef class BufferCalls:
-    """The calls of :class:`mpreplay.ReplayBuffer` that a loop makes every step."""
+cdef class TableCalls:
+    """The calls of :class:`mpreplay.TableParts` that a loop makes every step."""
 
-    def _bind_calls(self, Ring kernel, bint plain_rows) -> None:
-        """Route the calls to ``kernel`` (None: the buffer is closed); ``plain_rows``:
-        one transition goes to the kernel as it is, not folded or planned first."""
+    def _bind_calls(self, TableHandle kernel, bint plain_rows, bint by_priority=False, bint float32_weights=False,
+                    bint uint64_indexes=False) -> None:
+        """Route the calls to ``kernel`` (None: the table is closed).  ``plain_rows``: one
+        transition goes to the kernel as it is, not folded or planned first; ``by_priority``:
+        the selector draws by the priorities given (they may be given and updated, and samples
+        carry importance weights), handed out as float32 rather than float64, the indexes as
+        uint64 rather than int64."""
         self._kernel = kernel
         self._plain = plain_rows
+        self._by_priority = by_priority
+        self._weights_f32 = float32_weights
+        self._indexes_u64 = uint64_indexes
 
-    cdef Ring _open(self):
+    cdef TableHandle _open(self):
         if self._kernel is None:
             raise BufferClosed("the replay buffer is closed")
         return self._kernel
 
-    def add(self, *, timeout: float | None = None, **fields: Any) -> int:
-        """Store one transition, or a batch with a leading dimension.
+    def add(self, *, priorities: Any = None, timeout: float | None = None, **fields: Any) -> int:
+        """Store one transition, or a batch with a leading dimension; returns the slot of the first.
 
-        Returns the slot of the first transition written.  The batch is
-        checked as a whole first: on any error nothing is stored.  With a
-        rate limiter, waits at most ``timeout`` seconds (None: no limit) for
-        it to let the insert through, then raises TimeoutError.
+        The batch is checked as a whole first: on any error nothing is stored.  ``priorities``
+        (a table that draws by priority: one per transition, or one float for all) defaults to
+        the largest priority stored now.  With a rate limiter, or a remover that keeps unread
+        rows, waits at most ``timeout`` seconds (None: no limit) for room, then raises
+        TimeoutError having stored nothing.
         """
-        cdef Ring kernel = self._open()
+        cdef TableHandle kernel = self._open()
         cdef Py_ssize_t slot
-        if "priorities" in fields:
-            raise TypeError("priorities: only PrioritizedReplayBuffer.add takes initial priorities")
-        if timeout is None and self._plain:
+        if priorities is None and timeout is None and self._plain:
             slot = kernel.add_one(fields, -1.0, None)  # -1: not one row of plain values, nothing stored
             if slot >= 0:
                 return slot
-        return self._add(fields, None, timeout)
+        if priorities is not None and not self._by_priority:
+            raise TypeError("priorities: only a table whose selector draws by priority takes initial priorities")
+        return self._add(fields, priorities, timeout)
 
     def add_row(self, fields: dict[str, Any]) -> int:
         """The kernel's add of one transition, for an adapter that holds its fields as a dict
@@ -64,72 +73,50 @@ cdef class BufferCalls:
         Stores ``fields`` (one value per field: Python scalars and arrays of the field's exact
         dtype and shape) with the default priority and returns the slot written; or returns
         -1, storing nothing, when the values need :meth:`add`'s checks and conversions, or this
-        buffer plans its rows before storing them (n-step folding, compression, sequences).
+        table plans its rows before storing them (n-step folding, compression, sequences).
         """
-        cdef Ring kernel = self._open()
+        cdef TableHandle kernel = self._open()
         if type(fields) is not dict:
             raise TypeError(f"fields: expected a dict of the fields, got {type(fields).__name__}")
         return kernel.add_one(fields, -1.0, None) if self._plain else -1
 
-    def sample(self, batch_size: int, *, timeout: float | None = None,
+    def sample(self, batch_size: int, beta: float | None = None, *, timeout: float | None = None,
                out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """Draw ``batch_size`` transitions uniformly (with replacement), plus their ``indexes``.
+        """Draw ``batch_size`` items by the table's selector, with their ``indexes``.
 
-        With a rate limiter, waits at most ``timeout`` seconds (None: no
-        limit) for it to allow the sample, then raises TimeoutError.  ``out``
-        may hold arrays to fill instead of fresh ones (e.g. the previous batch):
-        for large observations that spares the page faults of new memory.
+        A table that draws by priority draws them stratified and adds importance ``weights``
+        = (N·P(i))^-β / max_j (N·P(j))^-β, ``beta`` 0.4 unless given; any other takes no
+        ``beta``.  With a rate limiter, waits at most ``timeout`` seconds (None: no limit)
+        for it to allow the sample, then raises TimeoutError.  ``out`` may hold arrays to fill
+        instead of fresh ones (e.g. the previous batch): for large observations that spares
+        the page faults of new memory.
         """
-        cdef Ring kernel = self._open()
+        cdef TableHandle kernel = self._open()
+        if self._by_priority:
+            if beta is None:
+                beta = _DEFAULT_BETA
+            if not (PyLong_CheckExact(batch_size) and batch_size >= 1 and PyFloat_CheckExact(beta)
+                    and 0.0 <= PyFloat_AS_DOUBLE(beta) <= _MAX_BETA and timeout is None):
+                batch_size = checks.integer("batch_size", batch_size, low=1)
+                beta, timeout = checks.number("beta", beta, low=0.0), checks.seconds("timeout", timeout)
+            return kernel.sample(batch_size, True, beta, timeout, out, False, self._weights_f32,
+                                 self._indexes_u64)
+        if beta is not None:
+            raise TypeError("beta: only a table whose selector draws by priority hands out importance weights")
         if not (PyLong_CheckExact(batch_size) and batch_size >= 1 and timeout is None):
             batch_size = checks.integer("batch_size", batch_size, low=1)
             timeout = checks.seconds("timeout", timeout)
         return kernel.sample(batch_size, False, -1.0, timeout, out)
 
-
-cdef class PrioritizedCalls(BufferCalls):
-    """The calls of :class:`mpreplay.PrioritizedReplayBuffer` that a loop makes every step."""
-
-    def _bind_calls(self, Ring kernel, bint plain_rows, bint float32_weights=False, bint uint64_indexes=False):
-        """As :meth:`BufferCalls._bind_calls`; also takes the types ``sample`` hands its weights
-        and indexes out as (float32 rather than float64, uint64 rather than int64)."""
-        BufferCalls._bind_calls(self, kernel, plain_rows)
-        self._weights_f32 = float32_weights
-        self._indexes_u64 = uint64_indexes
-
-    def add(self, *, priorities: Any = None, timeout: float | None = None, **fields: Any) -> int:
-        """Store one transition or a batch; ``priorities`` (one per transition, or one
-        float for all) defaults to the largest priority stored now.  See :meth:`ReplayBuffer.add`."""
-        cdef Ring kernel = self._open()
-        cdef Py_ssize_t slot
-        if priorities is None and timeout is None and self._plain:
-            slot = kernel.add_one(fields, -1.0, None)  # -1: not one row of plain values, nothing stored
-            if slot >= 0:
-                return slot
-        return self._add(fields, priorities, timeout)
-
-    def sample(self, batch_size: int, beta: float = 0.4, *, timeout: float | None = None,
-               out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """Draw ``batch_size`` transitions in proportion to their priority.
-
-        Adds ``indexes`` and importance ``weights`` = (N·P(i))^-β / max_j (N·P(j))^-β.
-        ``timeout`` and ``out`` as for :meth:`ReplayBuffer.sample`.
-        """
-        cdef Ring kernel = self._open()
-        if not (PyLong_CheckExact(batch_size) and batch_size >= 1 and PyFloat_CheckExact(beta)
-                and 0.0 <= PyFloat_AS_DOUBLE(beta) <= _MAX_BETA and timeout is None):
-            batch_size = checks.integer("batch_size", batch_size, low=1)
-            beta, timeout = checks.number("beta", beta, low=0.0), checks.seconds("timeout", timeout)
-        return kernel.sample(batch_size, True, beta, timeout, out, False, self._weights_f32,
-                             self._indexes_u64)
-
     def update_priorities(self, indexes: Any, priorities: Any) -> None:
-        """Set new priorities of sampled transitions.
+        """Set new priorities of sampled items (a table whose selector draws by priority).
 
-        An update whose slot was overwritten since this process sampled it is
-        dropped (counted in ``stats()["stale_updates_dropped"]``).
+        An update whose slot was overwritten since this process sampled it is dropped
+        (counted in ``stats()["stale_updates_dropped"]``).
         """
-        cdef Ring kernel = self._open()
+        cdef TableHandle kernel = self._open()
+        if not self._by_priority:
+            raise TypeError("update_priorities: this table's selector draws by no priority")
         if kernel.update(indexes, priorities) < 0:
             # Not the int64 and float64 arrays sample() hands out (a list, a tensor, other
             # dtypes, lengths that differ): converted and checked, they are.

@@ -1,5 +1,5 @@
 # The gate every call of a replay table passes: the lock, the rate limiter's rule, and the
-# waits and wake-ups around them.  A table (ext/table.pyx) holds one; see ext/gate.pyx.
+# waits and wake-ups around them.  A table (ext/table_parts.pyx) holds one; see ext/gate.pyx.
 from libc.stdint cimport int32_t, int64_t
 
 from mpreplay._ext.lock cimport SharedLock
@@ -18,19 +18,12 @@ cdef class Gate:
     cdef int release(self) except -1
     cdef int block(self, double deadline, str why) except -1
     cdef bint limited(self) noexcept nogil
-    cdef bint keeps_unread(self) noexcept nogil
     cdef bint can_insert(self, Py_ssize_t k) noexcept nogil
     cdef bint can_sample(self, Py_ssize_t b) noexcept nogil
     cdef int check_insert(self, Py_ssize_t k) except -1
     cdef int check_sample(self, Py_ssize_t b) except -1
     cdef bint progress(self) noexcept nogil
     cdef void wake(self) noexcept nogil
-
-
-# limits[LIMIT_ON] of a Queue or a Stack: on, and a write waits for a slot whose row was
-# sampled (or never written) instead of overwriting one that was not.
-cdef enum:
-    ON_KEEP_UNREAD = 2
 
 
 cdef double deadline_of(object timeout) except? -1.0

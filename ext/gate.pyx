@@ -77,9 +77,6 @@ cdef double deadline_of(object timeout) except? -1.0:
     return time.monotonic() + t
 
 
-KEEP_UNREAD = ON_KEEP_UNREAD  # what limiter.Queue writes into limits[LIMIT_ON]
-
-
 def deadline(timeout):
     """The ``time.monotonic()`` moment a ``timeout`` in seconds ends (None: never, inf)."""
     return deadline_of(timeout)
@@ -201,11 +198,6 @@ cdef class Gate:
 
     cdef bint limited(self) noexcept nogil:
         return self._limits[LIMIT_ON] != 0.0
-
-    cdef bint keeps_unread(self) noexcept nogil:
-        # A Queue or a Stack: a write waits for room instead of overwriting an unread row (see
-        # Slots.reserve_free and Slots.holds_unread).
-        return self._limits[LIMIT_ON] == ON_KEEP_UNREAD
 
     cdef bint can_insert(self, Py_ssize_t k) noexcept nogil:
         # Reverb's rule: below min_size inserts always go; above, the

@@ -16,7 +16,7 @@ from mpreplay._ext.sumtree cimport PriorityTree
 
 import numpy as np
 
-from mpreplay._ext.sumtree import leaf_views, tree_buffer_size
+from mpreplay._ext.sumtree import TREE_HEAD_LEN, leaf_views, tree_buffer_size
 
 
 def weight_lanes(lanes=None):
@@ -37,6 +37,15 @@ def state_size(Py_ssize_t capacity):
 def priority_views(state, Py_ssize_t capacity):
     """``(weights, priorities)`` of every item, views of ``state`` (see ``sumtree.leaf_views``)."""
     return leaf_views(state, capacity)
+
+
+def _where(bad, what):
+    # ``what`` with the first items where ``bad`` holds, as a sentence; None when it holds nowhere.
+    items = np.flatnonzero(bad)
+    if not items.size:
+        return None
+    more = f" and {items.size - 5} more" if items.size > 5 else ""
+    return f"{what} at slots {items[:5].tolist()}{more}"
 
 
 cdef class PrioritizedSelector(Selector):
@@ -63,6 +72,39 @@ cdef class PrioritizedSelector(Selector):
         # can overflow; that bounds the priorities accepted.
         self.max_priority = (min(1e300, pow(DBL_MAX / (2.0 * self.capacity + 2.0), 1.0 / alpha) - eps)
                              if alpha > 0.0 else 1e300)
+
+    @staticmethod
+    def check_state(state, Py_ssize_t capacity, drawable):
+        """What disagrees in the tree ``state`` with ``drawable`` (per item: whether the slot states
+        let it be drawn), as sentences: each leaf against its item, the header against the leaves,
+        and every inner entry against the one recomputed from its children (bit for bit: none is
+        ever adjusted by a delta)."""
+        state = np.asarray(state)
+        drawable = np.asarray(drawable, dtype=bool)
+        weights, raw = leaf_views(state, capacity)
+        problems = [
+            _where(~(weights >= 0) | ~np.isfinite(weights), "tree: a leaf weight is negative or not finite"),
+            _where((weights > 0) & ~drawable, "tree: a slot that may not be drawn has a weight"),
+            _where((weights > 0) != (raw > -np.inf), "tree: a leaf's raw priority disagrees with its weight"),
+        ]
+        stored = raw[raw > -np.inf]
+        if stored.size and not state[0] >= stored.max():
+            problems.append(f"tree: max_ever {state[0]} is below the largest raw priority stored, {stored.max()}")
+        rebuilt = state.copy()
+        PriorityTree(rebuilt, capacity, reset=False).rebuild()
+        inner = np.flatnonzero(rebuilt[TREE_HEAD_LEN:].view(np.uint64) != state[TREE_HEAD_LEN:].view(np.uint64))
+        if inner.size:
+            problems.append(
+                f"tree: {inner.size} inner entries differ from their children's, first at entry "
+                f"{int(inner[0]) + TREE_HEAD_LEN}: {state[inner[0] + TREE_HEAD_LEN]} where its children make "
+                f"{rebuilt[inner[0] + TREE_HEAD_LEN]}"
+            )
+        return [p for p in problems if p is not None]
+
+    def forget_history(self):
+        """With ``new_priority="max_ever"``: forget the largest priority ever set (``clear``)."""
+        if self._max_ever:
+            self.tree.forget_max_ever()
 
     def largest_priority(self):
         """The largest priority of a drawable item, -inf when none: the max tree's root."""

@@ -20,6 +20,7 @@ cpdef enum:
     # once the last has: recovery ends a reservation its holder died inside (Slots.recover).
     PENDING_LANE
     PENDING_START
+    PENDING_CURSOR   # where the lane's cursor goes once the run is reserved
     PENDING_COUNT    # 0: no reservation in progress
     HEADER_LEN = 16
 

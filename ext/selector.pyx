@@ -106,6 +106,10 @@ cdef class Selector:
         _check(item, self.capacity)
         return self.arrival(item)
 
+    def forget_history(self):
+        """Forget what the selector keeps of items that are gone (``clear``): a prioritized one's
+        largest priority ever set, for ``new_priority="max_ever"``.  Most keep nothing of them."""
+
     def largest_priority(self):
         """The largest priority of a drawable item, -inf when none (a scan of every item)."""
         cdef Py_ssize_t i

@@ -3,6 +3,7 @@ cimport cython
 from libc.stdint cimport int64_t, uint64_t, uint8_t
 
 from mpreplay._ext.frames cimport Frames
+from mpreplay._ext.remover cimport Remover
 from mpreplay._ext.schema cimport COMPLETE, LANE_CURSOR, LANE_END, LANE_START, being_written
 from mpreplay._ext.selector cimport Selector
 from mpreplay._ext.sequences cimport Sequences
@@ -26,6 +27,7 @@ cdef class Slots:
     cdef int64_t[::1] owner
     cdef uint8_t[::1] state
     cdef Selector selector
+    cdef Remover remover
     cdef Frames frames
     cdef Sequences sequences           # a sequence table's index (items are sequences), or None (items are slots)
     cdef int64_t[:, ::1] writers
@@ -72,10 +74,9 @@ cdef class Slots:
 
     cdef Py_ssize_t slot(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t j) noexcept nogil
     cdef void fix_run(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k) noexcept nogil
-    cdef int64_t busy_owner(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil
-    cdef bint reserve_free(self, Py_ssize_t k, uint64_t* reserved, int64_t* slots, Py_ssize_t lane) except -1
-    cdef bint holds_unread(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil
-    cdef void take_over(self, int64_t dead, Py_ssize_t k, Py_ssize_t lane) noexcept nogil
+    cdef Py_ssize_t run_at_cursor(self, Py_ssize_t k, Py_ssize_t lane, Py_ssize_t skip, int64_t* busy) except -3
+    cdef bint find_free(self, Py_ssize_t k, Py_ssize_t lane, int64_t* free) except -1
+    cdef bint holds_items(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil
     cdef Py_ssize_t claim_lane(self) except -2
     cdef void release_lane(self, Py_ssize_t lane) noexcept nogil
     cdef void restart_lanes(self) noexcept nogil
@@ -84,7 +85,7 @@ cdef class Slots:
     cdef void retire_readers(self, Py_ssize_t lane, Py_ssize_t s) noexcept nogil
     cdef uint64_t _take(self, Py_ssize_t s) noexcept nogil
     cdef Py_ssize_t reserve(self, Py_ssize_t k, uint64_t* reserved, bint insert, Py_ssize_t lane,
-                            Py_ssize_t skip) noexcept nogil
+                            Py_ssize_t skip, int64_t* free, int64_t* busy) except -3
     cdef int note_writer(self) except -1
     cdef Py_ssize_t publish(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved,
                             const double* priorities, const uint8_t* states, const int64_t* slots) noexcept nogil

@@ -11,9 +11,11 @@ docs/architecture.md, "Concurrency protocol" and "Crash handling".
 """
 from mpreplay._ext.atomics cimport _atomic_add, _atomic_cas, _atomic_store, _mpreplay_compiler_fence
 from mpreplay._ext.processes cimport process_token, token_alive
+from mpreplay._ext.remover cimport SCATTERED, WAIT
 from mpreplay._ext.sequences cimport Sequences
 from mpreplay._ext.schema cimport (COMPLETE, EMPTY, INSERTS, LANE_CURSOR, LANE_END, LANE_OWNER, LANE_START, MAX_WRITERS,
-                                   PENDING_COUNT, PENDING_LANE, PENDING_START, RESERVED, STORED, WAITING,
+                                   PENDING_COUNT, PENDING_CURSOR, PENDING_LANE, PENDING_START, RESERVED,
+                                   STORED, WAITING,
                                    WRITER_INSERTS, WRITER_TOKEN, being_written, next_reservation)
 
 import os
@@ -57,6 +59,7 @@ cdef class Slots:
     owner : int64 per slot (writer token, 0: none); state : uint8 per slot;
     writers : (MAX_WRITERS, WRITER_LEN) int64, the inserts of each writer process
     selector : the table's Selector (its weights follow the slot states)
+    remover : the table's Remover (where a write goes: what it replaces, or whether it waits)
     frames : the Frames of a compressed table, or None
     sequences : the Sequences of a sequence table (the selector's items are sequences,
         weighed by :meth:`open_sequences`), or None (its items are the slots, weighed on publication)
@@ -66,9 +69,11 @@ cdef class Slots:
 
     def __init__(self, int64_t[::1] header not None, int64_t[:, ::1] lanes not None,
                  uint64_t[::1] generation not None, int64_t[::1] owner not None, uint8_t[::1] state not None,
-                 int64_t[:, ::1] writers not None, Selector selector not None, Frames frames=None,
-                 Sequences sequences=None, int64_t[::1] times_sampled=None, int64_t max_times=0):
+                 int64_t[:, ::1] writers not None, Selector selector not None, Remover remover not None,
+                 Frames frames=None, Sequences sequences=None, int64_t[::1] times_sampled=None,
+                 int64_t max_times=0):
         self.header = header
+        self.remover = remover
         if max_times and (times_sampled is None or times_sampled.shape[0] != generation.shape[0]):
             raise ValueError("times_sampled: expected an int64 count per slot with max_times")
         self._times_keep = times_sampled
@@ -99,7 +104,7 @@ cdef class Slots:
         slot half published, the stored count a step behind the slot states, and the
         selector's sums stale.  A reservation in progress (the header's pending run) is
         finished as far as the slots go: every slot of its run retires and the lane's cursor
-        moves past it, as the reservation would have left them -- otherwise rows it had not
+        moves where the reservation would have left it -- otherwise rows it had not
         reached yet would sit behind the cursor, newest in the ring's order though oldest in
         fact.  Rows whose generation is odd were being written: they become unsampleable.
         Then every item that may not be drawn is cleared from the selector, which rebuilds
@@ -117,7 +122,7 @@ cdef class Slots:
                 lane, start = self.header[PENDING_LANE], self.header[PENDING_START]
                 for j in range(k):
                     self.state[self.slot(lane, start, j)] = EMPTY
-                self.lanes[lane, LANE_CURSOR] = self.slot(lane, start, k)
+                self.lanes[lane, LANE_CURSOR] = self.header[PENDING_CURSOR]
                 self.header[PENDING_COUNT] = 0
             for s in range(self.size):
                 if being_written(self.gen[s]):
@@ -173,53 +178,50 @@ cdef class Slots:
         if k > head:
             self.selector.fix_range(lo, lo + k - head - 1)
 
-    cdef int64_t busy_owner(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
-        # Lock held.  The token of another process still writing one of the
-        # next k slots of the lane (it was lapped), or 0.  Its copy cannot be
-        # stopped, so the slots are not handed out again until it publishes
-        # -- or dies.
-        cdef Py_ssize_t cursor = self.lanes[lane, LANE_CURSOR], j, s
+    cdef Py_ssize_t run_at_cursor(self, Py_ssize_t k, Py_ssize_t lane, Py_ssize_t skip, int64_t* busy) except -3:
+        # Lock held: the start of the run of k slots `skip` past the lane's cursor, or WAIT with
+        # `busy` the token of another process still writing one of them (it was lapped: its copy
+        # cannot be stopped, so the slots are not handed out again until it publishes -- or
+        # dies).  A dead writer's reservations there are taken over.
+        cdef Py_ssize_t start = self.lanes[lane, LANE_CURSOR], j, s
+        cdef int64_t owner
+        if skip:
+            start = self.slot(lane, start, skip)
+        busy[0] = 0
         for j in range(k):
-            s = self.slot(lane, cursor, j)
-            if being_written(self.gen[s]) and self.owner[s] != 0 and self.owner[s] != self.token:
-                return self.owner[s]
-        return 0
+            s = self.slot(lane, start, j)
+            owner = self.owner[s]
+            if being_written(self.gen[s]) and owner != 0 and owner != self.token:
+                if token_alive(owner):
+                    busy[0] = owner
+                    return WAIT
+                self.owner[s] = 0
+        return start
 
-    cdef bint reserve_free(self, Py_ssize_t k, uint64_t* reserved, int64_t* slots, Py_ssize_t lane) except -1:
-        # Lock held, a table of rows that keeps unread ones (Queue, Stack): reserve the first k
-        # slots, from the lane's cursor on, that hold no row and that no live writer holds,
-        # wherever they lie (a stack frees its newest slots first, a queue written by several
-        # processes frees them out of order), taking over a dead writer's reservations on the
-        # way; the cursor moves past the last.  False, nothing reserved: fewer than k are free
-        # now.  The slot states are the only count this reads, so a writer killed after
-        # reserving shrinks the queue only until the next writer looks.  The rows' order is
-        # the selector's (their insertion numbers), not their places.
+    cdef bint find_free(self, Py_ssize_t k, Py_ssize_t lane, int64_t* free) except -1:
+        # Lock held: the first k slots of the lane, from its cursor on, that hold no row and
+        # that no live writer holds, wherever they lie, into `free`, taking over a dead
+        # writer's reservations on the way; False: fewer than k are free now.  The slot states
+        # are the only count this reads, so a writer killed after reserving holds its slots
+        # only until the next writer looks.
         cdef Py_ssize_t n = self.lane_length(lane), cursor = self.lanes[lane, LANE_CURSOR], j, s, found = 0
+        if k == 0:
+            return True
         for j in range(n):
             s = self.slot(lane, cursor, j)
             if being_written(self.gen[s]) and self.owner[s] != 0 and not token_alive(self.owner[s]):
                 self.owner[s] = 0
             if self.state[s] == EMPTY and (not being_written(self.gen[s]) or self.owner[s] == 0):
-                slots[found] = s
+                free[found] = s
                 found += 1
                 if found == k:
-                    break
-        if found < k:
-            return False
-        for j in range(k):
-            reserved[j] = self._take(slots[j])
-            self.selector.fix(slots[j])
-        if k:
-            self.lanes[lane, LANE_CURSOR] = self.slot(lane, slots[k - 1], 1)
-            _atomic_add(&self.header[RESERVED], k)
-        return True
+                    return True
+        return False
 
-    cdef bint holds_unread(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
-        # Lock held, a table that keeps unread rows: whether one of the next k slots of the lane
-        # holds a complete row, or a frame one reads.  A compressed writer writes its lane in
-        # order (an episode's frames are consecutive), so it waits for these slots rather than
-        # look for others.  A WAITING row there is no item: its episode was given up (a writer
-        # that died or started over), its next frame never to come.
+    cdef bint holds_items(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
+        # Lock held: whether one of the next k slots of the lane holds an item -- a complete row --
+        # or a frame one reads.  A WAITING row there is no item: its episode was given up (a
+        # writer that died or started over), its next frame never to come.
         cdef Py_ssize_t cursor = self.lanes[lane, LANE_CURSOR], j, i, s, r
         for j in range(k):
             s = self.slot(lane, cursor, j)
@@ -232,16 +234,6 @@ cdef class Slots:
                 if r != s and self.state[r] == COMPLETE and self.frames.reads(r, s):
                     return True
         return False
-
-    cdef void take_over(self, int64_t dead, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
-        # Lock held, `dead` (a busy owner) judged dead: the reservations it holds among the
-        # next k slots of the lane are free for the next writer.  What else it held is taken
-        # over when a writer reaches it.
-        cdef Py_ssize_t cursor = self.lanes[lane, LANE_CURSOR], j, s
-        for j in range(k):
-            s = self.slot(lane, cursor, j)
-            if self.owner[s] == dead:
-                self.owner[s] = 0
 
     cdef Py_ssize_t claim_lane(self) except -2:
         # Lock held: take a lane for a writer of this process, a free one or one whose writer
@@ -318,26 +310,39 @@ cdef class Slots:
         return g
 
     cdef Py_ssize_t reserve(self, Py_ssize_t k, uint64_t* reserved, bint insert, Py_ssize_t lane,
-                            Py_ssize_t skip) noexcept nogil:
-        # Lock held, no busy owner: the k slots of the lane from `skip` past its cursor.  The run
-        # is written into the header before its first slot changes, so a holder killed midway
-        # leaves recover() enough to finish it (see Slots.recover).
-        cdef Py_ssize_t start = self.lanes[lane, LANE_CURSOR], j, s
-        if skip:
-            start = self.slot(lane, start, skip)
-        self.header[PENDING_LANE] = lane
-        self.header[PENDING_START] = start
-        self.header[PENDING_COUNT] = k
-        _mpreplay_compiler_fence()  # the run is written before any slot changes
-        self.lanes[lane, LANE_CURSOR] = self.slot(lane, start, k)
-        for j in range(k):
-            s = self.slot(lane, start, j)
-            if self.frames is not None:
-                self.retire_readers(lane, s)
-            reserved[j] = self._take(s)
-        self.fix_run(lane, start, k)
-        _mpreplay_compiler_fence()  # and cleared once every slot has
-        self.header[PENDING_COUNT] = 0
+                            Py_ssize_t skip, int64_t* free, int64_t* busy) except -3:
+        # Lock held: reserve the k slots the remover places the write in (an insert; else the
+        # run at the cursor, as clear() takes whole lanes): returns the start of the run, or
+        # SCATTERED (the slots are in `free`), or WAIT (nothing changed but dead writers'
+        # reservations taken over; `busy`: a live writer still copying, 0: unread items).
+        # A run is written into the header before its first slot changes, so a holder killed
+        # midway leaves recover() enough to finish it (see Slots.recover).
+        cdef Py_ssize_t start, j, s, cursor
+        start = self.remover.place(self, k, lane, skip, free, busy) if insert else self.run_at_cursor(k, lane, skip, busy)
+        if start == WAIT:
+            return WAIT
+        if start == SCATTERED:
+            for j in range(k):
+                reserved[j] = self._take(free[j])
+                self.selector.fix(free[j])
+            if k:
+                self.lanes[lane, LANE_CURSOR] = self.slot(lane, free[k - 1], 1)
+        else:
+            cursor = self.remover.cursor_after(self, lane, start, k) if insert else self.slot(lane, start, k)
+            self.header[PENDING_LANE] = lane
+            self.header[PENDING_START] = start
+            self.header[PENDING_CURSOR] = cursor
+            self.header[PENDING_COUNT] = k
+            _mpreplay_compiler_fence()  # the run is written before any slot changes
+            self.lanes[lane, LANE_CURSOR] = cursor
+            for j in range(k):
+                s = self.slot(lane, start, j)
+                if self.frames is not None:
+                    self.retire_readers(lane, s)
+                reserved[j] = self._take(s)
+            self.fix_run(lane, start, k)
+            _mpreplay_compiler_fence()  # and cleared once every slot has
+            self.header[PENDING_COUNT] = 0
         if insert:
             # Atomic: disown() gives an insert back without the lock.
             _atomic_add(&self.header[RESERVED], k)

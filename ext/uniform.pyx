@@ -38,6 +38,29 @@ cdef class UniformSelector(Selector):
     another process already initialised.
     """
 
+    @staticmethod
+    def check_state(state, Py_ssize_t capacity, drawable):
+        """What disagrees in ``state`` (laid out above) with ``drawable`` (per item: whether the
+        slot states let it be drawn), as sentences: the count, the packed members and each
+        item's place among them."""
+        state = np.asarray(state)
+        count, members, position = int(state[0]), state[1 : 1 + capacity], state[1 + capacity :]
+        placed = position >= 0
+        problems = []
+        wrong = np.flatnonzero(placed != np.asarray(drawable, dtype=bool))
+        if wrong.size:
+            problems.append(f"members: drawable slots and the selector's members differ at slots {wrong[:5].tolist()}")
+        if count != int(np.count_nonzero(placed)):
+            problems.append(f"members: the count is {count}, but {int(np.count_nonzero(placed))} slots have a place")
+        elif ((members[:count] < 0) | (members[:count] >= capacity)).any():
+            problems.append(f"members: a member is no slot in [0, {capacity})")
+        elif not (position[members[:count]] == np.arange(count)).all():
+            problems.append("members: the packed members and the slots' places disagree")
+        past = np.flatnonzero(position >= max(count, 0))
+        if past.size:
+            problems.append(f"members: a slot's place is past the member count at slots {past[:5].tolist()}")
+        return problems
+
     def __init__(self, int64_t[::1] state not None, Py_ssize_t capacity, bint reset=True):
         if state.shape[0] != state_size(capacity):
             raise ValueError(f"state: expected {state_size(capacity)} int64 entries for capacity "

@@ -14,52 +14,47 @@ from cpython.dict cimport PyDict_Size
 
 cimport numpy as cnp
 
-from mpreplay._ext.batch_plan cimport FramePlan
+from mpreplay._ext.frame_planner cimport FramePlan
 from mpreplay._ext.gate cimport deadline_of
-from mpreplay._ext.processes cimport describe_process, token_alive, token_pid
+from mpreplay._ext.processes cimport describe_process, token_pid
+from mpreplay._ext.remover cimport SCATTERED, WAIT
+from mpreplay._ext.schema cimport LANE_START
 
 import numpy as np
 
 cnp.import_array()
 
 
-cdef Py_ssize_t reserve_waiting(Table t, Py_ssize_t k, uint64_t* reserved, bint insert, double deadline,
-                                Py_ssize_t lane, Py_ssize_t skip=0, int64_t* free_slots=NULL) except -1:
-    # Reserve k slots once no live process still writes one of them and (for inserts) the
-    # rate limiter allows it: the run from `skip` past the lane's cursor (k: the whole lane,
-    # skip the slots a batch longer than the lane would overwrite), or -- a table of rows that
-    # keeps unread ones, given `free_slots` -- any k free slots, into free_slots (returns the
-    # first).  A table that keeps unread rows never overwrites one: its writes wait instead.
-    cdef int64_t blocker
-    cdef bint keep = insert and t.gate.keeps_unread()
-    cdef bint anywhere = keep and free_slots != NULL and t.frames is None and t.sequences is None
+cdef Py_ssize_t reserve_waiting(TableParts t, Py_ssize_t k, uint64_t* reserved, bint insert, double deadline,
+                                Py_ssize_t lane, Py_ssize_t skip=0, int64_t* free=NULL) except -3:
+    # Reserve k slots where the table's remover places them (an insert; else the run at the
+    # cursor), once no live process still writes one of them and (inserts) the rate limiter
+    # allows it: returns the start of the run (`skip` past the cursor: a batch longer than the
+    # lane), or SCATTERED with the slots in `free` (given only by a writer that can copy into
+    # slots anywhere).  A remover that keeps unread rows makes the write wait for room instead.
+    cdef int64_t busy = 0
+    cdef Py_ssize_t start
     if insert:
         t.gate.check_insert(k)
     t.gate.acquire(deadline)
     try:
-        while anywhere:
-            if t.slots.reserve_free(k, reserved, free_slots, lane):
-                return free_slots[0] if k else 0
-            t.gate.block(deadline, f"add: fewer than {k} free slots: the others hold rows not yet sampled or "
-                         "being written; the queue waits for a sample")
         while True:
-            blocker = t.slots.busy_owner(k, lane)
-            if blocker != 0 and not token_alive(blocker):
-                t.slots.take_over(blocker, k, lane)
+            if insert and not t.gate.can_insert(k):
+                t.gate.block(deadline, "add: the rate limiter holds inserts back until more is sampled")
                 continue
-            if blocker == 0 and keep and t.slots.holds_unread(k, lane):
-                t.gate.block(deadline, f"add: the next {k} slots of the writer's lane hold items not yet "
-                             "sampled, or frames they read; the queue waits for a sample")
-                continue
-            if blocker == 0 and (not insert or t.gate.can_insert(k)):
-                return t.slots.reserve(k, reserved, insert, lane, skip)
-            t.gate.block(deadline, f"add: {describe_process(token_pid(blocker))} is still writing the next slots"
-                         if blocker else "add: the rate limiter holds inserts back until more is sampled")
+            start = t.slots.reserve(k, reserved, insert, lane, skip, free, &busy)
+            if start != WAIT:
+                return start
+            if busy:
+                t.gate.block(deadline, f"add: {describe_process(token_pid(busy))} is still writing the next slots")
+            else:
+                t.gate.block(deadline, f"add: no room for {k} rows: the slots hold items not yet sampled (or "
+                             "frames they read) or being written; the queue waits for a sample")
     finally:
         t.gate.release()
 
 
-cdef Py_ssize_t publish_locked(Table t, double deadline, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k,
+cdef Py_ssize_t publish_locked(TableParts t, double deadline, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k,
                                const uint64_t* reserved, const int64_t* slots, const double* priorities,
                                const uint8_t* states,
                                const int64_t* complete, const uint64_t* complete_generations,
@@ -96,35 +91,80 @@ cdef Py_ssize_t publish_locked(Table t, double deadline, Py_ssize_t lane, Py_ssi
     return lost
 
 
-cdef tuple reserve(Table t, Py_ssize_t k, double deadline, bint insert, Py_ssize_t lane, Py_ssize_t skip):
-    cdef cnp.ndarray reserved = np.empty(k, dtype=np.uint64)
+cdef Reservation reserve(TableParts t, Py_ssize_t k, double deadline, bint insert, Py_ssize_t lane, Py_ssize_t skip,
+                         bint scatter):
+    # TableHandle.reserve, its arguments checked first.
+    cdef Reservation r = Reservation.__new__(Reservation)
     cdef Py_ssize_t n = t.slots.lane_length(lane)
+    cdef cnp.ndarray free = None
     if not 0 <= k <= n:
         raise ValueError(f"k: expected 0 <= k <= {n} (the lane's length), got {k}")
-    if skip and t.gate.keeps_unread():
+    if skip and not t.slots.remover.overwrites:
         raise ValueError(f"add: {k + skip} rows at once exceed the queue's size {n}: its unread rows are never "
                          "overwritten; add fewer per call")
     if skip and k != n:
         raise ValueError(f"skip: only a reservation of the whole lane ({n} slots) skips slots, got k={k}")
-    start = reserve_waiting(t, k, <uint64_t*>cnp.PyArray_DATA(reserved), insert, deadline, lane, skip % n)
-    return start, reserved
+    r.table, r.lane, r.k = t, lane, k
+    r.reserved = np.empty(k, dtype=np.uint64)
+    if k == 0:  # a publication of what completes earlier rows only
+        return r
+    if scatter:
+        free = np.empty(k, dtype=np.int64)
+    r.start = reserve_waiting(t, k, <uint64_t*>cnp.PyArray_DATA(r.reserved), insert, deadline, lane, skip % n,
+                              <int64_t*>cnp.PyArray_DATA(free) if scatter else NULL)
+    if r.start == SCATTERED:
+        r.free, r.start = free, free[0]
+    return r
 
 
-cdef tuple reserve_free(Table t, Py_ssize_t k, double deadline):
-    cdef cnp.ndarray reserved = np.empty(k, dtype=np.uint64)
-    cdef cnp.ndarray slots = np.empty(max(k, 1), dtype=np.int64)
-    if not t.gate.keeps_unread() or t.frames is not None or t.sequences is not None:
-        raise ValueError("reserve_free: only a table of rows that keeps unread ones (a Queue or a Stack) "
-                         "reserves scattered slots")
-    if not 0 <= k <= t.size:
-        raise ValueError(f"add: {k} rows at once exceed the queue's size {t.size}: its unread rows are never "
-                         "overwritten; add fewer per call")
-    reserve_waiting(t, k, <uint64_t*>cnp.PyArray_DATA(reserved), True, deadline, 0, 0,
-                    <int64_t*>cnp.PyArray_DATA(slots))
-    return slots[:k], reserved
+cdef class Reservation:
+    """Slots a writer reserved (``TableHandle.reserve``), being written: copy the rows into
+    :attr:`slots`, then :meth:`publish` them -- or :meth:`abandon` the write.  The one way a
+    write reaches the table, whichever store makes it."""
+
+    @property
+    def slots(self):
+        """The reserved slots, in the order of the rows written into them (int64)."""
+        cdef Py_ssize_t lo, n
+        if self.free is not None:
+            return self.free
+        lo, n = self.table.slots.lanes[self.lane, LANE_START], self.table.slots.lane_length(self.lane)
+        return lo + (self.start - lo + np.arange(self.k, dtype=np.int64)) % n
+
+    @property
+    def scattered(self):
+        """Whether the slots lie anywhere (a queue of rows) rather than in a run of their lane."""
+        return self.free is not None
+
+    def publish(self, const double[::1] priorities=None, const uint8_t[::1] states=None, double deadline=INFINITY,
+                const int64_t[::1] complete=None, const uint64_t[::1] complete_generations=None,
+                const double[::1] complete_priorities=None, tuple sequences=None):
+        """Make the reserved slots readable: ``states`` (default all COMPLETE) says which hold
+        complete transitions; those become sampleable with ``priorities`` (default: the stored
+        maximum).  Returns how many slots were lost to a writer that took them over.
+
+        ``complete`` names WAITING transitions (with the generations they were published
+        with) whose next frame these slots store: they become COMPLETE in the same critical
+        section, with ``complete_priorities`` (NaN: the stored maximum).  ``sequences`` (a
+        sequence table's writer): ``(slots, generations, steps, priorities)`` of the sequences
+        whose last step is stored once these slots are, opened in the same critical section
+        too: one call publishes all that a write makes readable, or nothing.  When the lock
+        cannot be had by ``deadline`` the reservation is given up (as :meth:`abandon`) --
+        nothing is stored -- and TimeoutError raised."""
+        return publish(self.table, self.start, self.reserved, priorities, states, self.lane, deadline, complete,
+                       complete_generations, complete_priorities, sequences, self.free)
+
+    def abandon(self):
+        """Give the write up, as :meth:`publish` does at a timeout: the slots stay unsampleable,
+        free for the next writer."""
+        cdef const uint64_t[::1] reserved = self.reserved
+        cdef const int64_t[::1] free = self.free
+        if self.k:
+            self.table.slots.disown(self.lane, self.start, self.k, &reserved[0],
+                                    &free[0] if self.free is not None else NULL)
 
 
-cdef Py_ssize_t _check_sequences(Table t, const int64_t[::1] slots, const uint64_t[::1] generations,
+cdef Py_ssize_t _check_sequences(TableParts t, const int64_t[::1] slots, const uint64_t[::1] generations,
                                  const int64_t[::1] steps, const double[::1] priorities) except -1:
     # How many sequences publish() is asked to open, once their description is checked.
     cdef Py_ssize_t n = slots.shape[0], j
@@ -139,11 +179,11 @@ cdef Py_ssize_t _check_sequences(Table t, const int64_t[::1] slots, const uint64
     return n
 
 
-cdef Py_ssize_t publish(Table t, Py_ssize_t start, const uint64_t[::1] reserved, const double[::1] priorities,
+cdef Py_ssize_t publish(TableParts t, Py_ssize_t start, const uint64_t[::1] reserved, const double[::1] priorities,
                         const uint8_t[::1] states, Py_ssize_t lane, double deadline, const int64_t[::1] complete,
                         const uint64_t[::1] complete_generations, const double[::1] complete_priorities,
                         tuple sequences, const int64_t[::1] slots) except -1:
-    # Ring.publish, its arguments checked first.
+    # TableHandle.publish, its arguments checked first.
     cdef Py_ssize_t k = reserved.shape[0], nc = 0 if complete is None else complete.shape[0]
     cdef Py_ssize_t ns = 0, j
     cdef const double* prio = NULL
@@ -186,15 +226,15 @@ cdef Py_ssize_t publish(Table t, Py_ssize_t start, const uint64_t[::1] reserved,
                           &open_steps[0] if ns else NULL, &open_priorities[0] if ns else NULL, ns)
 
 
-cdef inline void _copy_staged(Table t, Handle h, Py_ssize_t slot) noexcept nogil:
+cdef inline void _copy_staged(TableParts t, HandleState h, Py_ssize_t slot) noexcept nogil:
     # The staged values of every field into the slot's rows.
     cdef Py_ssize_t i
     for i in range(t.nfields):
         memcpy(t.rows[i] + slot * t.pitch[i], h.staging.src[i], t.rowbytes[i])
 
 
-cdef Py_ssize_t add_one(Table t, Handle h, dict values, double priority, object timeout) except -2:
-    # Ring.add_one: one transition of Python scalars and exact-dtype arrays, or -1.
+cdef Py_ssize_t add_one(TableParts t, HandleState h, dict values, double priority, object timeout) except -2:
+    # TableHandle.add_one: one transition of Python scalars and exact-dtype arrays, or -1.
     cdef Py_ssize_t slot
     cdef uint64_t reserved
     cdef int64_t free_slot
@@ -208,14 +248,16 @@ cdef Py_ssize_t add_one(Table t, Handle h, dict values, double priority, object 
     deadline = deadline_of(timeout)
     # One slot: a run of one and a free slot (a queue's) are the same reservation.
     slot = reserve_waiting(t, 1, &reserved, True, deadline, 0, 0, &free_slot)
+    if slot == SCATTERED:
+        slot = free_slot
     _copy_staged(t, h, slot)
     publish_locked(t, deadline, 0, slot, 1, &reserved, NULL, &priority if priority >= 0.0 else NULL, NULL,
                    NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0)
     return slot
 
 
-cdef Py_ssize_t add_step(Table t, Handle h, dict values, double priority, object timeout, Episode episode) except -2:
-    # Ring.add_step: one step of a compressed writer's episode, or -1.
+cdef Py_ssize_t add_step(TableParts t, HandleState h, dict values, double priority, object timeout, Episode episode) except -2:
+    # TableHandle.add_step: one step of a compressed writer's episode, or -1.
     cdef Py_ssize_t j, lane = episode.lane, start, row_slot, done
     cdef int flag
     cdef uint8_t flagged = 0
@@ -257,8 +299,8 @@ cdef Py_ssize_t add_step(Table t, Handle h, dict values, double priority, object
     return row_slot
 
 
-cdef Py_ssize_t claim_lane(Table t, double deadline) except -1:
-    # Ring.claim_lane: a lane for one writer, under the lock.
+cdef Py_ssize_t claim_lane(TableParts t, double deadline) except -1:
+    # TableHandle.claim_lane: a lane for one writer, under the lock.
     cdef Py_ssize_t lane
     t.gate.acquire(deadline)
     try:
@@ -272,15 +314,15 @@ cdef Py_ssize_t claim_lane(Table t, double deadline) except -1:
     return lane
 
 
-cdef int release_lane(Table t, Py_ssize_t lane) except -1:
+cdef int release_lane(TableParts t, Py_ssize_t lane) except -1:
     if not 0 <= lane < t.slots.nlanes():
         raise ValueError(f"lane: expected 0 <= lane < {t.slots.nlanes()}, got {lane}")
     t.slots.release_lane(lane)
     return 0
 
 
-cdef int clear(Table t) except -1:
-    # Ring.clear: every lane reserved whole (waiting for the slots other processes write), then
+cdef int clear(TableParts t) except -1:
+    # TableHandle.clear: every lane reserved whole (waiting for the slots other processes write), then
     # every lane restarted at its start.
     cdef cnp.ndarray reserved = np.empty(t.size, dtype=np.uint64)
     cdef Py_ssize_t l

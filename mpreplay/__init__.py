@@ -1,27 +1,30 @@
 """mpreplay: prioritized experience replay in shared memory for multi-process RL."""
 
 from ._version import __version__
-from .buffer import ReplayBuffer
+from .buffers import (
+    MPPrioritizedReplayBuffer,
+    MPPrioritizedSequenceReplayBuffer,
+    MPReplayBuffer,
+    MPSequenceReplayBuffer,
+    PrioritizedReplayBuffer,
+    PrioritizedSequenceReplayBuffer,
+    ReplayBuffer,
+    SequenceReplayBuffer,
+)
 from .errors import BufferClosed, CorruptBufferError, IncompatibleSegmentError
 from .launcher import ChildFailed, Context, RunResult, StopFlag, launch
 from .limiter import ExactlyOnce, MinSize, Queue, RateLimiter, SampleToInsertRatio, Stack
 from .memory import SharedMemoryError
 from .nstep import NstepBuffer
 from .params import ParameterStore, ParameterStoreTimeout
-from .prioritized_buffer import PrioritizedReplayBuffer
 from .returns import NStepReturns, discounted_cumsum_left, discounted_cumsum_right, gae, n_step_returns
 from .selectors import SelectorSpec
-from .sequence_buffer import (
-    MPPrioritizedSequenceReplayBuffer,
-    MPSequenceReplayBuffer,
-    PrioritizedSequenceReplayBuffer,
-    SequenceReplayBuffer,
-)
-from .sequences import sequence_priority
-from .shared_buffer import MPPrioritizedReplayBuffer, MPReplayBuffer
+from .sequences import SequenceSpec, sequence_priority
+from .table import Table
 
 __all__ = [
     "__version__",
+    "Table",
     "ReplayBuffer",
     "PrioritizedReplayBuffer",
     "MPReplayBuffer",
@@ -31,6 +34,7 @@ __all__ = [
     "MPSequenceReplayBuffer",
     "MPPrioritizedSequenceReplayBuffer",
     "sequence_priority",
+    "SequenceSpec",
     "SelectorSpec",
     "BufferClosed",
     "CorruptBufferError",

@@ -23,11 +23,16 @@ _BENCHMARKS = {
     "memory": "bytes per transition with next_of / stack_compress vs one frame per step; cost of rebuilding stacks",
     "learner": "a learner step (sample 256 Atari stacks, 5 ms of training) with and without prefetched batches",
     "io": "save_transitions/load_transitions of 100k Atari-like frames: MB/s and file size vs np.savez/np.load",
-    "mp": "shared prioritized buffer: 1-2 writer processes and a learner vs cpprb and the memory gather limit",
+    "mp": "shared prioritized buffer: 1-2 writer processes and a learner vs cpprb and the memory gather limit "
+    "(--peers DIR: also Reverb's server and TorchRL's multi-process buffer)",
+    "queue": "on-policy trajectory queue: writers push 128-step rollouts into Queue(size), one learner takes each "
+    "once (--peers DIR: against Reverb's Queue table)",
     "per": "prioritized replay: add one, sample 32, update 32 per frame vs naive numpy, cpprb and the floor "
-    "(--peers DIR: also Tianshou, TorchRL and flashbax, from the venv "
+    "(--peers DIR: also Tianshou, TorchRL, flashbax and a numba sum tree, from the venv "
     "`python -m mpreplay.bench.peers --setup DIR` makes)",
     "ray": "sharded replay over a 3-node loopback Ray cluster: sampled transitions/s vs the same client without Ray",
+    "sharded": "the learner across machines: mpreplay.sharded over a loopback Ray cluster vs the local buffer "
+    "(--peers DIR: and vs Reverb's clients over gRPC), 1 and 2 shards, per CPU-second",
     "seq": "R2D2 sequences (64 x 80 compressed Atari stacks): sampled steps/s vs TorchRL's slice sampler; bytes/step",
     "returns": "discounted cumulative sums and n-step folding vs lfilter, numba loops and np.cumsum",
 }

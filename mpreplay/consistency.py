@@ -42,7 +42,6 @@ from ._ext.schema import (
     LOCK_ARRAY,
     LOCK_HOLDS,
     LOCK_WAIT_NS,
-    MEMBERS_ARRAY,
     NEXT_ARRAY,
     OWNER_ARRAY,
     PENDING_COUNT,
@@ -55,13 +54,11 @@ from ._ext.schema import (
     STATE_ARRAY,
     STORED,
     TORN,
-    TREE_ARRAY,
     WAITERS,
     WAITING,
     WRITER_INSERTS,
     WRITERS_ARRAY,
 )
-from ._ext.sumtree import TREE_HEAD_LEN, PriorityTree, leaf_views
 from .errors import CorruptBufferError
 from .monitor import SHM_DIR, BufferView
 
@@ -137,13 +134,8 @@ def check_arrays(
         if lanes_sound:  # a sequence's window is walked in its lane
             _check_sequence_steps(problems, steps, drawable, arrays[LANES_ARRAY])
         drawable &= steps > 0
-    if TREE_ARRAY in arrays:
-        _check_tree(problems, arrays[TREE_ARRAY], capacity, drawable)
-    elif MEMBERS_ARRAY in arrays:
-        _check_members(problems, arrays[MEMBERS_ARRAY], capacity, drawable)
-    else:  # a selector that checks its own state (see mpreplay.selectors)
-        own = arrays[selectors.entry(selector).array_name]
-        problems += selectors.check_state(selector, own, capacity, drawable)
+    # Each selector checks its own state (its kernel's check_state, found through the registry).
+    problems += selectors.check_state(selector, arrays[selectors.entry(selector).array_name], capacity, drawable)
     if problems:
         raise CorruptBufferError(problems)
     return {
@@ -291,39 +283,3 @@ def _check_sequence_steps(problems: list[str], steps: np.ndarray, complete: np.n
         np.isin(np.arange(len(steps)), starts[broken]),
         "sequence_steps: a sequence holds a step that is not stored",
     )
-
-
-def _check_tree(problems: list[str], tree: np.ndarray, capacity: int, drawable: np.ndarray) -> None:
-    """Leaves against the slot states, the header against the leaves, and every inner entry
-    against the one recomputed from its children (bit for bit: none is ever adjusted by a delta)."""
-    weights, raw = leaf_views(tree, capacity)
-    _where(problems, ~(weights >= 0) | ~np.isfinite(weights), "tree: a leaf weight is negative or not finite")
-    _where(problems, (weights > 0) & ~drawable, "tree: a slot that may not be drawn has a weight")
-    _where(problems, (weights > 0) != (raw > -np.inf), "tree: a leaf's raw priority disagrees with its weight")
-    stored = raw[raw > -np.inf]
-    if stored.size and not tree[0] >= stored.max():
-        problems.append(f"tree: max_ever {tree[0]} is below the largest raw priority stored, {stored.max()}")
-    rebuilt = tree.copy()
-    PriorityTree(rebuilt, capacity, reset=False).rebuild()
-    inner = np.flatnonzero(rebuilt[TREE_HEAD_LEN:].view(np.uint64) != tree[TREE_HEAD_LEN:].view(np.uint64))
-    if inner.size:
-        problems.append(
-            f"tree: {inner.size} inner entries differ from their children's, first at entry "
-            f"{int(inner[0]) + TREE_HEAD_LEN}: {tree[inner[0] + TREE_HEAD_LEN]} where its children make "
-            f"{rebuilt[inner[0] + TREE_HEAD_LEN]}"
-        )
-
-
-def _check_members(problems: list[str], state: np.ndarray, capacity: int, drawable: np.ndarray) -> None:
-    """The uniform selector's state (ext/uniform.pyx): the count, the packed members and each
-    slot's place among them, against the slots that may be drawn."""
-    count, members, position = int(state[0]), state[1 : 1 + capacity], state[1 + capacity :]
-    placed = position >= 0
-    _where(problems, placed != drawable, "members: drawable slots and the selector's members differ")
-    if count != int(np.count_nonzero(placed)):
-        problems.append(f"members: the count is {count}, but {int(np.count_nonzero(placed))} slots have a place")
-    elif ((members[:count] < 0) | (members[:count] >= capacity)).any():
-        problems.append(f"members: a member is no slot in [0, {capacity})")
-    elif not (position[members[:count]] == np.arange(count)).all():
-        problems.append("members: the packed members and the slots' places disagree")
-    _where(problems, position >= max(count, 0), "members: a slot's place is past the member count")

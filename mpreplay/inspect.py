@@ -31,11 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from . import checks
+from . import checks, selectors
 from ._ext.gate import deadline
-from ._ext.schema import HEADER_ARRAY, TREE_ARRAY
+from ._ext.schema import HEADER_ARRAY
 from ._ext.slots import FAULT_SITES, arm_fault
-from ._ext.sumtree import leaf_views
 from .consistency import COUNTERS, check_arrays
 
 __all__ = ["FAULT_SITES", "Inspection", "Reservation", "arm_fault"]
@@ -45,21 +44,17 @@ __all__ = ["FAULT_SITES", "Inspection", "Reservation", "arm_fault"]
 class Reservation:
     """Slots a writer reserved and has not published (see :meth:`Inspection.reserve`)."""
 
-    def __init__(self, ring: Any, start: int, reserved: np.ndarray, free: np.ndarray | None = None):
-        self._ring, self.start, self._reserved, self._free = ring, start, reserved, free
+    def __init__(self, reservation: Any):
+        self._reservation = reservation
 
     @property
     def slots(self) -> np.ndarray:
-        """The reserved slots (a run in their lane's order, or a queue's free slots)."""
-        if self._free is not None:
-            return self._free.copy()
-        return np.arange(self.start, self.start + len(self._reserved)) % self._ring.size
+        """The reserved slots, a run in their lane's order or a queue's free slots."""
+        return np.array(self._reservation.slots)
 
     def publish(self, *, timeout: float | None = None) -> None:
         """Publish the slots as they are (the write's last step); TimeoutError gives them up."""
-        self._ring.publish(
-            self.start, self._reserved, deadline=deadline(checks.seconds("timeout", timeout)), slots=self._free
-        )
+        self._reservation.publish(deadline=deadline(checks.seconds("timeout", timeout)))
 
 
 class Inspection:
@@ -72,7 +67,7 @@ class Inspection:
         self,
         memory: Any,
         gate: Any,
-        ring: Any,
+        handle: Any,
         selector: Any,
         *,
         capacity: int,
@@ -81,7 +76,7 @@ class Inspection:
         selector_name: str,
         lock: Any = None,
     ):
-        self._memory, self._gate, self._ring, self._selector = memory, gate, ring, selector
+        self._memory, self._gate, self._handle, self._selector = memory, gate, handle, selector
         self._lock = lock  # a shared buffer's process-shared lock (None: a local buffer's)
         self.capacity = capacity
         self.sequence_length = sequence_length
@@ -109,13 +104,18 @@ class Inspection:
         return {name: int(header[at]) for name, at in COUNTERS.items()}
 
     def priorities(self, indexes: Any) -> tuple[np.ndarray, np.ndarray]:
-        """``(weights, raw)`` copies of the tree's leaves at ``indexes``: each slot's sampling
-        weight (0: not drawable) and raw priority (-inf: not drawable).  Prioritized buffers only."""
-        if TREE_ARRAY not in self._memory.arrays:
-            raise TypeError("priorities: a uniform buffer keeps no priorities")
+        """``(weights, raw)`` copies at ``indexes``: each slot's weight in the selector (0: not
+        drawable) and raw priority (-inf: not drawable).  A selector that keeps priorities only
+        (TypeError for one that keeps none, such as ``"uniform"``)."""
+        views = selectors.priority_views(self.selector_name, self._selector_state(), self.capacity)
+        if views is None:
+            raise TypeError(f"priorities: selector {self.selector_name!r} keeps no priorities")
         idx = checks.indexes("indexes", indexes)
-        weights, raw = leaf_views(self._memory.arrays[TREE_ARRAY], self.capacity)
-        return weights[idx].copy(), raw[idx].copy()
+        weights, raw = views
+        return weights[idx].copy(), np.where(weights[idx] > 0, raw[idx], -np.inf)
+
+    def _selector_state(self) -> np.ndarray:
+        return self._memory.arrays[selectors.entry(self.selector_name).array_name]
 
     @property
     def total_weight(self) -> float:
@@ -174,9 +174,4 @@ class Inspection:
                 "compressed or sequence buffer's writer claims its own"
             )
         k = checks.integer("k", k, low=1)
-        until = deadline(checks.seconds("timeout", timeout))
-        if self._ring.keeps_unread:  # a Queue's or a Stack's writer takes whichever slots are free
-            free, reserved = self._ring.reserve_free(k, until)
-            return Reservation(self._ring, int(free[0]), reserved, free)
-        start, reserved = self._ring.reserve(k, until)
-        return Reservation(self._ring, start, reserved)
+        return Reservation(self._handle.reserve(k, deadline(checks.seconds("timeout", timeout)), scatter=True))

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import checks
-from ._ext.gate import KEEP_UNREAD
 from ._ext.schema import LIMIT_MAX_DIFF, LIMIT_MIN_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI, LIMITS_LEN
 
 __all__ = ["RateLimiter", "MinSize", "SampleToInsertRatio", "ExactlyOnce", "Queue", "Stack"]
@@ -146,9 +145,17 @@ class ExactlyOnce(RateLimiter):
             )
 
     def buffer_options(
-        self, selector: object, max_times_sampled: int | None, *, prioritized: bool, sequences: bool
-    ) -> tuple[str, int]:
-        """The buffer's ``selector`` and ``max_times_sampled`` for this limiter.  ValueError naming
+        self,
+        selector: object,
+        max_times_sampled: int | None,
+        remover: str | None,
+        *,
+        prioritized: bool,
+        sequences: bool,
+    ) -> tuple[str, int, str]:
+        """The buffer's ``selector``, ``max_times_sampled`` and ``remover`` for this limiter (Reverb's
+        Queue and Stack: the fifo or lifo selector, each item retired at its first draw, and a
+        remover that keeps unread items, so a write waits for room).  ValueError naming
         ``rate_limiter`` when the buffer cannot be such a queue (``prioritized``: its class draws by
         priority; ``sequences``: its items are sequences), or naming the argument given that
         contradicts it (None: not given) -- never one the caller left to the limiter."""
@@ -170,12 +177,9 @@ class ExactlyOnce(RateLimiter):
             raise ValueError(
                 f"max_times_sampled: a {self!r} samples every item exactly once (1), got {max_times_sampled!r}"
             )
-        return self.selector, 1
-
-    def to_array(self) -> np.ndarray:
-        limits = super().to_array()
-        limits[LIMIT_ON] = KEEP_UNREAD
-        return limits
+        if remover not in (None, "keep_unread"):
+            raise ValueError(f"remover: a {self!r} keeps its unread items ('keep_unread'), got {remover!r}")
+        return self.selector, 1, "keep_unread"
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.size})"

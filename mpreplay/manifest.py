@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import selectors
+from . import removers, selectors
 from ._ext.lock import LOCK_NBYTES
 from ._ext.processes import token_pid
 from ._ext.schema import (
@@ -52,7 +52,9 @@ MAGIC = b"mpreplay"
 NBYTES = MANIFEST_NBYTES
 # 2: the document names the mpreplay version that wrote it and the layout's size (``nbytes``).
 # 3: ``selector`` names the selector (an entry of mpreplay.selectors), no longer its array.
-VERSION = 3
+# 4: ``remover`` names the remover (an entry of mpreplay.removers); the header records the run a
+#    reservation is making.
+VERSION = 4
 _HEAD = struct.Struct("<8sQ")
 _DTYPE = re.compile(r"[<>|][biufc][0-9]{1,2}")  # numpy's dtype.str of the numeric dtypes
 _WORD = 8  # every array starts on an 8-byte boundary: readers load counters and lock words whole
@@ -170,6 +172,7 @@ _ENTRIES = {
     "owner": (lambda v: _whole(v) and v < 2**63 and token_pid(v) > 0, "a process token (a pid and a start time)"),
     "created": (lambda v: type(v) in (int, float) and 0 <= v <= _LATEST, "a time in seconds since 1970"),
     "selector": (lambda v: v in selectors.names(), f"a selector's name {list(selectors.names())}"),
+    "remover": (lambda v: v in removers.names(), f"a remover's name {list(removers.names())}"),
     "fields": (lambda v: isinstance(v, dict), "an object"),
     "next_of": (_names, "a list of field names"),
     "stack_compress": (_names, "a list of field names"),

@@ -5,7 +5,8 @@ bytes.  The same layout over the heap gives a local buffer and over a
 ``multiprocessing.shared_memory`` segment gives a buffer every process can
 map, so the buffer code above it is one and the same.  :class:`FileMemory`
 puts each array of the layout in a file of its own, mapped into memory: a
-local buffer larger than RAM, paged by the operating system.
+local buffer larger than RAM, paged by the operating system.  A block in this
+process's memory carries the lock its threads take.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ._ext import termination
+from ._ext.lock import ThreadLock
 
 __all__ = ["Layout", "HeapMemory", "FileMemory", "SharedMemory", "SharedMemoryError"]
 
@@ -89,19 +91,21 @@ def _aligned_zeros(nbytes: int) -> np.ndarray:
 
 
 class HeapMemory:
-    """A zeroed block on the process heap (or, from :meth:`handle`, another view of one)."""
+    """A zeroed block on the process heap (or, from :meth:`handle`, another view of one), and
+    the lock its threads take (every handle of the block shares it)."""
 
     shared = False
 
-    def __init__(self, layout: Layout, *, block: np.ndarray | None = None):
+    def __init__(self, layout: Layout, *, block: np.ndarray | None = None, thread_lock: ThreadLock | None = None):
         self.layout = layout
         self.is_owner = block is None
         self._block = _aligned_zeros(max(layout.nbytes, 1)) if block is None else block
         self.arrays = layout.views(self._block.data)
+        self.thread_lock = ThreadLock() if thread_lock is None else thread_lock
 
     def handle(self) -> HeapMemory:
         """Another view of the same block, which does not own it."""
-        return HeapMemory(self.layout, block=self._block)
+        return HeapMemory(self.layout, block=self._block, thread_lock=self.thread_lock)
 
     def close(self) -> None:
         pass
@@ -118,10 +122,18 @@ class FileMemory:
 
     shared = False
 
-    def __init__(self, layout: Layout, prefix: str, *, maps: dict[str, np.memmap] | None = None):
+    def __init__(
+        self,
+        layout: Layout,
+        prefix: str,
+        *,
+        maps: dict[str, np.memmap] | None = None,
+        thread_lock: ThreadLock | None = None,
+    ):
         self.layout = layout
         self.prefix = prefix
         self.is_owner = maps is None
+        self.thread_lock = ThreadLock() if thread_lock is None else thread_lock
         if maps is None:
             maps = {}
             for name, shape, dtype, _ in layout.entries:
@@ -151,7 +163,7 @@ class FileMemory:
 
     def handle(self) -> FileMemory:
         """Other views of the same maps, which do not own them."""
-        return FileMemory(self.layout, self.prefix, maps=self._maps)
+        return FileMemory(self.layout, self.prefix, maps=self._maps, thread_lock=self.thread_lock)
 
     def close(self) -> None:
         if self.is_owner:

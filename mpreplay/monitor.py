@@ -91,6 +91,8 @@ class Segment:
         sequence = self.document.get("sequence")
         if isinstance(sequence, dict) and isinstance(sequence.get("length"), int):
             kind += f", sequences of {sequence['length']}"
+        if self.document["remover"] != "fifo":  # checked: a registered remover's name
+            kind += f", {self.document['remover']}"
         return kind + (", compressed" if self.document.get("next_of") or self.document.get("stack_compress") else "")
 
 

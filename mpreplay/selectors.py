@@ -53,6 +53,7 @@ __all__ = [
     "make",
     "names",
     "priorities",
+    "priority_views",
     "state_array",
 ]
 
@@ -198,19 +199,24 @@ def make(spec: SelectorSpec, state: np.ndarray, capacity: int, reset: bool) -> A
 
 def check_state(name: str, state: np.ndarray, capacity: int, drawable: np.ndarray) -> list[str]:
     """What disagrees in selector ``name``'s ``state`` with ``drawable`` (per item: whether the
-    slot states let it be drawn), as sentences for a buffer's ``verify()``; a kernel
-    without a ``check_state`` of its own is checked by mpreplay.consistency (the tree, the
-    uniform members)."""
+    slot states let it be drawn), as sentences for a table's ``verify()``: its kernel class's
+    ``check_state``."""
     e = entry(name)
-    check = getattr(getattr(_module(e), e.cls), "check_state", None)
-    return [] if check is None else list(check(state, capacity, drawable))
+    return list(getattr(_module(e), e.cls).check_state(state, capacity, drawable))
+
+
+def priority_views(name: str, state: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(weights, priorities)`` of every item of selector ``name``'s ``state``, views (a weight
+    of 0: not drawable); None: the selector keeps no priorities."""
+    views = getattr(_module(entry(name)), "priority_views", None)
+    return None if views is None else views(state, capacity)
 
 
 def priorities(name: str, state: np.ndarray, capacity: int) -> np.ndarray | None:
     """The priorities of the items drawable now, read from outside without the lock (None: the
     selector keeps no priorities).  Copied before they are judged: writers change them meanwhile."""
-    views = getattr(_module(entry(name)), "priority_views", None)
+    views = priority_views(name, state, capacity)
     if views is None:
         return None
-    weights, raw = (a.copy() for a in views(state, capacity))
+    weights, raw = (a.copy() for a in views)
     return raw[(weights > 0) & np.isfinite(raw)]

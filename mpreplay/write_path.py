@@ -7,9 +7,9 @@
     load_transitions (rows already folded) ────────────────────────────────────────────────────► store (end)
 
 The store is one of three parts with one interface (:class:`Store`): :class:`RowStore`
-(fields side by side, one lane), :class:`~mpreplay.compression.FrameWriter` (``next_of``,
+(fields side by side, one lane), :class:`~mpreplay.compression.FrameStore` (``next_of``,
 ``stack_compress``: frames once, in a lane per writer) or
-:class:`~mpreplay.sequences.SequenceWriter` (a frame writer that also opens the sequences
+:class:`~mpreplay.sequences.SequenceStore` (a frame writer that also opens the sequences
 the steps complete).  The buffer names its parts; this module puts them in a line.
 
 Every write is all or nothing: the stages only preview, the store raises before it
@@ -19,17 +19,17 @@ publishes anything, and the stages commit once the store returns -- so an add th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 from . import checks
 from ._ext.gate import deadline
-from ._ext.ring import Ring
-from ._ext.schema import LANE_CURSOR
 from ._ext.selector import Selector
+from ._ext.table_handle import TableHandle
 from .nstep_stage import NstepStage
+from .saved_episodes import EpisodeStore, SavedEpisode, load_episodes
 from .spec import FieldSpec, convert_batch
 
 __all__ = ["RowStore", "Store", "WritePath"]
@@ -61,14 +61,13 @@ class Store(Protocol):
 
 
 class RowStore:
-    """The store of a buffer without compression: rows, fields side by side, copied into
-    the next slots of its one lane (``lanes``: the table's lanes array) in one reservation --
-    or, in a Queue or a Stack, into whichever slots hold no unread row."""
+    """The store of a buffer without compression: rows, fields side by side, copied in one
+    reservation into the next slots of its one lane -- or, in a Queue or a Stack, into
+    whichever slots hold no unread row."""
 
-    def __init__(self, ring: Ring, fields: Mapping[str, np.ndarray], lanes: np.ndarray):
-        self._ring = ring
+    def __init__(self, handle: TableHandle, fields: Mapping[str, np.ndarray]):
+        self._handle = handle
         self._fields = fields
-        self._lanes = lanes
 
     def write(
         self,
@@ -81,11 +80,7 @@ class RowStore:
         """Store ``k`` converted rows (an episode's end needs nothing here: no row waits)."""
         if not k and end_episode:
             return None
-        size = self._ring.size
-        until = deadline(timeout)
-        if self._ring.keeps_unread:
-            return self._write_free(rows, k, priorities, until)
-        first = int(self._lanes[0, LANE_CURSOR])
+        size = self._handle.size
         skip = 0
         if k > size:
             # Only the newest `size` rows would survive: skip the others, in the
@@ -94,35 +89,28 @@ class RowStore:
             rows = {n: r[skip:] for n, r in rows.items()}
             priorities = None if priorities is None else priorities[skip:]
             k = size
-        start, reserved = self._ring.reserve(k, until, skip=skip)
+        until = deadline(timeout)
+        reservation = self._handle.reserve(k, until, skip=skip, scatter=True)
         try:
-            head = min(k, size - start)
-            for name, dst in self._fields.items():
-                src = rows[name]
-                dst[start : start + head] = src[:head]
-                dst[: k - head] = src[head:]
+            if reservation.scattered:  # a queue's rows: into whichever slots were free
+                for name, dst in self._fields.items():
+                    dst[reservation.slots] = rows[name]
+            else:
+                start = reservation.start
+                head = min(k, size - start)
+                for name, dst in self._fields.items():
+                    src = rows[name]
+                    dst[start : start + head] = src[:head]
+                    dst[: k - head] = src[head:]
         except BaseException:
-            self._ring.abandon(start, reserved)
+            reservation.abandon()
             raise
-        self._ring.publish(start, reserved, priorities, deadline=until)
-        return first
-
-    def _write_free(
-        self, rows: Mapping[str, np.ndarray], k: int, priorities: np.ndarray | None, until: float
-    ) -> int | None:
-        """A queue's write: into whichever slots hold no unread row (its order is its selector's)."""
-        slots, reserved = self._ring.reserve_free(k, until)
-        try:
-            for name, dst in self._fields.items():
-                dst[slots] = rows[name]
-        except BaseException:
-            self._ring.abandon(0, reserved, slots=slots)
-            raise
-        self._ring.publish(0, reserved, priorities, deadline=until, slots=slots)
-        return int(slots[0]) if k else None
+        reservation.publish(priorities, deadline=until)
+        # The slot of the first row: where a skipped one would have gone.
+        return reservation.start if reservation.scattered else (reservation.start - skip) % size
 
     def add_one(self, fields: dict[str, Any], priority: float, timeout: float | None) -> int:
-        return self._ring.add_one(fields, priority, timeout)
+        return self._handle.add_one(fields, priority, timeout)
 
     def reset(self) -> None:
         """Nothing to forget: a row store keeps no episode."""
@@ -139,24 +127,28 @@ class WritePath:
         self,
         specs: Mapping[str, FieldSpec],
         store: Store,
-        ring: Ring,
+        handle: TableHandle,
         nstep: NstepStage | None,
         selector: Selector,
+        episodes: EpisodeStore | None = None,
     ):
         """``selector``: the table's, which gives a folded row that got NaN its priority when
-        stored (``new_item_priority``: the largest stored now)."""
+        stored (``new_item_priority``: the largest stored now).  ``episodes``: the store, where
+        it keeps episodes in lanes (a compressed or sequence table's), through which a file's
+        episodes load."""
         self.store = store
         self.nstep = nstep
         self._specs = specs
-        self._ring = ring
+        self._handle = handle
         self._selector = selector
+        self._episodes = episodes
 
     def add(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int | None:
         """What ``add`` stores: the rows ``fields``' steps complete, with ``priorities``
         (None: the largest stored; one float for all, or one per step).  Returns the slot
         of the first row stored, or None when the steps completed none."""
         if self.nstep is not None:
-            rows, folded, commit = self.nstep.preview_add(fields, priorities, self._ring.check_priorities)
+            rows, folded, commit = self.nstep.preview_add(fields, priorities, self._handle.check_priorities)
             slot = self._store_converted(rows, folded, timeout, False)
             commit()
             return slot
@@ -164,18 +156,18 @@ class WritePath:
             # One transition of Python scalars and exact arrays: the kernel's fast path.
             if priorities is None:
                 priority = -1.0
-            elif 0.0 <= priorities <= self._ring.max_priority:  # False for NaN
+            elif 0.0 <= priorities <= self._handle.max_priority:  # False for NaN
                 priority = priorities
             else:
-                priority = checks.number("priorities", priorities, low=0.0, high=self._ring.max_priority)
+                priority = checks.number("priorities", priorities, low=0.0, high=self._handle.max_priority)
             slot = self.store.add_one(fields, priority, timeout)
             if slot >= 0:
                 return slot
         k, rows = convert_batch(self._specs, fields)
         if priorities is not None:
-            # Checked before anything is written (Ring.update checks its own input).
+            # Checked before anything is written (TableHandle.update checks its own input).
             priorities = checks.priorities("priorities", priorities, k, max_priority=None)
-            self._ring.check_priorities(priorities)
+            self._handle.check_priorities(priorities)
         return self.store.write(k, rows, priorities, timeout)
 
     def end_episode(self, timeout: float | None) -> None:
@@ -187,6 +179,15 @@ class WritePath:
         rows, folded, commit = self.nstep.preview_episode_end()
         self._store_converted(rows, folded, timeout, True)
         commit()
+
+    def load_episodes(
+        self, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None, episodes: Sequence[SavedEpisode]
+    ) -> None:
+        """Store a saved table's ``episodes`` of converted ``rows`` (already folded), each whole,
+        in lanes of their own while lanes are free (see :func:`~mpreplay.saved_episodes.load_episodes`)."""
+        if self._episodes is None:
+            raise ValueError("load_transitions: this table keeps no episodes in lanes; its files hold none")
+        load_episodes(self._episodes, rows, priorities, episodes)
 
     def load(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None) -> None:
         """Store ``k`` converted rows of a saved buffer: already folded, and ending an episode

@@ -1,4 +1,5 @@
-"""Shared test helpers: buffer state snapshots, a chi-square frequency check, unaligned arrays."""
+"""The fixtures every test file may use: buffer state snapshots, a chi-square frequency check,
+unaligned arrays, default termination signals, no peers' venv.  Plain helpers are in helpers.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from mpreplay.bench.peers import ENV_VAR
+
+# The shared helpers' asserts report their operands as a test's own do.
+pytest.register_assert_rewrite("helpers")
 
 
 def _buffer_state(buffer: Any) -> dict[str, bytes]:
@@ -95,3 +101,10 @@ def unaligned():
         return view
 
     return make
+
+
+@pytest.fixture
+def no_peers_venv(monkeypatch):
+    """No peers' venv named in the environment while the test runs (the benchmarks then skip
+    the peers' tables, saying how to run them)."""
+    monkeypatch.delenv(ENV_VAR, raising=False)

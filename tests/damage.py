@@ -1,6 +1,7 @@
-"""What the damage tests share: real segments of each kind of buffer, their manifests taken apart
-and put together (the layout of :mod:`mpreplay.manifest`), transitions files taken apart and put
-together, and the seeded damage the fuzzers do to JSON records, bytes and segments."""
+"""What the damage and file tests share: real segments of each kind of buffer and their bytes, their
+manifests taken apart and put together (the layout of :mod:`mpreplay.manifest`), transitions files,
+zip archives and ``.npy`` members taken apart and put together, and the seeded damage the fuzzers do
+to JSON records, bytes and segments."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+from helpers import transition_fields
 
 from mpreplay import (
     MPPrioritizedReplayBuffer,
@@ -24,7 +26,7 @@ from mpreplay import (
 )
 from mpreplay.monitor import SHM_DIR
 
-ENV = {"obs": {"shape": (4,)}, "act": {"dtype": np.int64}, "rew": {}, "next_obs": {"shape": (4,)}, "done": {}}
+ENV = transition_fields((4,))
 HEAD = struct.Struct("<8sQ")  # the manifest's magic and length
 
 # -- real segments -----------------------------------------------------------------------------
@@ -275,12 +277,56 @@ def file_members(file: Any) -> dict[str, Any]:
 
 
 def file_archive(members: dict[str, Any]) -> io.BytesIO:
-    """A transitions file of ``members`` (as :func:`file_members` returns them, edited or not)."""
+    """A transitions file of ``members`` (as :func:`file_members` returns them, edited or not): a dict
+    or list stored as a JSON record would be, bytes as they are, anything else as an array (pickled
+    where it holds objects: a file a reader must refuse)."""
     f = io.BytesIO()
     with zipfile.ZipFile(f, "w") as archive:
         for name, value in members.items():
-            array = np.frombuffer(json.dumps(value).encode(), dtype=np.uint8) if name == "metadata.json" else value
+            record = json.dumps(value).encode() if isinstance(value, dict | list) else value
+            array = np.frombuffer(record, dtype=np.uint8) if isinstance(record, bytes) else record
             with archive.open(f"{name}.npy", "w") as member:
-                np.lib.format.write_array(member, np.asarray(array), allow_pickle=False)
+                np.lib.format.write_array(member, np.asarray(array), allow_pickle=True)
     f.seek(0)
     return f
+
+
+def as_version_1(members: dict[str, Any]) -> dict[str, Any]:
+    """``members`` (as :func:`file_members` returns them) edited into a file as format version 1
+    wrote it: no episodes, in the metadata or as arrays."""
+    meta = members["metadata.json"]
+    meta["format_version"] = 1
+    del meta["episodes"], members["episode.id"], members["episode.lane"]
+    return members
+
+
+# -- archives and .npy members, byte by byte ------------------------------------------------------
+
+
+def zip_members(data: bytes) -> dict[str, bytes]:
+    """The raw bytes of each member of the zip archive ``data``, by name."""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        return {name: archive.read(name) for name in archive.namelist()}
+
+
+def zip_archive(members: dict[str, bytes], compression: int = zipfile.ZIP_DEFLATED) -> bytes:
+    """A zip archive of ``members``, raw bytes by name."""
+    f = io.BytesIO()
+    with zipfile.ZipFile(f, "w", compression=compression) as archive:
+        for name, raw in members.items():
+            archive.writestr(name, raw)
+    return f.getvalue()
+
+
+def npy_bytes(value: Any) -> bytes:
+    """``value`` as a ``.npy`` member holds it (no pickle)."""
+    f = io.BytesIO()
+    np.lib.format.write_array(f, np.asanyarray(value), allow_pickle=False)
+    return f.getvalue()
+
+
+def npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
+    """The ``.npy`` header of an array of ``descr`` and ``shape``, without its data."""
+    f = io.BytesIO()
+    np.lib.format.write_array_header_1_0(f, {"descr": descr, "fortran_order": False, "shape": shape})
+    return f.getvalue()

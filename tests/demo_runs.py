@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import NamedTuple
-
-from mpreplay.memory import SEGMENT_PREFIX
 
 
 class Run(NamedTuple):
@@ -29,11 +26,6 @@ def run_demo(argv: list[str], out: Path, timeout: float) -> Run:
     finally:
         proc.kill()
     return Run(proc.returncode, proc.pid, out, stdout, stderr)
-
-
-def segments_of(pid: int) -> set[str]:
-    """The /dev/shm entries of the segments process ``pid`` created (mpreplay names them after it)."""
-    return {name for name in os.listdir("/dev/shm") if name.startswith(f"{SEGMENT_PREFIX}{pid}-")}
 
 
 def summary_of(run: Run) -> dict:

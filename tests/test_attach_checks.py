@@ -16,12 +16,12 @@ from typing import Any
 
 import damage  # tests/damage.py: real segments and the fuzzers' damage
 import pytest
+from helpers import EACH_START_METHOD
 
 import mpreplay
 from mpreplay import IncompatibleSegmentError, SharedMemoryError, manifest
 from mpreplay._ext.schema import OWNER_ARRAY, STATE_ARRAY
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 pytestmark = pytest.mark.timeout(120, method="thread")
 
 
@@ -69,7 +69,7 @@ def _shift_generation(d: dict[str, Any]) -> None:
     damage.entry(d, "generation")[3] += 64
 
 
-@METHODS
+@EACH_START_METHOD
 def test_a_handle_refuses_a_segment_another_mpreplay_version_made_and_names_both_versions(method):
     other_version = damage.setting("mpreplay_version", OTHER_VERSION)
     with damage.prioritized() as buffer, _manifest_rewritten(buffer, other_version):
@@ -79,7 +79,7 @@ def test_a_handle_refuses_a_segment_another_mpreplay_version_made_and_names_both
     assert f"this process runs mpreplay {mpreplay.__version__} (manifest format {manifest.VERSION})" in message
 
 
-@METHODS
+@EACH_START_METHOD
 def test_a_handle_refuses_a_segment_of_another_layout_and_names_the_first_difference(method):
     with damage.prioritized() as buffer:
         offset = damage.entry(damage.document(damage.segment_bytes(buffer)), "generation")[3]
@@ -100,7 +100,7 @@ def _dropped(name: str) -> Callable[[dict[str, Any]], None]:
     return lambda d: d["arrays"].remove(damage.entry(d, name))
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.parametrize(
     "change, found, expected",
     [(_renamed(OWNER_ARRAY, "owners"), "owners", OWNER_ARRAY), (_dropped(STATE_ARRAY), "tree", STATE_ARRAY)],
@@ -121,7 +121,7 @@ def test_a_handle_refuses_a_segment_whose_list_of_arrays_differs_and_names_the_a
 @pytest.mark.parametrize(
     "change, found",
     [
-        (damage.setting("version", 4), "manifest format 4"),
+        (damage.setting("version", manifest.VERSION + 1), f"manifest format {manifest.VERSION + 1}"),
         (lambda d: d["fields"]["obs"].__setitem__("shape", [5]), "'fields' is {'obs': {'shape': [5],"),
         (damage.setting("class", "MPReplayBuffer"), "'class' is 'MPReplayBuffer' in the segment"),
         (damage.setting("nbytes", 10**6), "the manifest describes 1000000 bytes, the segment holds"),

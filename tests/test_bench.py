@@ -5,6 +5,7 @@ import re
 import sys
 
 import pytest
+from helpers import table_cells
 
 from mpreplay.bench import per
 from mpreplay.bench.peers import ENV_VAR
@@ -15,8 +16,7 @@ _QUICK_ROWS = [(f"{c:,}", f"{f:,}") for c in (1_000, 3_000) for f in (c, 2 * c)]
 def _table_rows(text: str) -> set[tuple[str, str, str]]:
     """(buffer, capacity, frames) of every table row, from rich's or the plain layout."""
     rows = set()
-    for line in text.splitlines():
-        cells = [c.strip() for c in re.split(r"[│┃]|\s{2,}", line) if c.strip()]
+    for cells in table_cells(text):
         if len(cells) >= 4 and re.fullmatch(r"[\d,]+", cells[1]) and re.fullmatch(r"[\d,]+", cells[2]):
             rows.add((cells[0], cells[1], cells[2]))
     return rows
@@ -29,17 +29,15 @@ def _expected_buffers() -> list[str]:
     return names
 
 
-@pytest.fixture(autouse=True)
-def no_peers(monkeypatch):
-    """The peers' tables run only with a peers' venv (tests/test_bench_peers.py covers them)."""
-    monkeypatch.delenv(ENV_VAR, raising=False)
+# The peers' tables run only with a peers' venv (tests/test_bench_peers.py covers them).
+pytestmark = pytest.mark.usefixtures("no_peers_venv")
 
 
 def test_quick_run_exits_zero_with_a_row_per_buffer_and_size(capsys):
     assert per.main(["--quick"]) == 0
     out = capsys.readouterr().out
     assert _table_rows(out) == {(name, c, f) for name in _expected_buffers() for c, f in _QUICK_ROWS}
-    assert f"Peers (Tianshou, TorchRL, flashbax) not run: give --peers DIR (or set {ENV_VAR})" in out
+    assert f"Peers (Tianshou, TorchRL, flashbax, numba) not run: give --peers DIR (or set {ENV_VAR})" in out
 
 
 @pytest.mark.timeout(300)

@@ -7,15 +7,15 @@ CI has no peers' venv (it is gigabytes); the tests that need one run only where
 import io
 import json
 import os
-import re
 import stat
 import sys
 
 import pytest
+from helpers import table_cells
 
-from mpreplay.bench import peer_worker, peers, per, per_peers
+from mpreplay.bench import mp_peers, mp_processes, peer_worker, peers, per, per_peers, queue
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("no_peers_venv")]
 
 
 def _fake_venv(tmp_path, modules: dict[str, str]):
@@ -34,16 +34,7 @@ def _fake_venv(tmp_path, modules: dict[str, str]):
 
 def _first_cells(text: str) -> set[str]:
     """The first cell of every table row, from rich's layout or the plain one."""
-    return {
-        cells[0]
-        for cells in ([c.strip() for c in re.split(r"[│┃]|\s{2,}", line) if c.strip()] for line in text.splitlines())
-        if cells
-    }
-
-
-@pytest.fixture(autouse=True)
-def no_peers_from_the_environment(monkeypatch):
-    monkeypatch.delenv(peers.ENV_VAR, raising=False)
+    return {cells[0] for cells in table_cells(text) if cells}
 
 
 def test_without_a_venv_every_peer_is_unavailable_saying_how_to_make_one():
@@ -155,12 +146,100 @@ def test_only_peers_without_a_venv_is_refused(capsys):
     assert "--only-peers" in capsys.readouterr().err
 
 
+def test_reverb_runs_from_the_reverb_venv_inside_the_peers_directory(tmp_path):
+    found = peers.launch([peers.REVERB], str(tmp_path))[peers.REVERB]
+    assert isinstance(found, peers.Unavailable)
+    assert f"no interpreter at {tmp_path}/reverb/bin/python" in found.reason
+
+
+def test_without_a_python_3_11_the_reverb_venv_is_refused_naming_the_option(monkeypatch):
+    monkeypatch.setattr(sys, "version_info", (3, 12, 0, "final", 0))
+    monkeypatch.setattr(peers.shutil, "which", lambda name: None)
+    python, reason = peers.python_for_reverb()
+    assert python is None
+    assert "CPython 3.8-3.11" in reason and "--reverb-python PATH" in reason
+
+
+def test_setup_without_a_python_for_reverb_fails_and_makes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(peers, "python_for_reverb", lambda: (None, "no CPython 3.11 here"))
+    assert peers.setup(str(tmp_path / "venvs"), venvs=[peers.REVERB]) == 1
+    assert "no Reverb venv: no CPython 3.11 here" in capsys.readouterr().err
+    assert not (tmp_path / "venvs").exists()
+
+
+def test_the_reverb_pins_are_exact_and_shipped_beside_the_others():
+    pins = [
+        line.split("==")
+        for line in peers.REVERB_REQUIREMENTS.read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert {name for name, _ in pins} >= {"dm-reverb", "tensorflow-cpu", "numpy"}
+    assert all(len(pin) == 2 and pin[1] for pin in pins)
+
+
+def test_bench_mp_refuses_json_or_plot_without_peers(capsys):
+    from mpreplay.bench import mp
+
+    with pytest.raises(SystemExit) as exc:
+        mp.main(["--quick", "--json", "x.json"])
+    assert exc.value.code == 2
+    assert "give --peers DIR" in capsys.readouterr().err
+
+
 # -- with the real peers' venv ---------------------------------------------------------------
 _VENV = os.environ.get(peers.ENV_VAR)
 needs_venv = pytest.mark.skipif(
     not _VENV or not os.path.exists(os.path.join(_VENV, "bin", "python")),
     reason=f"no peers' venv: set {peers.ENV_VAR}=DIR after `python -m mpreplay.bench.peers --setup DIR`",
 )
+
+
+needs_reverb = pytest.mark.skipif(
+    not _VENV or not os.path.exists(os.path.join(_VENV, "reverb", "bin", "python")),
+    reason=f"no Reverb venv: set {peers.ENV_VAR}=DIR after `python -m mpreplay.bench.peers --setup DIR` (DIR/reverb)",
+)
+_SHORT = {"seconds": 0.6, "warmup": 0.3, "slices": 3}
+
+
+def _one_case(name: str, writers: int, learner: bool, rows: int):
+    worker = peers.launch([name], _VENV)[name]
+    assert isinstance(worker, peers.PeerProcess), worker
+    try:
+        worker.request(
+            "mp_open", obs={"label": "(4,) float32", "shape": [4], "dtype": "float32", "capacity": 600}, batch=32
+        )
+        answer = worker.request("mp_case", writers=writers, learner=learner, rows=rows, timing=_SHORT)
+        worker.request("mp_close")
+    finally:
+        worker.close()
+    return mp_processes.summarize(mp_peers.window_of(answer), "(4,) float32", name, 600, writers, learner, rows, 32)
+
+
+@needs_reverb
+def test_reverb_runs_writers_and_a_learner_against_its_server_whose_cpu_counts():
+    line = _one_case("reverb", 1, True, 32)
+    assert line.inserts > 0 and line.steps > 0
+    assert line.server_cpu is not None and line.server_cpu > 0
+    assert line.cpu == pytest.approx(line.writer_cpu + line.learner_cpu + line.server_cpu)
+
+
+@needs_venv
+def test_torchrl_runs_writer_processes_beside_the_learner_that_made_its_buffer():
+    line = _one_case("torchrl", 2, True, 1)
+    assert line.inserts > 0 and line.steps > 0
+    assert line.server_cpu is None
+
+
+@needs_reverb
+def test_reverbs_queue_hands_each_rollout_out_once():
+    worker = peers.launch(["reverb"], _VENV)["reverb"]
+    assert isinstance(worker, peers.PeerProcess), worker
+    try:
+        answer = worker.request("queue_case", writers=2, steps=8, frame=[84, 84], size=4, timing=_SHORT)
+    finally:
+        worker.close()
+    line = queue.line_of("reverb", 2, mp_peers.window_of(answer), answer["duplicates"])
+    assert line.rollouts > 0 and line.duplicates == 0
 
 
 @needs_venv
@@ -191,10 +270,7 @@ def test_targets_compare_each_sampled_layout_with_mpreplay_storing_it_the_same_w
     per_peers.targets(None, tput)
     rows = {
         cells[0]: cells[1:]
-        for cells in (
-            [c.strip() for c in re.split(r"[│┃]|\s{2,}", line) if c.strip()]
-            for line in capsys.readouterr().out.splitlines()
-        )
+        for cells in table_cells(capsys.readouterr().out)
         if cells and cells[0].startswith("sample(256)")
     }
     assert rows["sample(256), compressed"][:3] == ["cpprb compressed", "2.00", "yes"]

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import io
-import multiprocessing as mp
 
 import numpy as np
 import pytest
+from helpers import EACH_BUFFER_CLASS, EACH_START_METHOD, run_in_child, transition_fields
 
 from mpreplay import MPPrioritizedReplayBuffer, NstepBuffer, PrioritizedReplayBuffer, ReplayBuffer
 
-ENV = {"obs": {"shape": (2,)}, "act": {"dtype": np.int64}, "rew": {}, "next_obs": {"shape": (2,)}, "done": {}}
-BOTH = pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer], ids=["uniform", "prioritized"])
+ENV = transition_fields((2,))
 
 
 def _episode(length: int, start: int = 0, terminal: bool = True) -> list[dict]:
@@ -32,7 +31,7 @@ def _play(buffer, steps: list[dict]) -> None:
         buffer.add(**step)
 
 
-@BOTH
+@EACH_BUFFER_CLASS
 def test_a_folding_buffer_stores_what_an_nstep_buffer_emits(cls):
     steps = _episode(7) + _episode(4, start=100, terminal=False)
     buffer = cls(64, ENV, nstep={"size": 3, "gamma": 0.9})
@@ -178,16 +177,12 @@ def _fold_in_child(buffer) -> None:
     _play(buffer, _episode(5))
 
 
-@pytest.mark.parametrize("method", ["spawn", "fork"])
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_each_process_of_a_shared_buffer_folds_its_own_steps(method):
-    ctx = mp.get_context(method)
     with MPPrioritizedReplayBuffer(64, ENV, nstep={"size": 2, "gamma": 0.5}) as buffer:
         _play(buffer, _episode(3, start=1000, terminal=False))  # stores 1000, 1001; 1002 stays pending here
-        child = ctx.Process(target=_fold_in_child, args=(buffer,))
-        child.start()
-        child.join(30)
-        assert child.exitcode == 0
+        assert run_in_child(method, _fold_in_child, buffer) == 0
         stored = buffer.get_all_transitions()
         np.testing.assert_array_equal(stored["act"], [1000, 1001, 0, 1, 2, 3, 4])
         np.testing.assert_allclose(stored["rew"][2:], [2, 3.5, 5, 6.5, 5])

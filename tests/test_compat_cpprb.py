@@ -10,15 +10,13 @@ from multiprocessing.managers import SyncManager
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, run_in_child, saved_file, uniform_and_prioritized
 
 import mpreplay
 from mpreplay.compat import cpprb
 
 ENV = {"obs": {"shape": 3}, "act": {"dtype": np.int64}, "rew": {}, "next_obs": {"shape": 3}, "done": {}}
-BOTH = pytest.mark.parametrize(
-    "cls", [cpprb.ReplayBuffer, cpprb.PrioritizedReplayBuffer], ids=["uniform", "prioritized"]
-)
-START_METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
+BOTH = uniform_and_prioritized(cpprb.ReplayBuffer, cpprb.PrioritizedReplayBuffer)
 
 
 def _step(i: int, done: float = 0.0) -> dict:
@@ -439,20 +437,13 @@ def test_a_file_of_nstep_rows_is_refused_by_a_buffer_that_does_not_fold():
         cpprb.ReplayBuffer(8, {"done": {}}).load_transitions(f)
 
 
-def _file(buffer) -> io.BytesIO:
-    f = io.BytesIO()
-    buffer.save_transitions(f)
-    f.seek(0)
-    return f
-
-
 SCALARS = ["act", "rew", "done"]  # the fields of ENV given no shape: (1,) here, () in the native buffers
 
 
 def test_a_file_of_the_layer_loads_into_a_native_buffer_of_the_same_env_dict():
     source = _filled(cpprb.ReplayBuffer)
     target = mpreplay.ReplayBuffer(16, ENV)
-    target.load_transitions(_file(source))
+    target.load_transitions(saved_file(source))
     saved, loaded = source.get_all_transitions(), target.get_all_transitions()
     for name in SCALARS:
         assert saved[name].shape == (5, 1) and loaded[name].shape == (5,)
@@ -466,7 +457,7 @@ def test_a_native_buffers_file_loads_into_a_buffer_of_the_layer_of_the_same_env_
     for i in range(5):
         source.add(**_step(i))
     target = cpprb.ReplayBuffer(16, ENV)
-    target.load_transitions(_file(source))
+    target.load_transitions(saved_file(source))
     saved, loaded = source.get_all_transitions(), target.get_all_transitions()
     for name in SCALARS:
         assert saved[name].shape == (5,) and loaded[name].shape == (5, 1)
@@ -491,7 +482,7 @@ def test_a_file_whose_field_differs_from_a_scalar_otherwise_is_refused_naming_it
         unchanged(target),
         pytest.raises(ValueError, match=rf"field 'act': the file stores {stored}, the buffer expects shape \(\) int64"),
     ):
-        target.load_transitions(_file(source))
+        target.load_transitions(saved_file(source))
 
 
 def test_a_file_that_is_neither_format_is_refused():
@@ -505,28 +496,22 @@ def _add_in_child(buffer, values) -> None:
         buffer.add(a=v, priorities=0.5)
 
 
-@START_METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60, method="thread")
 def test_a_shared_buffer_takes_adds_from_a_child_process(method):
     buffer = cpprb.MPPrioritizedReplayBuffer(16, {"a": {"dtype": np.int64}}, ctx=mp.get_context(method))
-    child = mp.get_context(method).Process(target=_add_in_child, args=(buffer, range(5)))
-    child.start()
-    child.join(30)
-    assert child.exitcode == 0
+    assert run_in_child(method, _add_in_child, buffer, range(5)) == 0
     np.testing.assert_array_equal(buffer.get_all_transitions()["a"].ravel(), np.arange(5))
     buffer.close()
 
 
-@START_METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60, method="thread")
 def test_a_child_that_sampled_nothing_cannot_update_priorities(method):
     buffer = cpprb.MPPrioritizedReplayBuffer(4, {"a": {}})
     buffer.add(a=[0, 1])
     buffer.sample(8)  # the parent sampled; the child has not
-    child = mp.get_context(method).Process(target=buffer.update_priorities, args=([0, 1], [9.0, 9.0]))
-    child.start()
-    child.join(30)
-    assert child.exitcode == 0
+    assert run_in_child(method, buffer.update_priorities, [0, 1], [9.0, 9.0]) == 0
     assert buffer.get_max_priority() == 1.0
     buffer.close()
 
@@ -547,7 +532,7 @@ def _write_whole_rows(buffer, start: int, count: int) -> None:
         buffer.add(id=i, obs=np.full(256, i, np.int64))
 
 
-@START_METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120, method="thread")
 def test_a_shared_buffer_never_hands_out_a_row_being_written(method):
     ctx = mp.get_context(method)

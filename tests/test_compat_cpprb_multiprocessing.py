@@ -8,10 +8,10 @@ import os
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, run_in_child
 
 from mpreplay.compat.cpprb import multiprocessing as cmp
 
-START_METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 CTYPES = pytest.mark.parametrize(
     "ctype, dtype",
     [
@@ -68,15 +68,12 @@ def _fill(array, value) -> None:
     array[:] = value
 
 
-@START_METHODS
+@EACH_START_METHOD
 @BACKENDS
 @pytest.mark.timeout(60, method="thread")
 def test_a_child_process_writes_the_parents_array(method, backend):
     array = cmp.RawArray(mp.get_context(method), ctypes.c_int64, 4, backend)
-    child = mp.get_context(method).Process(target=_fill, args=(array, 7))
-    child.start()
-    child.join(30)
-    assert child.exitcode == 0
+    assert run_in_child(method, _fill, array, 7) == 0
     np.testing.assert_array_equal(array[:], [7, 7, 7, 7])
 
 

@@ -8,6 +8,7 @@ import pickle
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD
 
 from mpreplay import MPPrioritizedReplayBuffer, NstepBuffer, PrioritizedReplayBuffer, ReplayBuffer
 from mpreplay._ext.frames import wide_interleave
@@ -289,7 +290,7 @@ def _expected(i: int) -> dict:
     return {"obs": _observation(episode, t), "next_obs": _observation(episode, t + 1)}
 
 
-@pytest.mark.parametrize("method", ["spawn", "fork"])
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_three_writers_each_fill_a_lane_and_every_sample_is_exact(method):
     ctx = mp.get_context(method)
@@ -336,7 +337,7 @@ def _try_to_write(buffer, queue) -> None:
         queue.put(str(exc))
 
 
-@pytest.mark.parametrize("method", ["spawn", "fork"])
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_a_writer_that_closes_its_handle_gives_its_lane_to_the_next_writer(method):
     ctx = mp.get_context(method)

@@ -19,8 +19,10 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import damage  # tests/damage.py: files taken apart and put together
 import numpy as np
 import pytest
+from helpers import cpprb_buffer, saved_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -30,17 +32,9 @@ from mpreplay.fileformat import TransitionFileError
 # -- files written the way cpprb writes them ----------------------------------------------------
 
 
-def _plain_npy(value: Any) -> bytes:
-    stream = io.BytesIO()
-    np.lib.format.write_array(stream, np.asanyarray(value), allow_pickle=False)
-    return stream.getvalue()
-
-
 def _object_header() -> bytes:
     """The ``.npy`` header of a 0-d object array: its pickle follows."""
-    stream = io.BytesIO()
-    np.lib.format.write_array_header_1_0(stream, {"descr": "|O", "fortran_order": False, "shape": ()})
-    return stream.getvalue()
+    return damage.npy_header("|O", ())
 
 
 def _object_npy(held: Any, *, numpy1: bool = False) -> bytes:
@@ -80,21 +74,20 @@ def _members(
     the call cpprb's save_transitions makes (``next_of``, when not None, is a list of names: cpprb
     passes them as a numpy unicode array, which numpy saves without pickling)."""
     return {
-        "safe": _plain_npy(safe),
-        "version": _plain_npy(version),
+        "safe": damage.npy_bytes(safe),
+        "version": damage.npy_bytes(version),
         "data": _object_npy(data, numpy1=numpy1),
-        "Nstep": _plain_npy(nstep),
+        "Nstep": damage.npy_bytes(nstep),
         "cache": _object_npy(cache, numpy1=numpy1),
-        "next_of": _object_npy(None, numpy1=numpy1) if next_of is None else _plain_npy(np.array(next_of, ndmin=1)),
+        "next_of": _object_npy(None, numpy1=numpy1)
+        if next_of is None
+        else damage.npy_bytes(np.array(next_of, ndmin=1)),
     }
 
 
 def _archive(members: dict[str, bytes], *, compression: int = zipfile.ZIP_DEFLATED) -> bytes:
-    stream = io.BytesIO()
-    with zipfile.ZipFile(stream, "w", compression=compression) as archive:
-        for name, raw in members.items():
-            archive.writestr(f"{name}.npy", raw)
-    return stream.getvalue()
+    """An archive of cpprb's ``members``, each stored as ``<name>.npy`` (as ``np.savez`` names them)."""
+    return damage.zip_archive({f"{name}.npy": raw for name, raw in members.items()}, compression)
 
 
 def _file(data: Any, **kwargs: Any) -> io.BytesIO:
@@ -128,7 +121,6 @@ def _assert_same(got: dict[str, np.ndarray], expected: dict[str, np.ndarray]) ->
 
 # -- files written by the real cpprb ------------------------------------------------------------
 
-ENV = {"obs": {"shape": (2, 3)}, "act": {"dtype": np.int64}, "rew": {}, "done": {}}
 NSTEP = {"size": 3, "gamma": 0.9, "rew": "rew"}
 OPTIONS = {
     "plain": {},
@@ -155,60 +147,20 @@ def cpprb() -> Any:
     )
 
 
-def _steps(rng: np.random.Generator, k: int, options: dict[str, Any]) -> dict[str, np.ndarray]:
-    steps = {
-        "obs": rng.normal(size=(k, 2, 3)),
-        "act": rng.integers(0, 9, k),
-        "rew": rng.normal(size=k),
-        "done": np.zeros(k),
-    }
-    if "next_of" in options:
-        steps["next_obs"] = rng.normal(size=(k, 2, 3))
-    return steps
-
-
-def _cpprb_buffer(
-    cpprb: Any,
-    options: dict[str, Any],
-    history: list[int | str],
-    *,
-    size: int = 8,
-    cls: str = "ReplayBuffer",
-    seed: int = 0,
-    **kwargs: Any,
-) -> Any:
-    """A cpprb buffer of ``size`` with ``options`` that went through ``history`` (random steps)."""
-    buffer = getattr(cpprb, cls)(size, {name: dict(spec) for name, spec in ENV.items()}, **options, **kwargs)
-    rng = np.random.default_rng(seed)
-    for operation in history:
-        if operation == "end":
-            buffer.on_episode_end()
-        else:
-            buffer.add(**_steps(rng, operation, options))
-    return buffer
-
-
-def _saved(buffer: Any, *, safe: bool) -> io.BytesIO:
-    stream = io.BytesIO()
-    buffer.save_transitions(stream, safe=safe)
-    stream.seek(0)
-    return stream
-
-
 @pytest.mark.parametrize("safe", [True, False], ids=["safe", "unsafe"])
 @pytest.mark.parametrize("history", list(HISTORIES))
 @pytest.mark.parametrize("options", list(OPTIONS))
 def test_reads_what_get_all_transitions_of_the_saving_cpprb_buffer_returned(cpprb, options, history, safe):
-    buffer = _cpprb_buffer(cpprb, OPTIONS[options], HISTORIES[history])
+    buffer = cpprb_buffer(cpprb, OPTIONS[options], HISTORIES[history])
     expected = buffer.get_all_transitions()
-    _assert_same(read_cpprb_transitions(_saved(buffer, safe=safe)), expected)
+    _assert_same(read_cpprb_transitions(saved_file(buffer, safe=safe)), expected)
 
 
 def test_reports_the_layout_and_the_nstep_flag_of_a_cpprb_file(cpprb):
     flags = {}
     for name in ("plain", "Nstep", "next_of"):
         for safe in (True, False):
-            read = read_cpprb_file(_saved(_cpprb_buffer(cpprb, OPTIONS[name], [3]), safe=safe))
+            read = read_cpprb_file(saved_file(cpprb_buffer(cpprb, OPTIONS[name], [3]), safe=safe))
             flags[name, safe] = (read.safe, read.nstep)
     # cpprb writes the safe layout whenever there is nothing to compress.
     assert flags == {
@@ -222,17 +174,15 @@ def test_reports_the_layout_and_the_nstep_flag_of_a_cpprb_file(cpprb):
 
 
 def test_reads_a_file_of_a_prioritized_cpprb_buffer(cpprb):
-    buffer = _cpprb_buffer(
-        cpprb, OPTIONS["next_of+stack_compress"], HISTORIES["wrapped"], cls="PrioritizedReplayBuffer"
-    )
+    buffer = cpprb_buffer(cpprb, OPTIONS["next_of+stack_compress"], HISTORIES["wrapped"], cls="PrioritizedReplayBuffer")
     expected = buffer.get_all_transitions()
-    _assert_same(read_cpprb_transitions(_saved(buffer, safe=False)), expected)
+    _assert_same(read_cpprb_transitions(saved_file(buffer, safe=False)), expected)
 
 
 @pytest.mark.parametrize("options", ["next_of", "next_of+stack_compress"])
 def test_reads_a_cpprb_buffer_kept_in_mmap_files(cpprb, tmp_path, options):
     # Its arrays are numpy memmaps, which pickle as numpy.memmap.
-    buffer = _cpprb_buffer(cpprb, OPTIONS[options], HISTORIES["wrapped"], mmap_prefix=str(tmp_path / "rb"))
+    buffer = cpprb_buffer(cpprb, OPTIONS[options], HISTORIES["wrapped"], mmap_prefix=str(tmp_path / "rb"))
     expected = buffer.get_all_transitions()
     buffer.save_transitions(tmp_path / "rb.npz", safe=False)
     _assert_same(read_cpprb_transitions(tmp_path / "rb.npz"), expected)
@@ -249,9 +199,9 @@ def test_reads_a_cpprb_buffer_kept_in_mmap_files(cpprb, tmp_path, options):
 def test_any_history_of_a_cpprb_buffer_reads_back_as_get_all_transitions(cpprb, size, options, safe, history, seed):
     # cpprb wraps a batch around its ring at most once: no batch exceeds the size.
     history = [operation if operation == "end" else min(operation, size) for operation in history]
-    buffer = _cpprb_buffer(cpprb, OPTIONS[options], history, size=size, seed=seed)
+    buffer = cpprb_buffer(cpprb, OPTIONS[options], history, size=size, seed=seed)
     expected = buffer.get_all_transitions()
-    _assert_same(read_cpprb_transitions(_saved(buffer, safe=safe)), expected)
+    _assert_same(read_cpprb_transitions(saved_file(buffer, safe=safe)), expected)
 
 
 # -- files of cpprb 10.1 with numpy 1.x ---------------------------------------------------------
@@ -577,22 +527,16 @@ def test_a_memo_index_beyond_the_memo_is_refused_before_allocating():
         read_cpprb_transitions(_with("data", _pickled(b"Nr" + (2**31).to_bytes(4, "little") + b".")))
 
 
-def _npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
-    stream = io.BytesIO()
-    np.lib.format.write_array_header_1_0(stream, {"descr": descr, "fortran_order": False, "shape": shape})
-    return stream.getvalue()
-
-
 @pytest.mark.parametrize(("descr", "shape"), [("|b1", (10**12,)), ("<U0", (10**15,))], ids=["bool", "zero-size"])
 def test_a_plain_member_whose_header_claims_other_data_is_refused_before_allocating(descr, shape):
     with pytest.raises(ValueError, match=r"member 'next_of' holds 1 bytes of data; its header says"):
-        read_cpprb_transitions(_with("next_of", _npy_header(descr, shape) + b"\0"))
+        read_cpprb_transitions(_with("next_of", damage.npy_header(descr, shape) + b"\0"))
 
 
 def test_next_of_names_beyond_unicode_are_refused():
     names = np.frombuffer((0x110000).to_bytes(4, "little"), dtype="<U1")
     with pytest.raises(ValueError, match="member 'next_of' is shape \\(1,\\) <U1; expected distinct field names"):
-        read_cpprb_transitions(_with("next_of", _plain_npy(names)))
+        read_cpprb_transitions(_with("next_of", damage.npy_bytes(names)))
 
 
 @pytest.mark.parametrize(
@@ -623,7 +567,7 @@ def test_a_missing_or_extra_member_is_refused(change):
     if change == "missing":
         del members["cache"]
     else:
-        members["evil"] = _plain_npy(1)
+        members["evil"] = damage.npy_bytes(1)
     with pytest.raises(ValueError, match="its members are"):
         read_cpprb_transitions(io.BytesIO(_archive(members)))
 
@@ -636,14 +580,14 @@ def test_an_unknown_format_version_is_refused_and_named():
 @pytest.mark.parametrize(
     ("member", "value", "message"),
     [
-        ("safe", _plain_npy(np.int64(1)), "member 'safe' is shape \\(\\) int64; expected a bool"),
-        ("Nstep", _plain_npy(np.zeros(2, bool)), "member 'Nstep' is shape \\(2,\\) bool; expected a bool"),
-        ("version", _plain_npy(1.0), "member 'version' is shape \\(\\) float64; expected an integer"),
+        ("safe", damage.npy_bytes(np.int64(1)), "member 'safe' is shape \\(\\) int64; expected a bool"),
+        ("Nstep", damage.npy_bytes(np.zeros(2, bool)), "member 'Nstep' is shape \\(2,\\) bool; expected a bool"),
+        ("version", damage.npy_bytes(1.0), "member 'version' is shape \\(\\) float64; expected an integer"),
         ("safe", _object_npy(True), "member 'safe' is a pickle"),
-        ("data", _plain_npy(np.zeros(3)), "member 'data' is a plain array"),
+        ("data", damage.npy_bytes(np.zeros(3)), "member 'data' is a plain array"),
         (
             "next_of",
-            _plain_npy(np.zeros(3)),
+            damage.npy_bytes(np.zeros(3)),
             "member 'next_of' is shape \\(3,\\) float64; expected distinct field names",
         ),
         ("next_of", _object_npy("a"), "member 'next_of' holds 'a'; expected None"),

@@ -22,35 +22,16 @@ from typing import Any
 import damage  # tests/damage.py: real segments and the fuzzers' damage
 import numpy as np
 import pytest
+from helpers import NUMBERED_FIELDS, cpprb_buffer, numbered_buffer, numbered_transitions, saved_file
 
 from mpreplay import PrioritizedReplayBuffer, ReplayBuffer
 from mpreplay.compat.cpprb_files import read_cpprb_transitions
 from mpreplay.fileformat import TransitionFileError
 
-ENV = {"obs": {"shape": (3,)}, "act": {"dtype": np.int64}, "rew": {}, "done": {"dtype": np.uint8}}
+ENV = NUMBERED_FIELDS
 pytestmark = pytest.mark.timeout(120, method="thread")
 
 # -- archives, taken apart and put together ------------------------------------------------------
-
-
-def _members(data: bytes) -> dict[str, bytes]:
-    """The raw bytes of each member of the archive ``data``."""
-    with zipfile.ZipFile(io.BytesIO(data)) as archive:
-        return {name: archive.read(name) for name in archive.namelist()}
-
-
-def _archive(members: dict[str, bytes], compression: int) -> bytes:
-    f = io.BytesIO()
-    with zipfile.ZipFile(f, "w", compression=compression) as archive:
-        for name, raw in members.items():
-            archive.writestr(name, raw)
-    return f.getvalue()
-
-
-def _npy(array: np.ndarray) -> bytes:
-    f = io.BytesIO()
-    np.lib.format.write_array(f, array, allow_pickle=False)
-    return f.getvalue()
 
 
 def _damaged_bytes(raw: bytes, rng: random.Random) -> bytes:
@@ -76,7 +57,7 @@ def _damaged_archive(data: bytes, rng: random.Random, record: str | None) -> tup
         return how, _damaged_bytes(data, rng)
     if how == "cut":
         return how, data[: rng.randrange(len(data))]
-    members = _members(data)
+    members = damage.zip_members(data)
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         compression = archive.infolist()[0].compress_type
     if how == "record":
@@ -84,11 +65,11 @@ def _damaged_archive(data: bytes, rng: random.Random, record: str | None) -> tup
         value = json.loads(text)
         for _ in range(rng.randint(1, 3)):
             value = damage.rewritten(value, rng)
-        members[record] = _npy(np.frombuffer(json.dumps(value).encode(), np.uint8))
+        members[record] = damage.npy_bytes(np.frombuffer(json.dumps(value).encode(), np.uint8))
     else:
         name = rng.choice(list(members))
         members[name] = _damaged_bytes(members[name], rng)
-    return how, _archive(members, compression)
+    return how, damage.zip_archive(members, compression)
 
 
 def _inflating_to(data: bytes, member: str, nbytes: int) -> bytes:
@@ -107,9 +88,7 @@ def _inflating_to(data: bytes, member: str, nbytes: int) -> bytes:
 
 def _header_claiming(shape: tuple[int, ...], dtype: str) -> bytes:
     """A ``.npy`` header saying ``shape`` and ``dtype``, and 8 bytes of data."""
-    f = io.BytesIO()
-    np.lib.format.write_array_header_1_0(f, {"descr": dtype, "fortran_order": False, "shape": shape})
-    return f.getvalue() + bytes(8)
+    return damage.npy_header(dtype, shape) + bytes(8)
 
 
 def _peak_allocation(read: Callable[[], Any]) -> int:
@@ -126,37 +105,24 @@ def _peak_allocation(read: Callable[[], Any]) -> int:
 # -- mpreplay's own files ----------------------------------------------------------------------
 
 
-def _transitions(numbers: Any) -> dict[str, np.ndarray]:
-    i = np.asarray(numbers, dtype=np.int64)
-    return {"obs": i[:, None] * np.array([1.0, 10.0, 100.0]), "act": i, "rew": i / 2, "done": i % 2}
-
-
-def _filled(numbers: Any) -> PrioritizedReplayBuffer:
-    buffer = PrioritizedReplayBuffer(8, ENV)
-    buffer.add(**_transitions(numbers))
-    return buffer
-
-
 def _saved(compress: bool, priorities: bool) -> bytes:
-    buffer = _filled(range(11))
+    buffer = numbered_buffer(PrioritizedReplayBuffer, 8, range(11))
     buffer.update_priorities(np.arange(8), np.linspace(0.5, 4.0, 8))
-    f = io.BytesIO()
-    buffer.save_transitions(f, compress=compress, priorities=priorities)
-    return f.getvalue()
+    return saved_file(buffer, compress=compress, priorities=priorities).getvalue()
 
 
 FILES = {"deflated-with-priorities": _saved(True, True), "stored": _saved(False, False)}
 
 
 def _holds(buffer: ReplayBuffer, numbers: Any) -> bool:
-    stored, expected = buffer.get_all_transitions(), _transitions(list(numbers))
+    stored, expected = buffer.get_all_transitions(), numbered_transitions(list(numbers))
     return all(np.array_equal(stored[name], expected[name]) for name in ENV)
 
 
 @pytest.mark.parametrize("file", list(FILES))
 def test_load_transitions_refuses_any_damage_with_transition_file_error_and_changes_nothing(file, unchanged):
     rng = random.Random(f"transitions-{file}")
-    target = _filled([100, 101])
+    target = numbered_buffer(PrioritizedReplayBuffer, 8, [100, 101])
     for _ in range(800):
         how, damaged = _damaged_archive(FILES[file], rng, "metadata.json.npy")
         scratch = PrioritizedReplayBuffer(8, ENV)
@@ -176,11 +142,11 @@ ROWS = 10**8  # what a damaged file claims: 2.5 GB of rows, in an archive of a f
 
 def test_a_header_holding_an_escape_python_warns_about_is_refused_without_a_warning():
     # numpy evaluates a header's text as a literal: "\\d" in it is an escape Python warns about.
-    members = _members(FILES["stored"])
+    members = damage.zip_members(FILES["stored"])
     npy = members["rew.npy"]
     at = npy.index(b"'descr': '") + len(b"'descr': '")
     members["rew.npy"] = npy[:at] + b"\\d" + npy[at + 2 :]  # '<f4' -> '\d4', the header's length kept
-    damaged = _archive(members, zipfile.ZIP_STORED)
+    damaged = damage.zip_archive(members, zipfile.ZIP_STORED)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with pytest.raises(TransitionFileError, match="rew"):
@@ -189,13 +155,13 @@ def test_a_header_holding_an_escape_python_warns_about_is_refused_without_a_warn
 
 
 def test_a_file_claiming_more_rows_than_it_holds_is_refused_before_they_are_allocated():
-    members = _members(FILES["stored"])
+    members = damage.zip_members(FILES["stored"])
     record = json.loads(np.load(io.BytesIO(members["metadata.json.npy"]), allow_pickle=False).tobytes())
     record["count"] = ROWS
-    members["metadata.json.npy"] = _npy(np.frombuffer(json.dumps(record).encode(), np.uint8))
+    members["metadata.json.npy"] = damage.npy_bytes(np.frombuffer(json.dumps(record).encode(), np.uint8))
     for field in record["fields"]:
         members[f"{field['name']}.npy"] = _header_claiming((ROWS, *field["shape"]), field["dtype"])
-    damaged = _archive(members, zipfile.ZIP_STORED)
+    damaged = damage.zip_archive(members, zipfile.ZIP_STORED)
     for field in record["fields"]:  # the directory agrees with the headers
         name = f"{field['name']}.npy"
         claimed = len(members[name]) - 8 + ROWS * np.dtype(field["dtype"]).itemsize * math.prod(field["shape"])
@@ -211,7 +177,6 @@ def test_a_file_claiming_more_rows_than_it_holds_is_refused_before_they_are_allo
 
 # -- cpprb's files -----------------------------------------------------------------------------
 
-CPPRB_ENV = {"obs": {"shape": (2, 3)}, "act": {"dtype": np.int64}, "rew": {}, "done": {}}
 CPPRB_FILES = {  # cpprb buffer options, save_transitions(safe=)
     "plain": ({}, True),
     "next_of+stack_compress-unsafe": ({"next_of": "obs", "stack_compress": "obs"}, False),
@@ -221,31 +186,15 @@ CPPRB_FILES = {  # cpprb buffer options, save_transitions(safe=)
 
 
 def _cpprb_file(options: dict[str, Any], safe: bool) -> bytes:
-    cpprb = pytest.importorskip("cpprb")
-    buffer = cpprb.ReplayBuffer(8, {name: dict(spec) for name, spec in CPPRB_ENV.items()}, **options)
-    rng = np.random.default_rng(0)
-    for k, end in ((3, True), (6, False)):
-        steps = {
-            "obs": rng.normal(size=(k, 2, 3)),
-            "act": rng.integers(0, 9, k),
-            "rew": rng.normal(size=k),
-            "done": np.zeros(k),
-        }
-        if "next_of" in options:
-            steps["next_obs"] = rng.normal(size=(k, 2, 3))
-        buffer.add(**steps)
-        if end:
-            buffer.on_episode_end()
-    f = io.BytesIO()
-    buffer.save_transitions(f, safe=safe)
-    return f.getvalue()
+    buffer = cpprb_buffer(pytest.importorskip("cpprb"), options, [3, "end", 6])
+    return saved_file(buffer, safe=safe).getvalue()
 
 
 def test_a_cpprb_file_claiming_a_larger_array_than_it_holds_is_refused_before_it_is_allocated():
-    members = _members(_cpprb_file(*CPPRB_FILES["plain"]))
+    members = damage.zip_members(_cpprb_file(*CPPRB_FILES["plain"]))
     members["version.npy"] = _header_claiming((ROWS,), "<i8")
     damaged = _inflating_to(
-        _archive(members, zipfile.ZIP_DEFLATED), "version.npy", len(members["version.npy"]) - 8 + 8 * ROWS
+        damage.zip_archive(members, zipfile.ZIP_DEFLATED), "version.npy", len(members["version.npy"]) - 8 + 8 * ROWS
     )
 
     def read() -> None:

@@ -20,7 +20,8 @@ pytest.importorskip("torch")
 pytest.importorskip("gymnasium")
 pytest.importorskip("matplotlib")
 
-from demo_runs import Run, run_demo, segments_of, summary_of  # tests/demo_runs.py
+from demo_runs import Run, run_demo, summary_of  # tests/demo_runs.py
+from helpers import segments_of
 
 from mpreplay import cli
 from mpreplay.demo import epsilon

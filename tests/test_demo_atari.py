@@ -20,7 +20,8 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from demo_runs import Run, run_demo, segments_of, summary_of  # tests/demo_runs.py
+from demo_runs import Run, run_demo, summary_of  # tests/demo_runs.py
+from helpers import segments_of
 
 from mpreplay import PrioritizedReplayBuffer, ReplayBuffer, cli
 from mpreplay.demo.apex_atari import StackedSteps, initial_priorities, replay_fields, stored

@@ -8,7 +8,6 @@ its processes from a forkserver, so like tests/test_demo.py these do not run und
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,10 +19,11 @@ torch = pytest.importorskip("torch")
 gym = pytest.importorskip("gymnasium")
 pytest.importorskip("matplotlib")
 
+from helpers import segments_of
+
 from mpreplay import cli
 from mpreplay.demo.r2d2 import R2D2_SOLVED_RETURN, R2D2Config, nstep_targets, trained_steps
 from mpreplay.demo.task import POSITIONS, WINDOW, Config, hide_velocity, solve_point, vector_env
-from mpreplay.memory import SEGMENT_PREFIX
 
 GAMMA = 0.5
 
@@ -260,4 +260,4 @@ def test_a_timed_r2d2_run_writes_the_learning_curve(smoke_run: dict):
 
 @pytest.mark.timeout(180)
 def test_a_timed_r2d2_run_leaves_no_segment_behind(smoke_run: dict):
-    assert {n for n in os.listdir("/dev/shm") if n.startswith(f"{SEGMENT_PREFIX}{smoke_run['pid']}-")} == set()
+    assert segments_of(smoke_run["pid"]) == set()

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 LANGUAGES = {"python", "bash", "text"}
 NOT_RUN = re.compile(r"<!-- not run: (?P<reason>.*\S.*) -->")
 FENCE = re.compile(r"^```(?P<info>[^\s`]*)(?:\s.*)?$")  # a MyST directive has arguments after its name
@@ -56,7 +56,7 @@ class Block:
 
     @property
     def id(self) -> str:
-        return f"{self.page.relative_to(ROOT)}:{self.line}"
+        return f"{self.page.relative_to(REPO_ROOT)}:{self.line}"
 
     @property
     def not_run_reason(self) -> str | None:
@@ -130,7 +130,7 @@ def test_a_not_run_marker_stands_right_before_a_bash_block(block):
     assert block.language == "bash", f"{block.id}: only a bash block may be marked not run"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO_ROOT)))
 def test_every_not_run_marker_belongs_to_a_block(page):
     markers = sum(1 for line in page.read_text(encoding="utf-8").split("\n") if NOT_RUN.fullmatch(line.strip()))
     marked = sum(1 for b in BLOCKS if b.page == page and b.not_run_reason is not None)

@@ -18,8 +18,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+from helpers import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 # The modules whose __all__ the reference documents in full (docs/api/index.md lists them).
 MODULES = ["mpreplay", "mpreplay.vector_env", "mpreplay.returns", "mpreplay.sharded", "mpreplay.compat.cpprb"]
 BUILD_TIMEOUT_S = 600
@@ -31,8 +31,8 @@ def site(tmp_path_factory):
     for module in ("sphinx", "myst_parser", "furo"):
         pytest.importorskip(module, reason=f"{module} is not installed (the docs extra: pip install -e '.[docs]')")
     work = tmp_path_factory.mktemp("docs")
-    shutil.copytree(ROOT / "docs", work / "docs", ignore=shutil.ignore_patterns("generated"))
-    shutil.copy(ROOT / "README.md", work / "README.md")  # docs/install.md includes a part of it
+    shutil.copytree(REPO_ROOT / "docs", work / "docs", ignore=shutil.ignore_patterns("generated"))
+    shutil.copy(REPO_ROOT / "README.md", work / "README.md")  # docs/install.md includes a part of it
     proc = subprocess.run(
         [
             sys.executable,
@@ -79,7 +79,7 @@ def test_every_public_name_has_a_reference_entry(site, module):
 
 
 def readme_links() -> list[str]:
-    text = re.sub(r"```.*?```", "", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.DOTALL)
+    text = re.sub(r"```.*?```", "", (REPO_ROOT / "README.md").read_text(encoding="utf-8"), flags=re.DOTALL)
     return [target for target in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"[a-z]+:", target)]
 
 
@@ -98,7 +98,7 @@ def test_readme_links_lead_to_files_and_headings_that_exist():
     assert links, "the README links nowhere: the link pattern changed?"
     for target in links:
         path, _, anchor = target.partition("#")
-        page = ROOT / path if path else ROOT / "README.md"
+        page = REPO_ROOT / path if path else REPO_ROOT / "README.md"
         assert page.is_file(), f"README links to {target}: no such file"
         if anchor:
             assert anchor in github_anchors(page.read_text(encoding="utf-8")), (

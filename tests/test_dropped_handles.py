@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD
 
 from mpreplay import (
     MPPrioritizedReplayBuffer,
@@ -25,8 +26,6 @@ from mpreplay import (
     ReplayBuffer,
     SequenceReplayBuffer,
 )
-
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 
 STACK = 3
 TRANSITIONS = {"obs": {"shape": (2, STACK)}, "next_obs": {"shape": (2, STACK)}, "rew": {}, "done": {}}
@@ -175,7 +174,7 @@ def _attach_and_drop(blob: bytes, segment: str, times: int, queue: Any) -> None:
     queue.put((before, _held(segment)))
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_a_child_that_attaches_and_drops_handles_in_a_loop_holds_no_more_fds_or_mappings(method):
     ctx = mp.get_context(method)

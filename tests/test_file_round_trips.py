@@ -3,7 +3,6 @@ transitions, whatever folded its rows n steps ahead and whether its last episode
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import damage  # tests/damage.py: transitions files taken apart and put together
 import numpy as np
 import pytest
+from helpers import saved_file
 
 from mpreplay import NstepBuffer, ReplayBuffer
 from mpreplay.fileformat import TransitionFileError
@@ -127,13 +127,6 @@ FOLDERS = {
 }
 
 
-def _file(rb: ReplayBuffer) -> io.BytesIO:
-    f = io.BytesIO()
-    rb.save_transitions(f)
-    f.seek(0)
-    return f
-
-
 @pytest.mark.parametrize("ending", list(PLAYED))
 @pytest.mark.parametrize("compression", list(COMPRESSIONS))
 @pytest.mark.parametrize("folder", list(FOLDERS))
@@ -142,7 +135,7 @@ def test_a_buffers_file_loads_back_as_the_same_transitions(folder, compression, 
     saved = rb.get_all_transitions()
     assert len(saved["obs"]) > 0
     loaded = make()
-    loaded.load_transitions(_file(rb))
+    loaded.load_transitions(saved_file(rb))
     back = loaded.get_all_transitions()
     assert back.keys() == saved.keys()
     for name in saved:
@@ -152,7 +145,7 @@ def test_a_buffers_file_loads_back_as_the_same_transitions(folder, compression, 
 
 def test_an_open_episodes_next_observation_that_does_not_continue_the_stack_is_refused():
     rb, make = _folded_by_the_buffer(COMPRESSIONS["both"], "one still open")
-    members = damage.file_members(_file(rb))
+    members = damage.file_members(saved_file(rb))
     members["next_obs"][-1, 0, 0, 0] ^= 1  # an older frame of a next observation no row holds
     loaded = make()
     with pytest.raises(TransitionFileError, match="field 'next_obs': a next observation no row of the episode holds"):

@@ -13,20 +13,14 @@ import time
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, OBS_OF_4, START_METHODS, run_in_child, start_lock_holder
 
 from mpreplay import MPPrioritizedReplayBuffer
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
-ENV = {"obs": {"shape": (4,)}}
+ENV = OBS_OF_4
 TIMEOUT = 0.5
 # Generous: the point is that the call returns at all instead of waiting for the holder.
 RETURNS_WITHIN = 10.0
-
-
-def _hold_lock(buffer, held) -> None:
-    with buffer.inspection().holding_lock():
-        held.set()
-        time.sleep(120)
 
 
 def _sample_with_timeout(buffer, queue) -> None:
@@ -45,10 +39,7 @@ def frozen(request):
     ctx = mp.get_context(method)
     buffer = MPPrioritizedReplayBuffer(64, ENV)
     buffer.add(obs=np.ones((8, 4)))
-    held = ctx.Event()
-    holder = ctx.Process(target=_hold_lock, args=(buffer, held))
-    holder.start()
-    assert held.wait(60)
+    holder = start_lock_holder(ctx, buffer)
     os.kill(holder.pid, signal.SIGSTOP)
     try:
         yield buffer, holder.pid, ctx
@@ -58,7 +49,7 @@ def frozen(request):
         buffer.close()
 
 
-FROZEN = pytest.mark.parametrize("frozen", ["spawn", "fork"], indirect=True)
+FROZEN = pytest.mark.parametrize("frozen", START_METHODS, indirect=True)
 
 
 @FROZEN
@@ -122,7 +113,7 @@ def test_stats_name_no_holder_when_the_lock_is_free():
         assert stats["lock_holder_pid"] is None and stats["lock_held_seconds"] is None
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_an_add_that_timed_out_after_reserving_leaves_its_slots_to_the_next_writer(method):
     # The holder freezes after this process reserved and copied: the add gives
@@ -131,19 +122,14 @@ def test_an_add_that_timed_out_after_reserving_leaves_its_slots_to_the_next_writ
     with MPPrioritizedReplayBuffer(4, ENV) as buffer:
         buffer.add(obs=np.zeros((4, 4)))
         reservation = buffer.inspection().reserve(2)
-        held = ctx.Event()
-        holder = ctx.Process(target=_hold_lock, args=(buffer, held))
-        holder.start()
-        assert held.wait(60)
+        holder = start_lock_holder(ctx, buffer)
         os.kill(holder.pid, signal.SIGSTOP)
         with pytest.raises(TimeoutError):
             reservation.publish(timeout=TIMEOUT)
         os.kill(holder.pid, signal.SIGKILL)
         holder.join(10)
-        writer = ctx.Process(target=_add_nines, args=(buffer,))
-        writer.start()
-        writer.join(30)
-        assert writer.exitcode == 0, "the writer waited for slots this live process had given up"
+        exitcode = run_in_child(method, _add_nines, buffer)
+        assert exitcode == 0, "the writer waited for slots this live process had given up"
         assert (buffer.get_all_transitions()["obs"] == 9.0).all()
 
 

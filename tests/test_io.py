@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import io
 import json
-import multiprocessing as mp
 import os
 import zipfile
 from collections.abc import Callable
 from typing import Any
 
+import damage  # tests/damage.py: files taken apart and put together
 import numpy as np
 import pytest
+from helpers import (
+    EACH_START_METHOD,
+    NUMBERED_FIELDS,
+    assert_numbered,
+    numbered_buffer,
+    numbered_transitions,
+    run_in_child,
+    saved_file,
+    transition_fields,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,31 +39,14 @@ def load_transitions(buffer: ReplayBuffer, file: Any) -> int:
     return buffer.load_transitions(file)
 
 
-ENV = {"obs": {"shape": (3,)}, "act": {"dtype": np.int64}, "rew": {}, "done": {"dtype": np.uint8}}
+ENV = NUMBERED_FIELDS
 CLASSES = [ReplayBuffer, PrioritizedReplayBuffer, MPReplayBuffer, MPPrioritizedReplayBuffer]
 PRIORITIZED = [PrioritizedReplayBuffer, MPPrioritizedReplayBuffer]
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
-
-
-def _transitions(numbers) -> dict[str, np.ndarray]:
-    """The transitions with these ``numbers``: every field encodes the number."""
-    i = np.asarray(numbers, dtype=np.int64)
-    return {"obs": i[:, None] * np.array([1.0, 10.0, 100.0]), "act": i, "rew": i / 2, "done": i % 2}
-
-
-def _filled(cls: type, size: int, numbers, **kwargs: Any) -> ReplayBuffer:
-    """A ``cls`` buffer of capacity ``size`` that was given the transitions ``numbers``, in order."""
-    buffer = cls(size, ENV, **kwargs)
-    if len(numbers):
-        buffer.add(**_transitions(numbers))
-    return buffer
 
 
 def _assert_holds(buffer: ReplayBuffer, numbers) -> None:
     """Assert that ``buffer`` stores exactly the transitions ``numbers``, oldest first."""
-    stored, expected = buffer.get_all_transitions(), _transitions(list(numbers))
-    for name in ENV:
-        np.testing.assert_array_equal(stored[name], expected[name], err_msg=name)
+    assert_numbered(buffer.get_all_transitions(), numbers)
 
 
 def _priorities(buffer: PrioritizedReplayBuffer) -> np.ndarray:
@@ -62,14 +55,12 @@ def _priorities(buffer: PrioritizedReplayBuffer) -> np.ndarray:
 
 
 def _saved(buffer: ReplayBuffer, **kwargs: Any) -> bytes:
-    f = io.BytesIO()
-    save_transitions(buffer, f, **kwargs)
-    return f.getvalue()
+    return saved_file(buffer, **kwargs).getvalue()
 
 
 def _valid_file(**kwargs: Any) -> bytes:
     """A small file: transitions 3..7 of a prioritized buffer of capacity 5 (wrapped)."""
-    buffer = _filled(PrioritizedReplayBuffer, 5, range(8))
+    buffer = numbered_buffer(PrioritizedReplayBuffer, 5, range(8))
     buffer.update_priorities(np.arange(5), np.array([0.5, 1.0, 2.0, 3.0, 4.0]))
     return _saved(buffer, priorities=True, **kwargs)
 
@@ -80,7 +71,7 @@ def _valid_file(**kwargs: Any) -> bytes:
 @pytest.mark.parametrize("compress", [True, False], ids=["deflated", "stored"])
 def test_a_round_trip_restores_every_transition(compress, tmp_path):
     path = tmp_path / "t.npz"
-    save_transitions(_filled(ReplayBuffer, 16, range(10)), path, compress=compress)
+    save_transitions(numbered_buffer(ReplayBuffer, 16, range(10)), path, compress=compress)
     target = ReplayBuffer(16, ENV)
     assert load_transitions(target, path) == 10
     _assert_holds(target, range(10))
@@ -89,19 +80,19 @@ def test_a_round_trip_restores_every_transition(compress, tmp_path):
 @pytest.mark.parametrize("target_cls", CLASSES, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("source_cls", CLASSES, ids=lambda c: c.__name__)
 def test_transitions_move_between_any_two_kinds_of_buffer(source_cls, target_cls):
-    with _filled(source_cls, 8, range(5)) as source, target_cls(8, ENV) as target:
+    with numbered_buffer(source_cls, 8, range(5)) as source, target_cls(8, ENV) as target:
         load_transitions(target, io.BytesIO(_saved(source)))
         _assert_holds(target, range(5))
 
 
 def test_a_wrapped_ring_is_saved_oldest_first():
-    data = np.load(io.BytesIO(_saved(_filled(ReplayBuffer, 5, range(8)))), allow_pickle=False)
+    data = np.load(io.BytesIO(_saved(numbered_buffer(ReplayBuffer, 5, range(8)))), allow_pickle=False)
     np.testing.assert_array_equal(data["act"], [3, 4, 5, 6, 7])
 
 
 def test_a_wrapped_ring_loads_back_in_order():
     target = ReplayBuffer(5, ENV)
-    load_transitions(target, io.BytesIO(_saved(_filled(ReplayBuffer, 5, range(8)))))
+    load_transitions(target, io.BytesIO(_saved(numbered_buffer(ReplayBuffer, 5, range(8)))))
     _assert_holds(target, range(3, 8))
 
 
@@ -109,19 +100,19 @@ def test_a_wrapped_ring_loads_back_in_order():
 def test_an_empty_buffer_saves_and_loads_nothing(cls, unchanged):
     data = _saved(ReplayBuffer(4, ENV))
     assert read_metadata(io.BytesIO(data))["count"] == 0
-    with _filled(cls, 4, [42]) as target, unchanged(target):
+    with numbered_buffer(cls, 4, [42]) as target, unchanged(target):
         assert load_transitions(target, io.BytesIO(data)) == 0
 
 
 def test_loading_appends_after_what_the_buffer_holds():
-    target = _filled(ReplayBuffer, 16, [100, 101])
-    load_transitions(target, io.BytesIO(_saved(_filled(ReplayBuffer, 8, range(3)))))
+    target = numbered_buffer(ReplayBuffer, 16, [100, 101])
+    load_transitions(target, io.BytesIO(_saved(numbered_buffer(ReplayBuffer, 8, range(3)))))
     _assert_holds(target, [100, 101, 0, 1, 2])
 
 
 def test_loading_more_than_the_capacity_keeps_the_newest():
     target = ReplayBuffer(3, ENV)
-    assert load_transitions(target, io.BytesIO(_saved(_filled(ReplayBuffer, 8, range(8))))) == 8
+    assert load_transitions(target, io.BytesIO(_saved(numbered_buffer(ReplayBuffer, 8, range(8))))) == 8
     _assert_holds(target, [5, 6, 7])
 
 
@@ -129,16 +120,13 @@ def _save_in_child(buffer: ReplayBuffer, path: str) -> None:
     save_transitions(buffer, path, priorities=True)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_a_child_process_saves_a_shared_buffer_the_parent_loads(method, tmp_path):
     path = str(tmp_path / "t.npz")
-    with _filled(MPPrioritizedReplayBuffer, 8, range(6)) as buffer:
+    with numbered_buffer(MPPrioritizedReplayBuffer, 8, range(6)) as buffer:
         buffer.update_priorities(np.arange(6), np.arange(1.0, 7.0))
-        child = mp.get_context(method).Process(target=_save_in_child, args=(buffer, path))
-        child.start()
-        child.join(30)
-        assert child.exitcode == 0
+        assert run_in_child(method, _save_in_child, buffer, path) == 0
     target = PrioritizedReplayBuffer(8, ENV)
     load_transitions(target, path)
     _assert_holds(target, range(6))
@@ -151,7 +139,7 @@ def test_a_child_process_saves_a_shared_buffer_the_parent_loads(method, tmp_path
 @pytest.mark.parametrize("target_cls", PRIORITIZED, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("source_cls", PRIORITIZED, ids=lambda c: c.__name__)
 def test_saved_priorities_are_restored(source_cls, target_cls):
-    with _filled(source_cls, 5, range(8)) as source, target_cls(5, ENV) as target:
+    with numbered_buffer(source_cls, 5, range(8)) as source, target_cls(5, ENV) as target:
         source.update_priorities(np.arange(5), np.array([0.5, 1.0, 2.0, 3.0, 0.0]))
         expected = _priorities(source)
         load_transitions(target, io.BytesIO(_saved(source, priorities=True)))
@@ -159,7 +147,7 @@ def test_saved_priorities_are_restored(source_cls, target_cls):
 
 
 def test_a_priority_of_zero_is_saved_as_zero_even_with_eps_zero():
-    source = _filled(PrioritizedReplayBuffer, 4, range(2), eps=0.0)
+    source = numbered_buffer(PrioritizedReplayBuffer, 4, range(2), eps=0.0)
     source.update_priorities(np.arange(2), np.array([0.0, 2.0]))
     data = np.load(io.BytesIO(_saved(source, priorities=True)), allow_pickle=False)
     np.testing.assert_array_equal(data["priorities"], [0.0, 2.0])
@@ -173,14 +161,14 @@ def test_a_uniform_target_ignores_saved_priorities():
 
 def test_a_prioritized_target_gives_unsaved_priorities_its_default():
     target = PrioritizedReplayBuffer(8, ENV)
-    target.add(**_transitions([100]), priorities=[5.0])
-    load_transitions(target, io.BytesIO(_saved(_filled(ReplayBuffer, 4, range(3)))))
+    target.add(**numbered_transitions([100]), priorities=[5.0])
+    load_transitions(target, io.BytesIO(_saved(numbered_buffer(ReplayBuffer, 4, range(3)))))
     np.testing.assert_array_equal(_priorities(target), [5.0, 5.0, 5.0, 5.0])
 
 
 def test_saving_priorities_of_a_uniform_buffer_is_refused():
-    with pytest.raises(ValueError, match="priorities: a ReplayBuffer has no priorities"):
-        _saved(_filled(ReplayBuffer, 4, range(2)), priorities=True)
+    with pytest.raises(ValueError, match="priorities: selector 'uniform' keeps no priorities to save"):
+        _saved(numbered_buffer(ReplayBuffer, 4, range(2)), priorities=True)
 
 
 # -- metadata and layout ------------------------------------------------------------------------
@@ -191,11 +179,11 @@ def test_plain_numpy_reads_the_file_without_pickle():
     metadata = json.loads(data["metadata.json"].tobytes())
     assert set(data.files) == {"metadata.json", "obs", "act", "rew", "done", "priorities"}
     assert metadata["count"] == 5
-    np.testing.assert_array_equal(data["obs"], _transitions(range(3, 8))["obs"])
+    np.testing.assert_array_equal(data["obs"], numbered_transitions(range(3, 8))["obs"])
 
 
 def test_the_metadata_records_version_specs_settings_and_count():
-    source = _filled(PrioritizedReplayBuffer, 8, range(3))
+    source = numbered_buffer(PrioritizedReplayBuffer, 8, range(3))
     assert read_metadata(io.BytesIO(_saved(source, priorities=True))) == {
         "format_version": 2,
         "mpreplay_version": mpreplay.__version__,
@@ -216,7 +204,7 @@ def test_the_metadata_records_version_specs_settings_and_count():
 
 @pytest.mark.parametrize("compress, method", [(True, zipfile.ZIP_DEFLATED), (False, zipfile.ZIP_STORED)])
 def test_compress_chooses_between_deflated_and_stored_arrays(compress, method):
-    with zipfile.ZipFile(io.BytesIO(_saved(_filled(ReplayBuffer, 4, range(3)), compress=compress))) as archive:
+    with zipfile.ZipFile(io.BytesIO(_saved(numbered_buffer(ReplayBuffer, 4, range(3)), compress=compress))) as archive:
         assert {info.compress_type for info in archive.infolist()} == {method}
 
 
@@ -231,7 +219,7 @@ def test_fields_named_like_numpy_savez_arguments_round_trip():
 
 # -- n-step transitions ------------------------------------------------------------------------
 
-NSTEP_ENV = {"obs": {"shape": (2,)}, "act": {"dtype": np.int64}, "rew": {}, "next_obs": {"shape": (2,)}, "done": {}}
+NSTEP_ENV = transition_fields((2,))
 
 
 def _played(setting: tuple[int, float] | None, cls: type = ReplayBuffer) -> ReplayBuffer:
@@ -312,20 +300,20 @@ def test_transitions_move_between_compressed_and_plain_buffers(source_kw, target
 
 
 def test_a_path_is_written_exactly_as_given(tmp_path):
-    save_transitions(_filled(ReplayBuffer, 4, range(2)), tmp_path / "replay.bin")
+    save_transitions(numbered_buffer(ReplayBuffer, 4, range(2)), tmp_path / "replay.bin")
     assert os.listdir(tmp_path) == ["replay.bin"]
 
 
 def test_saving_over_an_existing_file_replaces_it(tmp_path):
     path = tmp_path / "t.npz"
-    save_transitions(_filled(ReplayBuffer, 4, range(2)), path)
-    save_transitions(_filled(ReplayBuffer, 4, range(3)), path)
+    save_transitions(numbered_buffer(ReplayBuffer, 4, range(2)), path)
+    save_transitions(numbered_buffer(ReplayBuffer, 4, range(3)), path)
     assert read_metadata(path)["count"] == 3
 
 
 def test_a_failed_save_keeps_the_previous_file_and_no_temporary(tmp_path, monkeypatch):
     path = tmp_path / "t.npz"
-    save_transitions(_filled(ReplayBuffer, 4, range(2)), path)
+    save_transitions(numbered_buffer(ReplayBuffer, 4, range(2)), path)
     before = path.read_bytes()
 
     def disk_full(f, array, **kwargs):
@@ -334,7 +322,7 @@ def test_a_failed_save_keeps_the_previous_file_and_no_temporary(tmp_path, monkey
 
     monkeypatch.setattr(np.lib.format, "write_array", disk_full)
     with pytest.raises(OSError, match="No space"):
-        save_transitions(_filled(ReplayBuffer, 4, range(3)), path)
+        save_transitions(numbered_buffer(ReplayBuffer, 4, range(3)), path)
     assert os.listdir(tmp_path) == ["t.npz"]
     assert path.read_bytes() == before
 
@@ -344,7 +332,7 @@ def test_the_file_reaches_the_disk_before_it_takes_its_name(tmp_path, monkeypatc
     fsync, replace = os.fsync, os.replace
     monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), fsync(fd))[1])
     monkeypatch.setattr(os, "replace", lambda *a: (events.append("replace"), replace(*a))[1])
-    save_transitions(_filled(ReplayBuffer, 4, range(2)), tmp_path / "t.npz")
+    save_transitions(numbered_buffer(ReplayBuffer, 4, range(2)), tmp_path / "t.npz")
     assert "replace" in events and events.index("fsync") < events.index("replace")
 
 
@@ -363,13 +351,13 @@ class _Stream(io.RawIOBase):
 
 def test_a_stream_that_cannot_seek_loads():
     target = ReplayBuffer(8, ENV)
-    assert load_transitions(target, _Stream(_saved(_filled(ReplayBuffer, 8, range(4))))) == 4
+    assert load_transitions(target, _Stream(_saved(numbered_buffer(ReplayBuffer, 8, range(4))))) == 4
     _assert_holds(target, range(4))
 
 
 def test_a_text_mode_file_is_refused(tmp_path):
     with open(tmp_path / "t.txt", "w") as f, pytest.raises(TypeError, match="text-mode"):
-        save_transitions(_filled(ReplayBuffer, 4, range(2)), f)
+        save_transitions(numbered_buffer(ReplayBuffer, 4, range(2)), f)
 
 
 @pytest.mark.parametrize(
@@ -405,30 +393,11 @@ def test_a_format_version_1_file_still_loads():
 # -- invalid files: a clear ValueError, the buffer untouched ------------------------------------
 
 
-def _members(data: bytes) -> dict[str, Any]:
-    """The arrays of a saved file, with its metadata record decoded."""
-    members = dict(np.load(io.BytesIO(data), allow_pickle=False))
-    members["metadata.json"] = json.loads(members["metadata.json"].tobytes())
-    return members
-
-
-def _archive(members: dict[str, Any]) -> bytes:
-    """An .npz of ``members``; a dict or bytes member is stored as a metadata record would be."""
-    f = io.BytesIO()
-    with zipfile.ZipFile(f, "w") as archive:
-        for name, value in members.items():
-            record = json.dumps(value).encode() if isinstance(value, dict | list) else value
-            array = np.frombuffer(record, dtype=np.uint8) if isinstance(record, bytes) else record
-            with archive.open(f"{name}.npy", "w") as member:
-                np.lib.format.write_array(member, array, allow_pickle=True)
-    return f.getvalue()
-
-
 def _edit(change: Callable[[dict[str, Any], dict[str, Any]], None]) -> bytes:
     """The valid file after ``change(members, metadata)``."""
-    members = _members(_valid_file())
+    members = damage.file_members(io.BytesIO(_valid_file()))
     change(members, members["metadata.json"])
-    return _archive(members)
+    return damage.file_archive(members).getvalue()
 
 
 def _field(meta: dict[str, Any], name: str) -> dict[str, Any]:
@@ -511,15 +480,9 @@ INVALID = {
 @pytest.mark.parametrize("change, message", INVALID.values(), ids=INVALID.keys())
 @pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer], ids=["uniform", "prioritized"])
 def test_an_invalid_file_is_refused_and_the_buffer_untouched(cls, change, message, unchanged):
-    target = _filled(cls, 8, [100, 101])
+    target = numbered_buffer(cls, 8, [100, 101])
     with unchanged(target), pytest.raises(ValueError, match=message):
         load_transitions(target, io.BytesIO(_edit(change)))
-
-
-def _npy() -> bytes:
-    f = io.BytesIO()
-    np.save(f, np.arange(3))
-    return f.getvalue()
 
 
 def _npz_without_metadata() -> bytes:
@@ -531,7 +494,7 @@ def _npz_without_metadata() -> bytes:
 NOT_TRANSITIONS = {
     "empty": (b"", "not a readable .npz archive"),
     "text": (b"hello, world\n" * 10, "not a readable .npz archive"),
-    ".npy file": (_npy(), "not a readable .npz archive"),
+    ".npy file": (damage.npy_bytes(np.arange(3)), "not a readable .npz archive"),
     "npz without metadata": (_npz_without_metadata(), "not an mpreplay transitions file"),
     "truncated": (_valid_file()[:-100], "not a readable .npz archive"),
 }
@@ -539,7 +502,7 @@ NOT_TRANSITIONS = {
 
 @pytest.mark.parametrize("data, message", NOT_TRANSITIONS.values(), ids=NOT_TRANSITIONS.keys())
 def test_a_file_that_is_not_a_transitions_file_is_refused(data, message, unchanged):
-    target = _filled(ReplayBuffer, 8, [100])
+    target = numbered_buffer(ReplayBuffer, 8, [100])
     with unchanged(target), pytest.raises(TransitionFileError, match=message):
         load_transitions(target, io.BytesIO(data))
 
@@ -558,14 +521,12 @@ class _Spy:
 
 
 def test_a_header_claiming_more_data_than_stored_is_refused_before_allocating():
-    members = _members(_valid_file())
+    members = damage.file_members(io.BytesIO(_valid_file()))
     members["metadata.json"]["count"] = 10**12
     del members["obs"]
-    f = io.BytesIO(_archive(members))
-    header = io.BytesIO()
-    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (10**12, 3)})
+    f = damage.file_archive(members)
     with zipfile.ZipFile(f, "a") as archive:
-        archive.writestr("obs.npy", header.getvalue() + bytes(60))
+        archive.writestr("obs.npy", damage.npy_header("<f4", (10**12, 3)) + bytes(60))
     # 12 TB would not fit: reading the data first would end in MemoryError.
     with pytest.raises(ValueError, match="array 'obs' holds 60 bytes of data, its header says 12000000000000"):
         load_transitions(ReplayBuffer(8, ENV), io.BytesIO(f.getvalue()))
@@ -578,19 +539,14 @@ def test_a_header_claiming_more_data_than_stored_is_refused_before_allocating():
 )
 def test_an_array_header_numpy_cannot_parse_is_refused(unchanged, old, new):
     # numpy's header parser raises TokenError and TypeError (no ValueError) on these.
-    f = io.BytesIO(_valid_file())
-    with zipfile.ZipFile(f) as archive:
-        members = {info.filename: archive.read(info) for info in archive.infolist()}
+    members = damage.zip_members(_valid_file())
     header_end = members["obs.npy"].index(b"\n")
     assert members["obs.npy"][:header_end].count(old) == 1
     members["obs.npy"] = members["obs.npy"][:header_end].replace(old, new) + members["obs.npy"][header_end:]
-    damaged = io.BytesIO()
-    with zipfile.ZipFile(damaged, "w") as archive:
-        for name, raw in members.items():
-            archive.writestr(name, raw)
-    target = _filled(ReplayBuffer, 8, [100])
+    damaged = damage.zip_archive(members, zipfile.ZIP_STORED)
+    target = numbered_buffer(ReplayBuffer, 8, [100])
     with unchanged(target), pytest.raises(ValueError, match="array 'obs' is damaged or truncated"):
-        load_transitions(target, io.BytesIO(damaged.getvalue()))
+        load_transitions(target, io.BytesIO(damaged))
 
 
 def test_a_pickled_array_is_refused_without_being_unpickled():
@@ -603,7 +559,7 @@ def test_a_pickled_array_is_refused_without_being_unpickled():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("compress", [True, False], ids=["deflated", "stored"])
 def test_every_truncation_of_a_file_is_refused(compress, unchanged):
-    data, target = _valid_file(compress=compress), _filled(PrioritizedReplayBuffer, 8, [100])
+    data, target = _valid_file(compress=compress), numbered_buffer(PrioritizedReplayBuffer, 8, [100])
     for length in range(len(data)):
         with unchanged(target), pytest.raises(ValueError):
             load_transitions(target, io.BytesIO(data[:length]))
@@ -627,7 +583,7 @@ def test_flipped_bytes_raise_value_error_or_load_the_original_transitions(compre
     try:
         load_transitions(scratch, io.BytesIO(damaged))
     except ValueError:
-        target = _filled(PrioritizedReplayBuffer, 8, [100])
+        target = numbered_buffer(PrioritizedReplayBuffer, 8, [100])
         with unchanged(target), pytest.raises(ValueError):
             load_transitions(target, io.BytesIO(damaged))
         with pytest.raises(ValueError):

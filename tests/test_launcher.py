@@ -16,12 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, START_METHODS, segment_exists, segments_of
 
 from mpreplay.launcher import ChildFailed, StopFlag, launch
-from mpreplay.memory import SEGMENT_PREFIX, Layout, SharedMemory
+from mpreplay.memory import Layout, SharedMemory
 from mpreplay.params import ParameterStore
-
-METHODS = ["spawn", "fork"]
 
 
 class Board:
@@ -42,17 +41,8 @@ class Board:
         self.memory.close()
 
 
-def segment_exists(name: str) -> bool:
-    return os.path.exists(f"/dev/shm/{name}")
-
-
 def process_exists(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")  # a zombie still has an entry: it must be reaped too
-
-
-def segments_of(pid: int) -> set[str]:
-    """The /dev/shm entries of the segments process ``pid`` created (mpreplay names them after it)."""
-    return {name for name in os.listdir("/dev/shm") if name.startswith(f"{SEGMENT_PREFIX}{pid}-")}
 
 
 @pytest.fixture
@@ -93,7 +83,7 @@ def deaf_actor(ctx):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("method", METHODS + ["forkserver"])
+@pytest.mark.parametrize("method", [*START_METHODS, "forkserver"])
 def test_actors_get_ranks_0_to_n_minus_1_and_the_actor_count(method):
     board = Board(6)
 
@@ -106,7 +96,7 @@ def test_actors_get_ranks_0_to_n_minus_1_and_the_actor_count(method):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_run_without_learner_ends_when_every_actor_returns(method):
     board = Board(2)
     result = launch(board, actors=[lambda ctx: None, lambda ctx: None], start_method=method)
@@ -115,7 +105,7 @@ def test_run_without_learner_ends_when_every_actor_returns(method):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_learner_return_value_comes_back(method):
     board = Board(1)
 
@@ -129,7 +119,7 @@ def test_learner_return_value_comes_back(method):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_lambdas_and_closures_run(method):
     board = Board(1)
     offset = 40  # captured by the closure below
@@ -143,14 +133,14 @@ def test_lambdas_and_closures_run(method):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_args_follow_the_context(method):
     result = launch(Board(1), learner=lambda ctx, a, b: (a, b), args=(3, "x"), start_method=method)
     assert result.value == (3, "x")
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_params_reach_the_processes_as_ctx_params(method):
     store = ParameterStore({"w": np.zeros(3)})
 
@@ -169,7 +159,7 @@ def test_params_reach_the_processes_as_ctx_params(method):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_timeout_stops_the_run_and_keeps_what_the_learner_returns_in_the_grace_period(method):
     def learner(ctx):
         ctx.stop.wait()
@@ -208,7 +198,7 @@ def test_stop_wait_refuses_a_negative_timeout():
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_a_process_setting_stop_ends_the_run(method):
     def actor(ctx):
         ctx.stop.set()
@@ -219,7 +209,7 @@ def test_a_process_setting_stop_ends_the_run(method):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_a_process_ignoring_stop_and_sigterm_is_killed(assert_all_gone, method):
     board = Board(1)
 
@@ -237,7 +227,7 @@ def test_a_process_ignoring_stop_and_sigterm_is_killed(assert_all_gone, method):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_resources_stay_open_with_close_false(method):
     board = Board(1)
     launch(board, learner=lambda ctx: None, start_method=method, close=False)
@@ -286,7 +276,7 @@ def test_runs_outside_the_main_thread_without_touching_signals():
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_actor_exception_is_raised_with_role_rank_and_traceback(assert_all_gone, method):
     board = Board(3)
 
@@ -314,7 +304,7 @@ def test_actor_exception_is_raised_with_role_rank_and_traceback(assert_all_gone,
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_learner_exception_is_raised_with_its_role(assert_all_gone, method):
     board = Board(1)
 
@@ -337,7 +327,7 @@ def kill_actor_0(ctx) -> int:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_killed_actor_is_restarted_with_its_rank(assert_all_gone, method):
     board = Board(4)  # pid of the first start, rank and pid of the restart, learner pid
 
@@ -361,7 +351,7 @@ def test_killed_actor_is_restarted_with_its_rank(assert_all_gone, method):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_killed_actor_without_restart_fails_the_run(assert_all_gone, method):
     board = Board(2)
 
@@ -378,7 +368,7 @@ def test_killed_actor_without_restart_fails_the_run(assert_all_gone, method):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_restarts_stop_at_max_restarts(assert_all_gone, method):
     board = Board(1)
 
@@ -391,7 +381,7 @@ def test_restarts_stop_at_max_restarts(assert_all_gone, method):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_actor_exception_is_not_retried_even_with_restarts(method):
     def buggy(ctx):
         raise RuntimeError("a bug")
@@ -493,7 +483,7 @@ def start_script(tmp_path: Path, method: str, scenario: str) -> subprocess.Popen
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_ctrl_c_to_the_process_group_stops_everything_and_cleans_up(tmp_path, assert_all_gone, method):
     run = start_script(tmp_path, method, "report")
     started = json.loads(run.stdout.readline())
@@ -512,7 +502,7 @@ def test_ctrl_c_while_spawned_children_import_gives_no_child_tracebacks(tmp_path
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_a_second_signal_skips_the_grace_period(tmp_path, assert_all_gone, method):
     run = start_script(tmp_path, method, "deaf-actors")  # actors that would use all of a 600 s grace period
     started = json.loads(run.stdout.readline())
@@ -524,7 +514,7 @@ def test_a_second_signal_skips_the_grace_period(tmp_path, assert_all_gone, metho
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_sigterm_to_the_parent_stops_everything_cleans_up_and_ends_it(tmp_path, assert_all_gone, method):
     run = start_script(tmp_path, method, "report")
     started = json.loads(run.stdout.readline())
@@ -543,7 +533,7 @@ def running(pid: int) -> bool:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_children_die_with_a_parent_killed_before_it_can_clean_up(tmp_path, method):
     run = start_script(tmp_path, method, "report")
     started = json.loads(run.stdout.readline())
@@ -554,7 +544,7 @@ def test_children_die_with_a_parent_killed_before_it_can_clean_up(tmp_path, meth
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_killed_and_restarted_actor_leaves_no_resource_tracker_warnings(tmp_path, assert_all_gone, method):
     run = start_script(tmp_path, method, "kill")
     stdout, stderr = run.communicate(timeout=30)

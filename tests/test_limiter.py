@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, rows_of
 
 from mpreplay import (
     BufferClosed,
@@ -25,7 +26,6 @@ from mpreplay import (
 )
 from mpreplay._ext.schema import RESERVED, SAMPLES
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 ENV = {"obs": {"shape": (2,)}, "id": {"dtype": np.int64}}
 
 
@@ -33,17 +33,12 @@ def _row(i: int) -> dict:
     return {"obs": np.full(2, i, np.float32), "id": i}
 
 
-def _rows(first: int, k: int) -> dict:
-    ids = np.arange(first, first + k)
-    return {"obs": np.repeat(ids[:, None], 2, axis=1).astype(np.float32), "id": ids}
-
-
 # -- child-process bodies ---------------------------------------------------------
 
 
 def _add_later(buffer, delay: float, count: int) -> None:
     time.sleep(delay)
-    buffer.add(**_rows(0, count))
+    buffer.add(**rows_of(ENV, range(count)))
 
 
 def _add_until_stopped(buffer, rank: int, stop) -> None:
@@ -123,7 +118,7 @@ def test_a_rate_limiter_must_be_a_rate_limiter():
 
 def test_min_size_holds_samples_back_until_enough_is_stored():
     buffer = ReplayBuffer(100, ENV, rate_limiter=MinSize(5))
-    buffer.add(**_rows(0, 4))
+    buffer.add(**rows_of(ENV, range(4)))
     with pytest.raises(TimeoutError, match="no other process"):
         buffer.sample(1)
     buffer.add(**_row(4))
@@ -132,8 +127,8 @@ def test_min_size_holds_samples_back_until_enough_is_stored():
 
 def test_sample_to_insert_ratio_holds_inserts_back_until_enough_is_sampled():
     buffer = PrioritizedReplayBuffer(100, ENV, rate_limiter=SampleToInsertRatio(1.0, 10, 5.0))
-    buffer.add(**_rows(0, 10))  # below min size, inserts always go
-    buffer.add(**_rows(10, 5))  # cursor 15 - 0 reaches max_diff 10 + 5
+    buffer.add(**rows_of(ENV, range(10)))  # below min size, inserts always go
+    buffer.add(**rows_of(ENV, range(10, 15)))  # cursor 15 - 0 reaches max_diff 10 + 5
     with pytest.raises(TimeoutError, match="holds inserts back"):
         buffer.add(**_row(15), timeout=0)
     buffer.sample(1)
@@ -142,7 +137,7 @@ def test_sample_to_insert_ratio_holds_inserts_back_until_enough_is_sampled():
 
 def test_sample_to_insert_ratio_holds_samples_back_until_more_is_inserted():
     buffer = PrioritizedReplayBuffer(100, ENV, rate_limiter=SampleToInsertRatio(1.0, 10, 5.0))
-    buffer.add(**_rows(0, 10))
+    buffer.add(**rows_of(ENV, range(10)))
     buffer.sample(5)  # cursor 10 - 5 = min_diff 5
     with pytest.raises(TimeoutError, match="holds samples back"):
         buffer.sample(1, timeout=0)
@@ -152,11 +147,11 @@ def test_sample_to_insert_ratio_holds_samples_back_until_more_is_inserted():
 
 def test_a_batch_wider_than_the_limiters_window_is_rejected():
     buffer = PrioritizedReplayBuffer(100, ENV, rate_limiter=SampleToInsertRatio(1.0, 10, 5.0))
-    buffer.add(**_rows(0, 10))
+    buffer.add(**rows_of(ENV, range(10)))
     with pytest.raises(ValueError, match="batch_size"):
         buffer.sample(11)
     with pytest.raises(ValueError, match="add fewer"):
-        buffer.add(**_rows(10, 11))
+        buffer.add(**rows_of(ENV, range(10, 21)))
 
 
 def test_a_bad_timeout_is_rejected():
@@ -168,7 +163,7 @@ def test_a_bad_timeout_is_rejected():
 # -- shared buffers -------------------------------------------------------------------
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_a_blocked_sample_wakes_when_another_process_inserts(method):
     ctx = mp.get_context(method)
@@ -210,7 +205,7 @@ def test_a_blocked_caller_does_not_spin_a_core():
         assert cpu < 0.2, f"waiting 1 s used {cpu:.3f} s of CPU"
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_closing_the_buffer_wakes_a_blocked_process_with_buffer_closed(method):
     ctx = mp.get_context(method)
@@ -226,7 +221,7 @@ def test_closing_the_buffer_wakes_a_blocked_process_with_buffer_closed(method):
     assert child.exitcode == 0
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_the_ratio_stays_within_the_error_buffer_with_two_writers(method):
     ctx = mp.get_context(method)
@@ -254,7 +249,7 @@ def test_the_ratio_stays_within_the_error_buffer_with_two_writers(method):
         assert abs(inserts * spi - header[SAMPLES] - offset) <= error + 2 * spi
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_a_learner_waiting_on_a_writer_that_dies_is_not_deadlocked(method):
     ctx = mp.get_context(method)
@@ -268,5 +263,5 @@ def test_a_learner_waiting_on_a_writer_that_dies_is_not_deadlocked(method):
         with pytest.raises(TimeoutError):
             while True:  # drains what the dead writer left, then must time out, not hang
                 buffer.sample(4, timeout=0.5)
-        buffer.add(**_rows(0, 10))  # another writer takes over: the learner goes on
+        buffer.add(**rows_of(ENV, range(10)))  # another writer takes over: the learner goes on
         buffer.sample(4, timeout=5)

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import START_METHODS, segment_exists
 
 from mpreplay._ext.lock import LOCK_NBYTES, SharedLock
 from mpreplay.memory import Layout, SharedMemory
@@ -25,7 +26,7 @@ requires_robust = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(params=["spawn", "fork"])
+@pytest.fixture(params=START_METHODS)
 def ctx(request):
     return multiprocessing.get_context(request.param)
 
@@ -37,7 +38,7 @@ def segment():
     yield mem
     name = mem.name
     mem.close()
-    assert not os.path.exists(f"/dev/shm/{name}")
+    assert not segment_exists(name)
 
 
 def _attach(mem, on_recover=None):

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
-import signal
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, ID_FIELD, assert_child_dies_at, put_sampled_ids
 
 from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer, SequenceReplayBuffer
-from mpreplay._ext.slots import arm_fault
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
-ENV = {"id": {"dtype": np.int64}}
+ENV = ID_FIELD
 
 
 def test_a_transition_sampled_max_times_is_never_drawn_again():
@@ -81,18 +78,14 @@ def test_a_sequence_buffer_refuses_max_times_sampled():
         SequenceReplayBuffer(16, ENV, length=2, max_times_sampled=1)
 
 
-def _sample_ids(buffer, k, queue) -> None:
-    queue.put(buffer.sample(k)["id"].tolist())
-
-
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60, method="thread")
 def test_draws_are_counted_across_processes(method):
     ctx = mp.get_context(method)
     with MPReplayBuffer(32, ENV, max_times_sampled=1, seed=3) as buffer:
         buffer.add(id=np.arange(12))
         queue = ctx.Queue()
-        child = ctx.Process(target=_sample_ids, args=(buffer, 7, queue))
+        child = ctx.Process(target=put_sampled_ids, args=(buffer, 7, queue))
         child.start()
         theirs = queue.get(timeout=30)
         child.join(30)
@@ -101,21 +94,13 @@ def test_draws_are_counted_across_processes(method):
         assert buffer.get_stored_size() == 0
 
 
-def _die_retiring(buffer) -> None:
-    arm_fault("retire")  # the first retirement: the sampled row's, inside the draw
-    buffer.sample(1)
-    os._exit(3)  # not reached: the armed site kills the process
-
-
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60, method="thread")
 def test_a_sampler_killed_while_retiring_leaves_the_row_retired(method):
     with MPReplayBuffer(8, ENV, selector="fifo", max_times_sampled=1) as buffer:
         buffer.add(id=np.arange(3))
-        child = mp.get_context(method).Process(target=_die_retiring, args=(buffer,))
-        child.start()
-        child.join(30)
-        assert child.exitcode == -signal.SIGKILL
+        # The first retirement is the sampled row's, inside the draw.
+        assert_child_dies_at(method, "retire", buffer.sample, 1, timeout=30)
         assert buffer.sample(1)["id"].tolist() == [1]  # the lock's next owner recovered: 0 is gone
         assert buffer.get_stored_size() == 1
         assert buffer.get_all_transitions()["id"].tolist() == [2]

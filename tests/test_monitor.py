@@ -10,15 +10,16 @@ import signal
 import sys
 import time
 
+import damage  # tests/damage.py: a segment's bytes
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, OBS_OF_4, START_METHODS, start_lock_holder
 
 from mpreplay import MPPrioritizedReplayBuffer, MPPrioritizedSequenceReplayBuffer, MPReplayBuffer, SampleToInsertRatio
 from mpreplay.cli import main
 from mpreplay.monitor import SHM_DIR, BufferView, list_segments, remove_segments
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
-ENV = {"obs": {"shape": (4,)}}
+ENV = OBS_OF_4
 pytestmark = pytest.mark.timeout(120, method="thread")
 
 
@@ -49,7 +50,7 @@ def owned(request):
             owner.kill()
 
 
-OWNED = pytest.mark.parametrize("owned", ["spawn", "fork"], indirect=True)
+OWNED = pytest.mark.parametrize("owned", START_METHODS, indirect=True)
 
 
 def _ls(capsys) -> list[dict]:
@@ -138,7 +139,7 @@ def test_top_falls_back_to_plain_text_when_rich_is_missing(monkeypatch, capsys):
         assert re.search(rf"buffer\s+{buffer.name}  MPPrioritizedReplayBuffer", capsys.readouterr().out)
 
 
-@METHODS
+@EACH_START_METHOD
 def test_top_goes_on_when_a_writer_is_killed_mid_run_and_shows_it_gone(method, capsys):
     ctx = mp.get_context(method)
     with MPPrioritizedReplayBuffer(1000, ENV) as buffer:
@@ -157,21 +158,12 @@ def test_top_goes_on_when_a_writer_is_killed_mid_run_and_shows_it_gone(method, c
         buffer.add(obs=np.ones(4))  # the buffer goes on too
 
 
-def _hold_lock(buffer, held) -> None:
-    with buffer.inspection().holding_lock():
-        held.set()
-        time.sleep(120)
-
-
-@METHODS
+@EACH_START_METHOD
 def test_top_reads_a_buffer_whose_lock_a_stopped_process_holds_and_names_it(method, capsys):
     ctx = mp.get_context(method)
     with MPPrioritizedReplayBuffer(64, ENV) as buffer:
-        held = ctx.Event()
-        holder = ctx.Process(target=_hold_lock, args=(buffer, held))
-        holder.start()
+        holder = start_lock_holder(ctx, buffer)
         try:
-            assert held.wait(60)
             os.kill(holder.pid, signal.SIGSTOP)
             assert main(["top", buffer.name, "--once", "--interval", "0.1", "--plain"]) == 0
         finally:
@@ -180,7 +172,7 @@ def test_top_reads_a_buffer_whose_lock_a_stopped_process_holds_and_names_it(meth
         assert re.search(rf"lock holder\s+process {holder.pid} \(stopped\) for [\d,.]+ ms", capsys.readouterr().out)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_top_counts_the_lock_holders_that_died_once_repaired(method, capsys):
     ctx = mp.get_context(method)
@@ -188,10 +180,7 @@ def test_top_counts_the_lock_holders_that_died_once_repaired(method, capsys):
         assert main(["top", buffer.name, "--once", "--interval", "0.1", "--plain"]) == 0
         assert "lock recoveries" not in capsys.readouterr().out  # none died: no row
         for _ in range(2):
-            held = ctx.Event()
-            holder = ctx.Process(target=_hold_lock, args=(buffer, held))
-            holder.start()
-            assert held.wait(60)
+            holder = start_lock_holder(ctx, buffer)
             os.kill(holder.pid, signal.SIGKILL)
             holder.join(30)
             buffer.add(obs=np.ones(4))  # takes the lock over and repairs
@@ -199,18 +188,13 @@ def test_top_counts_the_lock_holders_that_died_once_repaired(method, capsys):
         assert re.search(r"lock recoveries\s+2 \(holders that died", capsys.readouterr().out)
 
 
-def _segment_bytes(name: str) -> bytes:
-    with open(os.path.join(SHM_DIR, name), "rb") as f:
-        return f.read()
-
-
 def test_ls_and_top_change_no_byte_of_the_segment_and_never_take_its_lock(capsys):
     with MPPrioritizedReplayBuffer(64, ENV) as buffer:
         buffer.add(obs=np.ones((8, 4)))
-        before = _segment_bytes(buffer.name)
+        before = damage.segment_bytes(buffer)
         main(["ls"])
         main(["top", buffer.name, "--once", "--interval", "0.1", "--plain"])
-        assert _segment_bytes(buffer.name) == before  # the lock's hold counter included
+        assert damage.segment_bytes(buffer) == before  # the lock's hold counter included
 
 
 def _own_and_die(queue) -> None:
@@ -219,7 +203,7 @@ def _own_and_die(queue) -> None:
     time.sleep(120)
 
 
-@METHODS
+@EACH_START_METHOD
 def test_rm_dead_removes_the_segment_of_a_killed_owner_and_keeps_a_live_one(method, capsys):
     ctx = mp.get_context(method)
     queue = ctx.Queue()

@@ -15,22 +15,27 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import (
+    EACH_START_METHOD,
+    own_a_buffer,
+    put_sampled_ids,
+    rows_of,
+    run_in_child,
+    segment_exists,
+    segments_of,
+    start_buffer_owner,
+    start_lock_holder,
+    uniform_and_prioritized,
+)
 
-from mpreplay import MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer
+from mpreplay import BufferClosed, MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer
 from mpreplay._ext.schema import LOCK_WAIT_NS
-from mpreplay.buffer import BufferClosed
-from mpreplay.memory import SEGMENT_PREFIX, SharedMemoryError
+from mpreplay.memory import SharedMemoryError
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
-BOTH = pytest.mark.parametrize("cls", [MPReplayBuffer, MPPrioritizedReplayBuffer], ids=["uniform", "prioritized"])
+BOTH = uniform_and_prioritized(MPReplayBuffer, MPPrioritizedReplayBuffer)
 
 # Every field of a row encodes the same id, so a row mixed from two writes is visible.
 ENV = {"obs": {"shape": (16,), "dtype": np.int64}, "id": {"dtype": np.int64}, "rew": {"dtype": np.float64}}
-
-
-def _rows(ids: np.ndarray) -> dict[str, np.ndarray]:
-    ids = np.asarray(ids, dtype=np.int64)
-    return {"obs": np.repeat(ids[:, None], 16, axis=1), "id": ids, "rew": ids.astype(np.float64)}
 
 
 def _assert_consistent(batch: dict[str, np.ndarray]) -> None:
@@ -39,17 +44,13 @@ def _assert_consistent(batch: dict[str, np.ndarray]) -> None:
     assert (batch["rew"] == ids).all(), "a sampled row mixes two transitions"
 
 
-def _shm_entries() -> set[str]:
-    # Only this process's segments: other test runs may share the machine.
-    return {n for n in os.listdir("/dev/shm") if n.startswith(f"{SEGMENT_PREFIX}{os.getpid()}-")}
-
-
 @pytest.fixture
 def no_leak():
     """Fails the test if it leaves a shared-memory segment behind."""
-    before = _shm_entries()
+    # Only this process's segments: other test runs may share the machine.
+    before = segments_of(os.getpid())
     yield
-    left = _shm_entries() - before
+    left = segments_of(os.getpid()) - before
     assert not left, f"segments left in /dev/shm: {sorted(left)}"
 
 
@@ -63,25 +64,15 @@ def _write(buffer, rank: int, count: int, batch: int, done) -> None:
         if batch == 1:
             buffer.add(obs=np.full(16, ids[0], np.int64), id=int(ids[0]), rew=float(ids[0]))
         else:
-            buffer.add(**_rows(ids))
+            buffer.add(**rows_of(ENV, ids))
     done.set()
 
 
 def _write_forever(buffer, rank: int) -> None:
     i = rank * 10**9
     while True:
-        buffer.add(**_rows(np.arange(i, i + 4)))
+        buffer.add(**rows_of(ENV, np.arange(i, i + 4)))
         i += 4
-
-
-def _hold_lock(buffer, held) -> None:
-    with buffer.inspection().holding_lock():
-        held.set()
-        time.sleep(60)
-
-
-def _sample_and_report(buffer, queue) -> None:
-    queue.put(buffer.sample(8)["id"].tolist())
 
 
 # -- pickling and attaching ---------------------------------------------------
@@ -94,42 +85,39 @@ def test_a_buffer_pickles_to_a_small_handle(cls, no_leak):
 
 
 @BOTH
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_a_child_sees_what_the_parent_wrote(cls, method, no_leak):
     ctx = mp.get_context(method)
     with cls(64, ENV) as buffer:
-        buffer.add(**_rows(np.full(10, 7)))
+        buffer.add(**rows_of(ENV, np.full(10, 7)))
         queue = ctx.Queue()
-        child = ctx.Process(target=_sample_and_report, args=(buffer, queue))
+        child = ctx.Process(target=put_sampled_ids, args=(buffer, 8, queue))
         child.start()
         assert queue.get(timeout=30) == [7] * 8
         child.join(30)
         assert child.exitcode == 0
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_rows_written_by_a_child_are_sampled_by_the_parent(method, no_leak):
     ctx = mp.get_context(method)
     with MPPrioritizedReplayBuffer(1000, ENV) as buffer:
         done = ctx.Event()
-        child = ctx.Process(target=_write, args=(buffer, 1, 100, 10, done))
-        child.start()
-        child.join(30)
-        assert child.exitcode == 0
+        assert run_in_child(method, _write, buffer, 1, 100, 10, done) == 0
         assert buffer.get_stored_size() == 100
         assert sorted(buffer.get_all_transitions()["id"]) == list(range(10**9, 10**9 + 100))
 
 
 def test_an_attached_handle_does_not_unlink_the_segment(no_leak):
     with MPReplayBuffer(16, ENV) as buffer:
-        buffer.add(**_rows(np.arange(3)))
+        buffer.add(**rows_of(ENV, np.arange(3)))
         clone = pickle.loads(pickle.dumps(buffer))
         clone.close()
-        assert os.path.exists(f"/dev/shm/{buffer.name}")
+        assert segment_exists(buffer.name)
         assert buffer.get_all_transitions()["id"].tolist() == [0, 1, 2]
-    assert not os.path.exists(f"/dev/shm/{buffer.name}")
+    assert not segment_exists(buffer.name)
 
 
 def test_attaching_after_the_owner_closed_raises_a_clear_error(no_leak):
@@ -142,10 +130,10 @@ def test_attaching_after_the_owner_closed_raises_a_clear_error(no_leak):
 
 def test_a_closed_buffer_raises_buffer_closed(no_leak):
     buffer = MPPrioritizedReplayBuffer(16, ENV)
-    buffer.add(**_rows(np.arange(3)))
+    buffer.add(**rows_of(ENV, np.arange(3)))
     buffer.close()
     with pytest.raises(BufferClosed):
-        buffer.add(**_rows(np.arange(3)))
+        buffer.add(**rows_of(ENV, np.arange(3)))
     with pytest.raises(BufferClosed):
         buffer.sample(2)
 
@@ -175,7 +163,7 @@ def test_too_little_free_shared_memory_raises_before_creating(monkeypatch, no_le
 
 
 @BOTH
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("batch", [1, 7])
 def test_writers_and_a_learner_never_see_a_torn_row_and_counts_add_up(cls, method, batch, no_leak):
@@ -208,12 +196,12 @@ def test_writers_and_a_learner_never_see_a_torn_row_and_counts_add_up(cls, metho
         assert len(everything["id"]) == 64
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_a_writer_killed_mid_add_leaves_the_learner_sampling(method, no_leak):
     ctx = mp.get_context(method)
     with MPPrioritizedReplayBuffer(256, ENV) as buffer:
-        buffer.add(**_rows(np.arange(8)))
+        buffer.add(**rows_of(ENV, np.arange(8)))
         for round_ in range(6):
             writer = ctx.Process(target=_write_forever, args=(buffer, round_ + 1))
             writer.start()
@@ -224,30 +212,24 @@ def test_a_writer_killed_mid_add_leaves_the_learner_sampling(method, no_leak):
             writer.join(10)
         # A fresh writer continues where the dead ones left off.
         done = ctx.Event()
-        survivor = ctx.Process(target=_write, args=(buffer, 9, 512, 8, done))
-        survivor.start()
-        survivor.join(30)
-        assert survivor.exitcode == 0
+        assert run_in_child(method, _write, buffer, 9, 512, 8, done) == 0
         batch = buffer.sample(256)
         _assert_consistent(batch)
         assert set(batch["id"] // 10**9) == {9}, "the survivor's rows replaced every slot"
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_a_process_killed_holding_the_lock_does_not_block_the_others(method, no_leak):
     ctx = mp.get_context(method)
     with MPPrioritizedReplayBuffer(64, ENV) as buffer:
-        buffer.add(**_rows(np.arange(10)))
+        buffer.add(**rows_of(ENV, np.arange(10)))
         for _ in range(3):
-            held = ctx.Event()
-            holder = ctx.Process(target=_hold_lock, args=(buffer, held))
-            holder.start()
-            assert held.wait(30)
+            holder = start_lock_holder(ctx, buffer, wait=30, seconds=60)
             os.kill(holder.pid, signal.SIGKILL)
             holder.join(10)
             _assert_consistent(buffer.sample(8))
-            buffer.add(**_rows(np.arange(10, 12)))
+            buffer.add(**rows_of(ENV, np.arange(10, 12)))
         assert buffer.stats()["lock_recoveries"] == 3
 
 
@@ -256,10 +238,10 @@ def test_a_process_killed_holding_the_lock_does_not_block_the_others(method, no_
 
 def test_an_update_for_a_slot_overwritten_by_another_process_is_dropped(no_leak):
     with MPPrioritizedReplayBuffer(4, ENV) as buffer:
-        buffer.add(**_rows(np.arange(4)))
+        buffer.add(**rows_of(ENV, np.arange(4)))
         batch = buffer.sample(4)
         writer = pickle.loads(pickle.dumps(buffer))  # another handle, as in a writer process
-        writer.add(**_rows(np.arange(100, 104)))
+        writer.add(**rows_of(ENV, np.arange(100, 104)))
         writer.close()
         before = buffer.inspection().arrays["tree"].copy()
         buffer.update_priorities(batch["indexes"], np.full(4, 50.0))
@@ -270,14 +252,10 @@ def test_an_update_for_a_slot_overwritten_by_another_process_is_dropped(no_leak)
 
 def test_an_update_in_a_forked_child_is_not_judged_by_the_parents_samples(no_leak):
     # The record of sampled generations is per process: a forked child starts without one.
-    ctx = mp.get_context("fork")
     with MPPrioritizedReplayBuffer(8, ENV) as buffer:
-        buffer.add(**_rows(np.arange(8)))
+        buffer.add(**rows_of(ENV, np.arange(8)))
         buffer.sample(8)
-        child = ctx.Process(target=buffer.update_priorities, args=(np.arange(8), np.full(8, 3.0)))
-        child.start()
-        child.join(30)
-        assert child.exitcode == 0
+        assert run_in_child("fork", buffer.update_priorities, np.arange(8), np.full(8, 3.0)) == 0
         assert buffer.get_max_priority() == 3.0
         assert buffer.stats()["stale_updates_dropped"] == 0
 
@@ -316,7 +294,7 @@ def test_the_segment_is_gone_after_the_owner_ends_and_nothing_warns(ending, tmp_
         [sys.executable, str(script), ending], capture_output=True, text=True, timeout=100, check=False
     )
     name = run.stdout.split()[0]
-    assert not os.path.exists(f"/dev/shm/{name}")
+    assert not segment_exists(name)
     assert "resource_tracker" not in run.stderr and "leaked" not in run.stderr, run.stderr
     assert "Traceback" not in run.stderr, run.stderr
 
@@ -357,7 +335,7 @@ def test_a_child_of_os_fork_leaves_quietly_and_the_segment_stays_its_parents(chi
     name, child_status, stored = run.stdout.split()
     assert child_status == "0"
     assert stored == ("2" if child_does == "use" else "1")  # the parent still reads the segment after the child left
-    assert not os.path.exists(f"/dev/shm/{name}")  # and unlinks it at its own exit
+    assert not segment_exists(name)  # and unlinks it at its own exit
 
 
 @pytest.mark.timeout(60)
@@ -374,21 +352,21 @@ def test_the_segment_is_gone_after_the_owner_is_killed(tmp_path, no_leak):
     )
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     name = proc.stdout.readline().split()[0]
-    assert os.path.exists(f"/dev/shm/{name}")
+    assert segment_exists(name)
     proc.kill()
     proc.wait(10)
     # The resource tracker outlives its process and unlinks what it owned.
     deadline = time.monotonic() + 20
-    while os.path.exists(f"/dev/shm/{name}") and time.monotonic() < deadline:
+    while segment_exists(name) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not os.path.exists(f"/dev/shm/{name}")
+    assert not segment_exists(name)
 
 
 def test_local_and_shared_buffers_store_the_same_bytes(no_leak):
     local = PrioritizedReplayBuffer(8, ENV, seed=3)
     with MPPrioritizedReplayBuffer(8, ENV, seed=3) as shared:
         for b in (local, shared):
-            b.add(**_rows(np.arange(11)), priorities=np.arange(11) + 0.5)
+            b.add(**rows_of(ENV, np.arange(11)), priorities=np.arange(11) + 0.5)
             b.update_priorities(np.arange(3), np.array([4.0, 5.0, 6.0]))
         shared_arrays = shared.inspection().arrays
         for name, array in local.inspection().arrays.items():
@@ -400,44 +378,34 @@ def test_local_and_shared_buffers_store_the_same_bytes(no_leak):
 
 
 def _own_a_buffer(queue, wait: bool) -> None:
-    buffer = MPReplayBuffer(8, {"obs": {}})
-    buffer.add(obs=1.0)
-    queue.put(buffer.name)
+    buffer = own_a_buffer(queue)  # noqa: F841 (alive while the child waits)
     if wait:
         time.sleep(60)
     # returns without close(): the child's exit must unlink the segment
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_a_buffer_created_in_a_child_is_unlinked_when_the_child_returns(method):
-    ctx = mp.get_context(method)
-    queue = ctx.Queue()
-    child = ctx.Process(target=_own_a_buffer, args=(queue, False))
-    child.start()
-    name = queue.get(timeout=30)
+    child, name = start_buffer_owner(method, _own_a_buffer, False)
     child.join(30)
     assert child.exitcode == 0
-    assert not os.path.exists(f"/dev/shm/{name}")
+    assert not segment_exists(name)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 @pytest.mark.usefixtures("default_termination_signals")  # as in a program that sets no SIGTERM handler
 def test_a_buffer_created_in_a_child_is_unlinked_when_the_child_is_terminated(method):
-    ctx = mp.get_context(method)
-    queue = ctx.Queue()
-    child = ctx.Process(target=_own_a_buffer, args=(queue, True))
-    child.start()
-    name = queue.get(timeout=30)
+    child, name = start_buffer_owner(method, _own_a_buffer, True)
     child.terminate()
     child.join(30)
     assert child.exitcode == -signal.SIGTERM, "the child still ends as killed by SIGTERM"
-    assert not os.path.exists(f"/dev/shm/{name}")
+    assert not segment_exists(name)
 
 
 def _call_every_method(buffer) -> dict[str, Any]:
-    rows = _rows(np.arange(2))
+    rows = rows_of(ENV, np.arange(2))
     return {
         "add": lambda: buffer.add(**rows),
         "add_row": lambda: buffer.add_row({name: row[0] for name, row in rows.items()}),
@@ -469,7 +437,7 @@ def _call_every_method(buffer) -> dict[str, Any]:
 def _saved_rows() -> io.BytesIO:
     f = io.BytesIO()
     source = PrioritizedReplayBuffer(4, ENV)
-    source.add(**_rows(np.arange(2)))
+    source.add(**rows_of(ENV, np.arange(2)))
     source.save_transitions(f)
     f.seek(0)
     return f
@@ -477,7 +445,7 @@ def _saved_rows() -> io.BytesIO:
 
 def test_every_method_of_a_closed_buffer_raises_buffer_closed(no_leak):
     buffer = MPPrioritizedReplayBuffer(16, ENV)
-    buffer.add(**_rows(np.arange(3)))
+    buffer.add(**rows_of(ENV, np.arange(3)))
     calls = _call_every_method(buffer)
     public = {n for n in dir(buffer) if not n.startswith("_") and callable(getattr(buffer, n))} - {"close"}
     assert public == set(calls), "a public method is missing from this test"

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import ID_FIELD, drawn_items, registered_selector
 
 from mpreplay import CorruptBufferError, PrioritizedReplayBuffer, ReplayBuffer, selectors
-from mpreplay.selectors import SelectorSpec
 
 # Each ordered selector's key of an item (priority, insertion number): the smallest is drawn first.
 KEYS = {
@@ -21,7 +21,7 @@ KEYS = {
     "min_heap": lambda priority, number: (priority,),
 }
 ORDERED = pytest.mark.parametrize("name", sorted(KEYS))
-ENV = {"id": {"dtype": np.int64}}
+ENV = ID_FIELD
 
 
 def test_every_ordered_selector_of_the_registry_is_modelled_here():
@@ -50,40 +50,31 @@ class Model:
         return sorted(self.items, key=lambda i: (*self.key(*self.items[i]), self.items[i][1]))
 
 
-def _selector(name: str, capacity: int):
-    _, length, dtype = selectors.state_array(name, capacity)
-    return selectors.make(SelectorSpec(name), np.zeros(length, dtype), capacity, True)
-
-
 def _both(name: str, capacity: int, items_priorities):
-    selector, model = _selector(name, capacity), Model(name)
+    selector, model = registered_selector(name, capacity), Model(name)
     for item, priority in items_priorities:
         selector.insert(item, priority)
         model.insert(item, priority)
     return selector, model
 
 
-def _draw(selector, k: int) -> list[int]:
-    return selector.sample_items(k, np.random.default_rng(0)).tolist()
-
-
 @ORDERED
 def test_a_batch_is_the_first_items_in_order_each_once(name):
     selector, model = _both(name, 16, [(5, 2.0), (2, 7.0), (9, 1.0), (4, 7.0), (11, 3.0)])
-    assert _draw(selector, 3) == model.order()[:3]
-    assert _draw(selector, 5) == model.order()
+    assert drawn_items(selector, 3) == model.order()[:3]
+    assert drawn_items(selector, 5) == model.order()
 
 
 @ORDERED
 def test_a_batch_larger_than_the_drawable_items_repeats_them_in_order(name):
     selector, model = _both(name, 8, [(1, 1.0), (6, 2.0), (3, 3.0)])
-    assert _draw(selector, 7) == (model.order() * 3)[:7]
+    assert drawn_items(selector, 7) == (model.order() * 3)[:7]
 
 
 @ORDERED
 def test_drawing_removes_nothing_so_the_next_batch_is_the_same(name):
     selector, _ = _both(name, 8, [(1, 1.0), (6, 2.0), (3, 3.0)])
-    assert _draw(selector, 2) == _draw(selector, 2)
+    assert drawn_items(selector, 2) == drawn_items(selector, 2)
 
 
 @ORDERED
@@ -92,7 +83,7 @@ def test_removing_the_first_item_makes_the_next_one_first(name):
     first = model.order()[0]
     selector.remove(first)
     model.remove(first)
-    assert _draw(selector, 3) == model.order()
+    assert drawn_items(selector, 3) == model.order()
 
 
 @ORDERED
@@ -101,13 +92,13 @@ def test_the_order_survives_a_recompute(name):
         name, 32, [(i, float(p)) for i, p in zip(range(0, 32, 3), [5, 1, 5, 2, 8, 1, 3, 5, 2, 7, 4], strict=True)]
     )
     selector.recompute()
-    assert _draw(selector, 11) == model.order()
+    assert drawn_items(selector, 11) == model.order()
 
 
 @ORDERED
 def test_any_mix_of_inserts_updates_and_removals_keeps_the_order_of_the_model(name):
     rng = np.random.default_rng(3)
-    selector, model = _selector(name, 48), Model(name)
+    selector, model = registered_selector(name, 48), Model(name)
     for step in range(3_000):
         item, priority, op = int(rng.integers(48)), float(rng.integers(4)), rng.random()
         if op < 0.45:
@@ -120,7 +111,7 @@ def test_any_mix_of_inserts_updates_and_removals_keeps_the_order_of_the_model(na
             selector.remove(item)
             model.remove(item)
         if step % 50 == 0 and model.items:
-            assert _draw(selector, len(model.items)) == model.order()
+            assert drawn_items(selector, len(model.items)) == model.order()
 
 
 @ORDERED

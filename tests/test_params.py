@@ -10,10 +10,9 @@ import time
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, run_in_child, segment_exists
 
 from mpreplay.params import ParameterStore, ParameterStoreTimeout
-
-METHODS = ["spawn", "fork"]
 
 
 def template():
@@ -35,10 +34,6 @@ def assert_params_equal(got, expected):
 def store():
     with ParameterStore(template()) as store:
         yield store
-
-
-def segment_exists(name: str) -> bool:
-    return os.path.exists(f"/dev/shm/{name}")
 
 
 # ------------------------------------------------------------------ one process
@@ -207,7 +202,7 @@ def publish_versions(store: ParameterStore, stop) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_a_reader_never_sees_a_torn_update_while_another_process_publishes(method):
     ctx = multiprocessing.get_context(method)
     with ParameterStore(TORN_TEMPLATE) as store:
@@ -243,14 +238,11 @@ def die_mid_publish(store: ParameterStore) -> None:
 
 
 def kill_a_writer_mid_publish(store: ParameterStore, method: str) -> None:
-    writer = multiprocessing.get_context(method).Process(target=die_mid_publish, args=(store,))
-    writer.start()
-    writer.join(30)
-    assert writer.exitcode == -signal.SIGKILL
+    assert run_in_child(method, die_mid_publish, store) == -signal.SIGKILL
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_a_writer_dead_mid_publish_makes_reads_time_out_instead_of_hanging(method):
     with ParameterStore(template(), timeout=0.2) as store:
         kill_a_writer_mid_publish(store, method)
@@ -272,7 +264,7 @@ def test_timeout_0_reads_once_and_does_not_wait(monkeypatch):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("method", METHODS)
+@EACH_START_METHOD
 def test_the_next_publish_after_a_dead_writer_makes_the_store_readable(method):
     with ParameterStore(template(), timeout=0.2) as store:
         kill_a_writer_mid_publish(store, method)

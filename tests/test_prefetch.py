@@ -8,12 +8,12 @@ import time
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, rows_of
 
 from mpreplay import MinSize, MPPrioritizedReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
 from mpreplay.errors import BufferClosed
 
 ENV = {"obs": {"shape": (3,), "dtype": np.float32}, "act": {"dtype": np.int64}}
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 pytestmark = pytest.mark.timeout(60, method="thread")
 
 
@@ -165,10 +165,10 @@ def test_a_bad_option_is_refused_by_name_and_starts_no_thread(option, value, err
 def _write(buffer, start: int, count: int) -> None:
     for i in range(start, start + count, 8):
         ids = np.arange(i, i + 8)
-        buffer.add(obs=np.repeat(ids[:, None], 3, axis=1).astype(np.float32), act=ids, priorities=np.ones(8))
+        buffer.add(**rows_of(ENV, ids), priorities=np.ones(8))
 
 
-@METHODS
+@EACH_START_METHOD
 def test_prefetched_rows_are_whole_while_another_process_writes(method):
     buffer = filled(MPPrioritizedReplayBuffer, n=64)
     writer = mp.get_context(method).Process(target=_write, args=(buffer, 64, 40_000))

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, ID_FIELD
 
 from mpreplay import (
     MPPrioritizedReplayBuffer,
@@ -28,8 +29,7 @@ from mpreplay import (
 from mpreplay._ext.schema import EPOCH, LOCK_HOLDS, LOCK_WAIT_NS
 from mpreplay.inspect import arm_fault
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
-ENV = {"id": {"dtype": np.int64}}
+ENV = ID_FIELD
 # A tagged item: its writer, its number, and a payload every element of which repeats both.
 ITEM = {"writer": {"dtype": np.int64}, "seq": {"dtype": np.int64}, "payload": {"shape": (64,), "dtype": np.int64}}
 
@@ -122,7 +122,7 @@ def _take(buffer: MPReplayBuffer, k: int, got) -> None:
     got.value = len(buffer.sample(k, timeout=30)["id"])
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60, method="thread")
 def test_a_stack_write_into_free_slots_apart_reaches_a_learner_waiting_for_it(method):
     ctx = mp.get_context(method)
@@ -270,7 +270,7 @@ def _victim(buffer: MPReplayBuffer, writer: int, site: str | None, after: int) -
     _writer(buffer, writer, 10**9)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.parametrize(
     ("limiter", "site"),
     [(Queue, None), (Stack, None), (Queue, "reserve"), (Queue, "publish"), (Stack, "publish")],

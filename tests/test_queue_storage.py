@@ -10,10 +10,10 @@ import time
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD
 
 from mpreplay import MPReplayBuffer, Queue, ReplayBuffer, Stack
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 LIMITERS = pytest.mark.parametrize("limiter", [Queue, Stack])
 COMPRESSION = {
     "plain": {},
@@ -138,7 +138,7 @@ def _actor(buffer, writer: int, steps: int) -> None:
     buffer.on_episode_end(timeout=60)
 
 
-@METHODS
+@EACH_START_METHOD
 @LIMITERS
 @pytest.mark.parametrize("compression", ["plain", "both"])
 @pytest.mark.timeout(120, method="thread")

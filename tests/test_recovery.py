@@ -8,30 +8,23 @@ tree equal to the sum of its leaves, the rate limiter counting right.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 import signal
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, assert_child_dies_at, crash_at, rows_of, run_in_child
 
 from mpreplay import MinSize, MPPrioritizedReplayBuffer, MPPrioritizedSequenceReplayBuffer, MPReplayBuffer
-from mpreplay.inspect import FAULT_SITES, arm_fault
+from mpreplay.inspect import FAULT_SITES
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 ENV = {"obs": {"shape": (4,), "dtype": np.int64}, "id": {"dtype": np.int64}}
 CAPACITY = 64
 ALPHA, EPS = 0.6, 1e-4
 
 
-def _rows(ids) -> dict[str, np.ndarray]:
-    ids = np.asarray(ids, dtype=np.int64)
-    return {"obs": np.repeat(ids[:, None], 4, axis=1), "id": ids}
-
-
 # What the child does once armed: each reaches its site with the lock held.
 def _add(buffer) -> None:
-    buffer.add(**_rows(np.arange(1000, 1008)), priorities=np.full(8, 2.0))
+    buffer.add(**rows_of(ENV, np.arange(1000, 1008)), priorities=np.full(8, 2.0))
 
 
 def _update(buffer) -> None:
@@ -46,17 +39,11 @@ def _sample(buffer) -> None:
 ACTIONS = {"reserve": _add, "publish": _add, "retire": _add, "update": _update, "draw": _sample}
 
 
-def _die_at(buffer, site: str) -> None:
-    arm_fault(site)
-    ACTIONS[site](buffer)
-    os._exit(3)  # not reached: the armed site kills the process
-
-
-def _kill_child_at(method: str, buffer, site: str, target=_die_at) -> None:
-    child = mp.get_context(method).Process(target=target, args=(buffer, site))
-    child.start()
-    child.join(60)
-    assert child.exitcode == -signal.SIGKILL, f"the child did not die at {site!r}: exit code {child.exitcode}"
+def _kill_child_at(method: str, buffer, site: str, target) -> None:
+    """Run ``target(buffer, site)``, which crashes at ``site`` after steps of its own, in a child, and
+    check that the site killed it."""
+    exitcode = run_in_child(method, target, buffer, site, timeout=60)
+    assert exitcode == -signal.SIGKILL, f"the child did not die at {site!r}: exit code {exitcode}"
 
 
 def _assert_consistent(buffer) -> None:
@@ -73,30 +60,28 @@ def test_every_fault_site_is_exercised():
     assert set(ACTIONS) | {"complete", "open"} == set(FAULT_SITES)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.parametrize("site", sorted(ACTIONS))
 @pytest.mark.timeout(120)
 def test_a_holder_killed_at_each_site_leaves_counts_and_tree_consistent(method, site):
     with MPPrioritizedReplayBuffer(CAPACITY, ENV, alpha=ALPHA, eps=EPS, rate_limiter=MinSize(CAPACITY)) as buffer:
-        buffer.add(**_rows(np.arange(CAPACITY)))
-        _kill_child_at(method, buffer, site)
+        buffer.add(**rows_of(ENV, np.arange(CAPACITY)))
+        assert_child_dies_at(method, site, ACTIONS[site], buffer, timeout=60)
         _assert_consistent(buffer)  # its lock acquisition recovers
         assert buffer.stats()["lock_recoveries"] == 1
         # A full lap later the buffer is full again, and the limiter knows it.
-        buffer.add(**_rows(np.arange(2000, 2000 + CAPACITY)))
+        buffer.add(**rows_of(ENV, np.arange(2000, 2000 + CAPACITY)))
         assert buffer.get_stored_size() == CAPACITY
         batch = buffer.sample(16, timeout=10)
         assert set(batch["id"].tolist()) <= set(range(2000, 2000 + CAPACITY))
         _assert_consistent(buffer)
 
 
-def _die_reserving_three(buffer, site: str) -> None:
-    arm_fault(site)
+def _add_three(buffer) -> None:
     buffer.add(id=np.array([100, 101, 102]))
-    os._exit(3)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.parametrize("selector", ["fifo", "uniform"])
 @pytest.mark.timeout(120)
 def test_a_writer_killed_reserving_rows_of_a_full_ring_leaves_it_oldest_first(method, selector):
@@ -104,7 +89,7 @@ def test_a_writer_killed_reserving_rows_of_a_full_ring_leaves_it_oldest_first(me
     # reservation, so the ring keeps 5..9 oldest first and the next write replaces the oldest.
     with MPReplayBuffer(8, {"id": {"dtype": np.int64}}, selector=selector) as buffer:
         buffer.add(id=np.arange(10))
-        _kill_child_at(method, buffer, "reserve", _die_reserving_three)
+        assert_child_dies_at(method, "reserve", _add_three, buffer, timeout=60)
         assert buffer.get_all_transitions()["id"].tolist() == [5, 6, 7, 8, 9]
         if selector == "fifo":
             assert buffer.sample(5)["id"].tolist() == [5, 6, 7, 8, 9]
@@ -115,12 +100,10 @@ def test_a_writer_killed_reserving_rows_of_a_full_ring_leaves_it_oldest_first(me
 
 def _complete_then_die(buffer, site: str) -> None:
     buffer.add(obs=np.arange(4), id=1, next_obs=np.arange(4) + 1)  # waits for its next frame
-    arm_fault(site)
-    buffer.add(obs=np.arange(4) + 1, id=2, next_obs=np.arange(4) + 2)  # stores it: the first completes
-    os._exit(3)
+    crash_at(site, buffer.add, obs=np.arange(4) + 1, id=2, next_obs=np.arange(4) + 2)  # stores it: the first completes
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.parametrize("site", ["reserve", "complete"])  # a waiting row publishes without a leaf: no "publish" site
 @pytest.mark.timeout(120)
 def test_a_writer_killed_storing_a_compressed_step_that_completes_another_leaves_counts_consistent(method, site):
@@ -137,12 +120,10 @@ def test_a_writer_killed_storing_a_compressed_step_that_completes_another_leaves
 
 def _open_then_die(buffer, site: str) -> None:
     buffer.add(obs=np.zeros((3, 4), np.int64), id=np.arange(3), done=np.zeros(3))
-    arm_fault(site)
-    buffer.add(obs=np.zeros(4, np.int64), id=3, done=0.0)  # the sequence's last step: it opens
-    os._exit(3)
+    crash_at(site, buffer.add, obs=np.zeros(4, np.int64), id=3, done=0.0)  # the sequence's last step: it opens
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_a_writer_killed_opening_a_sequence_leaves_counts_and_tree_consistent(method):
     env = {**ENV, "done": {}}

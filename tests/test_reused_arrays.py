@@ -6,14 +6,12 @@ stack in place.  The buffers must store exactly what was passed at the call.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, run_in_child
 
 from mpreplay import MPReplayBuffer, ReplayBuffer
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 STACK, FRAME = 4, (6, 6)
 ENV = {
     "obs": {"shape": FRAME + (STACK,), "dtype": np.uint8},
@@ -97,14 +95,10 @@ def test_an_uncompressed_buffer_stores_what_was_passed_although_the_arrays_chang
     _assert_stores_the_reference(buffer.get_all_transitions())
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.parametrize("feed", [_add_reusing_one_step, _add_reusing_a_batch], ids=["one step", "batch"])
 @pytest.mark.timeout(120, method="thread")
 def test_actor_processes_reusing_their_arrays_fill_a_shared_compressed_buffer(method, feed):
-    ctx = mp.get_context(method)
     with MPReplayBuffer(1024, ENV, lanes=2, **COMPRESSED) as buffer:
-        actor = ctx.Process(target=feed, args=(buffer,))
-        actor.start()
-        actor.join(60)
-        assert actor.exitcode == 0
+        assert run_in_child(method, feed, buffer, timeout=60) == 0
         _assert_stores_the_reference(buffer.get_all_transitions())

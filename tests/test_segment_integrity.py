@@ -17,11 +17,11 @@ from typing import Any
 import damage  # tests/damage.py: real segments and the fuzzers' damage
 import numpy as np
 import pytest
+from helpers import crash_at
 
 import mpreplay
 from mpreplay import manifest, monitor
 from mpreplay.cli import main
-from mpreplay.inspect import arm_fault
 from mpreplay.monitor import BufferView, frame, list_segments, remove_segments, summary
 
 pytestmark = pytest.mark.timeout(120, method="thread")
@@ -197,14 +197,11 @@ def test_top_shows_a_buffer_whose_counters_and_priorities_hold_any_value(segment
     assert "priorities" not in rows  # none is a priority a buffer stores
 
 
-def _die_holding_the_lock(buffer: Any) -> None:
-    arm_fault("reserve")  # SIGKILL inside the critical section of the next add
-    buffer.add(obs=np.ones(4), act=0, rew=0.0, next_obs=np.ones(4), done=0.0)
-
-
 def test_top_says_a_lock_holder_word_that_is_no_pid_names_no_process(tmp_path):
     with damage.prioritized() as buffer:
-        holder = mp.get_context("fork").Process(target=_die_holding_the_lock, args=(buffer,))
+        # SIGKILLed inside the critical section of the add.
+        step = dict(obs=np.ones(4), act=0, rew=0.0, next_obs=np.ones(4), done=0.0)
+        holder = mp.get_context("fork").Process(target=crash_at, args=("reserve", buffer.add), kwargs=step)
         holder.start()
         holder.join(60)
         raw = bytearray(damage.segment_bytes(buffer))  # the lock names the dead holder until the next taker recovers it

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import transition_fields
 
 import mpreplay
 from mpreplay import (
@@ -24,7 +25,7 @@ from mpreplay import (
 )
 
 PACKAGE = pathlib.Path(mpreplay.__file__).parent
-ENV = {"obs": {"shape": (4,)}, "act": {"dtype": np.int64}, "rew": {}, "next_obs": {"shape": (4,)}, "done": {}}
+ENV = transition_fields((4,))
 STACKED = {"obs": {"shape": (3, 2, 4), "dtype": np.uint8}, "next_obs": {"shape": (3, 2, 4), "dtype": np.uint8}}
 
 # Where a string equal to an array's name means something else: per module and string, the uses
@@ -41,8 +42,6 @@ ALLOWED: dict[tuple[str, str], tuple[set[str], str]] = {
     ("consistency.py", "lanes"): ({"dict key"}, "an entry of verify()'s report: how many lanes the buffer has"),
     ("manifest.py", "owner"): ({"dict key", "document[]"}, "the manifest's entry for its creator's process token"),
     ("monitor.py", "owner"): ({"document[]", "doc[]", "tuple"}, "the manifest's entry for its creator's token"),
-    ("prioritized_buffer.py", "tree"): ({"getattr()"}, "the attribute a selector kernel's PriorityTree is read by"),
-    ("sequence_buffer.py", "episode_step"): ({"_EPISODE_STEP ="}, "the column of a saved file giving a step's index"),
 }
 
 

@@ -7,12 +7,17 @@ order of the ordered ones) lives in its own test file.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import signal
-
 import numpy as np
 import pytest
+from helpers import (
+    EACH_START_METHOD,
+    assert_child_dies_at,
+    drawn_items,
+    registered_selector,
+    rows_of,
+    run_in_child,
+    selector_state,
+)
 
 from mpreplay import (
     MPPrioritizedReplayBuffer,
@@ -22,30 +27,14 @@ from mpreplay import (
     monitor,
     selectors,
 )
-from mpreplay._ext.slots import arm_fault
 from mpreplay.selectors import SelectorSpec
 
 NAMES = pytest.mark.parametrize("name", selectors.names())
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 ENV = {"obs": {"shape": (2,), "dtype": np.int64}, "id": {"dtype": np.int64}}
 
 
-def _state(name: str, capacity: int) -> np.ndarray:
-    _, length, dtype = selectors.state_array(name, capacity)
-    return np.zeros(length, dtype)
-
-
-def _selector(name: str, capacity: int, items=(), state: np.ndarray | None = None, reset: bool = True):
-    """A selector of ``name`` over ``state`` (a fresh one when None) holding ``items`` too."""
-    state = _state(name, capacity) if state is None else state
-    selector = selectors.make(SelectorSpec(name), state, capacity, reset)
-    for item in items:
-        selector.insert(item, 1.0)
-    return selector
-
-
 def _drawn(selector, k: int = 4096, seed: int = 0) -> set[int]:
-    return set(selector.sample_items(k, np.random.default_rng(seed)).tolist())
+    return set(drawn_items(selector, k, seed))
 
 
 def _buffer(name: str, size: int, shared: bool = False, **options):
@@ -59,18 +48,13 @@ def _buffer(name: str, size: int, shared: bool = False, **options):
     return cls(size, ENV, selector=name, **options)
 
 
-def _rows(ids) -> dict[str, np.ndarray]:
-    ids = np.asarray(ids, dtype=np.int64)
-    return {"obs": np.repeat(ids[:, None], 2, axis=1), "id": ids}
-
-
 def test_the_registry_holds_the_selectors_the_buffers_have_always_had():
     assert {"uniform", "prioritized"} <= set(selectors.names())
 
 
 @NAMES
 def test_a_new_selector_has_nothing_to_draw(name):
-    selector = _selector(name, 8)
+    selector = registered_selector(name, 8)
     assert selector.total_weight == 0.0
     assert selector.smallest_weight == np.inf
     assert selector.sample_items(4, np.random.default_rng(0)).size == 0
@@ -78,21 +62,21 @@ def test_a_new_selector_has_nothing_to_draw(name):
 
 @NAMES
 def test_only_inserted_items_are_drawn(name):
-    selector = _selector(name, 16, [2, 9, 11])
+    selector = registered_selector(name, 16, [2, 9, 11])
     assert _drawn(selector) == {2, 9, 11}
     assert [selector.item_weight(i) > 0 for i in range(16)] == [i in (2, 9, 11) for i in range(16)]
 
 
 @NAMES
 def test_inserting_an_item_twice_holds_it_once(name):
-    selector = _selector(name, 8, [3, 3])
+    selector = registered_selector(name, 8, [3, 3])
     assert selector.total_weight == selector.item_weight(3) > 0.0
     assert _drawn(selector) == {3}
 
 
 @NAMES
 def test_a_removed_item_is_never_drawn(name):
-    selector = _selector(name, 8, [1, 2, 5])
+    selector = registered_selector(name, 8, [1, 2, 5])
     selector.remove(2)
     assert _drawn(selector) == {1, 5}
     assert selector.item_weight(2) == 0.0
@@ -100,7 +84,7 @@ def test_a_removed_item_is_never_drawn(name):
 
 @NAMES
 def test_removing_every_item_leaves_nothing_to_draw(name):
-    selector = _selector(name, 8, [0, 7])
+    selector = registered_selector(name, 8, [0, 7])
     selector.remove(7)
     selector.remove(0)
     assert selector.total_weight == 0.0
@@ -109,7 +93,7 @@ def test_removing_every_item_leaves_nothing_to_draw(name):
 
 @NAMES
 def test_removing_an_item_that_is_not_drawable_changes_nothing(name):
-    selector = _selector(name, 8, [4, 6])
+    selector = registered_selector(name, 8, [4, 6])
     before = selector.sample_items(16, np.random.default_rng(2)).tolist()
     selector.remove(5)
     assert selector.total_weight == selector.item_weight(4) + selector.item_weight(6)
@@ -118,7 +102,7 @@ def test_removing_an_item_that_is_not_drawable_changes_nothing(name):
 
 @NAMES
 def test_updating_an_item_that_is_not_drawable_leaves_it_not_drawable(name):
-    selector = _selector(name, 8, [1])
+    selector = registered_selector(name, 8, [1])
     selector.update(3, 2.0)
     assert selector.item_weight(3) == 0.0
     assert _drawn(selector) == {1}
@@ -126,7 +110,7 @@ def test_updating_an_item_that_is_not_drawable_leaves_it_not_drawable(name):
 
 @NAMES
 def test_updating_a_drawable_item_keeps_it_drawable(name):
-    selector = _selector(name, 8, [1, 4])
+    selector = registered_selector(name, 8, [1, 4])
     selector.update(4, 3.0)
     assert _drawn(selector) == {1, 4}
 
@@ -134,7 +118,7 @@ def test_updating_a_drawable_item_keeps_it_drawable(name):
 @NAMES
 def test_inserts_and_removals_in_any_order_keep_the_drawable_set_exact(name):
     rng = np.random.default_rng(5)
-    selector, live = _selector(name, 64), set()
+    selector, live = registered_selector(name, 64), set()
     for _ in range(2_000):
         item = int(rng.integers(64))
         if rng.random() < 0.5:
@@ -149,14 +133,14 @@ def test_inserts_and_removals_in_any_order_keep_the_drawable_set_exact(name):
 
 @NAMES
 def test_a_batch_of_all_the_items_holds_each_once_when_stratified(name):
-    selector = _selector(name, 8, range(8))
+    selector = registered_selector(name, 8, range(8))
     drawn = selector.sample_items(8, np.random.default_rng(4), stratified=True)
     assert sorted(drawn.tolist()) == list(range(8))
 
 
 @NAMES
 def test_an_ordered_selector_numbers_its_items_in_insertion_order_and_others_keep_no_order(name):
-    selector = _selector(name, 8, items=[5, 2, 7])
+    selector = registered_selector(name, 8, items=[5, 2, 7])
     selector.remove(2)
     selector.insert(2, 1.0)
     arrivals = [selector.item_arrival(item) for item in (5, 7, 2)]
@@ -171,7 +155,7 @@ def test_an_ordered_selector_numbers_its_items_in_insertion_order_and_others_kee
 def test_recompute_gives_back_the_same_state(name):
     # What crash recovery calls: everything derived is recomputed from the per-item entries.
     rng = np.random.default_rng(6)
-    selector = _selector(name, 32)
+    selector = registered_selector(name, 32)
     for item in rng.permutation(32)[:20]:
         selector.insert(int(item), float(rng.integers(1, 5)))
     for item in rng.permutation(32)[:8]:
@@ -186,9 +170,9 @@ def test_recompute_gives_back_the_same_state(name):
 
 @NAMES
 def test_a_second_view_of_the_same_state_draws_the_same_items(name):
-    state = _state(name, 8)
-    first = _selector(name, 8, [5], state=state)
-    attached = _selector(name, 8, state=state, reset=False)
+    state = selector_state(name, 8)
+    first = registered_selector(name, 8, [5], state=state)
+    attached = registered_selector(name, 8, state=state, reset=False)
     assert attached.total_weight == first.total_weight
     assert attached.sample_items(3, np.random.default_rng(7)).tolist() == [5, 5, 5]
 
@@ -203,13 +187,13 @@ def test_a_state_array_of_the_wrong_length_is_refused(name):
 @NAMES
 def test_an_item_outside_the_capacity_is_refused(name):
     with pytest.raises(IndexError, match=r"item: expected an integer in \[0, 8\)"):
-        _selector(name, 8).insert(8, 1.0)
+        registered_selector(name, 8).insert(8, 1.0)
 
 
 @NAMES
 def test_a_draw_of_no_items_is_refused(name):
     with pytest.raises(ValueError, match="k: expected an integer >= 1"):
-        _selector(name, 8, [1]).sample_items(0, np.random.default_rng(8))
+        registered_selector(name, 8, [1]).sample_items(0, np.random.default_rng(8))
 
 
 @NAMES
@@ -227,7 +211,7 @@ def test_an_unknown_selector_is_refused_naming_the_registered_ones():
 @NAMES
 def test_a_buffer_draws_only_rows_that_are_stored(name):
     buffer = _buffer(name, 8, seed=0)
-    buffer.add(**_rows(range(20)))  # the first 12 are overwritten
+    buffer.add(**rows_of(ENV, range(20)))  # the first 12 are overwritten
     for _ in range(20):
         batch = buffer.sample(4)
         assert set(batch["id"].tolist()) <= set(range(12, 20))
@@ -251,38 +235,26 @@ def test_a_buffer_names_its_selector_in_its_manifest(name):
 
 
 def _add_in_child(buffer, ids) -> None:
-    buffer.add(**_rows(ids))
+    buffer.add(**rows_of(ENV, ids))
 
 
 @NAMES
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60, method="thread")
 def test_rows_another_process_adds_are_drawn_here(name, method):
     with _buffer(name, 16, shared=True, seed=1) as buffer:
-        child = mp.get_context(method).Process(target=_add_in_child, args=(buffer, range(100, 106)))
-        child.start()
-        child.join(30)
-        assert child.exitcode == 0
+        assert run_in_child(method, _add_in_child, buffer, range(100, 106)) == 0
         assert buffer.get_stored_size() == 6
         assert set(buffer.sample(64)["id"].tolist()) <= set(range(100, 106))
 
 
-def _die_publishing(buffer) -> None:
-    arm_fault("publish")
-    buffer.add(**_rows(range(200, 204)))
-    os._exit(3)  # not reached: the armed site kills the process
-
-
 @NAMES
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60, method="thread")
 def test_a_writer_killed_while_publishing_leaves_only_whole_rows_drawable(name, method):
     with _buffer(name, 16, shared=True, seed=2) as buffer:
-        buffer.add(**_rows(range(4)))
-        child = mp.get_context(method).Process(target=_die_publishing, args=(buffer,))
-        child.start()
-        child.join(30)
-        assert child.exitcode == -signal.SIGKILL
+        buffer.add(**rows_of(ENV, range(4)))
+        assert_child_dies_at(method, "publish", _add_in_child, buffer, range(200, 204), timeout=30)
         stored = buffer.get_all_transitions()
         assert buffer.get_stored_size() == len(stored["id"])
         for _ in range(10):
@@ -292,11 +264,13 @@ def test_a_writer_killed_while_publishing_leaves_only_whole_rows_drawable(name, 
 
 
 @NAMES
-def test_a_buffer_class_refuses_a_selector_its_api_does_not_drive(name):
-    # Selectors that draw by priority need update_priorities: the prioritized classes.
-    other = ReplayBuffer if selectors.entry(name).by_priority else PrioritizedReplayBuffer
-    with pytest.raises(ValueError, match=f"selector: {name!r} draws by"):
-        other(8, ENV, selector=name)
+@pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer])
+def test_every_buffer_class_takes_every_selector_and_samples_by_its_rule(name, cls):
+    buffer = cls(8, ENV, selector=name)
+    buffer.add(**rows_of(ENV, np.arange(4)))
+    batch = buffer.sample(2)
+    assert set(batch["id"].tolist()) <= {0, 1, 2, 3}
+    assert ("weights" in batch) == selectors.entry(name).by_priority
 
 
 def test_the_prioritized_options_go_with_the_prioritized_selector_only():
@@ -309,7 +283,7 @@ def test_the_prioritized_options_go_with_the_prioritized_selector_only():
 @pytest.mark.parametrize("shared", [False, True])
 def test_verify_finds_the_selectors_state_agreeing_with_the_slots_after_adds_samples_updates_and_wraps(name, shared):
     with _buffer(name, 16, shared) as buffer:
-        buffer.add(**_rows(np.arange(40)))
+        buffer.add(**rows_of(ENV, np.arange(40)))
         buffer.sample(8)
         if selectors.entry(name).by_priority:
             buffer.update_priorities(np.arange(4), np.array([9.0, 0.5, 3.0, 7.0]))

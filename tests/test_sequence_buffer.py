@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, EPISODE_STEP_FIELDS
 
 from mpreplay import (
     MinSize,
@@ -19,8 +20,7 @@ from mpreplay import (
     sequence_priority,
 )
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
-ENV = {"obs": {"shape": (2,)}, "done": {}}
+ENV = EPISODE_STEP_FIELDS
 
 
 def _step(episode: int, t: int) -> dict:
@@ -390,7 +390,7 @@ def _check_sequences(batch) -> None:
         assert not obs[~mask].any()
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120, method="thread")
 def test_writer_processes_killed_mid_episode_never_yield_a_torn_or_mixed_sequence(method):
     ctx = mp.get_context(method)
@@ -420,7 +420,7 @@ def test_writer_processes_killed_mid_episode_never_yield_a_torn_or_mixed_sequenc
         rb.close()
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120, method="thread")
 def test_a_uniform_shared_buffer_samples_sequences_written_by_other_processes(method):
     ctx = mp.get_context(method)
@@ -485,7 +485,7 @@ def _launched_learner(ctx) -> int:
     return int(batch["mask"].sum())
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120, method="thread")
 def test_launched_actors_and_learner_share_a_sequence_buffer(method):
     from mpreplay import launch

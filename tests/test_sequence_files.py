@@ -9,49 +9,23 @@ from typing import Any
 import damage  # tests/damage.py: transitions files taken apart and put together
 import numpy as np
 import pytest
+from helpers import TAGGED_STACK_FIELDS, reloaded, tagged_episode
 
 from mpreplay import MPPrioritizedSequenceReplayBuffer, SequenceReplayBuffer
 from mpreplay.fileformat import TransitionFileError
 
 ENV = {"tag": {"shape": (3,), "dtype": np.int64}, "done": {}}
-STACKED = {
-    "tag": {"shape": (3,), "dtype": np.int64},
-    "obs": {"shape": (3, 3, 4), "dtype": np.uint8},
-    "next_obs": {"shape": (3, 3, 4), "dtype": np.uint8},
-    "done": {},
-}
+STACKED = TAGGED_STACK_FIELDS
 COMPRESSIONS = pytest.mark.parametrize(
     "options", [{"stack_compress": "obs"}, {"stack_compress": "obs", "next_of": "obs"}], ids=["stack", "stack+next_of"]
 )
-
-
-def _episode(writer: int, episode: int, n: int, *, ended: bool = True, rng: Any = None) -> dict[str, np.ndarray]:
-    """n steps of one episode; ``tag`` says (writer, episode, step).  With ``rng``, also stacked
-    frames: each step's stack the previous one shifted by a new frame, the first frame repeated."""
-    s = np.arange(n)
-    out = {
-        "tag": np.stack([np.full(n, writer), np.full(n, episode), s], axis=1),
-        "done": ((s == n - 1) & ended).astype(np.float32),
-    }
-    if rng is not None:
-        frames = rng.integers(0, 256, size=(n + 1, 3, 3), dtype=np.uint8)
-        stacks = np.moveaxis(frames[np.maximum(0, np.arange(n + 1)[:, None] - 3 + np.arange(4))], 1, -1)
-        out["obs"], out["next_obs"] = np.ascontiguousarray(stacks[:n]), np.ascontiguousarray(stacks[1:])
-    return out
 
 
 def _write(writers: list, lengths: list[list[int]], **kwargs: Any) -> None:
     """Writer w stores episodes of ``lengths[w]`` steps, each ended by its done flag."""
     for w, (writer, ns) in enumerate(zip(writers, lengths, strict=True)):
         for e, n in enumerate(ns):
-            writer.add(**_episode(w, e, n, **kwargs))
-
-
-def _reloaded(rb: Any, path: Any, make: Callable[[], Any]) -> Any:
-    rb.save_transitions(path)
-    fresh = make()
-    fresh.load_transitions(path)
-    return fresh
+            writer.add(**tagged_episode(w, e, n, **kwargs))
 
 
 def _steps(rb: Any) -> list[tuple[int, ...]]:
@@ -93,7 +67,7 @@ def test_a_round_trip_gives_back_every_step_in_its_lane_and_episode(cls, lanes, 
     with make() as rb:
         writers = [rb] + [rb.episode_writer() for _ in range(lanes - 1)]
         _write(writers, LANE_EPISODES[:lanes])
-        with _reloaded(rb, tmp_path / "steps.npz", make) as loaded:
+        with reloaded(rb, make, tmp_path / "steps.npz") as loaded:
             _assert_same_steps(loaded, rb)
         for writer in writers[1:]:
             writer.close()
@@ -108,7 +82,7 @@ def test_a_round_trip_gives_back_the_same_sampleable_sequences(cls, lanes, tmp_p
     with make() as rb:
         writers = [rb] + [rb.episode_writer() for _ in range(lanes - 1)]
         _write(writers, LANE_EPISODES[:lanes])
-        with _reloaded(rb, tmp_path / "steps.npz", make) as loaded:
+        with reloaded(rb, make, tmp_path / "steps.npz") as loaded:
             assert loaded.stats()["sequences"] == rb.stats()["sequences"] == len(_windows(rb))
             assert _windows(loaded) == _windows(rb)
         for writer in writers[1:]:
@@ -125,9 +99,9 @@ def test_a_stack_compressed_buffer_loads_back_wherever_its_lane_wrapped(options,
         rng, rb, stored, e = np.random.default_rng(extra), make(), 0, 0
         while stored < 40 + extra:
             n = min([9, 13, 7, 11][e % 4], 40 + extra - stored)
-            rb.add(**_episode(0, e, n, rng=rng))
+            rb.add(**tagged_episode(0, e, n, rng=rng))
             stored, e = stored + n, e + 1
-        loaded = _reloaded(rb, tmp_path / f"wrapped{extra}.npz", make)
+        loaded = reloaded(rb, make, tmp_path / f"wrapped{extra}.npz")
         _assert_same_steps(loaded, rb)
         assert _windows(loaded, 600) == _windows(rb, 600), f"after {40 + extra} steps"
         assert loaded.stats()["sequences"] == rb.stats()["sequences"], f"after {40 + extra} steps"
@@ -138,17 +112,17 @@ def _continuing_lanes(ended: bool) -> SequenceReplayBuffer:
     """Lane 0 holds steps 0..9 of an episode; lane 1 (20 slots) kept steps 10..15 of another, then 0..13."""
     rb = SequenceReplayBuffer(40, ENV, length=4, period=2, lanes=2, seed=0)
     other = rb.episode_writer()
-    rb.add(**_episode(0, 0, 10, ended=ended))
-    other.add(**_episode(1, 0, 16))
-    other.add(**_episode(1, 1, 14))
+    rb.add(**tagged_episode(0, 0, 10, ended=ended))
+    other.add(**tagged_episode(1, 0, 16))
+    other.add(**tagged_episode(1, 1, 14))
     return rb
 
 
 @pytest.mark.parametrize("ended", [True, False], ids=["ended", "open"])
 def test_adjacent_lanes_whose_episode_steps_continue_load_as_separate_episodes(ended, tmp_path):
     rb = _continuing_lanes(ended)
-    loaded = _reloaded(
-        rb, tmp_path / "two.npz", lambda: SequenceReplayBuffer(400, ENV, length=4, period=2, lanes=2, seed=0)
+    loaded = reloaded(
+        rb, lambda: SequenceReplayBuffer(400, ENV, length=4, period=2, lanes=2, seed=0), tmp_path / "two.npz"
     )
     assert _steps(loaded) == _steps(rb)
     assert _windows(loaded) == _windows(rb)
@@ -167,8 +141,8 @@ def test_episodes_loaded_one_after_another_into_a_lane_stay_apart_in_its_next_fi
         return SequenceReplayBuffer(200, ENV, length=4, period=2, seed=0)  # one lane
 
     rb = _continuing_lanes(ended=False)
-    once = _reloaded(rb, tmp_path / "once.npz", make)
-    twice = _reloaded(once, tmp_path / "twice.npz", make)
+    once = reloaded(rb, make, tmp_path / "once.npz")
+    twice = reloaded(once, make, tmp_path / "twice.npz")
     assert _steps(twice) == _steps(once) == _steps(rb)
     assert _windows(twice) == _windows(once) == _windows(rb)
 
@@ -176,8 +150,8 @@ def test_episodes_loaded_one_after_another_into_a_lane_stay_apart_in_its_next_fi
 # -- episodes open at save time -------------------------------------------------------------------------
 def test_an_episode_open_at_save_time_gains_its_padded_end(tmp_path):
     rb = SequenceReplayBuffer(64, ENV, length=4, period=2, seed=0)
-    rb.add(**_episode(0, 0, 7, ended=False))  # sequences at steps 0 and 2; steps 4..6 wait for step 7
-    loaded = _reloaded(rb, tmp_path / "open.npz", lambda: SequenceReplayBuffer(64, ENV, length=4, period=2, seed=0))
+    rb.add(**tagged_episode(0, 0, 7, ended=False))  # sequences at steps 0 and 2; steps 4..6 wait for step 7
+    loaded = reloaded(rb, lambda: SequenceReplayBuffer(64, ENV, length=4, period=2, seed=0), tmp_path / "open.npz")
     assert _windows(rb) == {(0, 0, 0, 4), (0, 0, 2, 4)}
     assert _windows(loaded) == _windows(rb) | {(0, 0, 4, 3)}
 
@@ -187,18 +161,18 @@ def test_without_pad_end_an_episode_open_at_save_time_keeps_its_sequences(tmp_pa
         return SequenceReplayBuffer(64, ENV, length=4, period=2, pad_end=False, seed=0)
 
     rb = make()
-    rb.add(**_episode(0, 0, 7, ended=False))
-    assert _windows(_reloaded(rb, tmp_path / "open.npz", make)) == _windows(rb) == {(0, 0, 0, 4), (0, 0, 2, 4)}
+    rb.add(**tagged_episode(0, 0, 7, ended=False))
+    assert _windows(reloaded(rb, make, tmp_path / "open.npz")) == _windows(rb) == {(0, 0, 0, 4), (0, 0, 2, 4)}
 
 
 def test_loading_ends_the_episode_the_buffer_was_writing(tmp_path):
     source = SequenceReplayBuffer(64, ENV, length=2, seed=0)
-    source.add(**_episode(1, 0, 4))
+    source.add(**tagged_episode(1, 0, 4))
     source.save_transitions(tmp_path / "steps.npz")
     rb = SequenceReplayBuffer(64, ENV, length=2, seed=0)
-    rb.add(**_episode(0, 0, 3, ended=False))
+    rb.add(**tagged_episode(0, 0, 3, ended=False))
     rb.load_transitions(tmp_path / "steps.npz")
-    rb.add(**_episode(0, 1, 1, ended=False))
+    rb.add(**tagged_episode(0, 1, 1, ended=False))
     assert _steps(rb) == [
         (0, 0, 0, 0),
         (0, 0, 1, 1),
@@ -220,7 +194,7 @@ def _three_lanes() -> SequenceReplayBuffer:
 
 def test_a_file_of_more_lanes_loads_its_episodes_one_after_another_into_fewer(tmp_path):
     rb = _three_lanes()
-    loaded = _reloaded(rb, tmp_path / "three.npz", lambda: SequenceReplayBuffer(90, ENV, length=4, period=2, seed=0))
+    loaded = reloaded(rb, lambda: SequenceReplayBuffer(90, ENV, length=4, period=2, seed=0), tmp_path / "three.npz")
     assert sorted(_steps(loaded)) == sorted(_steps(rb))
     assert _windows(loaded) == _windows(rb)
 
@@ -230,7 +204,7 @@ def test_a_file_the_free_lanes_cannot_hold_is_refused_and_changes_nothing(writte
     _three_lanes().save_transitions(tmp_path / "three.npz")  # 64 steps
     target = SequenceReplayBuffer(40, ENV, length=4, period=2, lanes=2, seed=0)
     if written:
-        target.add(**_episode(5, 0, 6))
+        target.add(**tagged_episode(5, 0, 6))
     with unchanged(target), pytest.raises(ValueError, match="no room for the file's episode"):
         target.load_transitions(tmp_path / "three.npz")
 
@@ -244,10 +218,10 @@ def _stacked_file(tmp_path: Any) -> tuple[Any, SequenceReplayBuffer]:
 
     rng, rb = np.random.default_rng(0), make()
     for e, n in enumerate([6, 9, 5]):
-        rb.add(**_episode(0, e, n, rng=rng))
+        rb.add(**tagged_episode(0, e, n, rng=rng))
     rb.save_transitions(tmp_path / "stacked.npz")
     target = make()
-    target.add(**_episode(9, 0, 4, rng=rng))
+    target.add(**tagged_episode(9, 0, 4, rng=rng))
     return tmp_path / "stacked.npz", target
 
 
@@ -285,12 +259,6 @@ def test_a_young_stack_whose_older_frames_do_not_repeat_the_first_is_refused(tmp
         target.load_transitions(damage.file_archive(members))
 
 
-def _as_version_1(members: dict[str, Any]) -> None:
-    meta = members["metadata.json"]
-    meta["format_version"] = 1
-    del meta["episodes"], members["episode.id"], members["episode.lane"]
-
-
 def _set(name: str, row: int, value: int) -> Callable[[dict[str, Any]], None]:
     def change(members: dict[str, Any]) -> None:
         members[name][row] = value
@@ -299,7 +267,7 @@ def _set(name: str, row: int, value: int) -> Callable[[dict[str, Any]], None]:
 
 
 INVALID = {
-    "format version 1": (_as_version_1, "format version 1 records no episode or lane.*writes format version 2"),
+    "format version 1": (damage.as_version_1, "format version 1 records no episode or lane.*writes format version 2"),
     "episodes not from 0": (lambda m: m.update({"episode.id": m["episode.id"] + 1}), "numbered 0, 1, ..."),
     "an episode number skipped": (_set("episode.id", 29, 4), "row 29 has 4"),
     "an episode in two lanes": (_set("episode.lane", 12, 0), "episode 1 is in lanes 1 and 0"),
@@ -320,6 +288,6 @@ def test_a_file_whose_episodes_are_inconsistent_is_refused_and_changes_nothing(c
     members = damage.file_members(tmp_path / "two.npz")
     change(members)
     target = SequenceReplayBuffer(400, ENV, length=4, period=2, lanes=2, seed=0)
-    target.add(**_episode(5, 0, 6))
+    target.add(**tagged_episode(5, 0, 6))
     with unchanged(target), pytest.raises(TransitionFileError, match=message):
         target.load_transitions(damage.file_archive(members))

@@ -8,8 +8,6 @@ client over a three-node Ray cluster on loopback (``pytest -m ray``).
 from __future__ import annotations
 
 import functools
-import multiprocessing as mp
-import os
 import pickle
 import sys
 import types
@@ -17,6 +15,7 @@ import warnings
 
 import numpy as np
 import pytest
+from helpers import run_in_child, segment_exists
 
 from mpreplay import BufferClosed, MPPrioritizedReplayBuffer, PrioritizedReplayBuffer, SharedMemoryError
 from mpreplay.sharded import ShardedReplay, ShardLostWarning, ShardServer, ShardUnavailable, split_indexes
@@ -421,8 +420,8 @@ def test_bad_sample_arguments_raise(batch_size, beta, error, match):
         _client(_buffers()).sample(batch_size, beta)
 
 
-def test_a_server_refuses_what_is_not_a_prioritized_buffer():
-    with pytest.raises(TypeError, match="buffer: expected a PrioritizedReplayBuffer"):
+def test_a_server_refuses_what_is_not_a_replay_table():
+    with pytest.raises(TypeError, match="buffer: expected a replay table"):
         ShardServer(lambda: "not a buffer")
 
 
@@ -445,7 +444,7 @@ def test_a_server_that_refuses_the_buffer_its_factory_made_releases_it():
     (buffer,) = made  # still referenced: only close() unlinks its segment
     with pytest.raises(BufferClosed):
         buffer.sample(1)
-    assert not os.path.exists(f"/dev/shm/{buffer.name}")
+    assert not segment_exists(buffer.name)
 
 
 def test_a_server_made_with_a_factory_owns_and_releases_its_buffer():
@@ -582,10 +581,7 @@ def test_writer_processes_write_through_the_handle_of_their_nodes_server(served,
 
     _, servers = served
     handle = ray.get(next(iter(servers.values())).buffer.remote())
-    writer = mp.get_context(method).Process(target=_write_ids, args=(handle, np.arange(500, 510)))
-    writer.start()
-    writer.join(60)
-    assert writer.exitcode == 0
+    assert run_in_child(method, _write_ids, handle, np.arange(500, 510), timeout=60) == 0
     client = ShardedReplay(servers.values(), seed=5)
     ids = _draw_ids(client, 10)
     assert np.isin(np.arange(500, 510), ids).all()

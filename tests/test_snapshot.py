@@ -7,10 +7,9 @@ import multiprocessing as mp
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, rows_of
 
 from mpreplay import MPPrioritizedReplayBuffer, MPReplayBuffer, ReplayBuffer
-
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 
 # Every field of a row encodes the same id, so a row mixed from two writes is visible.
 ENV = {"obs": {"shape": (64,), "dtype": np.int64}, "id": {"dtype": np.int64}}
@@ -18,14 +17,10 @@ CAPACITY, WRITERS, BATCH = 4096, 2, 64
 RANK = 10**9  # writer r writes ids r * RANK + 0, 1, 2, ...
 
 
-def _rows(ids: np.ndarray) -> dict[str, np.ndarray]:
-    return {"obs": np.repeat(ids[:, None], 64, axis=1), "id": ids}
-
-
 def _write_until_stopped(buffer, rank: int, stop, started) -> None:
     i = rank * RANK
     while not stop.is_set():
-        buffer.add(**_rows(np.arange(i, i + BATCH, dtype=np.int64)))
+        buffer.add(**rows_of(ENV, np.arange(i, i + BATCH, dtype=np.int64)))
         i += BATCH
         started.set()
 
@@ -68,11 +63,11 @@ class _Writers:
 @pytest.fixture(params=[MPReplayBuffer, MPPrioritizedReplayBuffer], ids=["uniform", "prioritized"])
 def full_buffer(request):
     with request.param(CAPACITY, ENV) as buffer:
-        buffer.add(**_rows(np.arange(CAPACITY, dtype=np.int64)))
+        buffer.add(**rows_of(ENV, np.arange(CAPACITY, dtype=np.int64)))
         yield buffer
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_get_all_transitions_under_concurrent_writes_holds_whole_rows_oldest_first(full_buffer, method):
     with _Writers(method, full_buffer):
@@ -80,7 +75,7 @@ def test_get_all_transitions_under_concurrent_writes_holds_whole_rows_oldest_fir
             _assert_whole_and_oldest_first(full_buffer.get_all_transitions())
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_a_snapshot_misses_only_rows_overwritten_while_it_was_taken(full_buffer, method):
     # Every row complete at the start is in the snapshot unless a writer took its
@@ -94,7 +89,7 @@ def test_a_snapshot_misses_only_rows_overwritten_while_it_was_taken(full_buffer,
             assert count >= CAPACITY - inserted - 2 * WRITERS * BATCH, (count, inserted)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_save_transitions_under_concurrent_writes_saves_whole_rows_oldest_first(full_buffer, method):
     with _Writers(method, full_buffer):
@@ -110,7 +105,7 @@ def test_save_transitions_under_concurrent_writes_saves_whole_rows_oldest_first(
 @pytest.mark.timeout(60)
 def test_saved_priorities_are_the_saved_rows_own():
     with MPPrioritizedReplayBuffer(8, ENV) as buffer:
-        buffer.add(**_rows(np.arange(8, dtype=np.int64)), priorities=np.arange(8) + 1.0)
+        buffer.add(**rows_of(ENV, np.arange(8, dtype=np.int64)), priorities=np.arange(8) + 1.0)
         f = io.BytesIO()
         buffer.save_transitions(f, priorities=True)
         f.seek(0)

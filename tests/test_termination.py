@@ -11,25 +11,12 @@ import time
 from multiprocessing import resource_tracker
 
 import pytest
+from helpers import EACH_START_METHOD, own_a_buffer, segment_exists, start_buffer_owner
 
 from mpreplay import MPReplayBuffer
 from mpreplay._ext import termination
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 pytestmark = pytest.mark.usefixtures("default_termination_signals")
-
-
-def _segment_exists(name: str) -> bool:
-    return os.path.exists(f"/dev/shm/{name}")
-
-
-def _run_child(method: str, target, *args) -> tuple[mp.Process, str]:
-    """Start ``target(queue, *args)`` in a child and return it with the name of the buffer it created."""
-    ctx = mp.get_context(method)
-    queue = ctx.Queue()
-    child = ctx.Process(target=target, args=(queue, *args))
-    child.start()
-    return child, queue.get(timeout=30)
 
 
 def _stop(child: mp.Process) -> None:
@@ -40,15 +27,8 @@ def _stop(child: mp.Process) -> None:
 # -- child-process bodies (module level: spawn pickles them by name) ---------
 
 
-def _own_a_buffer(queue) -> MPReplayBuffer:
-    buffer = MPReplayBuffer(8, {"obs": {}})
-    buffer.add(obs=1.0)
-    queue.put(buffer.name)
-    return buffer
-
-
 def _sleep_and_signal_from_a_helper_thread(queue, sig: int) -> None:
-    buffer = _own_a_buffer(queue)  # noqa: F841 (alive while the child sleeps)
+    buffer = own_a_buffer(queue)  # noqa: F841 (alive while the child sleeps)
 
     # A signal sent to the process may land on any thread that does not block it; here it lands
     # on a helper thread for sure, while the main thread sleeps.
@@ -61,7 +41,7 @@ def _sleep_and_signal_from_a_helper_thread(queue, sig: int) -> None:
 
 
 def _busy_in_c(queue) -> None:
-    buffer = _own_a_buffer(queue)  # noqa: F841
+    buffer = own_a_buffer(queue)  # noqa: F841
     queue.close()
     queue.join_thread()  # the name is sent before the GIL is taken for good
     # sum() over an iterator that never ends runs in C with the GIL held: no Python handler can run.
@@ -74,7 +54,7 @@ def _handle_sigterm_itself(queue) -> None:
         os._exit(7)
 
     signal.signal(signal.SIGTERM, leave)
-    buffer = _own_a_buffer(queue)
+    buffer = own_a_buffer(queue)
     while True:  # short sleeps: this handler is not guarded, and a signal just before a sleep waits for its end
         time.sleep(0.05)
 
@@ -86,29 +66,29 @@ def _sleep(seconds: float) -> None:
 # -- behaviour ---------------------------------------------------------------
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 @pytest.mark.timeout(60)
 def test_a_signal_on_another_thread_ends_the_child_while_its_main_thread_sleeps(method, sig):
-    child, name = _run_child(method, _sleep_and_signal_from_a_helper_thread, sig)
+    child, name = start_buffer_owner(method, _sleep_and_signal_from_a_helper_thread, sig)
     try:
         child.join(20)
         assert child.exitcode == -sig
-        assert not _segment_exists(name)
+        assert not segment_exists(name)
     finally:
         _stop(child)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_a_child_stuck_in_c_with_the_gil_is_still_unlinked_and_ended_by_sigterm(method):
-    child, name = _run_child(method, _busy_in_c)
+    child, name = start_buffer_owner(method, _busy_in_c)
     try:
         time.sleep(0.5)  # into the endless sum by then
         child.terminate()
         child.join(20)
         assert child.exitcode == -signal.SIGTERM
-        assert not _segment_exists(name)
+        assert not segment_exists(name)
     finally:
         _stop(child)
         # Its Python handler never ran, so the resource tracker still lists the segment and
@@ -116,15 +96,15 @@ def test_a_child_stuck_in_c_with_the_gil_is_still_unlinked_and_ended_by_sigterm(
         resource_tracker.unregister(f"/{name}", "shared_memory")
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(60)
 def test_a_sigterm_handler_the_program_set_itself_is_kept(method):
-    child, name = _run_child(method, _handle_sigterm_itself)
+    child, name = start_buffer_owner(method, _handle_sigterm_itself)
     try:
         child.terminate()
         child.join(20)
         assert child.exitcode == 7
-        assert not _segment_exists(name)
+        assert not segment_exists(name)
     finally:
         _stop(child)
 
@@ -139,7 +119,7 @@ def _terminate_a_forked_child_of_an_owner(target, *args) -> tuple[int | None, bo
             time.sleep(0.5)
             child.terminate()
             child.join(20)
-            return child.exitcode, _segment_exists(buffer.name)
+            return child.exitcode, segment_exists(buffer.name)
         finally:
             _stop(child)
 

@@ -11,6 +11,7 @@ the buffer holds exactly what a buffer without a limiter holds after the same ca
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import multiprocessing as mp
 import pickle
@@ -18,6 +19,7 @@ import threading
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, retry_after_timeouts
 
 from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer, SampleToInsertRatio, SequenceReplayBuffer
 from mpreplay.vector_env import TransitionBatch, VectorWriter
@@ -35,7 +37,6 @@ SIZE = 256
 # Inserts wait once they are 6 rows ahead of the samples (room for the rows an n-step episode end
 # stores while earlier ones wait for their next observation); samples never wait for inserts.
 AHEAD = 6.0
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
 
 
 def _limiter() -> SampleToInsertRatio:
@@ -135,16 +136,8 @@ def _reference(path: str, calls: list[tuple]) -> dict:
 def _make_each(calls: list[tuple], writer, buffer) -> int:
     """Make each call through ``writer``, sampling and making it again while it times out;
     returns how many timed out."""
-    timeouts = 0
-    for call in calls:
-        while True:
-            try:
-                _make(call, writer, 0)
-                break
-            except TimeoutError:
-                timeouts += 1
-                _make_room(buffer)
-    return timeouts
+    make_room = functools.partial(_make_room, buffer)
+    return sum(retry_after_timeouts(functools.partial(_make, call, writer, 0), make_room) for call in calls)
 
 
 # -- one buffer, one writer ---------------------------------------------------------------
@@ -238,15 +231,7 @@ def test_a_batch_longer_than_the_buffer_that_the_limiter_could_never_let_through
 
 def _write_with_retries(buffer, timeouts) -> None:
     """Make each call, again and again while it times out (a sampler in the parent makes room)."""
-    count = 0
-    for call in _calls():
-        while True:
-            try:
-                _make(call, buffer, 0)
-                break
-            except TimeoutError:
-                count += 1
-    timeouts.put(count)
+    timeouts.put(sum(retry_after_timeouts(functools.partial(_make, call, buffer, 0)) for call in _calls()))
 
 
 def _sample_while(buffer, process) -> None:
@@ -256,7 +241,7 @@ def _sample_while(buffer, process) -> None:
         process.join(0.005)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.parametrize("path", ["nstep", "nstep-next_of-stack_compress"])
 @pytest.mark.timeout(120, method="thread")
 def test_a_writer_process_whose_writes_time_out_and_are_made_again_stores_each_transition_once(method, path):
@@ -317,15 +302,11 @@ def test_a_vector_batch_added_again_after_timeouts_is_stored_once(layout):
         ReplayBuffer(SIZE, ENV, rate_limiter=_limiter(), **VECTOR[layout]) as buffer,
         VectorWriter(buffer, NUM_ENVS) as writer,
     ):
-        timeouts = 0
-        for batch in _vector_batches():
-            while True:
-                try:
-                    writer.add(batch, timeout=0)
-                    break
-                except TimeoutError:
-                    timeouts += 1
-                    _make_room(buffer)
+        make_room = functools.partial(_make_room, buffer)
+        timeouts = sum(
+            retry_after_timeouts(functools.partial(writer.add, batch, timeout=0), make_room)
+            for batch in _vector_batches()
+        )
         got = _stored(buffer)
     assert timeouts > 0
     assert got == _vector_reference(layout)
@@ -383,19 +364,14 @@ def test_a_vector_add_on_a_shared_buffer_bounds_the_episode_end_it_passes_on_by_
 
 
 def _vector_actor(buffer, timeouts) -> None:
-    count = 0
     with VectorWriter(buffer, NUM_ENVS) as writer:
-        for batch in _vector_batches():
-            while True:
-                try:
-                    writer.add(batch, timeout=0)
-                    break
-                except TimeoutError:
-                    count += 1
+        count = sum(
+            retry_after_timeouts(functools.partial(writer.add, batch, timeout=0)) for batch in _vector_batches()
+        )
     timeouts.put(count)
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.parametrize("layout", VECTOR)
 @pytest.mark.timeout(120, method="thread")
 def test_a_vector_actor_process_whose_adds_time_out_and_are_made_again_stores_each_transition_once(method, layout):

@@ -5,22 +5,17 @@ from __future__ import annotations
 
 import io
 import multiprocessing as mp
-from collections.abc import Callable
 from typing import Any
 
 import damage  # tests/damage.py: transitions files taken apart and put together
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, TAGGED_STACK_FIELDS, reloaded, saved_file, tagged_episode
 
 from mpreplay import MPPrioritizedReplayBuffer, MPReplayBuffer, ReplayBuffer
 from mpreplay.fileformat import TransitionFileError
 
-ENV = {
-    "tag": {"shape": (3,), "dtype": np.int64},
-    "obs": {"shape": (3, 3, 4), "dtype": np.uint8},
-    "next_obs": {"shape": (3, 3, 4), "dtype": np.uint8},
-    "done": {},
-}
+ENV = TAGGED_STACK_FIELDS
 WIDTH = 40  # slots per lane of every buffer here
 LENGTHS = [9, 13, 7, 11]  # episode lengths, in turn
 COMPRESSIONS = pytest.mark.parametrize(
@@ -32,18 +27,8 @@ BOTH_STACKED = {"stack_compress": "obs", "next_of": "obs"}
 
 
 def _episode(writer: int, episode: int, n: int, *, ended: bool = True) -> dict[str, np.ndarray]:
-    """n steps of one episode; ``tag`` says (writer, episode, step).  Each stack is the previous one
-    shifted by a new frame, the first frame repeated at the start; ``next_obs`` is the next stack."""
-    rng = np.random.default_rng([writer, episode, n])
-    frames = rng.integers(0, 256, size=(n + 1, 3, 3), dtype=np.uint8)
-    stacks = np.moveaxis(frames[np.maximum(0, np.arange(n + 1)[:, None] - 3 + np.arange(4))], 1, -1)
-    s = np.arange(n)
-    return {
-        "tag": np.stack([np.full(n, writer), np.full(n, episode), s], axis=1),
-        "obs": np.ascontiguousarray(stacks[:n]),
-        "next_obs": np.ascontiguousarray(stacks[1:]),
-        "done": ((s == n - 1) & ended).astype(np.float32),
-    }
+    """n steps of one episode, with stacks of frames drawn from a generator seeded by (writer, episode, n)."""
+    return tagged_episode(writer, episode, n, ended=ended, rng=np.random.default_rng([writer, episode, n]))
 
 
 def _fill(writer: Any, w: int, steps: int) -> None:
@@ -57,15 +42,6 @@ def _fill(writer: Any, w: int, steps: int) -> None:
         if whole and e % 3 == 2:
             writer.on_episode_end()
         stored, e = stored + n, e + 1
-
-
-def _reloaded(rb: Any, make: Callable[[], Any]) -> Any:
-    f = io.BytesIO()
-    rb.save_transitions(f)
-    f.seek(0)
-    fresh = make()
-    fresh.load_transitions(f)
-    return fresh
 
 
 def _listed(rb: Any, lanes: bool) -> dict[str, np.ndarray]:
@@ -89,10 +65,7 @@ def _tags(rb: Any) -> list[tuple[int, int, int]]:
 
 def _members(rb: Any) -> dict[str, Any]:
     """The arrays of ``rb``'s file, its metadata record decoded."""
-    f = io.BytesIO()
-    rb.save_transitions(f)
-    f.seek(0)
-    return damage.file_members(f)
+    return damage.file_members(saved_file(rb))
 
 
 # -- every transition, in its lane and episode ---------------------------------------------------------
@@ -105,7 +78,7 @@ def test_a_buffer_loads_back_its_own_file_wherever_its_lane_wrapped(options):
         # The oldest episode kept is cut at every offset of its steps.
         rb = make()
         _fill(rb, 0, WIDTH + extra)
-        _assert_same(_reloaded(rb, make), rb)
+        _assert_same(reloaded(rb, make), rb)
 
 
 @pytest.mark.parametrize("lanes", [1, 2, 3])
@@ -120,7 +93,7 @@ def test_a_round_trip_gives_back_every_transition_in_its_lane_and_episode(cls, l
             writers = [rb] + [rb.episode_writer() for _ in range(lanes - 1)]
             for w, writer in enumerate(writers):
                 _fill(writer, w, WIDTH + extra + 5 * w)  # each lane wrapped at another offset
-            with _reloaded(rb, make) as loaded:
+            with reloaded(rb, make) as loaded:
                 _assert_same(loaded, rb)
             for writer in writers[1:]:
                 writer.close()
@@ -131,7 +104,7 @@ def _write_lane(buffer: Any, w: int) -> None:
     buffer.close()
 
 
-@pytest.mark.parametrize("method", ["spawn", "fork"])
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_lanes_written_by_other_processes_load_back(method):
     def make():
@@ -147,7 +120,7 @@ def test_lanes_written_by_other_processes_load_back(method):
             assert child.exitcode == 0
         _fill(rb, 0, WIDTH + 3)
         assert sorted({tag[0] for tag in _tags(rb)}) == [0, 1, 2]
-        with _reloaded(rb, make) as loaded:
+        with reloaded(rb, make) as loaded:
             _assert_same(loaded, rb)
 
 
@@ -199,7 +172,7 @@ def test_an_episode_open_at_save_time_loads_back_ended(options):
     rb = make()
     rb.add(**_episode(0, 0, 6))
     rb.add(**_episode(0, 1, 5, ended=False))
-    loaded = _reloaded(rb, make)
+    loaded = reloaded(rb, make)
     _assert_same(loaded, rb)
     loaded.add(**_episode(0, 2, 3))  # a new episode: its first stack repeats its first frame
     assert _tags(loaded) == _tags(rb) + [(0, 2, s) for s in range(3)]
@@ -229,7 +202,7 @@ def _three_lanes(steps: int, options: dict[str, str] = BOTH_STACKED) -> ReplayBu
 
 def test_a_file_of_three_lanes_loads_its_episodes_one_after_another_into_one():
     rb = _three_lanes(20)
-    loaded = _reloaded(rb, lambda: ReplayBuffer(WIDTH * 3, ENV, **BOTH_STACKED))
+    loaded = reloaded(rb, lambda: ReplayBuffer(WIDTH * 3, ENV, **BOTH_STACKED))
     _assert_same(loaded, rb, lanes=False)
 
 
@@ -239,7 +212,7 @@ def test_episodes_loaded_one_after_another_into_a_lane_stay_apart_in_its_next_fi
         return ReplayBuffer(WIDTH * 3, ENV, **options)  # one lane
 
     rb = _three_lanes(WIDTH + 3, options)  # every lane wrapped: each starts with an episode cut short
-    twice = _reloaded(_reloaded(rb, make), make)
+    twice = reloaded(reloaded(rb, make), make)
     _assert_same(twice, rb, lanes=False)
 
 
@@ -262,7 +235,7 @@ def test_an_episode_cut_short_stays_apart_from_the_one_before_it_in_its_lane():
     members["episode.id"] = np.array([0, 0, 1, 1, 1, 1, 1])
     once = make()
     once.load_transitions(damage.file_archive(members))
-    twice = _reloaded(once, make)
+    twice = reloaded(once, make)
     _assert_same(twice, once)
     assert _tags(twice) == [(0, 0, 1), (0, 0, 2)] + [(1, 0, s) for s in range(3, 8)]
 
@@ -310,17 +283,10 @@ def test_a_file_whose_episode_is_in_two_lanes_is_refused_and_changes_nothing(unc
 
 
 # -- files of format version 1 (no episodes) load as before ---------------------------------------------
-def _as_version_1(members: dict[str, Any]) -> io.BytesIO:
-    meta = members["metadata.json"]
-    meta["format_version"] = 1
-    del meta["episodes"], members["episode.id"], members["episode.lane"]
-    return damage.file_archive(members)
-
-
 def test_a_format_version_1_file_loads_as_the_steps_of_one_episode():
     rb = _two_episodes()
     target = ReplayBuffer(WIDTH, ENV, **BOTH_STACKED)
-    assert target.load_transitions(_as_version_1(_members(rb))) == 15
+    assert target.load_transitions(damage.file_archive(damage.as_version_1(_members(rb)))) == 15
     _assert_same(target, rb)
 
 
@@ -329,4 +295,4 @@ def test_a_format_version_1_file_whose_oldest_stack_reads_unsaved_frames_is_stil
     _fill(rb, 0, WIDTH + 5)  # wrapped mid-episode: the oldest stack holds frames of no saved row
     target = ReplayBuffer(WIDTH, ENV, stack_compress="obs")
     with unchanged(target), pytest.raises(ValueError, match="stack_compress"):
-        target.load_transitions(_as_version_1(_members(rb)))
+        target.load_transitions(damage.file_archive(damage.as_version_1(_members(rb))))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import io
-import multiprocessing as mp
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ import pytest
 gym = pytest.importorskip("gymnasium")
 from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
+from helpers import EACH_START_METHOD, retry_after_timeouts, run_in_child
 
 from mpreplay import MPReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer, SampleToInsertRatio, SequenceReplayBuffer
 from mpreplay.vector_env import DISABLED, NEXT_STEP, SAME_STEP, VectorTransitions, VectorWriter, env_dict
@@ -233,7 +233,7 @@ def test_a_sync_vector_env_stores_what_each_sub_environment_alone_stores(mode, n
 
 @pytest.mark.parametrize("nstep, layout", [(1, "plain"), (3, "both")])
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("method", ["spawn", "fork"])
+@EACH_START_METHOD
 @pytest.mark.timeout(120, method="thread")
 def test_an_async_vector_env_stores_what_each_sub_environment_alone_stores(method, mode, nstep, layout):
     env = _make("async", mode, context=method)
@@ -602,15 +602,12 @@ def _actor_process(buffer, nstep, layout) -> None:
 
 
 @pytest.mark.parametrize("layout", ["plain", "both"])
-@pytest.mark.parametrize("method", ["spawn", "fork"])
+@EACH_START_METHOD
 @pytest.mark.timeout(120, method="thread")
 def test_an_actor_process_writes_a_shared_buffer_as_the_reference_loop_does(method, layout):
     fields = env_dict(Toy(0).observation_space, Toy(0).action_space, discount=True)
     with MPReplayBuffer(NUM_ENVS * 256, fields, **_buffer_options(layout, False, NUM_ENVS)) as buffer:
-        child = mp.get_context(method).Process(target=_actor_process, args=(buffer, 3, layout))
-        child.start()
-        child.join(100)
-        assert child.exitcode == 0
+        assert run_in_child(method, _actor_process, buffer, 3, layout, timeout=100) == 0
         stored = buffer.get_all_transitions()
     completed = np.array([(_episode_of(stored)[_env_of_toy(stored) == i]).max() for i in range(NUM_ENVS)])
     _assert_same_as_reference(
@@ -632,13 +629,7 @@ def test_a_batch_a_timeout_interrupted_is_finished_by_adding_it_again():
         timeouts = 0
         for batch in batches:
             reference.add(batch)
-            while True:
-                try:
-                    writer.add(batch, timeout=0)
-                    break
-                except TimeoutError:
-                    timeouts += 1
-                    limited.sample(8)
+            timeouts += retry_after_timeouts(functools.partial(writer.add, batch, timeout=0), lambda: limited.sample(8))
         assert timeouts > 0
         got, want = limited.get_all_transitions(), free.get_all_transitions()
     assert {k: v.tobytes() for k, v in got.items()} == {k: v.tobytes() for k, v in want.items()}

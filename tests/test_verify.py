@@ -8,11 +8,11 @@ import multiprocessing as mp
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, EPISODE_STEP_FIELDS, assert_child_dies_at, start_lock_holder
 
 from mpreplay import (
     CorruptBufferError,
@@ -35,10 +35,8 @@ from mpreplay._ext.schema import (
     TREE_ARRAY,
 )
 from mpreplay.cli import main
-from mpreplay.inspect import arm_fault
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
-ENV = {"obs": {"shape": (2,)}, "done": {}}
+ENV = EPISODE_STEP_FIELDS
 CAPACITY = 64
 
 
@@ -127,7 +125,7 @@ def test_a_buffer_wrapped_many_times_and_updated_verifies(make):
     with make() as buffer:
         for lap in range(12):
             _add_episode(buffer, 25, first=100 * lap)
-            if hasattr(buffer, "update_priorities"):
+            if buffer.config.by_priority:
                 batch = buffer.sample(8)
                 buffer.update_priorities(batch["indexes"], np.arange(1.0, 9.0))
         assert buffer.verify()["complete"] == buffer.get_stored_size()
@@ -149,21 +147,12 @@ def test_a_reservation_is_refused_where_writers_have_lanes_of_their_own():
         _next_of().inspection().reserve(1)
 
 
-def _add_and_die_publishing(buffer) -> None:
-    arm_fault("publish")
-    _add_episode(buffer, 8, first=1000)
-    os._exit(3)  # not reached: the armed site kills the process
-
-
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_a_buffer_whose_holder_died_verifies_once_recovered(method):
     with MPPrioritizedReplayBuffer(CAPACITY, ENV) as buffer:
         _add_episode(buffer, 30)
-        child = mp.get_context(method).Process(target=_add_and_die_publishing, args=(buffer,))
-        child.start()
-        child.join(60)
-        assert child.exitcode == -signal.SIGKILL
+        assert_child_dies_at(method, "publish", _add_episode, buffer, 8, 1000, timeout=60)
         report = buffer.verify()  # its lock acquisition repairs the buffer
         assert buffer.stats()["lock_recoveries"] == 1
         assert report["complete"] == buffer.get_stored_size()
@@ -327,22 +316,13 @@ def test_mpreplay_verify_names_each_disagreement_and_exits_1(capsys):
     assert "header STORED: 3, but 40 slots are COMPLETE" in capsys.readouterr().out
 
 
-def _hold_the_lock_and_wait(buffer, held) -> None:
-    with buffer.inspection().holding_lock():
-        held.set()
-        time.sleep(120)
-
-
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_mpreplay_verify_leaves_a_dead_holders_repair_to_the_buffer(method, capsys):
     ctx = mp.get_context(method)
     with MPPrioritizedReplayBuffer(CAPACITY, ENV) as buffer:
         _add_episode(buffer, 40)
-        held = ctx.Event()
-        holder = ctx.Process(target=_hold_the_lock_and_wait, args=(buffer, held))
-        holder.start()
-        assert held.wait(60)
+        holder = start_lock_holder(ctx, buffer)
         os.kill(holder.pid, signal.SIGKILL)
         holder.join(30)
         assert main(["verify", buffer.name]) == 1

@@ -9,12 +9,12 @@ import time
 
 import numpy as np
 import pytest
+from helpers import EACH_START_METHOD, OBS_OF_4
 
 from mpreplay import MPReplayBuffer
 from mpreplay._ext.processes import process_token, token_alive
 
-METHODS = pytest.mark.parametrize("method", ["spawn", "fork"])
-ENV = {"obs": {"shape": (4,)}}
+ENV = OBS_OF_4
 _LAST_PID = "/proc/sys/kernel/ns_last_pid"
 _TICK_S = 1 / os.sysconf("SC_CLK_TCK")  # the unit of a process start time
 
@@ -55,7 +55,7 @@ def test_a_token_tells_a_process_from_a_later_one_with_its_pid():
     assert not token_alive(me + (1 << 22))  # same pid, another start time
 
 
-@METHODS
+@EACH_START_METHOD
 @pytest.mark.timeout(120)
 def test_a_stranger_reusing_a_dead_writers_pid_does_not_block_writers(method):
     ctx = mp.get_context(method)

@@ -7,8 +7,6 @@ from .lock import SharedLock, ThreadLock
 class BufferClosed(RuntimeError):
     """The buffer was closed: its memory is gone, or its owner closed it."""
 
-KEEP_UNREAD: int  # limits[LIMIT_ON] of a Queue or a Stack: writes never overwrite an unread row
-
 def deadline(timeout: float | None) -> float:
     """The ``time.monotonic()`` moment a ``timeout`` in seconds ends (None: never, inf)."""
 

@@ -26,6 +26,11 @@ Rates are medians over slices of the window; stale updates, lock waits
 (mpreplay's ``stats()``) and CPU are totals over the window.  The targets
 table compares figures of this same run.  Other work on the machine skews
 every figure: the "others' cores" column shows how much there was.
+
+``--peers DIR`` runs every case also for Reverb (its server in a process of
+its own) and TorchRL's multi-process buffer, each in its venv
+(``python -m mpreplay.bench.peers --setup DIR``), and prints every buffer's
+rows per CPU-second of every process of the case (:mod:`mpreplay.bench.mp_peers`).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from typing import Any
 import numpy as np
 
 import mpreplay
+from mpreplay.bench import mp_peers
 from mpreplay.bench._report import print_table
 from mpreplay.bench.mp_processes import Result, Timing, gather_limit, run_case
 from mpreplay.bench.mp_workloads import (
@@ -64,6 +70,7 @@ from mpreplay.bench.mp_workloads import (
     Obs,
     fill,
 )
+from mpreplay.bench.peers import ENV_VAR, peers_directory
 
 
 def _cases(ctx: Any, contender: Contender, obs: Obs, timing: Timing) -> list[Result]:
@@ -336,7 +343,23 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         default=ATARI_SCALE.capacity,
         help="capacity of the --atari-scale buffer (default 1e6; --quick: 8000)",
     )
-    return parser.parse_args(list(argv))
+    peers = parser.add_argument_group("peers", "Reverb and TorchRL on every case (mpreplay.bench.mp_peers)")
+    peers.add_argument(
+        "--peers",
+        metavar="DIR",
+        help=f"the peers' venvs, made by `python -m mpreplay.bench.peers --setup DIR` (default: ${ENV_VAR})",
+    )
+    peers.add_argument(
+        "--with-cpprb", action="store_true", help="with --quick: run cpprb too (a quick run skips it otherwise)"
+    )
+    peers.add_argument("--json", metavar="FILE", help="with peers: write every buffer's lines and the targets as JSON")
+    peers.add_argument("--plot", metavar="FILE.png", help="with peers: draw rows per CPU-second of every buffer")
+    args = parser.parse_args(list(argv))
+    if (args.json or args.plot) and peers_directory(args.peers) is None:
+        parser.error(f"--json and --plot draw the peers' table: give --peers DIR (or set {ENV_VAR})")
+    if args.atari_scale and args.peers:
+        parser.error("--atari-scale runs mpreplay and cpprb only; --peers runs the cases of the default run")
+    return args
 
 
 @contextmanager
@@ -363,8 +386,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     timing = Timing(seconds, warmup=min(1.0, seconds / 3), slices=3 if args.quick else 10)
     ctx = multiprocessing.get_context(args.start_method)
     contenders = [MPREPLAY]
-    if not args.quick and importlib.util.find_spec("cpprb") is not None:
+    if (not args.quick or args.with_cpprb) and importlib.util.find_spec("cpprb") is not None:
         contenders.append(CPPRB)
+    directory = None if args.atari_scale else peers_directory(args.peers)
     observations = [SMALL, ATARI]
     if args.quick:
         observations = [o.resized(QUICK_CAPACITY[o.label]) for o in observations]
@@ -379,6 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     results += _cases(ctx, contender, obs, timing)
                 results.append(gather_limit(obs, timing))
             sweep = _sweep(ctx, QUICK_SWEEP if args.quick else SWEEP, timing)
+            peers = None if directory is None else mp_peers.run_peers(directory, observations, timing)
     except KeyboardInterrupt:
         print("interrupted: every process was stopped and every segment unlinked", file=sys.stderr)
         return 128 + signal.SIGINT
@@ -394,6 +419,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     _mp_table(
         "Targets (ratios from this run)", _TARGET_COLUMNS, [_target_cells(t) for t in _targets(results, sweep)], group=0
     )
+    if peers is None:
+        print(
+            f"Reverb and TorchRL not run: give --peers DIR (or set {ENV_VAR}), DIR made by "
+            "`python -m mpreplay.bench.peers --setup DIR`."
+        )
+        return 0
+    mp_peers.print_report(results, peers)
+    if args.json:
+        mp_peers.dump(args.json, results, peers)
+    if args.plot:
+        mp_peers.plot(results, peers, args.plot)
+        print(f"plot written to {args.plot}")
     return 0
 
 

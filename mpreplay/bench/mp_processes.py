@@ -1,63 +1,35 @@
 """``mpreplay bench mp``'s processes: one case's writers and learner run for the same window of the
-monotonic clock and report what they did; and the memory limit, a gather of the same rows in one process."""
+monotonic clock (:mod:`mpreplay.bench.case_clock`) and report what they did; :func:`summarize` makes a
+table's line of what any case's processes reported, mpreplay's or a peer's; and the memory limit, a
+gather of the same rows in one process."""
 
 from __future__ import annotations
 
 import itertools
-import os
-import resource
-import signal
-import time
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
 
+from mpreplay.bench.case_clock import (
+    REPLY_TIMEOUT,
+    Timing,
+    Trace,
+    Window,
+    machine_busy_seconds,
+    marks,
+    others_cores,
+    run_until,
+    run_window,
+    serve_window,
+    slice_rates,
+)
 from mpreplay.bench.mp_workloads import BATCH, BETA, POOL, Contender, Obs, adds, env_dict
 from mpreplay.memory import Layout, SharedMemory
 
-_REPLY_TIMEOUT = 120.0  # seconds a process may take to get ready or to report
-
-
-@dataclass(frozen=True)
-class Timing:
-    seconds: float
-    warmup: float
-    slices: int
-
-
-@dataclass(frozen=True)
-class Trace:
-    """What one process did between the first and the last mark."""
-
-    counts: list[int]  # calls done by each mark
-    cpu: float  # CPU seconds (user + system)
-    faults: int  # minor page faults
-
-
-def run_until(marks: Sequence[float], op: Callable[[], None], stride: int) -> Trace:
-    """Call ``op`` until the monotonic clock passes the last mark.
-
-    The clock (system-wide, so every process shares the marks) is read every
-    ``stride`` calls: reading it costs as much as a fraction of a fast add.
-    """
-    calls, counts = 0, []
-    clock, strides = time.monotonic, range(stride)
-    for mark in marks:
-        while clock() < mark:
-            for _ in strides:
-                op()
-            calls += stride
-        counts.append(calls)
-        if len(counts) == 1:
-            first = resource.getrusage(resource.RUSAGE_SELF)
-    last = resource.getrusage(resource.RUSAGE_SELF)
-    return Trace(
-        counts, last.ru_utime + last.ru_stime - first.ru_utime - first.ru_stime, last.ru_minflt - first.ru_minflt
-    )
+__all__ = ["Result", "Timing", "Trace", "gather_limit", "run_case", "summarize"]
 
 
 @dataclass(frozen=True)
@@ -72,7 +44,7 @@ class Role:
     reuse: bool = False  # the learner samples into its previous batch (mpreplay's out=)
 
 
-def _operation(role: Role, buffer: Any) -> tuple[Callable[[], None], int]:
+def role_operation(role: Role, buffer: Any) -> tuple[Callable[[], None], int]:
     """The role's unit of work and how many calls to make between clock reads."""
     if role.kind == "writer":
         items = itertools.cycle(adds(role.obs, role.rows, role.scalar_shape, role.seed))
@@ -94,28 +66,20 @@ def _operation(role: Role, buffer: Any) -> tuple[Callable[[], None], int]:
     return learn, 1
 
 
-def _child(role: Role, buffer: Any, conn: Connection) -> None:
-    """Process body: get ready, receive the marks, run, report a :class:`Trace`."""
-    # A Ctrl-C reaches the whole process group: only the parent reacts, and it
-    # stops the children itself.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        op, stride = _operation(role, buffer)
+def role_child(role: Role, buffer: Any, conn: Connection) -> None:
+    """Process body: get ready (a writer after one lap of its ring), run to the marks, report."""
+
+    def build() -> tuple[Callable[[], None], int]:
+        op, stride = role_operation(role, buffer)
         if role.kind == "writer":
             # A process faults on the first write to every page of the
             # segment, a cost a long-running actor pays once: one lap of the
             # ring (of its lane, compressed) before the window leaves only the steady state in it.
             for _ in range(-(-role.obs.capacity // (max(1, role.obs.lanes) * role.rows))):
                 op()
-        conn.send("ready")
-        marks = conn.recv()
-        conn.send(run_until(marks, op, stride))
-    except (EOFError, BrokenPipeError):  # the parent is gone
-        pass
-    except BaseException:
-        conn.send(("error", traceback.format_exc()))
-    finally:
-        conn.close()
+        return op, stride
+
+    serve_window(conn, build)
 
 
 @dataclass
@@ -132,85 +96,23 @@ class Result:
     updates: float | None = None  # priority updates applied per second over the window
     stale: int | None = None
     lock_wait: float | None = None  # share of the window x processes spent waiting for the lock
-    cpu: float | None = None  # cores busy (CPU seconds / window)
+    cpu: float | None = None  # cores busy (CPU seconds / window), every process of the case
     writer_cpu: float | None = None  # the writers' share of `cpu`
     learner_cpu: float | None = None  # the learner's (or the gather's) share of `cpu`
     faults: float | None = None  # minor page faults per second, all processes of the case
     others: float | None = None  # cores busy with other work meanwhile
     learner_faults: float | None = None  # the learner's minor page faults per sample call
+    server_cpu: float | None = None  # a server process's share of `cpu` (Reverb's)
+    steps: float | None = None  # learner steps (sample + update) per second, median over slices
 
 
-def _case_label(writers: int, learner: bool) -> str:
+def case_label(writers: int, learner: bool) -> str:
     parts = [f"{writers} writer{'s' if writers > 1 else ''}"] if writers else []
     return " + ".join(parts + ["learner"] * learner)
 
 
-def _receive(conn: Connection, proc: Any, timeout: float = _REPLY_TIMEOUT) -> Any:
-    ready = wait([conn, proc.sentinel], timeout=timeout)
-    if conn in ready:
-        try:
-            message = conn.recv()
-        except EOFError:
-            message = None
-        if isinstance(message, tuple) and message[0] == "error":
-            raise RuntimeError(f"{proc.name} failed:\n{message[1]}")
-        if message is not None:
-            return message
-    if not ready:
-        raise TimeoutError(f"{proc.name} did not answer within {timeout:.0f} s")
-    proc.join(1.0)
-    raise RuntimeError(f"{proc.name} ended without reporting (exit code {proc.exitcode})")
-
-
-def _stop(procs: Sequence[Any]) -> None:
-    """End and reap every process: terminate, then kill what is left."""
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        p.join(1.0)
-        if p.is_alive():
-            p.kill()
-            p.join()
-
-
-def _machine_busy_seconds() -> float | None:
-    """CPU seconds every core of the machine spent busy since boot (Linux), or None."""
-    try:
-        with open("/proc/stat") as f:
-            ticks = [int(x) for x in f.readline().split()[1:9]]  # user .. steal: guest time is inside user
-    except (OSError, ValueError):
-        return None
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
-
-
-@dataclass(frozen=True)
-class _Snapshot:
-    stats: dict[str, float] | None  # the buffer's counters (mpreplay only)
-    busy: float | None  # _machine_busy_seconds()
-
-
-def _snapshot_at(buffer: Any, when: float) -> _Snapshot:
-    time.sleep(max(0.0, when - time.monotonic()))
-    return _Snapshot(buffer.stats() if hasattr(buffer, "stats") else None, _machine_busy_seconds())
-
-
-def _others_cores(busy_before: float | None, busy_after: float | None, window: float, ours: float) -> float | None:
-    # Other work on the machine during the window (other programs and this
-    # benchmark's parent): what the case competed with for the cores.
-    if busy_before is None or busy_after is None:
-        return None
-    return max(0.0, (busy_after - busy_before) / window - ours)
-
-
-def _marks(timing: Timing) -> list[float]:
-    """Monotonic times: the end of the warm-up from now, then the end of every slice."""
-    start = time.monotonic() + timing.warmup
-    return [start + timing.seconds * i / timing.slices for i in range(timing.slices + 1)]
-
-
-def _slice_rates(counts: Sequence[int], marks: Sequence[float], rows: int) -> np.ndarray:
-    return np.diff(counts) * rows / np.diff(marks)
+def _stats(buffer: Any) -> dict[str, float] | None:
+    return buffer.stats() if hasattr(buffer, "stats") else None  # mpreplay's counters; cpprb has none
 
 
 def run_case(
@@ -226,57 +128,67 @@ def run_case(
 ) -> Result:
     roles = [Role("writer", rows, obs, contender.scalar_shape, seed=10 + i) for i in range(writers)]
     roles += [Role("learner", BATCH, obs, contender.scalar_shape, seed=99, reuse=reuse)] * learner
-    procs, conns = [], []
-    try:
-        for i, role in enumerate(roles):
-            mine, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_child, args=(role, buffer, theirs), name=f"{role.kind} {i}", daemon=True)
-            proc.start()
-            theirs.close()
-            procs.append(proc)
-            conns.append(mine)
+    window = run_window(
+        ctx,
+        [(f"{role.kind} {i}", role_child, (role, buffer)) for i, role in enumerate(roles)],
+        timing,
         # Getting ready includes a writer's lap of its ring: allow 1 ms per slot of the buffer.
-        for conn, proc in zip(conns, procs, strict=True):
-            _receive(conn, proc, max(_REPLY_TIMEOUT, obs.capacity * 1e-3))
-        marks = _marks(timing)
-        for conn in conns:
-            conn.send(marks)
-        before, after = _snapshot_at(buffer, marks[0]), _snapshot_at(buffer, marks[-1])
-        reports = [_receive(conn, proc) for conn, proc in zip(conns, procs, strict=True)]
-    finally:
-        _stop(procs)
-        for conn in conns:
-            conn.close()
-    window = marks[-1] - marks[0]
-    cores = sum(r.cpu for r in reports) / window
+        ready_timeout=max(REPLY_TIMEOUT, obs.capacity * 1e-3),
+        snapshot=lambda: _stats(buffer),
+    )
+    return summarize(window, obs.label, contender.name, obs.capacity, writers, learner, rows)
+
+
+def summarize(
+    window: Window,
+    obs: str,
+    buffer: str,
+    capacity: int,
+    writers: int,
+    learner: bool,
+    rows: int,
+    batch: int = BATCH,
+) -> Result:
+    """A table's line of a case's window: the writers' reports first, then the learner's; a watched
+    process (a server) counts in the CPU; snapshots, when there are, are mpreplay's ``stats()``."""
+    at, reports = window.marks, window.reports
+    span = at[-1] - at[0]
+    server_cpu = server_faults = 0.0
+    first, last = window.watched
+    if first is not None and last is not None:
+        server_cpu, server_faults = (last[0] - first[0]) / span, (last[1] - first[1]) / span
+    cores = sum(r.cpu for r in reports) / span + server_cpu
     result = Result(
-        obs.label,
-        contender.name,
-        _case_label(writers, learner),
-        obs.capacity,
+        obs,
+        buffer,
+        case_label(writers, learner),
+        capacity,
         rows if writers else None,
         cpu=cores,
-        faults=sum(r.faults for r in reports) / window,
-        others=_others_cores(before.busy, after.busy, window, cores),
+        faults=sum(r.faults for r in reports) / span + server_faults,
+        others=others_cores(*window.busy, span, cores),
+        server_cpu=server_cpu if first is not None else None,
     )
     if writers:
-        rates = sum(_slice_rates(r.counts, marks, rows) for r in reports[:writers])
+        rates = sum(slice_rates(r.counts, at, rows) for r in reports[:writers])
         result.inserts = float(np.median(rates))
-        result.writer_cpu = sum(r.cpu for r in reports[:writers]) / window
+        result.writer_cpu = sum(r.cpu for r in reports[:writers]) / span
+    before, after = window.snapshots
     if learner:
-        result.learner_cpu = reports[-1].cpu / window
+        result.learner_cpu = reports[-1].cpu / span
         counts = reports[-1].counts
         result.learner_faults = reports[-1].faults / max(1, counts[-1] - counts[0])
-        result.sampled = float(np.median(_slice_rates(counts, marks, BATCH)))
-        submitted = (counts[-1] - counts[0]) * BATCH
-        if before.stats is not None and after.stats is not None:  # the same buffer's: both or neither
-            result.stale = int(after.stats["stale_updates_dropped"] - before.stats["stale_updates_dropped"])
-            result.updates = (submitted - result.stale) / window
+        result.steps = float(np.median(slice_rates(counts, at, 1)))
+        result.sampled = result.steps * batch
+        submitted = (counts[-1] - counts[0]) * batch
+        if before is not None and after is not None:  # the same buffer's: both or neither
+            result.stale = int(after["stale_updates_dropped"] - before["stale_updates_dropped"])
+            result.updates = (submitted - result.stale) / span
         else:
-            result.updates = submitted / window
-    if before.stats is not None and after.stats is not None:
-        waited = after.stats["lock_wait_seconds"] - before.stats["lock_wait_seconds"]
-        result.lock_wait = waited / (window * len(roles))
+            result.updates = submitted / span
+    if before is not None and after is not None:
+        waited = after["lock_wait_seconds"] - before["lock_wait_seconds"]
+        result.lock_wait = waited / (span * len(reports))
     return result
 
 
@@ -306,25 +218,25 @@ def gather_limit(obs: Obs, timing: Timing) -> Result:
                 # `out`; every index is valid, so "clip" gathers the same rows once.
                 np.take(src, idx, axis=0, out=dst, mode="clip")
 
-        marks = _marks(timing)
-        run_until(marks[:1], gather, 1)  # the warm-up
-        busy_at_start = _machine_busy_seconds()
-        trace = run_until(marks, gather, 1)
-        busy = _machine_busy_seconds()  # read at once: the loop ended at the last mark
+        at = marks(timing)
+        run_until(at[:1], gather, 1)  # the warm-up
+        busy_at_start = machine_busy_seconds()
+        trace = run_until(at, gather, 1)
+        busy = machine_busy_seconds()  # read at once: the loop ended at the last mark
         pairs.clear()
         del sources, gather
     finally:
         memory.close()
-    window = marks[-1] - marks[0]
+    window = at[-1] - at[0]
     cores = trace.cpu / window
     return Result(
         obs.label,
         "gather",
         "np.take limit",
         obs.capacity,
-        sampled=float(np.median(_slice_rates(trace.counts, marks, BATCH))),
+        sampled=float(np.median(slice_rates(trace.counts, at, BATCH))),
         cpu=cores,
         learner_cpu=cores,
         faults=trace.faults / window,
-        others=_others_cores(busy_at_start, busy, window, cores),
+        others=others_cores(busy_at_start, busy, window, cores),
     )

@@ -1,5 +1,8 @@
 """``mpreplay bench mp``'s workloads: the observations, the prebuilt adds a writer cycles through, and
-the buffers compared (mpreplay's and cpprb's multi-process prioritized buffers)."""
+the buffers compared (mpreplay's and cpprb's multi-process prioritized buffers).
+
+numpy at the top only (each buffer's library is imported where it is made): the peers' workers load
+this file by its path, so a Reverb or TorchRL writer cycles through the same transitions."""
 
 from __future__ import annotations
 
@@ -10,14 +13,11 @@ from typing import Any
 
 import numpy as np
 
-import mpreplay
-
 BATCH = 256
 ALPHA, BETA, EPS = 0.6, 0.4, 1e-4
 ROWS_PER_ADD = (1, 32)
 POOL = 8  # distinct prebuilt adds (and priority vectors) each process cycles through
 _FILL_ROWS = 32  # rows per add while filling a buffer before the cases
-_REPLY_TIMEOUT = 120.0  # seconds a process may take to get ready or to report
 
 
 @dataclass(frozen=True)
@@ -147,6 +147,8 @@ class Contender:
 
 @contextmanager
 def _mpreplay_buffer(obs: Obs, ctx: Any) -> Iterator[Any]:
+    import mpreplay
+
     compression: dict[str, Any] = {"next_of": "obs", "stack_compress": "obs", "lanes": obs.lanes} if obs.lanes else {}
     with mpreplay.MPPrioritizedReplayBuffer(
         obs.capacity, env_dict(obs, ()), alpha=ALPHA, eps=EPS, **compression

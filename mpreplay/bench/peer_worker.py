@@ -11,7 +11,9 @@ the worker answers each with one line on stdout, ``{"ok": true, ...results}`` or
 ``{"ok": false, "error": "Type: message"}``.  Anything a library prints goes to stderr, so it
 cannot garble an answer.  Commands: ``hello`` (import the library; answers its versions),
 ``per_build``/``per_run`` (:mod:`mpreplay.bench.per`'s loop), ``tput_build``/``tput_run`` and
-``seq_build``/``seq_run`` (:mod:`mpreplay.bench.peer_frames`), ``quit``.
+``seq_build``/``seq_run`` (:mod:`mpreplay.bench.peer_frames`), ``mp_open``/``mp_case``/``mp_close``,
+``queue_case`` and ``sharded_case`` (:mod:`mpreplay.bench.peer_mp`: ``bench mp``, ``bench queue``
+and ``bench sharded``, Reverb and TorchRL), ``quit``.
 
 The loop of ``mpreplay bench per`` lives here too (:func:`workload`, :func:`drive`), so the
 in-process table and the peers' table time one and the same loop.
@@ -33,16 +35,28 @@ from typing import Any, NamedTuple
 import numpy as np
 
 if __package__:  # imported as mpreplay.bench.peer_worker
-    from . import peer_frames
+    from . import numba_tree, peer_frames, peer_mp
 else:  # a script, run by an interpreter that may not have mpreplay
     # Its folder leaves the path: the benchmarks' modules there (ray.py, memory.py, ...) would
     # shadow the packages a library looks for.
     _HERE = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-    _spec = importlib.util.spec_from_file_location("peer_frames", os.path.join(_HERE, "peer_frames.py"))
-    assert _spec is not None and _spec.loader is not None  # a .py file beside this one
-    peer_frames = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(peer_frames)
+
+    def _load(name: str) -> Any:
+        # Registered under its own name: its neighbours import it so, and a process spawned from
+        # this script, which runs it again first, finds there what a pickled function names.
+        spec = importlib.util.spec_from_file_location(name, os.path.join(_HERE, f"{name}.py"))
+        assert spec is not None and spec.loader is not None  # a .py file beside this one
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    peer_frames = _load("peer_frames")
+    numba_tree = _load("numba_tree")
+    for _neighbour in ("case_clock", "mp_workloads", "reverb_roles", "torchrl_roles"):
+        _load(_neighbour)
+    peer_mp = _load("peer_mp")
 
 BATCH = 32
 ALPHA, BETA, EPS = 0.6, 0.4, 1e-4
@@ -340,6 +354,10 @@ def _same(t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return t
 
 
+def _make_numba(capacity: int, seed: int) -> Any:
+    return numba_tree.NumbaPER(capacity, seed, env_dict(None), ALPHA, BETA, EPS)
+
+
 CONTENDERS: dict[str, Contender] = {
     "mpreplay": Contender(_make_mpreplay, _same, _fill_by_add),
     "cpprb": Contender(_make_cpprb, as_cpprb, _fill_cpprb),
@@ -347,6 +365,7 @@ CONTENDERS: dict[str, Contender] = {
     "tianshou": Contender(_Tianshou, _Tianshou.convert, _Tianshou.fill),
     "torchrl": Contender(_TorchRL, _TorchRL.convert, _TorchRL.fill),
     "flashbax": Contender(_Flashbax, _Flashbax.convert, _Flashbax.fill),
+    "numba": Contender(_make_numba, _same, lambda rb, columns, priorities: rb.fill(columns, priorities)),
 }
 # The distribution whose version names each library, and what else its figures depend on.
 _DISTRIBUTIONS = {
@@ -356,6 +375,8 @@ _DISTRIBUTIONS = {
     "tianshou": ["tianshou", "numpy", "numba", "torch"],
     "torchrl": ["torchrl", "tensordict", "torch"],
     "flashbax": ["flashbax", "jax", "jaxlib"],
+    "numba": ["numba", "numpy"],
+    "reverb": ["dm-reverb", "tensorflow-cpu", "numpy"],
 }
 _IMPORTS = {
     "mpreplay": "mpreplay",
@@ -364,6 +385,8 @@ _IMPORTS = {
     "tianshou": "tianshou.data",
     "torchrl": "torchrl.data",
     "flashbax": "flashbax",
+    "numba": "numba",
+    "reverb": "reverb",
 }
 
 
@@ -376,12 +399,15 @@ class Worker:
         self.per: Any = None
         self.per_work: tuple[list[dict[str, Any]], list[np.ndarray]] | None = None
         self.frames: Any = None  # the buffer of a tput_ or seq_ command (peer_frames)
+        self.mp: Any = None  # the buffer of the mp_ commands (peer_mp.MpSide)
 
     def hello(self) -> dict[str, Any]:
         import importlib
         from importlib.metadata import PackageNotFoundError, version
 
-        importlib.import_module(_IMPORTS[self.name])
+        with warnings.catch_warnings():  # what a library says as it loads (TensorFlow's notices) is no answer
+            warnings.simplefilter("ignore")
+            importlib.import_module(_IMPORTS[self.name])
         versions = {}
         for dist in _DISTRIBUTIONS[self.name]:
             try:
@@ -445,32 +471,73 @@ class Worker:
             raise RuntimeError("seq_run needs a seq_build first")
         return self.frames.run(calls, "new")
 
+    def mp_open(self, obs: dict[str, Any], batch: int) -> dict[str, Any]:
+        if self.mp is None:
+            self.mp = peer_mp.MpSide(self.name)
+        return self.mp.open(obs, batch)
 
-COMMANDS = ("hello", "per_build", "per_run", "tput_build", "tput_run", "seq_build", "seq_run")
+    def mp_case(self, writers: int, learner: bool, rows: int, timing: dict[str, Any]) -> dict[str, Any]:
+        if self.mp is None:
+            raise RuntimeError("mp_case needs an mp_open first")
+        return self.mp.case(writers, learner, rows, timing)
+
+    def mp_close(self) -> dict[str, Any]:
+        return {} if self.mp is None else self.mp.close()
+
+    def queue_case(
+        self, writers: int, steps: int, frame: list[int], size: int, timing: dict[str, Any]
+    ) -> dict[str, Any]:
+        if self.name != "reverb":
+            raise ValueError(f"bench queue runs Reverb's Queue table only, not {self.name!r}")
+        return peer_mp.queue_case(writers, steps, frame, size, timing)
+
+    def sharded_case(self, shards: int, obs: dict[str, Any], batch: int, timing: dict[str, Any]) -> dict[str, Any]:
+        if self.name != "reverb":
+            raise ValueError(f"bench sharded runs Reverb's servers only, not {self.name!r}")
+        return peer_mp.sharded_case(shards, obs, batch, timing)
+
+
+COMMANDS = (
+    "hello",
+    "per_build",
+    "per_run",
+    "tput_build",
+    "tput_run",
+    "seq_build",
+    "seq_run",
+    "mp_open",
+    "mp_case",
+    "mp_close",
+    "queue_case",
+    "sharded_case",
+)
 
 
 def serve(name: str, requests: Any, answers: Any) -> None:
     """Answer ``requests`` (lines of JSON) on ``answers`` until ``quit`` or end of input."""
     worker = Worker(name)
-    for line in requests:
-        request = json.loads(line)
-        command = request.pop("cmd")
-        if command == "quit":
-            break
-        try:
-            if command not in COMMANDS:
-                raise ValueError(f"unknown command {command!r}; expected one of {', '.join(COMMANDS)}")
-            answer = {"ok": True, **getattr(worker, command)(**request)}
-        except Exception as exc:  # the parent reports it as the contender's reason
-            traceback.print_exc()
-            answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        answers.write(json.dumps(answer) + "\n")
-        answers.flush()
+    try:
+        for line in requests:
+            request = json.loads(line)
+            command = request.pop("cmd")
+            if command == "quit":
+                break
+            try:
+                if command not in COMMANDS:
+                    raise ValueError(f"unknown command {command!r}; expected one of {', '.join(COMMANDS)}")
+                answer = {"ok": True, **getattr(worker, command)(**request)}
+            except Exception as exc:  # the parent reports it as the contender's reason
+                traceback.print_exc()
+                answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            answers.write(json.dumps(answer) + "\n")
+            answers.flush()
+    finally:  # a server and a case's processes end with the worker
+        worker.mp_close()
 
 
 def main(argv: Sequence[str]) -> int:
-    if len(argv) != 1 or argv[0] not in CONTENDERS:
-        print(f"usage: peer_worker.py {{{','.join(CONTENDERS)}}}", file=sys.stderr)
+    if len(argv) != 1 or argv[0] not in _IMPORTS:
+        print(f"usage: peer_worker.py {{{','.join(_IMPORTS)}}}", file=sys.stderr)
         return 2
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # what libraries print goes to stderr

@@ -1,12 +1,14 @@
-"""The peers of the benchmarks -- Tianshou, TorchRL, flashbax -- each in a worker process of its own.
+"""The peers of the benchmarks -- Tianshou, TorchRL, flashbax, numba, Reverb -- each in a worker process of its own.
 
-``python -m mpreplay.bench.peers --setup DIR`` makes a venv at ``DIR`` with the versions pinned in
-``peers-requirements.txt`` beside this file (one place for them): TorchRL's wheel loads only with
-the torch it was built for, flashbax only with a jax it knows, so they live apart from mpreplay's
-environment.  ``--check DIR`` says what each peer there loads with, or why it does not.
+``python -m mpreplay.bench.peers --setup DIR`` makes two venvs from the versions pinned beside this
+file (one place for them): at ``DIR`` the peers of ``peers-requirements.txt`` (TorchRL's wheel loads
+only with the torch it was built for, flashbax only with a jax it knows), and at ``DIR/reverb``
+Reverb with the TensorFlow and numpy 1.x of ``peers-requirements-reverb.txt`` (on Python 3.11: no
+later Python has a dm-reverb wheel).  They live apart from mpreplay's environment, and from each
+other.  ``--check DIR`` says what each peer there loads with, or why it does not.
 
 A benchmark given that directory (``--peers DIR``, or the environment variable
-``MPREPLAY_PEERS``) runs each contender as ``PYTHON peer_worker.py NAME``: the peers with the
+``MPREPLAY_PEERS``) runs each contender as ``PYTHON peer_worker.py NAME``: the peers with their
 venv's interpreter, mpreplay, cpprb and the floor with this one.  A peer that cannot be started
 or loaded is reported as :class:`Unavailable` with the reason, never replaced.
 """
@@ -17,6 +19,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,10 +28,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 REQUIREMENTS = Path(__file__).with_name("peers-requirements.txt")
+REVERB_REQUIREMENTS = Path(__file__).with_name("peers-requirements-reverb.txt")
 WORKER = Path(__file__).with_name("peer_worker.py")
 ENV_VAR = "MPREPLAY_PEERS"
 LOCAL = ("mpreplay", "cpprb", "floor")  # run by this interpreter
-PEERS = ("tianshou", "torchrl", "flashbax")  # run by the peers' venv
+PEERS = ("tianshou", "torchrl", "flashbax", "numba")  # run by the peers' venv
+REVERB = "reverb"  # run by the Reverb venv, DIR/reverb
+REVERB_PYTHON = (3, 11)  # the newest CPython dm-reverb 0.14.0 has wheels for
 _MPREPLAY_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding this mpreplay package
 SETUP_HINT = f"create it with `python -m mpreplay.bench.peers --setup DIR` and pass --peers DIR (or set {ENV_VAR})"
 
@@ -49,12 +55,17 @@ def peers_directory(directory: str | None) -> str | None:
     return directory or os.environ.get(ENV_VAR) or None
 
 
-def peers_python(directory: str | None) -> tuple[str | None, str]:
-    """The peers' interpreter in ``directory`` (or ``MPREPLAY_PEERS``), or None and why not."""
+def venv_of(directory: str, name: str) -> Path:
+    """Where ``name``'s venv is: ``directory`` for the peers, ``directory/reverb`` for Reverb."""
+    return Path(directory) / REVERB if name == REVERB else Path(directory)
+
+
+def peers_python(directory: str | None, name: str = PEERS[0]) -> tuple[str | None, str]:
+    """The interpreter that runs peer ``name`` in ``directory`` (or ``MPREPLAY_PEERS``), or None and why not."""
     directory = peers_directory(directory)
     if directory is None:
         return None, f"no peers venv given: {SETUP_HINT}"
-    python = Path(directory) / "bin" / "python"
+    python = venv_of(directory, name) / "bin" / "python"
     if not python.exists():
         return None, f"no interpreter at {python}: {SETUP_HINT}"
     return str(python), ""
@@ -67,7 +78,7 @@ class PeerProcess:
         self.name = name
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 -- closed by close()
         env = dict(os.environ)
-        if name in PEERS:  # the peers' venv has its own packages: nothing of this checkout's path
+        if name not in LOCAL:  # a peers' venv has its own packages: nothing of this checkout's path
             env.pop("PYTHONPATH", None)
         else:  # the mpreplay this process runs, be it a checkout found through the working directory
             env["PYTHONPATH"] = os.pathsep.join([_MPREPLAY_ROOT, *filter(None, [env.get("PYTHONPATH")])])
@@ -140,9 +151,12 @@ def start(name: str, python: str | None, why_not: str = "") -> PeerProcess | Una
 
 
 def launch(names: Iterable[str], directory: str | None) -> dict[str, PeerProcess | Unavailable]:
-    """Workers for ``names``: LOCAL ones with this interpreter, PEERS with the venv's."""
-    python, why_not = peers_python(directory)
-    return {name: start(name, sys.executable if name in LOCAL else python, why_not) for name in names}
+    """Workers for ``names``: LOCAL ones with this interpreter, the others with their venv's."""
+    workers: dict[str, PeerProcess | Unavailable] = {}
+    for name in names:
+        python, why_not = (sys.executable, "") if name in LOCAL else peers_python(directory, name)
+        workers[name] = start(name, python, why_not)
+    return workers
 
 
 def close_all(workers: Iterable[PeerProcess | Unavailable]) -> None:
@@ -164,13 +178,25 @@ def describe(worker: PeerProcess | Unavailable) -> str:
     return f"{head} ({', '.join(extra)}; Python {worker.hello['python']})"
 
 
-# -- making the venv -----------------------------------------------------------------------------
-def setup(directory: str, python: str = sys.executable) -> int:
-    """Make the peers' venv at ``directory`` from ``peers-requirements.txt``; check what loads."""
+# -- making the venvs ----------------------------------------------------------------------------
+def python_for_reverb() -> tuple[str | None, str]:
+    """A CPython 3.11 to make Reverb's venv with: this one, else ``python3.11`` on PATH; or why none."""
+    if sys.version_info[:2] == REVERB_PYTHON:
+        return sys.executable, ""
+    found = shutil.which("python{}.{}".format(*REVERB_PYTHON))
+    if found:
+        return found, ""
+    return None, (
+        f"dm-reverb 0.14.0 has wheels for CPython 3.8-3.11 only, and neither this interpreter "
+        f"({sys.version.split()[0]}) nor python3.11 on PATH is one: give --reverb-python PATH"
+    )
+
+
+def _make_venv(python: str, directory: Path, requirements: Path) -> int:
     steps = [
-        [python, "-m", "venv", directory],
-        [str(Path(directory) / "bin" / "python"), "-m", "pip", "install", "--upgrade", "pip"],
-        [str(Path(directory) / "bin" / "python"), "-m", "pip", "install", "-r", str(REQUIREMENTS)],
+        [python, "-m", "venv", str(directory)],
+        [str(directory / "bin" / "python"), "-m", "pip", "install", "--upgrade", "pip"],
+        [str(directory / "bin" / "python"), "-m", "pip", "install", "-r", str(requirements)],
     ]
     for step in steps:
         print("+", " ".join(step), flush=True)
@@ -178,12 +204,36 @@ def setup(directory: str, python: str = sys.executable) -> int:
         if status != 0:
             print(f"mpreplay.bench.peers: `{' '.join(step)}` failed with status {status}", file=sys.stderr)
             return status
+    return 0
+
+
+def setup(
+    directory: str,
+    python: str = sys.executable,
+    reverb_python: str | None = None,
+    venvs: Sequence[str] = ("peers", REVERB),
+) -> int:
+    """Make the peers' venv at ``directory`` and Reverb's at ``directory/reverb``; check what loads."""
+    if "peers" in venvs:
+        status = _make_venv(python, Path(directory), REQUIREMENTS)
+        if status:
+            return status
+    if REVERB in venvs:
+        why_not = ""
+        if reverb_python is None:
+            reverb_python, why_not = python_for_reverb()
+        if reverb_python is None:
+            print(f"mpreplay.bench.peers: no Reverb venv: {why_not}", file=sys.stderr)
+            return 1
+        status = _make_venv(reverb_python, venv_of(directory, REVERB), REVERB_REQUIREMENTS)
+        if status:
+            return status
     return check(directory)
 
 
 def check(directory: str | None) -> int:
     """Print what each peer in ``directory`` loads with, or why it does not; 1 if any does not."""
-    workers = launch(PEERS, directory)
+    workers = launch((*PEERS, REVERB), directory)
     try:
         for worker in workers.values():
             print(describe(worker))
@@ -195,10 +245,24 @@ def check(directory: str | None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpreplay.bench.peers", description=__doc__.split("\n\n")[1])
     group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--setup", metavar="DIR", help="make the peers' venv at DIR (about 6 GB: torch's wheel)")
+    group.add_argument(
+        "--setup", metavar="DIR", help="make the peers' venvs at DIR and DIR/reverb (about 6 GB and 1.3 GB)"
+    )
     group.add_argument("--check", metavar="DIR", help="say what each peer in DIR loads with")
+    parser.add_argument(
+        "--venvs",
+        nargs="+",
+        choices=("peers", REVERB),
+        default=("peers", REVERB),
+        help="with --setup: which venvs to make (default both: peers at DIR, reverb at DIR/reverb)",
+    )
+    parser.add_argument(
+        "--reverb-python", metavar="PATH", help="the CPython 3.11 that makes DIR/reverb (default: found)"
+    )
     args = parser.parse_args(argv)
-    return setup(args.setup) if args.setup else check(args.check)
+    if args.setup:
+        return setup(args.setup, reverb_python=args.reverb_python, venvs=args.venvs)
+    return check(args.check)
 
 
 if __name__ == "__main__":

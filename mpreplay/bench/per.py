@@ -22,7 +22,8 @@ the core.  Each figure is the median over repeats, and the repeats interleave
 the contenders so slow drift of the machine hits all of them alike.
 
 With ``--peers DIR`` (or ``$MPREPLAY_PEERS``), two more tables compare mpreplay with
-Tianshou, TorchRL, flashbax and cpprb, each in a worker process of its own, the peers
+Tianshou, TorchRL, flashbax, cpprb and a numba sum tree (the loop only), each in a worker process
+of its own, the peers
 with the interpreter of the venv ``python -m mpreplay.bench.peers --setup DIR`` makes:
 the same loop on full buffers of each capacity, and ``sample(256)`` of Atari
 transitions (:mod:`mpreplay.bench.per_peers`).
@@ -265,7 +266,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     peers = parser.add_argument_group(
         "peers",
         "the same loop at full capacity and sample(256) of Atari transitions, against Tianshou, TorchRL, "
-        "flashbax and cpprb, each in a worker process (mpreplay.bench.per_peers)",
+        "flashbax, cpprb and a numba sum tree, each in a worker process (mpreplay.bench.per_peers)",
     )
     peers.add_argument(
         "--peers",
@@ -316,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     directory = peers_directory(args.peers)
     if directory is None:
         print(
-            f"Peers (Tianshou, TorchRL, flashbax) not run: give --peers DIR (or set {ENV_VAR}), DIR made by "
+            f"Peers (Tianshou, TorchRL, flashbax, numba) not run: give --peers DIR (or set {ENV_VAR}), DIR made by "
             "`python -m mpreplay.bench.peers --setup DIR`."
         )
         return 0

@@ -2,8 +2,8 @@
 
 * **The loop at capacity** -- each buffer filled to its capacity (untimed, the library's own bulk
   way, random priorities), then the loop of :mod:`mpreplay.bench.per` (add 1, sample 32, perturb,
-  update 32) for ``frames`` frames a round: mpreplay, the floor, cpprb, Tianshou, TorchRL and
-  flashbax in turn, the order rotating each round; µs per frame are medians over rounds of each
+  update 32) for ``frames`` frames a round: mpreplay, the floor, cpprb, Tianshou, TorchRL,
+  flashbax and a numba sum tree in turn, the order rotating each round; µs per frame are medians over rounds of each
   worker's CPU time (every thread of its process) divided by the frames.
 * **Sampling throughput** -- 256 transitions of (84, 84, 4) uint8 ``obs`` and ``next_obs`` from a
   full prioritized buffer, each library in its layout that stores each frame once where it has
@@ -13,7 +13,10 @@ What each peer is (see :mod:`mpreplay.bench.peer_worker` and :mod:`mpreplay.benc
 Tianshou's ``PrioritizedReplayBuffer``; TorchRL's ``PrioritizedReplayBuffer`` over a
 ``LazyTensorStorage``; flashbax's prioritised buffer on JAX's CPU backend, its state a Python
 variable between jitted calls (``add``, ``set_priorities`` with the state donated, and ``sample``
-with the weights' computation); cpprb's ``PrioritizedReplayBuffer``.
+with the weights' computation); cpprb's ``PrioritizedReplayBuffer``; ``numba`` -- a sum tree and a
+min tree over numpy arrays, every loop over them one ``numba.njit`` function
+(:mod:`mpreplay.bench.numba_tree`), the third contender of the Cython / numba / numpy comparison the
+project started from.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from mpreplay.bench._report import print_table
 from mpreplay.bench.peers import PeerError, PeerProcess, Unavailable, close_all, describe, launch
 
-PER_CONTENDERS = ("mpreplay", "floor", "cpprb", "tianshou", "torchrl", "flashbax")
+PER_CONTENDERS = ("mpreplay", "floor", "cpprb", "tianshou", "torchrl", "flashbax", "numba")
 TPUT_CONTENDERS = (
     ("mpreplay", "compressed"),
     ("mpreplay", "plain"),
@@ -38,7 +41,7 @@ TPUT_CONTENDERS = (
     ("torchrl", "plain"),
     ("flashbax", "plain"),
 )
-PEERS = ("cpprb", "tianshou", "torchrl", "flashbax")
+PEERS = ("cpprb", "tianshou", "torchrl", "flashbax", "numba")
 MIN_CPU = 0.5  # CPU seconds of each contender's round in the loop at capacity
 
 

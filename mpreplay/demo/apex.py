@@ -56,9 +56,9 @@ from typing import Any
 
 import numpy as np
 
+from ..buffers import MPPrioritizedReplayBuffer
 from ..launcher import Context
 from ..limiter import SampleToInsertRatio
-from ..shared_buffer import MPPrioritizedReplayBuffer
 from ..vector_env import VectorTransitions
 from .processes import Agent, add_until_stopped, import_torch, run_learner
 from .task import NUM_ACTIONS, Config, actor_epsilons, actor_seed, vector_env

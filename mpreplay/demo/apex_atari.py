@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from ..buffers import MPPrioritizedReplayBuffer
 from ..errors import BufferClosed
 from ..launcher import Context
 from ..limiter import SampleToInsertRatio
-from ..shared_buffer import MPPrioritizedReplayBuffer
 from ..vector_env import TransitionBatch, VectorTransitions, VectorWriter
 from .atari import DEPTH, AtariConfig, FrameStacks, stacked_spaces, vector_env
 from .nature_cnn import nature_cnn

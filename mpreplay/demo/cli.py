@@ -15,9 +15,9 @@ from contextlib import ExitStack
 from dataclasses import asdict
 from typing import Any
 
+from ..buffers import MPReplayBuffer
 from ..launcher import launch
 from ..params import ParameterStore
-from ..shared_buffer import MPReplayBuffer
 from .processes import Agent, import_torch
 from .report import EPISODE_FIELDS, Episodes, Monitor, live_view, plot, print_summary, summary, watch
 from .task import GREEDY_EPSILON, Config, env_title, epsilon

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from ..buffers import MPReplayBuffer
 from ..errors import BufferClosed
 from ..launcher import Context
-from ..shared_buffer import MPReplayBuffer
 from .task import Config, recent_mean
 
 __all__ = ["WAIT", "Agent", "Loss", "SolvedCheck", "add_until_stopped", "import_torch", "run_learner"]

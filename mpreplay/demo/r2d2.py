@@ -49,10 +49,9 @@ from typing import Any
 
 import numpy as np
 
-from ..buffer import ReplayBuffer
+from ..buffers import MPPrioritizedSequenceReplayBuffer, ReplayBuffer
 from ..launcher import Context
 from ..limiter import SampleToInsertRatio
-from ..sequence_buffer import MPPrioritizedSequenceReplayBuffer
 from ..sequences import sequence_priority
 from .processes import Agent, add_until_stopped, import_torch, run_learner
 from .task import NUM_ACTIONS, Config, actor_epsilons, actor_seed, vector_env

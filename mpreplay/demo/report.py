@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from ..buffers import MPPrioritizedReplayBuffer, MPReplayBuffer
 from ..params import ParameterStore
-from ..shared_buffer import MPPrioritizedReplayBuffer, MPReplayBuffer
 from .processes import Agent
 from .task import GREEDY_EPSILON, WINDOW, Config, env_title, recent_mean, running_mean, solve_point
 

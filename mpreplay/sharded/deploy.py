@@ -6,7 +6,7 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..prioritized_buffer import PrioritizedReplayBuffer
+from ..table import Table
 from .server import ShardServer
 
 __all__ = ["SHARD_NAME_PREFIX", "node_buffer", "start_shard_servers"]
@@ -23,7 +23,7 @@ def _ray_server_class() -> Any:
 
 
 def start_shard_servers(
-    buffer: Callable[[], PrioritizedReplayBuffer] | Mapping[str, Any],
+    buffer: Callable[[], Table] | Mapping[str, Any],
     *,
     node_ids: Sequence[str] | None = None,
     name_prefix: str = SHARD_NAME_PREFIX,
@@ -80,7 +80,7 @@ def start_shard_servers(
     return handles
 
 
-def node_buffer(name_prefix: str = SHARD_NAME_PREFIX, namespace: str | None = None) -> PrioritizedReplayBuffer:
+def node_buffer(name_prefix: str = SHARD_NAME_PREFIX, namespace: str | None = None) -> Table:
     """The buffer of this node's shard server, attached in this process: what a Ray actor writes to."""
     import ray
 

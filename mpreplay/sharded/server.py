@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from .. import selectors
-from ..prioritized_buffer import PrioritizedReplayBuffer
+from ..table import Table
 from .keys import MAX_SLOTS, key_of, keys_valid, split_keys, tags_match
 
 __all__ = ["ShardServer"]
@@ -22,7 +22,7 @@ class ShardServer:
 
     Parameters
     ----------
-    buffer : mpreplay.PrioritizedReplayBuffer, or a callable returning one
+    buffer : mpreplay.Table (an MPPrioritizedReplayBuffer, say), or a callable returning one
         The buffer served.  A shared buffer's handle attaches in the server's
         process (the server never unlinks it); a callable runs in the
         server's process, which then owns the buffer (and its segment) and
@@ -35,13 +35,14 @@ class ShardServer:
     is, by default).
     """
 
-    def __init__(self, buffer: PrioritizedReplayBuffer | Callable[[], PrioritizedReplayBuffer]):
-        made = not isinstance(buffer, PrioritizedReplayBuffer) and callable(buffer)
+    def __init__(self, buffer: Table | Callable[[], Table]):
+        made = not isinstance(buffer, Table) and callable(buffer)
         if made:
             buffer = buffer()
-        if not isinstance(buffer, PrioritizedReplayBuffer):
+        if not isinstance(buffer, Table):
             raise TypeError(
-                f"buffer: expected a PrioritizedReplayBuffer or a callable returning one, got {type(buffer).__name__}"
+                f"buffer: expected a replay table (e.g. MPPrioritizedReplayBuffer) or a callable returning one, "
+                f"got {type(buffer).__name__}"
             )
         try:
             _check_servable(buffer)
@@ -52,7 +53,7 @@ class ShardServer:
         self._buffer = buffer
         self._stale = 0
 
-    def buffer(self) -> PrioritizedReplayBuffer:
+    def buffer(self) -> Table:
         """The served buffer; over Ray a shared buffer arrives as a handle
         that attaches on the caller's node (call it from that node)."""
         return self._buffer
@@ -146,13 +147,13 @@ class ShardServer:
         self._buffer.close()
 
 
-def _check_servable(buffer: PrioritizedReplayBuffer) -> None:
+def _check_servable(buffer: Table) -> None:
     """Raise ValueError unless a client can sample ``buffer`` as one shard among others."""
     if buffer.get_buffer_size() > MAX_SLOTS:
         raise ValueError(
             f"buffer: a shard holds at most {MAX_SLOTS} transitions, got a capacity of {buffer.get_buffer_size()}"
         )
-    entry = selectors.entry(buffer.inspection().selector_name)
+    entry = buffer.config.selector.entry
     if not entry.proportional:
         accepted = [e.name for e in selectors.SELECTORS if e.proportional]
         raise ValueError(

@@ -1,10 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """A replay table's handle: the calls of a table, composed of its parts.
 
-A table is a shared part (ext/table.pyx: a gate, a slot table, a selector and the rows
+A table is a shared part (ext/table_parts.pyx: a gate, a slot table, a selector and the rows
 they govern), which every handle of its memory -- threads, processes -- reads and writes
-alike, and a handle's own state (ext/handle.pyx: its draws' random stream, its record of
-sampled generations, its scratch).  :class:`Ring` holds one of each and hands its calls to
+alike, and a handle's own state (ext/handle_state.pyx: its draws' random stream, its record of
+sampled generations, its scratch).  :class:`TableHandle` holds one of each and hands its calls to
 the write path (ext/writes.pyx: reserve, copy, publish) and the draw path (ext/draws.pyx:
 draw, gather, check for torn rows, update); snapshots are listed here.  See
 docs/architecture.md, "Data path" and "Concurrency protocol".
@@ -19,7 +19,7 @@ cimport numpy as cnp
 
 from mpreplay._ext.atomics cimport _mpreplay_acquire_fence
 from mpreplay._ext.codec cimport Staging
-from mpreplay._ext.frame_plan cimport Episode
+from mpreplay._ext.episode cimport Episode
 from mpreplay._ext.frames cimport MAX_STACK, Frames
 from mpreplay._ext.gate cimport Gate
 from mpreplay._ext.outputs cimport Spares
@@ -34,7 +34,7 @@ import numpy as np
 cnp.import_array()
 
 
-cdef class Ring:
+cdef class TableHandle:
     """A handle of a replay table composed of a gate, a slot table and a selector, over caller-owned arrays.
 
     Parameters
@@ -55,9 +55,9 @@ cdef class Ring:
     def __init__(self, int64_t[::1] header not None, Gate gate not None, Slots slots not None,
                  Selector selector not None, list fields not None, object rng,
                  Frames frames=None, list frame_outputs=None, Sequences sequences=None):
-        self._table = Table(header, gate, slots, selector, fields, frames, frame_outputs, sequences)
+        self._table = TableParts(header, gate, slots, selector, fields, frames, frame_outputs, sequences)
         self.size = self._table.size
-        self._handle = Handle(self.size, rng, Staging([(name, arr.shape[1:], arr.dtype) for name, arr in fields]),
+        self._handle = HandleState(self.size, rng, Staging([(name, arr.shape[1:], arr.dtype) for name, arr in fields]),
                               Spares(self._table.outputs))
 
     def set_rng(self, object rng):
@@ -77,64 +77,23 @@ cdef class Ring:
 
     # -- writers (ext/writes.pyx) ---------------------------------------------
     def reserve(self, Py_ssize_t k, double deadline=INFINITY, bint insert=True, Py_ssize_t lane=0,
-                Py_ssize_t skip=0):
-        """Reserve the next ``k`` slots of ``lane`` for writing; returns ``(start, reserved_generations)``.
+                Py_ssize_t skip=0, bint scatter=False):
+        """Reserve ``k`` slots of ``lane`` for writing where the table's remover places them;
+        returns the :class:`~mpreplay._ext.writes.Reservation` to copy the rows into, then
+        publish (or abandon).
 
-        Waits while another live process is still writing one of them, and
-        (``insert``) while the rate limiter holds inserts back -- until
-        ``deadline`` (``time.monotonic()`` seconds, see :func:`mpreplay._ext.gate.deadline`), then
-        raises TimeoutError, having changed nothing.  ``skip``: a reservation of the whole
-        lane starts that many slots past the cursor (the newest rows of a batch longer than
-        the lane go where they would have gone had all been written).
+        The slots are the run at the lane's cursor (the ring: what a fifo remover replaces),
+        or -- ``scatter``, a writer that can copy into slots anywhere -- any free slots a
+        remover that keeps unread rows finds.  Waits while another live process is still
+        writing one of them, while the remover finds no room, and (``insert``) while the rate
+        limiter holds inserts back -- until ``deadline`` (``time.monotonic()`` seconds, see
+        :func:`mpreplay._ext.gate.deadline`), then raises TimeoutError, having changed
+        nothing.  ``skip``: a reservation of the whole lane starts that many slots past the
+        cursor (the newest rows of a batch longer than the lane go where they would have gone
+        had all been written).  ``k`` = 0 reserves nothing: its publication completes earlier
+        rows only.
         """
-        return writes.reserve(self._table, k, deadline, insert, lane, skip)
-
-    def reserve_free(self, Py_ssize_t k, double deadline=INFINITY):
-        """Reserve ``k`` slots that hold no row, wherever they lie, in a table of rows that keeps
-        unread ones (a Queue or a Stack: see :attr:`keeps_unread`); returns ``(slots,
-        reserved_generations)``.  Waits while fewer are free, until ``deadline``, then raises
-        TimeoutError, having changed nothing.  Publish them with ``publish(..., slots=slots)``."""
-        return writes.reserve_free(self._table, k, deadline)
-
-    @property
-    def keeps_unread(self):
-        """Whether a write waits for free slots instead of overwriting an unread row (a Queue or
-        a Stack): a table of rows then reserves with :meth:`reserve_free`."""
-        return self._table.gate.keeps_unread()
-
-    def publish(self, Py_ssize_t start, const uint64_t[::1] reserved not None, const double[::1] priorities=None,
-                const uint8_t[::1] states=None, Py_ssize_t lane=0, double deadline=INFINITY,
-                const int64_t[::1] complete=None, const uint64_t[::1] complete_generations=None,
-                const double[::1] complete_priorities=None, tuple sequences=None, const int64_t[::1] slots=None):
-        """Make slots reserved by :meth:`reserve` (for inserts) readable -- the run from ``start``,
-        or ``slots`` when :meth:`reserve_free` reserved them: ``states`` (default all
-        COMPLETE) says which hold complete transitions; those become sampleable with
-        ``priorities`` (default: the stored maximum).  Returns how many slots were lost to a
-        writer that took them over.
-
-        ``complete`` names WAITING transitions (with the generations they were published
-        with) whose next frame these slots store: they become COMPLETE in the same
-        critical section, with ``complete_priorities`` (NaN: the stored maximum).
-        ``sequences`` (a sequence table's writer): ``(slots, generations, steps, priorities)``
-        of the sequences whose last step is stored once these slots are, opened in the same
-        critical section too (see :meth:`Slots.open_sequences`): one call publishes all
-        that a write makes readable, or nothing.  When the lock cannot be had by
-        ``deadline`` the reservation is given up and undone (``Slots.disown``) -- nothing is
-        stored -- and TimeoutError raised.
-        """
-        return writes.publish(self._table, start, reserved, priorities, states, lane, deadline, complete,
-                              complete_generations, complete_priorities, sequences, slots)
-
-    def abandon(self, Py_ssize_t start, const uint64_t[::1] reserved not None, Py_ssize_t lane=0,
-                const int64_t[::1] slots=None):
-        """Give up an insert reserved by :meth:`reserve` (or :meth:`reserve_free`: ``slots``), as
-        :meth:`publish` does at a timeout (``Slots.disown``): the slots stay unsampleable, free
-        for the next writer."""
-        if slots is not None and slots.shape[0] != reserved.shape[0]:
-            raise ValueError("slots: expected one per reserved slot")
-        if reserved.shape[0]:
-            self._table.slots.disown(lane, start, reserved.shape[0], &reserved[0],
-                                     &slots[0] if slots is not None else NULL)
+        return writes.reserve(self._table, k, deadline, insert, lane, skip, scatter)
 
     def claim_lane(self, double deadline=INFINITY):
         """Take a lane for one writer: a free one, or one whose writer process died.
@@ -167,7 +126,7 @@ cdef class Ring:
         once the rows were copied without the lock, which of them were overwritten
         meanwhile; ``raw`` holds the raw priorities when ``priorities`` (else None).
         """
-        cdef Table t = self._table
+        cdef TableParts t = self._table
         cdef Slots slot_table = t.slots
         cdef Py_ssize_t l, j, n, cursor, s, count = 0, c, f, o, age, best
         cdef int64_t reads[2 * MAX_STACK]
@@ -250,7 +209,7 @@ cdef class Ring:
         Returns the step's slot, or -1 when it needs the writer's general path (a value
         that needs numpy's conversion, a writer without a lane yet, a sequence table)
         -- then nothing was changed.  Raises ValueError, changing nothing, when a stack
-        or next observation cannot be rebuilt bit for bit (see ext/frame_plan.pyx).
+        or next observation cannot be rebuilt bit for bit (see ext/episode.pyx).
         A negative ``priority`` means "the stored maximum".
         """
         return writes.add_step(self._table, self._handle, values, priority, timeout, episode)

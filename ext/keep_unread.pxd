@@ -1,0 +1,5 @@
+from mpreplay._ext.remover cimport Remover
+
+
+cdef class KeepUnreadRemover(Remover):
+    pass

@@ -1,0 +1,167 @@
+"""A table's configuration: every part it is built from, checked together once.
+
+:func:`TableConfig.build` takes what :class:`mpreplay.Table`'s constructor takes, checks each
+option and every combination of them -- refusing an illegal one by the name of the argument the
+caller wrote -- and returns the :class:`TableConfig` the table is assembled from.  A handle on the
+same memory in another process is assembled from the same configuration (it pickles with the
+handle), so the two cannot disagree on a part.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import checks, removers
+from ._ext.schema import EPISODE_STEP_ARRAY
+from .compression import Compression, with_next_fields
+from .limiter import ExactlyOnce, RateLimiter
+from .nstep import NstepArgs, nstep_args
+from .nstep_stage import NstepStage
+from .selectors import SelectorSpec
+from .sequences import SequenceSpec
+from .spec import FieldSpec, parse_env_dict
+
+__all__ = ["EPISODE_STEP", "TableConfig"]
+
+# The field a sequence table gives each step's index in its episode (in samples, snapshots, files):
+# its array's name, which samples hand out as one more field.
+EPISODE_STEP = EPISODE_STEP_ARRAY
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """The parts of a table, checked (see :meth:`TableConfig.build`)."""
+
+    size: int
+    specs: dict[str, FieldSpec]  # the fields as stored and sampled (n-step rows' when folded, next_<key> added)
+    selector: SelectorSpec
+    remover: str  # an entry of mpreplay.removers
+    max_times_sampled: int | None
+    compression: Compression | None  # compressed keys, or a sequence table's lanes; None: rows in one lane
+    sequence: SequenceSpec | None
+    nstep: NstepArgs | None  # each writer folds its own steps with these
+    shared: bool  # in a shared-memory segment (else in this process's memory)
+    mmap_prefix: str | None  # a local table's arrays in files of this prefix
+    float32_weights: bool  # sample hands importance weights out as float32 (else float64)
+    uint64_indexes: bool  # sample hands indexes out as uint64 (else int64)
+
+    @classmethod
+    def build(
+        cls,
+        size: Any,
+        env_dict: Mapping[str, Mapping[str, Any]],
+        *,
+        selector: str | SelectorSpec | None = None,
+        remover: str | None = None,
+        rate_limiter: RateLimiter | None = None,
+        max_times_sampled: int | None = None,
+        shared: bool = False,
+        nstep: Mapping[str, Any] | None = None,
+        next_of: str | list[str] | None = None,
+        stack_compress: str | list[str] | None = None,
+        lanes: int = 1,
+        sequence: SequenceSpec | None = None,
+        default_dtype: Any = None,
+        mmap_prefix: str | os.PathLike | None = None,
+        weights_dtype: Any = np.float64,
+        indexes_dtype: Any = np.int64,
+        cpprb_nstep: Any = None,
+    ) -> TableConfig:
+        """Check a table's options, alone and together; ValueError or TypeError naming the
+        argument (the one the caller wrote: a Queue's own choices are refused as the Queue's)."""
+        size = checks.capacity("size", size)
+        shared = checks.flag("shared", shared)
+        if sequence is not None and not isinstance(sequence, SequenceSpec):
+            raise TypeError(f"sequence: expected a SequenceSpec or None, got {type(sequence).__name__}")
+        if rate_limiter is not None:
+            if not isinstance(rate_limiter, RateLimiter):
+                raise TypeError(
+                    f"rate_limiter: expected MinSize, SampleToInsertRatio, Queue, Stack or RateLimiter, "
+                    f"got {type(rate_limiter).__name__}"
+                )
+            if isinstance(rate_limiter, ExactlyOnce):
+                selector, max_times_sampled, remover = rate_limiter.buffer_options(
+                    selector, max_times_sampled, remover, prioritized=False, sequences=sequence is not None
+                )
+            rate_limiter.check(size)
+        selector_spec = SelectorSpec.of("uniform" if selector is None else selector)
+        remover = removers.entry("fifo" if remover is None else remover).name
+        if max_times_sampled is not None:
+            max_times_sampled = checks.integer("max_times_sampled", max_times_sampled, low=1)
+        compressed = next_of is not None or stack_compress is not None
+        if sequence is not None:
+            if max_times_sampled is not None:
+                raise ValueError("max_times_sampled: a sequence buffer's items are sequences; it does not retire them")
+            if not removers.entry(remover).overwrites:
+                raise ValueError(
+                    f"remover: a sequence buffer takes no {remover!r} remover: its items are sequences, which "
+                    "no sample retires, so its writes would wait for ever"
+                )
+            if nstep is not None:
+                raise ValueError(
+                    "nstep: a sequence buffer stores single steps; compute n-step targets inside the sampled sequences"
+                )
+            if EPISODE_STEP in env_dict:
+                raise ValueError(
+                    f"env_dict: {EPISODE_STEP!r} is the name a sequence buffer gives each step's index in its "
+                    "episode; call the field something else"
+                )
+        if (compressed or sequence is not None) and not removers.entry(remover).frames:
+            framed = [n for n in removers.names() if removers.entry(n).frames]
+            raise ValueError(
+                f"remover: {remover!r} replaces the newest rows, whose frames an episode's next steps read; a "
+                f"compressed or sequence buffer takes {framed}"
+            )
+        if mmap_prefix is not None:
+            if not isinstance(mmap_prefix, (str, os.PathLike)):
+                raise TypeError(f"mmap_prefix: expected a path prefix (str) or None, got {type(mmap_prefix).__name__}")
+            if shared:
+                raise ValueError(
+                    "mmap_prefix: a shared buffer lives in a shared-memory segment; only local buffers "
+                    "map their arrays to files"
+                )
+        folding = nstep_args(env_dict, default_dtype, nstep, cpprb_nstep)
+        rows = env_dict if folding is None else NstepStage(folding, False).rows.output_env_dict()
+        specs = with_next_fields(parse_env_dict(rows, default_dtype), next_of)
+        compression = Compression.build(
+            specs,
+            next_of,
+            stack_compress,
+            lanes,
+            "done" if "done" in specs else None,
+            "truncated" if "truncated" in specs else None,
+            in_lanes=sequence is not None,
+        )
+        if sequence is not None:
+            assert compression is not None  # a sequence table always keeps its steps in lanes
+            width = size // compression.lanes
+            if width < sequence.length:
+                raise ValueError(
+                    f"length: a sequence of {sequence.length} steps does not fit in a lane of {width} steps "
+                    f"(size {size}, lanes {compression.lanes})"
+                )
+        return cls(
+            size=size,
+            specs=specs,
+            selector=selector_spec,
+            remover=remover,
+            max_times_sampled=max_times_sampled,
+            compression=compression,
+            sequence=sequence,
+            nstep=folding,
+            shared=shared,
+            mmap_prefix=None if mmap_prefix is None else os.fspath(mmap_prefix),
+            float32_weights=checks.dtype("weights_dtype", weights_dtype, (np.float64, np.float32)) == np.float32,
+            uint64_indexes=checks.dtype("indexes_dtype", indexes_dtype, (np.int64, np.uint64)) == np.uint64,
+        )
+
+    @property
+    def by_priority(self) -> bool:
+        """Whether the selector draws by the priorities given (``add(priorities=)``,
+        ``update_priorities``, importance weights)."""
+        return self.selector.entry.by_priority
