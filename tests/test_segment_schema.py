@@ -32,6 +32,7 @@ STACKED = {"obs": {"shape": (3, 2, 4), "dtype": np.uint8}, "next_obs": {"shape":
 # (see _use) allowed, and what the string means there.  Any other use of it is an array's name.
 ALLOWED: dict[tuple[str, str], tuple[set[str], str]] = {
     ("_ext/__init__.py", "lock"): ({"tuple"}, "the kernel mpreplay._ext.lock, among those checked to be built"),
+    ("bench/apex.py", "writers"): ({"list"}, "a column of `bench apex`'s lock table: how many writer processes"),
     ("bench/mp_workloads.py", "lanes"): ({"dict key"}, "the `lanes=` argument of a compressed buffer"),
     ("bench/peer_frames.py", "rows"): ({"dict key"}, "a benchmark result's entry: rows drawn"),
     ("bench/per_peers.py", "rows"): ({"dict key", "rs[0][]", "row[]"}, "a benchmark result's entry: rows drawn"),
