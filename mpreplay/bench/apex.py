@@ -45,7 +45,7 @@ import numpy as np
 
 import mpreplay
 from mpreplay import MPPrioritizedReplayBuffer, ReplayBuffer
-from mpreplay.bench._report import positive_int
+from mpreplay.bench._report import positive_int, positive_seconds
 from mpreplay.bench._report import print_table as _print_table
 from mpreplay.bench.apex_episodes import Episode, chunks, cycle_rows, record
 from mpreplay.bench.mp_processes import run_until
@@ -84,7 +84,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small sizes and short windows: a smoke run")
     parser.add_argument("--capacity", type=float, default=None, help="transitions of the buffer (default 1e6)")
     parser.add_argument("--record-steps", type=positive_int, default=None, help="real env steps (default 16,000)")
-    parser.add_argument("--seconds", type=float, default=None, help="window of each timed case (default 3)")
+    parser.add_argument("--seconds", type=positive_seconds, default=None, help="window of each timed case (default 3)")
     parser.add_argument("--train-ms", type=float, default=10.0, help="the simulated GPU training step")
     parser.add_argument("--writers", default="1,2,4,8", help="writer processes of the lock cases")
     args = parser.parse_args(list(argv))

@@ -51,7 +51,7 @@ import numpy as np
 
 import mpreplay
 from mpreplay.bench import mp_peers
-from mpreplay.bench._report import print_table
+from mpreplay.bench._report import positive_seconds, print_table
 from mpreplay.bench.mp_processes import Result, Timing, gather_limit, run_case
 from mpreplay.bench.mp_workloads import (
     ATARI,
@@ -306,23 +306,15 @@ def _mp_table(title: str, columns: Sequence[str], lines: Sequence[list[str]], gr
     print_table(title, columns, lines, left=2, group=None if group is None else slice(0, group + 1), width=220)
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return value
-
-
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="mpreplay bench mp",
         description=__doc__.split("\n\n")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--seconds", type=_seconds, help="measured window of every case (default 3; --quick: 0.3)")
+    parser.add_argument(
+        "--seconds", type=positive_seconds, help="measured window of every case (default 3; --quick: 0.3)"
+    )
     parser.add_argument(
         "--start-method",
         choices=multiprocessing.get_all_start_methods(),

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 import mpreplay
-from mpreplay.bench._report import positive_int, print_table
+from mpreplay.bench._report import positive_int, positive_seconds, print_table
 from mpreplay.bench.case_clock import Timing, Window, run_window, serve_window, slice_rates
 from mpreplay.bench.mp_peers import window_of
 from mpreplay.bench.peers import ENV_VAR, PeerError, Unavailable, describe, launch, peers_directory
@@ -175,23 +175,15 @@ def _targets(lines: Sequence[Line]) -> list[list[str]]:
     return cells
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return value
-
-
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="mpreplay bench queue",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--seconds", type=_seconds, help="measured window of every case (default 5; --quick: 1)")
+    parser.add_argument(
+        "--seconds", type=positive_seconds, help="measured window of every case (default 5; --quick: 1)"
+    )
     parser.add_argument("--steps", type=positive_int, default=128, help="steps per rollout (default 128)")
     parser.add_argument("--size", type=positive_int, default=8, help="unread rollouts the queue holds (default 8)")
     parser.add_argument(
