@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from . import checks, manifest, removers, selectors
 from ._ext.calls import TableCalls
@@ -67,6 +68,7 @@ from .prefetch import Prefetcher
 from .saved_episodes import EpisodeWriter
 from .selectors import SelectorSpec
 from .sequences import SequenceSpec, SequenceWriter
+from .spec import EnvDict
 from .table_config import EPISODE_STEP, TableConfig
 from .table_files import load_table, save_table, table_layout
 from .write_path import RowStore, Store, WritePath
@@ -178,25 +180,25 @@ class Table(TableCalls):
     def __init__(
         self,
         size: int,
-        env_dict: Mapping[str, Mapping[str, Any]],
+        env_dict: EnvDict,
         *,
         selector: str | SelectorSpec | None = None,
         remover: str | None = None,
         rate_limiter: RateLimiter | None = None,
         max_times_sampled: int | None = None,
         shared: bool | None = None,
-        nstep: Mapping[str, Any] | None = None,
+        nstep: Mapping[str, object] | None = None,
         next_of: str | list[str] | None = None,
         stack_compress: str | list[str] | None = None,
         lanes: int = 1,
         sequence: SequenceSpec | None = None,
-        default_dtype: Any = None,
+        default_dtype: DTypeLike | None = None,
         seed: int | None = None,
-        mmap_prefix: str | os.PathLike | None = None,
-        weights_dtype: Any = np.float64,
-        indexes_dtype: Any = np.int64,
+        mmap_prefix: str | os.PathLike[str] | None = None,
+        weights_dtype: DTypeLike = "float64",
+        indexes_dtype: DTypeLike = "int64",
         Nstep: None = None,  # noqa: N803 -- cpprb's spelling, refused naming nstep=
-    ):
+    ) -> None:
         config = TableConfig.build(
             size,
             env_dict,

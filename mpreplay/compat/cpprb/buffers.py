@@ -120,7 +120,7 @@ class ReplayBuffer(BufferBase):
         """The keyword arguments no class in the hierarchy takes."""
         return kwargs
 
-    def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.ReplayBuffer:
+    def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.Table:
         return native.ReplayBuffer(size, fields.env_dict(), mmap_prefix=options["mmap_prefix"])
 
     def _inserted(self) -> int:
@@ -167,7 +167,7 @@ class PrioritizedReplayBuffer(PrioritizedBase, ReplayBuffer):
     def _own_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in kwargs.items() if k not in ("alpha", "eps")}
 
-    def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.PrioritizedReplayBuffer:
+    def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.Table:
         return native.PrioritizedReplayBuffer(
             size,
             fields.env_dict(),
@@ -216,7 +216,7 @@ class MPReplayBuffer(BufferBase):
     def _own_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs
 
-    def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.ReplayBuffer:
+    def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.Table:
         return native.MPReplayBuffer(size, fields.env_dict())
 
     def __getstate__(self) -> dict[str, Any]:
@@ -259,7 +259,7 @@ class MPPrioritizedReplayBuffer(PrioritizedBase, MPReplayBuffer):
     def _own_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in kwargs.items() if k not in ("alpha", "eps")}
 
-    def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.MPPrioritizedReplayBuffer:
+    def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.Table:
         return native.MPPrioritizedReplayBuffer(
             size,
             fields.env_dict(),
