@@ -1,11 +1,11 @@
-from mpreplay._ext.ring cimport Ring
+from mpreplay._ext.table_handle cimport TableHandle
 
 
 cdef class TableCalls:
-    cdef Ring _kernel            # None: the table is closed (or not bound yet)
+    cdef TableHandle _kernel            # None: the table is closed (or not bound yet)
     cdef bint _plain             # one transition goes to the kernel as it is
     cdef bint _by_priority       # the selector draws by priority: priorities given and updated, weights handed out
     cdef bint _weights_f32       # the table's weights_dtype is float32
     cdef bint _indexes_u64       # the table's indexes_dtype is uint64
 
-    cdef Ring _open(self)
+    cdef TableHandle _open(self)

@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, annotation_typing=False, auto_pickle=False
 """The per-step calls of a table -- ``add``, ``sample``, ``update_priorities`` -- as methods of
-the C base class of :class:`mpreplay.Table`.
+the C base class of :class:`mpreplay.TableParts`.
 
 A training loop makes these calls every step.  Through a Python method each would pass a
 Python frame on its way into the kernel; from here it reaches the kernel directly, which at
@@ -11,7 +11,7 @@ table's Python methods and the argument checks of :mod:`mpreplay.checks`, as it 
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
 from cpython.long cimport PyLong_CheckExact
 
-from mpreplay._ext.ring cimport Ring
+from mpreplay._ext.table_handle cimport TableHandle
 
 from typing import Any
 
@@ -27,9 +27,9 @@ cdef object _DEFAULT_BETA = 0.4
 
 
 cdef class TableCalls:
-    """The calls of :class:`mpreplay.Table` that a loop makes every step."""
+    """The calls of :class:`mpreplay.TableParts` that a loop makes every step."""
 
-    def _bind_calls(self, Ring kernel, bint plain_rows, bint by_priority=False, bint float32_weights=False,
+    def _bind_calls(self, TableHandle kernel, bint plain_rows, bint by_priority=False, bint float32_weights=False,
                     bint uint64_indexes=False) -> None:
         """Route the calls to ``kernel`` (None: the table is closed).  ``plain_rows``: one
         transition goes to the kernel as it is, not folded or planned first; ``by_priority``:
@@ -42,7 +42,7 @@ cdef class TableCalls:
         self._weights_f32 = float32_weights
         self._indexes_u64 = uint64_indexes
 
-    cdef Ring _open(self):
+    cdef TableHandle _open(self):
         if self._kernel is None:
             raise BufferClosed("the replay buffer is closed")
         return self._kernel
@@ -56,7 +56,7 @@ cdef class TableCalls:
         rows, waits at most ``timeout`` seconds (None: no limit) for room, then raises
         TimeoutError having stored nothing.
         """
-        cdef Ring kernel = self._open()
+        cdef TableHandle kernel = self._open()
         cdef Py_ssize_t slot
         if priorities is None and timeout is None and self._plain:
             slot = kernel.add_one(fields, -1.0, None)  # -1: not one row of plain values, nothing stored
@@ -75,7 +75,7 @@ cdef class TableCalls:
         -1, storing nothing, when the values need :meth:`add`'s checks and conversions, or this
         table plans its rows before storing them (n-step folding, compression, sequences).
         """
-        cdef Ring kernel = self._open()
+        cdef TableHandle kernel = self._open()
         if type(fields) is not dict:
             raise TypeError(f"fields: expected a dict of the fields, got {type(fields).__name__}")
         return kernel.add_one(fields, -1.0, None) if self._plain else -1
@@ -91,7 +91,7 @@ cdef class TableCalls:
         instead of fresh ones (e.g. the previous batch): for large observations that spares
         the page faults of new memory.
         """
-        cdef Ring kernel = self._open()
+        cdef TableHandle kernel = self._open()
         if self._by_priority:
             if beta is None:
                 beta = _DEFAULT_BETA
@@ -114,7 +114,7 @@ cdef class TableCalls:
         An update whose slot was overwritten since this process sampled it is dropped
         (counted in ``stats()["stale_updates_dropped"]``).
         """
-        cdef Ring kernel = self._open()
+        cdef TableHandle kernel = self._open()
         if not self._by_priority:
             raise TypeError("update_priorities: this table's selector draws by no priority")
         if kernel.update(indexes, priorities) < 0:

@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The scalar codec of the one-row adds: Python numbers and exact-dtype arrays -> a slot's values.
 
-``Ring.add_one`` and ``Ring.add_step`` take one transition as an actor passes it: Python
+``TableHandle.add_one`` and ``TableHandle.add_step`` take one transition as an actor passes it: Python
 floats, ints and bools, and arrays of the field's own dtype and shape.  :class:`Staging`
 stages each value without numpy (an array of the field's dtype is copied from where it
 lies), or says that a value needs numpy's conversion -- then the general path takes the

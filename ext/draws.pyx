@@ -19,7 +19,7 @@ cdef extern from *:
 from mpreplay._ext.atomics cimport _mpreplay_acquire_fence
 from mpreplay._ext.gate cimport deadline_of
 from mpreplay._ext.gather cimport copy_rows
-from mpreplay._ext.handle cimport NOT_SAMPLED
+from mpreplay._ext.handle_state cimport NOT_SAMPLED
 from mpreplay._ext.outputs cimport SPARE_MAX_BYTES, is_vector
 from mpreplay._ext.schema cimport COMPLETE, SAMPLES, STALE, STORED, TORN, being_written
 from mpreplay._ext.selector cimport importance_weights
@@ -61,7 +61,7 @@ cdef void* _draws_block(Draws* d, Py_ssize_t b, Py_ssize_t R, Py_ssize_t L, Py_s
     return block
 
 
-cdef double _draw(Table t, Handle h, int64_t* slots, double* values, uint64_t* gens, Py_ssize_t k,
+cdef double _draw(TableParts t, HandleState h, int64_t* slots, double* values, uint64_t* gens, Py_ssize_t k,
                   Py_ssize_t nstrata) noexcept nogil:
     # Lock held.  Draw j lands in stratum j of nstrata (nstrata == 1:
     # plain draws over the whole mass); `values` gets the drawn weights.
@@ -103,7 +103,7 @@ cdef double _draw(Table t, Handle h, int64_t* slots, double* values, uint64_t* g
     return t.selector.smallest()
 
 
-cdef Py_ssize_t _note_reads(Table t, Py_ssize_t s, int64_t* slots, uint64_t* gens) noexcept nogil:
+cdef Py_ssize_t _note_reads(TableParts t, Py_ssize_t s, int64_t* slots, uint64_t* gens) noexcept nogil:
     # Lock held: the frames row s reads and their generations now.
     cdef Py_ssize_t j, c = t.frames.read_set(s, slots)
     for j in range(c):
@@ -111,7 +111,7 @@ cdef Py_ssize_t _note_reads(Table t, Py_ssize_t s, int64_t* slots, uint64_t* gen
     return c
 
 
-cdef void _note_row(Table t, Draws* d, Py_ssize_t j) noexcept nogil:
+cdef void _note_row(TableParts t, Draws* d, Py_ssize_t j) noexcept nogil:
     # Lock held: the frames row j reads, with their generations now, and the
     # steps of a sequence.  The frames a sequence's first step reads are the
     # oldest it reads: guarding them guards every step (see ext/sequences.pyx).
@@ -121,7 +121,7 @@ cdef void _note_row(Table t, Draws* d, Py_ssize_t j) noexcept nogil:
         d.stp[j] = t.sequences.steps(d.sp[j])
 
 
-cdef double _draw_batch(Table t, Handle h, Draws* d, bint stratified, double deadline, bint copy) except? -1.0:
+cdef double _draw_batch(TableParts t, HandleState h, Draws* d, bint stratified, double deadline, bint copy) except? -1.0:
     # Under the lock, once the rate limiter lets the sample through: draw
     # every row, note what each reads, and with `copy` copy the rows too.
     # Returns the smallest weight.
@@ -156,7 +156,7 @@ cdef double _draw_batch(Table t, Handle h, Draws* d, bint stratified, double dea
     return vmin
 
 
-cdef Py_ssize_t _find_torn(Table t, Draws* d) noexcept nogil:
+cdef Py_ssize_t _find_torn(TableParts t, Draws* d) noexcept nogil:
     # After copying: the rows whose slot (or a frame they read) was rewritten
     # meanwhile go to d.tp; returns how many.
     cdef Py_ssize_t j, f, ntorn = 0
@@ -172,7 +172,7 @@ cdef Py_ssize_t _find_torn(Table t, Draws* d) noexcept nogil:
     return ntorn
 
 
-cdef double _redraw(Table t, Handle h, Draws* d, Py_ssize_t ntorn, double deadline, bint locked) except? -1.0:
+cdef double _redraw(TableParts t, HandleState h, Draws* d, Py_ssize_t ntorn, double deadline, bint locked) except? -1.0:
     # Draw the torn rows again; with `locked`, also copy them under the lock.
     # Returns the smallest weight now.
     cdef Py_ssize_t j
@@ -195,9 +195,9 @@ cdef double _redraw(Table t, Handle h, Draws* d, Py_ssize_t ntorn, double deadli
     return vmin
 
 
-cdef dict sample(Table t, Handle h, Py_ssize_t batch_size, bint stratified, double beta, object timeout, dict out,
+cdef dict sample(TableParts t, HandleState h, Py_ssize_t batch_size, bint stratified, double beta, object timeout, dict out,
                  bint leaves, bint float32_weights, bint uint64_indexes):
-    # Ring.sample: the outputs taken (spare, fresh or `out`), the rows drawn, gathered and checked.
+    # TableHandle.sample: the outputs taken (spare, fresh or `out`), the rows drawn, gathered and checked.
     cdef Py_ssize_t b = batch_size, j, ntorn, rounds = 0
     cdef bint locked
     cdef double vmin, deadline = deadline_of(timeout)
@@ -285,7 +285,7 @@ cdef dict sample(Table t, Handle h, Py_ssize_t batch_size, bint stratified, doub
     return result
 
 
-cdef Py_ssize_t _bad_priority(Table t, const double* priorities, Py_ssize_t n) noexcept nogil:
+cdef Py_ssize_t _bad_priority(TableParts t, const double* priorities, Py_ssize_t n) noexcept nogil:
     # The first position whose priority is not finite, >= 0 and at most max_priority, or -1.
     cdef Py_ssize_t j
     for j in range(n):
@@ -294,12 +294,12 @@ cdef Py_ssize_t _bad_priority(Table t, const double* priorities, Py_ssize_t n) n
     return -1
 
 
-cdef int _raise_bad_priority(Table t, const double* priorities, Py_ssize_t bad) except -1:
+cdef int _raise_bad_priority(TableParts t, const double* priorities, Py_ssize_t bad) except -1:
     raise ValueError(f"priorities: expected finite values in [0, {t.selector.max_priority:.3g}], "
                      f"got {priorities[bad]!r} at position {bad}")
 
 
-cdef int check_priorities(Table t, const double[::1] priorities) except -1:
+cdef int check_priorities(TableParts t, const double[::1] priorities) except -1:
     # ValueError unless every priority is finite, >= 0 and small enough that no sum of
     # leaf weights can overflow.
     cdef Py_ssize_t bad = -1
@@ -311,8 +311,8 @@ cdef int check_priorities(Table t, const double[::1] priorities) except -1:
     return 0
 
 
-cdef object tags(Table t, const int64_t[::1] slots):
-    # Ring.tags: each slot's publication count now, -1 where a writer holds the slot.
+cdef object tags(TableParts t, const int64_t[::1] slots):
+    # TableHandle.tags: each slot's publication count now, -1 where a writer holds the slot.
     cdef Py_ssize_t j, n = slots.shape[0]
     cdef cnp.ndarray out = np.empty(n, dtype=np.int64)
     cdef int64_t* op = <int64_t*>cnp.PyArray_DATA(out)
@@ -325,8 +325,8 @@ cdef object tags(Table t, const int64_t[::1] slots):
     return out
 
 
-cdef Py_ssize_t update(Table t, Handle h, object slots, object priorities) except -2:
-    # Ring.update: what sample handed out, checked and applied in one critical section, or -1.
+cdef Py_ssize_t update(TableParts t, HandleState h, object slots, object priorities) except -2:
+    # TableHandle.update: what sample handed out, checked and applied in one critical section, or -1.
     cdef Py_ssize_t k, j, s, m = 0, stale = 0, bad_slot = -1, bad_priority = -1
     cdef uint64_t g, rec
     cdef int64_t live_slots[UPDATE_CHUNK]

@@ -1,5 +1,5 @@
-# A compressed writer's episode in progress, as the planner (batch_plan.pyx) reads it and the
-# writer's episode (frame_plan.pyx) moves it on; see episode_state.pyx.
+# A compressed writer's episode in progress, as the planner (frame_planner.pyx) reads it and the
+# writer's episode (episode.pyx) moves it on; see episode_state.pyx.
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 
 

@@ -6,8 +6,8 @@ episode's newest observation per stacked key, and the rows waiting for the
 frame of their next observation (``next_of``), oldest first -- each one's
 slot, the generation it was published with, the items the writer had
 written before it, its priority and its next observations.  The planner
-(batch_plan.pyx) plans every batch after it; the writer's episode
-(frame_plan.pyx), which it is the base of, moves it past each batch.
+(frame_planner.pyx) plans every batch after it; the writer's episode
+(episode.pyx), which it is the base of, moves it past each batch.
 """
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memmove

@@ -1,9 +1,9 @@
 # Declarations shared with the draw path (ext/gather.pyx rebuilds compressed observations,
 # ext/draws.pyx checks the slots a row reads while it samples), the slot table, and
-# ext/frame_plan.pyx, whose writer's episode writes its frames through a FrameStore.
+# ext/episode.pyx, whose writer's episode writes its frames through a FrameCopier.
 from libc.stdint cimport int64_t, uint8_t
 
-from mpreplay._ext.batch_plan cimport FramePlan, FramePlanner
+from mpreplay._ext.frame_planner cimport FramePlan, FramePlanner
 
 cdef enum:
     MAX_STACK = 64       # frames per stacked observation
@@ -42,7 +42,7 @@ cdef class Frames:
 cdef const uint8_t* array_bytes(object array, Py_ssize_t nbytes, object what, str prefix=*) except? NULL
 
 
-cdef class FrameStore:
+cdef class FrameCopier:
     cdef readonly Py_ssize_t size
     cdef FramePlanner planner
     cdef uint8_t** frames     # per key: (size, frame bytes)

@@ -14,8 +14,8 @@ short window of its lane: :meth:`Frames.read_set` lists them (the sampler
 checks their generations), :meth:`Frames.reads` tells which rows an
 overwrite breaks.
 
-:class:`Frames` is the read side; :class:`FrameStore` the write side, one per
-writer: a planned batch's items (batch_plan.pyx) written into their slots.
+:class:`Frames` is the read side; :class:`FrameCopier` the write side, one per
+writer: a planned batch's items (frame_planner.pyx) written into their slots.
 """
 from libc.stdint cimport int64_t, uint32_t, uint8_t
 from libc.stdlib cimport calloc, free, malloc
@@ -109,7 +109,7 @@ cdef extern from *:
 
 cimport numpy as cnp
 
-from mpreplay._ext.batch_plan cimport FramePlan, FramePlanner, Observation
+from mpreplay._ext.frame_planner cimport FramePlan, FramePlanner, Observation
 from mpreplay._ext.schema cimport LANE_END, LANE_LEN, LANE_START
 
 import numpy as np
@@ -306,9 +306,9 @@ cdef uint8_t* _slot_rows(object array, Py_ssize_t size, Py_ssize_t* pitch) excep
     return <uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>array)
 
 
-cdef class FrameStore:
+cdef class FrameCopier:
     """The write side of one buffer's frame stores, for one writer's planner: the items of its
-    plans (:class:`~mpreplay._ext.batch_plan.FramePlan`) written into their slots.
+    plans (:class:`~mpreplay._ext.frame_planner.FramePlan`) written into their slots.
 
     Parameters
     ----------

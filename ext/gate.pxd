@@ -1,5 +1,5 @@
 # The gate every call of a replay table passes: the lock, the rate limiter's rule, and the
-# waits and wake-ups around them.  A table (ext/table.pyx) holds one; see ext/gate.pyx.
+# waits and wake-ups around them.  A table (ext/table_parts.pyx) holds one; see ext/gate.pyx.
 from libc.stdint cimport int32_t, int64_t
 
 from mpreplay._ext.lock cimport SharedLock

@@ -2,7 +2,7 @@
 # its outputs without the lock.  ext/draws.pyx fills the Draws and calls copy_rows.
 from libc.stdint cimport int64_t, uint64_t, uint8_t
 
-from mpreplay._ext.table cimport Table
+from mpreplay._ext.table_parts cimport TableParts
 
 
 cdef struct Draws:
@@ -25,4 +25,4 @@ cdef struct Draws:
     uint8_t** dst          # per output (fields, compressed observations, mask): its first row
 
 
-cdef void copy_rows(Table t, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil
+cdef void copy_rows(TableParts t, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil

@@ -9,7 +9,7 @@ meanwhile.  See docs/architecture.md, "Data path".
 from libc.string cimport memcpy, memset
 
 
-cdef void _gather(Table t, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
+cdef void _gather(TableParts t, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
     # Copy rows (all k, or only rows[0..k) of the batch) without the lock.  Values of
     # 4, 8 and 16 bytes (scalars, small vectors: the common fields) are copied
     # with a constant size, which compiles to plain loads and stores.
@@ -30,7 +30,7 @@ cdef void _gather(Table t, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows)
                 memcpy(dst + r * rb, src + d.sp[r] * pitch, rb)
 
 
-cdef void _gather_frames(Table t, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
+cdef void _gather_frames(TableParts t, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
     # Rebuild the compressed observations of rows (all k, or rows[0..k)) without the lock.
     # Row by row, every output of the row together: obs and next_obs share all frames but
     # one, so the second rebuild reads them from cache instead of memory.
@@ -48,7 +48,7 @@ cdef void _gather_frames(Table t, const Draws* d, Py_ssize_t k, const Py_ssize_t
                 t.frames.rebuild(t.outputs.frame_keys[o], u, d.dst[nf + o] + r * step_bytes[nf + o])
 
 
-cdef void _gather_sequences(Table t, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
+cdef void _gather_sequences(TableParts t, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
     # Copy the steps of sequences (all k, or rows[0..k)) without the lock, step
     # by step every output together; padding steps become zeros, the mask says so.
     cdef Py_ssize_t L = t.length, nf = t.nfields, no = t.outputs.n - t.nfields - 1
@@ -76,7 +76,7 @@ cdef void _gather_sequences(Table t, const Draws* d, Py_ssize_t k, const Py_ssiz
                                  d.dst[nf + o] + at * step_bytes[nf + o])
 
 
-cdef void copy_rows(Table t, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
+cdef void copy_rows(TableParts t, const Draws* d, Py_ssize_t k, const Py_ssize_t* rows) noexcept nogil:
     # Copy what rows (all k, or rows[0..k)) of a sample read into its outputs.
     if t.sequences is not None:
         _gather_sequences(t, d, k, rows)

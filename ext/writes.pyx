@@ -14,7 +14,7 @@ from cpython.dict cimport PyDict_Size
 
 cimport numpy as cnp
 
-from mpreplay._ext.batch_plan cimport FramePlan
+from mpreplay._ext.frame_planner cimport FramePlan
 from mpreplay._ext.gate cimport deadline_of
 from mpreplay._ext.processes cimport describe_process, token_pid
 from mpreplay._ext.remover cimport SCATTERED, WAIT
@@ -25,7 +25,7 @@ import numpy as np
 cnp.import_array()
 
 
-cdef Py_ssize_t reserve_waiting(Table t, Py_ssize_t k, uint64_t* reserved, bint insert, double deadline,
+cdef Py_ssize_t reserve_waiting(TableParts t, Py_ssize_t k, uint64_t* reserved, bint insert, double deadline,
                                 Py_ssize_t lane, Py_ssize_t skip=0, int64_t* free=NULL) except -3:
     # Reserve k slots where the table's remover places them (an insert; else the run at the
     # cursor), once no live process still writes one of them and (inserts) the rate limiter
@@ -54,7 +54,7 @@ cdef Py_ssize_t reserve_waiting(Table t, Py_ssize_t k, uint64_t* reserved, bint 
         t.gate.release()
 
 
-cdef Py_ssize_t publish_locked(Table t, double deadline, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k,
+cdef Py_ssize_t publish_locked(TableParts t, double deadline, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k,
                                const uint64_t* reserved, const int64_t* slots, const double* priorities,
                                const uint8_t* states,
                                const int64_t* complete, const uint64_t* complete_generations,
@@ -91,9 +91,9 @@ cdef Py_ssize_t publish_locked(Table t, double deadline, Py_ssize_t lane, Py_ssi
     return lost
 
 
-cdef Reservation reserve(Table t, Py_ssize_t k, double deadline, bint insert, Py_ssize_t lane, Py_ssize_t skip,
+cdef Reservation reserve(TableParts t, Py_ssize_t k, double deadline, bint insert, Py_ssize_t lane, Py_ssize_t skip,
                          bint scatter):
-    # Ring.reserve, its arguments checked first.
+    # TableHandle.reserve, its arguments checked first.
     cdef Reservation r = Reservation.__new__(Reservation)
     cdef Py_ssize_t n = t.slots.lane_length(lane)
     cdef cnp.ndarray free = None
@@ -118,7 +118,7 @@ cdef Reservation reserve(Table t, Py_ssize_t k, double deadline, bint insert, Py
 
 
 cdef class Reservation:
-    """Slots a writer reserved (``Ring.reserve``), being written: copy the rows into
+    """Slots a writer reserved (``TableHandle.reserve``), being written: copy the rows into
     :attr:`slots`, then :meth:`publish` them -- or :meth:`abandon` the write.  The one way a
     write reaches the table, whichever store makes it."""
 
@@ -164,7 +164,7 @@ cdef class Reservation:
                                     &free[0] if self.free is not None else NULL)
 
 
-cdef Py_ssize_t _check_sequences(Table t, const int64_t[::1] slots, const uint64_t[::1] generations,
+cdef Py_ssize_t _check_sequences(TableParts t, const int64_t[::1] slots, const uint64_t[::1] generations,
                                  const int64_t[::1] steps, const double[::1] priorities) except -1:
     # How many sequences publish() is asked to open, once their description is checked.
     cdef Py_ssize_t n = slots.shape[0], j
@@ -179,11 +179,11 @@ cdef Py_ssize_t _check_sequences(Table t, const int64_t[::1] slots, const uint64
     return n
 
 
-cdef Py_ssize_t publish(Table t, Py_ssize_t start, const uint64_t[::1] reserved, const double[::1] priorities,
+cdef Py_ssize_t publish(TableParts t, Py_ssize_t start, const uint64_t[::1] reserved, const double[::1] priorities,
                         const uint8_t[::1] states, Py_ssize_t lane, double deadline, const int64_t[::1] complete,
                         const uint64_t[::1] complete_generations, const double[::1] complete_priorities,
                         tuple sequences, const int64_t[::1] slots) except -1:
-    # Ring.publish, its arguments checked first.
+    # TableHandle.publish, its arguments checked first.
     cdef Py_ssize_t k = reserved.shape[0], nc = 0 if complete is None else complete.shape[0]
     cdef Py_ssize_t ns = 0, j
     cdef const double* prio = NULL
@@ -226,15 +226,15 @@ cdef Py_ssize_t publish(Table t, Py_ssize_t start, const uint64_t[::1] reserved,
                           &open_steps[0] if ns else NULL, &open_priorities[0] if ns else NULL, ns)
 
 
-cdef inline void _copy_staged(Table t, Handle h, Py_ssize_t slot) noexcept nogil:
+cdef inline void _copy_staged(TableParts t, HandleState h, Py_ssize_t slot) noexcept nogil:
     # The staged values of every field into the slot's rows.
     cdef Py_ssize_t i
     for i in range(t.nfields):
         memcpy(t.rows[i] + slot * t.pitch[i], h.staging.src[i], t.rowbytes[i])
 
 
-cdef Py_ssize_t add_one(Table t, Handle h, dict values, double priority, object timeout) except -2:
-    # Ring.add_one: one transition of Python scalars and exact-dtype arrays, or -1.
+cdef Py_ssize_t add_one(TableParts t, HandleState h, dict values, double priority, object timeout) except -2:
+    # TableHandle.add_one: one transition of Python scalars and exact-dtype arrays, or -1.
     cdef Py_ssize_t slot
     cdef uint64_t reserved
     cdef int64_t free_slot
@@ -256,8 +256,8 @@ cdef Py_ssize_t add_one(Table t, Handle h, dict values, double priority, object 
     return slot
 
 
-cdef Py_ssize_t add_step(Table t, Handle h, dict values, double priority, object timeout, Episode episode) except -2:
-    # Ring.add_step: one step of a compressed writer's episode, or -1.
+cdef Py_ssize_t add_step(TableParts t, HandleState h, dict values, double priority, object timeout, Episode episode) except -2:
+    # TableHandle.add_step: one step of a compressed writer's episode, or -1.
     cdef Py_ssize_t j, lane = episode.lane, start, row_slot, done
     cdef int flag
     cdef uint8_t flagged = 0
@@ -299,8 +299,8 @@ cdef Py_ssize_t add_step(Table t, Handle h, dict values, double priority, object
     return row_slot
 
 
-cdef Py_ssize_t claim_lane(Table t, double deadline) except -1:
-    # Ring.claim_lane: a lane for one writer, under the lock.
+cdef Py_ssize_t claim_lane(TableParts t, double deadline) except -1:
+    # TableHandle.claim_lane: a lane for one writer, under the lock.
     cdef Py_ssize_t lane
     t.gate.acquire(deadline)
     try:
@@ -314,15 +314,15 @@ cdef Py_ssize_t claim_lane(Table t, double deadline) except -1:
     return lane
 
 
-cdef int release_lane(Table t, Py_ssize_t lane) except -1:
+cdef int release_lane(TableParts t, Py_ssize_t lane) except -1:
     if not 0 <= lane < t.slots.nlanes():
         raise ValueError(f"lane: expected 0 <= lane < {t.slots.nlanes()}, got {lane}")
     t.slots.release_lane(lane)
     return 0
 
 
-cdef int clear(Table t) except -1:
-    # Ring.clear: every lane reserved whole (waiting for the slots other processes write), then
+cdef int clear(TableParts t) except -1:
+    # TableHandle.clear: every lane reserved whole (waiting for the slots other processes write), then
     # every lane restarted at its start.
     cdef cnp.ndarray reserved = np.empty(t.size, dtype=np.uint64)
     cdef Py_ssize_t l

@@ -283,7 +283,7 @@ def priorities(name: str, values: Any, count: int, *, max_priority: float | np.n
     maximum per value: what the buffer that stores it accepts, see
     ``PrioritizedReplayBuffer.max_priority``).  ``max_priority=None`` leaves
     the range to the ring kernel that takes the priorities next
-    (``Ring.check_priorities`` and ``Ring.update`` check it, with the same message).
+    (``TableHandle.check_priorities`` and ``TableHandle.update`` check it, with the same message).
     """
     p = values
     if not _kernel_ready(p, _FLOAT64):

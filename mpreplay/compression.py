@@ -16,7 +16,7 @@ frame of its next observation is stored, and is retired as soon as a frame
 it reads is overwritten.
 
 Each writer -- a process's buffer object, or one of its episode writers
-(``ReplayBuffer.episode_writer``) -- keeps its own :class:`FrameWriter` and
+(``ReplayBuffer.episode_writer``) -- keeps its own :class:`FrameStore` and
 fills its own lane, so consecutive steps of an episode sit in consecutive slots.
 """
 
@@ -30,11 +30,10 @@ from typing import Any
 import numpy as np
 
 from . import checks
-from ._ext.batch_plan import FramePlan, FramePlanner
-from ._ext.frame_plan import Episode
+from ._ext.episode import Episode
+from ._ext.frame_planner import FramePlan, FramePlanner
 from ._ext.frames import Frames
 from ._ext.gate import deadline
-from ._ext.ring import Ring
 from ._ext.schema import (
     DEPTH_ARRAY,
     LANE_CURSOR,
@@ -46,9 +45,10 @@ from ._ext.schema import (
     field_array,
     frames_array,
 )
+from ._ext.table_handle import TableHandle
 from .spec import FieldSpec
 
-__all__ = ["Compression", "FrameWriter", "with_next_fields"]
+__all__ = ["Compression", "FrameStore", "with_next_fields"]
 
 _MAX_NEXT = 16  # at most this many slots between a transition and its next observation
 
@@ -160,7 +160,7 @@ class Compression:
         return frames, outputs
 
 
-class FrameWriter:
+class FrameStore:
     """The writing side of a compressed buffer, private to one process.
 
     Plans each batch in full first -- checking every stack and next
@@ -169,17 +169,25 @@ class FrameWriter:
     """
 
     def __init__(
-        self, compression: Compression, specs: Mapping[str, FieldSpec], ring: Ring, arrays: Mapping[str, np.ndarray]
+        self,
+        compression: Compression,
+        specs: Mapping[str, FieldSpec],
+        handle: TableHandle,
+        arrays: Mapping[str, np.ndarray],
     ):
-        self._start(compression, specs, ring, arrays)
+        self._start(compression, specs, handle, arrays)
 
     def _start(
-        self, compression: Compression, specs: Mapping[str, FieldSpec], ring: Ring, arrays: Mapping[str, np.ndarray]
+        self,
+        compression: Compression,
+        specs: Mapping[str, FieldSpec],
+        handle: TableHandle,
+        arrays: Mapping[str, np.ndarray],
     ) -> None:
         # What __init__ sets, and reset() sets again.
         self._c = compression
         self._specs = specs
-        self._ring = ring
+        self._handle = handle
         self._arrays = arrays  # the buffer's memory: lanes, nxt, depth, frames and the stored fields
         self._release_lane: weakref.finalize | None = None
         self._keys = compression.keys
@@ -218,9 +226,9 @@ class FrameWriter:
             tuple(self._flag_names),
         )
 
-    def sibling(self) -> FrameWriter:
+    def sibling(self) -> FrameStore:
         """Another writer of the same buffer in this process: its own episode, and its own lane once it writes."""
-        return FrameWriter(self._c, self._specs, self._ring, self._arrays)
+        return FrameStore(self._c, self._specs, self._handle, self._arrays)
 
     # -- planning ---------------------------------------------------------------
     def _rows(self, k: int, rows: Mapping[str, np.ndarray], name: str) -> np.ndarray:
@@ -269,7 +277,7 @@ class FrameWriter:
         ``open_end``: ``end_episode`` ends it where the rows stop, which may be before it
         did (see :meth:`write_rows`).  Raises ValueError, changing nothing, when a stack or
         next observation cannot be rebuilt bit for bit (the checks run in
-        ``ext/batch_plan.pyx``).
+        ``ext/frame_planner.pyx``).
         """
         obs = [self._observations(k, rows, key, q) for q, key in enumerate(self._keys)]
         nexts: list[tuple[np.ndarray, bool] | None] = [None] * len(self._keys)
@@ -294,9 +302,9 @@ class FrameWriter:
 
     def add_one(self, fields: dict[str, Any], priority: float, timeout: float | None) -> int:
         """Store one step given as exact-dtype arrays and Python scalars, all in the kernel
-        (``Ring.add_step``); returns its slot, or -1 when it needs :meth:`write` -- then
+        (``TableHandle.add_step``); returns its slot, or -1 when it needs :meth:`write` -- then
         nothing was changed.  A negative ``priority`` means "the stored maximum"."""
-        return self._ring.add_step(fields, priority, timeout, self._episode)
+        return self._handle.add_step(fields, priority, timeout, self._episode)
 
     def write(
         self,
@@ -327,7 +335,7 @@ class FrameWriter:
         value per row, written with the rows (before they are published).  ``opening``
         (a sequence table's writer) is called with those slots and generations and the
         rows left waiting for their next observation, before anything is published; the
-        sequences it returns, as for :meth:`Ring.publish`, open with the rows.
+        sequences it returns, as for :meth:`TableHandle.publish`, open with the rows.
 
         ``resume`` > 0 (a writer between episodes only): the first row is that step of an
         episode whose older steps are not stored (a saved buffer's oldest kept step); the
@@ -361,13 +369,13 @@ class FrameWriter:
         opening: Callable[[np.ndarray, np.ndarray, int], tuple | None] | None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Reserve, copy and publish what ``plan`` laid out, then move the episode past it."""
-        episode, ring, lane = self._episode, self._ring, self._episode.lane
+        episode, handle, lane = self._episode, self._handle, self._episode.lane
         lo, hi = self._arrays[LANES_ARRAY][lane, [LANE_START, LANE_END]]
         if plan.items > hi - lo:
             raise ValueError(f"add: {plan.items} slots at once exceed the lane's {hi - lo}; add fewer rows per call")
         if priorities is not None:
             priorities = np.ascontiguousarray(priorities, dtype=np.float64)
-        reservation = ring.reserve(plan.items, until, True, lane)
+        reservation = handle.reserve(plan.items, until, True, lane)
         if not plan.items:  # what the write completes, or the sequences it ends, only
             sequences = (
                 None if opening is None else opening(np.empty(0, np.int64), np.empty(0, np.uint64), plan.waiting)
@@ -401,10 +409,10 @@ class FrameWriter:
         """This writer's lane, claimed now if it has none (ValueError when every lane has a live writer)."""
         episode = self._episode
         if episode.lane < 0:
-            episode.lane = self._ring.claim_lane(until)
+            episode.lane = self._handle.claim_lane(until)
             # No other writer of this process may take the lane while it is claimed: a
             # writer dropped without close() gives it back when it is collected.
-            self._release_lane = weakref.finalize(self, self._ring.release_lane, episode.lane)
+            self._release_lane = weakref.finalize(self, self._handle.release_lane, episode.lane)
         return episode.lane
 
     @property
@@ -430,7 +438,7 @@ class FrameWriter:
 
         In a forked child the lane is the parent's: giving it back changes nothing."""
         self.release_lane()
-        self._start(self._c, self._specs, self._ring, self._arrays)
+        self._start(self._c, self._specs, self._handle, self._arrays)
 
     def release_lane(self) -> None:
         """Give this writer's lane back, for another writer (its rows stay)."""

@@ -65,7 +65,7 @@ class Inspection:
         self,
         memory: Any,
         gate: Any,
-        ring: Any,
+        handle: Any,
         selector: Any,
         *,
         capacity: int,
@@ -73,7 +73,7 @@ class Inspection:
         one_lane: bool,
         selector_name: str,
     ):
-        self._memory, self._gate, self._ring, self._selector = memory, gate, ring, selector
+        self._memory, self._gate, self._handle, self._selector = memory, gate, handle, selector
         self.capacity = capacity
         self.sequence_length = sequence_length
         self.selector_name = selector_name  # its entry in mpreplay.selectors
@@ -154,4 +154,4 @@ class Inspection:
                 "compressed or sequence buffer's writer claims its own"
             )
         k = checks.integer("k", k, low=1)
-        return Reservation(self._ring.reserve(k, deadline(checks.seconds("timeout", timeout)), scatter=True))
+        return Reservation(self._handle.reserve(k, deadline(checks.seconds("timeout", timeout)), scatter=True))

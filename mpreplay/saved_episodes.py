@@ -22,7 +22,7 @@ from ._ext.schema import LANE_END, LANE_START
 from .fileformat import TransitionFileError
 
 __all__ = [
-    "EpisodeWriter",
+    "EpisodeStore",
     "SavedEpisode",
     "lanes_of",
     "load_episodes",
@@ -45,9 +45,9 @@ class SavedEpisode(NamedTuple):
     first: int
 
 
-class EpisodeWriter(Protocol):
-    """What loading needs of a buffer's writer (a :class:`~mpreplay.compression.FrameWriter`
-    or a :class:`~mpreplay.sequences.SequenceWriter`)."""
+class EpisodeStore(Protocol):
+    """What loading needs of a buffer's store of episodes in lanes (a :class:`~mpreplay.compression.FrameStore`
+    or a :class:`~mpreplay.sequences.SequenceStore`)."""
 
     @property
     def has_lane(self) -> bool:
@@ -59,7 +59,7 @@ class EpisodeWriter(Protocol):
     def release_lane(self) -> None:
         """Give its lane back (its rows stay)."""
 
-    def sibling(self) -> EpisodeWriter:
+    def sibling(self) -> EpisodeStore:
         """Another writer of the same buffer in this process, holding no lane yet."""
 
     def episode_slots(self, k: int, rows: Mapping[str, np.ndarray], first: int) -> int:
@@ -132,18 +132,18 @@ def stack_age(rows: Mapping[str, np.ndarray], row: int, keys: Sequence[str]) -> 
 
 
 def load_episodes(
-    writer: EpisodeWriter,
+    store: EpisodeStore,
     rows: Mapping[str, np.ndarray],
     priorities: np.ndarray | None,
     episodes: Sequence[SavedEpisode],
 ) -> None:
     """Store a saved buffer's ``episodes`` (``rows``: the file's converted rows; ``priorities``:
-    per row, or None) through ``writer`` and writers claimed for the call, each episode ended.
+    per row, or None) through ``store`` and stores claimed for the call, each episode ended.
 
     Every episode is planned first (TransitionFileError naming it for rows its write would
     refuse).  Then each saved lane goes through a lane of its own while lanes are free --
-    ``writer``'s first (its episode in progress ends), then lanes claimed for the call
-    (``writer.sibling()``) and given back after it -- its episodes one after another, as saved.
+    ``store``'s first (its episode in progress ends), then lanes claimed for the call
+    (``store.sibling()``) and given back after it -- its episodes one after another, as saved.
     An episode that finds no room left there goes to a newly claimed lane or, when none is free,
     to the first lane taken with room for it.  An episode is never split, and no loaded row
     overwrites another: when the episodes do not fit, ValueError is raised before anything is
@@ -153,20 +153,20 @@ def load_episodes(
     for e, episode in enumerate(episodes):
         a, b = episode.start, episode.stop
         try:
-            slots.append(writer.episode_slots(b - a, _rows(rows, a, b), episode.first))
+            slots.append(store.episode_slots(b - a, _rows(rows, a, b), episode.first))
         except ValueError as exc:
             raise TransitionFileError(f"file: episode {e} (rows {a} to {b - 1}): {exc}") from exc
-    placed = _place(writer, episodes, slots)
+    placed = _place(store, episodes, slots)
     try:
-        for lane_writer, taken in placed:
+        for lane_store, taken in placed:
             for e in taken:
                 a, b = episodes[e].start, episodes[e].stop
-                lane_writer.load_episode(
+                lane_store.load_episode(
                     b - a, _rows(rows, a, b), None if priorities is None else priorities[a:b], episodes[e].first
                 )
     finally:
-        for lane_writer, _ in placed[1:]:
-            lane_writer.release_lane()
+        for lane_store, _ in placed[1:]:
+            lane_store.release_lane()
 
 
 def _rows(rows: Mapping[str, np.ndarray], a: int, b: int) -> dict[str, np.ndarray]:
@@ -174,19 +174,19 @@ def _rows(rows: Mapping[str, np.ndarray], a: int, b: int) -> dict[str, np.ndarra
 
 
 def _place(
-    writer: EpisodeWriter, episodes: Sequence[SavedEpisode], slots: Sequence[int]
-) -> list[tuple[EpisodeWriter, list[int]]]:
+    store: EpisodeStore, episodes: Sequence[SavedEpisode], slots: Sequence[int]
+) -> list[tuple[EpisodeStore, list[int]]]:
     """Claim the lanes ``episodes`` go through (see :func:`load_episodes`); returns per lane its
-    writer (``writer`` first) and the episodes it takes.  Raises ValueError, every lane claimed
+    writer (``store`` first) and the episodes it takes.  Raises ValueError, every lane claimed
     here given back, when they do not fit."""
-    placed: list[tuple[EpisodeWriter, list[int]]] = []
+    placed: list[tuple[EpisodeStore, list[int]]] = []
     widths: list[int] = []
     rooms: list[int] = []  # per lane, the slots it has left for loaded rows
-    had_lane, free, current = writer.has_lane, True, -1
+    had_lane, free, current = store.has_lane, True, -1
     try:
         for e, (episode, need) in enumerate(zip(episodes, slots, strict=True)):
             if e == 0 or episode.lane != episodes[e - 1].lane or rooms[current] < need:
-                current = _take_lane(writer, placed, widths, rooms) if free else -1
+                current = _take_lane(store, placed, widths, rooms) if free else -1
                 free = current >= 0
                 if current < 0 or rooms[current] < need:
                     current = next((i for i, room in enumerate(rooms) if room >= need), -1)
@@ -201,23 +201,23 @@ def _place(
             rooms[current] -= need
             placed[current][1].append(e)
     except BaseException:
-        for lane_writer, _ in placed:
-            if lane_writer is not writer or not had_lane:
-                lane_writer.release_lane()
+        for lane_store, _ in placed:
+            if lane_store is not store or not had_lane:
+                lane_store.release_lane()
         raise
     return placed
 
 
 def _take_lane(
-    writer: EpisodeWriter, placed: list[tuple[EpisodeWriter, list[int]]], widths: list[int], rooms: list[int]
+    store: EpisodeStore, placed: list[tuple[EpisodeStore, list[int]]], widths: list[int], rooms: list[int]
 ) -> int:
-    """Claim one more lane for a load (``writer``'s first); returns its index, or -1 when none is free."""
-    lane_writer = writer if not placed else writer.sibling()
+    """Claim one more lane for a load (``store``'s first); returns its index, or -1 when none is free."""
+    lane_store = store if not placed else store.sibling()
     try:
-        width = lane_writer.claim_lane()
+        width = lane_store.claim_lane()
     except ValueError:  # every lane has a live writer
         return -1
-    placed.append((lane_writer, []))
+    placed.append((lane_store, []))
     widths.append(width)
     rooms.append(width)
     return len(placed) - 1

@@ -3,7 +3,7 @@
 A sequence is a window of ``length`` consecutive steps of one episode.  Starts
 are ``period`` steps apart (R2D2: length 80, period 40, so neighbours share 40
 steps).  :class:`SequenceCutter` decides them as a writer stores an episode's
-steps; :class:`SequenceWriter` is the writing side of a sequence buffer (see
+steps; :class:`SequenceStore` is the writing side of a sequence buffer (see
 :mod:`mpreplay.sequence_buffer`): it stores steps in its lane and opens each
 sequence once its last step is stored, and loads a saved buffer's episodes
 back (through :func:`mpreplay.saved_episodes.load_episodes`);
@@ -20,9 +20,9 @@ import numpy as np
 
 from . import checks
 from ._ext.schema import EPISODE_START_ARRAY, EPISODE_STEP_ARRAY
-from .compression import FrameWriter
+from .compression import FrameStore
 
-__all__ = ["SequenceCutter", "SequenceSpec", "SequenceWriter", "sequence_priority"]
+__all__ = ["SequenceCutter", "SequenceSpec", "SequenceStore", "sequence_priority"]
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def sequence_priority(td_errors: Any, mask: Any = None, *, eta: float = 0.9) -> 
 
 
 class _Episode:
-    """The episode a :class:`SequenceWriter` is storing: how it is cut, where this writer began
+    """The episode a :class:`SequenceStore` is storing: how it is cut, where this writer began
     storing it (``start``: 0, or a saved episode's oldest kept step), and each stored step from
     ``first`` (episode offset) on -- slot, generation, priority -- that a sequence not opened yet
     may start at or cover."""
@@ -157,11 +157,11 @@ class _Episode:
         return other
 
 
-class SequenceWriter:
+class SequenceStore:
     """The writing side of a sequence buffer, private to one writer (a buffer object
     or one of its episode writers).
 
-    Steps go through the writer's :class:`~mpreplay.compression.FrameWriter`, which
+    Steps go through the writer's :class:`~mpreplay.compression.FrameStore`, which
     keeps them consecutive in a lane of their own (and compresses frames); each
     step's index in its episode is stored with it.  Once a sequence's last step is
     stored -- complete: with ``next_of``, its next observation too -- the sequence is
@@ -171,7 +171,7 @@ class SequenceWriter:
     complete together, or (raising) nothing: the writer then stands where it stood.
     """
 
-    def __init__(self, spec: SequenceSpec, frames: FrameWriter, flags: list[str]):
+    def __init__(self, spec: SequenceSpec, frames: FrameStore, flags: list[str]):
         self._spec = spec
         self._frames = frames
         self._flags = flags
@@ -188,12 +188,12 @@ class SequenceWriter:
         resume: int = 0,
         open_end: bool = False,
     ) -> int | None:
-        """Store ``k`` converted steps (as :meth:`FrameWriter.write`); returns the slot of the first.
+        """Store ``k`` converted steps (as :meth:`FrameStore.write`); returns the slot of the first.
 
         ``start_priorities``: ``priorities`` are those of the sequences starting at each
         step (a saved buffer's), not per-step ones to fold; ``resume``: the episode begun
         at that step keeps none of its older steps; ``open_end``: ``end_episode`` ends it
-        where the steps stop (see :meth:`FrameWriter.write_rows`)."""
+        where the steps stop (see :meth:`FrameStore.write_rows`)."""
         flagged = self._flagged(k, rows)
         ends = np.flatnonzero(flagged)
         later = ends[ends + 1 < k] + 1  # the rows starting an episode after a flagged one
@@ -325,12 +325,12 @@ class SequenceWriter:
         return self._frames.episode_slots(k, rows, first)
 
     def claim_lane(self) -> int:
-        """Hold a lane from now on (see :meth:`FrameWriter.claim_lane`); returns its slots."""
+        """Hold a lane from now on (see :meth:`FrameStore.claim_lane`); returns its slots."""
         return self._frames.claim_lane()
 
-    def sibling(self) -> SequenceWriter:
+    def sibling(self) -> SequenceStore:
         """Another writer of the same buffer in this process, holding no lane yet."""
-        return SequenceWriter(self._spec, self._frames.sibling(), self._flags)
+        return SequenceStore(self._spec, self._frames.sibling(), self._flags)
 
     def load_episode(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None, first: int) -> None:
         """End the episode in progress, then store a saved episode whose first row is step

@@ -26,7 +26,6 @@ from ._ext.calls import TableCalls
 from ._ext.gate import Gate
 from ._ext.lock import SharedLock
 from ._ext.processes import process_token
-from ._ext.ring import Ring
 from ._ext.schema import (
     EPISODE_STEP_ARRAY,
     GENERATION_ARRAY,
@@ -58,16 +57,17 @@ from ._ext.schema import (
 from ._ext.selector import Selector
 from ._ext.sequences import Sequences
 from ._ext.slots import Slots
-from .compression import FrameWriter
+from ._ext.table_handle import TableHandle
+from .compression import FrameStore
 from .errors import BufferClosed
 from .inspect import Inspection
 from .limiter import RateLimiter
 from .memory import FileMemory, HeapMemory, Layout, SharedMemory
 from .nstep_stage import NstepStage
 from .prefetch import Prefetcher
-from .saved_episodes import EpisodeWriter
+from .saved_episodes import EpisodeStore
 from .selectors import SelectorSpec
-from .sequences import SequenceSpec, SequenceWriter
+from .sequences import SequenceSpec, SequenceStore
 from .spec import EnvDict
 from .table_config import EPISODE_STEP, TableConfig
 from .table_files import load_table, save_table, table_layout
@@ -106,7 +106,7 @@ _PARTS = (
     "_frames",
     "_sequences",
     "_gate",
-    "_ring",
+    "_handle",
     "_path",
     "_lock",
 )
@@ -174,7 +174,7 @@ class Table(TableCalls):
     _sequences: Sequences | None
     _lock: SharedLock | None  # a shared table's (a local one's threads take its memory's ThreadLock)
     _gate: Gate
-    _ring: Ring
+    _handle: TableHandle
     _path: WritePath
 
     def __init__(
@@ -289,7 +289,7 @@ class Table(TableCalls):
         sampled = list(self._fields.items()) + (
             [] if length is None else [(EPISODE_STEP_ARRAY, arrays[EPISODE_STEP_ARRAY])]
         )
-        self._ring = Ring(
+        self._handle = TableHandle(
             self._header, self._gate, slots, self._selector, sampled, rng, self._frames, outputs, self._sequences
         )
         nstep = None if config.nstep is None else NstepStage(config.nstep, config.by_priority)
@@ -297,25 +297,25 @@ class Table(TableCalls):
         # a part that referred back would put the table in a reference cycle, and a handle dropped
         # without close() would keep its mapping and descriptors until the cyclic collector ran.
         store, episodes = self._make_store(arrays)
-        self._path = WritePath(config.specs, store, self._ring, nstep, self._selector, episodes)
-        # One transition goes straight to the kernel (Ring.add_one) unless it is folded or planned first.
+        self._path = WritePath(config.specs, store, self._handle, nstep, self._selector, episodes)
+        # One transition goes straight to the kernel (TableHandle.add_one) unless it is folded or planned first.
         self._bind_calls(
-            self._ring, self._path.plain, config.by_priority, config.float32_weights, config.uint64_indexes
+            self._handle, self._path.plain, config.by_priority, config.float32_weights, config.uint64_indexes
         )
         if config.shared:
             _FORK_SENSITIVE.add(self)
 
-    def _make_store(self, arrays: Mapping[str, np.ndarray]) -> tuple[Store, EpisodeWriter | None]:
+    def _make_store(self, arrays: Mapping[str, np.ndarray]) -> tuple[Store, EpisodeStore | None]:
         """The store this handle's rows go to -- rows, frames (compression) or sequences -- and,
         where it keeps episodes in lanes, the same store as the writer a file's episodes load through."""
         config, c = self._config, self._config.compression
         if c is None:
-            return RowStore(self._ring, self._fields), None
-        frames = FrameWriter(c, config.specs, self._ring, arrays)
+            return RowStore(self._handle, self._fields), None
+        frames = FrameStore(c, config.specs, self._handle, arrays)
         if config.sequence is None:
             return frames, frames
         # A sequence table's steps are always compressed into lanes (Compression.build's in_lanes).
-        steps = SequenceWriter(config.sequence, frames, [flag for flag in (c.done, c.truncated) if flag is not None])
+        steps = SequenceStore(config.sequence, frames, [flag for flag in (c.done, c.truncated) if flag is not None])
         return steps, steps
 
     def _manifest(self, layout: Layout) -> dict[str, Any]:
@@ -372,7 +372,7 @@ class Table(TableCalls):
     def _after_fork(self) -> None:
         # A forked child must not replay its parent's random stream, judge priority updates
         # by what its parent sampled, or fold its steps onto the ones its parent had pending.
-        self._ring.after_fork(np.random.default_rng())
+        self._handle.after_fork(np.random.default_rng())
         self._path.forget()
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -385,7 +385,7 @@ class Table(TableCalls):
         if self._is_open():
             self._path.store.release_lane()
             if self._memory.is_owner:
-                self._ring.close()
+                self._handle.close()
         _FORK_SENSITIVE.discard(self)
         self._bind_calls(None, False)
         for name in _PARTS:
@@ -393,7 +393,7 @@ class Table(TableCalls):
         self._memory.close()
 
     def _is_open(self) -> bool:
-        return isinstance(self.__dict__.get("_ring"), Ring)
+        return isinstance(self.__dict__.get("_handle"), TableHandle)
 
     def _check_open(self) -> None:
         if not self._is_open():
@@ -418,7 +418,7 @@ class Table(TableCalls):
 
     def get_buffer_size(self) -> int:
         """Capacity in slots."""
-        return self._ring.size
+        return self._handle.size
 
     def get_stored_size(self) -> int:
         """Number of complete transitions (a sequence table's: steps) stored."""
@@ -469,7 +469,7 @@ class Table(TableCalls):
     def clear(self) -> None:
         """Forget every item, the steps an n-step folder holds and what the selector keeps of
         the priorities ever set (the capacity stays)."""
-        self._ring.clear()
+        self._handle.clear()
         self._selector.forget_history()
         self._path.forget()
 
@@ -527,7 +527,7 @@ class Table(TableCalls):
                 f"indexes: expected slots in [0, {size}), got {int(idx[bad[0]])} at position {int(bad[0])}"
             )
         for _ in range(_READ_ATTEMPTS):
-            slots, guards, _ = self._ring.snapshot(False)
+            slots, guards, _ = self._handle.snapshot(False)
             where = np.full(size, -1, dtype=np.int64)
             where[slots] = np.arange(len(slots))
             found = where[idx]
@@ -536,7 +536,7 @@ class Table(TableCalls):
                 j = int(missing[0])
                 raise ValueError(f"indexes: slot {int(idx[j])} (position {j}) holds no complete transition")
             rows = self._copy_rows(idx)
-            if self._ring.unchanged(idx, (guards[0][found], guards[1][found])).all():
+            if self._handle.unchanged(idx, (guards[0][found], guards[1][found])).all():
                 return rows
         raise TimeoutError(f"read: the slots were overwritten while being copied {_READ_ATTEMPTS} times in a row")
 
@@ -550,9 +550,9 @@ class Table(TableCalls):
         ``rows["indexes"]`` holds their slots.  ``copy`` copies the rows of slots (None:
         :meth:`_copy_rows`).  The set is taken under the lock, the rows copied without it, and
         rows overwritten meanwhile left out."""
-        listed, guards, raw = self._ring.snapshot(priorities)
+        listed, guards, raw = self._handle.snapshot(priorities)
         rows = (self._copy_rows if copy is None else copy)(listed)
-        keep = self._ring.unchanged(listed, guards)
+        keep = self._handle.unchanged(listed, guards)
         if not keep.all():
             rows = {name: r[keep] for name, r in rows.items()}
             raw = None if raw is None else raw[keep]
@@ -589,7 +589,7 @@ class Table(TableCalls):
     def max_priority(self) -> float:
         """The largest priority this table accepts (``get_max_priority()`` is the largest stored):
         no sum of leaf weights can overflow below it."""
-        return self._ring.max_priority
+        return self._handle.max_priority
 
     def leaf_mass(self) -> tuple[float, float]:
         """``(total, smallest)``: the sum of the drawable items' weights and the smallest positive
@@ -601,14 +601,14 @@ class Table(TableCalls):
         instead of importance weights: for a client that draws from several tables and weighs
         the rows across all of them (:mod:`mpreplay.sharded`).  A slot's tag changes whenever
         the slot is rewritten: :meth:`slot_tags` tells whether a sampled row is still there."""
-        return self._ring.sample(
+        return self._handle.sample(
             checks.integer("batch_size", batch_size, low=1), True, -1.0, checks.seconds("timeout", timeout), None, True
         )
 
     def slot_tags(self, indexes: Any) -> np.ndarray:
         """The current tag of each slot in ``indexes`` (see :meth:`sample_leaves`); -1 while a
         writer holds the slot."""
-        return self._ring.tags(checks.indexes("indexes", indexes))
+        return self._handle.tags(checks.indexes("indexes", indexes))
 
     # -- files ------------------------------------------------------------------------
     def save_transitions(self, file: Any, *, compress: bool = True, priorities: bool = False) -> None:
@@ -686,7 +686,7 @@ class Table(TableCalls):
         return Inspection(
             self._memory,
             self._gate,
-            self._ring,
+            self._handle,
             self._selector,
             capacity=config.size,
             sequence_length=self.sequence_length,

@@ -7,9 +7,9 @@
     load_transitions (rows already folded) ────────────────────────────────────────────────────► store (end)
 
 The store is one of three parts with one interface (:class:`Store`): :class:`RowStore`
-(fields side by side, one lane), :class:`~mpreplay.compression.FrameWriter` (``next_of``,
+(fields side by side, one lane), :class:`~mpreplay.compression.FrameStore` (``next_of``,
 ``stack_compress``: frames once, in a lane per writer) or
-:class:`~mpreplay.sequences.SequenceWriter` (a frame writer that also opens the sequences
+:class:`~mpreplay.sequences.SequenceStore` (a frame writer that also opens the sequences
 the steps complete).  The buffer names its parts; this module puts them in a line.
 
 Every write is all or nothing: the stages only preview, the store raises before it
@@ -26,10 +26,10 @@ import numpy as np
 
 from . import checks
 from ._ext.gate import deadline
-from ._ext.ring import Ring
 from ._ext.selector import Selector
+from ._ext.table_handle import TableHandle
 from .nstep_stage import NstepStage
-from .saved_episodes import EpisodeWriter, SavedEpisode, load_episodes
+from .saved_episodes import EpisodeStore, SavedEpisode, load_episodes
 from .spec import FieldSpec, convert_batch
 
 __all__ = ["RowStore", "Store", "WritePath"]
@@ -65,8 +65,8 @@ class RowStore:
     reservation into the next slots of its one lane -- or, in a Queue or a Stack, into
     whichever slots hold no unread row."""
 
-    def __init__(self, ring: Ring, fields: Mapping[str, np.ndarray]):
-        self._ring = ring
+    def __init__(self, handle: TableHandle, fields: Mapping[str, np.ndarray]):
+        self._handle = handle
         self._fields = fields
 
     def write(
@@ -80,7 +80,7 @@ class RowStore:
         """Store ``k`` converted rows (an episode's end needs nothing here: no row waits)."""
         if not k and end_episode:
             return None
-        size = self._ring.size
+        size = self._handle.size
         skip = 0
         if k > size:
             # Only the newest `size` rows would survive: skip the others, in the
@@ -90,7 +90,7 @@ class RowStore:
             priorities = None if priorities is None else priorities[skip:]
             k = size
         until = deadline(timeout)
-        reservation = self._ring.reserve(k, until, skip=skip, scatter=True)
+        reservation = self._handle.reserve(k, until, skip=skip, scatter=True)
         try:
             if reservation.scattered:  # a queue's rows: into whichever slots were free
                 for name, dst in self._fields.items():
@@ -110,7 +110,7 @@ class RowStore:
         return reservation.start if reservation.scattered else (reservation.start - skip) % size
 
     def add_one(self, fields: dict[str, Any], priority: float, timeout: float | None) -> int:
-        return self._ring.add_one(fields, priority, timeout)
+        return self._handle.add_one(fields, priority, timeout)
 
     def reset(self) -> None:
         """Nothing to forget: a row store keeps no episode."""
@@ -127,10 +127,10 @@ class WritePath:
         self,
         specs: Mapping[str, FieldSpec],
         store: Store,
-        ring: Ring,
+        handle: TableHandle,
         nstep: NstepStage | None,
         selector: Selector,
-        episodes: EpisodeWriter | None = None,
+        episodes: EpisodeStore | None = None,
     ):
         """``selector``: the table's, which gives a folded row that got NaN its priority when
         stored (``new_item_priority``: the largest stored now).  ``episodes``: the store, where
@@ -139,7 +139,7 @@ class WritePath:
         self.store = store
         self.nstep = nstep
         self._specs = specs
-        self._ring = ring
+        self._handle = handle
         self._selector = selector
         self._episodes = episodes
 
@@ -148,7 +148,7 @@ class WritePath:
         (None: the largest stored; one float for all, or one per step).  Returns the slot
         of the first row stored, or None when the steps completed none."""
         if self.nstep is not None:
-            rows, folded, commit = self.nstep.preview_add(fields, priorities, self._ring.check_priorities)
+            rows, folded, commit = self.nstep.preview_add(fields, priorities, self._handle.check_priorities)
             slot = self._store_converted(rows, folded, timeout, False)
             commit()
             return slot
@@ -156,18 +156,18 @@ class WritePath:
             # One transition of Python scalars and exact arrays: the kernel's fast path.
             if priorities is None:
                 priority = -1.0
-            elif 0.0 <= priorities <= self._ring.max_priority:  # False for NaN
+            elif 0.0 <= priorities <= self._handle.max_priority:  # False for NaN
                 priority = priorities
             else:
-                priority = checks.number("priorities", priorities, low=0.0, high=self._ring.max_priority)
+                priority = checks.number("priorities", priorities, low=0.0, high=self._handle.max_priority)
             slot = self.store.add_one(fields, priority, timeout)
             if slot >= 0:
                 return slot
         k, rows = convert_batch(self._specs, fields)
         if priorities is not None:
-            # Checked before anything is written (Ring.update checks its own input).
+            # Checked before anything is written (TableHandle.update checks its own input).
             priorities = checks.priorities("priorities", priorities, k, max_priority=None)
-            self._ring.check_priorities(priorities)
+            self._handle.check_priorities(priorities)
         return self.store.write(k, rows, priorities, timeout)
 
     def end_episode(self, timeout: float | None) -> None:

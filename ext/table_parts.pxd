@@ -1,4 +1,4 @@
-# The shared part of a replay table (ext/table.pyx): what every handle of its memory reads
+# The shared part of a replay table (ext/table_parts.pyx): what every handle of its memory reads
 # and writes alike.  The write path (ext/writes.pyx) and the draw path (ext/draws.pyx) take it.
 from libc.stdint cimport int64_t, uint8_t
 
@@ -10,7 +10,7 @@ from mpreplay._ext.sequences cimport Sequences
 from mpreplay._ext.slots cimport Slots
 
 
-cdef class Table:
+cdef class TableParts:
     cdef int64_t[::1] header
     cdef Gate gate
     cdef Slots slots

@@ -1,15 +1,15 @@
-# A compressed writer's episode (see frame_plan.pyx); declared here so its attributes are C
-# fields, not Python ones, which ext/ring.pyx's one-step add (add_step) reads and calls.
+# A compressed writer's episode (see episode.pyx); declared here so its attributes are C
+# fields, not Python ones, which ext/table_handle.pyx's one-step add (add_step) reads and calls.
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 
-from mpreplay._ext.batch_plan cimport FramePlan, FramePlanner, Observation
+from mpreplay._ext.frame_planner cimport FramePlan, FramePlanner, Observation
 from mpreplay._ext.episode_state cimport EpisodeState
-from mpreplay._ext.frames cimport FrameStore
+from mpreplay._ext.frames cimport FrameCopier
 
 
 cdef class Episode(EpisodeState):
     cdef readonly FramePlanner planner
-    cdef readonly FrameStore store         # the buffer's frame stores, written through this writer's planner
+    cdef readonly FrameCopier store         # the buffer's frame stores, written through this writer's planner
     cdef public Py_ssize_t lane            # the lane the writer fills, -1: none claimed yet
     cdef readonly tuple flags              # the fields whose nonzero value ends an episode (done, truncated)
     cdef readonly Py_ssize_t observations  # the observation values a step carries (keys and next_ keys)

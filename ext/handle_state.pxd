@@ -1,4 +1,4 @@
-# A handle's own state (ext/handle.pyx): what one buffer object keeps apart from the table it
+# A handle's own state (ext/handle_state.pyx): what one buffer object keeps apart from the table it
 # shares with other handles, threads and processes.
 from libc.stdint cimport int64_t, uint64_t
 from numpy.random cimport bitgen_t
@@ -12,7 +12,7 @@ cdef extern from *:
     const uint64_t NOT_SAMPLED "MPR_NOT_SAMPLED"
 
 
-cdef class Handle:
+cdef class HandleState:
     cdef object _bitgen_owner
     cdef bitgen_t* bitgen             # the draws' random stream
     cdef object _sampled              # per slot: the generation this handle sampled (None: nothing yet)

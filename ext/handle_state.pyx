@@ -17,7 +17,7 @@ import numpy as np
 cnp.import_array()
 
 
-cdef class Handle:
+cdef class HandleState:
     """The state of one handle of a table of ``size`` slots: draws from ``rng`` (a numpy
     Generator), stages through ``staging``, hands batches out again through ``spares``."""
 

@@ -26,7 +26,7 @@ queue across calls: ordinals ``0 .. earlier-1`` are the earlier calls'
 pending rows (an :class:`~mpreplay._ext.episode_state.EpisodeState` keeps
 them, copied, with the episode's newest stacks), ordinal ``earlier + i`` row
 ``i`` of this batch.  A :class:`FramePlan` is what the planner decided; the
-writer's episode (frame_plan.pyx) writes and publishes it, then moves past it.
+writer's episode (episode.pyx) writes and publishes it, then moves past it.
 
 A batch may *resume* an episode at step t > 0 none of whose steps the writer
 stored (a saved buffer's oldest kept step): its first row's stacks hold every

@@ -2,15 +2,15 @@
 cimport cython
 cimport numpy as cnp
 
-from mpreplay._ext.handle cimport Handle
-from mpreplay._ext.table cimport Table
+from mpreplay._ext.handle_state cimport HandleState
+from mpreplay._ext.table_parts cimport TableParts
 
 
 @cython.final
-cdef class Ring:
+cdef class TableHandle:
     # A table's handle: the table's shared part, and this handle's own state.
-    cdef Table _table
-    cdef Handle _handle
+    cdef TableParts _table
+    cdef HandleState _handle
     cdef readonly Py_ssize_t size
 
     cpdef Py_ssize_t add_one(self, dict values, double priority=*, object timeout=*) except -2

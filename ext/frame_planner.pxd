@@ -1,5 +1,5 @@
-# The planner of compressed batches (see batch_plan.pyx); declared here so its attributes are
-# C fields, not Python ones, which the writer's episode (frame_plan.pyx) and the frame store's
+# The planner of compressed batches (see frame_planner.pyx); declared here so its attributes are
+# C fields, not Python ones, which the writer's episode (episode.pyx) and the frame store's
 # write path (frames.pyx) read.
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 

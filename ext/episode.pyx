@@ -4,13 +4,13 @@
 :class:`Episode` is what a writer of a compressed buffer (``next_of``,
 ``stack_compress``) keeps between calls: the episode in progress
 (:class:`~mpreplay._ext.episode_state.EpisodeState`, its base), its
-:class:`~mpreplay._ext.batch_plan.FramePlanner`, and the write side of the
-buffer's frame stores (:class:`~mpreplay._ext.frames.FrameStore`).  A write is
+:class:`~mpreplay._ext.frame_planner.FramePlanner`, and the write side of the
+buffer's frame stores (:class:`~mpreplay._ext.frames.FrameCopier`).  A write is
 four steps, each changing nothing until the one before succeeded:
 
 1. *plan* (:meth:`Episode.plan`; one step of exact arrays, found in place by
-   ``take_step``, through ``plan_step``, for ``Ring.add_step``): every stack
-   and next observation checked, the items laid out (batch_plan.pyx);
+   ``take_step``, through ``plan_step``, for ``TableHandle.add_step``): every stack
+   and next observation checked, the items laid out (frame_planner.pyx);
 2. *copy* into the reserved slots (``Episode.store``'s ``copy``);
 3. *publication* (:meth:`Episode.publication`): the waiting rows the batch
    resolves linked to their next frames, and each item's state and priority;
@@ -78,7 +78,7 @@ cdef class Episode(EpisodeState):
         self.planner = planner
         self.lane = -1
         self.flags = flags
-        self.store = FrameStore(planner, frames, nxt, depth)
+        self.store = FrameCopier(planner, frames, nxt, depth)
         cdef Py_ssize_t* last_bytes = <Py_ssize_t*>malloc(nk * sizeof(Py_ssize_t) + 1)
         if not last_bytes:
             raise MemoryError()
@@ -115,7 +115,7 @@ cdef class Episode(EpisodeState):
     # -- planning -----------------------------------------------------------------
     def plan(self, Py_ssize_t k, list obs not None, list nexts not None, object flags, bint end_episode,
              Py_ssize_t resume=0, bint open_end=False):
-        """Plan ``k`` rows after this episode; returns a :class:`~mpreplay._ext.batch_plan.FramePlan`,
+        """Plan ``k`` rows after this episode; returns a :class:`~mpreplay._ext.frame_planner.FramePlan`,
         or raises ValueError naming the field.  Changes nothing.
 
         obs, nexts : per key, the rows' observations and next observations as ``(array, planar)``:
@@ -211,7 +211,7 @@ cdef class Episode(EpisodeState):
     def publication(self, FramePlan p not None, object slots, object priorities):
         """Link the waiting rows ``p`` resolves to their next frames (the buffer's ``nxt``) and
         say how to publish the items in ``slots``: returns ``(states, priorities, complete,
-        complete_generations, complete_priorities)`` for :meth:`Ring.publish` (``priorities``:
+        complete_generations, complete_priorities)`` for :meth:`TableHandle.publish` (``priorities``:
         per row, float64, or None for the largest stored)."""
         cdef cnp.npy_intp n = p.items
         cdef const double* row_priority = NULL

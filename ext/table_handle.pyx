@@ -1,10 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """A replay table's handle: the calls of a table, composed of its parts.
 
-A table is a shared part (ext/table.pyx: a gate, a slot table, a selector and the rows
+A table is a shared part (ext/table_parts.pyx: a gate, a slot table, a selector and the rows
 they govern), which every handle of its memory -- threads, processes -- reads and writes
-alike, and a handle's own state (ext/handle.pyx: its draws' random stream, its record of
-sampled generations, its scratch).  :class:`Ring` holds one of each and hands its calls to
+alike, and a handle's own state (ext/handle_state.pyx: its draws' random stream, its record of
+sampled generations, its scratch).  :class:`TableHandle` holds one of each and hands its calls to
 the write path (ext/writes.pyx: reserve, copy, publish) and the draw path (ext/draws.pyx:
 draw, gather, check for torn rows, update); snapshots are listed here.  See
 docs/architecture.md, "Data path" and "Concurrency protocol".
@@ -19,7 +19,7 @@ cimport numpy as cnp
 
 from mpreplay._ext.atomics cimport _mpreplay_acquire_fence
 from mpreplay._ext.codec cimport Staging
-from mpreplay._ext.frame_plan cimport Episode
+from mpreplay._ext.episode cimport Episode
 from mpreplay._ext.frames cimport MAX_STACK, Frames
 from mpreplay._ext.gate cimport Gate
 from mpreplay._ext.outputs cimport Spares
@@ -34,7 +34,7 @@ import numpy as np
 cnp.import_array()
 
 
-cdef class Ring:
+cdef class TableHandle:
     """A handle of a replay table composed of a gate, a slot table and a selector, over caller-owned arrays.
 
     Parameters
@@ -55,9 +55,9 @@ cdef class Ring:
     def __init__(self, int64_t[::1] header not None, Gate gate not None, Slots slots not None,
                  Selector selector not None, list fields not None, object rng,
                  Frames frames=None, list frame_outputs=None, Sequences sequences=None):
-        self._table = Table(header, gate, slots, selector, fields, frames, frame_outputs, sequences)
+        self._table = TableParts(header, gate, slots, selector, fields, frames, frame_outputs, sequences)
         self.size = self._table.size
-        self._handle = Handle(self.size, rng, Staging([(name, arr.shape[1:], arr.dtype) for name, arr in fields]),
+        self._handle = HandleState(self.size, rng, Staging([(name, arr.shape[1:], arr.dtype) for name, arr in fields]),
                               Spares(self._table.outputs))
 
     def set_rng(self, object rng):
@@ -126,7 +126,7 @@ cdef class Ring:
         once the rows were copied without the lock, which of them were overwritten
         meanwhile; ``raw`` holds the raw priorities when ``priorities`` (else None).
         """
-        cdef Table t = self._table
+        cdef TableParts t = self._table
         cdef Slots slot_table = t.slots
         cdef Py_ssize_t l, j, n, cursor, s, count = 0, c, f, o, age, best
         cdef int64_t reads[2 * MAX_STACK]
@@ -209,7 +209,7 @@ cdef class Ring:
         Returns the step's slot, or -1 when it needs the writer's general path (a value
         that needs numpy's conversion, a writer without a lane yet, a sequence table)
         -- then nothing was changed.  Raises ValueError, changing nothing, when a stack
-        or next observation cannot be rebuilt bit for bit (see ext/frame_plan.pyx).
+        or next observation cannot be rebuilt bit for bit (see ext/episode.pyx).
         A negative ``priority`` means "the stored maximum".
         """
         return writes.add_step(self._table, self._handle, values, priority, timeout, episode)

@@ -2,7 +2,7 @@
 """The shared part of a replay table: a gate, a slot table and a selector, with the rows they govern.
 
 Every handle of a table's memory -- the threads of a process, other processes -- reads and
-writes this part alike; what a handle keeps to itself is its :class:`~mpreplay._ext.handle.Handle`.
+writes this part alike; what a handle keeps to itself is its :class:`~mpreplay._ext.handle_state.HandleState`.
 The write path (ext/writes.pyx) and the draw path (ext/draws.pyx, ext/gather.pyx) take both.
 """
 from libc.stdlib cimport free, malloc
@@ -29,8 +29,8 @@ cdef bint _same_line(const uint8_t* a, const uint8_t* b, Py_ssize_t pitch, Py_ss
     return 64 % pitch == 0 and x // pitch == y // pitch
 
 
-cdef class Table:
-    """The shared part of a table (see :class:`mpreplay._ext.ring.Ring` for the parameters)."""
+cdef class TableParts:
+    """The shared part of a table (see :class:`mpreplay._ext.table_handle.TableHandle` for the parameters)."""
 
     def __cinit__(self):
         self.rows = NULL
