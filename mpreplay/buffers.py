@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import inspect
 import os
+import types
 from collections.abc import Mapping
-from typing import Any
-
-from numpy.typing import DTypeLike
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .limiter import ExactlyOnce, RateLimiter
 from .selectors import SelectorSpec
 from .sequences import SequenceSpec
 from .spec import EnvDict
 from .table import Table
+
+if TYPE_CHECKING:  # numpy's union, shown by name in signatures and the reference
+    from numpy.typing import DTypeLike
 
 __all__ = [
     "ReplayBuffer",
@@ -67,6 +69,22 @@ def _prioritized(
                 f"SelectorSpec('prioritized', {name}=...)"
             )
     return selector
+
+
+_T = TypeVar("_T", bound=type)
+
+
+def _own_init(cls: _T) -> _T:
+    """Give an MP class its local twin's ``__init__`` under its own name: the signature stays
+    one (the twin's), and a misspelt keyword is reported against the class the user called."""
+    init: types.FunctionType = vars(cls.__mro__[1])["__init__"]
+    copy = types.FunctionType(init.__code__, init.__globals__, init.__name__, init.__defaults__, init.__closure__)
+    copy.__kwdefaults__ = init.__kwdefaults__
+    copy.__annotations__ = init.__annotations__
+    copy.__doc__ = init.__doc__
+    copy.__qualname__ = f"{cls.__qualname__}.__init__"
+    type.__setattr__(cls, "__init__", copy)
+    return cls
 
 
 class ReplayBuffer(Table):
@@ -311,6 +329,7 @@ _HANDLE_MODEL = """
 """
 
 
+@_own_init
 class MPReplayBuffer(ReplayBuffer):
     """:class:`ReplayBuffer` in shared memory, written and sampled by many processes."""
 
@@ -339,6 +358,7 @@ class MPReplayBuffer(ReplayBuffer):
     _SHARED = True
 
 
+@_own_init
 class MPPrioritizedReplayBuffer(PrioritizedReplayBuffer):
     """:class:`PrioritizedReplayBuffer` in shared memory: actors add, a learner samples and
     updates priorities, each in its own process."""
@@ -371,6 +391,7 @@ class MPPrioritizedReplayBuffer(PrioritizedReplayBuffer):
     _SHARED = True
 
 
+@_own_init
 class MPSequenceReplayBuffer(SequenceReplayBuffer):
     """:class:`SequenceReplayBuffer` in shared memory: each actor process writes its
     episodes into a lane of its own, a learner samples sequences."""
@@ -397,6 +418,7 @@ class MPSequenceReplayBuffer(SequenceReplayBuffer):
     _SHARED = True
 
 
+@_own_init
 class MPPrioritizedSequenceReplayBuffer(PrioritizedSequenceReplayBuffer):
     """:class:`PrioritizedSequenceReplayBuffer` in shared memory: actors write episodes with
     per-step priorities, a learner samples sequences and updates their priorities."""

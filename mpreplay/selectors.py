@@ -143,7 +143,7 @@ def entry(name: str) -> SelectorEntry:
 class SelectorSpec:
     """A selector and its options, what ``selector=`` takes (a name alone: its defaults).
 
-    ``name`` is an entry of :data:`SELECTORS`: ``"uniform"``, ``"prioritized"``, ``"fifo"``,
+    ``name`` is an entry of :data:`~mpreplay.selectors.SELECTORS`: ``"uniform"``, ``"prioritized"``, ``"fifo"``,
     ``"lifo"``, ``"max_heap"``, ``"min_heap"``.  Only ``"prioritized"`` has options: ``alpha``
     (0.6), ``eps`` (1e-4) and ``new_priority`` (``"max_stored"`` or ``"max_ever"``); the others
     refuse them (TypeError).  The options are checked when the spec is made.

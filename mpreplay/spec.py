@@ -12,7 +12,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-__all__ = ["EnvDict", "FieldSpec", "parse_env_dict", "convert_batch"]
+__all__ = ["Array", "Batch", "EnvDict", "FieldSpec", "parse_env_dict", "convert_batch"]
 
 #: A table's fields as cpprb spells them (``env_dict``): each field's name, an identifier, to its
 #: spec, a mapping with an optional ``shape`` (an int or a tuple of ints; none: a scalar per
@@ -21,6 +21,13 @@ __all__ = ["EnvDict", "FieldSpec", "parse_env_dict", "convert_batch"]
 #: a type checker infers ``dict[str, object]`` for that literal; every entry is checked when a
 #: table is built (a TypeError or ValueError naming the field).
 EnvDict: TypeAlias = Mapping[str, object]
+
+#: One field of a sampled batch: an array of any shape and dtype (the field's, with the batch
+#: first).  Spelt without ``Any`` so that a user's ``mypy --disallow-any-expr`` accepts it.
+Array: TypeAlias = np.ndarray[tuple[int, ...], np.dtype[np.generic]]
+
+#: What ``sample`` returns: each field's name (and ``indexes``, ``weights``, ...) to its array.
+Batch: TypeAlias = dict[str, Array]
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from numpy.typing import DTypeLike
 
 from . import checks, removers
 from ._ext.schema import EPISODE_STEP_ARRAY
@@ -26,6 +25,9 @@ from .nstep_stage import NstepStage
 from .selectors import SelectorSpec
 from .sequences import SequenceSpec
 from .spec import EnvDict, FieldSpec, parse_env_dict
+
+if TYPE_CHECKING:  # numpy's union, shown by name in signatures and the reference
+    from numpy.typing import DTypeLike
 
 __all__ = ["EPISODE_STEP", "TableConfig"]
 

@@ -164,7 +164,6 @@ class PrioritizedBase(BufferBase):
     Comes first in the bases of a class that also derives from ReplayBuffer or MPReplayBuffer.
     """
 
-
     def _init_priorities(self, size: int, check_for_update: bool) -> None:
         # Which slots this process sampled: updates of others are dropped (cpprb's
         # check_for_update, and always for shared buffers).  Per process: see __getstate__.
