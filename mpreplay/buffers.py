@@ -21,6 +21,7 @@ import types
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from . import selectors
 from .limiter import ExactlyOnce, RateLimiter
 from .selectors import SelectorSpec
 from .sequences import SequenceSpec
@@ -61,7 +62,9 @@ def _prioritized(
     if isinstance(rate_limiter, ExactlyOnce):
         rate_limiter.buffer_options(None, None, None, prioritized=True, sequences=sequences)
     if selector is None:
-        return SelectorSpec("prioritized", **{name: given[name] for name in _PRIORITIZED_DEFAULTS})
+        options = {name: given[name] for name in _PRIORITIZED_DEFAULTS}
+        selectors.entry("prioritized").options(**options)  # checked here: SelectorSpec takes None for "not given"
+        return SelectorSpec("prioritized", **options)
     for name, default in _PRIORITIZED_DEFAULTS.items():
         if not (type(given[name]) is type(default) and given[name] == default):
             raise TypeError(
