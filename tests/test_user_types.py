@@ -58,7 +58,13 @@ def readme_quick_start() -> str:
     return re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)[0]
 
 
-def run_mypy(script: str, folder: Path, *, any_expr: bool = False) -> subprocess.CompletedProcess[str]:
+@pytest.fixture(scope="module")
+def mypy_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One mypy cache for the module's runs: numpy's and mpreplay's types are read once."""
+    return tmp_path_factory.mktemp("mypy-cache")
+
+
+def run_mypy(script: str, folder: Path, cache: Path, *, any_expr: bool = False) -> subprocess.CompletedProcess[str]:
     """``mypy --strict`` (and ``--disallow-any-expr`` unless ``any_expr``) on ``script``, with the
     mpreplay under test on its path; mpreplay's own modules are read for their types only: their
     errors are not the user's (an installed package's never show), only the script's are."""
@@ -71,13 +77,13 @@ def run_mypy(script: str, folder: Path, *, any_expr: bool = False) -> subprocess
     env |= {} if installed else {"MYPYPATH": str(where)}
     command = [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent"]
     command += [] if any_expr else ["--disallow-any-expr"]
-    command += ["--no-error-summary", "--cache-dir", str(folder / "cache"), str(path)]
+    command += ["--no-error-summary", "--cache-dir", str(cache), str(path)]
     return subprocess.run(command, check=False, capture_output=True, text=True, env=env, cwd=folder, timeout=600)
 
 
 @pytest.mark.timeout(900)
-def test_a_users_script_type_checks_strictly_with_no_any_from_mpreplay(tmp_path):
-    result = run_mypy(USER_SCRIPT, tmp_path)
+def test_a_users_script_type_checks_strictly_with_no_any_from_mpreplay(tmp_path, mypy_cache):
+    result = run_mypy(USER_SCRIPT, tmp_path, mypy_cache)
     errors = [line for line in result.stdout.splitlines() if line.startswith("user_script.py") and ": error:" in line]
     assert errors == [], result.stdout + result.stderr
     revealed = [line.split('Revealed type is "')[1] for line in result.stdout.splitlines() if "Revealed" in line]
@@ -89,16 +95,16 @@ def test_a_users_script_type_checks_strictly_with_no_any_from_mpreplay(tmp_path)
 
 
 @pytest.mark.timeout(900)
-def test_a_misspelt_method_or_a_wrong_argument_is_a_type_error(tmp_path):
+def test_a_misspelt_method_or_a_wrong_argument_is_a_type_error(tmp_path, mypy_cache):
     script = textwrap.dedent(USER_SCRIPT) + "\n".join(line for line, _ in SLIPS) + "\n"
-    result = run_mypy(script, tmp_path)
+    result = run_mypy(script, tmp_path, mypy_cache)
     for line, message in SLIPS:
         assert message in result.stdout, f"{line!r} passed the type check:\n{result.stdout}"
 
 
 @pytest.mark.timeout(900)
-def test_the_readmes_quick_start_type_checks_strictly(tmp_path):
+def test_the_readmes_quick_start_type_checks_strictly(tmp_path, mypy_cache):
     # numpy's random draws and reductions are Any in numpy's own stubs: Any expressions allowed.
-    result = run_mypy(readme_quick_start(), tmp_path, any_expr=True)
+    result = run_mypy(readme_quick_start(), tmp_path, mypy_cache, any_expr=True)
     errors = [line for line in result.stdout.splitlines() if line.startswith("user_script.py") and ": error:" in line]
     assert errors == [], result.stdout + result.stderr
