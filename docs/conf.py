@@ -13,6 +13,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+import types
+
+from sphinx.pycode import ModuleAnalyzer
 
 import mpreplay
 
@@ -51,6 +54,13 @@ autodoc_typehints_format = (
     "fully-qualified"  # a short name can be ambiguous: the compat layer mirrors the native classes
 )
 autodoc_default_options = {"members": True}
+# The aliases of the buffers' signatures render as their names, linked to their entries, not
+# expanded (``collections.abc.Mapping[str, object]``, numpy's long ``ArrayLike`` union).
+autodoc_type_aliases = {
+    "EnvDict": "mpreplay.EnvDict",
+    "Batch": "mpreplay.Batch",
+    "Array": "mpreplay.Array",
+}
 
 # The docstrings' "Parameters" / "Attributes" sections are numpydoc's; their types are
 # prose ("int, optional", "function"), shown as written rather than linked.
@@ -61,6 +71,11 @@ napoleon_use_ivar = False
 napoleon_preprocess_types = False
 
 nitpicky = True
+# Signatures show the short names they were written with (``SelectorSpec``); where a class is
+# documented twice, as ``mpreplay.X`` and in its own module, the link goes to the first, and that
+# is no error ("more than one target found", the only warning of this type).  Missing targets
+# (ref.class, ref.obj, ...) still are.
+suppress_warnings = ["ref.python"]
 # Names of other projects (numpy, the standard library, torch, gymnasium, Ray) are not linked:
 # the build reads no inventory over the network.  Every reference to a name of mpreplay must
 # resolve to a documented object.
@@ -82,7 +97,12 @@ nitpick_ignore = [
 ]
 # Type aliases of typed signatures, shown by name: numpy's ArrayLike, the returns functions'
 # dones (an array, a tensor or None), the type of a ParameterStore.read out= mapping.
-nitpick_ignore += [("py:class", "ArrayLike"), ("py:class", "_Dones"), ("py:class", "mpreplay.params._Out")]
+nitpick_ignore += [
+    ("py:class", "ArrayLike"),
+    ("py:class", "DTypeLike"),
+    ("py:class", "_Dones"),
+    ("py:class", "mpreplay.params._Out"),
+]
 # The type of a Table's own handles (an episode writer, a context manager's value): the class itself.
 nitpick_ignore += [("py:class", "mpreplay.table._Table")]
 
@@ -108,6 +128,21 @@ def _no_builtin_docstrings(app, what, name, obj, options, lines):
         lines.clear()
 
 
+# The type aliases' documentation: their ``#:`` comments in mpreplay/spec.py.
+_ALIAS_DOCS = {
+    name: list(lines) for (_, name), lines in ModuleAnalyzer.for_module("mpreplay.spec").find_attr_docs().items()
+}
+
+
+def _type_alias_docstrings(app, what, name, obj, options, lines):
+    """A type alias (``mpreplay.Batch``) shows its own comment, not the docstring of the class it
+    names (``dict``'s); autodoc adds "alias of ..." after it."""
+    alias = name.rpartition(".")[2]
+    if isinstance(obj, types.GenericAlias) and alias in _ALIAS_DOCS:
+        lines[:] = _ALIAS_DOCS[alias]
+
+
 def setup(app):
     app.connect("autodoc-process-signature", _dataclass_factories)
     app.connect("autodoc-process-docstring", _no_builtin_docstrings)
+    app.connect("autodoc-process-docstring", _type_alias_docstrings)

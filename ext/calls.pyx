@@ -20,8 +20,9 @@ import numpy as np
 from mpreplay import checks
 from mpreplay._ext.gate import BufferClosed
 
-# Finite betas pass the sample fast path (checks.number refuses inf and NaN).
-cdef double _MAX_BETA = 1.7976931348623157e308
+# Betas in [0, 1] pass the sample fast path: beyond 1 importance sampling over-corrects
+# (beta anneals from about 0.4 to 1), and checks.number names the range it refuses.
+cdef double _MAX_BETA = 1.0
 # A table that draws by priority hands out importance weights with this beta unless told.
 cdef object _DEFAULT_BETA = 0.4
 
@@ -85,7 +86,7 @@ cdef class TableCalls:
         """Draw ``batch_size`` items by the table's selector, with their ``indexes``.
 
         A table that draws by priority draws them stratified and adds importance ``weights``
-        = (N·P(i))^-β / max_j (N·P(j))^-β, ``beta`` 0.4 unless given; any other takes no
+        = (N·P(i))^-β / max_j (N·P(j))^-β, ``beta`` in [0, 1] (0.4 unless given); any other takes no
         ``beta``.  With a rate limiter, waits at most ``timeout`` seconds (None: no limit)
         for it to allow the sample, then raises TimeoutError.  ``out`` may hold arrays to fill
         instead of fresh ones (e.g. the previous batch): for large observations that spares
@@ -98,7 +99,7 @@ cdef class TableCalls:
             if not (PyLong_CheckExact(batch_size) and batch_size >= 1 and PyFloat_CheckExact(beta)
                     and 0.0 <= PyFloat_AS_DOUBLE(beta) <= _MAX_BETA and timeout is None):
                 batch_size = checks.integer("batch_size", batch_size, low=1)
-                beta, timeout = checks.number("beta", beta, low=0.0), checks.seconds("timeout", timeout)
+                beta, timeout = checks.number("beta", beta, low=0.0, high=1.0), checks.seconds("timeout", timeout)
             return kernel.sample(batch_size, True, beta, timeout, out, False, self._weights_f32,
                                  self._indexes_u64)
         if beta is not None:

@@ -15,6 +15,13 @@ from typing import TYPE_CHECKING
 
 from ._version import __version__
 
+# What ``mpreplay --help`` says above the commands: plain text (the module docstring is reST for
+# the reference).
+_DESCRIPTION = (
+    "Replay buffers in shared memory: run a benchmark or the demo, read a saved file, and watch, "
+    "check or remove the buffers of this machine from outside their processes."
+)
+
 if TYPE_CHECKING:
     from rich.table import Table
 
@@ -40,7 +47,7 @@ _BENCHMARKS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(prog="mpreplay", description=__doc__)
+    parser = argparse.ArgumentParser(prog="mpreplay", description=_DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="run a benchmark", add_help=False)

@@ -19,8 +19,12 @@ working.  ``buffer.inspection()`` gives an :class:`Inspection`:
   damage a buffer on purpose), ``holding_lock(timeout)`` (hold the lock as a
   call does: a frozen or killed holder), ``reserve(k)`` (a write stopped
   between its reservation and its publication: a writer killed or frozen while
-  copying), and :func:`arm_fault` (this process SIGKILLs itself at a site of
-  :data:`FAULT_SITES` inside a critical section).
+  copying), and ``arm_fault(site)`` (this process SIGKILLs itself at a site of
+  ``FAULT_SITES`` inside a critical section).
+
+A testing module, outside the stability promise (docs/stability.md): its names may change in
+any release.  The fault hooks are importable from here for tests and left out of ``__all__``,
+hence out of the reference.
 """
 
 from __future__ import annotations
@@ -34,10 +38,11 @@ import numpy as np
 from . import checks, selectors
 from ._ext.gate import deadline
 from ._ext.schema import HEADER_ARRAY
-from ._ext.slots import FAULT_SITES, arm_fault
+from ._ext.slots import FAULT_SITES as FAULT_SITES  # the test hooks: importable, not in __all__
+from ._ext.slots import arm_fault as arm_fault
 from .consistency import COUNTERS, check_arrays
 
-__all__ = ["FAULT_SITES", "Inspection", "Reservation", "arm_fault"]
+__all__ = ["Inspection", "Reservation"]
 
 
 # The header's counters by name (the schema's order; the rest of the header is spare).

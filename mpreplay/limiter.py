@@ -46,7 +46,10 @@ class RateLimiter:
             raise ValueError(f"min_diff ({lo}) > max_diff ({hi}): nothing could ever be inserted and sampled")
 
     def check(self, capacity: int) -> None:
-        """Reject settings that would deadlock a buffer of ``capacity`` transitions."""
+        """Reject settings that would deadlock a buffer of ``capacity`` transitions.
+
+        :meta private:
+        """
         if self.min_size_to_sample > capacity:
             raise ValueError(
                 f"min_size_to_sample={self.min_size_to_sample} exceeds the buffer's capacity {capacity}: "
@@ -61,7 +64,10 @@ class RateLimiter:
             )
 
     def to_array(self) -> np.ndarray:
-        """The settings as the buffer stores them (the "limits" array of the segment schema)."""
+        """The settings as the buffer stores them (the "limits" array of the segment schema).
+
+        :meta private:
+        """
         limits = np.zeros(LIMITS_LEN)
         limits[[LIMIT_ON, LIMIT_SPI, LIMIT_MIN_SIZE, LIMIT_MIN_DIFF, LIMIT_MAX_DIFF]] = (
             1.0,
@@ -74,7 +80,25 @@ class RateLimiter:
 
 
 class MinSize(RateLimiter):
-    """Block sampling until ``min_size_to_sample`` transitions are stored; inserts never wait."""
+    """Block sampling until ``min_size_to_sample`` transitions are stored; inserts never wait.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mpreplay import MinSize, ReplayBuffer
+    >>> rb = ReplayBuffer(100, {"obs": {}}, rate_limiter=MinSize(4))
+    >>> rb.add(obs=np.zeros(3))
+    0
+    >>> rb.sample(2, timeout=0.01)  # three stored, four needed
+    Traceback (most recent call last):
+    ...
+    TimeoutError: ...
+    >>> rb.add(obs=1.0)
+    3
+    >>> rb.sample(2)["obs"].shape
+    (2,)
+    >>> rb.close()
+    """
 
     def __init__(self, min_size_to_sample: int):
         super().__init__(1.0, min_size_to_sample, -math.inf, math.inf)
@@ -93,6 +117,30 @@ class SampleToInsertRatio(RateLimiter):
     ``error_buffer`` is how far the cursor may stray either way from
     ``samples_per_insert * min_size_to_sample`` (a number), or the explicit
     ``(min_diff, max_diff)`` pair.
+
+    Examples
+    --------
+    Two sampled items per insert, within 8 of that rate, once 4 rows are stored: a learner that
+    runs ahead waits until actors add more (a local buffer, which no other process can fill,
+    raises TimeoutError at once).
+
+    >>> import numpy as np
+    >>> from mpreplay import ReplayBuffer, SampleToInsertRatio
+    >>> limiter = SampleToInsertRatio(2.0, 4, error_buffer=8.0)
+    >>> rb = ReplayBuffer(100, {"obs": {}}, rate_limiter=limiter)
+    >>> rb.add(obs=np.zeros(4))
+    0
+    >>> for _ in range(4):  # 4 inserts allow 2 * 4 = 8 sampled items: 4 batches of 2
+    ...     _ = rb.sample(2)
+    >>> rb.sample(2)
+    Traceback (most recent call last):
+    ...
+    TimeoutError: sample: the rate limiter holds samples back until more is inserted; ...
+    >>> rb.add(obs=1.0)  # one more insert: one more batch of 2
+    4
+    >>> rb.sample(2)["obs"].shape
+    (2,)
+    >>> rb.close()
     """
 
     def __init__(self, samples_per_insert: float, min_size_to_sample: int, error_buffer: float | tuple[float, float]):
@@ -158,7 +206,10 @@ class ExactlyOnce(RateLimiter):
         remover that keeps unread items, so a write waits for room).  ValueError naming
         ``rate_limiter`` when the buffer cannot be such a queue (``prioritized``: its class draws by
         priority; ``sequences``: its items are sequences), or naming the argument given that
-        contradicts it (None: not given) -- never one the caller left to the limiter."""
+        contradicts it (None: not given) -- never one the caller left to the limiter.
+
+        :meta private:
+        """
         if sequences:
             raise ValueError(
                 f"rate_limiter: a sequence buffer takes no {self!r}: its items are sequences, which it never "
@@ -189,7 +240,31 @@ class Queue(ExactlyOnce):
     """Reverb's ``Queue(size)``: items sampled exactly once, the oldest first (selector ``"fifo"``).
 
     ``ReplayBuffer(size, env_dict, rate_limiter=Queue(size))`` (or ``MPReplayBuffer``)
-    builds it; see :class:`ExactlyOnce` for what waits.
+    builds it; see :class:`ExactlyOnce` for what waits.  Shared (``MPReplayBuffer``), it hands
+    rollouts from actor processes to a learner, each rollout to one ``sample`` exactly once.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mpreplay import Queue, ReplayBuffer
+    >>> q = ReplayBuffer(4, {"step": {"dtype": np.int64}}, rate_limiter=Queue(4))
+    >>> q.add(step=[0, 1, 2])
+    0
+    >>> q.sample(2)["step"]  # the oldest first
+    array([0, 1])
+    >>> q.sample(1)["step"]
+    array([2])
+    >>> q.sample(1, timeout=0.01)  # each item once: nothing is left
+    Traceback (most recent call last):
+    ...
+    TimeoutError: ...
+    >>> q.add(step=np.arange(3, 7))  # four free slots: a write of four does not wait
+    3
+    >>> q.add(step=7, timeout=0.01)  # full of unread items: a write waits for room
+    Traceback (most recent call last):
+    ...
+    TimeoutError: ...
+    >>> q.close()
     """
 
 
@@ -198,6 +273,19 @@ class Stack(ExactlyOnce):
 
     ``ReplayBuffer(size, env_dict, rate_limiter=Stack(size))`` (or ``MPReplayBuffer``)
     builds it; see :class:`ExactlyOnce` for what waits.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mpreplay import ReplayBuffer, Stack
+    >>> s = ReplayBuffer(4, {"step": {"dtype": np.int64}}, rate_limiter=Stack(4))
+    >>> s.add(step=[0, 1, 2])
+    0
+    >>> s.sample(2)["step"]  # the newest first
+    array([2, 1])
+    >>> s.sample(1)["step"]
+    array([0])
+    >>> s.close()
     """
 
     selector = "lifo"

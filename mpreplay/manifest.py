@@ -259,9 +259,10 @@ def check_segment(name: str, buf: memoryview, description: dict[str, Any]) -> No
     ``buf``, holds the manifest a buffer of ``description`` writes (see :func:`encode`).
 
     What an attaching process calls before it uses a single offset: the segment must have been
-    made by the same mpreplay version, with the same manifest format, class, configuration and
-    layout (every array's name, shape, dtype and offset, and the layout's size).  Only the
-    owner and the creation time may differ.  ``buf`` is not kept.
+    made by the same minor version of mpreplay (any patch version: 0.3.1 attaches to 0.3.0's),
+    with the same manifest format, class, configuration and layout (every array's name, shape,
+    dtype and offset, and the layout's size).  Only the patch version, the owner and the
+    creation time may differ.  ``buf`` is not kept.
     """
     ours = f"mpreplay {__version__} (manifest format {VERSION})"
     head = bytes(buf[:NBYTES])
@@ -282,13 +283,26 @@ def check_segment(name: str, buf: memoryview, description: dict[str, Any]) -> No
         raise IncompatibleSegmentError(
             f"{name}: made by {theirs}, which {ours} cannot read: {exc}; refusing to attach"
         ) from None
-    expected = _document(description, document["owner"], document["created"])
+    if _minor(document["mpreplay_version"]) != _minor(__version__):
+        raise IncompatibleSegmentError(
+            f"{name}: made by {theirs}, this process runs {ours}; segments are shared within a minor "
+            f"version only (any patch version of {_minor(__version__)}.x attaches); refusing to attach"
+        )
+    # The formats and the layout decide, not the patch version (docs/stability.md).
+    expected = {**_document(description, document["owner"], document["created"])}
+    expected["mpreplay_version"] = document["mpreplay_version"]
     difference = _difference(document, expected)
     if difference is not None:
         raise IncompatibleSegmentError(
             f"{name}: made by {theirs}, this process runs {ours}; the segment is not what this process expects: "
-            f"{difference}; refusing to attach (every process of a job must run the same mpreplay version)"
+            f"{difference}; refusing to attach (every process of a job must run the same minor version of mpreplay)"
         )
+
+
+def _minor(version: str) -> str:
+    """``version``'s major and minor parts, ``"0.3"`` of ``"0.3.1"`` (the whole string if it has none)."""
+    match = re.match(r"\d+\.\d+", version)
+    return match.group() if match else version
 
 
 def _difference(found: dict[str, Any], expected: dict[str, Any]) -> str | None:

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import checks
-from .spec import FieldSpec, convert_batch, parse_env_dict
+from .spec import EnvDict, FieldSpec, convert_batch, parse_env_dict
 
 __all__ = ["Folding", "NstepBuffer"]
 
@@ -107,11 +107,25 @@ class NstepBuffer:
     returns the rows and the folder's next state without changing the folder, and
     :meth:`commit` makes that state the folder's once the rows are stored.  Uncommitted,
     the step was never added: the same step can be folded again.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mpreplay import NstepBuffer
+    >>> fields = {"obs": {}, "rew": {}, "next_obs": {}, "done": {}}
+    >>> folder = NstepBuffer(fields, size=2, gamma=0.5)
+    >>> folder.add(obs=0.0, rew=1.0, next_obs=1.0, done=0.0)["rew"]  # waits for a second step
+    array([], dtype=float32)
+    >>> rows = folder.add(obs=1.0, rew=1.0, next_obs=2.0, done=0.0)
+    >>> rows["rew"], rows["next_obs"], rows["discount"]  # 1 + 0.5 * 1, two steps ahead
+    (array([1.5], dtype=float32), array([2.], dtype=float32), array([0.25], dtype=float32))
+    >>> folder.on_episode_end()["rew"]  # the last step, folded alone
+    array([1.], dtype=float32)
     """
 
     def __init__(
         self,
-        env_dict: Mapping[str, Mapping[str, Any]],
+        env_dict: EnvDict,
         size: int,
         gamma: float = 0.99,
         *,

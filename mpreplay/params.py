@@ -111,6 +111,25 @@ class ParameterStore:
     timeout : float
         Seconds a read keeps retrying before it raises :class:`ParameterStoreTimeout`
         (0: a read tries once).
+
+    Like a shared buffer, it pickles to a handle that attaches to the same memory in the
+    process that unpickles it: the learner publishes, every actor reads the latest version.
+
+    Examples
+    --------
+    >>> import pickle
+    >>> import numpy as np
+    >>> from mpreplay import ParameterStore
+    >>> store = ParameterStore({"w": np.zeros((2, 2), np.float32), "b": np.zeros(2, np.float32)})
+    >>> actor_side = pickle.loads(pickle.dumps(store))  # what an actor process receives
+    >>> store.publish({"w": np.ones((2, 2), np.float32), "b": np.full(2, 0.5, np.float32)})
+    1
+    >>> params, version = actor_side.read()
+    >>> version, params["b"]
+    (1, array([0.5, 0.5], dtype=float32))
+    >>> actor_side.read_if_newer(1) is None  # nothing newer than version 1
+    True
+    >>> actor_side.close(); store.close()
     """
 
     def __init__(self, template: Mapping[str, Any], *, timeout: float = 5.0):

@@ -143,14 +143,45 @@ def entry(name: str) -> SelectorEntry:
 class SelectorSpec:
     """A selector and its options, what ``selector=`` takes (a name alone: its defaults).
 
-    ``SelectorSpec("prioritized", alpha=0.7, eps=1e-6, new_priority="max_ever")``,
-    ``SelectorSpec("fifo")``.  The options are checked when the spec is made.
+    ``name`` is an entry of :data:`~mpreplay.selectors.SELECTORS`: ``"uniform"``, ``"prioritized"``, ``"fifo"``,
+    ``"lifo"``, ``"max_heap"``, ``"min_heap"``.  Only ``"prioritized"`` has options: ``alpha``
+    (0.6), ``eps`` (1e-4) and ``new_priority`` (``"max_stored"`` or ``"max_ever"``); the others
+    refuse them (TypeError).  The options are checked when the spec is made.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mpreplay import ReplayBuffer, SelectorSpec
+    >>> spec = SelectorSpec("prioritized", alpha=0.7, new_priority="max_ever")
+    >>> spec.kernel_options()
+    {'alpha': 0.7, 'eps': 0.0001, 'max_ever': True}
+    >>> rb = ReplayBuffer(100, {"obs": {}}, selector=spec)  # any class takes any selector
+    >>> rb.alpha
+    0.7
+    >>> rb.close()
+    >>> SelectorSpec("fifo", alpha=0.5)
+    Traceback (most recent call last):
+    ...
+    TypeError: selector options: this selector takes none, got ['alpha']
     """
 
     name: str
     options: tuple[tuple[str, Any], ...] = ()
 
-    def __init__(self, name: str, **options: Any):
+    def __init__(
+        self,
+        name: str,
+        *,
+        alpha: float | None = None,
+        eps: float | None = None,
+        new_priority: str | None = None,
+    ) -> None:
+        # The prioritized selector's options, the only ones any selector has (None: not given).
+        options = {
+            key: value
+            for key, value in (("alpha", alpha), ("eps", eps), ("new_priority", new_priority))
+            if value is not None
+        }
         object.__setattr__(self, "name", entry(name).name)
         entry(name).options(**options)  # checked now, so a bad spec never reaches a buffer
         object.__setattr__(self, "options", tuple(sorted(options.items())))

@@ -29,7 +29,28 @@ __all__ = ["SequenceCutter", "SequenceSpec", "SequenceStore", "sequence_priority
 class SequenceSpec:
     """How a sequence buffer cuts episodes: ``length`` steps per sequence, one starting
     every ``period`` steps, a padded final one with ``pad_end``; ``eta`` weighs the
-    largest per-step priority in a sequence's initial priority (R2D2's rule)."""
+    largest per-step priority in a sequence's initial priority (R2D2's rule).
+
+    What ``Table(..., sequence=)`` takes; the sequence classes build it from their own
+    ``length``, ``period``, ``pad_end`` and ``eta``.
+
+    Examples
+    --------
+    >>> from mpreplay import SequenceSpec, Table
+    >>> spec = SequenceSpec.build(4, 2, True, 0.9)  # length, period, pad_end, eta
+    >>> spec.length, spec.period
+    (4, 2)
+    >>> table = Table(64, {"obs": {}}, sequence=spec, selector="prioritized")
+    >>> table.add(obs=[0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+    0
+    >>> table.sample(2)["obs"].shape  # two sequences of four steps
+    (2, 4)
+    >>> table.close()
+    >>> SequenceSpec.build(0, None, True, 0.9)
+    Traceback (most recent call last):
+    ...
+    ValueError: length: expected an integer >= 1, got 0
+    """
 
     length: int
     period: int

@@ -8,11 +8,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
-__all__ = ["FieldSpec", "parse_env_dict", "convert_batch"]
+__all__ = ["Array", "Batch", "EnvDict", "FieldSpec", "parse_env_dict", "convert_batch"]
+
+#: A table's fields as cpprb spells them (``env_dict``): each field's name, an identifier, to its
+#: spec, a mapping with an optional ``shape`` (an int or a tuple of ints; none: a scalar per
+#: transition) and ``dtype`` (none: ``default_dtype``, float32 unless given), e.g.
+#: ``{"obs": {"shape": (4,)}, "act": {"dtype": np.int64}, "rew": {}}``.  Typed loosely on purpose:
+#: a type checker infers ``dict[str, object]`` for that literal; every entry is checked when a
+#: table is built (a TypeError or ValueError naming the field).
+EnvDict: TypeAlias = Mapping[str, object]
+
+#: One field of a sampled batch: an array of any shape and dtype (the field's, with the batch
+#: first).  Spelt without ``Any`` so that a user's ``mypy --disallow-any-expr`` accepts it.
+Array: TypeAlias = np.ndarray[tuple[int, ...], np.dtype[np.generic]]
+
+#: What ``sample`` returns: each field's name (and ``indexes``, ``weights``, ...) to its array.
+Batch: TypeAlias = dict[str, Array]
 
 
 @dataclass(frozen=True)
@@ -78,7 +93,7 @@ def _check_add_shape(name: str, add_shape: Any, shape: tuple[int, ...]) -> None:
         )
 
 
-def parse_env_dict(env_dict: Mapping[str, Mapping[str, Any]], default_dtype: Any = None) -> dict[str, FieldSpec]:
+def parse_env_dict(env_dict: EnvDict, default_dtype: Any = None) -> dict[str, FieldSpec]:
     """Normalise a cpprb-style ``env_dict`` into ordered field specs.
 
     A missing ``shape`` means a scalar per transition; a missing ``dtype``

@@ -16,11 +16,11 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from . import checks, manifest, removers, selectors
+from . import checks, deprecated, manifest, removers, selectors
 from ._ext.calls import TableCalls
 from ._ext.gate import Gate
 from ._ext.lock import SharedLock
@@ -67,9 +67,13 @@ from .prefetch import Prefetcher
 from .saved_episodes import EpisodeStore
 from .selectors import SelectorSpec
 from .sequences import SequenceSpec, SequenceStore
+from .spec import EnvDict
 from .table_config import EPISODE_STEP, TableConfig
 from .table_files import load_table, save_table, table_layout
 from .write_path import RowStore, Store, WritePath
+
+if TYPE_CHECKING:  # numpy's union, shown by name in signatures and the reference
+    from numpy.typing import DTypeLike
 
 __all__ = ["Table", "BufferClosed"]
 
@@ -157,6 +161,32 @@ class Table(TableCalls):
     the argument.  One table object is meant for one thread at a time (a learner's
     :meth:`batches` samples on a thread of its own); a shared table is safe across processes,
     one object per process.
+
+    A shared table lives in a shared-memory segment that the object which built it owns.
+    Pickled (``pickle``, a ``multiprocessing`` argument, a Ray object), it becomes a small
+    handle -- the segment's name and the table's configuration -- that attaches to the same
+    segment in the process that unpickles it, once the segment's manifest matches
+    (:class:`~mpreplay.IncompatibleSegmentError` otherwise).  Every handle adds to and samples
+    the same rows, with its own random stream.  ``close()`` on a handle releases its mapping;
+    on the owner it also unlinks the segment.
+
+    Examples
+    --------
+    Any selector, remover and rate limiter with any storage: a shared table that draws the
+    highest priority first.
+
+    >>> import pickle
+    >>> import numpy as np
+    >>> from mpreplay import Table
+    >>> table = Table(100, {"obs": {"shape": (2,)}, "rew": {}}, selector="max_heap", shared=True)
+    >>> table.add(obs=np.zeros((3, 2)), rew=[0.0, 1.0, 2.0], priorities=[1.0, 5.0, 3.0])
+    0
+    >>> handle = pickle.loads(pickle.dumps(table))  # what another process would receive
+    >>> handle.sample(2)["rew"]  # priorities 5 and 3
+    array([1., 2.], dtype=float32)
+    >>> table.config.selector.name, table.config.shared
+    ('max_heap', True)
+    >>> handle.close(); table.close()
     """
 
     _SHARED = False  # the default of ``shared`` (the MP classes: True)
@@ -178,25 +208,25 @@ class Table(TableCalls):
     def __init__(
         self,
         size: int,
-        env_dict: Mapping[str, Mapping[str, Any]],
+        env_dict: EnvDict,
         *,
         selector: str | SelectorSpec | None = None,
         remover: str | None = None,
         rate_limiter: RateLimiter | None = None,
         max_times_sampled: int | None = None,
         shared: bool | None = None,
-        nstep: Mapping[str, Any] | None = None,
+        nstep: Mapping[str, object] | None = None,
         next_of: str | list[str] | None = None,
         stack_compress: str | list[str] | None = None,
         lanes: int = 1,
         sequence: SequenceSpec | None = None,
-        default_dtype: Any = None,
+        default_dtype: DTypeLike | None = None,
         seed: int | None = None,
-        mmap_prefix: str | os.PathLike | None = None,
-        weights_dtype: Any = np.float64,
-        indexes_dtype: Any = np.int64,
+        mmap_prefix: str | os.PathLike[str] | None = None,
+        weights_dtype: DTypeLike = "float64",
+        indexes_dtype: DTypeLike = "int64",
         Nstep: None = None,  # noqa: N803 -- cpprb's spelling, refused naming nstep=
-    ):
+    ) -> None:
         config = TableConfig.build(
             size,
             env_dict,
@@ -492,7 +522,7 @@ class Table(TableCalls):
         self._check_open()
         batch_size = checks.integer("batch_size", batch_size, low=1)
         if beta is not None:
-            beta = checks.number("beta", beta, low=0.0)
+            beta = checks.number("beta", beta, low=0.0, high=1.0)
         return Prefetcher(
             lambda out, t: self.sample(batch_size, beta, timeout=t, out=out),
             checks.integer("prefetch", prefetch, low=1),
@@ -609,14 +639,19 @@ class Table(TableCalls):
         return self._handle.tags(checks.indexes("indexes", indexes))
 
     # -- files ------------------------------------------------------------------------
-    def save_transitions(self, file: Any, *, compress: bool = True, priorities: bool = False) -> None:
+    def save_transitions(
+        self, file: Any, *, compress: bool = True, priorities: bool = False, safe: bool | None = None
+    ) -> None:
         """Write every stored row, oldest first, to ``file`` in mpreplay's file format
         (:mod:`mpreplay.fileformat`): a path (written atomically) or a binary file object;
         ``compress`` deflates the arrays; ``priorities`` also stores each item's priority (a
         table that draws by priority).  Other processes may keep writing meanwhile: as in
         :meth:`get_all_transitions`, the file holds every row complete when the call started
         and not overwritten before it was copied.  A compressed or sequence table's file also
-        numbers each row's episode and names its lane (see :meth:`load_transitions`)."""
+        numbers each row's episode and names its lane (see :meth:`load_transitions`).
+        ``safe`` is deprecated and changes nothing (files hold the plain layout)."""
+        if safe is not None:
+            deprecated.moved("save_transitions(safe=)", "save_transitions() without safe=: files hold the plain layout")
         save_table(
             file,
             self._config,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,7 +24,10 @@ from .nstep import NstepArgs, nstep_args
 from .nstep_stage import NstepStage
 from .selectors import SelectorSpec
 from .sequences import SequenceSpec
-from .spec import FieldSpec, parse_env_dict
+from .spec import EnvDict, FieldSpec, parse_env_dict
+
+if TYPE_CHECKING:  # numpy's union, shown by name in signatures and the reference
+    from numpy.typing import DTypeLike
 
 __all__ = ["EPISODE_STEP", "TableConfig"]
 
@@ -54,22 +57,22 @@ class TableConfig:
     def build(
         cls,
         size: Any,
-        env_dict: Mapping[str, Mapping[str, Any]],
+        env_dict: EnvDict,
         *,
         selector: str | SelectorSpec | None = None,
         remover: str | None = None,
         rate_limiter: RateLimiter | None = None,
         max_times_sampled: int | None = None,
         shared: bool = False,
-        nstep: Mapping[str, Any] | None = None,
+        nstep: Mapping[str, object] | None = None,
         next_of: str | list[str] | None = None,
         stack_compress: str | list[str] | None = None,
         lanes: int = 1,
         sequence: SequenceSpec | None = None,
-        default_dtype: Any = None,
-        mmap_prefix: str | os.PathLike | None = None,
-        weights_dtype: Any = np.float64,
-        indexes_dtype: Any = np.int64,
+        default_dtype: DTypeLike | None = None,
+        mmap_prefix: str | os.PathLike[str] | None = None,
+        weights_dtype: DTypeLike = "float64",
+        indexes_dtype: DTypeLike = "int64",
         cpprb_nstep: Any = None,
     ) -> TableConfig:
         """Check a table's options, alone and together; ValueError or TypeError naming the

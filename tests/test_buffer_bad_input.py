@@ -284,6 +284,12 @@ _BAD_FOR_PRIORITIZED_BUFFER = [
     pytest.param(lambda b: b.sample(2, beta=-0.1), ValueError, "beta", id="sample-beta-negative"),
     pytest.param(lambda b: b.sample(2, beta=math.nan), ValueError, "beta", id="sample-beta-nan"),
     pytest.param(lambda b: b.sample(2, beta=math.inf), ValueError, "beta", id="sample-beta-inf"),
+    pytest.param(
+        lambda b: b.sample(2, beta=2.0),
+        ValueError,
+        r"beta: expected a finite number in \[0, 1\], got 2.0",
+        id="sample-beta-above-one",
+    ),
     pytest.param(lambda b: b.sample(2, beta="high"), (TypeError, ValueError), "beta", id="sample-beta-string"),
 ]
 

@@ -411,7 +411,8 @@ def test_bad_options_raise(options, match):
     [
         (0, 0.4, ValueError, "batch_size: expected an integer >= 1"),
         (2.0, 0.4, ValueError, "batch_size: expected an integer >= 1"),
-        (4, -0.1, ValueError, "beta: expected a finite number >= 0"),
+        (4, -0.1, ValueError, r"beta: expected a finite number in \[0, 1\], got -0.1"),
+        (4, 1.5, ValueError, r"beta: expected a finite number in \[0, 1\], got 1.5"),
         (4, "x", TypeError, "beta: expected a number"),
     ],
 )

@@ -139,7 +139,7 @@ def _ways(
     def new_priorities() -> np.ndarray:
         return rng.random(batch_size) + 0.1
 
-    def timed(step: Callable[[], None]) -> Callable[[int], float]:
+    def timed(step: Callable[[], object]) -> Callable[[int], float]:
         def run(steps: int) -> float:
             start = time.perf_counter()
             for _ in range(steps):

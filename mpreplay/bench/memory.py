@@ -40,7 +40,7 @@ ENV: dict[str, dict[str, Any]] = {
 }
 
 
-def _episode(rng: np.random.Generator, length: int) -> dict[str, np.ndarray]:
+def _episode(rng: np.random.Generator, length: int) -> dict[str, Any]:
     """One episode as a batch: stacked observations that really share frames."""
     frames = rng.integers(0, 256, (length + 1,) + FRAME, dtype=np.uint8)
     index = np.maximum(0, np.arange(length + 1)[:, None] - np.arange(STACK - 1, -1, -1)[None, :])

@@ -51,7 +51,7 @@ def episodes(seed: int, steps: int, mean_length: int) -> Iterator[tuple[dict[str
         added += k
 
 
-def transition_episodes(seed: int, capacity: int) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+def transition_episodes(seed: int, capacity: int) -> Iterator[tuple[dict[str, Any], np.ndarray]]:
     """The stream as transitions, an episode at a time: k steps make k - 1 transitions, the last done."""
     for fields, priorities in episodes(seed, capacity + capacity // 8, _EPISODE):
         if len(priorities) < 2:

@@ -66,7 +66,7 @@ LAYOUTS: dict[str, dict[str, Any]] = {"compressed": {"stack_compress": "obs"}, "
 @dataclass
 class _Contender:
     name: str
-    add: Callable[[int, dict[str, np.ndarray], np.ndarray], None]  # (episode id, fields, priorities)
+    add: Callable[[int, dict[str, Any], np.ndarray], object]  # (episode id, fields, priorities)
     run: Callable[[int], tuple[float, float]]  # calls -> (wall, CPU) seconds a call, after one untimed call
     memory: Callable[[], tuple[int, int, int]] | None  # (bytes, stored steps, sampleable sequences or -1)
     close: Callable[[], None]

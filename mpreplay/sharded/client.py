@@ -227,7 +227,10 @@ class ShardedReplay:
         Returns the fields plus ``indexes`` (see :func:`split_indexes`) and
         importance ``weights`` = (N·P(i))^-β / max_j (N·P(j))^-β over all shards.
         """
-        batch_size, beta = checks.integer("batch_size", batch_size, low=1), checks.number("beta", beta, low=0.0)
+        batch_size, beta = (
+            checks.integer("batch_size", batch_size, low=1),
+            checks.number("beta", beta, low=0.0, high=1.0),
+        )
         if batch_size != self._batch_size:
             self._discard_prefetched()
             self._batch_size = batch_size

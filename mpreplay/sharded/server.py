@@ -36,9 +36,9 @@ class ShardServer:
     """
 
     def __init__(self, buffer: Table | Callable[[], Table]):
-        made = not isinstance(buffer, Table) and callable(buffer)
-        if made:
-            buffer = buffer()
+        made = False
+        if not isinstance(buffer, Table) and callable(buffer):
+            buffer, made = buffer(), True
         if not isinstance(buffer, Table):
             raise TypeError(
                 f"buffer: expected a replay table (e.g. MPPrioritizedReplayBuffer) or a callable returning one, "

@@ -9,11 +9,12 @@ episode did reach (by the chosen strategy), each with its reward recomputed by
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from ... import checks
+from ...spec import EnvDict
 from .buffers import PrioritizedReplayBuffer, ReplayBuffer
 
 __all__ = ["HindsightReplayBuffer"]
@@ -54,7 +55,7 @@ class HindsightReplayBuffer:
     def __init__(
         self,
         size: int,
-        env_dict: Mapping[str, Mapping[str, Any]],
+        env_dict: EnvDict,
         max_episode_len: int,
         reward_func: Callable,
         *,
@@ -82,7 +83,7 @@ class HindsightReplayBuffer:
             1 if strategy == "final" else checks.integer("additional_goals", additional_goals, low=0)
         )
         self.prioritized = checks.flag("prioritized", prioritized)
-        state_dict = dict(env_dict[state])
+        state_dict = dict(cast("Mapping[str, Any]", env_dict[state]))  # checked by the buffer below
         goal_dict = {**state_dict, "shape": goal_shape} if goal_shape else state_dict
         self.goal_shape = tuple(np.array(goal_dict.get("shape", 1), ndmin=1).tolist())
         goal_dict.pop("add_shape", None)

@@ -23,10 +23,10 @@ class BufferBase:
     """What every cpprb buffer class shares: one mpreplay buffer and cpprb's shapes."""
 
     _fields: Fields
-    _native: native.ReplayBuffer
+    _native: native.Table  # a native ReplayBuffer, PrioritizedReplayBuffer or their MP twins
     _nstep: NstepBuffer | None = None
 
-    def _bind(self, fields: Fields, buffer: native.ReplayBuffer) -> None:
+    def _bind(self, fields: Fields, buffer: native.Table) -> None:
         self._fields = fields
         self._native = buffer
         self._bind_calls()
@@ -58,11 +58,11 @@ class BufferBase:
             values = folded
         return self._store(values, None)
 
-    def _store(self, values: dict[str, Any], priorities: Any) -> int:
+    def _store(self, values: dict[str, Any], priorities: Any) -> int | None:
         """Store one value per field, laid out as cpprb lays values out."""
         return self._native_add(self._fields.reshaped_all(values), priorities)
 
-    def _native_add(self, values: dict[str, Any], priorities: Any) -> int:
+    def _native_add(self, values: dict[str, Any], priorities: Any) -> int | None:
         return self._native_add_values(**values)
 
     # -- reading --------------------------------------------------------------
@@ -164,8 +164,6 @@ class PrioritizedBase(BufferBase):
     Comes first in the bases of a class that also derives from ReplayBuffer or MPReplayBuffer.
     """
 
-    _native: native.PrioritizedReplayBuffer
-
     def _init_priorities(self, size: int, check_for_update: bool) -> None:
         # Which slots this process sampled: updates of others are dropped (cpprb's
         # check_for_update, and always for shared buffers).  Per process: see __getstate__.
@@ -223,7 +221,7 @@ class PrioritizedBase(BufferBase):
     def _episode_ended(self) -> None:
         """What the uniform class does at an episode end besides n-step rows."""
 
-    def _native_add(self, values: dict[str, Any], priorities: Any) -> int:
+    def _native_add(self, values: dict[str, Any], priorities: Any) -> int | None:
         return self._native_add_values(priorities=priorities, **values)
 
     def sample(self, batch_size: int, beta: float = 0.4) -> dict[str, np.ndarray]:

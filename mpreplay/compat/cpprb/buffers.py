@@ -97,7 +97,7 @@ class ReplayBuffer(BufferBase):
     def __init__(
         self,
         size: Any,
-        env_dict: Mapping[str, Mapping[str, Any]] | None = None,
+        env_dict: Mapping[str, object] | None = None,
         *,
         next_of: Any = None,
         stack_compress: Any = None,
@@ -120,7 +120,7 @@ class ReplayBuffer(BufferBase):
         """The keyword arguments no class in the hierarchy takes."""
         return kwargs
 
-    def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.ReplayBuffer:
+    def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.Table:
         return native.ReplayBuffer(size, fields.env_dict(), mmap_prefix=options["mmap_prefix"])
 
     def _inserted(self) -> int:
@@ -153,7 +153,7 @@ class PrioritizedReplayBuffer(PrioritizedBase, ReplayBuffer):
     def __init__(
         self,
         size: Any,
-        env_dict: Mapping[str, Mapping[str, Any]] | None = None,
+        env_dict: Mapping[str, object] | None = None,
         *,
         alpha: float = 0.6,
         Nstep: Mapping[str, Any] | None = None,
@@ -167,7 +167,7 @@ class PrioritizedReplayBuffer(PrioritizedBase, ReplayBuffer):
     def _own_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in kwargs.items() if k not in ("alpha", "eps")}
 
-    def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.PrioritizedReplayBuffer:
+    def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.Table:
         return native.PrioritizedReplayBuffer(
             size,
             fields.env_dict(),
@@ -198,7 +198,7 @@ class MPReplayBuffer(BufferBase):
     def __init__(
         self,
         size: Any,
-        env_dict: Mapping[str, Mapping[str, Any]] | None = None,
+        env_dict: Mapping[str, object] | None = None,
         *,
         default_dtype: Any = None,
         logger: Any = None,
@@ -216,7 +216,7 @@ class MPReplayBuffer(BufferBase):
     def _own_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs
 
-    def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.ReplayBuffer:
+    def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.Table:
         return native.MPReplayBuffer(size, fields.env_dict())
 
     def __getstate__(self) -> dict[str, Any]:
@@ -246,7 +246,7 @@ class MPPrioritizedReplayBuffer(PrioritizedBase, MPReplayBuffer):
     def __init__(
         self,
         size: Any,
-        env_dict: Mapping[str, Mapping[str, Any]] | None = None,
+        env_dict: Mapping[str, object] | None = None,
         *,
         alpha: float = 0.6,
         eps: float = 1e-4,
@@ -259,7 +259,7 @@ class MPPrioritizedReplayBuffer(PrioritizedBase, MPReplayBuffer):
     def _own_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in kwargs.items() if k not in ("alpha", "eps")}
 
-    def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.MPPrioritizedReplayBuffer:
+    def _make(self, size: int, fields: Fields, options: dict[str, Any]) -> native.Table:
         return native.MPPrioritizedReplayBuffer(
             size,
             fields.env_dict(),
@@ -279,9 +279,7 @@ class ReverseReplayBuffer(ReplayBuffer):
     lags ``2 * stride`` behind it.
     """
 
-    def __init__(
-        self, size: Any, env_dict: Mapping[str, Mapping[str, Any]] | None = None, *, stride: int = 300, **kwargs: Any
-    ):
+    def __init__(self, size: Any, env_dict: Mapping[str, object] | None = None, *, stride: int = 300, **kwargs: Any):
         super().__init__(size, env_dict, **kwargs)
         self._stride = checks.integer("stride", stride, low=1)
         self._start = 0
@@ -301,7 +299,7 @@ class ReverseReplayBuffer(ReplayBuffer):
 
 
 def create_buffer(
-    size: Any, env_dict: Mapping[str, Mapping[str, Any]] | None = None, *, prioritized: bool = False, **kwargs: Any
+    size: Any, env_dict: Mapping[str, object] | None = None, *, prioritized: bool = False, **kwargs: Any
 ) -> ReplayBuffer:
     """A :class:`ReplayBuffer`, or a :class:`PrioritizedReplayBuffer` with ``prioritized``."""
     cls = PrioritizedReplayBuffer if checks.flag("prioritized", prioritized) else ReplayBuffer

@@ -39,9 +39,7 @@ class Fields:
     specs: dict[str, FieldSpec]
 
     @classmethod
-    def parse(
-        cls, env_dict: Mapping[str, Mapping[str, Any]] | None, default_dtype: Any = None, next_of: Any = None
-    ) -> Fields:
+    def parse(cls, env_dict: Mapping[str, object] | None, default_dtype: Any = None, next_of: Any = None) -> Fields:
         """Parse a cpprb ``env_dict`` (never changing it); ``next_of`` adds ``next_<key>``
         for each key, as cpprb does."""
         if not isinstance(env_dict, Mapping) or not env_dict:
@@ -49,7 +47,7 @@ class Fields:
                 "env_dict: expected a non-empty mapping of field name -> "
                 "{'shape': ..., 'dtype': ...} (a buffer without fields stores nothing)"
             )
-        native: dict[str, dict[str, Any]] = {}
+        native: dict[str, Any] = {}  # each a spec dict, or what was given, for parse_env_dict to refuse
         for name, given in env_dict.items():
             options = dict(given) if isinstance(given, Mapping) else given
             if isinstance(options, dict):

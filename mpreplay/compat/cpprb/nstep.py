@@ -53,7 +53,7 @@ class NstepBuffer:
 
     def __init__(
         self,
-        env_dict: Mapping[str, Mapping[str, Any]] | None = None,
+        env_dict: Mapping[str, object] | None = None,
         Nstep: Mapping[str, Any] | None = None,
         *,
         stack_compress: Any = None,
