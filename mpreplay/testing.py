@@ -24,7 +24,7 @@ def _reload_ray_auth() -> None:
     # Ray reads RAY_AUTH_MODE and the token once per process: make it read them again.
     try:
         # Both exist in the Rays that authenticate by token; ray's _raylet stub declares neither.
-        from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
+        from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined, unused-ignore]
     except ImportError:  # a Ray without token authentication
         return
     Config.initialize("")
