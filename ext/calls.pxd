@@ -7,5 +7,6 @@ cdef class TableCalls:
     cdef bint _by_priority       # the selector draws by priority: priorities given and updated, weights handed out
     cdef bint _weights_f32       # the table's weights_dtype is float32
     cdef bint _indexes_u64       # the table's indexes_dtype is uint64
+    cdef bint _readonly          # a read-only handle: add, add_row and update_priorities refuse
 
     cdef TableHandle _open(self)

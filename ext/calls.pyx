@@ -19,6 +19,7 @@ import numpy as np
 
 from mpreplay import checks
 from mpreplay._ext.gate import BufferClosed
+from mpreplay.errors import read_only
 
 # Betas in [0, 1] pass the sample fast path: beyond 1 importance sampling over-corrects
 # (beta anneals from about 0.4 to 1), and checks.number names the range it refuses.
@@ -31,14 +32,17 @@ cdef class TableCalls:
     """The calls of :class:`mpreplay.TableParts` that a loop makes every step."""
 
     def _bind_calls(self, TableHandle kernel, bint plain_rows, bint by_priority=False, bint float32_weights=False,
-                    bint uint64_indexes=False) -> None:
+                    bint uint64_indexes=False, bint readonly=False) -> None:
         """Route the calls to ``kernel`` (None: the table is closed).  ``plain_rows``: one
         transition goes to the kernel as it is, not folded or planned first; ``by_priority``:
         the selector draws by the priorities given (they may be given and updated, and samples
         carry importance weights), handed out as float32 rather than float64, the indexes as
-        uint64 rather than int64."""
+        uint64 rather than int64; ``readonly``: the calls that write refuse."""
         self._kernel = kernel
-        self._plain = plain_rows
+        # A read-only handle's add takes the table's checked path, which refuses it: the
+        # one-transition path stays as it was.
+        self._plain = plain_rows and not readonly
+        self._readonly = readonly
         self._by_priority = by_priority
         self._weights_f32 = float32_weights
         self._indexes_u64 = uint64_indexes
@@ -77,6 +81,8 @@ cdef class TableCalls:
         table plans its rows before storing them (n-step folding, compression, sequences).
         """
         cdef TableHandle kernel = self._open()
+        if self._readonly:
+            raise read_only("add_row")
         if type(fields) is not dict:
             raise TypeError(f"fields: expected a dict of the fields, got {type(fields).__name__}")
         return kernel.add_one(fields, -1.0, None) if self._plain else -1
@@ -116,6 +122,8 @@ cdef class TableCalls:
         (counted in ``stats()["stale_updates_dropped"]``).
         """
         cdef TableHandle kernel = self._open()
+        if self._readonly:
+            raise read_only("update_priorities")
         if not self._by_priority:
             raise TypeError("update_priorities: this table's selector draws by no priority")
         if kernel.update(indexes, priorities) < 0:

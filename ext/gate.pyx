@@ -18,7 +18,7 @@ from cpython.pythread cimport PyThread_get_thread_ident
 
 from mpreplay._ext.atomics cimport _atomic_add, _atomic_add32, _atomic_load
 from mpreplay._ext.processes cimport describe_process
-from mpreplay._ext.schema cimport (CLOSED, EPOCH, LIMIT_MAX_DIFF, LIMIT_MIN_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI,
+from mpreplay._ext.schema cimport (CLOSED, ENDED_CLOSED, ENDED_CREATOR, EPOCH, LIMIT_MAX_DIFF, LIMIT_MIN_DIFF, LIMIT_MIN_SIZE, LIMIT_ON, LIMIT_SPI,
                                    RESERVED, SAMPLES, STORED, WAITERS)
 
 import time
@@ -26,6 +26,24 @@ import time
 
 class BufferClosed(RuntimeError):
     """The buffer was closed: its memory is gone, or its owner closed it."""
+
+
+class TableGone(BufferClosed):
+    """The table ended under this handle: its creator died and it was not persistent, or it was
+    removed (``mpreplay rm``, ``close(unlink=True)``).  No row written now would ever be read:
+    every call of every surviving handle raises this, naming the cause."""
+
+
+def ended_error(int64_t why):
+    """The exception a call raises on a table whose header says it ended ``why`` (ENDED_*)."""
+    if why == ENDED_CREATOR:
+        return TableGone(
+            "the table's creator died, and a table that is not persistent ends with its creator "
+            "(Table(..., shared=True, persist=True) outlives it)"
+        )
+    if why == ENDED_CLOSED:
+        return BufferClosed("the replay buffer was closed by its owner")
+    return TableGone("the table was removed (mpreplay rm, or close(unlink=True) by one of its handles)")
 
 cdef extern from *:
     """
@@ -132,7 +150,7 @@ cdef class Gate:
         self._holder = PyThread_get_thread_ident()
         if self._header[CLOSED]:
             self.release()
-            raise BufferClosed("the replay buffer was closed by its owner")
+            raise ended_error(self._header[CLOSED])
         return 0
 
     cdef int release(self) except -1:
@@ -158,16 +176,17 @@ cdef class Gate:
     cdef void wake(self) noexcept nogil:
         _mpreplay_futex_wake(self._epoch)
 
-    def close(self):
-        """Mark the table closed for every process and wake all blocked callers:
-        they raise BufferClosed.  Never hangs: if the lock's holder is frozen, the
-        flag is set without it (a single store)."""
+    def close(self, int64_t why=ENDED_CLOSED):
+        """Mark the table ended (``why``, one of the schema's ENDED_*) for every process and wake
+        all blocked callers: they raise BufferClosed (:class:`TableGone` for a table that is
+        gone).  Never hangs: if the lock's holder is frozen, the flag is set without it (a
+        single store)."""
         if self._lock is None:
-            self._header[CLOSED] = 1
+            self._header[CLOSED] = why
             return
         held = self._lock.acquire(_CLOSE_WAIT_S)
         try:
-            self._header[CLOSED] = 1
+            self._header[CLOSED] = why
             _atomic_add32(self._epoch, 1)
         finally:
             if held:

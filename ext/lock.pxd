@@ -20,6 +20,10 @@ cdef class SharedLock:
     cdef LockWords* _sh
     cdef int64_t[::1] _counters
     cdef object _on_recover
+    # Called under the lock at most once every _watch_every_ns (coarse clock), by the acquisition
+    # that finds _watch_at passed: a check too slow for every call (is the table still there?).
+    cdef object _on_watch
+    cdef int64_t _watch_at, _watch_every_ns
     # This object's own holds, timed only when asked (time_holds): a benchmark's measure of how
     # long a call keeps everyone else out.  Process-local, never in the segment.
     cdef bint _timing
@@ -34,4 +38,5 @@ cdef class SharedLock:
     cdef int _wait(self, double limit, int64_t start) except -1
     cdef int _settle(self, int rc) except -1
     cdef int _recover(self) except -1
+    cdef int _watch(self, int64_t now) except -1
 

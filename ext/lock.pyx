@@ -47,7 +47,7 @@ Lifecycle
     the lock object lives.
 """
 from cpython.exc cimport PyErr_CheckSignals
-from libc.stdint cimport int64_t, uint64_t, uintptr_t
+from libc.stdint cimport INT64_MAX, int64_t, uint64_t, uintptr_t
 
 from mpreplay._ext.atomics cimport _atomic_load
 from mpreplay._ext.mutex cimport (
@@ -215,6 +215,7 @@ cdef class SharedLock:
         self._sh = <LockWords*>&region[0]
         self._counters = counters
         self._on_recover = on_recover
+        self._watch_at = INT64_MAX  # nothing to watch until watch() says what
         if create:
             self._init_mutex()
         elif self._sh.magic != _MAGIC:
@@ -261,7 +262,7 @@ cdef class SharedLock:
 
     cdef int lock(self, double limit) except -1:
         # 1: held, 0: timed out.  ``limit`` < 0 (or beyond FOREVER_S) waits forever.
-        cdef int64_t start, waited = 0
+        cdef int64_t start, now, waited = 0
         cdef int rc = pthread_mutex_trylock(&self._sh.mutex)
         if rc == EBUSY:
             if limit == 0.0:
@@ -281,10 +282,13 @@ cdef class SharedLock:
         if self._counters is not None:
             self._counters[0] += waited
             self._counters[1] += 1
-        self._sh.since = _coarse_ns()
+        now = _coarse_ns()
+        self._sh.since = now
         self._sh.holder = mpr_pid
         if self._sh.pending:
             self._recover()
+        if now >= self._watch_at:
+            self._watch(now)
         if self._timing:
             self._taken_ns = _now_ns()
         return 1
@@ -349,6 +353,29 @@ cdef class SharedLock:
                 raise
         self._sh.pending = 0
         return 0
+
+    cdef int _watch(self, int64_t now) except -1:
+        self._watch_at = now + self._watch_every_ns
+        try:
+            self._on_watch()
+        except BaseException:
+            self.unlock()
+            raise
+        return 0
+
+    def watch(self, object on_watch, double every) -> None:
+        """Call ``on_watch()`` with the lock held from the first acquisition on, then again at
+        most once every ``every`` seconds, as acquisitions come (none while nobody takes the
+        lock).  What it raises is raised by that acquisition, the lock released.  A reading of
+        the clock that every acquisition makes anyway decides: no cost to the acquisitions in
+        between."""
+        if not callable(on_watch):
+            raise TypeError(f"on_watch: expected a callable, got {type(on_watch).__name__}")
+        if not every > 0.0:
+            raise ValueError(f"every: expected a number of seconds > 0, got {every}")
+        self._on_watch = on_watch
+        self._watch_every_ns = <int64_t>(every * 1e9)
+        self._watch_at = 0
 
     def time_holds(self, bint on) -> None:
         """Start (``on``) or stop timing this object's holds, from acquisition to release; starting

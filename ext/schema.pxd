@@ -12,7 +12,7 @@ cpdef enum:
     TORN             # rows redrawn because they were overwritten while copied
     LOCK_WAIT_NS     # nanoseconds spent waiting for the lock
     LOCK_HOLDS       # lock acquisitions
-    CLOSED           # nonzero once the owner closed the buffer
+    CLOSED           # nonzero once the table ended for every handle: why, one of ENDED_* below
     RESERVED         # rows reserved by writers, ever (the inserts a rate limiter counts)
     EPOCH            # bumped (low 32 bits) whenever a blocked caller may proceed: the futex word
     WAITERS          # callers blocked on EPOCH
@@ -23,6 +23,13 @@ cpdef enum:
     PENDING_CURSOR   # where the lane's cursor goes once the run is reserved
     PENDING_COUNT    # 0: no reservation in progress
     HEADER_LEN = 16
+
+# Why the header's CLOSED word is set: every handle's next call raises the error it names
+# (ext/gate.pyx).  A word, written once: never by the hot paths, which only read it.
+cpdef enum:
+    ENDED_CLOSED = 1     # its owner closed it (BufferClosed)
+    ENDED_CREATOR = 2    # its creator died, and it was not persistent (TableGone)
+    ENDED_REMOVED = 3    # removed: mpreplay rm, or close(unlink=True) (TableGone)
 
 # "limits": float64 rate limiter settings (see mpreplay.limiter).
 cpdef enum:

@@ -1,6 +1,7 @@
 """mpreplay: prioritized experience replay in shared memory for multi-process RL."""
 
 from ._version import __version__
+from .attach import attach
 from .buffers import (
     MPPrioritizedReplayBuffer,
     MPPrioritizedSequenceReplayBuffer,
@@ -11,7 +12,7 @@ from .buffers import (
     ReplayBuffer,
     SequenceReplayBuffer,
 )
-from .errors import BufferClosed, CorruptBufferError, IncompatibleSegmentError
+from .errors import BufferClosed, CorruptBufferError, IncompatibleSegmentError, ReadOnlyError, TableGone
 from .launcher import ChildFailed, Context, RunResult, StopFlag, launch
 from .limiter import ExactlyOnce, MinSize, Queue, RateLimiter, SampleToInsertRatio, Stack
 from .memory import SharedMemoryError
@@ -26,6 +27,7 @@ from .table import Table
 __all__ = [
     "__version__",
     "Table",
+    "attach",
     "EnvDict",
     "Batch",
     "Array",
@@ -41,6 +43,8 @@ __all__ = [
     "SequenceSpec",
     "SelectorSpec",
     "BufferClosed",
+    "TableGone",
+    "ReadOnlyError",
     "CorruptBufferError",
     "SharedMemoryError",
     "IncompatibleSegmentError",

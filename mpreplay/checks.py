@@ -25,6 +25,7 @@ imported it (:func:`is_tensor`).
 from __future__ import annotations
 
 import math
+import re
 import reprlib
 import sys
 from typing import TYPE_CHECKING, Any, Literal, TypeGuard, overload
@@ -34,7 +35,18 @@ import numpy as np
 if TYPE_CHECKING:  # named for the type checker only; see is_tensor
     import torch
 
-__all__ = ["capacity", "flag", "indexes", "integer", "is_tensor", "matrix", "number", "priorities", "seconds"]
+__all__ = [
+    "capacity",
+    "flag",
+    "indexes",
+    "integer",
+    "is_tensor",
+    "matrix",
+    "number",
+    "priorities",
+    "seconds",
+    "table_name",
+]
 
 # numpy's own dtype instances: `is` tells them apart faster than `==` (the hot paths check them).
 _INT64, _UINT64, _FLOAT64 = np.dtype(np.int64), np.dtype(np.uint64), np.dtype(np.float64)
@@ -189,6 +201,23 @@ def flag(name: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name}: expected a bool, got {_show(value)}")
     return bool(value)
+
+
+# A table's name becomes a file name in /dev/shm: letters, digits, ".", "_", "-", not first a dot
+# (hidden) or a dash (an option to the commands that take it); NAME_MAX is 255 bytes.
+_TABLE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
+
+
+def table_name(name: str, value: Any) -> str:
+    """``value`` as the name of a shared table: 1 to 200 letters, digits, ``.``, ``_`` or ``-``,
+    the first a letter, digit or ``_``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected a table's name (a str), got {_show(value)}")
+    if not _TABLE_NAME.fullmatch(value):
+        raise ValueError(
+            f"{name}: expected 1 to 200 letters, digits, '.', '_' or '-' (the first no '.' or '-'), got {_show(value)}"
+        )
+    return value
 
 
 def is_tensor(value: Any) -> TypeGuard[torch.Tensor]:

@@ -1,6 +1,7 @@
 """Command line: ``mpreplay bench NAME``, ``demo``, ``inspect FILE``, and ``ls``, ``top``, ``rm``
-(the buffers of this machine, seen from outside: :mod:`mpreplay.monitor`), ``verify NAME`` (one
-buffer checked under its lock: :func:`mpreplay.consistency.verify_segment`)."""
+(the buffers of this machine, seen from outside: :mod:`mpreplay.monitor`), ``attach NAME`` (what
+a process joining a table gets), ``verify NAME`` (one buffer checked under its lock:
+:func:`mpreplay.consistency.verify_segment`)."""
 
 from __future__ import annotations
 
@@ -74,9 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     verify.add_argument("name", help="the segment")
     verify.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the lock (default 10)")
+    attach = sub.add_parser(
+        "attach", help="print what a process joining a table gets: its class, lifetime and constructor arguments"
+    )
+    attach.add_argument("name", help="the table's name (or its segment's, as ls prints it)")
     rm = sub.add_parser("rm", help="unlink segments whose owner is gone (--dead), or the ones named")
     rm.add_argument("names", nargs="*", help="segments to unlink")
-    rm.add_argument("--dead", action="store_true", help="every segment whose owner process is gone")
+    rm.add_argument(
+        "--dead", action="store_true", help="every segment whose owner process is gone, persistent tables aside"
+    )
     rm.add_argument("--force", action="store_true", help="also segments whose owner is alive")
     args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
@@ -117,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.timeout >= 0:
             parser.error(f"--timeout: expected seconds >= 0, got {args.timeout}")
         return _verify(args.name, args.timeout)
+    if args.command == "attach":
+        return _attach(args.name)
     if args.command == "rm":
         if bool(args.names) == args.dead:
             parser.error("rm: name segments, or give --dead (not both)")
@@ -136,14 +145,16 @@ def _ls(as_json: bool) -> int:
         print("no mpreplay segment in /dev/shm")
         return 0
     _print_columns(
-        ["name", "owner", "size", "kind", "fill", "writers", "created"],
+        ["name", "owner", "lifetime", "size", "kind", "fill", "attached", "writers", "created"],
         [
             [
                 r["name"],
                 "–" if r["owner_pid"] is None else f"{r['owner_pid']} ({'alive' if r['owner_alive'] else 'gone'})",
+                "–" if r["persistent"] is None else ("persistent" if r["persistent"] else "creator's"),
                 _mib(r["bytes"]),
                 r["kind"],
                 "–" if r["capacity"] is None else f"{r['stored']:,} / {r['capacity']:,}",
+                "–" if r["attached"] is None else str(r["attached"]),
                 "–" if r["writers_alive"] is None else str(r["writers_alive"]),
                 "–" if r["created"] is None else f"{datetime.fromtimestamp(r['created']):%Y-%m-%d %H:%M:%S}",
             ]
@@ -237,6 +248,31 @@ def _verify(name: str, timeout: float) -> int:
         print(f"mpreplay verify: {exc}", file=sys.stderr)
         return 1
     print(f"{name}: consistent: " + ", ".join(f"{key} {value:,}" for key, value in report.items()))
+    return 0
+
+
+def _attach(name: str) -> int:
+    from ._ext.processes import describe_process, token_alive, token_pid
+    from .memory import segment_name
+    from .monitor import BufferView, lifetime
+
+    try:
+        with BufferView(segment_name(name)) as view:
+            doc = view.document
+    except (OSError, ValueError) as exc:
+        print(f"mpreplay attach: {exc}", file=sys.stderr)
+        return 1
+    owner = describe_process(token_pid(doc["owner"])) + ("" if token_alive(doc["owner"]) else ": gone")
+    _print_columns(
+        None,
+        [
+            ["table", f"{view.name}  {doc['class']}, mpreplay {doc['mpreplay_version']}"],
+            ["creator", owner],
+            ["lifetime", lifetime(doc)],
+            *[[key, json.dumps(value)] for key, value in doc["build"].items()],
+        ],
+    )
+    print(f"join it with mpreplay.attach({name!r}) (readonly=True: sample and read only)")
     return 0
 
 

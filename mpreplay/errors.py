@@ -1,9 +1,9 @@
 """Exceptions of mpreplay."""
 
-from ._ext.gate import BufferClosed  # raised by the kernels too: defined where they can reach it
+from ._ext.gate import BufferClosed, TableGone  # raised by the kernels too: defined where they can reach them
 from .memory import SharedMemoryError
 
-__all__ = ["BufferClosed", "CorruptBufferError", "IncompatibleSegmentError"]
+__all__ = ["BufferClosed", "CorruptBufferError", "IncompatibleSegmentError", "ReadOnlyError", "TableGone"]
 
 
 class IncompatibleSegmentError(SharedMemoryError):
@@ -21,3 +21,17 @@ class CorruptBufferError(RuntimeError):
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
         super().__init__(f"the buffer is inconsistent ({len(self.problems)} problems): " + "; ".join(self.problems))
+
+
+class ReadOnlyError(RuntimeError):
+    """A handle attached read-only (``mpreplay.attach(name, readonly=True)``) was asked to write:
+    ``add``, ``update_priorities``, ``clear``, ``on_episode_end``, ``load_transitions``, an
+    episode writer, or removing the table.  The table is unchanged."""
+
+
+def read_only(call: str) -> ReadOnlyError:
+    """The error a read-only handle's ``call`` raises."""
+    return ReadOnlyError(
+        f"{call}: this handle was attached read-only (mpreplay.attach(name, readonly=True)); it samples, "
+        "reads and inspects the table but never changes it: attach without readonly to write"
+    )

@@ -7,7 +7,9 @@ from any process, and so that a process attaching a handle can check that the se
 the layout it computes (:func:`check_segment`): the buffer's class and capacity, its fields,
 its compression, its owner, the mpreplay version that made it, and where each array lies.
 It is plain JSON (never pickle), written once by the creator before any other process can
-attach, and never changed afterwards.
+attach, and never changed afterwards; its ``build`` entry (the checked constructor arguments)
+lets a process given only the segment's name build the table's configuration
+(:func:`mpreplay.attach`), its ``persist`` entry says whether the table outlives its creator.
 
 Layout of the ``manifest`` array (``NBYTES`` bytes, the segment's first array):
 ``MAGIC`` (8 bytes), the JSON's length (uint64, little endian), the JSON (UTF-8), zeros.
@@ -46,7 +48,17 @@ from ._ext.schema import (
 from ._version import __version__
 from .errors import IncompatibleSegmentError
 
-__all__ = ["MAGIC", "NBYTES", "VERSION", "ManifestError", "check_segment", "decode", "encode"]
+__all__ = [
+    "MAGIC",
+    "NBYTES",
+    "VERSION",
+    "ManifestError",
+    "check_segment",
+    "decode",
+    "creator_token",
+    "encode",
+    "readable",
+]
 
 MAGIC = b"mpreplay"
 NBYTES = MANIFEST_NBYTES
@@ -54,7 +66,10 @@ NBYTES = MANIFEST_NBYTES
 # 3: ``selector`` names the selector (an entry of mpreplay.selectors), no longer its array.
 # 4: ``remover`` names the remover (an entry of mpreplay.removers); the header records the run a
 #    reservation is making.
-VERSION = 4
+# 5: ``build`` holds the table's checked constructor arguments (a process given only the name
+#    builds the same configuration: mpreplay.attach) and ``persist`` whether it outlives its
+#    creator; the magic is written last, once the segment is ready to attach.
+VERSION = 5
 _HEAD = struct.Struct("<8sQ")
 _DTYPE = re.compile(r"[<>|][biufc][0-9]{1,2}")  # numpy's dtype.str of the numeric dtypes
 _WORD = 8  # every array starts on an 8-byte boundary: readers load counters and lock words whole
@@ -84,8 +99,11 @@ def encode(description: dict[str, Any], out: np.ndarray, *, owner: int, created:
     so): the layout, which the reader needs, is always kept.
     """
     text = _text(_document(description, owner, created))
-    data = _HEAD.pack(MAGIC, len(text)) + text
-    out[: len(data)] = np.frombuffer(data, np.uint8)
+    data = np.frombuffer(_HEAD.pack(MAGIC, len(text)) + text, np.uint8)
+    # The magic last: a process polling for the table by name (mpreplay.attach) takes a segment
+    # without it for one still being made.
+    out[len(MAGIC) : len(data)] = data[len(MAGIC) :]
+    out[: len(MAGIC)] = data[: len(MAGIC)]
 
 
 def _document(description: dict[str, Any], owner: int, created: float) -> dict[str, Any]:
@@ -180,6 +198,8 @@ _ENTRIES = {
     "nbytes": (_whole, "a size in bytes"),
     "capacity": (lambda v: _whole(v) and v >= 1, "an integer >= 1"),
     "arrays": (lambda v: isinstance(v, list), "a list of [name, shape, dtype, offset]"),
+    "persist": (lambda v: isinstance(v, bool), "true or false"),
+    "build": (lambda v: isinstance(v, dict), "an object (the table's constructor arguments)"),
 }
 
 
@@ -254,6 +274,50 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def creator_token(head: np.ndarray) -> int:
+    """The creator's process token in the manifest array ``head`` of a segment that
+    :func:`check_segment` accepted."""
+    document = _json(bytes(head))
+    assert document is not None, "a segment check_segment accepted has a manifest"
+    return int(document["owner"])
+
+
+def readable(name: str, head: bytes, size: int) -> dict[str, Any] | None:
+    """The manifest of segment ``name`` (``head``: its first ``NBYTES`` bytes; ``size``: its
+    size), if this process may attach to what it describes; None when ``head`` holds no
+    manifest (yet: a new segment's is written last).  Raises
+    :class:`~mpreplay.IncompatibleSegmentError` for a manifest that is unreadable, of another
+    format, or written by another minor version of mpreplay."""
+    try:
+        document = _json(head)
+    except ManifestError as exc:
+        raise IncompatibleSegmentError(
+            f"{name}: its manifest is unreadable ({exc}); this process runs {_ours()}; refusing to attach"
+        ) from None
+    if document is None:
+        return None
+    try:
+        decode(head, size)
+    except ManifestError as exc:
+        raise IncompatibleSegmentError(
+            f"{name}: made by {_theirs(document)}, which {_ours()} cannot read: {exc}; refusing to attach"
+        ) from None
+    if _minor(document["mpreplay_version"]) != _minor(__version__):
+        raise IncompatibleSegmentError(
+            f"{name}: made by {_theirs(document)}, this process runs {_ours()}; segments are shared within a minor "
+            f"version only (any patch version of {_minor(__version__)}.x attaches); refusing to attach"
+        )
+    return document
+
+
+def _ours() -> str:
+    return f"mpreplay {__version__} (manifest format {VERSION})"
+
+
+def _theirs(document: dict[str, Any]) -> str:
+    return f"{_maker(document)} (manifest format {_short(document.get('version'))})"
+
+
 def check_segment(name: str, buf: memoryview, description: dict[str, Any]) -> None:
     """Raise :class:`~mpreplay.IncompatibleSegmentError` unless segment ``name``, mapped as
     ``buf``, holds the manifest a buffer of ``description`` writes (see :func:`encode`).
@@ -264,29 +328,10 @@ def check_segment(name: str, buf: memoryview, description: dict[str, Any]) -> No
     dtype and offset, and the layout's size).  Only the patch version, the owner and the
     creation time may differ.  ``buf`` is not kept.
     """
-    ours = f"mpreplay {__version__} (manifest format {VERSION})"
-    head = bytes(buf[:NBYTES])
-    try:
-        document = _json(head)
-    except ManifestError as exc:
-        raise IncompatibleSegmentError(
-            f"{name}: its manifest is unreadable ({exc}); this process runs {ours}; refusing to attach"
-        ) from None
+    document = readable(name, bytes(buf[:NBYTES]), len(buf))
     if document is None:
         raise IncompatibleSegmentError(
             f"{name}: holds no mpreplay manifest (not a replay buffer's segment); refusing to attach"
-        )
-    theirs = f"{_maker(document)} (manifest format {_short(document.get('version'))})"
-    try:
-        decode(head, len(buf))
-    except ManifestError as exc:
-        raise IncompatibleSegmentError(
-            f"{name}: made by {theirs}, which {ours} cannot read: {exc}; refusing to attach"
-        ) from None
-    if _minor(document["mpreplay_version"]) != _minor(__version__):
-        raise IncompatibleSegmentError(
-            f"{name}: made by {theirs}, this process runs {ours}; segments are shared within a minor "
-            f"version only (any patch version of {_minor(__version__)}.x attaches); refusing to attach"
         )
     # The formats and the layout decide, not the patch version (docs/stability.md).
     expected = {**_document(description, document["owner"], document["created"])}
@@ -294,8 +339,9 @@ def check_segment(name: str, buf: memoryview, description: dict[str, Any]) -> No
     difference = _difference(document, expected)
     if difference is not None:
         raise IncompatibleSegmentError(
-            f"{name}: made by {theirs}, this process runs {ours}; the segment is not what this process expects: "
-            f"{difference}; refusing to attach (every process of a job must run the same minor version of mpreplay)"
+            f"{name}: made by {_theirs(document)}, this process runs {_ours()}; the segment is not what this "
+            f"process expects: {difference}; refusing to attach (every process of a job must run the same minor "
+            "version of mpreplay)"
         )
 
 

@@ -32,7 +32,8 @@ from ._ext.lock import ThreadLock
 
 __all__ = ["Layout", "HeapMemory", "FileMemory", "SharedMemory", "SharedMemoryError"]
 
-SEGMENT_PREFIX = "mpreplay-"  # every segment is named mpreplay-<creator pid>-<random>
+SEGMENT_PREFIX = "mpreplay-"  # every segment is named mpreplay-<creator pid>-<random>, or mpreplay-<its name>
+SHM_DIR = "/dev/shm"  # where Linux keeps the segments, as files
 _ALIGN = 64  # one cache line: keeps hot counters and rows of different arrays apart
 
 
@@ -178,15 +179,26 @@ def _shm_free_bytes() -> int | None:
         return None
 
 
-def _create_named(size: int) -> shared_memory.SharedMemory:
-    # The creator's pid in the name tells whose segment a /dev/shm entry is.
+def segment_name(name: str) -> str:
+    """The segment a table called ``name`` lives in: ``mpreplay-<name>``, or ``name`` itself when
+    it starts with ``mpreplay-`` already (what ``Table.name`` and ``mpreplay ls`` show)."""
+    return name if name.startswith(SEGMENT_PREFIX) else SEGMENT_PREFIX + name
+
+
+def _create_named(size: int, name: str | None, track: bool) -> shared_memory.SharedMemory:
+    """A new segment called ``name`` (None: after the creator's pid, which tells whose segment a
+    /dev/shm entry is, and a random part); ``track``: the resource tracker unlinks it should
+    this process die without unlinking it."""
     while True:
         try:
-            return shared_memory.SharedMemory(
-                name=f"{SEGMENT_PREFIX}{os.getpid()}-{secrets.token_hex(4)}", create=True, size=size
-            )
+            return _segment(name or f"{SEGMENT_PREFIX}{os.getpid()}-{secrets.token_hex(4)}", size, track)
         except FileExistsError:
-            continue
+            if name is None:
+                continue
+            raise FileExistsError(
+                f"name: a table called {name!r} exists already: join it with mpreplay.attach({name!r}), or "
+                f"remove it first (mpreplay rm {name})"
+            ) from None
 
 
 def _attach_untracked(name: str) -> shared_memory.SharedMemory:
@@ -196,14 +208,31 @@ def _attach_untracked(name: str) -> shared_memory.SharedMemory:
     them (or warns about "leaks") when the attaching process ends -- under the
     creator's feet.  Only the creator may own a segment.
     """
-    if sys.version_info >= (3, 13):
-        return shared_memory.SharedMemory(name=name, create=False, track=False)
+    return _segment(name, 0, False)
+
+
+def _segment(name: str, size: int, track: bool) -> shared_memory.SharedMemory:
+    """Segment ``name``: created with ``size`` bytes, or (``size`` 0) an existing one; registered
+    with the resource tracker only where ``track`` (a persistent table's segment never is)."""
+    create = size > 0
+    if track or sys.version_info >= (3, 13):
+        return shared_memory.SharedMemory(name=name, create=create, size=size, **({} if track else {"track": False}))
     register = resource_tracker.register
     resource_tracker.register = lambda *args, **kwargs: None
     try:
-        return shared_memory.SharedMemory(name=name, create=False)
+        return shared_memory.SharedMemory(name=name, create=create, size=size)
     finally:
         resource_tracker.register = register
+
+
+def unlink_segment(name: str) -> bool:
+    """Unlink segment ``name`` as ``mpreplay rm`` does (no resource tracker told: a persistent
+    table's creator never registered it); False when it was gone already."""
+    try:
+        os.unlink(os.path.join(SHM_DIR, name))
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _mapping(shm: shared_memory.SharedMemory) -> memoryview:
@@ -221,15 +250,26 @@ class SharedMemory:
     processes only unmap it.  An attaching process may pass ``verify``: it is
     called with the whole mapping before any view of ``layout`` is made, must
     not keep it, and refuses the segment by raising (the segment is then unmapped).
+    A new segment is called ``create_as`` when given (FileExistsError if one is);
+    a ``persist`` one is owned by nobody: no process unlinks it on its own, the
+    resource tracker never hears of it, and it stays until :func:`unlink_segment`.
     """
 
     shared = True
     # Called once to unmap (and unlink, in the owner); the owner's and an attacher's differ in kind.
     _finalizer: Callable[[], object]
 
-    def __init__(self, layout: Layout, *, name: str | None = None, verify: Callable[[memoryview], None] | None = None):
+    def __init__(
+        self,
+        layout: Layout,
+        *,
+        name: str | None = None,
+        verify: Callable[[memoryview], None] | None = None,
+        create_as: str | None = None,
+        persist: bool = False,
+    ):
         self.layout = layout
-        self.owner = name is None
+        self.owner = name is None and not persist
         size = max(layout.nbytes, 1)
         if name is None:
             free = _shm_free_bytes()
@@ -239,7 +279,7 @@ class SharedMemory:
                     "lower the capacity, or give the container more shared memory "
                     "(docker run --shm-size=..., or mount a larger tmpfs on /dev/shm)"
                 )
-            self._shm = _create_named(size)
+            self._shm = _create_named(size, create_as, not persist)
             # Reserve the pages now: a tmpfs that runs out later would kill
             # the process with SIGBUS at some random write instead.
             try:
@@ -247,7 +287,10 @@ class SharedMemory:
                 os.posix_fallocate(self._shm._fd, 0, size)  # type: ignore[attr-defined]
             except (AttributeError, OSError) as exc:
                 self._shm.close()
-                self._shm.unlink()
+                if persist:
+                    unlink_segment(self._shm.name)
+                else:
+                    self._shm.unlink()
                 raise SharedMemoryError(f"cannot reserve {size / 2**20:.1f} MiB in /dev/shm: {exc}") from exc
         else:
             try:
@@ -255,6 +298,10 @@ class SharedMemory:
             except FileNotFoundError:
                 raise SharedMemoryError(
                     f"shared-memory segment {name!r} no longer exists (its owner closed it)"
+                ) from None
+            except PermissionError:
+                raise SharedMemoryError(
+                    f"shared-memory segment {name!r} belongs to another user: only its owner's processes may map it"
                 ) from None
             if verify is not None:
                 try:
@@ -286,6 +333,12 @@ class SharedMemory:
     def handle(self) -> SharedMemory:
         """Another mapping of the same segment, which does not own it."""
         return SharedMemory(self.layout, name=self.name)
+
+    def unlinked(self) -> bool:
+        """Whether the segment's name is gone (``mpreplay rm``, another handle's unlink, the
+        resource tracker of its dead creator): one ``fstat`` of the descriptor this mapping keeps."""
+        # The stdlib keeps the segment's descriptor private (typeshed declares no _fd).
+        return os.fstat(self._shm._fd).st_nlink == 0  # type: ignore[attr-defined]
 
     @staticmethod
     def _release(shm: shared_memory.SharedMemory, owner_pid: int | None) -> None:

@@ -49,7 +49,7 @@ from ._ext.schema import (
     WRITER_TOKEN,
     WRITERS_ARRAY,
 )
-from .memory import SEGMENT_PREFIX
+from .memory import SEGMENT_PREFIX, SHM_DIR
 
 __all__ = [
     "SHM_DIR",
@@ -57,13 +57,12 @@ __all__ = [
     "Reading",
     "Removal",
     "Segment",
+    "attached_processes",
     "frame",
     "list_segments",
     "remove_segments",
     "summary",
 ]
-
-SHM_DIR = "/dev/shm"
 
 
 @dataclass(frozen=True)
@@ -78,6 +77,11 @@ class Segment:
     owner_alive: bool
     document: dict[str, Any] | None = field(repr=False)
     problem: str | None = None
+
+    @property
+    def persistent(self) -> bool:
+        """Whether the table outlives its creator (``persist=True``): nobody's, kept until removed."""
+        return self.document is not None and self.document["persist"] is True
 
     @property
     def kind(self) -> str:
@@ -147,14 +151,33 @@ def _alive(name: str, document: dict[str, Any] | None) -> bool:
     return pid is not None and token_alive(pid)
 
 
+def attached_processes(name: str, shm_dir: str = SHM_DIR) -> set[int]:
+    """The processes that map segment ``name`` now: every handle's, the creator's, and a
+    monitor's while it reads (from ``/proc/<pid>/maps``; only this user's processes, unless
+    root).  A handle that died maps nothing: no count to repair."""
+    line_end = f"{shm_dir}/{name}\n".encode()
+    found = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/maps", "rb") as f:
+            if line_end in f.read():
+                found.add(int(pid))
+    return found
+
+
 def summary(segment: Segment, shm_dir: str = SHM_DIR) -> dict[str, Any] | None:
-    """``ls``'s figures of ``segment``: name, owner, size, kind, capacity and fill, writers
-    alive, creation time (None where the segment cannot tell) and, for an unreadable segment,
-    the ``problem``; None when it was unlinked meanwhile."""
+    """``ls``'s figures of ``segment``: name, owner, size, kind, whether it is persistent,
+    capacity and fill, the processes attached and the writers alive among them, creation time
+    (None where the segment cannot tell) and, for an unreadable segment, the ``problem``; None
+    when it was unlinked meanwhile."""
+    attached = attached_processes(segment.name, shm_dir)
     row = {
         "name": segment.name,
         "owner_pid": segment.owner_pid,
         "owner_alive": segment.owner_alive,
+        "persistent": segment.persistent if segment.document is not None else None,
+        "attached": len(attached) if segment.document is not None else None,
         "bytes": segment.nbytes,
         "kind": segment.kind,
         "capacity": None,
@@ -180,6 +203,13 @@ def summary(segment: Segment, shm_dir: str = SHM_DIR) -> dict[str, Any] | None:
         writers_alive=sum(token_alive(token) for token in reading.writers),
     )
     return row
+
+
+def lifetime(document: dict[str, Any]) -> str:
+    """How long the table of manifest ``document`` lives, in words."""
+    if document["persist"]:
+        return "persistent: kept until mpreplay rm or close(unlink=True)"
+    return "ends with its creator"
 
 
 @dataclass(frozen=True)
@@ -299,6 +329,8 @@ def frame(view: BufferView, before: Reading, after: Reading) -> list[tuple[str, 
             + ("" if token_alive(doc["owner"]) else ": gone")
             + ("; closed" if view.closed else ""),
         ),
+        ("lifetime", lifetime(doc)),
+        ("attached", _attached(view.name, after)),
         ("fill", f"{int(h1[STORED]):,} / {view.capacity:,} ({int(h1[STORED]) / view.capacity:.1%})"),
         ("inserts/s", f"{inserts:,.0f}"),
         ("samples/s", f"{samples:,.0f}"),
@@ -342,6 +374,13 @@ def frame(view: BufferView, before: Reading, after: Reading) -> list[tuple[str, 
     return rows
 
 
+def _attached(name: str, reading: Reading) -> str:
+    """``top``'s count of the processes attached to segment ``name`` (itself left out)."""
+    pids = attached_processes(name) - {os.getpid()}
+    writing = pids & {token_pid(t) for t in reading.writers if token_alive(t)}
+    return f"{len(pids)} processes: {len(writing)} writing, {len(pids - writing)} reading only (or idle)"
+
+
 def _describe_pid(pid: int) -> str:
     """``describe_process(pid)``, for a pid read from the segment (which may be any word)."""
     return describe_process(pid) if 0 < pid == token_pid(pid) else f"pid {pid} (not a process id)"
@@ -375,21 +414,23 @@ class Removal:
 def remove_segments(
     names: list[str] | None, *, dead: bool = False, force: bool = False, shm_dir: str = SHM_DIR
 ) -> list[Removal]:
-    """Unlink the segments ``names`` (or, with ``dead``, every one whose owner is gone).
+    """Unlink the segments ``names`` (or, with ``dead``, every one whose owner is gone and that
+    is not persistent: a persistent table is kept for the processes that will attach to it).
 
     Every name is checked before any segment is removed: one that names no mpreplay segment, or
-    (without ``force``) a segment whose owner is alive, keeps them all.  ``force`` removes live
-    owners' segments too: their owner loses the buffer's name (attached processes keep their
-    mapping, new ones cannot attach).
+    (without ``force``) a segment that is not persistent and whose owner is alive, keeps them
+    all.  ``force`` removes live owners' segments too: their owner loses the buffer's name
+    (attached processes keep their mapping, new ones cannot attach).  The handles of a removed
+    table raise :class:`~mpreplay.errors.TableGone` from their next call on (within a second).
     """
     segments = {s.name: s for s in list_segments(shm_dir)}
     if dead:
-        return [_unlink(s, shm_dir) for s in segments.values() if not s.owner_alive]
+        return [_unlink(s, shm_dir) for s in segments.values() if not (s.owner_alive or s.persistent)]
     refused = {}
     for name in names or []:
         if name not in segments:
             refused[name] = f"no mpreplay segment named {name!r} in {shm_dir}"
-        elif segments[name].owner_alive and not force:
+        elif segments[name].owner_alive and not (force or segments[name].persistent):
             owner = segments[name].owner_pid
             assert owner is not None  # an owner found alive was found by its pid
             refused[name] = f"its owner, {describe_process(owner)}, is alive (--force removes it anyway)"

@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from . import checks, deprecated, manifest, removers, selectors
+from . import checks, deprecated, lifetime, manifest, removers, selectors
 from ._ext.calls import TableCalls
 from ._ext.gate import Gate
 from ._ext.lock import SharedLock
 from ._ext.processes import process_token
 from ._ext.schema import (
+    ENDED_REMOVED,
     EPISODE_STEP_ARRAY,
     GENERATION_ARRAY,
     HEADER_ARRAY,
@@ -58,10 +59,10 @@ from ._ext.sequences import Sequences
 from ._ext.slots import Slots
 from ._ext.table_handle import TableHandle
 from .compression import FrameStore
-from .errors import BufferClosed
+from .errors import BufferClosed, read_only
 from .inspect import Inspection
 from .limiter import RateLimiter
-from .memory import FileMemory, HeapMemory, Layout, SharedMemory
+from .memory import FileMemory, HeapMemory, Layout, SharedMemory, segment_name, unlink_segment
 from .nstep_stage import NstepStage
 from .prefetch import Prefetcher
 from .saved_episodes import EpisodeStore
@@ -142,6 +143,15 @@ class Table(TableCalls):
     shared : bool
         In a shared-memory segment that every process can map (the table pickles to a handle
         that attaches to it), or (False) in this process's memory.
+    name : str, optional
+        A shared table's name, by which any process of the same user joins it
+        (:func:`mpreplay.attach`): its segment is ``mpreplay-<name>`` (``name`` itself if it
+        starts so).  None: a name made of this process's pid and a random part.
+    persist : bool
+        A shared table that outlives this process, however it ends (SIGKILL included): it
+        stays until ``mpreplay rm`` or ``close(unlink=True)`` by any handle.  Otherwise it ends
+        with its creator, and every surviving handle's next call raises
+        :class:`~mpreplay.errors.TableGone`.
     nstep : mapping, optional
         Fold rewards over n steps before storing: ``{"size": n, "gamma": 0.99, "rew": "rew",
         "next": "next_obs", "done": "done", "truncated": None}``; rows then carry ``discount``.
@@ -162,8 +172,10 @@ class Table(TableCalls):
     :meth:`batches` samples on a thread of its own); a shared table is safe across processes,
     one object per process.
 
-    A shared table lives in a shared-memory segment that the object which built it owns.
-    Pickled (``pickle``, a ``multiprocessing`` argument, a Ray object), it becomes a small
+    A shared table lives in a shared-memory segment that the object which built it owns
+    (unless it is ``persist``: then nobody does).  :func:`mpreplay.attach` joins it by name
+    from any process of the same user, read-write or read-only.  Pickled (``pickle``, a
+    ``multiprocessing`` argument, a Ray object), it becomes a small
     handle -- the segment's name and the table's configuration -- that attaches to the same
     segment in the process that unpickles it, once the segment's manifest matches
     (:class:`~mpreplay.IncompatibleSegmentError` otherwise).  Every handle adds to and samples
@@ -193,6 +205,7 @@ class Table(TableCalls):
     # What _assemble builds over the memory.
     _config: TableConfig
     _memory: Memory
+    _readonly: bool  # attached read-only: the writing calls refuse
     _header: np.ndarray
     _generation: np.ndarray
     _lanes: np.ndarray
@@ -215,6 +228,8 @@ class Table(TableCalls):
         rate_limiter: RateLimiter | None = None,
         max_times_sampled: int | None = None,
         shared: bool | None = None,
+        name: str | None = None,
+        persist: bool = False,
         nstep: Mapping[str, object] | None = None,
         next_of: str | list[str] | None = None,
         stack_compress: str | list[str] | None = None,
@@ -235,6 +250,7 @@ class Table(TableCalls):
             rate_limiter=rate_limiter,
             max_times_sampled=max_times_sampled,
             shared=self._SHARED if shared is None else shared,
+            persist=persist,
             nstep=nstep,
             next_of=next_of,
             stack_compress=stack_compress,
@@ -247,8 +263,14 @@ class Table(TableCalls):
             cpprb_nstep=Nstep,
         )
         layout = table_layout(config)
+        if name is not None:
+            name = checks.table_name("name", name)
+            if not config.shared:
+                raise ValueError("name: only a shared table has a name that processes join it by; build it shared=True")
         if config.shared:
-            memory: Memory = SharedMemory(layout)
+            memory: Memory = SharedMemory(
+                layout, create_as=None if name is None else segment_name(name), persist=config.persist
+            )
         elif config.mmap_prefix is not None:
             memory = FileMemory(layout, config.mmap_prefix)
         else:
@@ -258,9 +280,12 @@ class Table(TableCalls):
         self._assemble(config, memory, True, np.random.default_rng(seed))
 
     # -- assembly: the same steps for a new table, a handle in another process, an episode writer
-    def _assemble(self, config: TableConfig, memory: Memory, create: bool, rng: np.random.Generator) -> None:
-        """Build the parts over ``memory``; ``create`` initialises it."""
-        self._config, self._memory = config, memory
+    def _assemble(
+        self, config: TableConfig, memory: Memory, create: bool, rng: np.random.Generator, readonly: bool = False
+    ) -> None:
+        """Build the parts over ``memory``; ``create`` initialises it; ``readonly``: a handle
+        whose writing calls refuse (:class:`~mpreplay.errors.ReadOnlyError`)."""
+        self._config, self._memory, self._readonly = config, memory, readonly
         arrays = memory.arrays
         c, size = config.compression, config.size
         self._header, self._generation, self._lanes = (
@@ -277,12 +302,6 @@ class Table(TableCalls):
                 self._lanes[0, [LANE_START, LANE_CURSOR, LANE_END]] = 0, 0, size
             else:
                 c.lane_bounds(size, self._lanes)
-            manifest.encode(
-                self._manifest(memory.layout),
-                arrays[MANIFEST_ARRAY],
-                owner=process_token(os.getpid()),
-                created=time.time(),
-            )
         self._frames, outputs = (None, None) if c is None else c.make_frames(config.specs, arrays)
         length = None if config.sequence is None else config.sequence.length
         self._sequences = None if length is None else Sequences(arrays[SEQUENCE_STEPS_ARRAY], self._lanes, length)
@@ -309,6 +328,10 @@ class Table(TableCalls):
                 on_recover=slots.recover,
                 counters=self._header[LOCK_WAIT_NS : LOCK_HOLDS + 1],
             )
+            assert isinstance(memory, SharedMemory)
+            # The creator's token is in the manifest, which a new table writes last: its own.
+            creator = process_token(os.getpid()) if create else manifest.creator_token(arrays[MANIFEST_ARRAY])
+            lifetime.watch(lock, memory, self._header, None if config.persist else creator)
         else:
             assert not isinstance(memory, SharedMemory)  # a local table's memory carries its lock
             self._lock, lock = None, memory.thread_lock
@@ -328,8 +351,16 @@ class Table(TableCalls):
         self._path = WritePath(config.specs, store, self._handle, nstep, self._selector, episodes)
         # One transition goes straight to the kernel (TableHandle.add_one) unless it is folded or planned first.
         self._bind_calls(
-            self._handle, self._path.plain, config.by_priority, config.float32_weights, config.uint64_indexes
+            self._handle, self._path.plain, config.by_priority, config.float32_weights, config.uint64_indexes, readonly
         )
+        if create:
+            # Written last: a process that finds the segment by name attaches once the manifest is there.
+            manifest.encode(
+                self._manifest(memory.layout),
+                arrays[MANIFEST_ARRAY],
+                owner=process_token(os.getpid()),
+                created=time.time(),
+            )
         if config.shared:
             _FORK_SENSITIVE.add(self)
 
@@ -365,6 +396,8 @@ class Table(TableCalls):
             else {"length": config.sequence.length, "period": config.sequence.period},
             "arrays": [[name, list(shape), dtype, offset] for name, shape, dtype, offset in layout.entries],
             "nbytes": layout.nbytes,
+            "persist": config.persist,
+            "build": config.arguments,
         }
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -374,7 +407,7 @@ class Table(TableCalls):
                 "shared=True (or the MP class) to hand it to other processes"
             )
         self._check_open()
-        return _attach, (type(self), self._config, self._memory.name)
+        return _attach, (type(self), self._config, self._memory.name, self._readonly)
 
     def episode_writer(self: _Table) -> _Table:
         """A writer for one more stream of episodes into this table, in this process.
@@ -391,6 +424,8 @@ class Table(TableCalls):
         state takes interleaved episodes as they come: it returns itself.
         """
         self._check_open()
+        if self._readonly:
+            raise read_only("episode_writer")
         if self._path.plain:
             return self
         writer = type(self).__new__(type(self))
@@ -404,21 +439,45 @@ class Table(TableCalls):
         self._path.forget()
 
     # -- lifecycle ------------------------------------------------------------------------
-    def close(self) -> None:
+    def close(self, *, unlink: bool | None = None) -> None:
         """Release the table's memory; later calls raise :class:`BufferClosed`.
 
-        For a shared table, the creating process also unlinks the segment, and
-        callers blocked in other processes wake up with :class:`BufferClosed`.
+        For a shared table that is not persistent, the creating process also unlinks the
+        segment, and callers blocked in other processes wake up with :class:`BufferClosed`.
+        A persistent table stays for every process until a handle closes with ``unlink=True``
+        (or ``mpreplay rm``): then the other handles' calls raise
+        :class:`~mpreplay.errors.TableGone`.  ``unlink`` is refused (ValueError) where it
+        cannot be done: ``True`` on another process's table that is not persistent,
+        ``False`` on the creator's (it ends with its creator), either on a local table.
         """
+        if unlink is not None:
+            self._check_unlink(checks.flag("unlink", unlink))
         if self._is_open():
             self._path.store.release_lane()
             if self._memory.is_owner:
                 self._handle.close()
+            elif unlink:
+                assert isinstance(self._memory, SharedMemory)  # _check_unlink refused a local table's
+                self._gate.close(ENDED_REMOVED)
+                unlink_segment(self._memory.name)
         _FORK_SENSITIVE.discard(self)
         self._bind_calls(None, False)
         for name in _PARTS:
             self.__dict__[name] = _CLOSED
         self._memory.close()
+
+    def _check_unlink(self, unlink: bool) -> None:
+        memory = self._memory
+        if not isinstance(memory, SharedMemory):
+            raise ValueError("unlink: a local table has no segment to keep or unlink")
+        if unlink and self._readonly:
+            raise read_only("close(unlink=True)")
+        if unlink and not (memory.is_owner or self._config.persist):
+            raise ValueError(
+                "unlink: a table that is not persistent is unlinked by its creator, when it closes or ends"
+            )
+        if not unlink and memory.is_owner:
+            raise ValueError("unlink: a table that is not persistent ends with its creator (build it persist=True)")
 
     def _is_open(self) -> bool:
         return isinstance(self.__dict__.get("_handle"), TableHandle)
@@ -483,6 +542,8 @@ class Table(TableCalls):
 
     # -- writing ----------------------------------------------------------------------
     def _add(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int | None:
+        if self._readonly:
+            raise read_only("add")
         if timeout is not None:
             timeout = checks.seconds("timeout", timeout)
         return self._path.add(fields, priorities, timeout)
@@ -492,11 +553,15 @@ class Table(TableCalls):
         as if the last one was truncated (they bootstrap); with ``next_of``, store the episode's
         last next observation.  ``timeout`` bounds the waits as in :meth:`add`; on TimeoutError
         the episode has not ended and nothing changed: call again."""
+        if self._readonly:
+            raise read_only("on_episode_end")
         self._path.end_episode(checks.seconds("timeout", timeout))
 
     def clear(self) -> None:
         """Forget every item, the steps an n-step folder holds and what the selector keeps of
         the priorities ever set (the capacity stays)."""
+        if self._readonly:
+            raise read_only("clear")
         self._handle.clear()
         self._selector.forget_history()
         self._path.forget()
@@ -670,6 +735,8 @@ class Table(TableCalls):
         (ValueError) changes nothing.  A compressed or sequence table gives back each saved
         episode whole, in its lane and in the order saved (see docs/files.md)."""
         self._check_open()
+        if self._readonly:
+            raise read_only("load_transitions")
         return load_table(file, self._config, self._path)
 
     # -- watching -------------------------------------------------------------------------
@@ -729,16 +796,17 @@ class Table(TableCalls):
         )
 
 
-def _attach(cls: type[_Table], config: TableConfig, name: str) -> _Table:
-    """Unpickle a shared table: map the creator's segment (never owning it), once its manifest
-    says it holds the layout this process computes from ``config`` (IncompatibleSegmentError if
-    not), and assemble the parts over it as the creator did."""
+def _attach(cls: type[_Table], config: TableConfig, name: str, readonly: bool = False) -> _Table:
+    """Unpickle a shared table (and :func:`mpreplay.attach` one by name): map the segment
+    (never owning it), once its manifest says it holds the layout this process computes from
+    ``config`` (IncompatibleSegmentError if not), and assemble the parts over it as the creator
+    did; ``readonly``: a handle that refuses to write."""
     table = cls.__new__(cls)
     layout = table_layout(config)
     table._config = config  # what _manifest describes
     expected = table._manifest(layout)
     memory = SharedMemory(layout, name=name, verify=lambda buf: manifest.check_segment(name, buf, expected))
-    table._assemble(config, memory, False, np.random.default_rng())
+    table._assemble(config, memory, False, np.random.default_rng(), readonly)
     return table
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -52,6 +52,10 @@ class TableConfig:
     mmap_prefix: str | None  # a local table's arrays in files of this prefix
     float32_weights: bool  # sample hands importance weights out as float32 (else float64)
     uint64_indexes: bool  # sample hands indexes out as uint64 (else int64)
+    persist: bool = False  # a shared table that outlives its creator (until removed)
+    # What build() was given, checked, as JSON: a shared table's manifest carries it, so that a
+    # process given only the table's name builds the same configuration (see from_arguments).
+    arguments: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(
@@ -64,6 +68,7 @@ class TableConfig:
         rate_limiter: RateLimiter | None = None,
         max_times_sampled: int | None = None,
         shared: bool = False,
+        persist: bool = False,
         nstep: Mapping[str, object] | None = None,
         next_of: str | list[str] | None = None,
         stack_compress: str | list[str] | None = None,
@@ -79,6 +84,11 @@ class TableConfig:
         argument (the one the caller wrote: a Queue's own choices are refused as the Queue's)."""
         size = checks.capacity("size", size)
         shared = checks.flag("shared", shared)
+        if checks.flag("persist", persist) and not shared:
+            raise ValueError(
+                "persist: only a shared table outlives the process that made it; build it with shared=True "
+                "(or an MP class)"
+            )
         if sequence is not None and not isinstance(sequence, SequenceSpec):
             raise TypeError(f"sequence: expected a SequenceSpec or None, got {type(sequence).__name__}")
         if rate_limiter is not None:
@@ -148,6 +158,35 @@ class TableConfig:
                     f"length: a sequence of {sequence.length} steps does not fit in a lane of {width} steps "
                     f"(size {size}, lanes {compression.lanes})"
                 )
+        default = None if default_dtype is None else np.dtype(default_dtype).str
+        arguments = _plain(
+            {
+                "size": size,
+                # The fields as given (before folding or next_<key>), every dtype spelt out.
+                "env_dict": {
+                    s.name: {"shape": list(s.shape), "dtype": s.dtype.str}
+                    for s in parse_env_dict(env_dict, default_dtype).values()
+                },
+                "selector": {"name": selector_spec.name, **dict(selector_spec.options)},
+                "remover": remover,
+                "max_times_sampled": max_times_sampled,
+                "nstep": None if folding is None else folding[2],
+                "next_of": None if compression is None else list(compression.next_of) or None,
+                "stack_compress": None if compression is None else list(compression.stack) or None,
+                "lanes": 1 if compression is None else compression.lanes,
+                "sequence": None
+                if sequence is None
+                else {
+                    "length": sequence.length,
+                    "period": sequence.period,
+                    "pad_end": sequence.pad_end,
+                    "eta": sequence.eta,
+                },
+                "default_dtype": default,
+                "weights_dtype": np.dtype(weights_dtype).str,
+                "indexes_dtype": np.dtype(indexes_dtype).str,
+            }
+        )
         return cls(
             size=size,
             specs=specs,
@@ -161,6 +200,22 @@ class TableConfig:
             mmap_prefix=None if mmap_prefix is None else os.fspath(mmap_prefix),
             float32_weights=checks.dtype("weights_dtype", weights_dtype, (np.float64, np.float32)) == np.float32,
             uint64_indexes=checks.dtype("indexes_dtype", indexes_dtype, (np.int64, np.uint64)) == np.uint64,
+            persist=persist,
+            arguments=arguments,
+        )
+
+    @classmethod
+    def from_arguments(cls, arguments: Mapping[str, Any], *, persist: bool) -> TableConfig:
+        """The shared table's configuration that :attr:`arguments` (read from its manifest) describe."""
+        args = dict(arguments)
+        selector = args.pop("selector")
+        sequence = args.pop("sequence")
+        return cls.build(
+            **args,
+            selector=SelectorSpec(**selector),
+            sequence=None if sequence is None else SequenceSpec.build(**sequence),
+            shared=True,
+            persist=persist,
         )
 
     @property
@@ -168,3 +223,12 @@ class TableConfig:
         """Whether the selector draws by the priorities given (``add(priorities=)``,
         ``update_priorities``, importance weights)."""
         return self.selector.entry.by_priority
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every numpy scalar and tuple in it made the Python value JSON writes."""
+    if isinstance(value, dict):
+        return {key: _plain(v) for key, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value.item() if isinstance(value, np.generic) else value

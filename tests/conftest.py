@@ -4,6 +4,8 @@ unaligned arrays, default termination signals, no peers' venv.  Plain helpers ar
 from __future__ import annotations
 
 import contextlib
+import os
+import secrets
 import signal
 from collections.abc import Iterator
 from statistics import NormalDist
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 
 from mpreplay.bench.peers import ENV_VAR
+from mpreplay.memory import SHM_DIR, segment_name
 
 # The shared helpers' asserts report their operands as a test's own do.
 pytest.register_assert_rewrite("helpers")
@@ -108,3 +111,16 @@ def no_peers_venv(monkeypatch):
     """No peers' venv named in the environment while the test runs (the benchmarks then skip
     the peers' tables, saying how to run them)."""
     monkeypatch.delenv(ENV_VAR, raising=False)
+
+
+@pytest.fixture
+def table_name():
+    """A table name no other table on this machine has (the runs of other test sessions share
+    /dev/shm).  A segment of that name still there after the test (a persistent table the test
+    did not remove) is removed, and fails the test."""
+    name = f"test-{os.getpid()}-{secrets.token_hex(4)}"
+    yield name
+    leftover = os.path.join(SHM_DIR, segment_name(name))
+    if os.path.exists(leftover):
+        os.unlink(leftover)
+        pytest.fail(f"the test left {leftover} behind")

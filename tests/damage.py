@@ -5,6 +5,7 @@ to JSON records, bytes and segments."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -79,6 +80,21 @@ REAL = {"prioritized": prioritized, "uniform": uniform, "compressed": compressed
 def path(name: str) -> str:
     """Where segment ``name`` is."""
     return os.path.join(SHM_DIR, name)
+
+
+@contextlib.contextmanager
+def manifest_rewritten(name: str, change: Callable[[dict[str, Any]], None]) -> Iterator[None]:
+    """Segment ``name`` with its manifest changed by ``change``, put back afterwards."""
+    fd = os.open(path(name), os.O_RDWR)
+    try:
+        original = os.pread(fd, manifest.NBYTES, 0)
+        os.pwrite(fd, changed(original, change), 0)
+        try:
+            yield
+        finally:
+            os.pwrite(fd, original, 0)
+    finally:
+        os.close(fd)
 
 
 def segment_bytes(buffer: Any) -> bytes:

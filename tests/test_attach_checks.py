@@ -6,12 +6,11 @@ These tests damage the manifest of a real segment in /dev/shm (attaching needs o
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import os
 import pickle
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import damage  # tests/damage.py: real segments and the fuzzers' damage
@@ -26,21 +25,6 @@ pytestmark = pytest.mark.timeout(120, method="thread")
 
 
 OTHER_VERSION = "0.0.1+other"
-
-
-@contextlib.contextmanager
-def _manifest_rewritten(buffer: Any, change: Callable[[dict[str, Any]], None]) -> Iterator[None]:
-    """``buffer``'s own segment with its manifest changed by ``change``, put back afterwards."""
-    fd = os.open(damage.path(buffer.name), os.O_RDWR)
-    try:
-        original = os.pread(fd, manifest.NBYTES, 0)
-        os.pwrite(fd, damage.changed(original, change), 0)
-        try:
-            yield
-        finally:
-            os.pwrite(fd, original, 0)
-    finally:
-        os.close(fd)
 
 
 def _attach_in_child(pickled: bytes, results: Any) -> None:
@@ -72,7 +56,7 @@ def _shift_generation(d: dict[str, Any]) -> None:
 @EACH_START_METHOD
 def test_a_handle_refuses_a_segment_another_mpreplay_version_made_and_names_both_versions(method):
     other_version = damage.setting("mpreplay_version", OTHER_VERSION)
-    with damage.prioritized() as buffer, _manifest_rewritten(buffer, other_version):
+    with damage.prioritized() as buffer, damage.manifest_rewritten(buffer.name, other_version):
         kind, message = _attach_in(method, pickle.dumps(buffer))
     assert kind == "IncompatibleSegmentError", message
     assert f"made by mpreplay {OTHER_VERSION} (manifest format {manifest.VERSION})" in message
@@ -83,7 +67,7 @@ def test_a_handle_refuses_a_segment_another_mpreplay_version_made_and_names_both
 def test_a_handle_refuses_a_segment_of_another_layout_and_names_the_first_difference(method):
     with damage.prioritized() as buffer:
         offset = damage.entry(damage.document(damage.segment_bytes(buffer)), "generation")[3]
-        with _manifest_rewritten(buffer, _shift_generation):
+        with damage.manifest_rewritten(buffer.name, _shift_generation):
             kind, message = _attach_in(method, pickle.dumps(buffer))
     assert kind == "IncompatibleSegmentError", message
     assert (
@@ -111,7 +95,7 @@ def test_a_handle_refuses_a_segment_whose_list_of_arrays_differs_and_names_the_a
         arrays = damage.document(damage.segment_bytes(buffer))["arrays"]
         at = [entry[0] for entry in arrays].index(expected)
         offset = arrays[at][3]
-        with _manifest_rewritten(buffer, change):
+        with damage.manifest_rewritten(buffer.name, change):
             kind, message = _attach_in(method, pickle.dumps(buffer))
     assert kind == "IncompatibleSegmentError", message
     assert f"array {at}: {found!r} of shape" in message
@@ -132,7 +116,7 @@ def test_a_handle_refuses_a_segment_whose_list_of_arrays_differs_and_names_the_a
 def test_a_handle_refuses_a_segment_whose_manifest_differs_in_any_entry(change, found):
     with (
         damage.prioritized() as buffer,
-        _manifest_rewritten(buffer, change),
+        damage.manifest_rewritten(buffer.name, change),
         pytest.raises(IncompatibleSegmentError, match="refusing to attach") as refused,
     ):
         pickle.loads(pickle.dumps(buffer))

@@ -19,6 +19,8 @@ NO_EXAMPLE = {
     "CorruptBufferError": "an exception",
     "SharedMemoryError": "an exception",
     "IncompatibleSegmentError": "an exception",
+    "TableGone": "an exception",
+    "ReadOnlyError": "an exception",
     "ParameterStoreTimeout": "an exception",
     "ChildFailed": "an exception",
     "RateLimiter": "the base of MinSize and SampleToInsertRatio, which have examples",

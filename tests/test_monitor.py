@@ -70,6 +70,7 @@ def test_ls_lists_a_buffer_another_process_made_with_its_figures(owned, capsys):
     row = _row(_ls(capsys), buffer.name)
     assert (row["owner_pid"], row["owner_alive"], row["kind"]) == (owner.pid, True, "prioritized")
     assert (row["capacity"], row["stored"], row["writers_alive"]) == (1000, 150, 2)
+    assert (row["persistent"], row["attached"]) == (False, 2)  # the owner and this process
     assert row["bytes"] >= os.stat(os.path.join(SHM_DIR, buffer.name)).st_size
 
 
@@ -78,7 +79,7 @@ def test_ls_prints_one_line_per_segment(owned, capsys):
     buffer, owner = owned
     assert main(["ls"]) == 0
     (line,) = [row for row in capsys.readouterr().out.splitlines() if row.startswith(buffer.name)]
-    assert re.search(rf"{owner.pid} \(alive\)\s+[\d.]+ MiB\s+prioritized\s+100 / 1,000\s+1\s", line)
+    assert re.search(rf"{owner.pid} \(alive\)\s+creator's\s+[\d.]+ MiB\s+prioritized\s+100 / 1,000\s+2\s+1\s", line)
 
 
 def test_ls_names_a_compressed_uniform_buffer_as_such(capsys):
@@ -266,3 +267,48 @@ def test_a_segment_without_a_manifest_is_listed_as_other_and_cannot_be_watched(t
     assert (segment.name, segment.kind, segment.owner_pid) == (name, "other", 1)
     with pytest.raises(ValueError, match="not a replay buffer"):
         BufferView(name, str(tmp_path))
+
+
+# -- tables joined by name -------------------------------------------------------------------------
+
+
+def test_ls_shows_a_persistent_table_and_counts_the_processes_attached(table_name, capsys):
+    table = MPReplayBuffer(8, OBS_OF_4, name=table_name, persist=True)
+    try:
+        row = _row(_ls(capsys), table.name)
+        assert (row["persistent"], row["attached"], row["writers_alive"]) == (True, 1, 0)
+        assert main(["ls"]) == 0
+        (line,) = [r for r in capsys.readouterr().out.splitlines() if r.startswith(table.name)]
+        assert re.search(r"\(alive\)\s+persistent\s", line)
+    finally:
+        table.close(unlink=True)
+
+
+def test_attach_command_prints_what_a_joining_process_gets(table_name, capsys):
+    with MPPrioritizedReplayBuffer(8, OBS_OF_4, name=table_name, alpha=0.5):
+        assert main(["attach", table_name]) == 0
+    out = capsys.readouterr().out
+    assert f"mpreplay-{table_name}  MPPrioritizedReplayBuffer" in out
+    assert re.search(r"lifetime\s+ends with its creator", out)
+    assert re.search(r'selector\s+\{"name": "prioritized", "alpha": 0.5', out)
+    assert f"mpreplay.attach('{table_name}')" in out
+
+
+def test_attach_command_reports_a_missing_table_and_fails(table_name, capsys):
+    assert main(["attach", table_name]) == 1
+    assert "No such file" in capsys.readouterr().err
+
+
+def _create_persistent(name: str) -> None:
+    MPReplayBuffer(8, OBS_OF_4, name=name, persist=True).close()
+
+
+def test_rm_dead_keeps_a_persistent_table_whose_creator_is_gone_and_rm_name_removes_it(table_name):
+    child = mp.get_context("spawn").Process(target=_create_persistent, args=(table_name,))
+    child.start()
+    child.join(60)
+    segment = f"mpreplay-{table_name}"
+    assert segment not in {r.name for r in remove_segments(None, dead=True)}
+    assert os.path.exists(os.path.join(SHM_DIR, segment))
+    (removal,) = remove_segments([segment])
+    assert removal.removed and not os.path.exists(os.path.join(SHM_DIR, segment))

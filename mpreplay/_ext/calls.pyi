@@ -17,6 +17,7 @@ class TableCalls:
         by_priority: bool = False,
         float32_weights: bool = False,
         uint64_indexes: bool = False,
+        readonly: bool = False,
     ) -> None: ...
     def add(
         self, *, priorities: ArrayLike | None = None, timeout: float | None = None, **fields: ArrayLike

@@ -7,6 +7,12 @@ from .lock import SharedLock, ThreadLock
 class BufferClosed(RuntimeError):
     """The buffer was closed: its memory is gone, or its owner closed it."""
 
+class TableGone(BufferClosed):
+    """The table ended under this handle: its creator died and it was not persistent, or it was removed."""
+
+def ended_error(why: int) -> BufferClosed:
+    """The exception a call raises on a table whose header says it ended ``why`` (ENDED_*)."""
+
 def deadline(timeout: float | None) -> float:
     """The ``time.monotonic()`` moment a ``timeout`` in seconds ends (None: never, inf)."""
 
@@ -16,4 +22,4 @@ class Gate:
 
     def __init__(self, header: np.ndarray, limits: np.ndarray, lock: SharedLock | ThreadLock) -> None: ...
     def forget_lock(self) -> None: ...
-    def close(self) -> None: ...
+    def close(self, why: int = ...) -> None: ...
