@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     attach.add_argument("name", help="the table's name (or its segment's, as ls prints it)")
     rm = sub.add_parser("rm", help="unlink segments whose owner is gone (--dead), or the ones named")
-    rm.add_argument("names", nargs="*", help="segments to unlink")
+    rm.add_argument("names", nargs="*", help="segments (or tables' names) to unlink")
     rm.add_argument(
         "--dead", action="store_true", help="every segment whose owner process is gone, persistent tables aside"
     )
@@ -277,9 +277,11 @@ def _attach(name: str) -> int:
 
 
 def _rm(names: list[str], dead: bool, force: bool) -> int:
+    from .memory import segment_name
     from .monitor import remove_segments
 
-    done = remove_segments(names, dead=dead, force=force)
+    # A table's name or its segment's: `mpreplay rm learner` removes mpreplay-learner.
+    done = remove_segments([segment_name(name) for name in names], dead=dead, force=force)
     freed = sum(r.nbytes for r in done if r.removed)
     for r in done:
         print(f"removed {r.name} ({_mib(r.nbytes)})" if r.removed else f"kept {r.name}: {r.reason}")

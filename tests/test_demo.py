@@ -9,9 +9,11 @@ under "fork".
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,11 +28,17 @@ from helpers import segments_of
 from mpreplay import cli
 from mpreplay.demo import epsilon
 
+# The smoke run keeps its replay in a persistent table of this name, which a second run joins
+# (the Ctrl-C run below makes its replay as a run without --table does).
+SMOKE_TABLE = f"test-demo-{os.getpid()}"
+
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """``main(["--seconds", "20", "--out", DIR])`` in a subprocess, once for the tests below."""
-    return run_demo(["--seconds", "20"], tmp_path_factory.mktemp("demo"), timeout=150)
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    """``main(["--seconds", "20", "--table", SMOKE_TABLE, "--out", DIR])`` in a subprocess, once for
+    the tests below; its table is removed after them."""
+    yield run_demo(["--seconds", "20", "--table", SMOKE_TABLE], tmp_path_factory.mktemp("demo"), timeout=150)
+    cli.main(["rm", SMOKE_TABLE])
 
 
 @pytest.mark.timeout(180)
@@ -107,3 +115,13 @@ def test_the_demo_rejects_zero_actors_naming_the_flag(capsys: pytest.CaptureFixt
         cli.main(["demo", "--actors", "0"])
     assert exit_info.value.code == 2
     assert "--actors" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(180)
+def test_a_run_started_again_with_the_same_table_goes_on_with_its_replay(smoke_run: Run, tmp_path: Path):
+    assert f"made the persistent table {SMOKE_TABLE!r}" in smoke_run.stdout
+    stored = summary_of(smoke_run)["inserts"]
+    # The table outlived the run: the next one joins it with every row the first stored.
+    again = run_demo(["--seconds", "3", "--table", SMOKE_TABLE], tmp_path, timeout=150)
+    assert again.returncode == 0, again.stderr
+    assert f"joined the table {SMOKE_TABLE!r}, which holds {stored:,} rows" in again.stdout

@@ -197,7 +197,12 @@ def _apex_replay(config: Config) -> MPPrioritizedReplayBuffer:
     slack = config.samples_per_insert * config.actor_batch * config.actors * 2 + config.batch_size
     limiter = SampleToInsertRatio(config.samples_per_insert, config.learning_starts, slack)
     return MPPrioritizedReplayBuffer(
-        config.capacity, _replay_fields(config), alpha=config.alpha, seed=config.seed, rate_limiter=limiter
+        config.capacity,
+        _replay_fields(config),
+        alpha=config.alpha,
+        seed=config.seed,
+        rate_limiter=limiter,
+        **config.table_options(),
     )
 
 

@@ -83,6 +83,7 @@ def atari_replay(config: AtariConfig) -> MPPrioritizedReplayBuffer:
         next_of="obs",
         stack_compress="obs",
         lanes=config.actors * config.envs_per_actor,
+        **config.table_options(),
     )
 
 

@@ -15,8 +15,11 @@ from contextlib import ExitStack
 from dataclasses import asdict
 from typing import Any
 
+from ..attach import attach
 from ..buffers import MPReplayBuffer
+from ..errors import IncompatibleSegmentError
 from ..launcher import launch
+from ..memory import SharedMemoryError
 from ..params import ParameterStore
 from .processes import Agent, import_torch
 from .report import EPISODE_FIELDS, Episodes, Monitor, live_view, plot, print_summary, summary, watch
@@ -113,6 +116,12 @@ def _parse(argv: Sequence[str] | None) -> tuple[Agent, Config]:
         "--prefetch", type=int, default=d.prefetch, help="batches the learner samples ahead on a thread (0: in turn)"
     )
     p.add_argument("--plain", action="store_true", help="print one line per second instead of a rich table")
+    p.add_argument(
+        "--table",
+        metavar="NAME",
+        help="keep the replay in the persistent table NAME: joined if it exists (a run started again after a "
+        "crash goes on with its replay), made otherwise; mpreplay rm NAME removes it",
+    )
     chosen.arguments(p, d)
     settings.arguments(p, d)
     args = vars(p.parse_args(argv))
@@ -198,6 +207,23 @@ def _random_baseline(config: Config) -> dict[str, Any] | None:
     return {"games": games, "mean_return": round(mean, 3), "standard_error": round(error, 3)}
 
 
+def _replay(agent: Agent, config: Config) -> Any:
+    """The run's replay buffer: the agent's own, or with ``--table NAME`` the persistent table of
+    that name -- joined when it exists (with the settings it was made with), made otherwise."""
+    if config.table is None:
+        return agent.replay(config)
+    try:
+        replay = attach(config.table, timeout=0)
+    except IncompatibleSegmentError:
+        raise
+    except SharedMemoryError:  # none of that name yet
+        replay = agent.replay(config)
+        print(f"made the persistent table {config.table!r} (mpreplay rm {config.table} removes it)")
+        return replay
+    print(f"joined the table {config.table!r}, which holds {replay.get_stored_size():,} rows")
+    return replay
+
+
 def _run(agent: Agent, config: Config) -> tuple[dict[str, Any], Episodes]:
     """Create the shared buffers and the parameter store, run the processes, watch them."""
     import_torch().manual_seed(config.seed)  # the initial weights, published as version 0
@@ -207,7 +233,7 @@ def _run(agent: Agent, config: Config) -> tuple[dict[str, Any], Episodes]:
     multiprocessing.set_forkserver_preload(["torch", *config.preload, agent.module])
     reason, learner = "interrupted", None
     with ExitStack() as resources:
-        replay = resources.enter_context(agent.replay(config))
+        replay = resources.enter_context(_replay(agent, config))
         log = resources.enter_context(MPReplayBuffer(_EPISODE_LOG_SIZE, EPISODE_FIELDS))
         params = resources.enter_context(ParameterStore(agent.network(config).state_dict()))
         monitor = Monitor(replay, log, params, time.time(), agent.goal(config))

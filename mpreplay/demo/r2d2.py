@@ -149,6 +149,7 @@ def _replay(config: R2D2Config) -> MPPrioritizedSequenceReplayBuffer:
         eta=config.eta,
         seed=config.seed,
         rate_limiter=limiter,
+        **config.table_options(),
     )
 
 

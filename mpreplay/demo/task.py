@@ -70,12 +70,17 @@ class Config:
     hide_velocity: bool = False
     plain: bool = False
     prefetch: int = 0
+    table: str | None = None  # the replay's name: a persistent table a restarted run joins
 
     # What `--env` names this task; whether a run of it can be judged solved (else it ends at --seconds);
     # the modules the process server imports before it forks the processes.
     env: ClassVar[str] = "cartpole"
     solvable: ClassVar[bool] = True
     preload: ClassVar[tuple[str, ...]] = ("gymnasium",)
+
+    def table_options(self) -> dict[str, Any]:
+        """What makes the run's replay the persistent table ``--table`` names (nothing without one)."""
+        return {} if self.table is None else {"name": self.table, "persist": True}
 
     @property
     def obs_dim(self) -> int:
