@@ -16,7 +16,14 @@ import pytest
 from helpers import EACH_START_METHOD, ID_FIELD, OBS_OF_4, run_in_child, segment_exists
 
 import mpreplay
-from mpreplay import BufferClosed, MinSize, MPPrioritizedReplayBuffer, MPReplayBuffer, TableGone
+from mpreplay import (
+    BufferClosed,
+    MinSize,
+    MPPrioritizedReplayBuffer,
+    MPPrioritizedSequenceReplayBuffer,
+    MPReplayBuffer,
+    TableGone,
+)
 from mpreplay.inspect import arm_fault
 from mpreplay.monitor import remove_segments
 
@@ -102,6 +109,69 @@ def test_a_persistent_table_keeps_every_published_row_when_its_creator_dies_at_e
         table.add(**_rows([2000, 2001]), priorities=[50.0, 50.0])
         assert {2000, 2001} <= set(table.get_all_transitions()["id"].tolist())
         assert table.sample(16, timeout=10)["id"].shape == (16,)
+        table.verify()
+    finally:
+        table.close(unlink=True)
+
+
+STEP_FIELDS = {**OBS_OF_4, **ID_FIELD, "done": {}}
+
+
+def _steps(ids, done_last: bool) -> dict[str, np.ndarray]:
+    rows = _rows(ids)
+    rows["done"] = np.zeros(len(rows["id"]))
+    rows["done"][-1] = float(done_last)
+    return rows
+
+
+def _compressed_dies_completing(name: str) -> None:
+    """A child's target: a persistent compressed table holding one whole episode (ids 0-2) and a
+    step waiting for its next frame (10); dies storing the step that completes it."""
+    table = MPPrioritizedReplayBuffer(
+        CAPACITY, {**STEP_FIELDS, "next_obs": {"shape": (4,)}}, name=name, persist=True, next_of="obs", lanes=2
+    )
+    episode = _steps([0, 1, 2], True)
+    table.add(**episode, next_obs=episode["obs"] + 1)
+    table.add(**_steps([10], False), next_obs=_rows([11])["obs"])
+    arm_fault("complete")
+    table.add(**_steps([11], False), next_obs=_rows([12])["obs"])
+    os._exit(3)
+
+
+def _sequences_die_opening(name: str) -> None:
+    """A child's target: a persistent sequence table holding one whole sequence (ids 0-3); dies
+    storing the step that opens the next (ids 10-13)."""
+    table = MPPrioritizedSequenceReplayBuffer(CAPACITY, STEP_FIELDS, length=4, name=name, persist=True, lanes=2)
+    table.add(**_steps([0, 1, 2, 3], True))
+    table.add(**_steps([10, 11, 12], False))
+    arm_fault("open")
+    table.add(**_steps([13], False))
+    os._exit(3)
+
+
+@EACH_START_METHOD
+@pytest.mark.parametrize("layout", ["compressed", "sequences"])
+def test_a_persistent_table_keeps_its_rows_when_its_creator_dies_completing_or_opening_items(
+    method, layout, table_name
+):
+    target, published = {
+        "compressed": (_compressed_dies_completing, {0, 1, 2}),
+        "sequences": (_sequences_die_opening, {0, 1, 2, 3}),
+    }[layout]
+    assert run_in_child(method, target, table_name, timeout=60) == -signal.SIGKILL
+    table = mpreplay.attach(table_name, timeout=0)
+    try:
+        table.verify()
+        rows = table.get_all_transitions()
+        assert (rows["obs"] == rows["id"][:, None]).all()
+        assert published <= set(rows["id"].tolist()) <= published | {10, 11, 12, 13}
+        # It goes on: a new episode from this process, then draws.
+        table.add(
+            **_steps([20, 21, 22, 23], True),
+            **({"next_obs": _rows([21, 22, 23, 24])["obs"]} if layout == "compressed" else {}),
+        )
+        assert {20, 21, 22, 23} <= set(table.get_all_transitions()["id"].tolist())
+        assert len(table.sample(8, timeout=10)["id"]) == 8
         table.verify()
     finally:
         table.close(unlink=True)
