@@ -139,6 +139,15 @@ class TableConfig:
                     "map their arrays to files"
                 )
         folding = nstep_args(env_dict, default_dtype, nstep, cpprb_nstep)
+        # The fields as given (before folding or next_<key>), every dtype spelt out, and the
+        # default dtype's name: plain values a process given only the table's name builds from.
+        given = {
+            s.name: {"shape": list(s.shape), "dtype": s.dtype.str}
+            for s in parse_env_dict(env_dict, default_dtype).values()
+        }
+        default = _dtype_name(default_dtype)
+        if folding is not None:
+            folding = (given, default, _plain(folding[2]))  # the same folder in every process
         rows = env_dict if folding is None else NstepStage(folding, False).rows.output_env_dict()
         specs = with_next_fields(parse_env_dict(rows, default_dtype), next_of)
         compression = Compression.build(
@@ -158,15 +167,12 @@ class TableConfig:
                     f"length: a sequence of {sequence.length} steps does not fit in a lane of {width} steps "
                     f"(size {size}, lanes {compression.lanes})"
                 )
-        default = None if default_dtype is None else np.dtype(default_dtype).str
+        weights = checks.dtype("weights_dtype", weights_dtype, (np.float64, np.float32))
+        indexes = checks.dtype("indexes_dtype", indexes_dtype, (np.int64, np.uint64))
         arguments = _plain(
             {
                 "size": size,
-                # The fields as given (before folding or next_<key>), every dtype spelt out.
-                "env_dict": {
-                    s.name: {"shape": list(s.shape), "dtype": s.dtype.str}
-                    for s in parse_env_dict(env_dict, default_dtype).values()
-                },
+                "env_dict": given,
                 "selector": {"name": selector_spec.name, **dict(selector_spec.options)},
                 "remover": remover,
                 "max_times_sampled": max_times_sampled,
@@ -183,8 +189,8 @@ class TableConfig:
                     "eta": sequence.eta,
                 },
                 "default_dtype": default,
-                "weights_dtype": np.dtype(weights_dtype).str,
-                "indexes_dtype": np.dtype(indexes_dtype).str,
+                "weights_dtype": weights.str,
+                "indexes_dtype": indexes.str,
             }
         )
         return cls(
@@ -198,8 +204,8 @@ class TableConfig:
             nstep=folding,
             shared=shared,
             mmap_prefix=None if mmap_prefix is None else os.fspath(mmap_prefix),
-            float32_weights=checks.dtype("weights_dtype", weights_dtype, (np.float64, np.float32)) == np.float32,
-            uint64_indexes=checks.dtype("indexes_dtype", indexes_dtype, (np.int64, np.uint64)) == np.uint64,
+            float32_weights=weights == np.float32,
+            uint64_indexes=indexes == np.uint64,
             persist=persist,
             arguments=arguments,
         )
@@ -223,6 +229,15 @@ class TableConfig:
         """Whether the selector draws by the priorities given (``add(priorities=)``,
         ``update_priorities``, importance weights)."""
         return self.selector.entry.by_priority
+
+
+def _dtype_name(dtype: Any) -> str | None:
+    """``dtype`` as numpy writes it; None for None, and for what is no dtype (refused by the field
+    that takes it, where one does; a default no field takes is never used)."""
+    try:
+        return None if dtype is None else np.dtype(dtype).str
+    except TypeError:
+        return None
 
 
 def _plain(value: Any) -> Any:

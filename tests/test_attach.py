@@ -60,6 +60,44 @@ def test_a_handle_attached_by_name_is_of_the_tables_own_class_and_sees_its_rows(
         handle.close()
 
 
+# Tables of every part the constructor takes: attached by name, each gets the creator's configuration.
+KINDS = {
+    "n-step, float64 default": lambda name: mpreplay.MPReplayBuffer(
+        64,
+        {"obs": {"shape": (2,)}, "rew": {}, "next_obs": {"shape": (2,)}, "done": {}},
+        nstep={"size": 3, "gamma": np.float32(0.9)},
+        default_dtype=np.float64,
+        name=name,
+    ),
+    "compressed stacks in lanes": lambda name: mpreplay.MPPrioritizedReplayBuffer(
+        64,
+        {"obs": {"shape": (3, 3, 4), "dtype": np.uint8}, "next_obs": {"shape": (3, 3, 4), "dtype": np.uint8}},
+        next_of="obs",
+        stack_compress="obs",
+        lanes=2,
+        alpha=np.float64(0.5),
+        name=name,
+    ),
+    "sequences": lambda name: mpreplay.MPPrioritizedSequenceReplayBuffer(
+        64, {"obs": {}, "done": {}}, length=4, period=2, eta=0.8, lanes=2, name=name
+    ),
+    "queue, float32 weights": lambda name: Table(
+        16, {"obs": {}}, rate_limiter=mpreplay.Queue(16), shared=True, name=name, indexes_dtype=np.uint64
+    ),
+    "max heap, retired": lambda name: Table(
+        16, {"obs": {}}, selector="max_heap", max_times_sampled=2, shared=True, name=name, weights_dtype="float32"
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_kind_of_table_attaches_by_name_with_its_creators_configuration(kind, table_name):
+    with KINDS[kind](table_name) as table, mpreplay.attach(table_name, timeout=0) as handle:
+        assert type(handle) is type(table)
+        assert handle.config == table.config
+        assert handle.inspection().arrays.keys() == table.inspection().arrays.keys()
+
+
 def test_the_segment_of_a_named_table_is_mpreplay_and_its_name(table_name):
     with MPReplayBuffer(8, FIELDS, name=table_name) as table:
         assert table.name == f"mpreplay-{table_name}"
