@@ -38,7 +38,7 @@ def attach(name: str, *, readonly: bool = False, timeout: float | None = None) -
 
     ``readonly``: the handle samples, reads and inspects, and its ``add``,
     ``update_priorities``, ``clear``, ``on_episode_end`` (every call that writes) raise
-    :class:`~mpreplay.errors.ReadOnlyError`; it never claims a lane nor counts as a writer.
+    :class:`~mpreplay.ReadOnlyError`; it never claims a lane nor counts as a writer.
 
     The handle is released by ``close()``; ``close(unlink=True)`` removes a persistent table.
 

@@ -13,7 +13,7 @@ that is not persistent, whether its creator died (its process token), and if so 
 header's ``CLOSED`` word to why (and unlinks the segment of a creator that died, as its
 resource tracker would, later: once every process sharing the tracker has ended).  Every call
 of every handle reads that word when it takes the lock already, and raises
-:class:`~mpreplay.errors.TableGone` naming the cause.  The per-call
+:class:`~mpreplay.TableGone` naming the cause.  The per-call
 cost is a comparison with a clock reading the lock makes anyway; the watch's system calls
 (a few microseconds) run once a second per handle.  See docs/processes.md.
 """

@@ -421,7 +421,7 @@ def remove_segments(
     (without ``force``) a segment that is not persistent and whose owner is alive, keeps them
     all.  ``force`` removes live owners' segments too: their owner loses the buffer's name
     (attached processes keep their mapping, new ones cannot attach).  The handles of a removed
-    table raise :class:`~mpreplay.errors.TableGone` from their next call on (within a second).
+    table raise :class:`~mpreplay.TableGone` from their next call on (within a second).
     """
     segments = {s.name: s for s in list_segments(shm_dir)}
     if dead:

@@ -151,7 +151,7 @@ class Table(TableCalls):
         A shared table that outlives this process, however it ends (SIGKILL included): it
         stays until ``mpreplay rm`` or ``close(unlink=True)`` by any handle.  Otherwise it ends
         with its creator, and every surviving handle's next call raises
-        :class:`~mpreplay.errors.TableGone`.
+        :class:`~mpreplay.TableGone`.
     nstep : mapping, optional
         Fold rewards over n steps before storing: ``{"size": n, "gamma": 0.99, "rew": "rew",
         "next": "next_obs", "done": "done", "truncated": None}``; rows then carry ``discount``.
@@ -284,7 +284,7 @@ class Table(TableCalls):
         self, config: TableConfig, memory: Memory, create: bool, rng: np.random.Generator, readonly: bool = False
     ) -> None:
         """Build the parts over ``memory``; ``create`` initialises it; ``readonly``: a handle
-        whose writing calls refuse (:class:`~mpreplay.errors.ReadOnlyError`)."""
+        whose writing calls refuse (:class:`~mpreplay.ReadOnlyError`)."""
         self._config, self._memory, self._readonly = config, memory, readonly
         arrays = memory.arrays
         c, size = config.compression, config.size
@@ -446,7 +446,7 @@ class Table(TableCalls):
         segment, and callers blocked in other processes wake up with :class:`BufferClosed`.
         A persistent table stays for every process until a handle closes with ``unlink=True``
         (or ``mpreplay rm``): then the other handles' calls raise
-        :class:`~mpreplay.errors.TableGone`.  ``unlink`` is refused (ValueError) where it
+        :class:`~mpreplay.TableGone`.  ``unlink`` is refused (ValueError) where it
         cannot be done: ``True`` on another process's table that is not persistent,
         ``False`` on the creator's (it ends with its creator), either on a local table.
         """

@@ -212,7 +212,7 @@ class TableConfig:
 
     @classmethod
     def from_arguments(cls, arguments: Mapping[str, Any], *, persist: bool) -> TableConfig:
-        """The shared table's configuration that :attr:`arguments` (read from its manifest) describe."""
+        """The shared table's configuration that ``arguments`` (read from its manifest) describe."""
         args = dict(arguments)
         selector = args.pop("selector")
         sequence = args.pop("sequence")
