@@ -119,6 +119,9 @@ def test_top_once_shows_rates_fill_limiter_writers_and_priorities(owned, capsys)
     assert re.search(rf"writer\s+pid {writer.pid}: [1-9][\d,]* inserts/s", out)
     assert re.search(rf"writer\s+pid {owner.pid}: 0 inserts/s \(100 in all\)", out)
     assert re.search(r"priorities\s+min 0\.5\s+median [\d.]+\s+max 2\n", out)
+    assert re.search(r"lifetime\s+ends with its creator\n", out)
+    # The owner and the writer, both writing (top leaves itself out).
+    assert re.search(r"attached\s+2 processes: 2 writing, 0 reading only", out)
 
 
 def test_top_without_a_name_watches_the_newest_live_buffer(capsys):
