@@ -20,14 +20,17 @@ cost is a comparison with a clock reading the lock makes anyway; the watch's sys
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ._ext.lock import SharedLock
 from ._ext.processes import token_alive
 from ._ext.schema import CLOSED, ENDED_CREATOR, ENDED_REMOVED
+from .errors import read_only
 from .memory import SharedMemory, unlink_segment
 
-__all__ = ["WATCH_EVERY", "Watch", "watch"]
+__all__ = ["WATCH_EVERY", "Watch", "check_unlink", "watch"]
 
 # Seconds between two looks of one handle (as its calls come): how long a handle may go on
 # after its table ended, at most, before its calls raise TableGone.
@@ -60,3 +63,16 @@ class Watch:
 def watch(lock: SharedLock, memory: SharedMemory, header: np.ndarray, creator: int | None) -> None:
     """Have ``lock`` watch the table in ``memory`` (see :class:`Watch`)."""
     lock.watch(Watch(memory, header, creator), WATCH_EVERY)
+
+
+def check_unlink(memory: Any, unlink: bool, persist: bool, readonly: bool) -> None:
+    """Refuse ``close(unlink=unlink)`` of a handle over ``memory`` where it cannot be done:
+    ValueError naming ``unlink``, :class:`~mpreplay.ReadOnlyError` for a read-only handle."""
+    if not isinstance(memory, SharedMemory):
+        raise ValueError("unlink: a local table has no segment to keep or unlink")
+    if unlink and readonly:
+        raise read_only("close(unlink=True)")
+    if unlink and not (memory.is_owner or persist):
+        raise ValueError("unlink: a table that is not persistent is unlinked by its creator, when it closes or ends")
+    if not unlink and memory.is_owner:
+        raise ValueError("unlink: a table that is not persistent ends with its creator (build it persist=True)")

@@ -451,13 +451,13 @@ class Table(TableCalls):
         ``False`` on the creator's (it ends with its creator), either on a local table.
         """
         if unlink is not None:
-            self._check_unlink(checks.flag("unlink", unlink))
+            lifetime.check_unlink(self._memory, checks.flag("unlink", unlink), self._config.persist, self._readonly)
         if self._is_open():
             self._path.store.release_lane()
             if self._memory.is_owner:
                 self._handle.close()
             elif unlink:
-                assert isinstance(self._memory, SharedMemory)  # _check_unlink refused a local table's
+                assert isinstance(self._memory, SharedMemory)  # check_unlink refused a local table's
                 self._gate.close(ENDED_REMOVED)
                 unlink_segment(self._memory.name)
         _FORK_SENSITIVE.discard(self)
@@ -465,19 +465,6 @@ class Table(TableCalls):
         for name in _PARTS:
             self.__dict__[name] = _CLOSED
         self._memory.close()
-
-    def _check_unlink(self, unlink: bool) -> None:
-        memory = self._memory
-        if not isinstance(memory, SharedMemory):
-            raise ValueError("unlink: a local table has no segment to keep or unlink")
-        if unlink and self._readonly:
-            raise read_only("close(unlink=True)")
-        if unlink and not (memory.is_owner or self._config.persist):
-            raise ValueError(
-                "unlink: a table that is not persistent is unlinked by its creator, when it closes or ends"
-            )
-        if not unlink and memory.is_owner:
-            raise ValueError("unlink: a table that is not persistent ends with its creator (build it persist=True)")
 
     def _is_open(self) -> bool:
         return isinstance(self.__dict__.get("_handle"), TableHandle)
