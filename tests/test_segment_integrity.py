@@ -155,7 +155,7 @@ def test_the_ls_command_prints_an_unreadable_segment_and_why_and_exits_0(segment
     monkeypatch.setattr(monitor, "summary", functools.partial(summary, shm_dir=folder))
     assert main(["ls"]) == 0
     table, reason = capsys.readouterr().out.splitlines()[1:]
-    assert re.fullmatch(rf"{name}\s+{os.getpid()} \(alive\)\s+[\d.]+ MiB\s+unreadable\s+–\s+–\s+–", table)
+    assert re.fullmatch(rf"{name}\s+{os.getpid()} \(alive\)\s+–\s+[\d.]+ MiB\s+unreadable\s+–\s+–\s+–\s+–", table)
     assert reason == (
         f"{name}: unreadable: manifest entry 'owner': expected a process token (a pid and a start time), got {2**70}"
     )
