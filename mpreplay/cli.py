@@ -252,9 +252,8 @@ def _verify(name: str, timeout: float) -> int:
 
 
 def _attach(name: str) -> int:
-    from ._ext.processes import describe_process, token_alive, token_pid
     from .memory import segment_name
-    from .monitor import BufferView, lifetime
+    from .monitor import BufferView, creator, lifetime
 
     try:
         with BufferView(segment_name(name)) as view:
@@ -262,12 +261,11 @@ def _attach(name: str) -> int:
     except (OSError, ValueError) as exc:
         print(f"mpreplay attach: {exc}", file=sys.stderr)
         return 1
-    owner = describe_process(token_pid(doc["owner"])) + ("" if token_alive(doc["owner"]) else ": gone")
     _print_columns(
         None,
         [
             ["table", f"{view.name}  {doc['class']}, mpreplay {doc['mpreplay_version']}"],
-            ["creator", owner],
+            ["creator", creator(doc)],
             ["lifetime", lifetime(doc)],
             *[[key, json.dumps(value)] for key, value in doc["build"].items()],
         ],

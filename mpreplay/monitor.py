@@ -205,6 +205,11 @@ def summary(segment: Segment, shm_dir: str = SHM_DIR) -> dict[str, Any] | None:
     return row
 
 
+def creator(document: dict[str, Any]) -> str:
+    """The process that made the table of manifest ``document``, with its state or ``: gone``."""
+    return describe_process(token_pid(document["owner"])) + ("" if token_alive(document["owner"]) else ": gone")
+
+
 def lifetime(document: dict[str, Any]) -> str:
     """How long the table of manifest ``document`` lives, in words."""
     if document["persist"]:
@@ -320,15 +325,9 @@ def frame(view: BufferView, before: Reading, after: Reading) -> list[tuple[str, 
 
     inserts, samples = rate(INSERTS), rate(SAMPLES)
     doc = view.document
-    owner = token_pid(doc["owner"])
     rows = [
         ("buffer", f"{view.name}  {doc['class']}, capacity {view.capacity:,}"),
-        (
-            "owner",
-            f"{describe_process(owner)}"
-            + ("" if token_alive(doc["owner"]) else ": gone")
-            + ("; closed" if view.closed else ""),
-        ),
+        ("owner", creator(doc) + ("; closed" if view.closed else "")),
         ("lifetime", lifetime(doc)),
         ("attached", _attached(view.name, after)),
         ("fill", f"{int(h1[STORED]):,} / {view.capacity:,} ({int(h1[STORED]) / view.capacity:.1%})"),

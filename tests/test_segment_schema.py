@@ -43,7 +43,7 @@ ALLOWED: dict[tuple[str, str], tuple[set[str], str]] = {
     ("table_config.py", "lanes"): ({"dict key"}, "the `lanes=` argument a manifest keeps"),
     ("consistency.py", "lanes"): ({"dict key"}, "an entry of verify()'s report: how many lanes the buffer has"),
     ("manifest.py", "owner"): ({"dict key", "document[]"}, "the manifest's entry for its creator's process token"),
-    ("monitor.py", "owner"): ({"document[]", "doc[]", "tuple"}, "the manifest's entry for its creator's token"),
+    ("monitor.py", "owner"): ({"document[]", "tuple"}, "the manifest's entry for its creator's token"),
 }
 
 
