@@ -76,7 +76,7 @@ cdef class Slots:
     cdef void fix_run(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k) noexcept nogil
     cdef Py_ssize_t run_at_cursor(self, Py_ssize_t k, Py_ssize_t lane, Py_ssize_t skip, int64_t* busy) except -3
     cdef bint find_free(self, Py_ssize_t k, Py_ssize_t lane, int64_t* free) except -1
-    cdef bint holds_items(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil
+    cdef Py_ssize_t free_run(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil
     cdef Py_ssize_t claim_lane(self) except -2
     cdef void release_lane(self, Py_ssize_t lane) noexcept nogil
     cdef void restart_lanes(self) noexcept nogil

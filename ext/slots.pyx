@@ -106,7 +106,8 @@ cdef class Slots:
         finished as far as the slots go: every slot of its run retires and the lane's cursor
         moves where the reservation would have left it -- otherwise rows it had not
         reached yet would sit behind the cursor, newest in the ring's order though oldest in
-        fact.  Rows whose generation is odd were being written: they become unsampleable.
+        fact.  Rows whose generation is odd were being written: they become unsampleable, and so
+        do the rows that read a frame of theirs.
         Then every item that may not be drawn is cleared from the selector, which rebuilds
         what it derives, and the stored count -- which the rate limiter reads -- is
         recounted.  The cumulative counters (inserts, samples, reservations) change by single
@@ -129,6 +130,15 @@ cdef class Slots:
                     self.state[s] = EMPTY
                 if self.max_times and self.times_sampled[s] >= self.max_times:
                     self.state[s] = EMPTY
+            if self.frames is not None:
+                # A write completes the rows its frames end before it publishes those frames (in
+                # one critical section): a holder killed between the two leaves them reading a
+                # frame never published.
+                for lane in range(self.nlanes()):
+                    for s in range(self.lanes[lane, LANE_START], self.lanes[lane, LANE_END]):
+                        if being_written(self.gen[s]):
+                            self.retire_readers(lane, s)
+            for s in range(self.size):
                 if self.state[s] == COMPLETE:
                     stored += 1
                 if self.state[s] != COMPLETE or (self.sequences is not None and self.sequences.steps(s) == 0):
@@ -218,22 +228,23 @@ cdef class Slots:
                     return True
         return False
 
-    cdef bint holds_items(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
-        # Lock held: whether one of the next k slots of the lane holds an item -- a complete row --
-        # or a frame one reads.  A WAITING row there is no item: its episode was given up (a
-        # writer that died or started over), its next frame never to come.
+    cdef Py_ssize_t free_run(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
+        # Lock held: how many of the next k slots of the lane, from its cursor on, come before the
+        # first that holds an item -- a complete row -- or a frame one reads (k: none does).  A
+        # WAITING row there is no item: its episode was given up (a writer that died or started
+        # over), its next frame never to come.
         cdef Py_ssize_t cursor = self.lanes[lane, LANE_CURSOR], j, i, s, r
         for j in range(k):
             s = self.slot(lane, cursor, j)
             if self.state[s] == COMPLETE:
-                return True
+                return j
             if self.frames is None:
                 continue
             for i in range(-self.frames.max_next - self.frames.max_stack, self.frames.max_stack):
                 r = self.slot(lane, s, i)
                 if r != s and self.state[r] == COMPLETE and self.frames.reads(r, s):
-                    return True
-        return False
+                    return j
+        return k
 
     cdef Py_ssize_t claim_lane(self) except -2:
         # Lock held: take a lane for a writer of this process, a free one or one whose writer

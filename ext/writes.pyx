@@ -77,10 +77,12 @@ cdef Py_ssize_t publish_locked(TableParts t, double deadline, Py_ssize_t lane, P
         raise
     try:
         t.slots.note_writer()
-        if k:
-            lost = t.slots.publish(lane, start, k, reserved, priorities, states, slots)
+        # Earlier calls' rows first: they were added before this call's, and an ordered selector
+        # (fifo, lifo, a heap's ties) orders its items by when they enter it.
         if nc:
             t.slots.complete(complete, complete_generations, complete_priorities, nc)
+        if k:
+            lost = t.slots.publish(lane, start, k, reserved, priorities, states, slots)
         if ns:
             t.slots.open_sequences(open_slots, open_generations, open_steps, open_priorities, ns)
         wake = t.gate.progress()
