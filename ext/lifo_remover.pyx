@@ -21,7 +21,7 @@ cdef class LifoRemover(Remover):
         cdef Slots s = <Slots>slots
         if skip:
             return s.run_at_cursor(k, lane, skip, busy)
-        return s.run_at_cursor(k, lane, s.free_run(k, lane) - k, busy)
+        return s.run_at_cursor(k, lane, s.free_run(k, lane, 0) - k, busy)
 
     cdef Py_ssize_t cursor_after(self, object slots, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k) noexcept:
         return (<Slots>slots).slot(lane, start, k)

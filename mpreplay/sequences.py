@@ -20,7 +20,7 @@ import numpy as np
 
 from . import checks
 from ._ext.schema import EPISODE_START_ARRAY, EPISODE_STEP_ARRAY
-from .compression import FrameStore
+from .frame_store import FrameStore
 
 __all__ = ["SequenceCutter", "SequenceSpec", "SequenceStore", "sequence_priority"]
 
@@ -182,7 +182,7 @@ class SequenceStore:
     """The writing side of a sequence buffer, private to one writer (a buffer object
     or one of its episode writers).
 
-    Steps go through the writer's :class:`~mpreplay.compression.FrameStore`, which
+    Steps go through the writer's :class:`~mpreplay.frame_store.FrameStore`, which
     keeps them consecutive in a lane of their own (and compresses frames); each
     step's index in its episode is stored with it.  Once a sequence's last step is
     stored -- complete: with ``next_of``, its next observation too -- the sequence is

@@ -57,8 +57,8 @@ from ._ext.selector import Selector
 from ._ext.sequences import Sequences
 from ._ext.slots import Slots
 from ._ext.table_handle import TableHandle
-from .compression import FrameStore
 from .errors import BufferClosed
+from .frame_store import FrameStore
 from .inspect import Inspection
 from .limiter import RateLimiter
 from .memory import FileMemory, HeapMemory, Layout, SharedMemory

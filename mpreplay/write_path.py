@@ -7,7 +7,7 @@
     load_transitions (rows already folded) ────────────────────────────────────────────────────► store (end)
 
 The store is one of three parts with one interface (:class:`Store`): :class:`RowStore`
-(fields side by side, one lane), :class:`~mpreplay.compression.FrameStore` (``next_of``,
+(fields side by side, one lane), :class:`~mpreplay.frame_store.FrameStore` (``next_of``,
 ``stack_compress``: frames once, in a lane per writer) or
 :class:`~mpreplay.sequences.SequenceStore` (a frame writer that also opens the sequences
 the steps complete).  The buffer names its parts; this module puts them in a line.

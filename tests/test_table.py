@@ -92,7 +92,7 @@ def test_a_remover_that_replaces_an_episodes_frames_is_refused_with_compression(
 
 
 def test_a_remover_that_keeps_unread_items_is_refused_when_no_sample_retires_them():
-    with pytest.raises(ValueError, match="remover: 'keep_unread' .* max_times_sampled="):
+    with pytest.raises(ValueError, match=r"remover: 'keep_unread' .* max_times_sampled="):
         Table(SIZE, FIELDS, remover="keep_unread")
     Table(SIZE, FIELDS, remover="keep_unread", max_times_sampled=2).close()
 
