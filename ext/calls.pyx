@@ -86,8 +86,9 @@ cdef class TableCalls:
         """Draw ``batch_size`` items by the table's selector, with their ``indexes``.
 
         A table that draws by priority draws them stratified and adds importance ``weights``
-        = (N·P(i))^-β / max_j (N·P(j))^-β, ``beta`` in [0, 1] (0.4 unless given); any other takes no
-        ``beta``.  With a rate limiter, waits at most ``timeout`` seconds (None: no limit)
+        = (N·P(i))^-β / max_j (N·P(j))^-β, ``beta`` in [0, 1] (0.4 unless given), j over every
+        stored item, drawn or not (the least likely one's weight is 1; a batch's largest may be less);
+        any other takes no ``beta``.  With a rate limiter, waits at most ``timeout`` seconds (None: no limit)
         for it to allow the sample, then raises TimeoutError.  ``out`` may hold arrays to fill
         instead of fresh ones (e.g. the previous batch): for large observations that spares
         the page faults of new memory.

@@ -11,7 +11,7 @@ from .buffers import (
     ReplayBuffer,
     SequenceReplayBuffer,
 )
-from .errors import BufferClosed, CorruptBufferError, IncompatibleSegmentError
+from .errors import BufferClosed, CorruptBufferError, IncompatibleSegmentError, RowsDroppedWarning
 from .launcher import ChildFailed, Context, RunResult, StopFlag, launch
 from .limiter import ExactlyOnce, MinSize, Queue, RateLimiter, SampleToInsertRatio, Stack
 from .memory import SharedMemoryError
@@ -44,6 +44,7 @@ __all__ = [
     "CorruptBufferError",
     "SharedMemoryError",
     "IncompatibleSegmentError",
+    "RowsDroppedWarning",
     "RateLimiter",
     "MinSize",
     "SampleToInsertRatio",

@@ -28,6 +28,7 @@ from . import checks
 from ._ext.gate import deadline
 from ._ext.selector import Selector
 from ._ext.table_handle import TableHandle
+from .errors import warn_rows_dropped
 from .nstep_stage import NstepStage
 from .saved_episodes import EpisodeStore, SavedEpisode, load_episodes
 from .spec import FieldSpec, convert_batch
@@ -85,6 +86,7 @@ class RowStore:
         if k > size:
             # Only the newest `size` rows would survive: skip the others, in the
             # same reservation (of every slot) that takes the newest.
+            warn_rows_dropped(k, size)
             skip = k - size
             rows = {n: r[skip:] for n, r in rows.items()}
             priorities = None if priorities is None else priorities[skip:]

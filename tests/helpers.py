@@ -215,10 +215,12 @@ def assert_numbered(rows: dict[str, np.ndarray], numbers: Any) -> None:
 
 
 def numbered_buffer(cls: type, size: int, numbers: Any, **options: Any) -> Any:
-    """A ``cls`` buffer of capacity ``size`` that was given the transitions ``numbers``, in order."""
+    """A ``cls`` buffer of capacity ``size`` that was given the transitions ``numbers``, in order
+    (in batches of at most ``size``: a larger one would warn of the rows it drops)."""
     buffer = cls(size, NUMBERED_FIELDS, **options)
-    if len(numbers):
-        buffer.add(**numbered_transitions(numbers))
+    numbers = list(numbers)
+    for start in range(0, len(numbers), size):
+        buffer.add(**numbered_transitions(numbers[start : start + size]))
     return buffer
 
 
