@@ -30,7 +30,22 @@ class CorruptBufferError(RuntimeError):
 class RowsDroppedWarning(UserWarning):
     """One write (an ``add`` of a batch, a ``load_transitions``) brought more rows than the table
     holds: it kept the newest, as the same rows added one by one would have left it, and dropped
-    the others.  The message says how many."""
+    the others.  The message says how many.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> import numpy as np
+    >>> from mpreplay import ReplayBuffer, RowsDroppedWarning
+    >>> rb = ReplayBuffer(4, {"x": {}})
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always", RowsDroppedWarning)
+    ...     _ = rb.add(x=np.arange(6.0))
+    >>> print(caught[0].message)
+    6 rows written at once into a table of 4 slots: it keeps the newest 4, the 2 oldest were dropped
+    >>> rb.get_all_transitions()["x"].tolist()
+    [2.0, 3.0, 4.0, 5.0]
+    """
 
 
 def warn_rows_dropped(given: int, kept: int) -> None:
