@@ -20,9 +20,37 @@ from pathlib import Path
 import pytest
 from helpers import REPO_ROOT
 
-# The modules whose __all__ the reference documents in full (docs/api/index.md lists them).
-MODULES = ["mpreplay", "mpreplay.vector_env", "mpreplay.returns", "mpreplay.sharded", "mpreplay.compat.cpprb"]
 BUILD_TIMEOUT_S = 600
+
+
+def stability_modules(kind: str) -> list[str]:
+    """The modules docs/stability.md lists under its heading "<kind> modules"."""
+    text = (REPO_ROOT / "docs" / "stability.md").read_text(encoding="utf-8")
+    section = re.search(rf"^### {kind} modules\n(.*?)(?=^#|\Z)", text, flags=re.DOTALL | re.MULTILINE)
+    assert section, f"docs/stability.md has no '### {kind} modules' heading"
+    return re.findall(r"^- `(mpreplay[\w.]*)`", section.group(1), flags=re.MULTILINE)
+
+
+def reference_modules(page: str) -> list[str]:
+    """The modules a page of docs/api/ documents: its autosummary's entries."""
+    text = (REPO_ROOT / "docs" / "api" / page).read_text(encoding="utf-8")
+    return re.findall(r"^   (mpreplay[\w.]*)$", text, flags=re.MULTILINE)
+
+
+# The modules whose __all__ the reference documents in full: those docs/stability.md promises.
+MODULES = stability_modules("Public")
+
+
+def test_the_reference_documents_exactly_the_modules_stability_promises():
+    assert MODULES, "docs/stability.md lists no public module"
+    assert sorted(reference_modules("index.md")) == sorted(MODULES)
+
+
+def test_the_internal_reference_documents_exactly_the_modules_stability_calls_internal():
+    internal = stability_modules("Internal")
+    assert internal, "docs/stability.md lists no internal module"
+    assert sorted(reference_modules("internal.md")) == sorted(internal)
+    assert not set(internal) & set(MODULES), "a module both public and internal"
 
 
 @pytest.fixture(scope="module")
