@@ -132,3 +132,30 @@ def test_readme_links_lead_to_files_and_headings_that_exist():
             assert anchor in github_anchors(page.read_text(encoding="utf-8")), (
                 f"README links to {target}: no such heading"
             )
+
+
+def markdown_section(text: str, heading: str) -> str:
+    """The body of the section ``heading`` (a whole heading line) of a Markdown page, to the next
+    heading of the same or a higher level."""
+    level = len(heading) - len(heading.lstrip("#"))
+    start = text.index(heading + "\n") + len(heading) + 1
+    end = re.search(rf"^#{{1,{level}}} ", text[start:], flags=re.MULTILINE)
+    return text[start : start + end.start()] if end else text[start:]
+
+
+def figures(text: str) -> set[str]:
+    """The numbers a text quotes (``9.1``, ``16,433``, ``84``), links' targets left out."""
+    return set(re.findall(r"\d+(?:[.,]\d+)*", re.sub(r"\]\([^)]*\)", "]", text)))
+
+
+# The README's sections that quote measured figures.
+README_FIGURE_SECTIONS = ["## When to pick mpreplay", "## Benchmarks"]
+
+
+@pytest.mark.parametrize("heading", README_FIGURE_SECTIONS)
+def test_every_figure_the_readme_quotes_is_in_the_benchmarks_at_a_glance(heading):
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    glance = markdown_section((REPO_ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8"), "## At a glance")
+    quoted = figures(markdown_section(readme, heading))
+    assert quoted, f"README's {heading!r} quotes no figure: the section moved?"
+    assert sorted(quoted - figures(glance)) == [], f"README's {heading!r} quotes figures docs/benchmarks.md does not"
