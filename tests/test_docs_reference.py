@@ -18,17 +18,9 @@ import zlib
 from pathlib import Path
 
 import pytest
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, stability_modules
 
 BUILD_TIMEOUT_S = 600
-
-
-def stability_modules(kind: str) -> list[str]:
-    """The modules docs/stability.md lists under its heading "<kind> modules"."""
-    text = (REPO_ROOT / "docs" / "stability.md").read_text(encoding="utf-8")
-    section = re.search(rf"^### {kind} modules\n(.*?)(?=^#|\Z)", text, flags=re.DOTALL | re.MULTILINE)
-    assert section, f"docs/stability.md has no '### {kind} modules' heading"
-    return re.findall(r"^- `(mpreplay[\w.]*)`", section.group(1), flags=re.MULTILINE)
 
 
 def reference_modules(page: str) -> list[str]:
