@@ -26,7 +26,7 @@ from typing import Generic, TypeVar
 
 from .spec import Batch, TensorBatch
 
-__all__ = ["Prefetcher", "as_tensors"]
+__all__ = ["Prefetcher", "as_drawn", "as_tensors"]
 
 _B = TypeVar("_B")  # what a Prefetcher yields: a Batch, or a TensorBatch of tensors over its arrays
 
@@ -168,6 +168,11 @@ class Prefetcher(Iterator[_B], Generic[_B]):
 
     def __del__(self) -> None:
         self.close()
+
+
+def as_drawn(batch: Batch) -> Batch:
+    """The ``convert`` of a :class:`Prefetcher` of arrays: each batch as drawn."""
+    return batch
 
 
 def as_tensors() -> Callable[[Batch], TensorBatch]:

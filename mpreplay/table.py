@@ -63,7 +63,7 @@ from .inspect import Inspection
 from .limiter import RateLimiter
 from .memory import FileMemory, HeapMemory, Layout, SharedMemory
 from .nstep_stage import NstepStage
-from .prefetch import Prefetcher, as_tensors
+from .prefetch import Prefetcher, as_drawn, as_tensors
 from .saved_episodes import EpisodeStore
 from .selectors import SelectorSpec
 from .sequences import SequenceSpec, SequenceStore
@@ -551,7 +551,7 @@ class Table(TableCalls):
 
         if checks.flag("as_torch", as_torch):
             return Prefetcher(draw, prefetch, timeout, as_tensors())
-        return Prefetcher(draw, prefetch, timeout, _as_drawn)
+        return Prefetcher(draw, prefetch, timeout, as_drawn)
 
     def get_all_transitions(self, *, indexes: bool = False) -> Batch:
         """Copies of every stored transition (a sequence table's: step, with ``episode_step``),
@@ -755,11 +755,6 @@ class Table(TableCalls):
             selector_name=config.selector.name,
             lock=self._lock,
         )
-
-
-def _as_drawn(batch: Batch) -> Batch:
-    """The ``convert`` of a :class:`~mpreplay.prefetch.Prefetcher` of arrays: the batch as drawn."""
-    return batch
 
 
 def _attach(cls: type[_Table], config: TableConfig, name: str) -> _Table:

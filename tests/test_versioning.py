@@ -136,11 +136,12 @@ def test_setup_cfg_reads_the_version_from_the_one_module_that_defines_it():
 def test_the_version_string_is_written_in_mpreplay_version_py_only():
     # An assignment of the version string: `__version__ = "0.3.0"`, `version="0.3.0"`, `version = 0.3.0`.
     literal = re.compile(rf"version\w*\s*=\s*['\"]?{re.escape(mpreplay.__version__)}\b", re.IGNORECASE)
+    sources = [*REPO_ROOT.glob("*"), *(REPO_ROOT / "tools").glob("*"), *(REPO_ROOT / "docs").glob("*")]
+    sources += (REPO_ROOT / "mpreplay").rglob("*")
     written = [
         str(path.relative_to(REPO_ROOT))
-        for pattern in ("*.py", "*.pyx", "*.pyi", "*.cfg", "*.toml")
-        for path in [*REPO_ROOT.glob(pattern), *(REPO_ROOT / "mpreplay").rglob(pattern)]
-        if literal.search(path.read_text(encoding="utf-8"))
+        for path in sources
+        if path.suffix in (".py", ".pyx", ".pyi", ".cfg", ".toml") and literal.search(path.read_text(encoding="utf-8"))
     ]
     assert sorted(set(written)) == ["mpreplay/_version.py"]
 
