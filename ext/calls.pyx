@@ -49,7 +49,9 @@ cdef class TableCalls:
         return self._kernel
 
     def add(self, *, priorities: Any = None, timeout: float | None = None, **fields: Any) -> int:
-        """Store one transition, or a batch with a leading dimension; returns the slot of the first.
+        """Store one transition, or a batch with a leading dimension; returns the slot of the first
+        row stored, or -1 when the call stored none (an n-step table holds a step back until the
+        ``n`` steps its row folds are known).
 
         The batch is checked as a whole first: on any error nothing is stored.  ``priorities``
         (a table that draws by priority: one per transition, or one float for all) defaults to

@@ -20,14 +20,16 @@ from .params import ParameterStore, ParameterStoreTimeout
 from .returns import NStepReturns, discounted_cumsum_left, discounted_cumsum_right, gae, n_step_returns
 from .selectors import SelectorSpec
 from .sequences import SequenceSpec, sequence_priority
-from .spec import Array, Batch, EnvDict
+from .spec import Array, Batch, EnvDict, FieldOptions, TensorBatch
 from .table import Table
 
 __all__ = [
     "__version__",
     "Table",
     "EnvDict",
+    "FieldOptions",
     "Batch",
+    "TensorBatch",
     "Array",
     "ReplayBuffer",
     "PrioritizedReplayBuffer",

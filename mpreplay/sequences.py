@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import checks
 from ._ext.schema import EPISODE_START_ARRAY, EPISODE_STEP_ARRAY
@@ -133,7 +134,7 @@ class SequenceCutter:
         return np.array([start], dtype=np.int64), np.array([stored - start], dtype=np.int64)
 
 
-def sequence_priority(td_errors: Any, mask: Any = None, *, eta: float = 0.9) -> np.ndarray:
+def sequence_priority(td_errors: ArrayLike, mask: ArrayLike | None = None, *, eta: float = 0.9) -> np.ndarray:
     """R2D2's priority of each sequence: ``eta * max|td| + (1 - eta) * mean|td|`` over its real steps.
 
     ``td_errors`` is ``(B, length)`` (an array, a tensor or nested lists);

@@ -145,15 +145,15 @@ class WritePath:
         self._selector = selector
         self._episodes = episodes
 
-    def add(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int | None:
+    def add(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int:
         """What ``add`` stores: the rows ``fields``' steps complete, with ``priorities``
         (None: the largest stored; one float for all, or one per step).  Returns the slot
-        of the first row stored, or None when the steps completed none."""
+        of the first row stored, or -1 when the steps completed none."""
         if self.nstep is not None:
             rows, folded, commit = self.nstep.preview_add(fields, priorities, self._handle.check_priorities)
             slot = self._store_converted(rows, folded, timeout, False)
             commit()
-            return slot
+            return -1 if slot is None else slot
         if priorities is None or type(priorities) is float:
             # One transition of Python scalars and exact arrays: the kernel's fast path.
             if priorities is None:
@@ -170,7 +170,8 @@ class WritePath:
             # Checked before anything is written (TableHandle.update checks its own input).
             priorities = checks.priorities("priorities", priorities, k, max_priority=None)
             self._handle.check_priorities(priorities)
-        return self.store.write(k, rows, priorities, timeout)
+        slot = self.store.write(k, rows, priorities, timeout)
+        return -1 if slot is None else slot
 
     def end_episode(self, timeout: float | None) -> None:
         """What ``on_episode_end`` stores: the rows of the pending steps (n-step), the last
