@@ -60,6 +60,7 @@ autodoc_type_aliases = {
     "EnvDict": "mpreplay.EnvDict",
     "Batch": "mpreplay.Batch",
     "Array": "mpreplay.Array",
+    "TensorBatch": "mpreplay.TensorBatch",
 }
 
 # The docstrings' "Parameters" / "Attributes" sections are numpydoc's; their types are
@@ -105,6 +106,8 @@ nitpick_ignore += [
 ]
 # The type of a Table's own handles (an episode writer, a context manager's value): the class itself.
 nitpick_ignore += [("py:class", "mpreplay.table._Table")]
+# What a Prefetcher yields: a Batch or a TensorBatch, a type variable of the generic class.
+nitpick_ignore += [("py:class", "mpreplay.prefetch._B")]
 
 html_theme = "furo"
 html_title = f"mpreplay {release}"
@@ -138,11 +141,28 @@ def _type_alias_docstrings(app, what, name, obj, options, lines):
     """A type alias (``mpreplay.Batch``) shows its own comment, not the docstring of the class it
     names (``dict``'s); autodoc adds "alias of ..." after it."""
     alias = name.rpartition(".")[2]
-    if isinstance(obj, types.GenericAlias) and alias in _ALIAS_DOCS:
+    # A generic (Batch), a union (EnvDict) or, for a type of an optional library, a string (TensorBatch).
+    if isinstance(obj, (types.GenericAlias, types.UnionType, str)) and alias in _ALIAS_DOCS:
         lines[:] = _ALIAS_DOCS[alias]
 
 
+def _aliases_as_arguments(app, what, name, obj, options, signature, return_annotation):
+    """An alias given as a type argument (``Prefetcher[Batch]``) by its name: Sphinx writes it
+    as ``TypeAliasForwardRef('mpreplay.Batch')`` there, which is not a name it can link."""
+
+    def named(text):
+        return text and re.sub(r"TypeAliasForwardRef\('([\w.]+)'\)", r"\1", text)
+
+    return named(signature), named(return_annotation)
+
+
+def _signature(app, what, name, obj, options, signature, return_annotation):
+    """Both rewrites of a signature (Sphinx takes the first handler's result only)."""
+    signature, return_annotation = _dataclass_factories(app, what, name, obj, options, signature, return_annotation)
+    return _aliases_as_arguments(app, what, name, obj, options, signature, return_annotation)
+
+
 def setup(app):
-    app.connect("autodoc-process-signature", _dataclass_factories)
+    app.connect("autodoc-process-signature", _signature)
     app.connect("autodoc-process-docstring", _no_builtin_docstrings)
     app.connect("autodoc-process-docstring", _type_alias_docstrings)

@@ -53,7 +53,9 @@ cdef class TableCalls:
         return self._kernel
 
     def add(self, *, priorities: Any = None, timeout: float | None = None, **fields: Any) -> int:
-        """Store one transition, or a batch with a leading dimension; returns the slot of the first.
+        """Store one transition, or a batch with a leading dimension; returns the slot of the first
+        row stored, or -1 when the call stored none (an n-step table holds a step back until the
+        ``n`` steps its row folds are known).
 
         The batch is checked as a whole first: on any error nothing is stored.  ``priorities``
         (a table that draws by priority: one per transition, or one float for all) defaults to
@@ -92,8 +94,9 @@ cdef class TableCalls:
         """Draw ``batch_size`` items by the table's selector, with their ``indexes``.
 
         A table that draws by priority draws them stratified and adds importance ``weights``
-        = (N·P(i))^-β / max_j (N·P(j))^-β, ``beta`` in [0, 1] (0.4 unless given); any other takes no
-        ``beta``.  With a rate limiter, waits at most ``timeout`` seconds (None: no limit)
+        = (N·P(i))^-β / max_j (N·P(j))^-β, ``beta`` in [0, 1] (0.4 unless given), j over every
+        stored item, drawn or not (the least likely one's weight is 1; a batch's largest may be less);
+        any other takes no ``beta``.  With a rate limiter, waits at most ``timeout`` seconds (None: no limit)
         for it to allow the sample, then raises TimeoutError.  ``out`` may hold arrays to fill
         instead of fresh ones (e.g. the previous batch): for large observations that spares
         the page faults of new memory.

@@ -28,7 +28,7 @@ cdef class KeepUnreadRemover(Remover):
         if free != NULL and s.frames is None and s.sequences is None:
             return SCATTERED if s.find_free(k, lane, free) else WAIT
         start = s.run_at_cursor(k, lane, skip, busy)
-        if start >= 0 and s.holds_items(k, lane):
+        if start >= 0 and s.free_run(k, lane, skip) < k:
             return WAIT
         return start
 

@@ -76,7 +76,9 @@ cdef class Slots:
     cdef void fix_run(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k) noexcept nogil
     cdef Py_ssize_t run_at_cursor(self, Py_ssize_t k, Py_ssize_t lane, Py_ssize_t skip, int64_t* busy) except -3
     cdef bint find_free(self, Py_ssize_t k, Py_ssize_t lane, int64_t* free) except -1
-    cdef bint holds_items(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil
+    cdef bint unread(self, Py_ssize_t lane, Py_ssize_t s) noexcept nogil
+    cdef Py_ssize_t free_run(self, Py_ssize_t k, Py_ssize_t lane, Py_ssize_t skip) noexcept nogil
+    cdef Py_ssize_t find_room(self, Py_ssize_t k, Py_ssize_t lane) except -2
     cdef Py_ssize_t claim_lane(self) except -2
     cdef void release_lane(self, Py_ssize_t lane) noexcept nogil
     cdef void restart_lanes(self) noexcept nogil
@@ -94,4 +96,4 @@ cdef class Slots:
     cdef Py_ssize_t open_sequences(self, const int64_t* slots, const uint64_t* generations, const int64_t* steps,
                                    const double* priorities, Py_ssize_t n) noexcept nogil
     cdef void disown(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved,
-                     const int64_t* slots) noexcept nogil
+                     const int64_t* slots, Py_ssize_t back) noexcept nogil

@@ -106,7 +106,8 @@ cdef class Slots:
         finished as far as the slots go: every slot of its run retires and the lane's cursor
         moves where the reservation would have left it -- otherwise rows it had not
         reached yet would sit behind the cursor, newest in the ring's order though oldest in
-        fact.  Rows whose generation is odd were being written: they become unsampleable.
+        fact.  Rows whose generation is odd were being written: they become unsampleable, and so
+        do the rows that read a frame of theirs.
         Then every item that may not be drawn is cleared from the selector, which rebuilds
         what it derives, and the stored count -- which the rate limiter reads -- is
         recounted.  The cumulative counters (inserts, samples, reservations) change by single
@@ -129,6 +130,15 @@ cdef class Slots:
                     self.state[s] = EMPTY
                 if self.max_times and self.times_sampled[s] >= self.max_times:
                     self.state[s] = EMPTY
+            if self.frames is not None:
+                # A write completes the rows its frames end before it publishes those frames (in
+                # one critical section): a holder killed between the two leaves them reading a
+                # frame never published.
+                for lane in range(self.nlanes()):
+                    for s in range(self.lanes[lane, LANE_START], self.lanes[lane, LANE_END]):
+                        if being_written(self.gen[s]):
+                            self.retire_readers(lane, s)
+            for s in range(self.size):
                 if self.state[s] == COMPLETE:
                     stored += 1
                 if self.state[s] != COMPLETE or (self.sequences is not None and self.sequences.steps(s) == 0):
@@ -218,22 +228,48 @@ cdef class Slots:
                     return True
         return False
 
-    cdef bint holds_items(self, Py_ssize_t k, Py_ssize_t lane) noexcept nogil:
-        # Lock held: whether one of the next k slots of the lane holds an item -- a complete row --
-        # or a frame one reads.  A WAITING row there is no item: its episode was given up (a
-        # writer that died or started over), its next frame never to come.
-        cdef Py_ssize_t cursor = self.lanes[lane, LANE_CURSOR], j, i, s, r
-        for j in range(k):
-            s = self.slot(lane, cursor, j)
-            if self.state[s] == COMPLETE:
-                return True
-            if self.frames is None:
-                continue
+    cdef bint unread(self, Py_ssize_t lane, Py_ssize_t s) noexcept nogil:
+        # Lock held: whether slot s of the lane holds an item -- a complete row -- or a frame one
+        # reads.  A WAITING row is no item: its episode was given up (a writer that died, started
+        # over or moved on), or it is this lane's writer's own, whose next frame is still to come.
+        cdef Py_ssize_t i, r
+        if self.state[s] == COMPLETE:
+            return True
+        if self.frames is not None:
             for i in range(-self.frames.max_next - self.frames.max_stack, self.frames.max_stack):
                 r = self.slot(lane, s, i)
                 if r != s and self.state[r] == COMPLETE and self.frames.reads(r, s):
                     return True
         return False
+
+    cdef Py_ssize_t free_run(self, Py_ssize_t k, Py_ssize_t lane, Py_ssize_t skip) noexcept nogil:
+        # Lock held: how many of the k slots from `skip` past the lane's cursor come before the
+        # first that is unread (k: none is).
+        cdef Py_ssize_t start = self.slot(lane, self.lanes[lane, LANE_CURSOR], skip), j
+        for j in range(k):
+            if self.unread(lane, self.slot(lane, start, j)):
+                return j
+        return k
+
+    cdef Py_ssize_t find_room(self, Py_ssize_t k, Py_ssize_t lane) except -2:
+        # Lock held: the fewest slots past the lane's cursor after which k slots in a row are
+        # neither unread nor held by a live writer of another process; -1: there are none.  One
+        # pass over the lane, counting the free slots in a row.
+        cdef Py_ssize_t n = self.lane_length(lane), cursor = self.lanes[lane, LANE_CURSOR], j, s, run = 0
+        cdef int64_t owner
+        if k > n:
+            return -1
+        for j in range(n + k - 1):
+            s = self.slot(lane, cursor, j)
+            owner = self.owner[s]
+            if self.unread(lane, s) or (being_written(self.gen[s]) and owner != 0 and owner != self.token
+                                        and token_alive(owner)):
+                run = 0
+            else:
+                run += 1
+                if run == k:
+                    return (j - k + 1) % n
+        return -1
 
     cdef Py_ssize_t claim_lane(self) except -2:
         # Lock held: take a lane for a writer of this process, a free one or one whose writer
@@ -357,7 +393,7 @@ cdef class Slots:
         cdef Py_ssize_t j, s, lost = 0, inserted = 0
         cdef uint64_t g
         cdef uint8_t st
-        cdef double p = self.selector.default_priority()
+        cdef double p, default = self.selector.default_priority()
         for j in range(k):
             s = self.slot(lane, start, j) if slots == NULL else slots[j]
             g = self.gen[s]
@@ -366,8 +402,8 @@ cdef class Slots:
                 self.gen[s] = g + 1
                 self.owner[s] = 0
                 self.state[s] = st
-                if priorities != NULL:
-                    p = priorities[j]
+                # NaN: none given (a moved episode's rows again, see mpreplay/waiting_rows.py).
+                p = priorities[j] if priorities != NULL and priorities[j] == priorities[j] else default
                 if st == COMPLETE:
                     if self.sequences is None:
                         self.selector.insert_item(s, p)
@@ -429,13 +465,14 @@ cdef class Slots:
         return opened
 
     cdef void disown(self, Py_ssize_t lane, Py_ssize_t start, Py_ssize_t k, const uint64_t* reserved,
-                     const int64_t* slots) noexcept nogil:
+                     const int64_t* slots, Py_ssize_t back) noexcept nogil:
         # Without the lock: give up this process's reservation of an insert that is not
         # made after all (the run from `start`, or `slots`).  The slots stay unsampleable
         # (odd generation, EMPTY) and free for the next writer (no other process writes the
         # owner of a slot a live writer holds); the rate limiter stops counting the insert; a
-        # run's lane cursor goes back to `start` unless a writer reserved after it (so a
-        # compressed lane keeps no gap for its stacks to read across).  The rows the slots
+        # run's lane cursor goes back to `back` (where it was before the reservation: the run's
+        # start, unless the run was made elsewhere in the lane) unless a writer reserved after it
+        # (so a compressed lane keeps no gap for its stacks to read across).  The rows the slots
         # held before stay retired.
         cdef Py_ssize_t j, s
         cdef int64_t end = self.slot(lane, start, k)
@@ -446,4 +483,4 @@ cdef class Slots:
         if k:
             _atomic_add(&self.header[RESERVED], -k)
             if slots == NULL:
-                _atomic_cas(&self.lanes[lane, LANE_CURSOR], &end, start)
+                _atomic_cas(&self.lanes[lane, LANE_CURSOR], &end, back)

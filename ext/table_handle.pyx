@@ -95,6 +95,20 @@ cdef class TableHandle:
         """
         return writes.reserve(self._table, k, deadline, insert, lane, skip, scatter)
 
+    def reserve_room(self, Py_ssize_t k, double deadline=INFINITY, Py_ssize_t lane=0):
+        """Reserve ``k`` slots of ``lane`` for an insert in the first run past the lane's cursor
+        that holds no unread item nor a frame one reads -- in a table whose remover keeps unread
+        items (a compressed Queue or Stack), where a writer whose run at the cursor such items
+        hold moves its episode; returns the :class:`~mpreplay._ext.writes.Reservation`, or None
+        when there is no such run now or the rate limiter holds inserts back (nothing changed).
+        Given up, the reservation puts the cursor back where it was."""
+        return writes.reserve_room(self._table, k, deadline, lane)
+
+    @property
+    def keeps_unread(self):
+        """Whether the table's remover never replaces an unread item (a write waits for room)."""
+        return not self._table.slots.remover.overwrites
+
     def claim_lane(self, double deadline=INFINITY):
         """Take a lane for one writer: a free one, or one whose writer process died.
 

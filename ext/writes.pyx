@@ -60,27 +60,30 @@ cdef Py_ssize_t publish_locked(TableParts t, double deadline, Py_ssize_t lane, P
                                const int64_t* complete, const uint64_t* complete_generations,
                                const double* complete_priorities, Py_ssize_t nc, const int64_t* open_slots,
                                const uint64_t* open_generations, const int64_t* open_steps,
-                               const double* open_priorities, Py_ssize_t ns) except -1:
+                               const double* open_priorities, Py_ssize_t ns, Py_ssize_t back) except -1:
     # The one critical section that makes a write readable: the k reserved slots published (the
     # run from `start`, or `slots`; states NULL: all COMPLETE; priorities NULL: the stored
     # maximum), the nc WAITING rows they
     # complete, the ns sequences they end; then whoever waits for it is woken.  When the lock
     # cannot be had by the deadline the reservation is given up (Slots.disown) and the error
-    # raised: nothing is stored.  Returns how many slots were lost to a writer that took them over.
+    # raised: nothing is stored (the lane's cursor back at `back`).  Returns how many slots were
+    # lost to a writer that took them over.
     cdef Py_ssize_t lost = 0
     cdef bint wake
     try:
         t.gate.acquire(deadline)
     except BaseException:
         if k:
-            t.slots.disown(lane, start, k, reserved, slots)
+            t.slots.disown(lane, start, k, reserved, slots, back)
         raise
     try:
         t.slots.note_writer()
-        if k:
-            lost = t.slots.publish(lane, start, k, reserved, priorities, states, slots)
+        # Earlier calls' rows first: they were added before this call's, and an ordered selector
+        # (fifo, lifo, a heap's ties) orders its items by when they enter it.
         if nc:
             t.slots.complete(complete, complete_generations, complete_priorities, nc)
+        if k:
+            lost = t.slots.publish(lane, start, k, reserved, priorities, states, slots)
         if ns:
             t.slots.open_sequences(open_slots, open_generations, open_steps, open_priorities, ns)
         wake = t.gate.progress()
@@ -106,6 +109,7 @@ cdef Reservation reserve(TableParts t, Py_ssize_t k, double deadline, bint inser
         raise ValueError(f"skip: only a reservation of the whole lane ({n} slots) skips slots, got k={k}")
     r.table, r.lane, r.k = t, lane, k
     r.reserved = np.empty(k, dtype=np.uint64)
+    r.back = -1
     if k == 0:  # a publication of what completes earlier rows only
         return r
     if scatter:
@@ -114,6 +118,35 @@ cdef Reservation reserve(TableParts t, Py_ssize_t k, double deadline, bint inser
                               <int64_t*>cnp.PyArray_DATA(free) if scatter else NULL)
     if r.start == SCATTERED:
         r.free, r.start = free, free[0]
+    return r
+
+
+cdef Reservation reserve_room(TableParts t, Py_ssize_t k, double deadline, Py_ssize_t lane):
+    # TableHandle.reserve_room: an insert of k slots in the first run of the lane past its cursor
+    # that no unread item needs, the cursor moved past it; None when the lane has no such run now
+    # or the rate limiter holds inserts back (nothing changed).
+    cdef Reservation r = Reservation.__new__(Reservation)
+    cdef Py_ssize_t skip, start
+    cdef int64_t busy = 0
+    if not 0 < k <= t.slots.lane_length(lane):
+        raise ValueError(f"k: expected 0 < k <= {t.slots.lane_length(lane)} (the lane's length), got {k}")
+    r.table, r.lane, r.k = t, lane, k
+    r.reserved = np.empty(k, dtype=np.uint64)
+    t.gate.check_insert(k)
+    t.gate.acquire(deadline)
+    try:
+        if not t.gate.can_insert(k):
+            return None
+        skip = t.slots.find_room(k, lane)
+        if skip < 0:
+            return None
+        r.back = t.slots.lane_cursor(lane)
+        start = t.slots.reserve(k, <uint64_t*>cnp.PyArray_DATA(r.reserved), True, lane, skip, NULL, &busy)
+    finally:
+        t.gate.release()
+    if start == WAIT:
+        return None
+    r.start = start
     return r
 
 
@@ -152,7 +185,7 @@ cdef class Reservation:
         cannot be had by ``deadline`` the reservation is given up (as :meth:`abandon`) --
         nothing is stored -- and TimeoutError raised."""
         return publish(self.table, self.start, self.reserved, priorities, states, self.lane, deadline, complete,
-                       complete_generations, complete_priorities, sequences, self.free)
+                       complete_generations, complete_priorities, sequences, self.free, self.rollback())
 
     def abandon(self):
         """Give the write up, as :meth:`publish` does at a timeout: the slots stay unsampleable,
@@ -161,7 +194,12 @@ cdef class Reservation:
         cdef const int64_t[::1] free = self.free
         if self.k:
             self.table.slots.disown(self.lane, self.start, self.k, &reserved[0],
-                                    &free[0] if self.free is not None else NULL)
+                                    &free[0] if self.free is not None else NULL, self.rollback())
+
+    cdef Py_ssize_t rollback(self):
+        # Where the lane's cursor goes back to if the write is given up: before a run made
+        # elsewhere in the lane (reserve_room), where the cursor was; else the run's start.
+        return self.start if self.back < 0 else self.back
 
 
 cdef Py_ssize_t _check_sequences(TableParts t, const int64_t[::1] slots, const uint64_t[::1] generations,
@@ -182,7 +220,7 @@ cdef Py_ssize_t _check_sequences(TableParts t, const int64_t[::1] slots, const u
 cdef Py_ssize_t publish(TableParts t, Py_ssize_t start, const uint64_t[::1] reserved, const double[::1] priorities,
                         const uint8_t[::1] states, Py_ssize_t lane, double deadline, const int64_t[::1] complete,
                         const uint64_t[::1] complete_generations, const double[::1] complete_priorities,
-                        tuple sequences, const int64_t[::1] slots) except -1:
+                        tuple sequences, const int64_t[::1] slots, Py_ssize_t back) except -1:
     # TableHandle.publish, its arguments checked first.
     cdef Py_ssize_t k = reserved.shape[0], nc = 0 if complete is None else complete.shape[0]
     cdef Py_ssize_t ns = 0, j
@@ -223,7 +261,7 @@ cdef Py_ssize_t publish(TableParts t, Py_ssize_t start, const uint64_t[::1] rese
                           &slots[0] if slots is not None and k else NULL, prio, st,
                           &complete[0] if nc else NULL, &complete_generations[0] if nc else NULL, cprio, nc,
                           &open_slots[0] if ns else NULL, &open_generations[0] if ns else NULL,
-                          &open_steps[0] if ns else NULL, &open_priorities[0] if ns else NULL, ns)
+                          &open_steps[0] if ns else NULL, &open_priorities[0] if ns else NULL, ns, back)
 
 
 cdef inline void _copy_staged(TableParts t, HandleState h, Py_ssize_t slot) noexcept nogil:
@@ -252,7 +290,7 @@ cdef Py_ssize_t add_one(TableParts t, HandleState h, dict values, double priorit
         slot = free_slot
     _copy_staged(t, h, slot)
     publish_locked(t, deadline, 0, slot, 1, &reserved, NULL, &priority if priority >= 0.0 else NULL, NULL,
-                   NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0)
+                   NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, slot)
     return slot
 
 
@@ -269,6 +307,8 @@ cdef Py_ssize_t add_step(TableParts t, HandleState h, dict values, double priori
     cdef FramePlan plan
     cdef double deadline
     if t.sequences is not None or lane < 0 or PyDict_Size(values) != t.nfields + episode.observations:
+        return -1
+    if not t.slots.remover.overwrites:  # the general path moves an episode its lane's unread items block
         return -1
     if not h.staging.stage_all(values):
         return -1
@@ -294,7 +334,7 @@ cdef Py_ssize_t add_step(TableParts t, HandleState h, dict values, double priori
     # published WAITING by earlier calls complete with this publication.
     publish_locked(t, deadline, lane, start, plan.items, reserved, NULL,
                    item_priority if row_priority != NULL else NULL, states, episode.done_slots, episode.done_generations, episode.done_priorities, done,
-                   NULL, NULL, NULL, NULL, 0)
+                   NULL, NULL, NULL, NULL, 0, start)
     episode.advance_past(plan, slots, reserved, row_priority)
     return row_slot
 

@@ -12,7 +12,14 @@ from .buffers import (
     ReplayBuffer,
     SequenceReplayBuffer,
 )
-from .errors import BufferClosed, CorruptBufferError, IncompatibleSegmentError, ReadOnlyError, TableGone
+from .errors import (
+    BufferClosed,
+    CorruptBufferError,
+    IncompatibleSegmentError,
+    ReadOnlyError,
+    RowsDroppedWarning,
+    TableGone,
+)
 from .launcher import ChildFailed, Context, RunResult, StopFlag, launch
 from .limiter import ExactlyOnce, MinSize, Queue, RateLimiter, SampleToInsertRatio, Stack
 from .memory import SharedMemoryError
@@ -21,7 +28,7 @@ from .params import ParameterStore, ParameterStoreTimeout
 from .returns import NStepReturns, discounted_cumsum_left, discounted_cumsum_right, gae, n_step_returns
 from .selectors import SelectorSpec
 from .sequences import SequenceSpec, sequence_priority
-from .spec import Array, Batch, EnvDict
+from .spec import Array, Batch, EnvDict, FieldOptions, TensorBatch
 from .table import Table
 
 __all__ = [
@@ -29,7 +36,9 @@ __all__ = [
     "Table",
     "attach",
     "EnvDict",
+    "FieldOptions",
     "Batch",
+    "TensorBatch",
     "Array",
     "ReplayBuffer",
     "PrioritizedReplayBuffer",
@@ -48,6 +57,7 @@ __all__ = [
     "CorruptBufferError",
     "SharedMemoryError",
     "IncompatibleSegmentError",
+    "RowsDroppedWarning",
     "RateLimiter",
     "MinSize",
     "SampleToInsertRatio",

@@ -167,7 +167,7 @@ class PrioritizedReplayBuffer(Table):
     >>> batch = rb.sample(4, beta=0.4)
     >>> sorted(batch)
     ['indexes', 'obs', 'rew', 'weights']
-    >>> bool((batch["weights"] <= 1.0).all())  # the largest weight of a batch is 1
+    >>> bool((batch["weights"] <= 1.0).all())  # 1 for the least likely item stored, drawn or not
     True
     >>> rb.update_priorities(batch["indexes"], np.full(4, 2.0))
     >>> rb.get_max_priority()

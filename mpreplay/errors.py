@@ -1,9 +1,20 @@
-"""Exceptions of mpreplay."""
+"""Exceptions and warnings of mpreplay."""
+
+import os
+import sys
+import warnings
 
 from ._ext.gate import BufferClosed, TableGone  # raised by the kernels too: defined where they can reach them
 from .memory import SharedMemoryError
 
-__all__ = ["BufferClosed", "CorruptBufferError", "IncompatibleSegmentError", "ReadOnlyError", "TableGone"]
+__all__ = [
+    "BufferClosed",
+    "CorruptBufferError",
+    "IncompatibleSegmentError",
+    "ReadOnlyError",
+    "RowsDroppedWarning",
+    "TableGone",
+]
 
 
 class IncompatibleSegmentError(SharedMemoryError):
@@ -21,6 +32,41 @@ class CorruptBufferError(RuntimeError):
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
         super().__init__(f"the buffer is inconsistent ({len(self.problems)} problems): " + "; ".join(self.problems))
+
+
+class RowsDroppedWarning(UserWarning):
+    """One write (an ``add`` of a batch, a ``load_transitions``) brought more rows than the table
+    holds: it kept the newest, as the same rows added one by one would have left it, and dropped
+    the others.  The message says how many.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> import numpy as np
+    >>> from mpreplay import ReplayBuffer, RowsDroppedWarning
+    >>> rb = ReplayBuffer(4, {"x": {}})
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always", RowsDroppedWarning)
+    ...     _ = rb.add(x=np.arange(6.0))
+    >>> print(caught[0].message)
+    6 rows written at once into a table of 4 slots: it keeps the newest 4, the 2 oldest were dropped
+    >>> rb.get_all_transitions()["x"].tolist()
+    [2.0, 3.0, 4.0, 5.0]
+    """
+
+
+def warn_rows_dropped(given: int, kept: int) -> None:
+    """Warn, at the first line of the caller's code outside mpreplay, that a write of ``given``
+    rows kept the newest ``kept``."""
+    package, frame, level = os.path.dirname(__file__), sys._getframe(1), 2
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(
+        f"{given} rows written at once into a table of {kept} slots: it keeps the newest {kept}, "
+        f"the {given - kept} oldest were dropped",
+        RowsDroppedWarning,
+        stacklevel=level,
+    )
 
 
 class ReadOnlyError(RuntimeError):

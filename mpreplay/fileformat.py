@@ -14,7 +14,7 @@ or stored) holding only plain numeric arrays:
     uint8, shape ``(n,)``: the UTF-8 bytes of a JSON object::
 
         {"format_version": 2,
-         "mpreplay_version": "0.2.0",
+         "mpreplay_version": "<the version that wrote it>",
          "fields": [{"name": "obs", "shape": [84, 84], "dtype": "|u1"},
                     {"name": "act", "shape": [], "dtype": "<i8"}, ...],
          "nstep": null,

@@ -25,9 +25,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from . import checks
-from .spec import EnvDict, FieldSpec, convert_batch, parse_env_dict
+from .spec import EnvDict, FieldOptions, FieldSpec, convert_batch, parse_env_dict
 
 __all__ = ["Folding", "NstepBuffer"]
 
@@ -134,7 +135,7 @@ class NstepBuffer:
         done: str = "done",
         truncated: str | None = None,
         num_envs: int | None = None,
-        default_dtype: Any = None,
+        default_dtype: DTypeLike | None = None,
     ):
         self._n = checks.integer("size", size, low=1)
         self._gamma = checks.number("gamma", gamma, low=0.0, high=1.0)
@@ -237,7 +238,7 @@ class NstepBuffer:
         """Number of environments folded side by side (None for a single-step add)."""
         return self._num_envs
 
-    def output_env_dict(self) -> dict[str, dict[str, Any]]:
+    def output_env_dict(self) -> dict[str, FieldOptions]:
         """The env_dict of emitted transitions: the input fields plus the float ``discount``.
 
         A replay buffer built on it stores the dicts returned by :meth:`add` and
@@ -256,7 +257,7 @@ class NstepBuffer:
         self._state = self._folding(s.ring, s.acc, s.cur, np.zeros_like(s.pending))
         self._preview = None
 
-    def add(self, **step: Any) -> dict[str, np.ndarray]:
+    def add(self, **step: ArrayLike) -> dict[str, np.ndarray]:
         """Add one step (one per environment with ``num_envs``) and return what it completes.
 
         ``step`` holds every env_dict field except ``discount``.  Without ``num_envs`` it may also
@@ -281,7 +282,7 @@ class NstepBuffer:
         self.commit(after)
         return rows
 
-    def preview_add(self, **step: Any) -> tuple[dict[str, np.ndarray], Folding]:
+    def preview_add(self, **step: ArrayLike) -> tuple[dict[str, np.ndarray], Folding]:
         """What :meth:`add` would return, and the folder's state after it, without changing the
         folder; :meth:`commit` the state to add the step.  Raises on bad input as ``add`` does."""
         k, rows = convert_batch(self._specs, step)
@@ -322,7 +323,7 @@ class NstepBuffer:
             raise ValueError("commit: expected the state of this folder's latest preview, not committed yet")
         self._state, self._preview = state, None
 
-    def check(self, **step: Any) -> int:
+    def check(self, **step: ArrayLike) -> int:
         """How many steps ``add(**step)`` would take, raising as it would on bad input;
         changes nothing."""
         k, _ = convert_batch(self._specs, step)

@@ -22,11 +22,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Generic, TypeVar
 
-import numpy as np
+from .spec import Batch, TensorBatch
 
-__all__ = ["Prefetcher"]
+__all__ = ["Prefetcher", "as_drawn", "as_tensors"]
+
+_B = TypeVar("_B")  # what a Prefetcher yields: a Batch, or a TensorBatch of tensors over its arrays
 
 # How long one wait of the drawing thread lasts before it looks whether it was stopped.
 _POLL_S = 0.05
@@ -46,7 +48,7 @@ class _Stop:
 
 
 def _draw_loop(
-    draw: Callable[[dict[str, np.ndarray] | None, float | None], dict[str, np.ndarray]],
+    draw: Callable[[Batch | None, float | None], Batch],
     timeout: float | None,
     free: queue.Queue,
     ready: queue.Queue,
@@ -68,11 +70,11 @@ def _draw_loop(
 
 
 def _draw_within(
-    draw: Callable[[dict[str, np.ndarray] | None, float | None], dict[str, np.ndarray]],
-    out: dict[str, np.ndarray] | None,
+    draw: Callable[[Batch | None, float | None], Batch],
+    out: Batch | None,
     timeout: float | None,
     stop: threading.Event,
-) -> dict[str, np.ndarray] | None:
+) -> Batch | None:
     """One batch, waiting at most ``timeout`` for the rate limiter; None once stopped.  The
     wait is cut in short slices so that ``close()`` is never held up by a long one."""
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -89,29 +91,30 @@ def _draw_within(
     return None
 
 
-class Prefetcher(Iterator[dict[str, Any]]):
+class Prefetcher(Iterator[_B], Generic[_B]):
     """An endless iterator of batches that a background thread samples ``prefetch`` ahead.
 
     Made by ``ReplayBuffer.batches`` / ``PrioritizedReplayBuffer.batches``.  ``next()`` raises
     whatever stopped the thread (``TimeoutError`` when the rate limiter held samples back longer
     than ``timeout``, ``BufferClosed`` once the buffer is closed); :meth:`close` (or leaving the
-    ``with`` block) stops the thread.  With ``as_torch``, every array is handed out as a CPU
-    tensor over the same memory (``torch.from_numpy``, no copy).
+    ``with`` block) stops the thread.  Each batch drawn is handed out through ``convert``: as
+    drawn (a :data:`~mpreplay.Batch`), or, with :func:`as_tensors`, every array as a CPU tensor
+    over the same memory (a :data:`~mpreplay.TensorBatch`).
     """
 
     def __init__(
         self,
-        draw: Callable[[dict[str, np.ndarray] | None, float | None], dict[str, np.ndarray]],
+        draw: Callable[[Batch | None, float | None], Batch],
         prefetch: int,
         timeout: float | None,
-        as_torch: bool,
+        convert: Callable[[Batch], _B],
     ):
         self._free: queue.Queue = queue.Queue()
         self._ready: queue.Queue = queue.Queue()
         self._stop = threading.Event()
-        self._held: dict[str, np.ndarray] | None = None
+        self._held: Batch | None = None
         self._error: BaseException | None = None
-        self._convert = _torch_views() if as_torch else None
+        self._convert = convert
         for _ in range(prefetch + 1):  # prefetch ahead while the learner holds one
             self._free.put(None)  # None: let the buffer allocate the arrays
         self._thread = threading.Thread(
@@ -122,7 +125,7 @@ class Prefetcher(Iterator[dict[str, Any]]):
         )
         self._thread.start()
 
-    def __iter__(self) -> Prefetcher:
+    def __iter__(self) -> Prefetcher[_B]:
         return self
 
     @property
@@ -131,7 +134,7 @@ class Prefetcher(Iterator[dict[str, Any]]):
         zero, ``next()`` returns without waiting for the drawing thread."""
         return self._ready.qsize()
 
-    def __next__(self) -> dict[str, Any]:
+    def __next__(self) -> _B:
         if self._error is not None:
             raise self._error
         if self._stop.is_set():
@@ -146,7 +149,7 @@ class Prefetcher(Iterator[dict[str, Any]]):
             self.close()
             raise item.error
         self._held = item
-        return item if self._convert is None else self._convert(item)
+        return self._convert(item)
 
     def close(self) -> None:
         """Stop drawing and wait for the thread to end (idempotent).  Iteration then stops."""
@@ -157,7 +160,7 @@ class Prefetcher(Iterator[dict[str, Any]]):
         if self._thread is not threading.current_thread():
             self._thread.join()
 
-    def __enter__(self) -> Prefetcher:
+    def __enter__(self) -> Prefetcher[_B]:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -167,7 +170,14 @@ class Prefetcher(Iterator[dict[str, Any]]):
         self.close()
 
 
-def _torch_views() -> Callable[[dict[str, np.ndarray]], dict[str, Any]]:
+def as_drawn(batch: Batch) -> Batch:
+    """The ``convert`` of a :class:`Prefetcher` of arrays: each batch as drawn."""
+    return batch
+
+
+def as_tensors() -> Callable[[Batch], TensorBatch]:
+    """A ``convert`` of :class:`Prefetcher` handing each array out as a CPU tensor over the same
+    memory (``torch.from_numpy``, no copy); ImportError, saying what to install, without torch."""
     try:
         import torch
     except ImportError:

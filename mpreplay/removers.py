@@ -10,13 +10,16 @@ states are the table's), so it has no array in the segment.
 
 * ``"fifo"``: the ring.  A write takes the next slots of its lane from the cursor, replacing the
   oldest rows there (the default).
-* ``"lifo"``: while a lane fills, as the ring; once full, a write replaces its newest rows (rows
-  only: an episode's next steps read the newest frames).
-* ``"keep_unread"``: a write never replaces a row not yet sampled; it waits for room.  A table of
+* ``"lifo"``: a write takes the free slots at the lane's cursor first, as the ring while the lane
+  fills; the rows it has no free slot for replace the newest stored rows (rows only: an episode's
+  next steps read the newest frames).
+* ``"keep_unread"``: a write never replaces a row not yet sampled; it waits for room, so a table
+  needs ``max_times_sampled=`` with it (refused otherwise: nothing would free a slot).  A table of
   rows writes into any free slots; a compressed one (an episode's frames consecutive in its
-  lane) into the run at its cursor once no unread row holds it or reads a frame there.  With
-  ``max_times_sampled=1`` and a ``"fifo"`` or ``"lifo"`` selector it is Reverb's Queue or Stack
-  (:class:`mpreplay.Queue`, :class:`mpreplay.Stack` build it).
+  lane) into the run at its cursor once no unread row holds it or reads a frame there -- or,
+  while unread rows hold it, moves its episode to the first run of its lane they leave free
+  (see mpreplay/waiting_rows.py).  With ``max_times_sampled=1`` and a ``"fifo"`` or ``"lifo"``
+  selector it is Reverb's Queue or Stack (:class:`mpreplay.Queue`, :class:`mpreplay.Stack` build it).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ class RemoverEntry:
 REMOVERS: tuple[RemoverEntry, ...] = (
     RemoverEntry("fifo", "fifo_remover", "FifoRemover", "the oldest rows of the writer's lane (the ring)"),
     RemoverEntry("keep_unread", "keep_unread", "KeepUnreadRemover", "none: a write waits for room", overwrites=False),
-    RemoverEntry("lifo", "lifo_remover", "LifoRemover", "the newest rows, once the lane is full", frames=False),
+    RemoverEntry("lifo", "lifo_remover", "LifoRemover", "free slots first, then the newest rows", frames=False),
 )
 
 _BY_NAME = {e.name: e for e in REMOVERS}

@@ -46,7 +46,7 @@ class SavedEpisode(NamedTuple):
 
 
 class EpisodeStore(Protocol):
-    """What loading needs of a buffer's store of episodes in lanes (a :class:`~mpreplay.compression.FrameStore`
+    """What loading needs of a buffer's store of episodes in lanes (a :class:`~mpreplay.frame_store.FrameStore`
     or a :class:`~mpreplay.sequences.SequenceStore`)."""
 
     @property

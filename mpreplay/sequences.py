@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import checks
 from ._ext.schema import EPISODE_START_ARRAY, EPISODE_STEP_ARRAY
-from .compression import FrameStore
+from .frame_store import FrameStore
 
 __all__ = ["SequenceCutter", "SequenceSpec", "SequenceStore", "sequence_priority"]
 
@@ -133,7 +134,7 @@ class SequenceCutter:
         return np.array([start], dtype=np.int64), np.array([stored - start], dtype=np.int64)
 
 
-def sequence_priority(td_errors: Any, mask: Any = None, *, eta: float = 0.9) -> np.ndarray:
+def sequence_priority(td_errors: ArrayLike, mask: ArrayLike | None = None, *, eta: float = 0.9) -> np.ndarray:
     """R2D2's priority of each sequence: ``eta * max|td| + (1 - eta) * mean|td|`` over its real steps.
 
     ``td_errors`` is ``(B, length)`` (an array, a tensor or nested lists);
@@ -182,7 +183,7 @@ class SequenceStore:
     """The writing side of a sequence buffer, private to one writer (a buffer object
     or one of its episode writers).
 
-    Steps go through the writer's :class:`~mpreplay.compression.FrameStore`, which
+    Steps go through the writer's :class:`~mpreplay.frame_store.FrameStore`, which
     keeps them consecutive in a lane of their own (and compresses frames); each
     step's index in its episode is stored with it.  Once a sequence's last step is
     stored -- complete: with ``next_of``, its next observation too -- the sequence is

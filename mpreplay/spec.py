@@ -6,21 +6,53 @@ buffer changes, so a bad field never leaves half a transition behind.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 
 import numpy as np
 
-__all__ = ["Array", "Batch", "EnvDict", "FieldSpec", "parse_env_dict", "convert_batch"]
+if TYPE_CHECKING:  # a type of torch's, named only for type checkers: torch is optional
+    import torch
 
-#: A table's fields as cpprb spells them (``env_dict``): each field's name, an identifier, to its
-#: spec, a mapping with an optional ``shape`` (an int or a tuple of ints; none: a scalar per
-#: transition) and ``dtype`` (none: ``default_dtype``, float32 unless given), e.g.
-#: ``{"obs": {"shape": (4,)}, "act": {"dtype": np.int64}, "rew": {}}``.  Typed loosely on purpose:
-#: a type checker infers ``dict[str, object]`` for that literal; every entry is checked when a
-#: table is built (a TypeError or ValueError naming the field).
-EnvDict: TypeAlias = Mapping[str, object]
+__all__ = ["Array", "Batch", "EnvDict", "FieldOptions", "FieldSpec", "TensorBatch", "parse_env_dict", "convert_batch"]
+
+
+class FieldOptions(TypedDict, total=False):
+    """One field of an ``env_dict``, as cpprb spells it: ``shape`` (an int or a sequence of ints;
+    none: a scalar per transition), ``dtype`` (none: the table's ``default_dtype``, float32
+    unless given) and cpprb's ``add_shape`` annotation (accepted when it agrees).
+
+    Annotate an ``env_dict`` with it to have a type checker check each entry's keys (a misspelt
+    ``"shap"`` is an error) and its shapes; a table's :meth:`~mpreplay.Table.get_env_dict` gives
+    them back so.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mpreplay import FieldOptions, ReplayBuffer
+    >>> env_dict: dict[str, FieldOptions] = {"obs": {"shape": (4,)}, "act": {"dtype": np.int64}, "rew": {}}
+    >>> rb = ReplayBuffer(100, env_dict)
+    >>> rb.get_env_dict()["act"]
+    {'shape': (), 'dtype': dtype('int64')}
+    """
+
+    shape: int | Sequence[int]
+    # A dtype, a scalar type or its name, checked when the table is built: not numpy's DTypeLike nor
+    # np.dtype[np.generic], whose Any a user's --disallow-any-expr refuses.
+    dtype: object
+    add_shape: int | Sequence[int]
+
+
+#: A table's fields as cpprb spells them (``env_dict``): each field's name, an identifier, to
+#: its options, a mapping such as :class:`FieldOptions`, e.g. ``{"obs": {"shape": (4,)},
+#: "act": {"dtype": np.int64}, "rew": {}}``; the options' values are checked when a table is
+#: built (a TypeError or ValueError naming the field).  A field given anything but a mapping
+#: (``{"obs": (4,)}``) is a type error.  The second member is what mypy infers for a variable
+#: holding such a literal whose fields' options differ in type (``dict[str, object]``: it joins
+#: the entries' types to ``object``); annotate the variable ``dict[str, FieldOptions]`` to have
+#: each entry checked.
+EnvDict: TypeAlias = Mapping[str, Mapping[str, object]] | dict[str, object]
 
 #: One field of a sampled batch: an array of any shape and dtype (the field's, with the batch
 #: first).  Spelt without ``Any`` so that a user's ``mypy --disallow-any-expr`` accepts it.
@@ -28,6 +60,10 @@ Array: TypeAlias = np.ndarray[tuple[int, ...], np.dtype[np.generic]]
 
 #: What ``sample`` returns: each field's name (and ``indexes``, ``weights``, ...) to its array.
 Batch: TypeAlias = dict[str, Array]
+
+#: What ``batches(as_torch=True)`` yields: a :data:`Batch` whose arrays are CPU tensors over the
+#: same memory.
+TensorBatch: TypeAlias = "dict[str, torch.Tensor]"
 
 
 @dataclass(frozen=True)

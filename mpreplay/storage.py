@@ -2,7 +2,8 @@
 :mod:`mpreplay.compression`; its ``FrameWriter`` is ``FrameStore``."""
 
 from . import deprecated
-from .compression import Compression, FrameStore, with_next_fields
+from .compression import Compression, with_next_fields
+from .frame_store import FrameStore
 
 FrameWriter = FrameStore
 

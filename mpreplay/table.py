@@ -16,7 +16,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import numpy as np
 
@@ -58,23 +58,23 @@ from ._ext.selector import Selector
 from ._ext.sequences import Sequences
 from ._ext.slots import Slots
 from ._ext.table_handle import TableHandle
-from .compression import FrameStore
 from .errors import BufferClosed, read_only
+from .frame_store import FrameStore
 from .inspect import Inspection
 from .limiter import RateLimiter
 from .memory import FileMemory, HeapMemory, Layout, SharedMemory, segment_name, unlink_segment
 from .nstep_stage import NstepStage
-from .prefetch import Prefetcher
+from .prefetch import Prefetcher, as_drawn, as_tensors
 from .saved_episodes import EpisodeStore
 from .selectors import SelectorSpec
 from .sequences import SequenceSpec, SequenceStore
-from .spec import EnvDict
+from .spec import Batch, EnvDict, FieldOptions, TensorBatch
 from .table_config import EPISODE_STEP, TableConfig
 from .table_files import load_table, save_table, table_layout
 from .write_path import RowStore, Store, WritePath
 
-if TYPE_CHECKING:  # numpy's union, shown by name in signatures and the reference
-    from numpy.typing import DTypeLike
+if TYPE_CHECKING:  # numpy's unions, shown by name in signatures and the reference
+    from numpy.typing import ArrayLike, DTypeLike
 
 __all__ = ["Table", "BufferClosed"]
 
@@ -502,7 +502,7 @@ class Table(TableCalls):
         """Slot the next added transition goes to (the first lane's cursor)."""
         return int(self._lanes[0, LANE_CURSOR])
 
-    def get_env_dict(self) -> dict[str, dict[str, Any]]:
+    def get_env_dict(self) -> dict[str, FieldOptions]:
         """The normalised field specs."""
         self._check_open()
         return {n: {"shape": s.shape, "dtype": s.dtype} for n, s in self._config.specs.items()}
@@ -528,7 +528,7 @@ class Table(TableCalls):
         return self._config.selector.kernel_options().get("eps")
 
     # -- writing ----------------------------------------------------------------------
-    def _add(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int | None:
+    def _add(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int:
         if self._readonly:
             raise read_only("add")
         if timeout is not None:
@@ -554,6 +554,26 @@ class Table(TableCalls):
         self._path.forget()
 
     # -- reading ----------------------------------------------------------------------
+    @overload
+    def batches(
+        self,
+        batch_size: int,
+        beta: float | None = None,
+        *,
+        prefetch: int = 2,
+        timeout: float | None = None,
+        as_torch: Literal[False] = False,
+    ) -> Prefetcher[Batch]: ...
+    @overload
+    def batches(
+        self,
+        batch_size: int,
+        beta: float | None = None,
+        *,
+        prefetch: int = 2,
+        timeout: float | None = None,
+        as_torch: Literal[True],
+    ) -> Prefetcher[TensorBatch]: ...
     def batches(
         self,
         batch_size: int,
@@ -562,7 +582,7 @@ class Table(TableCalls):
         prefetch: int = 2,
         timeout: float | None = None,
         as_torch: bool = False,
-    ) -> Prefetcher:
+    ) -> Prefetcher[Batch] | Prefetcher[TensorBatch]:
         """An endless iterator of ``sample(batch_size, beta)`` batches drawn ``prefetch`` ahead
         on a background thread while the caller trains (see :mod:`mpreplay.prefetch`).
 
@@ -575,14 +595,17 @@ class Table(TableCalls):
         batch_size = checks.integer("batch_size", batch_size, low=1)
         if beta is not None:
             beta = checks.number("beta", beta, low=0.0, high=1.0)
-        return Prefetcher(
-            lambda out, t: self.sample(batch_size, beta, timeout=t, out=out),
-            checks.integer("prefetch", prefetch, low=1),
-            checks.seconds("timeout", timeout),
-            checks.flag("as_torch", as_torch),
-        )
+        prefetch = checks.integer("prefetch", prefetch, low=1)
+        timeout = checks.seconds("timeout", timeout)
 
-    def get_all_transitions(self, *, indexes: bool = False) -> dict[str, np.ndarray]:
+        def draw(out: Batch | None, t: float | None) -> Batch:
+            return self.sample(batch_size, beta, timeout=t, out=out)
+
+        if checks.flag("as_torch", as_torch):
+            return Prefetcher(draw, prefetch, timeout, as_tensors())
+        return Prefetcher(draw, prefetch, timeout, as_drawn)
+
+    def get_all_transitions(self, *, indexes: bool = False) -> Batch:
         """Copies of every stored transition (a sequence table's: step, with ``episode_step``),
         oldest first -- lane by lane, or in an ordered selector's order of insertion.
 
@@ -592,7 +615,7 @@ class Table(TableCalls):
         """
         return self._snapshot(slots=checks.flag("indexes", indexes))[0]
 
-    def read(self, indexes: Any) -> dict[str, np.ndarray]:
+    def read(self, indexes: ArrayLike) -> Batch:
         """Copies of the rows in slots ``indexes`` (the ``indexes`` a sample returns).
 
         Each slot must hold a complete row (ValueError otherwise, naming the first that does
@@ -685,14 +708,19 @@ class Table(TableCalls):
             checks.integer("batch_size", batch_size, low=1), True, -1.0, checks.seconds("timeout", timeout), None, True
         )
 
-    def slot_tags(self, indexes: Any) -> np.ndarray:
+    def slot_tags(self, indexes: ArrayLike) -> np.ndarray:
         """The current tag of each slot in ``indexes`` (see :meth:`sample_leaves`); -1 while a
         writer holds the slot."""
         return self._handle.tags(checks.indexes("indexes", indexes))
 
     # -- files ------------------------------------------------------------------------
     def save_transitions(
-        self, file: Any, *, compress: bool = True, priorities: bool = False, safe: bool | None = None
+        self,
+        file: str | os.PathLike[str] | IO[bytes],
+        *,
+        compress: bool = True,
+        priorities: bool = False,
+        safe: bool | None = None,
     ) -> None:
         """Write every stored row, oldest first, to ``file`` in mpreplay's file format
         (:mod:`mpreplay.fileformat`): a path (written atomically) or a binary file object;
@@ -715,7 +743,7 @@ class Table(TableCalls):
             priorities=checks.flag("priorities", priorities),
         )
 
-    def load_transitions(self, file: Any) -> int:
+    def load_transitions(self, file: str | os.PathLike[str] | IO[bytes]) -> int:
         """Append the rows of a file written by :meth:`save_transitions` (or cpprb's); returns
         how many.  The whole file is read and checked first: a bad one
         (:class:`~mpreplay.fileformat.TransitionFileError`) or one that does not fit
@@ -755,7 +783,7 @@ class Table(TableCalls):
             out["sequences"] = int(np.count_nonzero(self._memory.arrays[SEQUENCE_STEPS_ARRAY]))
         return out
 
-    def verify(self, *, timeout: float | None = None) -> dict[str, Any]:
+    def verify(self, *, timeout: float | None = None) -> dict[str, object]:
         """Check that the table is consistent -- an fsck: under the lock (``timeout`` bounds the
         wait), every count, the selector's state, the lanes and the sequence index are checked
         against the slot states (see :mod:`mpreplay.consistency`).  Returns a report (slots,

@@ -124,6 +124,12 @@ class TableConfig:
                     f"env_dict: {EPISODE_STEP!r} is the name a sequence buffer gives each step's index in its "
                     "episode; call the field something else"
                 )
+        if not removers.entry(remover).overwrites and max_times_sampled is None:
+            raise ValueError(
+                f"remover: {remover!r} never replaces an unread item, and without max_times_sampled= no sample "
+                "retires one, so once full every write would wait for ever: give max_times_sampled= (a Queue "
+                "or a Stack has 1) or another remover"
+            )
         if (compressed or sequence is not None) and not removers.entry(remover).frames:
             framed = [n for n in removers.names() if removers.entry(n).frames]
             raise ValueError(

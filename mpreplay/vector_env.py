@@ -47,11 +47,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import checks
 from ._ext.gate import deadline
 from .nstep import NstepBuffer
-from .spec import convert_batch, parse_env_dict
+from .spec import FieldOptions, convert_batch, parse_env_dict
 from .vector_spaces import env_dict, leaf_value, per_env_numbers, space_batch, space_leaves
 
 __all__ = ["NEXT_STEP", "SAME_STEP", "DISABLED", "TransitionBatch", "VectorTransitions", "VectorWriter", "env_dict"]
@@ -183,9 +184,9 @@ class VectorTransitions:
         """In Disabled mode, the sub-environments whose episode ended and that were not reset yet (a bool mask)."""
         return self._needs_reset.copy()
 
-    def env_dict(self) -> dict[str, dict[str, Any]]:
+    def env_dict(self) -> dict[str, FieldOptions]:
         """The env_dict of the rows it returns: build the replay buffer on it."""
-        return {name: dict(spec) for name, spec in self._env_dict.items()}
+        return {name: spec.copy() for name, spec in self._env_dict.items()}
 
     # -- the calls ------------------------------------------------------------------
     def reset(self, obs: Any, *, mask: Any = None) -> TransitionBatch:
@@ -332,7 +333,7 @@ class VectorTransitions:
         return TransitionBatch(out, envs, ended)
 
     def _empty(self, ended: np.ndarray) -> TransitionBatch:
-        rows = {name: np.empty((0,) + tuple(spec["shape"]), spec["dtype"]) for name, spec in self._env_dict.items()}
+        rows = {name: np.empty((0, *spec.shape), spec.dtype) for name, spec in parse_env_dict(self._env_dict).items()}
         return TransitionBatch(rows, np.empty(0, np.int64), ended)
 
 
@@ -363,7 +364,7 @@ class VectorWriter:
         # A batch an exception interrupted, and its steps done before (see add); another drops it.
         self._partial: tuple[TransitionBatch, int] | None = None
 
-    def add(self, batch: TransitionBatch, priorities: Any = None, *, timeout: float | None = None) -> None:
+    def add(self, batch: TransitionBatch, priorities: ArrayLike | None = None, *, timeout: float | None = None) -> None:
         """Store ``batch`` (with one priority per row, for a prioritized buffer).
 
         Priorities and values are checked for the whole batch before anything is stored;

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from .spec import FieldOptions
+
 __all__ = ["SpaceLeaf", "env_dict", "leaf_value", "per_env_numbers", "space_batch", "space_leaves"]
 
 _FLAG_FIELDS: dict[str, dict[str, Any]] = {"rew": {}, "done": {}}
@@ -71,7 +73,7 @@ def _space_fields(leaves: list[SpaceLeaf]) -> dict[str, dict[str, Any]]:
 
 def env_dict(
     observation_space: Any, action_space: Any, *, truncated: bool = False, discount: bool = False
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, FieldOptions]:
     """The ``env_dict`` of the transitions of an environment with these spaces.
 
     Pass a vector env's ``single_observation_space`` and ``single_action_space``

@@ -7,7 +7,7 @@
     load_transitions (rows already folded) ────────────────────────────────────────────────────► store (end)
 
 The store is one of three parts with one interface (:class:`Store`): :class:`RowStore`
-(fields side by side, one lane), :class:`~mpreplay.compression.FrameStore` (``next_of``,
+(fields side by side, one lane), :class:`~mpreplay.frame_store.FrameStore` (``next_of``,
 ``stack_compress``: frames once, in a lane per writer) or
 :class:`~mpreplay.sequences.SequenceStore` (a frame writer that also opens the sequences
 the steps complete).  The buffer names its parts; this module puts them in a line.
@@ -28,6 +28,7 @@ from . import checks
 from ._ext.gate import deadline
 from ._ext.selector import Selector
 from ._ext.table_handle import TableHandle
+from .errors import warn_rows_dropped
 from .nstep_stage import NstepStage
 from .saved_episodes import EpisodeStore, SavedEpisode, load_episodes
 from .spec import FieldSpec, convert_batch
@@ -85,6 +86,7 @@ class RowStore:
         if k > size:
             # Only the newest `size` rows would survive: skip the others, in the
             # same reservation (of every slot) that takes the newest.
+            warn_rows_dropped(k, size)
             skip = k - size
             rows = {n: r[skip:] for n, r in rows.items()}
             priorities = None if priorities is None else priorities[skip:]
@@ -143,15 +145,15 @@ class WritePath:
         self._selector = selector
         self._episodes = episodes
 
-    def add(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int | None:
+    def add(self, fields: dict[str, Any], priorities: Any, timeout: float | None) -> int:
         """What ``add`` stores: the rows ``fields``' steps complete, with ``priorities``
         (None: the largest stored; one float for all, or one per step).  Returns the slot
-        of the first row stored, or None when the steps completed none."""
+        of the first row stored, or -1 when the steps completed none."""
         if self.nstep is not None:
             rows, folded, commit = self.nstep.preview_add(fields, priorities, self._handle.check_priorities)
             slot = self._store_converted(rows, folded, timeout, False)
             commit()
-            return slot
+            return -1 if slot is None else slot
         if priorities is None or type(priorities) is float:
             # One transition of Python scalars and exact arrays: the kernel's fast path.
             if priorities is None:
@@ -168,7 +170,8 @@ class WritePath:
             # Checked before anything is written (TableHandle.update checks its own input).
             priorities = checks.priorities("priorities", priorities, k, max_priority=None)
             self._handle.check_priorities(priorities)
-        return self.store.write(k, rows, priorities, timeout)
+        slot = self.store.write(k, rows, priorities, timeout)
+        return -1 if slot is None else slot
 
     def end_episode(self, timeout: float | None) -> None:
         """What ``on_episode_end`` stores: the rows of the pending steps (n-step), the last

@@ -1,7 +1,8 @@
 """What several test files share, so that no test file holds a copy of another's helper: the start
 methods and buffer classes tests run under; child processes (run, crashed at a fault site, holding
 the lock) and the shared-memory segments they leave; the common fields and the rows that fill them;
-files saved and reloaded; selectors alone; the cells of the tables the commands print.
+files saved and reloaded; selectors alone; the cells of the tables the commands print; the
+modules docs/stability.md calls public or internal.
 
 Import it as ``from helpers import ...``: pytest puts this folder on ``sys.path`` (the test files and
 ``conftest.py`` sit in it without an ``__init__.py``), from the repository's root or from a copy of
@@ -215,10 +216,12 @@ def assert_numbered(rows: dict[str, np.ndarray], numbers: Any) -> None:
 
 
 def numbered_buffer(cls: type, size: int, numbers: Any, **options: Any) -> Any:
-    """A ``cls`` buffer of capacity ``size`` that was given the transitions ``numbers``, in order."""
+    """A ``cls`` buffer of capacity ``size`` that was given the transitions ``numbers``, in order
+    (in batches of at most ``size``: a larger one would warn of the rows it drops)."""
     buffer = cls(size, NUMBERED_FIELDS, **options)
-    if len(numbers):
-        buffer.add(**numbered_transitions(numbers))
+    numbers = list(numbers)
+    for start in range(0, len(numbers), size):
+        buffer.add(**numbered_transitions(numbers[start : start + size]))
     return buffer
 
 
@@ -348,3 +351,14 @@ def table_cells(text: str) -> list[list[str]]:
     """The cells of every line of ``text``, a table as rich draws it or as plain text: cells sit
     between rules or at least two spaces apart (no cell holds two spaces in a row)."""
     return [[c.strip() for c in re.split(r"[│┃]|\s{2,}", line) if c.strip()] for line in text.splitlines()]
+
+
+# -- what the documentation promises ---------------------------------------------------------------
+
+
+def stability_modules(kind: str) -> list[str]:
+    """The modules docs/stability.md lists under its heading "<kind> modules" (Public, Internal)."""
+    text = (REPO_ROOT / "docs" / "stability.md").read_text(encoding="utf-8")
+    section = re.search(rf"^### {kind} modules\n(.*?)(?=^#|\Z)", text, flags=re.DOTALL | re.MULTILINE)
+    assert section, f"docs/stability.md has no '### {kind} modules' heading"
+    return re.findall(r"^- `(mpreplay[\w.]*)`", section.group(1), flags=re.MULTILINE)

@@ -16,7 +16,7 @@ from helpers import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpreplay import PrioritizedReplayBuffer, ReplayBuffer
+from mpreplay import PrioritizedReplayBuffer, ReplayBuffer, RowsDroppedWarning
 from mpreplay._ext.schema import MEMBERS_ARRAY, TREE_ARRAY, field_array
 from mpreplay._ext.sumtree import TREE_HEAD_LEN
 
@@ -117,9 +117,20 @@ def test_batch_that_reaches_the_end_wraps_to_the_start(cls):
 def test_batch_larger_than_the_capacity_keeps_its_newest_rows(cls, k):
     buffer = cls(5, ENV)
     buffer.add(**numbered_transitions(range(2)))
-    assert buffer.add(**numbered_transitions(range(2, 2 + k))) == 2  # where its first row would have gone
+    with pytest.warns(
+        RowsDroppedWarning,
+        match=f"{k} rows written at once into a table of 5 slots: it keeps the newest 5, the {k - 5} oldest were",
+    ):
+        assert buffer.add(**numbered_transitions(range(2, 2 + k))) == 2  # where its first row would have gone
     assert (buffer.get_stored_size(), buffer.get_next_index()) == (5, (2 + k) % 5)
     assert_numbered(buffer.get_all_transitions(), range(k - 3, k + 2))
+
+
+@EACH_BUFFER_CLASS
+def test_batch_of_exactly_the_capacity_keeps_every_row_without_a_warning(cls, recwarn):
+    buffer = cls(5, ENV)
+    buffer.add(**numbered_transitions(range(5)))
+    assert not [w for w in recwarn if issubclass(w.category, RowsDroppedWarning)]
 
 
 _BATCHINGS = {

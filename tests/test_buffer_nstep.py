@@ -60,8 +60,14 @@ def test_a_dict_in_cpprbs_nstep_form_is_accepted():
 
 def test_steps_are_held_back_until_n_are_known():
     buffer = ReplayBuffer(16, ENV, nstep={"size": 3})
-    assert buffer.add(**_episode(5, terminal=False)[0]) is None
+    assert buffer.add(**_episode(5, terminal=False)[0]) == -1  # no row stored: no slot
     assert buffer.get_stored_size() == 0
+
+
+def test_the_add_that_completes_a_row_returns_the_slot_it_stored_it_in():
+    buffer = ReplayBuffer(16, ENV, nstep={"size": 2})
+    first, second, _ = _episode(3, terminal=False)
+    assert (buffer.add(**first), buffer.add(**second)) == (-1, 0)
 
 
 def test_on_episode_end_stores_the_pending_steps_as_bootstrapping():

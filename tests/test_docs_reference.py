@@ -18,11 +18,31 @@ import zlib
 from pathlib import Path
 
 import pytest
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, stability_modules
 
-# The modules whose __all__ the reference documents in full (docs/api/index.md lists them).
-MODULES = ["mpreplay", "mpreplay.vector_env", "mpreplay.returns", "mpreplay.sharded", "mpreplay.compat.cpprb"]
 BUILD_TIMEOUT_S = 600
+
+
+def reference_modules(page: str) -> list[str]:
+    """The modules a page of docs/api/ documents: its autosummary's entries."""
+    text = (REPO_ROOT / "docs" / "api" / page).read_text(encoding="utf-8")
+    return re.findall(r"^   (mpreplay[\w.]*)$", text, flags=re.MULTILINE)
+
+
+# The modules whose __all__ the reference documents in full: those docs/stability.md promises.
+MODULES = stability_modules("Public")
+
+
+def test_the_reference_documents_exactly_the_modules_stability_promises():
+    assert MODULES, "docs/stability.md lists no public module"
+    assert sorted(reference_modules("index.md")) == sorted(MODULES)
+
+
+def test_the_internal_reference_documents_exactly_the_modules_stability_calls_internal():
+    internal = stability_modules("Internal")
+    assert internal, "docs/stability.md lists no internal module"
+    assert sorted(reference_modules("internal.md")) == sorted(internal)
+    assert not set(internal) & set(MODULES), "a module both public and internal"
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +124,30 @@ def test_readme_links_lead_to_files_and_headings_that_exist():
             assert anchor in github_anchors(page.read_text(encoding="utf-8")), (
                 f"README links to {target}: no such heading"
             )
+
+
+def markdown_section(text: str, heading: str) -> str:
+    """The body of the section ``heading`` (a whole heading line) of a Markdown page, to the next
+    heading of the same or a higher level."""
+    level = len(heading) - len(heading.lstrip("#"))
+    start = text.index(heading + "\n") + len(heading) + 1
+    end = re.search(rf"^#{{1,{level}}} ", text[start:], flags=re.MULTILINE)
+    return text[start : start + end.start()] if end else text[start:]
+
+
+def figures(text: str) -> set[str]:
+    """The numbers a text quotes (``9.1``, ``16,433``, ``84``), links' targets left out."""
+    return set(re.findall(r"\d+(?:[.,]\d+)*", re.sub(r"\]\([^)]*\)", "]", text)))
+
+
+# The README's sections that quote measured figures.
+README_FIGURE_SECTIONS = ["## When to pick mpreplay", "## What mpreplay does", "## Benchmarks"]
+
+
+@pytest.mark.parametrize("heading", README_FIGURE_SECTIONS)
+def test_every_figure_the_readme_quotes_is_in_the_benchmarks_at_a_glance(heading):
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    glance = markdown_section((REPO_ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8"), "## At a glance")
+    quoted = figures(markdown_section(readme, heading))
+    assert quoted, f"README's {heading!r} quotes no figure: the section moved?"
+    assert sorted(quoted - figures(glance)) == [], f"README's {heading!r} quotes figures docs/benchmarks.md does not"

@@ -173,3 +173,45 @@ def _buffer_of(name: str):
         buffer = ReplayBuffer(16, ENV, selector=name)
         buffer.add(id=np.arange(8))
     return buffer
+
+
+STEP_ENV = {"obs": {"shape": (2,)}, "id": {"dtype": np.int64}, "next_obs": {"shape": (2,)}, "done": {}}
+ENDINGS = {
+    # How an episode of 4 steps ends: several rows complete in one call.
+    "done step": ({}, lambda table: None),
+    "on_episode_end with nstep": ({"nstep": {"size": 2, "gamma": 0.9}}, lambda table: table.on_episode_end()),
+}
+
+
+def _episode_of_steps(name: str, ending: str, tmp_path=None) -> ReplayBuffer:
+    """A next_of table of ``name`` given one 4-step episode (equal priorities: a heap draws in
+    order of insertion), saved and loaded back when ``tmp_path`` is given."""
+    options, end = ENDINGS[ending]
+    cls = PrioritizedReplayBuffer if selectors.entry(name).by_priority else ReplayBuffer
+    table = cls(32, STEP_ENV, selector=name, next_of="obs", **options)
+    for t in range(4):
+        done = float(t == 3 and not options)
+        table.add(obs=[t, t], id=t, next_obs=[t + 1, t + 1], done=done)
+    end(table)
+    if tmp_path is None:
+        return table
+    table.save_transitions(tmp_path / "steps.npz")
+    loaded = cls(32, STEP_ENV, selector=name, next_of="obs", **options)
+    loaded.load_transitions(tmp_path / "steps.npz")
+    return loaded
+
+
+@ORDERED
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def test_rows_one_call_completes_enter_the_selector_in_the_order_of_their_steps(name, ending):
+    table = _episode_of_steps(name, ending)
+    expected = [3, 2, 1, 0] if name == "lifo" else [0, 1, 2, 3]
+    assert table.sample(4)["id"].tolist() == expected
+
+
+@ORDERED
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def test_rows_one_call_completes_keep_the_order_of_their_steps_through_a_file(name, ending, tmp_path):
+    table = _episode_of_steps(name, ending, tmp_path)
+    expected = [3, 2, 1, 0] if name == "lifo" else [0, 1, 2, 3]
+    assert table.sample(4)["id"].tolist() == expected

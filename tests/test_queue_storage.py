@@ -161,3 +161,52 @@ def test_actor_processes_episodes_reach_the_learner_once_each_and_exact(method, 
         assert p.exitcode == 0
     learner.check({0: 100, 1: 100})
     buffer.close()
+
+
+@LIMITERS
+@STORAGE
+@NSTEP
+def test_a_learner_drawing_pairs_never_leaves_the_writer_waiting_while_the_queue_has_room(limiter, compression, nstep):
+    # A Stack draws its newest items first, so its oldest stay where a compressed writer's lane
+    # wraps around to: the writer moves its episode past them rather than wait for a learner that
+    # waits for a second item.
+    buffer = make(ReplayBuffer, 32, limiter, compression, nstep)
+    learner, t = Learner(buffer, nstep), 0
+    for _ in range(6):
+        while True:
+            try:
+                buffer.add(**step(t), timeout=0)
+            except TimeoutError:
+                break
+            t += 1
+        while buffer.get_stored_size() >= 2:
+            learner.take(2)
+        buffer.add(**step(t), timeout=0)  # one item or none stored: there is room
+        t += 1
+    learner.make_room(buffer.on_episode_end)
+    learner.drain()
+    learner.check({0: t})
+    assert buffer.verify()["complete"] == 0
+
+
+@EACH_START_METHOD
+@LIMITERS
+@pytest.mark.timeout(120, method="thread")
+def test_actor_processes_and_a_learner_drawing_pairs_never_wait_for_each_other(method, limiter):
+    buffer = make(MPReplayBuffer, 64, limiter, "both", None, lanes=2)
+    ctx = mp.get_context(method)
+    actors = [ctx.Process(target=_actor, args=(buffer, w, 150)) for w in range(2)]
+    for p in actors:
+        p.start()
+    learner = Learner(buffer, None)
+    deadline = time.monotonic() + 100
+    while any(p.is_alive() for p in actors):
+        assert time.monotonic() < deadline, "the actors and the learner waited for each other"
+        with contextlib.suppress(TimeoutError):
+            learner.take(2, timeout=0.2)
+    for p in actors:
+        p.join(30)
+        assert p.exitcode == 0
+    learner.drain()
+    learner.check({0: 150, 1: 150})
+    buffer.close()

@@ -29,7 +29,8 @@ SIZE = 64
 
 
 def _legal(remover: str, storage: str) -> bool:
-    return storage == "plain" or removers.entry(remover).frames
+    # keep_unread without max_times_sampled is refused (nothing would ever free a slot).
+    return removers.entry(remover).overwrites and (storage == "plain" or removers.entry(remover).frames)
 
 
 COMBINATIONS = [
@@ -88,6 +89,12 @@ def test_a_queue_or_stack_is_built_from_any_storage_and_hands_each_item_out_once
 def test_a_remover_that_replaces_an_episodes_frames_is_refused_with_compression(remover):
     with pytest.raises(ValueError, match=f"remover: '{remover}'"):
         Table(SIZE, FIELDS, remover=remover, next_of="obs")
+
+
+def test_a_remover_that_keeps_unread_items_is_refused_when_no_sample_retires_them():
+    with pytest.raises(ValueError, match=r"remover: 'keep_unread' .* max_times_sampled="):
+        Table(SIZE, FIELDS, remover="keep_unread")
+    Table(SIZE, FIELDS, remover="keep_unread", max_times_sampled=2).close()
 
 
 def test_an_illegal_combination_is_refused_naming_the_argument_the_caller_wrote():

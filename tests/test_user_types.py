@@ -21,6 +21,7 @@ pytest.importorskip("mypy", reason="mypy is in the lint extra: pip install -e '.
 USER_SCRIPT = """
     import numpy as np
 
+    import mpreplay
     from mpreplay import MPPrioritizedReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
 
     env_dict = {"obs": {"shape": (4,)}, "act": {"dtype": np.int64}, "rew": {}, "done": {}}
@@ -42,6 +43,37 @@ USER_SCRIPT = """
     shared.close()
 """
 
+# What the types promise beyond the first script: ``add`` returns an int, ``batches()`` yields the
+# ``Batch`` that ``sample`` returns, an env_dict may be annotated field by field, a file is a path
+# or a binary file -- each under ``--strict --disallow-any-expr``, with no cast.
+TYPED_SCRIPT = """
+    import io
+
+    import numpy as np
+
+    import mpreplay
+    from mpreplay import Batch, FieldOptions, ReplayBuffer
+
+    slot: int = ReplayBuffer(8, {"obs": {}}).add(obs=1.0)
+    table = mpreplay.Table(100, {"obs": {"shape": (4,)}, "rew": {}}, selector="prioritized")
+    first: int = table.add(obs=np.zeros(4), rew=1.0)
+    sampled: Batch = table.sample(8)
+    with table.batches(8, beta=0.4) as batches:
+        prefetched: Batch = next(batches)
+        for batch in batches:
+            weights = batch["weights"]
+            break
+    typed: dict[str, FieldOptions] = {"obs": {"shape": (4,)}, "act": {"dtype": np.int64}, "rew": {}}
+    other = mpreplay.Table(100, typed)
+    file = io.BytesIO()
+    table.save_transitions(file)
+    file.seek(0)
+    loaded: int = other.load_transitions(file)
+    rows = other.read([0, 1])
+    table.close()
+    other.close()
+"""
+
 # Each line a slip that must be an error: (the line, what mypy's message says).
 SLIPS = [
     ("rb.sampel(32)", 'has no attribute "sampel"'),
@@ -49,6 +81,10 @@ SLIPS = [
     ("rb.this_method_does_not_exist()", 'has no attribute "this_method_does_not_exist"'),
     ("rb.update_priorities(batch)", 'Missing positional argument "priorities"'),
     ('PrioritizedReplayBuffer(10, {"obs": {}}, sead=0)', 'Unexpected keyword argument "sead"'),
+    ('ReplayBuffer(10, {"obs": (4,)})', 'incompatible type "dict[str, tuple[int]]"'),  # a shape, not options
+    ('misspelt: dict[str, mpreplay.FieldOptions] = {"obs": {"shap": (4,)}}', 'Extra key "shap"'),
+    ('misshaped: dict[str, mpreplay.FieldOptions] = {"obs": {"shape": "4"}}', 'TypedDict item "shape"'),
+    ("rb.load_transitions(1)", 'Argument 1 to "load_transitions"'),
 ]
 
 
@@ -92,6 +128,13 @@ def test_a_users_script_type_checks_strictly_with_no_any_from_mpreplay(tmp_path,
     assert [re.sub(r"numpy\.generic(\[Any\])?", "numpy.generic", r) for r in revealed] == [
         'numpy.ndarray[tuple[int, ...], numpy.dtype[numpy.generic]]"'
     ] * 2, result.stdout
+
+
+@pytest.mark.timeout(900)
+def test_adds_batches_field_options_and_files_type_check_strictly_without_a_cast(tmp_path, mypy_cache):
+    result = run_mypy(TYPED_SCRIPT, tmp_path, mypy_cache)
+    errors = [line for line in result.stdout.splitlines() if line.startswith("user_script.py") and ": error:" in line]
+    assert errors == [], result.stdout + result.stderr
 
 
 @pytest.mark.timeout(900)

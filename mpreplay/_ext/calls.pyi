@@ -19,11 +19,9 @@ class TableCalls:
         uint64_indexes: bool = False,
         readonly: bool = False,
     ) -> None: ...
-    def add(
-        self, *, priorities: ArrayLike | None = None, timeout: float | None = None, **fields: ArrayLike
-    ) -> int | None:
+    def add(self, *, priorities: ArrayLike | None = None, timeout: float | None = None, **fields: ArrayLike) -> int:
         """Store one transition, or a batch with a leading dimension; returns the slot of the first
-        (None: an n-step table stored nothing yet)."""
+        row stored (-1: an n-step table stored none yet)."""
 
     def add_row(self, fields: dict[str, object]) -> int:
         """The kernel's add of one transition of a dict of plain values; -1 when it needs :meth:`add`."""

@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .. import checks
 from .._ext.selector import importance_weights_of
+from ..spec import FieldOptions
 from .keys import MAX_SHARD_IDS, shard_index, split_index
 from .transport import LocalLink, ShardUnavailable
 from .transport import link as connect
@@ -333,7 +335,7 @@ class ShardedReplay:
         return _Batch(rows, indexes, p, min(floor, float(p.min())))
 
     # -- priorities ----------------------------------------------------------------------------
-    def update_priorities(self, indexes: Any, priorities: Any) -> None:
+    def update_priorities(self, indexes: ArrayLike, priorities: ArrayLike) -> None:
         """Send new priorities of sampled transitions to their shards, without waiting
         (they ride with the shards' next sample calls).
 
@@ -403,7 +405,7 @@ class ShardedReplay:
         """Capacity over all shards."""
         return sum(s.capacity for s in self._shards.values())
 
-    def get_env_dict(self) -> dict[str, dict[str, Any]]:
+    def get_env_dict(self) -> dict[str, FieldOptions]:
         """The shards' field specs."""
         if self._spec is None:
             raise ValueError("get_env_dict: no shard was added yet")

@@ -7,9 +7,8 @@ the low 52 bits, its *key*: tag and slot.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = [
     "MAX_SHARD_IDS",
@@ -62,7 +61,7 @@ def split_index(indexes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return indexes >> _KEY_BITS, indexes & _KEY_MASK
 
 
-def split_indexes(indexes: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def split_indexes(indexes: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(shard_ids, slots, generation_tags)`` of indexes a :class:`ShardedReplay` returned.
 
     A generation tag is the low 20 bits of how many times the slot had been
