@@ -23,7 +23,7 @@ from mpreplay import fileformat, manifest
 # never changes a format, and no minor version introduces two pairs.  (0.1.0 had no manifest.)
 FORMATS_INTRODUCED = {
     (3, 2): (0, 2),
-    (4, 2): (0, 3),
+    (5, 2): (0, 3),  # format 4 was 0.3.0's while unreleased: 5 replaced it before any release
 }
 
 SECTION = re.compile(r"^## (\d+)\.(\d+)\.(\d+) \((.+)\)$", re.MULTILINE)
