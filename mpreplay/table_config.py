@@ -55,7 +55,7 @@ class TableConfig:
     persist: bool = False  # a shared table that outlives its creator (until removed)
     # What build() was given, checked, as JSON: a shared table's manifest carries it, so that a
     # process given only the table's name builds the same configuration (see from_arguments).
-    arguments: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    arguments: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(
@@ -217,9 +217,9 @@ class TableConfig:
         )
 
     @classmethod
-    def from_arguments(cls, arguments: Mapping[str, Any], *, persist: bool) -> TableConfig:
+    def from_arguments(cls, arguments: Mapping[str, object], *, persist: bool) -> TableConfig:
         """The shared table's configuration that ``arguments`` (read from its manifest) describe."""
-        args = dict(arguments)
+        args: dict[str, Any] = dict(arguments)
         selector = args.pop("selector")
         sequence = args.pop("sequence")
         return cls.build(
