@@ -11,12 +11,13 @@ from .buffers import (
     ReplayBuffer,
     SequenceReplayBuffer,
 )
-from .errors import BufferClosed, CorruptBufferError, IncompatibleSegmentError
+from .errors import BufferClosed, CheckpointError, CorruptBufferError, IncompatibleSegmentError
 from .launcher import ChildFailed, Context, RunResult, StopFlag, launch
 from .limiter import ExactlyOnce, MinSize, Queue, RateLimiter, SampleToInsertRatio, Stack
 from .memory import SharedMemoryError
 from .nstep import NstepBuffer
 from .params import ParameterStore, ParameterStoreTimeout
+from .restore import restore
 from .returns import NStepReturns, discounted_cumsum_left, discounted_cumsum_right, gae, n_step_returns
 from .selectors import SelectorSpec
 from .sequences import SequenceSpec, sequence_priority
@@ -26,6 +27,7 @@ from .table import Table
 __all__ = [
     "__version__",
     "Table",
+    "restore",
     "EnvDict",
     "Batch",
     "Array",
@@ -41,6 +43,7 @@ __all__ = [
     "SequenceSpec",
     "SelectorSpec",
     "BufferClosed",
+    "CheckpointError",
     "CorruptBufferError",
     "SharedMemoryError",
     "IncompatibleSegmentError",

@@ -1,0 +1,355 @@
+"""Checkpoints: a table's whole state written in its own layout and restored -- rows, priorities,
+orders, counters and the next draws -- for every legal table, taken while writers and a learner
+run, atomic under SIGKILL, and refused by name when damaged."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import EACH_START_METHOD, TAGGED_STACK_FIELDS, tagged_episode
+
+import mpreplay
+from mpreplay import CheckpointError, MinSize, Queue, SequenceSpec, SharedMemoryError, Table, removers, selectors
+
+pytestmark = pytest.mark.timeout(120, method="thread")
+
+STORAGE = {"plain": {}, "compressed": {"next_of": "obs", "stack_compress": "obs"}}
+LIMITERS = {"none": None, "min_size": MinSize(4)}
+SIZE = 64
+COUNTERS = ("stored", "inserts", "reserved", "samples", "stale_updates_dropped", "torn_rows_resampled")
+
+GRID = [
+    pytest.param(sel, rem, lim, shared, storage, id=f"{sel}-{rem}-{lim}-{'shared' if shared else 'local'}-{storage}")
+    for sel, rem, lim, shared, storage in itertools.product(
+        selectors.names(), removers.names(), LIMITERS, (False, True), STORAGE
+    )
+    if storage == "plain" or removers.entry(rem).frames
+]
+
+
+def _used(table: Table, episodes: tuple[int, ...] = (20, 25)) -> Table:
+    """``table`` given tagged episodes of stacked frames, sampled from, its priorities updated."""
+    rng = np.random.default_rng(7)
+    for e, n in enumerate(episodes):
+        steps = tagged_episode(0, e, n, rng=rng)
+        table.add(**{name: steps[name] for name in table.get_env_dict()}, timeout=0)
+    batch = table.sample(6, timeout=0)
+    if table.config.by_priority:
+        table.update_priorities(batch["indexes"], np.linspace(0.5, 3.0, 6))
+    return table
+
+
+def assert_same_table(original: Table, restored: Table, draws: int = 3) -> None:
+    """Same rows in the same order and slots, same priorities and counters, same next draws."""
+    a, b = original.get_all_transitions(indexes=True), restored.get_all_transitions(indexes=True)
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    if original.config.by_priority:
+        for x, y in zip(
+            original.inspection().priorities(a["indexes"]), restored.inspection().priorities(b["indexes"]), strict=True
+        ):
+            np.testing.assert_array_equal(x, y)
+    sa, sb = original.stats(), restored.stats()
+    assert {k: sa[k] for k in COUNTERS} == {k: sb[k] for k in COUNTERS}
+    for _ in range(draws):
+        if original.get_stored_size() == 0:
+            break
+        x, y = original.sample(5, timeout=0), restored.sample(5, timeout=0)
+        for name in x:
+            np.testing.assert_array_equal(x[name], y[name], err_msg=name)
+    restored.verify()
+
+
+@pytest.mark.parametrize(("selector", "remover", "limiter", "shared", "storage"), GRID)
+def test_every_legal_table_round_trips_rows_priorities_counters_and_next_draws(
+    tmp_path, selector, remover, limiter, shared, storage
+):
+    fields = {k: v for k, v in TAGGED_STACK_FIELDS.items() if storage == "compressed" or k != "next_obs"}
+    with _used(
+        Table(
+            SIZE,
+            fields,
+            selector=selector,
+            remover=remover,
+            rate_limiter=LIMITERS[limiter],
+            shared=shared,
+            seed=3,
+            **STORAGE[storage],
+        )
+    ) as table:
+        table.checkpoint(tmp_path / "ck")
+        with mpreplay.restore(tmp_path / "ck", shared=shared) as restored:
+            assert type(restored) is Table and restored.config == table.config
+            assert_same_table(table, restored)
+
+
+MORE = {
+    "sequence": lambda shared: Table(
+        SIZE,
+        {"tag": {"shape": (3,), "dtype": np.int64}, "done": {}},
+        sequence=SequenceSpec.build(4, 2, True, 0.9),
+        selector="prioritized",
+        shared=shared,
+        seed=3,
+    ),
+    "nstep": lambda shared: Table(
+        SIZE,
+        {"tag": {"shape": (3,), "dtype": np.int64}, "rew": {}, "done": {}},
+        nstep={"size": 3, "gamma": 0.9, "next": None},
+        selector="prioritized",
+        shared=shared,
+        seed=3,
+    ),
+    "max_times_sampled": lambda shared: Table(
+        SIZE, {"tag": {"shape": (3,), "dtype": np.int64}, "done": {}}, max_times_sampled=2, shared=shared, seed=3
+    ),
+    "queue": lambda shared: Table(
+        SIZE, {"tag": {"shape": (3,), "dtype": np.int64}, "done": {}}, rate_limiter=Queue(SIZE), shared=shared, seed=3
+    ),
+    "lanes": lambda shared: Table(
+        SIZE,
+        TAGGED_STACK_FIELDS,
+        next_of="obs",
+        stack_compress="obs",
+        lanes=2,
+        selector="prioritized",
+        shared=shared,
+        seed=3,
+    ),
+}
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["local", "shared"])
+@pytest.mark.parametrize("kind", sorted(MORE))
+def test_sequence_nstep_retiring_queue_and_laned_tables_round_trip(tmp_path, kind, shared):
+    with MORE[kind](shared) as table:
+        rng = np.random.default_rng(1)
+        for e, n in enumerate((12, 14)):
+            steps = tagged_episode(0, e, n, rng=rng)
+            row = {name: steps[name] for name in ("tag", "done", "obs", "next_obs") if name in table.config.specs}
+            if "rew" in table.config.specs:
+                row["rew"] = np.arange(n, dtype=np.float32)
+            table.add(**row, timeout=0)
+        table.sample(3, timeout=0)
+        table.checkpoint(tmp_path / "ck")
+        with mpreplay.restore(tmp_path / "ck", shared=shared) as restored:
+            # n-step's fields come back normalised (dtypes and shapes spelt out): they fold the same.
+            assert dataclasses.replace(restored.config, nstep=None) == dataclasses.replace(table.config, nstep=None)
+            assert_same_table(table, restored)
+            if kind == "lanes":
+                return  # a restored table's writer claims a lane never written first: it goes on elsewhere
+            for t in (table, restored):  # and both go on alike
+                steps = tagged_episode(0, 2, 9, rng=np.random.default_rng(2))
+                row = {name: steps[name] for name in ("tag", "done", "obs", "next_obs") if name in t.config.specs}
+                t.add(**row, **({"rew": np.ones(9, np.float32)} if "rew" in t.config.specs else {}), timeout=0)
+            assert_same_table(table, restored)
+
+
+def test_a_local_table_restores_shared_and_a_shared_one_local(tmp_path):
+    for shared in (False, True):
+        with _used(Table(SIZE, TAGGED_STACK_FIELDS, next_of="obs", stack_compress="obs", shared=shared, seed=2)) as t:
+            t.checkpoint(tmp_path / "ck")
+            with mpreplay.restore(tmp_path / "ck", shared=not shared) as restored:
+                assert restored.config.shared is not shared and (restored.name is not None) is not shared
+                assert_same_table(t, restored)
+
+
+def test_the_restored_table_is_of_the_class_that_wrote_it(tmp_path):
+    with mpreplay.MPPrioritizedReplayBuffer(SIZE, {"obs": {}}, seed=0) as buffer:
+        buffer.add(obs=np.arange(10.0))
+        buffer.checkpoint(tmp_path / "ck")
+        with mpreplay.restore(tmp_path / "ck") as restored:
+            assert type(restored) is mpreplay.MPPrioritizedReplayBuffer
+            assert_same_table(buffer, restored)
+
+
+def test_a_shared_restore_takes_the_name_given_and_refuses_one_in_use(tmp_path):
+    with Table(SIZE, {"obs": {}}, shared=True) as table:
+        table.add(obs=np.arange(5.0))
+        table.checkpoint(tmp_path / "ck")
+        name = f"mpreplay-{os.getpid()}-restored"
+        with mpreplay.restore(tmp_path / "ck", name=name) as restored:
+            assert restored.name == name and restored.get_stored_size() == 5
+            with pytest.raises(SharedMemoryError, match=r"name: a shared-memory segment .* exists already"):
+                mpreplay.restore(tmp_path / "ck", name=name)
+        with pytest.raises(ValueError, match="name: only a shared table"):
+            mpreplay.restore(tmp_path / "ck", name=name, shared=False)
+        with pytest.raises(NotImplementedError, match="persist"):
+            mpreplay.restore(tmp_path / "ck", persist=True)
+
+
+def test_an_open_episode_ends_at_the_checkpoint_and_its_lane_takes_a_new_writer(tmp_path):
+    with Table(SIZE, TAGGED_STACK_FIELDS, next_of="obs", stack_compress="obs", shared=True, seed=0) as table:
+        rng = np.random.default_rng(0)
+        table.add(**tagged_episode(0, 0, 10, ended=False, rng=rng))
+        table.checkpoint(tmp_path / "ck")
+        with mpreplay.restore(tmp_path / "ck") as restored:
+            # The last step waits for a next observation only the gone writer had: not sampleable.
+            assert restored.get_stored_size() == table.get_stored_size() == 9
+            restored.add(**tagged_episode(1, 0, 5, rng=rng), timeout=0)
+            tags = restored.get_all_transitions()["tag"]
+            assert restored.get_stored_size() == 14 and sorted(map(tuple, tags[:, :2])) == [(0, 0)] * 9 + [(1, 0)] * 5
+            assert restored.verify()["waiting"] == 1
+
+
+def test_a_new_checkpoint_replaces_the_previous_one_and_inspect_describes_it(tmp_path):
+    with Table(SIZE, {"obs": {}}) as table:
+        table.add(obs=np.arange(5.0))
+        table.checkpoint(tmp_path / "ck")
+        table.add(obs=np.arange(3.0))
+        doc = table.checkpoint(tmp_path / "ck")
+        assert doc["stored"] == 8 and sorted(os.listdir(tmp_path)) == ["ck"]
+        with mpreplay.restore(tmp_path / "ck", shared=False) as restored:
+            assert restored.get_stored_size() == 8
+    out = subprocess.run(
+        [sys.executable, "-m", "mpreplay", "inspect", str(tmp_path / "ck")], capture_output=True, text=True, check=True
+    ).stdout
+    assert "mpreplay checkpoint, format version 1" in out and "stored at the cut: 8" in out and "field:obs" not in out
+
+
+# -- damaged checkpoints ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def checkpoint(tmp_path) -> Path:
+    with _used(Table(SIZE, TAGGED_STACK_FIELDS, next_of="obs", stack_compress="obs")) as table:
+        table.checkpoint(tmp_path / "ck")
+    return tmp_path / "ck"
+
+
+def _segments() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith("mpreplay-")}
+
+
+def _refused(path: Path, match: str) -> None:
+    before = _segments()
+    for shared in (True, False):
+        with pytest.raises(CheckpointError, match=match):
+            mpreplay.restore(path, shared=shared)
+    assert _segments() == before  # the table being filled was unlinked
+
+
+def test_a_truncated_checkpoint_is_refused_naming_its_data_file(checkpoint):
+    data = checkpoint / "data.bin"
+    data.write_bytes(data.read_bytes()[:-100])
+    _refused(checkpoint, r"data.bin: \d+ bytes, the manifest says \d+ \(truncated\?\)")
+
+
+def test_a_bit_flipped_checkpoint_is_refused_naming_the_array_and_chunk(checkpoint):
+    data = checkpoint / "data.bin"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 3] ^= 0x10
+    data.write_bytes(bytes(raw))
+    _refused(checkpoint, r"data.bin: array '[^']+', chunk 0 .* is damaged")
+
+
+def test_an_edited_or_missing_manifest_is_refused(checkpoint, tmp_path):
+    manifest = checkpoint / "manifest.json"
+    text = manifest.read_text()
+    manifest.write_text(text.replace('"stored": ', '"stored": 1'))
+    _refused(checkpoint, "the manifest is damaged")
+    manifest.write_text(text[: len(text) // 2])
+    _refused(checkpoint, "not a readable checkpoint manifest")
+    _refused(tmp_path / "nowhere", "no checkpoint manifest there")
+
+
+# -- killed while checkpointing -------------------------------------------------------------------
+
+
+def _checkpoint_for_ever(table: Table, path: str) -> None:
+    while True:
+        table.checkpoint(path)
+
+
+@EACH_START_METHOD
+def test_a_checkpoint_killed_midway_leaves_the_previous_one_whole_and_the_table_unharmed(tmp_path, method):
+    path = tmp_path / "ck"
+    with Table(2048, {"obs": {"shape": (4096,), "dtype": np.uint8}, "id": {"dtype": np.int64}}, shared=True) as table:
+        table.add(obs=np.ones((1000, 4096), np.uint8), id=np.arange(1000))
+        table.checkpoint(path)
+        table.add(obs=np.ones((500, 4096), np.uint8), id=np.arange(1000, 1500))
+        child = mp.get_context(method).Process(target=_checkpoint_for_ever, args=(table, str(path)))
+        child.start()
+        try:
+            tmp = Path(f"{path}.tmp-{child.pid}")
+            deadline = time.monotonic() + 60
+            while not (tmp / "data.bin").exists() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            os.kill(child.pid, signal.SIGKILL)
+        finally:
+            child.join(30)
+        assert child.exitcode == -signal.SIGKILL
+        with mpreplay.restore(path, shared=False) as restored:
+            assert restored.get_stored_size() in (1000, 1500)  # the previous one, or a later whole one
+            assert np.array_equal(restored.get_all_transitions()["id"], np.arange(restored.get_stored_size()))
+        table.verify(timeout=10)
+        table.add(obs=np.ones((1, 4096), np.uint8), id=[1500], timeout=10)
+        assert table.get_stored_size() == 1501
+        table.checkpoint(path)  # and the next checkpoint clears what the killed one left
+        assert sorted(os.listdir(tmp_path)) == ["ck"]
+
+
+# -- live: writers and a learner running ----------------------------------------------------------
+
+LIVE_FIELDS = {"id": {"dtype": np.int64}, "obs": {"shape": (61,), "dtype": np.int64}, "check": {"dtype": np.int64}}
+
+
+def _write_numbered(table: Table, writer: int, stop: Any) -> None:
+    """Rows whose every field holds their number: writer * 10**9 + n, n counting up; 8 a
+    millisecond at most, as actors stepping environments (a writer that laps the whole ring while
+    a checkpoint copies it leaves nothing whole to keep)."""
+    n = 0
+    while not stop.is_set():
+        ids = writer * 10**9 + np.arange(n, n + 8)
+        table.add(id=ids, obs=np.repeat(ids[:, None], 61, axis=1), check=ids, timeout=10)
+        n += 8
+        time.sleep(0.001)
+
+
+def _sample(table: Table, stop: Any) -> None:
+    while not stop.is_set():
+        table.sample(32, timeout=10)
+
+
+@EACH_START_METHOD
+@pytest.mark.parametrize("selector", ["uniform", "fifo"])
+def test_a_checkpoint_taken_while_two_writers_and_a_learner_run_holds_whole_rows_in_order(tmp_path, method, selector):
+    ctx = mp.get_context(method)
+    stop = ctx.Event()
+    with Table(4096, LIVE_FIELDS, selector=selector, rate_limiter=MinSize(64), shared=True) as table:
+        procs = [ctx.Process(target=_write_numbered, args=(table, w, stop)) for w in (1, 2)]
+        procs.append(ctx.Process(target=_sample, args=(table, stop)))
+        for p in procs:
+            p.start()
+        try:
+            while table.get_stored_size() < 4096:
+                time.sleep(0.01)
+            docs = [table.checkpoint(tmp_path / f"ck{j}") for j in range(3)]
+        finally:
+            stop.set()
+            for p in procs:
+                p.join(30)
+        assert [p.exitcode for p in procs] == [0, 0, 0]
+        for j, doc in enumerate(docs):
+            with mpreplay.restore(tmp_path / f"ck{j}", shared=False) as restored:
+                rows = restored.get_all_transitions()
+                ids = rows["id"]
+                assert len(ids) == restored.get_stored_size() == doc["stored"] - doc["rows_left_out"] > 0
+                np.testing.assert_array_equal(rows["check"], ids)  # no torn row
+                np.testing.assert_array_equal(rows["obs"], np.repeat(ids[:, None], 61, axis=1))
+                for w in (1, 2):  # each writer's rows in the order it wrote them
+                    mine = ids[ids // 10**9 == w]
+                    assert (np.diff(mine) > 0).all()
+                restored.verify()
