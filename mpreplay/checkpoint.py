@@ -10,14 +10,15 @@ carries a CRC-32 of itself.  Nothing in it is code: restoring reads JSON and raw
 
 The cut is consistent without holding the lock across the copy.  Under the lock, briefly, the
 small per-slot arrays and counters are copied to memory: that is the cut.  The rows and frames
--- the bulk -- are then copied chunk by chunk without the lock while writers go on, and once
-they are, the slots' generations tell which rows changed since the cut (rewritten, being
-written at the cut, or -- a compressed row -- reading a frame rewritten since): those rows are
-left out (their slot is written as abandoned by a writer, which restoring turns into a free
-slot, repairing the selector and the counters as after a writer's death).  Every other row is
-byte for byte what it was at the cut.  A lane's open episode ends at the cut: its complete rows
-stay, its last row waits for a next observation that never comes (as when a writer dies), and
-the lane is free for the next writer.  See docs/architecture.md, "Checkpoints".
+-- the bulk -- are then copied a block of slots at a time without the lock while writers go on;
+after each block, the slots' generations tell which of them changed since the cut (rewritten,
+or being written at the cut).  Those rows, and the compressed rows that may read their frames,
+are left out: retired in the cut's per-slot state (EMPTY, as a row drawn ``max_times_sampled``
+times), which restoring takes out of the selector and the counters.  Every other row is byte
+for byte what it was at the cut.  A write in flight at the cut is given up: its slots are free
+in the restored table.  A lane's open episode ends at the cut: its complete rows stay, its last
+row waits for a next observation that never comes (as when a writer dies), and the lane is free
+for the next writer.  See docs/architecture.md, "Checkpoints".
 
 The folder is written as ``<path>.tmp-<pid>``, each file and the folder synced, then put in
 place of ``<path>`` by one atomic exchange: a process killed at any point leaves the previous
@@ -40,6 +41,7 @@ import numpy as np
 
 from ._ext.gate import deadline
 from ._ext.schema import (
+    COMPLETE,
     EMPTY,
     GENERATION_ARRAY,
     HEADER_ARRAY,
@@ -216,9 +218,14 @@ def _write_folder(tmp: str, source: Source, timeout: float | None, chunk: int) -
                 entry["chunks"].append([int(piece.size), zlib.crc32(piece.data)])
                 _pwrite(f.fileno(), piece, entry["offset"] + a * width)
             changed[a:b] = handle.changed_since(gen, a, b)
+        # A changed slot's bytes are not the cut's, and the rows that may read its frames cannot
+        # be rebuilt: all are retired (EMPTY, as a row drawn max_times_sampled times), and every
+        # write in flight at the cut is given up (its slots get the even generation of a free
+        # slot: a restored table has no writer).  Restoring takes them out of the selector.
         lost = _with_readers(changed, cut[LANES_ARRAY], *source.reach) & (state != EMPTY)
-        gen[lost] += 1 + (gen[lost] & 1)  # odd: a writer's, abandoned -- restoring frees the slot
+        left_out = int(np.count_nonzero(lost & (state == COMPLETE)))
         state[lost] = EMPTY
+        gen += gen & 1
         closed = 0
         if config.sequence is not None:
             broken = _closed_sequences(cut, lost, config.sequence.length)
@@ -246,7 +253,7 @@ def _write_folder(tmp: str, source: Source, timeout: float | None, chunk: int) -
         "nbytes": layout.nbytes,
         "data_nbytes": offset,
         "stored": int(cut[HEADER_ARRAY][STORED]),
-        "rows_left_out": int(lost.sum()),
+        "rows_left_out": left_out,  # complete rows (a row waiting for its next frame is not stored)
         "sequences_closed": closed,
         "repair": bool(lost.any() or closed),
         "rng": rng,

@@ -782,7 +782,7 @@ def _restored(
     name: str | None,
 ) -> _Table:
     """A new table of ``config`` whose arrays ``fill`` writes (a checkpoint's), drawing from
-    ``rng``; ``repair``: the arrays hold rows left out (abandoned slots), to be made to agree
+    ``rng``; ``repair``: the arrays hold rows left out (retired in the slot states), to be made to agree
     with the rest as after a writer's death (see :mod:`mpreplay.checkpoint`)."""
     table = cls.__new__(cls)
     table._assemble(config, _new_memory(config, name), True, rng)

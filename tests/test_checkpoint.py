@@ -204,6 +204,20 @@ def test_an_open_episode_ends_at_the_checkpoint_and_its_lane_takes_a_new_writer(
             assert restored.verify()["waiting"] == 1
 
 
+def test_rows_being_written_at_the_checkpoint_are_left_out_and_their_slots_are_free_again(tmp_path):
+    with Table(8, {"obs": {}}, shared=True, seed=0) as table:
+        table.add(obs=np.arange(8.0))
+        reservation = table.inspection().reserve(3)  # a writer mid-copy: its slots' old rows retired
+        table.checkpoint(tmp_path / "ck")
+        with mpreplay.restore(tmp_path / "ck", shared=False) as restored:
+            assert restored.get_stored_size() == 5 and restored.verify()["being_written"] == 0
+            restored.add(obs=np.arange(10.0, 18.0), timeout=0)  # a lap of the ring: the free slots too
+            assert restored.get_all_transitions()["obs"].tolist() == list(range(10, 18))
+            restored.verify()
+        reservation.publish(timeout=10)
+        assert table.get_stored_size() == 8  # the checkpoint changed nothing of the table
+
+
 def test_a_new_checkpoint_replaces_the_previous_one_and_inspect_describes_it(tmp_path):
     with Table(SIZE, {"obs": {}}) as table:
         table.add(obs=np.arange(5.0))
@@ -323,27 +337,35 @@ def _sample(table: Table, stop: Any) -> None:
         table.sample(32, timeout=10)
 
 
+def _checkpoints_while_running(
+    method: str, table: Table, write: Any, full: int, folder: Path
+) -> list[tuple[dict[str, Any], Path]]:
+    """Three checkpoints of ``table`` into ``folder`` taken while two processes run ``write``
+    (writers 1 and 2) and one samples, once ``full`` rows are stored: ``(manifest, path)`` each."""
+    ctx = mp.get_context(method)
+    stop = ctx.Event()
+    procs = [ctx.Process(target=write, args=(table, w, stop)) for w in (1, 2)]
+    procs.append(ctx.Process(target=_sample, args=(table, stop)))
+    for p in procs:
+        p.start()
+    try:
+        while table.get_stored_size() < full:
+            time.sleep(0.01)
+        taken = [(table.checkpoint(folder / f"ck{j}"), folder / f"ck{j}") for j in range(3)]
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(30)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    return taken
+
+
 @EACH_START_METHOD
 @pytest.mark.parametrize("selector", ["uniform", "fifo"])
 def test_a_checkpoint_taken_while_two_writers_and_a_learner_run_holds_whole_rows_in_order(tmp_path, method, selector):
-    ctx = mp.get_context(method)
-    stop = ctx.Event()
     with Table(4096, LIVE_FIELDS, selector=selector, rate_limiter=MinSize(64), shared=True) as table:
-        procs = [ctx.Process(target=_write_numbered, args=(table, w, stop)) for w in (1, 2)]
-        procs.append(ctx.Process(target=_sample, args=(table, stop)))
-        for p in procs:
-            p.start()
-        try:
-            while table.get_stored_size() < 4096:
-                time.sleep(0.01)
-            docs = [table.checkpoint(tmp_path / f"ck{j}") for j in range(3)]
-        finally:
-            stop.set()
-            for p in procs:
-                p.join(30)
-        assert [p.exitcode for p in procs] == [0, 0, 0]
-        for j, doc in enumerate(docs):
-            with mpreplay.restore(tmp_path / f"ck{j}", shared=False) as restored:
+        for doc, path in _checkpoints_while_running(method, table, _write_numbered, 4096, tmp_path):
+            with mpreplay.restore(path, shared=False) as restored:
                 rows = restored.get_all_transitions()
                 ids = rows["id"]
                 assert len(ids) == restored.get_stored_size() == doc["stored"] - doc["rows_left_out"] > 0
@@ -352,4 +374,57 @@ def test_a_checkpoint_taken_while_two_writers_and_a_learner_run_holds_whole_rows
                 for w in (1, 2):  # each writer's rows in the order it wrote them
                     mine = ids[ids // 10**9 == w]
                     assert (np.diff(mine) > 0).all()
+                restored.verify()
+
+
+# Compressed: each frame names (writer, episode, step), so a row rebuilt from frames of another
+# write shows.
+FRAMED_FIELDS = {
+    "tag": {"shape": (3,), "dtype": np.int64},
+    "obs": {"shape": (3, 4), "dtype": np.uint8},
+    "next_obs": {"shape": (3, 4), "dtype": np.uint8},
+    "done": {},
+}
+
+
+def _frame(tags: np.ndarray) -> np.ndarray:
+    """The frame of each step (rows of (writer, episode, step)): three bytes naming it."""
+    return np.stack([tags[:, 0], tags[:, 1] % 251, tags[:, 2] % 241], axis=1).astype(np.uint8)
+
+
+def _framed_episode(writer: int, episode: int, n: int) -> dict[str, np.ndarray]:
+    """An episode of ``n`` steps whose stacks hold the frames of the last 4 steps (the first repeated)."""
+    steps = np.arange(n + 1)
+    tags = np.stack([np.full(n + 1, writer), np.full(n + 1, episode), steps], axis=1)
+    frames = _frame(tags)
+    stacks = np.moveaxis(frames[np.maximum(0, steps[:, None] - 3 + np.arange(4))], 1, -1)
+    done = (steps[:n] == n - 1).astype(np.float32)
+    return {"tag": tags[:n], "obs": stacks[:n], "next_obs": stacks[1:], "done": done}
+
+
+def _write_framed(table: Table, writer: int, stop: Any) -> None:
+    lane_writer = table.episode_writer()
+    episode = 0
+    while not stop.is_set():
+        steps = _framed_episode(writer, episode, 40)
+        for j in range(0, 40, 8):
+            lane_writer.add(**{name: value[j : j + 8] for name, value in steps.items()}, timeout=10)
+            time.sleep(0.001)
+        episode += 1
+
+
+@EACH_START_METHOD
+def test_a_live_checkpoint_of_a_compressed_table_rebuilds_every_row_from_its_own_frames(tmp_path, method):
+    with Table(
+        2048, FRAMED_FIELDS, next_of="obs", stack_compress="obs", lanes=2, rate_limiter=MinSize(64), shared=True
+    ) as table:
+        for doc, path in _checkpoints_while_running(method, table, _write_framed, 1900, tmp_path):
+            with mpreplay.restore(path, shared=False) as restored:
+                rows = restored.get_all_transitions()
+                assert len(rows["tag"]) == doc["stored"] - doc["rows_left_out"] > 0
+                for k in range(len(rows["tag"])):
+                    writer, episode, step = rows["tag"][k]
+                    expected = _framed_episode(writer, episode, 40)
+                    np.testing.assert_array_equal(rows["obs"][k], expected["obs"][step])
+                    np.testing.assert_array_equal(rows["next_obs"][k], expected["next_obs"][step])
                 restored.verify()
