@@ -490,6 +490,35 @@ class Table(TableCalls):
         the episode has not ended and nothing changed: call again."""
         self._path.end_episode(checks.seconds("timeout", timeout))
 
+    def writer_state_dict(self) -> dict[str, np.ndarray]:
+        """What this handle's writer holds between adds -- an n-step folder's pending steps --
+        as copies of plain arrays by name (empty without ``nstep``): an actor saves them beside
+        the table's checkpoint (``np.savez(file, **state)``) and, restarted, gives them to
+        :meth:`load_writer_state_dict` so that no step is lost or stored twice.  A compressed
+        table's writer keeps its episode's frames in its lane, and an episode open when its
+        writer stops ends there: TypeError (start a new episode)."""
+        stage = self._writer_stage("writer_state_dict")
+        return {} if stage is None else stage.state_dict()
+
+    def load_writer_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take the pending steps of ``state`` (from :meth:`writer_state_dict` of a table of
+        the same configuration) as this handle's writer's, dropping the ones it holds;
+        ValueError naming the first entry that differs, changing nothing."""
+        stage = self._writer_stage("load_writer_state_dict")
+        if stage is None:
+            checks.state_arrays("state", state, {})
+        else:
+            stage.load_state_dict(state)
+
+    def _writer_stage(self, call: str) -> NstepStage | None:
+        self._check_open()
+        if self._config.compression is not None:
+            raise TypeError(
+                f"{call}: a compressed or sequence table's open episode ends when its writer stops "
+                "(its frames are in its lane); a restarted writer starts a new episode"
+            )
+        return self._path.nstep
+
     def clear(self) -> None:
         """Forget every item, the steps an n-step folder holds and what the selector keeps of
         the priorities ever set (the capacity stays)."""
