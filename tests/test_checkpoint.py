@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import multiprocessing as mp
 import os
 import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +192,30 @@ def test_a_shared_restore_takes_the_name_given_and_refuses_one_in_use(tmp_path):
             mpreplay.restore(tmp_path / "ck", persist=True)
 
 
+def test_a_table_restores_under_the_name_it_had_once_it_is_gone(tmp_path):
+    table = Table(SIZE, {"obs": {}}, shared=True)
+    table.add(obs=np.arange(5.0))
+    table.checkpoint(tmp_path / "ck")
+    name = table.name
+    table.close()
+    with mpreplay.restore(tmp_path / "ck", name=name) as restored:
+        assert restored.name == name and restored.get_stored_size() == 5
+
+
+def test_a_table_of_files_restores_into_files_of_its_prefix(tmp_path):
+    prefix = str(tmp_path / "replay")
+    with _used(Table(SIZE, TAGGED_STACK_FIELDS, mmap_prefix=prefix, seed=1)) as table:
+        table.checkpoint(tmp_path / "ck")
+        expected = table.get_all_transitions()
+    for name in os.listdir(tmp_path):
+        if name.startswith("replay"):
+            os.remove(tmp_path / name)
+    with mpreplay.restore(tmp_path / "ck", shared=False) as restored:
+        assert restored.config.mmap_prefix == prefix and os.path.exists(f"{prefix}_obs.dat")
+        for name, rows in expected.items():
+            np.testing.assert_array_equal(restored.get_all_transitions()[name], rows)
+
+
 def test_an_open_episode_ends_at_the_checkpoint_and_its_lane_takes_a_new_writer(tmp_path):
     with Table(SIZE, TAGGED_STACK_FIELDS, next_of="obs", stack_compress="obs", shared=True, seed=0) as table:
         rng = np.random.default_rng(0)
@@ -277,6 +303,16 @@ def test_an_edited_or_missing_manifest_is_refused(checkpoint, tmp_path):
     manifest.write_text(text[: len(text) // 2])
     _refused(checkpoint, "not a readable checkpoint manifest")
     _refused(tmp_path / "nowhere", "no checkpoint manifest there")
+
+
+def test_a_checkpoint_of_another_format_version_is_refused_naming_both_versions(checkpoint):
+    manifest = checkpoint / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    del doc["checksum"]
+    doc["version"] = 99
+    doc["checksum"] = zlib.crc32(json.dumps(doc, sort_keys=True).encode())  # the manifest's own check, redone
+    manifest.write_text(json.dumps(doc))
+    _refused(checkpoint, r"checkpoint format version 99 \(written by mpreplay .*\); this mpreplay .* reads version 1")
 
 
 # -- killed while checkpointing -------------------------------------------------------------------
