@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 _BENCHMARKS = {
     "apex": "Ape-X on real Breakout frames: memory at 1e6, an actor's CPU by part, the learner, the lock's hold times",
+    "checkpoint": "checkpoint and restore of a table of real Breakout frames vs the disk's sequential write/read "
+    "of the same bytes; the waits of a writer and a learner meanwhile; save_transitions beside it",
     "memory": "bytes per transition with next_of / stack_compress vs one frame per step; cost of rebuilding stacks",
     "learner": "a learner step (sample 256 Atari stacks, 5 ms of training) with and without prefetched batches",
     "io": "save_transitions/load_transitions of 100k Atari-like frames: MB/s and file size vs np.savez/np.load",
