@@ -34,6 +34,7 @@ import shutil
 import time
 import zlib
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,6 +143,10 @@ def write(
     """Write a checkpoint of the table ``source`` describes to folder ``path``, replacing the
     one there atomically; ``timeout`` bounds the wait for its lock.  Returns the manifest written."""
     final = os.path.abspath(os.fspath(path))
+    if os.path.lexists(final) and not (
+        os.path.isdir(final) and (not os.listdir(final) or os.path.exists(os.path.join(final, MANIFEST)))
+    ):
+        raise ValueError(f"path: {final} exists and is not a checkpoint (nor an empty folder); it is left alone")
     tmp = f"{final}.tmp-{os.getpid()}"
     os.makedirs(os.path.dirname(final), exist_ok=True)
     _clear_leftovers(final)
@@ -187,10 +192,14 @@ def _alive(pid: int) -> bool:
 def _write_folder(tmp: str, source: Source, timeout: float | None, chunk: int) -> dict[str, Any]:
     config, layout, arrays, handle = source.config, source.layout, source.arrays, source.handle
     stored = [e for e in layout.entries if e[0] not in NOT_STORED]
-    started = time.monotonic()
+    # The copies' pages are made before the lock is taken (a first touch costs a page fault):
+    # under it, only the bytes are copied.
+    cut = {name: np.ones_like(arrays[name]) for name, *_ in stored if not _is_bulk(name)}
     source.hold(deadline(timeout))
+    started = time.monotonic()
     try:
-        cut = {name: arrays[name].copy() for name, *_ in stored if not _is_bulk(name)}
+        for name, copy in cut.items():
+            np.copyto(copy, arrays[name])
         rng = handle.rng_state()
     finally:
         source.let_go()
@@ -203,7 +212,9 @@ def _write_folder(tmp: str, source: Source, timeout: float | None, chunk: int) -
         entries.append({"name": name, "shape": list(shape), "dtype": dtype, "offset": offset, "chunks": []})
         offset += flat.size
     changed = np.zeros(size, dtype=bool)
-    with open(os.path.join(tmp, DATA), "wb", buffering=0) as f:
+    # A thread of each call's own (a forked child has none of its parent's) sums each chunk while
+    # it is written (zlib releases the GIL).
+    with open(os.path.join(tmp, DATA), "wb", buffering=0) as f, ThreadPoolExecutor(1) as sums:
         # The rows and frames of a block of slots, then whether those slots changed since the
         # cut: a slot that did not held its cut's row while it was copied (whatever came after).
         per_slot = sum(flat.size for *_, flat in bulk) // size
@@ -215,8 +226,9 @@ def _write_folder(tmp: str, source: Source, timeout: float | None, chunk: int) -
                 width = flat.size // size
                 piece = scratch[: (b - a) * width]
                 np.copyto(piece, flat[a * width : b * width])
-                entry["chunks"].append([int(piece.size), zlib.crc32(piece.data)])
+                summed = sums.submit(zlib.crc32, piece.data)  # beside the write: both only read the piece
                 _pwrite(f.fileno(), piece, entry["offset"] + a * width)
+                entry["chunks"].append([int(piece.size), summed.result()])
             changed[a:b] = handle.changed_since(gen, a, b)
         # A changed slot's bytes are not the cut's, and the rows that may read its frames cannot
         # be rebuilt: all are retired (EMPTY, as a row drawn max_times_sampled times), and every
@@ -355,24 +367,34 @@ def read_arrays(path: str | os.PathLike[str], doc: dict[str, Any], into: dict[st
         f = open(where, "rb", buffering=0)  # noqa: SIM115 -- closed by the with below; only opening is refused by name
     except OSError as exc:
         raise CheckpointError(f"{where}: cannot be read ({exc})") from None
-    with f:
+    with f, ThreadPoolExecutor(1) as pool:
         size = os.fstat(f.fileno()).st_size
         if size != doc["data_nbytes"]:
             raise CheckpointError(f"{where}: {size} bytes, the manifest says {doc['data_nbytes']} (truncated?)")
+        # Each chunk is summed on a thread while the next one is read; all are checked before
+        # the table is handed out.
+        sums: list[tuple[str, int, int, int, int, Future[int]]] = []
         for entry in doc["arrays"]:
             flat = _flat(into[entry["name"]])
             f.seek(entry["offset"])
             a = 0
             for j, (n, crc) in enumerate(entry["chunks"]):
                 piece = flat[a : a + n]
-                if piece.size != n or f.readinto(piece.data) != n or zlib.crc32(piece.data) != crc:
-                    raise CheckpointError(
-                        f"{where}: array {entry['name']!r}, chunk {j} (bytes {a}..{a + n}) is damaged "
-                        "(short, or its checksum does not match)"
-                    )
+                if piece.size != n or f.readinto(piece.data) != n:
+                    raise _damaged(where, entry["name"], j, a, n)
+                sums.append((entry["name"], j, a, n, crc, pool.submit(zlib.crc32, piece.data)))
                 a += n
             if a != flat.size:
                 raise CheckpointError(f"{where}: array {entry['name']!r} holds {a} bytes, expected {flat.size}")
+        for name, j, a, n, crc, summed in sums:
+            if summed.result() != crc:
+                raise _damaged(where, name, j, a, n)
+
+
+def _damaged(where: str, name: str, j: int, a: int, n: int) -> CheckpointError:
+    return CheckpointError(
+        f"{where}: array {name!r}, chunk {j} (bytes {a}..{a + n}) is damaged (short, or its checksum does not match)"
+    )
 
 
 def describe(path: str | os.PathLike[str]) -> str:

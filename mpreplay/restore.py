@@ -63,6 +63,10 @@ def restore(
     if name is not None and not shared:
         raise ValueError("name: only a shared table has a segment name; pass shared=True or name=None")
     doc = read_manifest(path)
+    if shared and isinstance(doc.get("config"), dict) and doc["config"].get("mmap_prefix") is not None:
+        raise ValueError(
+            "shared: a table whose arrays were in files (mmap_prefix) restores as a local one (shared=False)"
+        )
     try:
         config = from_json(doc["config"], shared=bool(shared))
         layout = table_layout(config)

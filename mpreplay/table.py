@@ -697,8 +697,9 @@ class Table(TableCalls):
         Other processes may write and sample meanwhile: the lock is held only while the
         per-slot state is copied (``timeout`` bounds the wait for it); rows and frames are
         copied after, and a row changed meanwhile is left out whole.  An episode open in a
-        lane ends at the checkpoint.  Returns the checkpoint's manifest (its figures:
-        ``stored``, ``rows_left_out``, ``data_nbytes``, ``cut_seconds``)."""
+        lane ends at the checkpoint.  ``path`` must not exist, or be a checkpoint or an empty
+        folder (ValueError otherwise: nothing else is ever replaced).  Returns the checkpoint's
+        manifest (its figures: ``stored``, ``rows_left_out``, ``data_nbytes``, ``cut_seconds``)."""
         self._check_open()
         source = CheckpointSource(
             self._config,

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD, TAGGED_STACK_FIELDS, tagged_episode
+from helpers import EACH_START_METHOD, TAGGED_STACK_FIELDS, run_in_child, start_lock_holder, tagged_episode
 
 import mpreplay
 from mpreplay import CheckpointError, MinSize, Queue, SequenceSpec, SharedMemoryError, Table, removers, selectors
@@ -216,6 +216,43 @@ def test_a_table_of_files_restores_into_files_of_its_prefix(tmp_path):
             np.testing.assert_array_equal(restored.get_all_transitions()[name], rows)
 
 
+def test_a_checkpoint_never_replaces_what_is_not_one(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "data.csv").write_text("mine too")
+    with Table(SIZE, {"obs": {}}) as table:
+        for path in (tmp_path / "notes.txt", tmp_path / "folder"):
+            with pytest.raises(ValueError, match=r"path: .* exists and is not a checkpoint"):
+                table.checkpoint(path)
+        (tmp_path / "empty").mkdir()
+        table.checkpoint(tmp_path / "empty")
+    assert (tmp_path / "notes.txt").read_text() == "mine" and os.listdir(tmp_path / "folder") == ["data.csv"]
+    assert sorted(os.listdir(tmp_path)) == ["empty", "folder", "notes.txt"]
+
+
+def test_a_table_of_files_restores_only_as_a_local_table(tmp_path):
+    with Table(SIZE, {"obs": {}}, mmap_prefix=str(tmp_path / "replay")) as table:
+        table.checkpoint(tmp_path / "ck")
+    with pytest.raises(ValueError, match=r"shared: a table whose arrays were in files \(mmap_prefix\)"):
+        mpreplay.restore(tmp_path / "ck")
+
+
+@EACH_START_METHOD
+def test_a_checkpoint_that_cannot_have_the_lock_in_time_raises_and_leaves_nothing(tmp_path, method):
+    with Table(SIZE, {"obs": {}}, shared=True) as table:
+        table.add(obs=np.arange(5.0))
+        holder = start_lock_holder(mp.get_context(method), table)
+        try:
+            with pytest.raises(TimeoutError, match="timed out waiting for the buffer's lock"):
+                table.checkpoint(tmp_path / "ck", timeout=0.2)
+        finally:
+            holder.kill()
+            holder.join(30)
+        assert os.listdir(tmp_path) == []
+        table.checkpoint(tmp_path / "ck", timeout=10)  # the holder's death repaired, the lock taken
+        assert sorted(os.listdir(tmp_path)) == ["ck"]
+
+
 def test_an_open_episode_ends_at_the_checkpoint_and_its_lane_takes_a_new_writer(tmp_path):
     with Table(SIZE, TAGGED_STACK_FIELDS, next_of="obs", stack_compress="obs", shared=True, seed=0) as table:
         rng = np.random.default_rng(0)
@@ -313,6 +350,22 @@ def test_a_checkpoint_of_another_format_version_is_refused_naming_both_versions(
     doc["checksum"] = zlib.crc32(json.dumps(doc, sort_keys=True).encode())  # the manifest's own check, redone
     manifest.write_text(json.dumps(doc))
     _refused(checkpoint, r"checkpoint format version 99 \(written by mpreplay .*\); this mpreplay .* reads version 1")
+
+
+# -- other processes ------------------------------------------------------------------------------
+
+
+def _checkpoint_once(table: Table, path: str) -> None:
+    table.checkpoint(path)
+
+
+@EACH_START_METHOD
+def test_a_child_process_checkpoints_the_table_its_parent_checkpointed_too(tmp_path, method):
+    with _used(Table(SIZE, TAGGED_STACK_FIELDS, next_of="obs", stack_compress="obs", shared=True, seed=4)) as table:
+        table.checkpoint(tmp_path / "parent")
+        assert run_in_child(method, _checkpoint_once, table, str(tmp_path / "child"), timeout=60) == 0
+        with mpreplay.restore(tmp_path / "child", shared=False) as restored:
+            assert restored.get_stored_size() == table.get_stored_size()
 
 
 # -- killed while checkpointing -------------------------------------------------------------------
