@@ -51,7 +51,7 @@ MB = 1e6
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
-    print(f"mpreplay {mpreplay.__version__}, numpy {np.__version__}, {os.cpu_count()} cores")
+    print(f"mpreplay {mpreplay.__version__}, numpy {np.__version__}, {os.cpu_count()} cores; {_load()}")
     episodes = record(args.record_steps)
     print(f"recorded {sum(len(e) for e in episodes):,} env steps of real Breakout ({len(episodes)} episodes)")
     folder = Path(tempfile.mkdtemp(prefix="mpreplay-bench-checkpoint-", dir=args.dir))
@@ -59,8 +59,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         cases = [_case(c, episodes, folder, args.seconds, c <= args.save_max) for c in args.capacity]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    print(f"{_load()} at the end")
     _report(cases)
     return 0
+
+
+def _load() -> str:
+    return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
