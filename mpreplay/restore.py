@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from . import buffers
+from . import buffers, checks
 from ._ext.schema import CLOSED, HEADER_ARRAY, LANE_OWNER, LANES_ARRAY, WAITERS
 from .checkpoint import NOT_STORED, read_arrays, read_manifest
 from .config_json import from_json
@@ -58,8 +58,11 @@ def restore(
     (5, True)
     >>> again.close(); table.close()
     """
+    shared, persist = checks.flag("shared", shared), checks.flag("persist", persist)
     if persist:
         raise NotImplementedError("persist: a persistent table (Table(persist=True)) is not available in this version")
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name: expected a segment name (str) or None, got {type(name).__name__}")
     if name is not None and not shared:
         raise ValueError("name: only a shared table has a segment name; pass shared=True or name=None")
     doc = read_manifest(path)
@@ -68,7 +71,7 @@ def restore(
             "shared: a table whose arrays were in files (mmap_prefix) restores as a local one (shared=False)"
         )
     try:
-        config = from_json(doc["config"], shared=bool(shared))
+        config = from_json(doc["config"], shared=shared)
         layout = table_layout(config)
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(

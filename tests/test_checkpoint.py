@@ -190,6 +190,12 @@ def test_a_shared_restore_takes_the_name_given_and_refuses_one_in_use(tmp_path):
             mpreplay.restore(tmp_path / "ck", name=name, shared=False)
         with pytest.raises(NotImplementedError, match="persist"):
             mpreplay.restore(tmp_path / "ck", persist=True)
+        with pytest.raises(TypeError, match="shared: expected a bool"):
+            mpreplay.restore(tmp_path / "ck", shared="yes")
+        with pytest.raises(TypeError, match="name: expected a segment name"):
+            mpreplay.restore(tmp_path / "ck", name=7)
+        with pytest.raises(ValueError, match="name: expected a segment name starting with 'mpreplay-'"):
+            mpreplay.restore(tmp_path / "ck", name="replay")
 
 
 def test_a_table_restores_under_the_name_it_had_once_it_is_gone(tmp_path):
