@@ -19,7 +19,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import EACH_START_METHOD, TAGGED_STACK_FIELDS, run_in_child, start_lock_holder, tagged_episode
+from helpers import (
+    EACH_START_METHOD,
+    TAGGED_STACK_FIELDS,
+    run_in_child,
+    segments_of,
+    start_lock_holder,
+    tagged_episode,
+)
 
 import mpreplay
 from mpreplay import CheckpointError, MinSize, Queue, SequenceSpec, SharedMemoryError, Table, removers, selectors
@@ -300,6 +307,11 @@ def test_a_new_checkpoint_replaces_the_previous_one_and_inspect_describes_it(tmp
         [sys.executable, "-m", "mpreplay", "inspect", str(tmp_path / "ck")], capture_output=True, text=True, check=True
     ).stdout
     assert "mpreplay checkpoint, format version 1" in out and "stored at the cut: 8" in out and "field:obs" not in out
+    (tmp_path / "ck" / "manifest.json").unlink()
+    refused = subprocess.run(
+        [sys.executable, "-m", "mpreplay", "inspect", str(tmp_path / "ck")], capture_output=True, text=True, check=False
+    )
+    assert refused.returncode == 1 and "no checkpoint manifest there" in refused.stderr
 
 
 # -- damaged checkpoints ---------------------------------------------------------------------------
@@ -312,16 +324,12 @@ def checkpoint(tmp_path) -> Path:
     return tmp_path / "ck"
 
 
-def _segments() -> set[str]:
-    return {name for name in os.listdir("/dev/shm") if name.startswith("mpreplay-")}
-
-
 def _refused(path: Path, match: str) -> None:
-    before = _segments()
+    before = segments_of(os.getpid())
     for shared in (True, False):
         with pytest.raises(CheckpointError, match=match):
             mpreplay.restore(path, shared=shared)
-    assert _segments() == before  # the table being filled was unlinked
+    assert segments_of(os.getpid()) == before  # the table being filled was unlinked
 
 
 def test_a_truncated_checkpoint_is_refused_naming_its_data_file(checkpoint):
