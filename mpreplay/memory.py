@@ -224,7 +224,7 @@ def _mapping(shm: shared_memory.SharedMemory) -> memoryview:
 class SharedMemory:
     """A named segment holding ``layout``.
 
-    The creating process (``name`` None; ``new_name``: the name to create it under, else a
+    The creating process (``name`` None; ``create_as``: the name to create it under, else a
     fresh one) owns the segment and unlinks it on :meth:`close`
     (also when the object is freed, and at interpreter exit); attaching
     processes only unmap it.  An attaching process may pass ``verify``: it is
@@ -242,7 +242,7 @@ class SharedMemory:
         *,
         name: str | None = None,
         verify: Callable[[memoryview], None] | None = None,
-        new_name: str | None = None,
+        create_as: str | None = None,
     ):
         self.layout = layout
         self.owner = name is None
@@ -255,7 +255,7 @@ class SharedMemory:
                     "lower the capacity, or give the container more shared memory "
                     "(docker run --shm-size=..., or mount a larger tmpfs on /dev/shm)"
                 )
-            self._shm = _create_named(size, new_name)
+            self._shm = _create_named(size, create_as)
             # Reserve the pages now: a tmpfs that runs out later would kill
             # the process with SIGBUS at some random write instead.
             try:

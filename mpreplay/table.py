@@ -797,7 +797,7 @@ def _new_memory(config: TableConfig, name: str | None = None) -> Memory:
     fresh one), files of its ``mmap_prefix``, or the heap."""
     layout = table_layout(config)
     if config.shared:
-        return SharedMemory(layout, new_name=name)
+        return SharedMemory(layout, create_as=name)
     if config.mmap_prefix is not None:
         return FileMemory(layout, config.mmap_prefix)
     return HeapMemory(layout)
