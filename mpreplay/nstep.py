@@ -272,19 +272,19 @@ class NstepBuffer:
         out.update({f"{_ACC}{name}": acc.copy() for name, acc in s.acc.items()})
         return out
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Take the pending steps of ``state`` (from :meth:`state_dict` of a folder of the same
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Take the pending steps of ``state_dict`` (from :meth:`state_dict` of a folder of the same
         fields, ``size`` and ``num_envs``; ``dict(np.load(file))`` of a saved one), dropping the
         ones held now.  A state of another folder is refused with ValueError naming the first
         entry that differs, changing nothing."""
         s = self._state
         arrays = checks.state_arrays(
-            "state", state, {key: (value.shape, value.dtype) for key, value in self.state_dict().items()}
+            "state_dict", state_dict, {key: (value.shape, value.dtype) for key, value in self.state_dict().items()}
         )
         cur, pending = int(arrays[_CURSOR]), arrays[_PENDING]
         if not 0 <= cur < self._n or ((pending < 0) | (pending > self._n - 1)).any():
             raise ValueError(
-                f"state: expected a cursor in [0, {self._n}) and 0..{self._n - 1} pending steps per environment"
+                f"state_dict: expected a cursor in [0, {self._n}) and 0..{self._n - 1} pending steps per environment"
             )
         ring = {name: arrays[f"{_RING}{name}"] for name in s.ring}
         acc = {name: arrays[f"{_ACC}{name}"] for name in s.acc}

@@ -91,11 +91,11 @@ class NstepStage:
             out.update({f"{_PRIORITIES}{key}": value for key, value in self._priorities.state_dict().items()})
         return out
 
-    def load_state_dict(self, state: Any) -> None:
-        """Take the pending steps of ``state`` (from :meth:`state_dict` of a stage of the same
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Take the pending steps of ``state_dict`` (from :meth:`state_dict` of a stage of the same
         settings); ValueError naming the first entry that differs, changing nothing."""
         expected = {key: (value.shape, value.dtype) for key, value in self.state_dict().items()}
-        arrays = checks.state_arrays("state", state, expected)
+        arrays = checks.state_arrays("state_dict", state_dict, expected)
         rows = {key[len(_ROWS) :]: value for key, value in arrays.items() if key.startswith(_ROWS)}
         priorities = {key[len(_PRIORITIES) :]: value for key, value in arrays.items() if key.startswith(_PRIORITIES)}
         if self._priorities is None:

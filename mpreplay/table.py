@@ -500,15 +500,15 @@ class Table(TableCalls):
         stage = self._writer_stage("writer_state_dict")
         return {} if stage is None else stage.state_dict()
 
-    def load_writer_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Take the pending steps of ``state`` (from :meth:`writer_state_dict` of a table of
+    def load_writer_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Take the pending steps of ``state_dict`` (from :meth:`writer_state_dict` of a table of
         the same configuration) as this handle's writer's, dropping the ones it holds;
         ValueError naming the first entry that differs, changing nothing."""
         stage = self._writer_stage("load_writer_state_dict")
         if stage is None:
-            checks.state_arrays("state", state, {})
+            checks.state_arrays("state_dict", state_dict, {})
         else:
-            stage.load_state_dict(state)
+            stage.load_state_dict(state_dict)
 
     def _writer_stage(self, call: str) -> NstepStage | None:
         self._check_open()

@@ -204,20 +204,20 @@ class VectorTransitions:
             out.update({f"{_FOLDER}{name}": value for name, value in self._folder.state_dict().items()})
         return out
 
-    def load_state_dict(self, state: Any) -> None:
-        """Take what ``state`` (from :meth:`state_dict` of one for the same env and options)
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Take what ``state_dict`` (from :meth:`state_dict` of one for the same env and options)
         holds; ValueError naming the first entry that differs, changing nothing."""
         flags = ((self._num_envs,), np.dtype(bool))
         expected: dict[str, tuple[tuple[int, ...], np.dtype | None]] = dict.fromkeys(
             (_STARTED, _SKIP, _NEEDS_RESET), flags
         )
-        if isinstance(state, Mapping) and any(str(key).startswith(_OBS) for key in state):
+        if isinstance(state_dict, Mapping) and any(str(key).startswith(_OBS) for key in state_dict):
             expected.update({f"{_OBS}{leaf.name}": ((self._num_envs,) + leaf.shape, None) for leaf in self._obs_leaves})
         if self._folder is not None:
             expected.update(
                 {f"{_FOLDER}{name}": (value.shape, value.dtype) for name, value in self._folder.state_dict().items()}
             )
-        arrays = checks.state_arrays("state", state, expected)
+        arrays = checks.state_arrays("state_dict", state_dict, expected)
         if self._folder is not None:
             n = len(_FOLDER)
             self._folder.load_state_dict({key[n:]: value for key, value in arrays.items() if key.startswith(_FOLDER)})

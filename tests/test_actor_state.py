@@ -65,9 +65,9 @@ def test_a_folder_refuses_the_state_of_another_and_keeps_its_own():
     folder = NstepBuffer(FIELDS, 3, 0.9)
     folder.add(**_steps(1)[0])
     other = NstepBuffer(FIELDS, 4, 0.9).state_dict()
-    with pytest.raises(ValueError, match=r"state\['ring.obs'\]: expected shape \(1, 3, 2\)"):
+    with pytest.raises(ValueError, match=r"state_dict\['ring.obs'\]: expected shape \(1, 3, 2\)"):
         folder.load_state_dict(other)
-    with pytest.raises(ValueError, match="state: expected the entries"):
+    with pytest.raises(ValueError, match="state_dict: expected the entries"):
         folder.load_state_dict({"cursor": 0})
     bad = folder.state_dict()
     bad["pending"] = np.array([5])
@@ -110,7 +110,7 @@ def test_a_table_writer_without_folding_has_nothing_to_save_and_a_compressed_one
     with Table(16, FIELDS) as plain:
         assert plain.writer_state_dict() == {}
         plain.load_writer_state_dict({})
-        with pytest.raises(ValueError, match="state: expected the entries"):
+        with pytest.raises(ValueError, match="state_dict: expected the entries"):
             plain.load_writer_state_dict({"cursor": 0})
     with (
         Table(64, FIELDS, next_of="obs") as compressed,
@@ -178,10 +178,10 @@ def test_vector_transitions_refuse_the_state_of_others_and_keep_their_own():
     folded = VectorTransitions(env, nstep=3)
     folded.reset(env.reset(seed=0)[0])
     plain = VectorTransitions(env)
-    with pytest.raises(ValueError, match="state: expected the entries"):
+    with pytest.raises(ValueError, match="state_dict: expected the entries"):
         plain.load_state_dict(folded.state_dict())
     state = folded.state_dict()
     state["obs.obs"] = np.zeros((2, 2))
-    with pytest.raises(ValueError, match=r"state\['obs.obs'\]: expected shape \(3, 2\)"):
+    with pytest.raises(ValueError, match=r"state_dict\['obs.obs'\]: expected shape \(3, 2\)"):
         folded.load_state_dict(state)
     np.testing.assert_array_equal(folded.state_dict()["obs.obs"], env.reset(seed=0)[0])
