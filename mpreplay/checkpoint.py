@@ -355,7 +355,47 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{where}: checkpoint format version {doc.get('version')!r} (written by mpreplay "
             f"{doc.get('mpreplay')}); this mpreplay {__version__} reads version {VERSION}"
         )
+    wrong = _malformed(doc)
+    if wrong:
+        raise CheckpointError(f"{where}: the manifest's {wrong} is not what a checkpoint writes there")
     return doc
+
+
+def _is_ints(value: Any, length: int | None = None) -> bool:
+    return (
+        isinstance(value, list)
+        and (length is None or len(value) == length)
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    )
+
+
+def _malformed(doc: dict[str, Any]) -> str | None:
+    """The first entry of a manifest (of this format version) that is not of the kind written, or None."""
+    kinds = {
+        "class": str,
+        "config": dict,
+        "rng": dict,
+        "repair": bool,
+        "data_nbytes": int,
+        "nbytes": int,
+        "stored": int,
+        "arrays": list,
+    }
+    for key, kind in kinds.items():
+        if not isinstance(doc.get(key), kind):
+            return f"{key!r}"
+    for j, e in enumerate(doc["arrays"]):
+        if not (
+            isinstance(e, dict)
+            and isinstance(e.get("name"), str)
+            and isinstance(e.get("dtype"), str)
+            and _is_ints(e.get("shape"))
+            and _is_ints([e.get("offset")])
+            and isinstance(e.get("chunks"), list)
+            and all(_is_ints(c, 2) for c in e["chunks"])
+        ):
+            return f"arrays[{j}]"
+    return None
 
 
 def read_arrays(path: str | os.PathLike[str], doc: dict[str, Any], into: dict[str, np.ndarray]) -> None:

@@ -358,14 +358,26 @@ def test_an_edited_or_missing_manifest_is_refused(checkpoint, tmp_path):
     _refused(tmp_path / "nowhere", "no checkpoint manifest there")
 
 
-def test_a_checkpoint_of_another_format_version_is_refused_naming_both_versions(checkpoint):
+def _edit_manifest(checkpoint: Path, **changes: Any) -> None:
+    """Change entries of the manifest and sign it again (its own CRC-32 of its canonical JSON), as
+    another writer of the format would have written it."""
     manifest = checkpoint / "manifest.json"
-    doc = json.loads(manifest.read_text())
+    doc = {**json.loads(manifest.read_text()), **changes}
     del doc["checksum"]
-    doc["version"] = 99
-    doc["checksum"] = zlib.crc32(json.dumps(doc, sort_keys=True).encode())  # the manifest's own check, redone
+    doc["checksum"] = zlib.crc32(json.dumps(doc, sort_keys=True).encode())
     manifest.write_text(json.dumps(doc))
+
+
+def test_a_checkpoint_of_another_format_version_is_refused_naming_both_versions(checkpoint):
+    _edit_manifest(checkpoint, version=99)
     _refused(checkpoint, r"checkpoint format version 99 \(written by mpreplay .*\); this mpreplay .* reads version 1")
+
+
+def test_a_manifest_of_the_right_format_but_the_wrong_shape_is_refused_naming_the_entry(checkpoint):
+    arrays = json.loads((checkpoint / "manifest.json").read_text())["arrays"]
+    arrays[1]["chunks"] = "everything"
+    _edit_manifest(checkpoint, arrays=arrays)
+    _refused(checkpoint, r"the manifest's arrays\[1\] is not what a checkpoint writes there")
 
 
 # -- other processes ------------------------------------------------------------------------------
