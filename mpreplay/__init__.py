@@ -11,12 +11,19 @@ from .buffers import (
     ReplayBuffer,
     SequenceReplayBuffer,
 )
-from .errors import BufferClosed, CorruptBufferError, IncompatibleSegmentError, RowsDroppedWarning
+from .errors import (
+    BufferClosed,
+    CheckpointError,
+    CorruptBufferError,
+    IncompatibleSegmentError,
+    RowsDroppedWarning,
+)
 from .launcher import ChildFailed, Context, RunResult, StopFlag, launch
 from .limiter import ExactlyOnce, MinSize, Queue, RateLimiter, SampleToInsertRatio, Stack
 from .memory import SharedMemoryError
 from .nstep import NstepBuffer
 from .params import ParameterStore, ParameterStoreTimeout
+from .restore import restore
 from .returns import NStepReturns, discounted_cumsum_left, discounted_cumsum_right, gae, n_step_returns
 from .selectors import SelectorSpec
 from .sequences import SequenceSpec, sequence_priority
@@ -26,6 +33,7 @@ from .table import Table
 __all__ = [
     "__version__",
     "Table",
+    "restore",
     "EnvDict",
     "FieldOptions",
     "Batch",
@@ -43,6 +51,7 @@ __all__ = [
     "SequenceSpec",
     "SelectorSpec",
     "BufferClosed",
+    "CheckpointError",
     "CorruptBufferError",
     "SharedMemoryError",
     "IncompatibleSegmentError",

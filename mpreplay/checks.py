@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import reprlib
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeGuard, overload
 
 import numpy as np
@@ -34,7 +35,18 @@ import numpy as np
 if TYPE_CHECKING:  # named for the type checker only; see is_tensor
     import torch
 
-__all__ = ["capacity", "flag", "indexes", "integer", "is_tensor", "matrix", "number", "priorities", "seconds"]
+__all__ = [
+    "capacity",
+    "flag",
+    "indexes",
+    "integer",
+    "is_tensor",
+    "matrix",
+    "number",
+    "priorities",
+    "seconds",
+    "state_arrays",
+]
 
 # numpy's own dtype instances: `is` tells them apart faster than `==` (the hot paths check them).
 _INT64, _UINT64, _FLOAT64 = np.dtype(np.int64), np.dtype(np.uint64), np.dtype(np.float64)
@@ -304,3 +316,22 @@ def priorities(name: str, values: Any, count: int, *, max_priority: float | np.n
             top = float(limit if limit.ndim == 0 else limit[j])
             raise ValueError(f"{name}: expected finite values in [0, {top:.3g}], got {float(p[j])!r} at position {j}")
     return p
+
+
+def state_arrays(
+    name: str, state: Any, expected: Mapping[str, tuple[tuple[int, ...], np.dtype | None]]
+) -> dict[str, np.ndarray]:
+    """Copies of the arrays of ``state`` (argument ``name``): a mapping with exactly the entries of
+    ``expected``, each of the shape and (where one is given) the dtype ``expected`` names; ValueError
+    naming the first entry that differs otherwise."""
+    if not isinstance(state, Mapping) or set(state) != set(expected):
+        got = sorted(map(str, state)) if isinstance(state, Mapping) else type(state).__name__
+        raise ValueError(f"{name}: expected the entries {sorted(expected)}, got {got}")
+    out = {}
+    for key, (shape, dt) in expected.items():
+        value = np.asarray(state[key])
+        if value.shape != shape or (dt is not None and value.dtype != dt):
+            want = f"shape {shape}" + ("" if dt is None else f" and dtype {dt}")
+            raise ValueError(f"{name}[{key!r}]: expected {want}, got shape {value.shape} and dtype {value.dtype}")
+        out[key] = value.copy()
+    return out

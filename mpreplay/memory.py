@@ -178,8 +178,16 @@ def _shm_free_bytes() -> int | None:
         return None
 
 
-def _create_named(size: int) -> shared_memory.SharedMemory:
-    # The creator's pid in the name tells whose segment a /dev/shm entry is.
+def _create_named(size: int, name: str | None = None) -> shared_memory.SharedMemory:
+    # The creator's pid in the name tells whose segment a /dev/shm entry is (the manifest's
+    # owner, where a name is given).
+    if name is not None:
+        if not name.startswith(SEGMENT_PREFIX) or "/" in name:
+            raise ValueError(f"name: expected a segment name starting with {SEGMENT_PREFIX!r} (no '/'), got {name!r}")
+        try:
+            return shared_memory.SharedMemory(name=name, create=True, size=size)
+        except FileExistsError:
+            raise SharedMemoryError(f"name: a shared-memory segment {name!r} exists already") from None
     while True:
         try:
             return shared_memory.SharedMemory(
@@ -216,7 +224,8 @@ def _mapping(shm: shared_memory.SharedMemory) -> memoryview:
 class SharedMemory:
     """A named segment holding ``layout``.
 
-    The creating process owns the segment and unlinks it on :meth:`close`
+    The creating process (``name`` None; ``create_as``: the name to create it under, else a
+    fresh one) owns the segment and unlinks it on :meth:`close`
     (also when the object is freed, and at interpreter exit); attaching
     processes only unmap it.  An attaching process may pass ``verify``: it is
     called with the whole mapping before any view of ``layout`` is made, must
@@ -227,7 +236,14 @@ class SharedMemory:
     # Called once to unmap (and unlink, in the owner); the owner's and an attacher's differ in kind.
     _finalizer: Callable[[], object]
 
-    def __init__(self, layout: Layout, *, name: str | None = None, verify: Callable[[memoryview], None] | None = None):
+    def __init__(
+        self,
+        layout: Layout,
+        *,
+        name: str | None = None,
+        verify: Callable[[memoryview], None] | None = None,
+        create_as: str | None = None,
+    ):
         self.layout = layout
         self.owner = name is None
         size = max(layout.nbytes, 1)
@@ -239,7 +255,7 @@ class SharedMemory:
                     "lower the capacity, or give the container more shared memory "
                     "(docker run --shm-size=..., or mount a larger tmpfs on /dev/shm)"
                 )
-            self._shm = _create_named(size)
+            self._shm = _create_named(size, create_as)
             # Reserve the pages now: a tmpfs that runs out later would kill
             # the process with SIGBUS at some random write instead.
             try:
