@@ -39,7 +39,7 @@ def learner(args: argparse.Namespace) -> None:
             rate_limiter=mpreplay.MinSize(args.batch_size),
         )
         print(f"learner: made table {args.table!r}")
-    except FileExistsError:
+    except mpreplay.SharedMemoryError:  # a table of that name exists: join it
         table = mpreplay.attach(args.table, timeout=0)
         print(f"learner: joined table {args.table!r} holding {table.get_stored_size()} rows")
     rng = np.random.default_rng(args.seed)

@@ -22,6 +22,7 @@ from mpreplay._ext.codec cimport Staging
 from mpreplay._ext.episode cimport Episode
 from mpreplay._ext.frames cimport MAX_STACK, Frames
 from mpreplay._ext.gate cimport Gate
+from mpreplay._ext.schema cimport being_written
 from mpreplay._ext.outputs cimport Spares
 from mpreplay._ext.selector cimport Selector
 from mpreplay._ext.sequences cimport Sequences
@@ -206,6 +207,38 @@ cdef class TableHandle:
             for j in range(n):
                 kp[j] = slot_table.generation(slots[j]) == gens[j, 0] and slot_table.generation(oldest[j]) == gens[j, 1]
         return keep
+
+    def changed_since(self, const uint64_t[::1] generations not None, Py_ssize_t start, Py_ssize_t stop):
+        """Which of slots ``start``..``stop - 1`` changed since ``generations`` (every slot's,
+        read under the lock: a checkpoint's cut) were read: being written then, or rewritten
+        since.  Call once their rows were copied without the lock: a slot not listed held,
+        throughout the copy, the row it held at the cut."""
+        cdef Slots slot_table = self._table.slots
+        cdef Py_ssize_t s
+        if generations.shape[0] != self.size or not 0 <= start <= stop <= self.size:
+            raise ValueError(f"generations, start, stop: expected one per slot ({self.size}) and a range of slots")
+        cdef cnp.ndarray changed = np.empty(stop - start, dtype=np.bool_)
+        cdef uint8_t* cp = <uint8_t*>cnp.PyArray_DATA(changed)
+        with nogil:
+            # The generations must be read after the rows were copied.
+            _mpreplay_acquire_fence()
+            for s in range(start, stop):
+                cp[s - start] = being_written(generations[s]) or slot_table.generation(s) != generations[s]
+        return changed
+
+    def repair(self, double deadline=INFINITY):
+        """Under the lock, make everything derived agree with the slot states, as the next
+        holder does after one died (see Slots.recover): for arrays written from outside the
+        table's calls (a restored checkpoint whose cut left rows out)."""
+        self._table.gate.acquire(deadline)
+        try:
+            self._table.slots.recover()
+        finally:
+            self._table.gate.release()
+
+    def rng_state(self):
+        """The state of this handle's random stream (its numpy bit generator's ``state``)."""
+        return self._handle._bitgen_owner.state
 
     cpdef Py_ssize_t add_one(self, dict values, double priority=-1.0, object timeout=None) except -2:
         """Store one transition given as Python scalars and exact-dtype arrays.

@@ -14,6 +14,7 @@ from .buffers import (
 )
 from .errors import (
     BufferClosed,
+    CheckpointError,
     CorruptBufferError,
     IncompatibleSegmentError,
     ReadOnlyError,
@@ -25,6 +26,7 @@ from .limiter import ExactlyOnce, MinSize, Queue, RateLimiter, SampleToInsertRat
 from .memory import SharedMemoryError
 from .nstep import NstepBuffer
 from .params import ParameterStore, ParameterStoreTimeout
+from .restore import restore
 from .returns import NStepReturns, discounted_cumsum_left, discounted_cumsum_right, gae, n_step_returns
 from .selectors import SelectorSpec
 from .sequences import SequenceSpec, sequence_priority
@@ -35,6 +37,7 @@ __all__ = [
     "__version__",
     "Table",
     "attach",
+    "restore",
     "EnvDict",
     "FieldOptions",
     "Batch",
@@ -54,6 +57,7 @@ __all__ = [
     "BufferClosed",
     "TableGone",
     "ReadOnlyError",
+    "CheckpointError",
     "CorruptBufferError",
     "SharedMemoryError",
     "IncompatibleSegmentError",

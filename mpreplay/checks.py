@@ -28,6 +28,7 @@ import math
 import re
 import reprlib
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeGuard, overload
 
 import numpy as np
@@ -45,6 +46,7 @@ __all__ = [
     "number",
     "priorities",
     "seconds",
+    "state_arrays",
     "table_name",
 ]
 
@@ -333,3 +335,22 @@ def priorities(name: str, values: Any, count: int, *, max_priority: float | np.n
             top = float(limit if limit.ndim == 0 else limit[j])
             raise ValueError(f"{name}: expected finite values in [0, {top:.3g}], got {float(p[j])!r} at position {j}")
     return p
+
+
+def state_arrays(
+    name: str, state: Any, expected: Mapping[str, tuple[tuple[int, ...], np.dtype | None]]
+) -> dict[str, np.ndarray]:
+    """Copies of the arrays of ``state`` (argument ``name``): a mapping with exactly the entries of
+    ``expected``, each of the shape and (where one is given) the dtype ``expected`` names; ValueError
+    naming the first entry that differs otherwise."""
+    if not isinstance(state, Mapping) or set(state) != set(expected):
+        got = sorted(map(str, state)) if isinstance(state, Mapping) else type(state).__name__
+        raise ValueError(f"{name}: expected the entries {sorted(expected)}, got {got}")
+    out = {}
+    for key, (shape, dt) in expected.items():
+        value = np.asarray(state[key])
+        if value.shape != shape or (dt is not None and value.dtype != dt):
+            want = f"shape {shape}" + ("" if dt is None else f" and dtype {dt}")
+            raise ValueError(f"{name}[{key!r}]: expected {want}, got shape {value.shape} and dtype {value.dtype}")
+        out[key] = value.copy()
+    return out

@@ -9,6 +9,7 @@ from .memory import SharedMemoryError
 
 __all__ = [
     "BufferClosed",
+    "CheckpointError",
     "CorruptBufferError",
     "IncompatibleSegmentError",
     "ReadOnlyError",
@@ -32,6 +33,12 @@ class CorruptBufferError(RuntimeError):
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
         super().__init__(f"the buffer is inconsistent ({len(self.problems)} problems): " + "; ".join(self.problems))
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be restored: no manifest, a damaged or truncated file (a chunk
+    whose checksum does not match), another format version, or a configuration whose layout
+    is not the one recorded.  The message names the file and, for data, the array and chunk."""
 
 
 class RowsDroppedWarning(UserWarning):

@@ -189,15 +189,17 @@ def _create_named(size: int, name: str | None, track: bool) -> shared_memory.Sha
     """A new segment called ``name`` (None: after the creator's pid, which tells whose segment a
     /dev/shm entry is, and a random part); ``track``: the resource tracker unlinks it should
     this process die without unlinking it."""
+    if name is not None and (not name.startswith(SEGMENT_PREFIX) or "/" in name):
+        raise ValueError(f"name: expected a segment name starting with {SEGMENT_PREFIX!r} (no '/'), got {name!r}")
     while True:
         try:
             return _segment(name or f"{SEGMENT_PREFIX}{os.getpid()}-{secrets.token_hex(4)}", size, track)
         except FileExistsError:
             if name is None:
                 continue
-            raise FileExistsError(
-                f"name: a table called {name!r} exists already: join it with mpreplay.attach({name!r}), or "
-                f"remove it first (mpreplay rm {name})"
+            raise SharedMemoryError(
+                f"name: a shared-memory segment {name!r} exists already: join its table with "
+                f"mpreplay.attach({name!r}), or remove it first (mpreplay rm {name})"
             ) from None
 
 
@@ -245,7 +247,8 @@ def _mapping(shm: shared_memory.SharedMemory) -> memoryview:
 class SharedMemory:
     """A named segment holding ``layout``.
 
-    The creating process owns the segment and unlinks it on :meth:`close`
+    The creating process (``name`` None; ``create_as``: the name to create it under, else a
+    fresh one) owns the segment and unlinks it on :meth:`close`
     (also when the object is freed, and at interpreter exit); attaching
     processes only unmap it.  An attaching process may pass ``verify``: it is
     called with the whole mapping before any view of ``layout`` is made, must

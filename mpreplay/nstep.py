@@ -48,6 +48,11 @@ def _take(arr: np.ndarray, envs: Any, cols: Any) -> np.ndarray:
     return rows.copy() if isinstance(envs, slice) else rows
 
 
+# The entries of a folder's state_dict(): the newest step's column, each environment's pending
+# steps, and per field its ring of steps (or, a reward, of running folded rewards).
+_CURSOR, _PENDING, _RING, _ACC = "cursor", "pending", "ring.", "folded."
+
+
 class Folding(NamedTuple):
     """What an :class:`NstepBuffer` holds between steps: returned by its ``preview_*``
     methods, made the folder's own by :meth:`NstepBuffer.commit`.  Opaque to callers."""
@@ -256,6 +261,35 @@ class NstepBuffer:
         s = self._state
         self._state = self._folding(s.ring, s.acc, s.cur, np.zeros_like(s.pending))
         self._preview = None
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The pending steps, as copies of plain arrays by name (what :meth:`load_state_dict`
+        takes): an actor that saves them -- ``np.savez(file, **folder.state_dict())``, nothing
+        pickled -- and loads them into a new folder of the same ``env_dict``, ``size``, ``gamma``
+        and ``num_envs`` after a restart emits every pending step once, as this one would have."""
+        s = self._state
+        out = {_CURSOR: np.array(s.cur, dtype=np.int64), _PENDING: s.pending.copy()}
+        out.update({f"{_RING}{name}": ring.copy() for name, ring in s.ring.items()})
+        out.update({f"{_ACC}{name}": acc.copy() for name, acc in s.acc.items()})
+        return out
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Take the pending steps of ``state_dict`` (from :meth:`state_dict` of a folder of the same
+        fields, ``size`` and ``num_envs``; ``dict(np.load(file))`` of a saved one), dropping the
+        ones held now.  A state of another folder is refused with ValueError naming the first
+        entry that differs, changing nothing."""
+        s = self._state
+        arrays = checks.state_arrays(
+            "state_dict", state_dict, {key: (value.shape, value.dtype) for key, value in self.state_dict().items()}
+        )
+        cur, pending = int(arrays[_CURSOR]), arrays[_PENDING]
+        if not 0 <= cur < self._n or ((pending < 0) | (pending > self._n - 1)).any():
+            raise ValueError(
+                f"state_dict: expected a cursor in [0, {self._n}) and 0..{self._n - 1} pending steps per environment"
+            )
+        ring = {name: arrays[f"{_RING}{name}"] for name in s.ring}
+        acc = {name: arrays[f"{_ACC}{name}"] for name in s.acc}
+        self._state, self._preview = self._folding(ring, acc, cur, pending), None
 
     def add(self, **step: ArrayLike) -> dict[str, np.ndarray]:
         """Add one step (one per environment with ``num_envs``) and return what it completes.

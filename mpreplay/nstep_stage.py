@@ -24,6 +24,8 @@ __all__ = ["NstepStage"]
 # What a preview returns: the folded rows, their priorities (NaN: the largest stored
 # when they are stored; None: a buffer without priorities) and what makes it final.
 Preview = tuple[dict[str, np.ndarray], "np.ndarray | None", Callable[[], None]]
+# The entries of a stage's state_dict(): each folder's, prefixed.
+_ROWS, _PRIORITIES = "rows.", "priorities."
 
 
 class NstepStage:
@@ -81,6 +83,31 @@ class NstepStage:
         self.rows.commit(rows_after)
         assert self._priorities is not None
         self._priorities.commit(priorities_after)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The pending steps of both folders (see :meth:`NstepBuffer.state_dict`)."""
+        out = {f"{_ROWS}{key}": value for key, value in self.rows.state_dict().items()}
+        if self._priorities is not None:
+            out.update({f"{_PRIORITIES}{key}": value for key, value in self._priorities.state_dict().items()})
+        return out
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Take the pending steps of ``state_dict`` (from :meth:`state_dict` of a stage of the same
+        settings); ValueError naming the first entry that differs, changing nothing."""
+        expected = {key: (value.shape, value.dtype) for key, value in self.state_dict().items()}
+        arrays = checks.state_arrays("state_dict", state_dict, expected)
+        rows = {key[len(_ROWS) :]: value for key, value in arrays.items() if key.startswith(_ROWS)}
+        priorities = {key[len(_PRIORITIES) :]: value for key, value in arrays.items() if key.startswith(_PRIORITIES)}
+        if self._priorities is None:
+            self.rows.load_state_dict(rows)
+            return
+        before = self._priorities.state_dict()
+        self._priorities.load_state_dict(priorities)
+        try:
+            self.rows.load_state_dict(rows)
+        except ValueError:
+            self._priorities.load_state_dict(before)  # a refused state changes nothing
+            raise
 
     def clear(self) -> None:
         """Drop the pending steps."""

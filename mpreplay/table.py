@@ -58,6 +58,8 @@ from ._ext.selector import Selector
 from ._ext.sequences import Sequences
 from ._ext.slots import Slots
 from ._ext.table_handle import TableHandle
+from .checkpoint import Source as CheckpointSource
+from .checkpoint import write as write_checkpoint
 from .errors import BufferClosed, read_only
 from .frame_store import FrameStore
 from .inspect import Inspection
@@ -262,19 +264,11 @@ class Table(TableCalls):
             indexes_dtype=indexes_dtype,
             cpprb_nstep=Nstep,
         )
-        layout = table_layout(config)
         if name is not None:
             name = checks.table_name("name", name)
             if not config.shared:
                 raise ValueError("name: only a shared table has a name that processes join it by; build it shared=True")
-        if config.shared:
-            memory: Memory = SharedMemory(
-                layout, create_as=None if name is None else segment_name(name), persist=config.persist
-            )
-        elif config.mmap_prefix is not None:
-            memory = FileMemory(layout, config.mmap_prefix)
-        else:
-            memory = HeapMemory(layout)
+        memory = _new_memory(config, None if name is None else segment_name(name))
         if rate_limiter is not None:
             memory.arrays[LIMITS_ARRAY][:] = rate_limiter.to_array()
         self._assemble(config, memory, True, np.random.default_rng(seed))
@@ -544,6 +538,35 @@ class Table(TableCalls):
             raise read_only("on_episode_end")
         self._path.end_episode(checks.seconds("timeout", timeout))
 
+    def writer_state_dict(self) -> dict[str, np.ndarray]:
+        """What this handle's writer holds between adds -- an n-step folder's pending steps --
+        as copies of plain arrays by name (empty without ``nstep``): an actor saves them beside
+        the table's checkpoint (``np.savez(file, **state)``) and, restarted, gives them to
+        :meth:`load_writer_state_dict` so that no step is lost or stored twice.  A compressed
+        table's writer keeps its episode's frames in its lane, and an episode open when its
+        writer stops ends there: TypeError (start a new episode)."""
+        stage = self._writer_stage("writer_state_dict")
+        return {} if stage is None else stage.state_dict()
+
+    def load_writer_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Take the pending steps of ``state_dict`` (from :meth:`writer_state_dict` of a table of
+        the same configuration) as this handle's writer's, dropping the ones it holds;
+        ValueError naming the first entry that differs, changing nothing."""
+        stage = self._writer_stage("load_writer_state_dict")
+        if stage is None:
+            checks.state_arrays("state_dict", state_dict, {})
+        else:
+            stage.load_state_dict(state_dict)
+
+    def _writer_stage(self, call: str) -> NstepStage | None:
+        self._check_open()
+        if self._config.compression is not None:
+            raise TypeError(
+                f"{call}: a compressed or sequence table's open episode ends when its writer stops "
+                "(its frames are in its lane); a restarted writer starts a new episode"
+            )
+        return self._path.nstep
+
     def clear(self) -> None:
         """Forget every item, the steps an n-step folder holds and what the selector keeps of
         the priorities ever set (the capacity stays)."""
@@ -743,6 +766,31 @@ class Table(TableCalls):
             priorities=checks.flag("priorities", priorities),
         )
 
+    def checkpoint(self, path: str | os.PathLike[str], *, timeout: float | None = None) -> dict[str, Any]:
+        """Write the table's whole state to folder ``path`` in its own layout -- rows and
+        frames as stored, priorities and the selector's state, counters, the rate limiter,
+        lanes, and this handle's random stream -- replacing the checkpoint there atomically;
+        :func:`mpreplay.restore` builds the table again (see docs/run-for-days.md).
+
+        Other processes may write and sample meanwhile: the lock is held only while the
+        per-slot state is copied (``timeout`` bounds the wait for it); rows and frames are
+        copied after, and a row changed meanwhile is left out whole.  An episode open in a
+        lane ends at the checkpoint.  ``path`` must not exist, or be a checkpoint or an empty
+        folder (ValueError otherwise: nothing else is ever replaced).  Returns the checkpoint's
+        manifest (its figures: ``stored``, ``rows_left_out``, ``data_nbytes``, ``cut_seconds``)."""
+        self._check_open()
+        source = CheckpointSource(
+            self._config,
+            type(self).__name__,
+            self._memory.layout,
+            self._memory.arrays,
+            self._gate.hold,
+            self._gate.let_go,
+            self._handle,
+            (0, 0) if self._frames is None else (self._frames.max_stack - 1, self._frames.max_next),
+        )
+        return write_checkpoint(path, source, timeout=checks.seconds("timeout", timeout))
+
     def load_transitions(self, file: str | os.PathLike[str] | IO[bytes]) -> int:
         """Append the rows of a file written by :meth:`save_transitions` (or cpprb's); returns
         how many.  The whole file is read and checked first: a bad one
@@ -822,6 +870,44 @@ def _attach(cls: type[_Table], config: TableConfig, name: str, readonly: bool = 
     expected = table._manifest(layout)
     memory = SharedMemory(layout, name=name, verify=lambda buf: manifest.check_segment(name, buf, expected))
     table._assemble(config, memory, False, np.random.default_rng(), readonly)
+    return table
+
+
+def _new_memory(config: TableConfig, name: str | None = None) -> Memory:
+    """Fresh zeroed memory for a table of ``config``: a shared segment (under ``name``, else a
+    fresh one; nobody's if the table persists), files of its ``mmap_prefix``, or the heap."""
+    layout = table_layout(config)
+    if config.shared:
+        return SharedMemory(layout, create_as=name, persist=config.persist)
+    if config.mmap_prefix is not None:
+        return FileMemory(layout, config.mmap_prefix)
+    return HeapMemory(layout)
+
+
+def _restored(
+    cls: type[_Table],
+    config: TableConfig,
+    rng: np.random.Generator,
+    fill: Callable[[dict[str, np.ndarray]], None],
+    repair: bool,
+    name: str | None,
+) -> _Table:
+    """A new table of ``config`` whose arrays ``fill`` writes (a checkpoint's), drawing from
+    ``rng``; ``repair``: the arrays hold rows left out (retired in the slot states), to be made to agree
+    with the rest as after a writer's death (see :mod:`mpreplay.checkpoint`)."""
+    table = cls.__new__(cls)
+    table._assemble(config, _new_memory(config, name), True, rng)
+    try:
+        table._gate.hold()
+        try:
+            fill(table._memory.arrays)
+        finally:
+            table._gate.let_go()
+        if repair:
+            table._handle.repair()
+    except BaseException:
+        table.close()
+        raise
     return table
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -53,9 +53,6 @@ class TableConfig:
     float32_weights: bool  # sample hands importance weights out as float32 (else float64)
     uint64_indexes: bool  # sample hands indexes out as uint64 (else int64)
     persist: bool = False  # a shared table that outlives its creator (until removed)
-    # What build() was given, checked, as JSON: a shared table's manifest carries it, so that a
-    # process given only the table's name builds the same configuration (see from_arguments).
-    arguments: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(
@@ -175,30 +172,6 @@ class TableConfig:
                 )
         weights = checks.dtype("weights_dtype", weights_dtype, (np.float64, np.float32))
         indexes = checks.dtype("indexes_dtype", indexes_dtype, (np.int64, np.uint64))
-        arguments = _plain(
-            {
-                "size": size,
-                "env_dict": given,
-                "selector": {"name": selector_spec.name, **dict(selector_spec.options)},
-                "remover": remover,
-                "max_times_sampled": max_times_sampled,
-                "nstep": None if folding is None else folding[2],
-                "next_of": None if compression is None else list(compression.next_of) or None,
-                "stack_compress": None if compression is None else list(compression.stack) or None,
-                "lanes": 1 if compression is None else compression.lanes,
-                "sequence": None
-                if sequence is None
-                else {
-                    "length": sequence.length,
-                    "period": sequence.period,
-                    "pad_end": sequence.pad_end,
-                    "eta": sequence.eta,
-                },
-                "default_dtype": default,
-                "weights_dtype": weights.str,
-                "indexes_dtype": indexes.str,
-            }
-        )
         return cls(
             size=size,
             specs=specs,
@@ -213,8 +186,39 @@ class TableConfig:
             float32_weights=weights == np.float32,
             uint64_indexes=indexes == np.uint64,
             persist=persist,
-            arguments=arguments,
         )
+
+    @property
+    def arguments(self) -> dict[str, object]:
+        """The arguments of :meth:`build` that make this configuration, as JSON values: what a
+        shared table's manifest carries, so that a process given only the table's name builds
+        the same configuration (:meth:`from_arguments`)."""
+        c, seq = self.compression, self.sequence
+        if self.nstep is None:  # the fields as stored, next_<key> included: build adds none then
+            fields, default, nstep = self.specs, None, None
+        else:  # the fields before folding, and how they fold
+            env_dict, default, nstep = self.nstep
+            fields = parse_env_dict(env_dict, default)
+        arguments: dict[str, object] = _plain(
+            {
+                "size": self.size,
+                "env_dict": {s.name: {"shape": list(s.shape), "dtype": s.dtype.str} for s in fields.values()},
+                "selector": {"name": self.selector.name, **dict(self.selector.options)},
+                "remover": self.remover,
+                "max_times_sampled": self.max_times_sampled,
+                "nstep": nstep,
+                "next_of": None if c is None else list(c.next_of) or None,
+                "stack_compress": None if c is None else list(c.stack) or None,
+                "lanes": 1 if c is None else c.lanes,
+                "sequence": None
+                if seq is None
+                else {"length": seq.length, "period": seq.period, "pad_end": seq.pad_end, "eta": seq.eta},
+                "default_dtype": _dtype_name(default),
+                "weights_dtype": np.dtype(np.float32 if self.float32_weights else np.float64).str,
+                "indexes_dtype": np.dtype(np.uint64 if self.uint64_indexes else np.int64).str,
+            }
+        )
+        return arguments
 
     @classmethod
     def from_arguments(cls, arguments: Mapping[str, object], *, persist: bool) -> TableConfig:

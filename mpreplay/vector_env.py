@@ -62,6 +62,9 @@ _MODES = (NEXT_STEP, SAME_STEP, DISABLED)
 
 # The folder takes a sub-environment's index with each step: it comes back with every row folded.
 _ENV = "env"
+# The entries of a state_dict(): per sub-environment its flags, its current observation's fields,
+# and the n-step folder's entries.
+_STARTED, _SKIP, _NEEDS_RESET, _OBS, _FOLDER = "started", "skip", "needs_reset", "obs.", "nstep."
 
 
 # ------------------------------------------------------------------- transitions
@@ -187,6 +190,41 @@ class VectorTransitions:
     def env_dict(self) -> dict[str, FieldOptions]:
         """The env_dict of the rows it returns: build the replay buffer on it."""
         return {name: spec.copy() for name, spec in self._env_dict.items()}
+
+    # -- restarting an actor -----------------------------------------------------------
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """What it holds between calls -- each sub-environment's current observation (once
+        reset), which episodes have steps or await a reset, and the n-step folder's pending
+        steps -- as copies of plain arrays by name: save them (``np.savez(file, **state)``),
+        and :meth:`load_state_dict` them into a new one for the same env after a restart, so
+        that no step is lost or emitted twice."""
+        out = {_STARTED: self._started.copy(), _SKIP: self._skip.copy(), _NEEDS_RESET: self._needs_reset.copy()}
+        if self._obs is not None:
+            out.update({f"{_OBS}{name}": value.copy() for name, value in self._obs.items()})
+        if self._folder is not None:
+            out.update({f"{_FOLDER}{name}": value for name, value in self._folder.state_dict().items()})
+        return out
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Take what ``state_dict`` (from :meth:`state_dict` of one for the same env and options)
+        holds; ValueError naming the first entry that differs, changing nothing."""
+        flags = ((self._num_envs,), np.dtype(bool))
+        expected: dict[str, tuple[tuple[int, ...], np.dtype | None]] = dict.fromkeys(
+            (_STARTED, _SKIP, _NEEDS_RESET), flags
+        )
+        if isinstance(state_dict, Mapping) and any(str(key).startswith(_OBS) for key in state_dict):
+            expected.update({f"{_OBS}{leaf.name}": ((self._num_envs,) + leaf.shape, None) for leaf in self._obs_leaves})
+        if self._folder is not None:
+            expected.update(
+                {f"{_FOLDER}{name}": (value.shape, value.dtype) for name, value in self._folder.state_dict().items()}
+            )
+        arrays = checks.state_arrays("state_dict", state_dict, expected)
+        if self._folder is not None:
+            n = len(_FOLDER)
+            self._folder.load_state_dict({key[n:]: value for key, value in arrays.items() if key.startswith(_FOLDER)})
+        obs = {key[len(_OBS) :]: value for key, value in arrays.items() if key.startswith(_OBS)}
+        self._obs = obs or None
+        self._started, self._skip, self._needs_reset = arrays[_STARTED], arrays[_SKIP], arrays[_NEEDS_RESET]
 
     # -- the calls ------------------------------------------------------------------
     def reset(self, obs: Any, *, mask: Any = None) -> TransitionBatch:

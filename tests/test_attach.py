@@ -178,7 +178,10 @@ def test_attach_refuses_a_name_no_table_can_have(name):
 
 
 def test_a_second_table_of_the_same_name_is_refused(table_name):
-    with MPReplayBuffer(8, FIELDS, name=table_name), pytest.raises(FileExistsError, match=r"mpreplay\.attach"):
+    with (
+        MPReplayBuffer(8, FIELDS, name=table_name),
+        pytest.raises(SharedMemoryError, match=r"exists already: join its table with mpreplay\.attach"),
+    ):
         MPReplayBuffer(8, FIELDS, name=table_name)
 
 

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.timeout(120, method="thread")
 NO_EXAMPLE = {
     "BufferClosed": "an exception",
     "CorruptBufferError": "an exception",
+    "CheckpointError": "an exception",
     "SharedMemoryError": "an exception",
     "IncompatibleSegmentError": "an exception",
     "TableGone": "an exception",

@@ -414,6 +414,9 @@ def _call_every_method(buffer) -> dict[str, Any]:
         "get_all_transitions": buffer.get_all_transitions,
         "save_transitions": lambda: buffer.save_transitions(io.BytesIO()),
         "load_transitions": lambda: buffer.load_transitions(_saved_rows()),
+        "checkpoint": lambda: buffer.checkpoint("never-written"),  # refused before the path is looked at
+        "writer_state_dict": buffer.writer_state_dict,
+        "load_writer_state_dict": lambda: buffer.load_writer_state_dict({}),
         "get_next_index": buffer.get_next_index,
         "get_stored_size": buffer.get_stored_size,
         "get_buffer_size": buffer.get_buffer_size,

@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{len(episodes)} episodes (lives), {lengths.mean():.1f} steps on average (shortest {lengths.min()}, "
         f"longest {lengths.max()})"
     )
-    with _compressed(args.capacity, LANES) as buffer:
+    with compressed_buffer(args.capacity, LANES) as buffer:
         memory = _memory(buffer, episodes, args.cpprb_capacity)
         actor = _actor_share(buffer, args.actor_steps)
         learner = _learner(buffer, args.seconds, args.train_ms, args.prefetch_steps)
@@ -109,7 +109,8 @@ def _load() -> str:
 
 
 @contextmanager
-def _compressed(capacity: int, lanes: int, **options: Any) -> Iterator[MPPrioritizedReplayBuffer]:
+def compressed_buffer(capacity: int, lanes: int, **options: Any) -> Iterator[MPPrioritizedReplayBuffer]:
+    """The demo's replay: a shared prioritized buffer of the actors' rows, stacks stored as frames in ``lanes``."""
     with MPPrioritizedReplayBuffer(
         capacity, replay_fields(), next_of="obs", stack_compress="obs", lanes=lanes, alpha=0.6, **options
     ) as buffer:
@@ -131,7 +132,7 @@ class Memory:
     nbytes: int
 
 
-def _fill(buffer: Any, episodes: list[Episode], rows: int) -> None:
+def fill(buffer: Any, episodes: list[Episode], rows: int) -> None:
     """Add ``rows`` rows of the episodes through one writer per lane, an episode to each in turn,
     32 rows per add (the demo's actors add a row per call; the bytes are the same)."""
     writers = [buffer.episode_writer() for _ in range(LANES)]
@@ -155,7 +156,7 @@ def _memory(buffer: MPPrioritizedReplayBuffer, episodes: list[Episode], cpprb_ca
     capacity = buffer.get_buffer_size()
     added = capacity + capacity // 10
     start = time.monotonic()
-    _fill(buffer, episodes, added)
+    fill(buffer, episodes, added)
     fill_s = time.monotonic() - start
     nbytes, stored = buffer.inspection().nbytes, buffer.get_stored_size()
     ours = Memory(nbytes / stored, added, stored, nbytes)
@@ -432,7 +433,7 @@ def _process(role: str, buffer: Any, episodes: list[Episode], conn: Any) -> None
     """A writer adding a row per call (its own lane), or the learner sampling 256 + updating: ready,
     then the window's marks, a warm-up to the first, the holds timed to the last."""
     try:
-        op = _writer_op(buffer, episodes) if role == "writer" else _learner_op(buffer)
+        op = writer_op(buffer, episodes) if role == "writer" else learner_op(buffer)
         conn.send("ready")
         marks = conn.recv()
         run_until(marks[:1], op, 1)
@@ -446,7 +447,7 @@ def _process(role: str, buffer: Any, episodes: list[Episode], conn: Any) -> None
         raise
 
 
-def _writer_op(buffer: Any, episodes: list[Episode]) -> Callable[[], None]:
+def writer_op(buffer: Any, episodes: list[Episode]) -> Callable[[], None]:
     """Each episode's rows as the demo's actor adds them: a row per call, as its folder completes
     them, then the last 3 together (the terminal step completes them all)."""
     adds = []
@@ -467,7 +468,8 @@ def _writer_op(buffer: Any, episodes: list[Episode]) -> Callable[[], None]:
     return write
 
 
-def _learner_op(buffer: Any) -> Callable[[], None]:
+def learner_op(buffer: Any) -> Callable[[], None]:
+    """The learner's call: sample 256 rows (into the arrays of the previous batch) and update their priorities."""
     rng = np.random.default_rng(2)
     priorities = [rng.random(256) + 0.1 for _ in range(8)]
     last: list[Any] = [None, 0]

@@ -1,0 +1,313 @@
+"""``mpreplay bench checkpoint``: checkpoint and restore of a table of real Atari frames, against the disk.
+
+``mpreplay bench checkpoint [--quick] [--capacity N,N...] [--record-steps S] [--seconds W] [--dir DIR]
+[--save-max N]``
+
+Real Breakout episodes are recorded as ``mpreplay bench apex`` records them, and a compressed table
+(``next_of`` + ``stack_compress``, 8 lanes, the demo's rows) of each capacity ``N`` is filled past
+capacity with them.  Then, on the disk of ``--dir`` (default: a temporary folder):
+
+1. **Checkpoint and restore**: ``table.checkpoint(path)`` (nothing else running) and
+   ``mpreplay.restore(path)`` into a new shared table, with the checkpoint's pages dropped from
+   the page cache first (``posix_fadvise``: the restore reads the disk, as after a reboot); the
+   floor beside them: writing the same number of bytes to one file sequentially, in the same
+   16 MB pieces, with an fsync, and reading them back cold.  Sizes: the checkpoint against the
+   table's memory (its segment).
+2. **save_transitions** of the same table (the portable export, plain layout, not deflated), for
+   tables of at most ``--save-max`` transitions (20,000: the plain layout is 8 times the bytes).
+3. **Waits**: a writer process adding a row per call (the demo's actor) and a learner sampling
+   256 + updating, for ``W`` seconds without a checkpoint, then ``W`` seconds with checkpoints
+   taken one after the other: the longest and the 99th percentile of each call, the rows each
+   live checkpoint left out, and how long its lock was held for the cut.
+
+Other work on the machine and the disk's own cache skew every figure; the floor is measured in the
+same run, on the same disk, so the ratios are what to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import mpreplay
+from mpreplay.bench._report import positive_int, positive_seconds
+from mpreplay.bench.apex import LANES, compressed_buffer, fill, learner_op, print_table, writer_op
+from mpreplay.bench.apex_episodes import Episode, record
+
+PIECE = 16 * 2**20  # the floor's write and read size (the checkpoint's chunk)
+MB = 1e6
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    print(f"mpreplay {mpreplay.__version__}, numpy {np.__version__}, {os.cpu_count()} cores; {_load()}")
+    episodes = record(args.record_steps)
+    print(f"recorded {sum(len(e) for e in episodes):,} env steps of real Breakout ({len(episodes)} episodes)")
+    folder = Path(tempfile.mkdtemp(prefix="mpreplay-bench-checkpoint-", dir=args.dir))
+    try:
+        cases = [_case(c, episodes, folder, args.seconds, c <= args.save_max) for c in args.capacity]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    print(f"{_load()} at the end")
+    _report(cases)
+    return 0
+
+
+def _load() -> str:
+    return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="mpreplay bench checkpoint", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="a small table and short windows: a smoke run")
+    parser.add_argument("--capacity", default=None, help="transitions of each table, comma separated (default 100000)")
+    parser.add_argument("--record-steps", type=positive_int, default=None, help="real env steps (default 8,000)")
+    parser.add_argument("--seconds", type=positive_seconds, default=None, help="window of each wait case (default 5)")
+    parser.add_argument("--dir", default=None, help="folder on the disk to measure (default: a temporary folder)")
+    parser.add_argument(
+        "--save-max", type=int, default=20_000, help="largest table save_transitions is timed on (default 20,000)"
+    )
+    args = parser.parse_args(list(argv))
+    try:
+        args.capacity = [positive_int(str(int(float(c)))) for c in (args.capacity or "").split(",") if c] or [
+            2_000 if args.quick else 100_000
+        ]
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        parser.error(f"--capacity: expected transitions, comma separated ({exc})")
+    args.record_steps = args.record_steps or (600 if args.quick else 8_000)
+    args.seconds = args.seconds or (0.5 if args.quick else 5.0)
+    return args
+
+
+@dataclass
+class Waits:
+    """The longest and the 99th percentile of a call's seconds in a window, and how many calls."""
+
+    longest: float
+    p99: float
+    calls: int
+
+    @classmethod
+    def of(cls, seconds: np.ndarray) -> Waits:
+        if not len(seconds):
+            return cls(float("nan"), float("nan"), 0)
+        return cls(float(seconds.max()), float(np.percentile(seconds, 99)), len(seconds))
+
+
+@dataclass
+class Case:
+    capacity: int
+    segment: int  # the table's memory, bytes
+    size: int  # the checkpoint's bytes
+    checkpoint: float  # seconds
+    restore: float
+    floor_write: float
+    floor_read: float
+    save_transitions: float | None  # seconds, None: not timed (a table above --save-max)
+    save_bytes: int
+    waits: dict[str, Waits]  # "<role> <window>"
+    left_out: list[int]  # rows each live checkpoint left out
+    cut: float  # the longest lock hold of a live checkpoint's cut, seconds
+    live: int  # live checkpoints taken
+
+
+def _case(capacity: int, episodes: list[Episode], folder: Path, seconds: float, export: bool) -> Case:
+    with compressed_buffer(capacity, LANES) as table:
+        fill(table, episodes, capacity + capacity // 10)
+        start = time.perf_counter()
+        doc = table.checkpoint(folder / "ck")
+        checkpoint = time.perf_counter() - start
+        size = sum(f.stat().st_size for f in (folder / "ck").iterdir())
+        floor_write, floor_read = _floor(folder / "floor.bin", size)
+        _drop_cache(folder / "ck" / "data.bin")
+        start = time.perf_counter()
+        with mpreplay.restore(folder / "ck"):
+            restore = time.perf_counter() - start
+        save, save_bytes = None, 0
+        if export:
+            start = time.perf_counter()
+            table.save_transitions(str(folder / "rows.npz"), compress=False)
+            save = time.perf_counter() - start
+            save_bytes = (folder / "rows.npz").stat().st_size
+            (folder / "rows.npz").unlink()
+        waits, live = _waits(table, episodes, folder / "live", seconds)
+    return Case(
+        capacity,
+        int(doc["nbytes"]),
+        size,
+        checkpoint,
+        restore,
+        floor_write,
+        floor_read,
+        save,
+        save_bytes,
+        waits,
+        [d["rows_left_out"] for d in live],
+        max((d["cut_seconds"] for d in live), default=float("nan")),
+        len(live),
+    )
+
+
+def _floor(path: Path, nbytes: int) -> tuple[float, float]:
+    """Seconds to write ``nbytes`` to ``path`` in PIECE writes and fsync it, and to read it back cold."""
+    piece = np.random.default_rng(0).integers(0, 256, PIECE, dtype=np.uint8)
+    start = time.perf_counter()
+    with open(path, "wb", buffering=0) as f:
+        left = nbytes
+        while left > 0:
+            left -= f.write(piece.data[: min(left, PIECE)])
+        os.fsync(f.fileno())
+    write = time.perf_counter() - start
+    _drop_cache(path)
+    start = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(piece.data):
+            pass
+    read = time.perf_counter() - start
+    path.unlink()
+    return write, read
+
+
+def _drop_cache(path: Path) -> None:
+    """Drop ``path``'s pages from the page cache (this file's only), so the next read is the disk's."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _timed(role: str, table: Any, episodes: list[Episode], stop: Any, conn: Any) -> None:
+    """A writer's add or the learner's sample + update, over and over until ``stop``: each call's
+    ``(start, seconds)`` (monotonic clock, the same in every process), sent at the end."""
+    try:
+        op: Callable[[], None] = writer_op(table, episodes) if role == "writer" else learner_op(table)
+        conn.send("ready")
+        marks = []
+        while not stop.is_set():
+            start = time.monotonic()
+            op()
+            marks.append((start, time.monotonic() - start))
+        conn.send(np.array(marks))
+    except BaseException as exc:  # the parent raises it
+        conn.send(exc)
+        raise
+
+
+def _waits(
+    table: Any, episodes: list[Episode], path: Path, seconds: float
+) -> tuple[dict[str, Waits], list[dict[str, Any]]]:
+    """The writer's and the learner's calls for ``seconds`` alone, then ``seconds`` with checkpoints
+    taken one after the other into ``path``; their waits, and the live checkpoints' manifests."""
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    ended = [e for e in episodes if e.terminated][:6]
+    roles, procs, conns = ("writer", "learner"), [], []
+    try:
+        for role in roles:
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_timed, args=(role, table, ended, stop, theirs), daemon=True)
+            proc.start()
+            theirs.close()
+            procs.append(proc)
+            conns.append(mine)
+        for role, conn in zip(roles, conns, strict=True):
+            _receive(role, conn, 120.0)
+        time.sleep(0.5)  # warm-up
+        quiet = (time.monotonic(), time.monotonic() + seconds)
+        time.sleep(seconds)
+        live: list[dict[str, Any]] = []
+        begin = time.monotonic()
+        while time.monotonic() < begin + seconds or not live:
+            live.append(table.checkpoint(path))
+        during = (begin, time.monotonic())
+        stop.set()
+        marks = {role: _receive(role, conn, 60.0) for role, conn in zip(roles, conns, strict=True)}
+    finally:
+        stop.set()
+        for proc in procs:
+            proc.join(10.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    waits = {}
+    for role, m in marks.items():
+        for window, (a, b) in (("alone", quiet), ("checkpointing", during)):
+            inside = (m[:, 0] >= a) & (m[:, 0] < b) if len(m) else np.zeros(0, bool)
+            waits[f"{role} {window}"] = Waits.of(m[inside, 1] if len(m) else np.zeros(0))
+    shutil.rmtree(path, ignore_errors=True)
+    return waits, live
+
+
+def _receive(role: str, conn: Any, timeout: float) -> Any:
+    if not conn.poll(timeout):
+        raise TimeoutError(f"the {role} process did not answer within {timeout:.0f} s")
+    message = conn.recv()
+    if isinstance(message, BaseException):
+        raise RuntimeError(f"the {role} process failed") from message
+    return message
+
+
+def _export(c: Case) -> str:
+    if c.save_transitions is None:
+        return "not timed"
+    return f"{c.save_transitions:.2f} ({c.save_bytes / MB:,.0f} MB, {c.save_transitions / c.checkpoint:.1f}x)"
+
+
+def _report(cases: list[Case]) -> None:
+    rows = []
+    for c in cases:
+        rows.append(
+            [
+                f"{c.capacity:,}",
+                f"{c.segment / MB:,.0f}",
+                f"{c.size / MB:,.0f} ({c.size / c.segment:.3f}x)",
+                f"{c.checkpoint:.2f} ({c.size / MB / c.checkpoint:,.0f} MB/s)",
+                f"{c.floor_write:.2f} ({c.checkpoint / c.floor_write:.2f}x)",
+                f"{c.restore:.2f} ({c.size / MB / c.restore:,.0f} MB/s)",
+                f"{c.floor_read:.2f} ({c.restore / c.floor_read:.2f}x)",
+                _export(c),
+            ]
+        )
+    print_table(
+        "Checkpoint and restore (seconds) against the disk's sequential write and cold read of the same bytes",
+        [
+            "capacity",
+            "segment MB",
+            "checkpoint MB",
+            "checkpoint s",
+            "write floor s (ratio)",
+            "restore s",
+            "read floor s (ratio)",
+            "save_transitions s",
+        ],
+        rows,
+    )
+    rows = []
+    for c in cases:
+        for name, w in c.waits.items():
+            rows.append([f"{c.capacity:,}", name, f"{w.calls:,}", f"{w.longest * 1e3:.1f}", f"{w.p99 * 1e3:.2f}"])
+    print_table(
+        "Waits of a writer's add and a learner's sample + update (ms)",
+        ["capacity", "call", "calls", "longest", "p99"],
+        rows,
+    )
+    for c in cases:
+        print(
+            f"capacity {c.capacity:,}: {c.live} live checkpoints, rows left out {c.left_out}, "
+            f"longest cut (lock held) {c.cut * 1e3:.1f} ms"
+        )
