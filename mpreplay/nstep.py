@@ -273,7 +273,7 @@ class NstepBuffer:
         out.update({f"{_ACC}{name}": acc.copy() for name, acc in s.acc.items()})
         return out
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, np.ndarray]) -> None:
         """Take the pending steps of ``state_dict`` (from :meth:`state_dict` of a folder of the same
         fields, ``size`` and ``num_envs``; ``dict(np.load(file))`` of a saved one), dropping the
         ones held now.  A state of another folder is refused with ValueError naming the first

@@ -548,7 +548,7 @@ class Table(TableCalls):
         stage = self._writer_stage("writer_state_dict")
         return {} if stage is None else stage.state_dict()
 
-    def load_writer_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+    def load_writer_state_dict(self, state_dict: Mapping[str, np.ndarray]) -> None:
         """Take the pending steps of ``state_dict`` (from :meth:`writer_state_dict` of a table of
         the same configuration) as this handle's writer's, dropping the ones it holds;
         ValueError naming the first entry that differs, changing nothing."""

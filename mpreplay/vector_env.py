@@ -205,7 +205,7 @@ class VectorTransitions:
             out.update({f"{_FOLDER}{name}": value for name, value in self._folder.state_dict().items()})
         return out
 
-    def load_state_dict(self, state_dict: Any) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, np.ndarray]) -> None:
         """Take what ``state_dict`` (from :meth:`state_dict` of one for the same env and options)
         holds; ValueError naming the first entry that differs, changing nothing."""
         flags = ((self._num_envs,), np.dtype(bool))

@@ -40,6 +40,7 @@ ANY_ALLOWED = {
     "mpreplay.sharded.deploy.start_shard_servers": {"buffer", "actor_options", "return"},
     # JSON documents: a file's metadata record and a selector's options as the kernel takes them.
     "mpreplay.fileformat.read_metadata": {"return"},
+    "mpreplay.table.Table.checkpoint": {"return"},  # the checkpoint's manifest
     "mpreplay.selectors.SelectorSpec.kernel_options": {"return"},
 }
 
