@@ -18,6 +18,20 @@ def test_python_and_numpy_integers_are_integers():
     assert value == 3 and type(value) is int
 
 
+@pytest.mark.parametrize("make", [int, np.int64, np.uint8], ids=["int", "int64", "uint8"])
+def test_an_integer_at_either_bound_is_accepted_whatever_its_type(make):
+    assert checks.integer("max_times_sampled", make(1), low=1) == 1
+    assert checks.integer("rank", make(3), low=1, high=3) == 3
+
+
+@pytest.mark.parametrize("make", [int, np.int64], ids=["int", "int64"])
+def test_an_integer_just_past_either_bound_is_refused_whatever_its_type(make):
+    with pytest.raises(ValueError, match="max_times_sampled: expected an integer >= 1, got"):
+        checks.integer("max_times_sampled", make(0), low=1)
+    with pytest.raises(ValueError, match=r"rank: expected an integer in \[1, 3\], got"):
+        checks.integer("rank", make(4), low=1, high=3)
+
+
 def test_a_bool_is_not_an_integer():
     with pytest.raises(ValueError, match="size: expected an integer >= 1, got True"):
         checks.integer("size", True, low=1)
@@ -287,6 +301,12 @@ def test_matrix_refuses_other_dimensions():
 def test_matrix_of_numbers_refuses_nan_and_names_where():
     with pytest.raises(ValueError, match=r"td: expected finite numbers, got nan at \(1, 0\)"):
         checks.matrix("td", [[1.0], [math.nan]], kind="f")
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf], ids=["inf", "-inf"])
+def test_matrix_of_numbers_refuses_an_infinity_as_it_refuses_nan(bad):
+    with pytest.raises(ValueError, match=rf"td: expected finite numbers, got {bad!r} at \(0, 1\)"):
+        checks.matrix("td", [[1.0, bad]], kind="f")
 
 
 def test_matrix_takes_a_tensor():

@@ -108,6 +108,38 @@ def test_bad_limiter_settings_name_the_setting(make, name):
         make()
 
 
+# SampleToInsertRatio(spi, min_size, e) has the window [spi * min_size - e, spi * min_size + e]: 2 * e wide.
+@pytest.mark.parametrize(
+    "limiter",
+    [
+        pytest.param(SampleToInsertRatio(1, 1, 1.0), id="window-exactly-twice-one-insert"),
+        pytest.param(SampleToInsertRatio(2.0, 1, 2.0), id="window-exactly-twice-samples-per-insert"),
+        pytest.param(SampleToInsertRatio(1.0, 8, 5.0), id="min-size-exactly-the-capacity"),
+        pytest.param(MinSize(8), id="min-size-limiter-exactly-the-capacity"),
+    ],
+)
+def test_a_limiter_exactly_at_its_limits_is_accepted(limiter):
+    with ReplayBuffer(8, ENV, rate_limiter=limiter) as buffer:
+        buffer.add(**rows_of(ENV, range(limiter.min_size_to_sample)), timeout=0)
+        assert buffer.sample(1, timeout=0)["id"].shape == (1,)
+
+
+@pytest.mark.parametrize(
+    "limiter, message",
+    [
+        pytest.param(SampleToInsertRatio(1, 1, 0.99), "could each wait for the other forever", id="window-just-below"),
+        pytest.param(
+            SampleToInsertRatio(2.0, 1, 1.99), "could each wait for the other forever", id="window-just-below-2-spi"
+        ),
+        pytest.param(SampleToInsertRatio(1.0, 9, 5.0), "exceeds the buffer's capacity", id="min-size-one-past"),
+        pytest.param(MinSize(9), "exceeds the buffer's capacity", id="min-size-limiter-one-past"),
+    ],
+)
+def test_a_limiter_just_past_its_limits_is_refused(limiter, message):
+    with pytest.raises(ValueError, match=message):
+        ReplayBuffer(8, ENV, rate_limiter=limiter)
+
+
 def test_a_rate_limiter_must_be_a_rate_limiter():
     with pytest.raises(TypeError, match="rate_limiter"):
         ReplayBuffer(10, ENV, rate_limiter=5)
