@@ -284,6 +284,10 @@ class TableModel:
         return sorted(steps)
 
     # -- sampling -----------------------------------------------------------------------------
+    def listed(self, *, by_lane: bool) -> list[int]:
+        """The items in the order they were inserted (``by_lane``: the first writer's lane, then the next...)."""
+        return sorted(self.items, key=lambda i: (i // 1000 if by_lane else 0, self.items[i].number))
+
     def order(self, selector: str) -> list[int]:
         key = ORDER_KEYS[selector]
         items = self.items
