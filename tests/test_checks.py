@@ -66,6 +66,11 @@ def test_python_and_numpy_numbers_and_0d_arrays_are_numbers():
     assert checks.number("beta", np.array(0.25), low=0.0) == 0.25
 
 
+def test_an_array_of_one_number_is_not_a_number():
+    with pytest.raises(TypeError, match=r"beta: expected a number, got array\(\[0\.5\]\)"):
+        checks.number("beta", np.array([0.5]), low=0.0)
+
+
 def test_a_bool_is_not_a_number():
     with pytest.raises(TypeError, match="beta: expected a number, got True"):
         checks.number("beta", True, low=0.0)

@@ -101,6 +101,7 @@ def test_a_limiter_that_could_deadlock_is_rejected_at_construction(limiter, mess
         pytest.param(lambda: SampleToInsertRatio(math.nan, 1, 5.0), "samples_per_insert", id="ratio-nan"),
         pytest.param(lambda: SampleToInsertRatio(1.0, 1, -1.0), "error_buffer", id="negative-error-buffer"),
         pytest.param(lambda: RateLimiter(1.0, 1, 5.0, 1.0), "min_diff", id="min-diff-above-max-diff"),
+        pytest.param(lambda: RateLimiter(-0.5, 1, 0.0, 5.0), "samples_per_insert", id="negative-ratio"),
     ],
 )
 def test_bad_limiter_settings_name_the_setting(make, name):
@@ -138,6 +139,23 @@ def test_a_limiter_exactly_at_its_limits_is_accepted(limiter):
 def test_a_limiter_just_past_its_limits_is_refused(limiter, message):
     with pytest.raises(ValueError, match=message):
         ReplayBuffer(8, ENV, rate_limiter=limiter)
+
+
+@pytest.mark.parametrize(
+    "make, window",
+    [
+        pytest.param(lambda: RateLimiter(0.0, 1, 5.0, 5.0), (5.0, 5.0), id="no-samples-and-one-point-window"),
+        pytest.param(lambda: SampleToInsertRatio(1.0, 1, 0.0), (1.0, 1.0), id="no-error-buffer"),
+        pytest.param(lambda: SampleToInsertRatio(1.0, 1, math.inf), (-math.inf, math.inf), id="infinite-error-buffer"),
+        pytest.param(
+            lambda: SampleToInsertRatio(1.0, 1, (-math.inf, math.inf)), (-math.inf, math.inf), id="infinite-window"
+        ),
+    ],
+)
+def test_a_limiters_settings_at_their_bounds_make_a_limiter(make, window):
+    # Whether a buffer can keep it (a window of at least two inserts' worth) is the buffer's check.
+    limiter = make()
+    assert (limiter.min_diff, limiter.max_diff) == window
 
 
 def test_a_rate_limiter_must_be_a_rate_limiter():
