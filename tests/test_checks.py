@@ -66,6 +66,17 @@ def test_python_and_numpy_numbers_and_0d_arrays_are_numbers():
     assert checks.number("beta", np.array(0.25), low=0.0) == 0.25
 
 
+@pytest.mark.parametrize("make", [int, np.float32, np.array], ids=["int", "float32", "0-d array"])
+def test_a_number_at_either_bound_is_accepted_whatever_its_type(make):
+    assert checks.number("eps", make(0), low=0.0) == 0.0
+    assert checks.number("gamma", make(1), low=0.0, high=1.0) == 1.0
+
+
+def test_a_number_above_an_upper_bound_alone_says_so():
+    with pytest.raises(ValueError, match=r"^eta: expected a finite number <= 1, got 2"):
+        checks.number("eta", 2, high=1.0)
+
+
 def test_an_array_of_one_number_is_not_a_number():
     with pytest.raises(TypeError, match=r"beta: expected a number, got array\(\[0\.5\]\)"):
         checks.number("beta", np.array([0.5]), low=0.0)
@@ -134,6 +145,27 @@ def test_an_infinite_number_of_seconds_is_refused_none_says_no_limit():
 def test_a_bool_is_not_a_number_of_seconds():
     with pytest.raises(TypeError, match="timeout: expected"):
         checks.seconds("timeout", True)
+
+
+# -- choice and dtype -------------------------------------------------------------------------------
+def test_a_choice_is_one_of_its_options():
+    assert checks.choice("new_priority", "max_ever", ("max_stored", "max_ever")) == "max_ever"
+
+
+@pytest.mark.parametrize("value", ["newest", 1], ids=["other-string", "not-a-string"])
+def test_anything_else_is_refused_naming_the_options(value):
+    with pytest.raises(ValueError, match=r"^new_priority: expected one of 'max_stored', 'max_ever', got "):
+        checks.choice("new_priority", value, ("max_stored", "max_ever"))
+
+
+def test_a_dtype_is_one_of_its_options_in_any_spelling():
+    assert checks.dtype("weights_dtype", "float32", (np.float64, np.float32)) == np.float32
+
+
+@pytest.mark.parametrize("value", ["int8", "no such dtype"], ids=["other-dtype", "not-a-dtype"])
+def test_another_dtype_is_refused_naming_the_options(value):
+    with pytest.raises(ValueError, match=r"^weights_dtype: expected one of the dtypes float64, float32, got '"):
+        checks.dtype("weights_dtype", value, (np.float64, np.float32))
 
 
 # -- flag -------------------------------------------------------------------------------------------

@@ -102,10 +102,14 @@ def test_a_limiter_that_could_deadlock_is_rejected_at_construction(limiter, mess
         pytest.param(lambda: SampleToInsertRatio(1.0, 1, -1.0), "error_buffer", id="negative-error-buffer"),
         pytest.param(lambda: RateLimiter(1.0, 1, 5.0, 1.0), "min_diff", id="min-diff-above-max-diff"),
         pytest.param(lambda: RateLimiter(-0.5, 1, 0.0, 5.0), "samples_per_insert", id="negative-ratio"),
+        pytest.param(lambda: RateLimiter(1.0, 1, math.nan, 5.0), "min_diff", id="min-diff-nan"),
+        pytest.param(lambda: RateLimiter(1.0, 1, 0.0, math.nan), "max_diff", id="max-diff-nan"),
+        pytest.param(lambda: SampleToInsertRatio(1.0, 0, 5.0), "min_size_to_sample", id="ratio-min-size-zero"),
+        pytest.param(lambda: SampleToInsertRatio(1.0, 1, (math.nan, 5.0)), "error_buffer", id="window-nan"),
     ],
 )
 def test_bad_limiter_settings_name_the_setting(make, name):
-    with pytest.raises((TypeError, ValueError), match=name):
+    with pytest.raises((TypeError, ValueError), match=rf"^{name}\b"):
         make()
 
 
