@@ -284,6 +284,10 @@ def test_tensor_priorities_are_taken_even_with_a_gradient():
     assert checks.priorities("priorities", p, 2, max_priority=10.0).tolist() == [1.0, 4.0]
 
 
+def test_a_priority_of_zero_is_in_range():
+    assert checks.priorities("priorities", [0.0, 10.0], 2, max_priority=10.0).tolist() == [0.0, 10.0]
+
+
 # -- tensors ----------------------------------------------------------------------------------------
 def test_is_tensor_never_imports_torch(monkeypatch):
     monkeypatch.delitem(sys.modules, "torch", raising=False)

@@ -168,6 +168,18 @@ def test_out_overlapping_the_input_gives_the_same_result(direction):
 
 
 @pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("into", ["fresh", "gamma", "dones"])
+def test_out_with_a_discount_and_a_done_per_step_gives_the_same_result(direction, into):
+    # out may be any float array of x's shape, also one the discounts or the dones were read from.
+    rng = np.random.default_rng(15)
+    x, gamma, flags = rng.standard_normal(50), rng.uniform(0.5, 1, 50), (rng.random(50) < 0.1).astype(np.float64)
+    expected = DIRECTIONS[direction](x, gamma, dones=flags.astype(bool))
+    out = {"fresh": np.empty_like(x), "gamma": gamma, "dones": flags}[into]
+    DIRECTIONS[direction](x, gamma, dones=flags, out=out)
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_long_rows_with_per_step_gamma_and_resets_match_reference(direction, dtype):
     rng = np.random.default_rng(14)
@@ -341,6 +353,35 @@ def test_gae_runs_along_the_given_axis():
         np.testing.assert_allclose(
             result[:, column], reference_gae(rewards[:, column], values[:, column], dones[:, column], 0.9, 0.8)
         )
+
+
+def test_gae_without_dones_is_gae_with_no_episode_end():
+    rng = np.random.default_rng(10)
+    rewards, values = rng.standard_normal(30), rng.standard_normal(31)
+    np.testing.assert_array_equal(
+        gae(rewards, values, None, 0.9, 0.8), gae(rewards, values, np.zeros(30, bool), 0.9, 0.8)
+    )
+
+
+@pytest.mark.parametrize("rewards, values", [(np.float32, np.float64), (np.float64, np.float32)])
+def test_gae_returns_the_wider_of_the_rewards_and_values_dtypes(rewards, values):
+    assert gae(np.ones(4, rewards), np.ones(5, values), None, 0.9, 0.9).dtype == np.float64
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: n_step_returns(np.ones(3), None, 1.5, 2), "gamma"),
+        (lambda: n_step_returns(np.ones(3), None, 0.9, 2, axis=1), "axis"),
+        (lambda: gae(np.ones(3), np.ones(4), None, 1.5, 0.9), "gamma"),
+        (lambda: gae(np.ones(3), np.ones(4, np.int64), None, 0.9, 0.9), "values"),
+        (lambda: gae(np.ones(3), np.ones(4), None, 0.9, 0.9, axis=1), "axis"),
+    ],
+    ids=["n-step-gamma", "n-step-axis", "gae-gamma", "gae-values", "gae-axis"],
+)
+def test_n_step_and_gae_refusals_name_the_argument(call, name):
+    with pytest.raises((TypeError, ValueError), match=rf"^{name}\b"):
+        call()
 
 
 def test_gae_needs_one_bootstrap_value_more_than_rewards():
