@@ -255,6 +255,17 @@ def test_rewards_that_are_not_floats_are_rejected_by_name(call):
         call(np.ones(3, np.int64))
 
 
+def test_a_discount_in_a_zero_dimensional_array_is_checked_as_a_number():
+    with pytest.raises(ValueError, match=r"^gamma: expected a finite number in \[0, 1\], got 1.5"):
+        discounted_cumsum_right(np.ones(3), np.array(1.5))
+
+
+@pytest.mark.parametrize("gamma", [np.full(3, 0.5, np.float16), np.array(["a", "b", "c"])], ids=["float16", "strings"])
+def test_discounts_of_another_dtype_are_rejected(gamma):
+    with pytest.raises(TypeError, match=r"^gamma: expected real numbers in \[0, 1\], got dtype"):
+        discounted_cumsum_right(np.ones(3), gamma)
+
+
 def test_gamma_of_unbroadcastable_shape_is_rejected():
     with pytest.raises(ValueError, match=r"^gamma: "):
         discounted_cumsum_right(np.ones((2, 3)), np.full(4, 0.5))
