@@ -194,6 +194,12 @@ def test_uint64_indexes_are_taken_without_a_copy():
     assert got.dtype == np.int64 and np.shares_memory(got, idx) and got.tolist() == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("idx", [np.arange(6, dtype=np.uint64)[::2], np.uint64(3)], ids=["strided", "scalar"])
+def test_uint64_indexes_the_kernels_cannot_take_as_they_are_are_int64_too(idx):
+    got = checks.indexes("indexes", idx)
+    assert got.dtype == np.int64 and got.flags.c_contiguous and got.tolist() == np.atleast_1d(idx).tolist()
+
+
 def test_a_uint64_index_of_2_to_the_63_or_more_reads_as_negative():
     assert checks.indexes("indexes", np.array([2**63, 1], dtype=np.uint64)).tolist() == [-(2**63), 1]
 
