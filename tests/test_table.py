@@ -1,5 +1,13 @@
 """One table built from parts: every combination the docs call legal goes through the one
-constructor, is written and sampled; every other is refused naming the argument."""
+constructor; every other is refused naming the argument.
+
+The grid is the contract: every selector x remover x rate limiter x max_times_sampled x storage
+(rows, next_of, stack_compress, n-step folding and their mixes) x lanes x sequences that
+TableConfig.build accepts -- a test enumerates the whole product to hold the two to each other --
+writes the same episodes (one ended by a done step, one by on_episode_end(), one left open, a call
+of three steps among them; with two lanes two writers take turns), and what it then holds, lists,
+draws (an ordered selector: in exactly the order), retires and saves is checked against the
+reference model of tests/table_model.py."""
 
 from __future__ import annotations
 
