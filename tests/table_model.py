@@ -286,7 +286,7 @@ class TableModel:
     # -- sampling -----------------------------------------------------------------------------
     def listed(self, *, by_lane: bool) -> list[int]:
         """The items in the order they were inserted (``by_lane``: the first writer's lane, then the next...)."""
-        return sorted(self.items, key=lambda i: (i // 1000 if by_lane else 0, self.items[i].number))
+        return sorted(self.items, key=lambda i: (i // 1000 if by_lane else 0, self.items[i].number))  # step_id's writer
 
     def order(self, selector: str) -> list[int]:
         key = ORDER_KEYS[selector]
@@ -297,16 +297,14 @@ class TableModel:
         order = self.order(selector)
         return (order * (k // max(1, len(order)) + 1))[:k]
 
-    def draw(self, drawn: list[int], max_times_sampled: int | None) -> list[int]:
-        """Counts the draws of a batch (each item drawn must be stored when drawn); the items it retired."""
-        retired = []
+    def draw(self, drawn: list[int], max_times_sampled: int | None) -> None:
+        """Counts the draws of a batch, in order (each item drawn must be stored when drawn), retiring
+        an item at its ``max_times_sampled``-th draw."""
         for item in drawn:
             assert item in self.items, f"drew {item}, which the table must not hold; it holds {sorted(self.items)}"
             self.items[item].times_sampled += 1
             if max_times_sampled is not None and self.items[item].times_sampled >= max_times_sampled:
                 self._remove(item)
-                retired.append(item)
-        return retired
 
     def update(self, item: int, priority: float) -> None:
         if item in self.items:

@@ -259,17 +259,17 @@ def test_every_accepted_combination_holds_and_draws_what_the_model_says(case):
             assert stored["act"].tolist() == model.listed(by_lane=STORAGES[case.storage].compressed)
         if ordered and config.max_times_sampled is None:  # the whole order, at once
             assert _drawn(case, table.sample(len(model.items), timeout=0)) == model.order(case.selector)
-        for round in range(3):
+        for turn in range(3):
             batch = table.sample(BATCH, timeout=0)
             drawn = _drawn(case, batch)
             if ordered:
-                assert drawn == model.ordered_batch(case.selector, BATCH), f"round {round}"
+                assert drawn == model.ordered_batch(case.selector, BATCH), f"batch {turn}"
             if case.sequence:
                 _assert_sequences(model, batch)
             else:
                 _assert_rows(case.storage, batch)
             model.draw(drawn, config.max_times_sampled)
-            if by_priority and round == 0:  # new priorities reorder a heap
+            if by_priority and turn == 0:  # new priorities reorder a heap
                 new = [2.0 - priority_of(item) for item in drawn]
                 table.update_priorities(batch["indexes"], new)
                 for item, priority in zip(drawn, new, strict=True):
