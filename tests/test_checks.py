@@ -18,6 +18,20 @@ def test_python_and_numpy_integers_are_integers():
     assert value == 3 and type(value) is int
 
 
+@pytest.mark.parametrize("make", [int, np.int64, np.uint8], ids=["int", "int64", "uint8"])
+def test_an_integer_at_either_bound_is_accepted_whatever_its_type(make):
+    assert checks.integer("max_times_sampled", make(1), low=1) == 1
+    assert checks.integer("rank", make(3), low=1, high=3) == 3
+
+
+@pytest.mark.parametrize("make", [int, np.int64], ids=["int", "int64"])
+def test_an_integer_just_past_either_bound_is_refused_whatever_its_type(make):
+    with pytest.raises(ValueError, match="max_times_sampled: expected an integer >= 1, got"):
+        checks.integer("max_times_sampled", make(0), low=1)
+    with pytest.raises(ValueError, match=r"rank: expected an integer in \[1, 3\], got"):
+        checks.integer("rank", make(4), low=1, high=3)
+
+
 def test_a_bool_is_not_an_integer():
     with pytest.raises(ValueError, match="size: expected an integer >= 1, got True"):
         checks.integer("size", True, low=1)
@@ -50,6 +64,22 @@ def test_python_and_numpy_numbers_and_0d_arrays_are_numbers():
     assert checks.number("beta", 1, low=0.0) == 1.0
     assert checks.number("beta", np.float32(0.5), low=0.0) == 0.5
     assert checks.number("beta", np.array(0.25), low=0.0) == 0.25
+
+
+@pytest.mark.parametrize("make", [int, np.float32, np.array], ids=["int", "float32", "0-d array"])
+def test_a_number_at_either_bound_is_accepted_whatever_its_type(make):
+    assert checks.number("eps", make(0), low=0.0) == 0.0
+    assert checks.number("gamma", make(1), low=0.0, high=1.0) == 1.0
+
+
+def test_a_number_above_an_upper_bound_alone_says_so():
+    with pytest.raises(ValueError, match=r"^eta: expected a finite number <= 1, got 2"):
+        checks.number("eta", 2, high=1.0)
+
+
+def test_an_array_of_one_number_is_not_a_number():
+    with pytest.raises(TypeError, match=r"beta: expected a number, got array\(\[0\.5\]\)"):
+        checks.number("beta", np.array([0.5]), low=0.0)
 
 
 def test_a_bool_is_not_a_number():
@@ -117,6 +147,27 @@ def test_a_bool_is_not_a_number_of_seconds():
         checks.seconds("timeout", True)
 
 
+# -- choice and dtype -------------------------------------------------------------------------------
+def test_a_choice_is_one_of_its_options():
+    assert checks.choice("new_priority", "max_ever", ("max_stored", "max_ever")) == "max_ever"
+
+
+@pytest.mark.parametrize("value", ["newest", 1], ids=["other-string", "not-a-string"])
+def test_anything_else_is_refused_naming_the_options(value):
+    with pytest.raises(ValueError, match=r"^new_priority: expected one of 'max_stored', 'max_ever', got "):
+        checks.choice("new_priority", value, ("max_stored", "max_ever"))
+
+
+def test_a_dtype_is_one_of_its_options_in_any_spelling():
+    assert checks.dtype("weights_dtype", "float32", (np.float64, np.float32)) == np.float32
+
+
+@pytest.mark.parametrize("value", ["int8", "no such dtype"], ids=["other-dtype", "not-a-dtype"])
+def test_another_dtype_is_refused_naming_the_options(value):
+    with pytest.raises(ValueError, match=r"^weights_dtype: expected one of the dtypes float64, float32, got '"):
+        checks.dtype("weights_dtype", value, (np.float64, np.float32))
+
+
 # -- flag -------------------------------------------------------------------------------------------
 def test_python_and_numpy_bools_are_flags_and_1_is_not():
     assert checks.flag("compress", np.True_) is True
@@ -141,6 +192,12 @@ def test_uint64_indexes_are_taken_without_a_copy():
     idx = np.arange(4, dtype=np.uint64)
     got = checks.indexes("indexes", idx)
     assert got.dtype == np.int64 and np.shares_memory(got, idx) and got.tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("idx", [np.arange(6, dtype=np.uint64)[::2], np.uint64(3)], ids=["strided", "scalar"])
+def test_uint64_indexes_the_kernels_cannot_take_as_they_are_are_int64_too(idx):
+    got = checks.indexes("indexes", idx)
+    assert got.dtype == np.int64 and got.flags.c_contiguous and got.tolist() == np.atleast_1d(idx).tolist()
 
 
 def test_a_uint64_index_of_2_to_the_63_or_more_reads_as_negative():
@@ -233,6 +290,10 @@ def test_tensor_priorities_are_taken_even_with_a_gradient():
     assert checks.priorities("priorities", p, 2, max_priority=10.0).tolist() == [1.0, 4.0]
 
 
+def test_a_priority_of_zero_is_in_range():
+    assert checks.priorities("priorities", [0.0, 10.0], 2, max_priority=10.0).tolist() == [0.0, 10.0]
+
+
 # -- tensors ----------------------------------------------------------------------------------------
 def test_is_tensor_never_imports_torch(monkeypatch):
     monkeypatch.delitem(sys.modules, "torch", raising=False)
@@ -287,6 +348,12 @@ def test_matrix_refuses_other_dimensions():
 def test_matrix_of_numbers_refuses_nan_and_names_where():
     with pytest.raises(ValueError, match=r"td: expected finite numbers, got nan at \(1, 0\)"):
         checks.matrix("td", [[1.0], [math.nan]], kind="f")
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf], ids=["inf", "-inf"])
+def test_matrix_of_numbers_refuses_an_infinity_as_it_refuses_nan(bad):
+    with pytest.raises(ValueError, match=rf"td: expected finite numbers, got {bad!r} at \(0, 1\)"):
+        checks.matrix("td", [[1.0, bad]], kind="f")
 
 
 def test_matrix_takes_a_tensor():

@@ -101,11 +101,65 @@ def test_a_limiter_that_could_deadlock_is_rejected_at_construction(limiter, mess
         pytest.param(lambda: SampleToInsertRatio(math.nan, 1, 5.0), "samples_per_insert", id="ratio-nan"),
         pytest.param(lambda: SampleToInsertRatio(1.0, 1, -1.0), "error_buffer", id="negative-error-buffer"),
         pytest.param(lambda: RateLimiter(1.0, 1, 5.0, 1.0), "min_diff", id="min-diff-above-max-diff"),
+        pytest.param(lambda: RateLimiter(-0.5, 1, 0.0, 5.0), "samples_per_insert", id="negative-ratio"),
+        pytest.param(lambda: RateLimiter(1.0, 1, math.nan, 5.0), "min_diff", id="min-diff-nan"),
+        pytest.param(lambda: RateLimiter(1.0, 1, 0.0, math.nan), "max_diff", id="max-diff-nan"),
+        pytest.param(lambda: SampleToInsertRatio(1.0, 0, 5.0), "min_size_to_sample", id="ratio-min-size-zero"),
+        pytest.param(lambda: SampleToInsertRatio(1.0, 1, (math.nan, 5.0)), "error_buffer", id="window-nan"),
     ],
 )
 def test_bad_limiter_settings_name_the_setting(make, name):
-    with pytest.raises((TypeError, ValueError), match=name):
+    with pytest.raises((TypeError, ValueError), match=rf"^{name}\b"):
         make()
+
+
+# SampleToInsertRatio(spi, min_size, e) has the window [spi * min_size - e, spi * min_size + e]: 2 * e wide.
+@pytest.mark.parametrize(
+    "limiter",
+    [
+        pytest.param(SampleToInsertRatio(1, 1, 1.0), id="window-exactly-twice-one-insert"),
+        pytest.param(SampleToInsertRatio(2.0, 1, 2.0), id="window-exactly-twice-samples-per-insert"),
+        pytest.param(SampleToInsertRatio(1.0, 8, 5.0), id="min-size-exactly-the-capacity"),
+        pytest.param(MinSize(8), id="min-size-limiter-exactly-the-capacity"),
+    ],
+)
+def test_a_limiter_exactly_at_its_limits_is_accepted(limiter):
+    with ReplayBuffer(8, ENV, rate_limiter=limiter) as buffer:
+        buffer.add(**rows_of(ENV, range(limiter.min_size_to_sample)), timeout=0)
+        assert buffer.sample(1, timeout=0)["id"].shape == (1,)
+
+
+@pytest.mark.parametrize(
+    "limiter, message",
+    [
+        pytest.param(SampleToInsertRatio(1, 1, 0.99), "could each wait for the other forever", id="window-just-below"),
+        pytest.param(
+            SampleToInsertRatio(2.0, 1, 1.99), "could each wait for the other forever", id="window-just-below-2-spi"
+        ),
+        pytest.param(SampleToInsertRatio(1.0, 9, 5.0), "exceeds the buffer's capacity", id="min-size-one-past"),
+        pytest.param(MinSize(9), "exceeds the buffer's capacity", id="min-size-limiter-one-past"),
+    ],
+)
+def test_a_limiter_just_past_its_limits_is_refused(limiter, message):
+    with pytest.raises(ValueError, match=message):
+        ReplayBuffer(8, ENV, rate_limiter=limiter)
+
+
+@pytest.mark.parametrize(
+    "make, window",
+    [
+        pytest.param(lambda: RateLimiter(0.0, 1, 5.0, 5.0), (5.0, 5.0), id="no-samples-and-one-point-window"),
+        pytest.param(lambda: SampleToInsertRatio(1.0, 1, 0.0), (1.0, 1.0), id="no-error-buffer"),
+        pytest.param(lambda: SampleToInsertRatio(1.0, 1, math.inf), (-math.inf, math.inf), id="infinite-error-buffer"),
+        pytest.param(
+            lambda: SampleToInsertRatio(1.0, 1, (-math.inf, math.inf)), (-math.inf, math.inf), id="infinite-window"
+        ),
+    ],
+)
+def test_a_limiters_settings_at_their_bounds_make_a_limiter(make, window):
+    # Whether a buffer can keep it (a window of at least two inserts' worth) is the buffer's check.
+    limiter = make()
+    assert (limiter.min_diff, limiter.max_diff) == window
 
 
 def test_a_rate_limiter_must_be_a_rate_limiter():

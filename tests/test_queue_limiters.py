@@ -23,6 +23,7 @@ from mpreplay import (
     PrioritizedSequenceReplayBuffer,
     Queue,
     ReplayBuffer,
+    SelectorSpec,
     SequenceReplayBuffer,
     Stack,
 )
@@ -208,10 +209,26 @@ def test_a_conflicting_configuration_is_refused_by_name(size, options, message):
         ReplayBuffer(size, ENV, rate_limiter=Queue(4), **options)
 
 
-def test_a_queue_agrees_with_its_own_selector_and_count():
-    queue = ReplayBuffer(4, ENV, rate_limiter=Queue(4), selector="fifo", max_times_sampled=1)
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"selector": "fifo", "max_times_sampled": 1},
+        {"selector": SelectorSpec("fifo")},
+        {"remover": "keep_unread"},
+    ],
+    ids=["names", "selector-spec", "remover"],
+)
+def test_a_queue_agrees_with_the_options_it_sets_itself(options):
+    queue = ReplayBuffer(4, ENV, rate_limiter=Queue(4), **options)
     queue.add(id=np.arange(2))
     assert queue.sample(2)["id"].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("limiter", [Queue, Stack])
+def test_a_queue_of_one_slot_hands_out_its_one_item(limiter):
+    with ReplayBuffer(1, ENV, rate_limiter=limiter(1)) as queue:
+        queue.add(id=7, timeout=0)
+        assert queue.sample(1, timeout=0)["id"].tolist() == [7]
 
 
 LIMITERS = pytest.mark.parametrize("limiter", [Queue(4), Stack(4)], ids=repr)

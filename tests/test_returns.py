@@ -168,6 +168,18 @@ def test_out_overlapping_the_input_gives_the_same_result(direction):
 
 
 @pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("into", ["fresh", "gamma", "dones"])
+def test_out_with_a_discount_and_a_done_per_step_gives_the_same_result(direction, into):
+    # out may be any float array of x's shape, also one the discounts or the dones were read from.
+    rng = np.random.default_rng(15)
+    x, gamma, flags = rng.standard_normal(50), rng.uniform(0.5, 1, 50), (rng.random(50) < 0.1).astype(np.float64)
+    expected = DIRECTIONS[direction](x, gamma, dones=flags.astype(bool))
+    out = {"fresh": np.empty_like(x), "gamma": gamma, "dones": flags}[into]
+    DIRECTIONS[direction](x, gamma, dones=flags, out=out)
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_long_rows_with_per_step_gamma_and_resets_match_reference(direction, dtype):
     rng = np.random.default_rng(14)
@@ -215,40 +227,75 @@ def test_empty_input_gives_empty_output(shape):
 
 @pytest.mark.parametrize("gamma", [np.nan, np.inf, -0.1, 1.5, [0.5, np.nan, 0.5]])
 def test_gamma_must_be_finite_and_in_unit_interval(gamma):
-    with pytest.raises(ValueError, match="gamma"):
+    with pytest.raises(ValueError, match=r"^gamma: "):
+        discounted_cumsum_right(np.ones(3), gamma)
+
+
+def test_a_discount_per_step_may_be_zero_or_one():
+    x = np.arange(1.0, 5.0)
+    np.testing.assert_array_equal(discounted_cumsum_right(x, [1.0, 0.0, 1.0, 1.0]), [3.0, 2.0, 7.0, 4.0])
+
+
+@pytest.mark.parametrize("gamma", [[0.5, 1.5, 0.5], [0.5, -0.1, 0.5]], ids=["above-one", "negative"])
+def test_a_discount_per_step_outside_zero_to_one_is_rejected(gamma):
+    with pytest.raises(ValueError, match=r"^gamma: expected every discount to be finite and in \[0, 1\]"):
+        discounted_cumsum_right(np.ones(3), gamma)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda ints: n_step_returns(ints, None, 0.9, 2),
+        lambda ints: gae(ints, np.ones(4), None, 0.9, 0.9),
+    ],
+    ids=["n_step_returns", "gae"],
+)
+def test_rewards_that_are_not_floats_are_rejected_by_name(call):
+    with pytest.raises(TypeError, match=r"^rewards: expected a float32 or float64 array, got dtype int64"):
+        call(np.ones(3, np.int64))
+
+
+def test_a_discount_in_a_zero_dimensional_array_is_checked_as_a_number():
+    with pytest.raises(ValueError, match=r"^gamma: expected a finite number in \[0, 1\], got 1.5"):
+        discounted_cumsum_right(np.ones(3), np.array(1.5))
+
+
+@pytest.mark.parametrize("gamma", [np.full(3, 0.5, np.float16), np.array(["a", "b", "c"])], ids=["float16", "strings"])
+def test_discounts_of_another_dtype_are_rejected(gamma):
+    with pytest.raises(TypeError, match=r"^gamma: expected real numbers in \[0, 1\], got dtype"):
         discounted_cumsum_right(np.ones(3), gamma)
 
 
 def test_gamma_of_unbroadcastable_shape_is_rejected():
-    with pytest.raises(ValueError, match="gamma"):
+    with pytest.raises(ValueError, match=r"^gamma: "):
         discounted_cumsum_right(np.ones((2, 3)), np.full(4, 0.5))
 
 
 def test_dones_of_another_shape_are_rejected():
-    with pytest.raises(ValueError, match="dones"):
+    with pytest.raises(ValueError, match=r"^dones: "):
         discounted_cumsum_left(np.ones((2, 3)), 0.9, dones=np.zeros(3))
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.int32, np.float16, bool, np.complex128])
 def test_non_float_input_is_rejected(dtype):
-    with pytest.raises(TypeError, match="x"):
+    with pytest.raises(TypeError, match=r"^x: "):
         discounted_cumsum_right(np.ones(3, dtype), 0.9)
 
 
 @pytest.mark.parametrize("shape, axis", [((3,), 1), ((3,), -2), ((2, 3), 2), ((2, 3), 0.5)])
 def test_bad_axis_is_rejected(shape, axis):
-    with pytest.raises(ValueError, match="axis"):
+    with pytest.raises(ValueError, match=r"^axis "):
         discounted_cumsum_right(np.ones(shape), 0.9, axis=axis)
 
 
 def test_three_dimensional_input_is_rejected():
-    with pytest.raises(ValueError, match="x"):
+    with pytest.raises(ValueError, match=r"^x: "):
         discounted_cumsum_right(np.ones((2, 2, 2)), 0.9)
 
 
 @pytest.mark.parametrize("out", [np.empty(3, np.float32), np.empty(4), np.empty(3)[::-1].copy().reshape(3, 1)])
 def test_out_of_wrong_dtype_or_shape_is_rejected(out):
-    with pytest.raises(ValueError, match="out"):
+    with pytest.raises(ValueError, match=r"^out: "):
         discounted_cumsum_right(np.ones(3), 0.9, out=out)
 
 
@@ -292,7 +339,7 @@ def test_n_step_returns_without_dones_stop_only_at_the_array_end():
 
 @pytest.mark.parametrize("n", [0, -1, 2.5, True])
 def test_n_must_be_a_positive_integer(n):
-    with pytest.raises(ValueError, match="n"):
+    with pytest.raises(ValueError, match=r"^n: "):
         n_step_returns(np.ones(3), None, 0.9, n)
 
 
@@ -319,14 +366,43 @@ def test_gae_runs_along_the_given_axis():
         )
 
 
+def test_gae_without_dones_is_gae_with_no_episode_end():
+    rng = np.random.default_rng(10)
+    rewards, values = rng.standard_normal(30), rng.standard_normal(31)
+    np.testing.assert_array_equal(
+        gae(rewards, values, None, 0.9, 0.8), gae(rewards, values, np.zeros(30, bool), 0.9, 0.8)
+    )
+
+
+@pytest.mark.parametrize("rewards, values", [(np.float32, np.float64), (np.float64, np.float32)])
+def test_gae_returns_the_wider_of_the_rewards_and_values_dtypes(rewards, values):
+    assert gae(np.ones(4, rewards), np.ones(5, values), None, 0.9, 0.9).dtype == np.float64
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: n_step_returns(np.ones(3), None, 1.5, 2), "gamma"),
+        (lambda: n_step_returns(np.ones(3), None, 0.9, 2, axis=1), "axis"),
+        (lambda: gae(np.ones(3), np.ones(4), None, 1.5, 0.9), "gamma"),
+        (lambda: gae(np.ones(3), np.ones(4, np.int64), None, 0.9, 0.9), "values"),
+        (lambda: gae(np.ones(3), np.ones(4), None, 0.9, 0.9, axis=1), "axis"),
+    ],
+    ids=["n-step-gamma", "n-step-axis", "gae-gamma", "gae-values", "gae-axis"],
+)
+def test_n_step_and_gae_refusals_name_the_argument(call, name):
+    with pytest.raises((TypeError, ValueError), match=rf"^{name}\b"):
+        call()
+
+
 def test_gae_needs_one_bootstrap_value_more_than_rewards():
-    with pytest.raises(ValueError, match="values"):
+    with pytest.raises(ValueError, match=r"^values: "):
         gae(np.ones(4), np.ones(4), None, 0.9, 0.9)
 
 
 @pytest.mark.parametrize("lam", [-0.5, 2.0, np.nan])
 def test_gae_lambda_must_be_in_unit_interval(lam):
-    with pytest.raises(ValueError, match="lam"):
+    with pytest.raises(ValueError, match=r"^lam: "):
         gae(np.ones(4), np.ones(5), None, 0.9, lam)
 
 
@@ -361,7 +437,7 @@ def test_tensor_sums_equal_the_array_sums(torch, direction):
 
 
 def test_tensors_refuse_out(torch):
-    with pytest.raises(TypeError, match="out"):
+    with pytest.raises(TypeError, match=r"^out: "):
         discounted_cumsum_right(torch.ones(3), 0.9, out=np.empty(3, np.float32))
 
 

@@ -146,9 +146,10 @@ def test_a_mask_of_another_shape_is_refused():
         sequence_priority([[1.0, 2.0]], [[True, True, True]])
 
 
-def test_nan_td_errors_are_refused():
-    with pytest.raises(ValueError, match="td_errors: expected finite numbers"):
-        sequence_priority([[math.nan]])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+def test_td_errors_that_are_not_finite_are_refused(bad):
+    with pytest.raises(ValueError, match=r"td_errors: expected finite numbers, got .* at \(0, 1\)"):
+        sequence_priority([[1.0, bad]])
 
 
 @pytest.mark.parametrize("eta", [-0.1, 1.5])
