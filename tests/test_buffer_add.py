@@ -148,8 +148,13 @@ def _given(cls, priorities) -> dict:
     return {"priorities": priorities} if cls is PrioritizedReplayBuffer else {}
 
 
+# Batches larger than the capacity warn of the rows they drop: that is tested above.
+DROPS_ROWS = pytest.mark.filterwarnings("ignore::mpreplay.RowsDroppedWarning")
+
+
 @EACH_BUFFER_CLASS
 @pytest.mark.parametrize("lengths", list(_BATCHINGS.values()), ids=list(_BATCHINGS))
+@DROPS_ROWS
 def test_batched_and_one_by_one_adds_give_identical_contents(cls, lengths):
     batched, single = cls(5, ENV), cls(5, ENV)
     start = 0
@@ -168,6 +173,7 @@ def test_batched_and_one_by_one_adds_give_identical_contents(cls, lengths):
 
 @given(capacity=st.integers(1, 40), lengths=st.lists(st.integers(1, 90), min_size=1, max_size=6))
 @settings(max_examples=60, deadline=None)
+@DROPS_ROWS
 def test_a_batch_fixes_the_tree_exactly_as_its_rows_one_by_one(capacity, lengths):
     # A batch recomputes each ancestor of its run of leaves once (two runs where the ring wraps).
     batched, single = PrioritizedReplayBuffer(capacity, ENV), PrioritizedReplayBuffer(capacity, ENV)
