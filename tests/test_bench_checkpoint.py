@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from helpers import table_cells
 
 pytest.importorskip("gymnasium")
 pytest.importorskip("ale_py")
@@ -19,8 +20,15 @@ pytestmark = pytest.mark.timeout(300, method="thread")
 def test_quick_run_reports_checkpoint_restore_floors_export_and_waits(capsys, tmp_path):
     assert checkpoint.main(["--quick", "--dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"2,000 +\d+ +\d+ \(\d\.\d{3}x\) +[\d.]+ \([\d,]+ MB/s\)", out)
+    rows = {tuple(cells[:2]): cells for cells in table_cells(out) if cells and cells[0] == "2,000"}
+    (floors,) = [cells for key, cells in rows.items() if re.fullmatch(r"\d+", key[1])]
+    # capacity, segment MB, checkpoint MB (x segment), checkpoint s (MB/s), write floor s (x), restore
+    # s (MB/s), read floor s (x), save_transitions s (MB, x checkpoint)
+    assert re.fullmatch(r"\d+ \(\d\.\d{3}x\)", floors[2]) and re.fullmatch(r"[\d.]+ \([\d,]+ MB/s\)", floors[3])
+    assert re.fullmatch(r"[\d.]+ \([\d.]+x\)", floors[4]) and re.fullmatch(r"[\d.]+ \([\d,]+ MB/s\)", floors[5])
     for call in ("writer alone", "writer checkpointing", "learner alone", "learner checkpointing"):
-        assert re.search(rf"{call} +[\d,]+ +[\d.]+ +[\d.]+", out), call
+        cells = rows.get(("2,000", call))
+        assert cells is not None and re.fullmatch(r"[\d,]+", cells[2]), call
+        assert all(re.fullmatch(r"[\d.]+", cell) for cell in cells[3:5]), call
     assert re.search(r"capacity 2,000: \d+ live checkpoints, rows left out \[[\d, ]+\]", out)
     assert list(tmp_path.iterdir()) == []  # the bench's folder removed
