@@ -220,6 +220,19 @@ cdef class HeapSelector(Selector):
     cdef int64_t arrival(self, Py_ssize_t item) noexcept nogil:
         return self._number[item] if self._position[item] >= 0 else -1
 
+    cdef bint reorder_last(self, const int64_t* ranks, Py_ssize_t m) noexcept nogil:
+        cdef Py_ssize_t i
+        cdef int64_t n, first = self._inserts[0] - m
+        if first < 0:
+            return False
+        for i in range(self.capacity):
+            n = self._number[i] - first
+            if self._position[i] >= 0 and 0 <= n < m:
+                self._number[i] = first + ranks[n]
+                self._key[i] = self.key_of(self._priority[i], self._number[i])
+        self.rebuild()
+        return True
+
     cdef void draw(self, int64_t* items, double* scratch, Py_ssize_t k, Py_ssize_t nstrata,
                    bitgen_t* rng) noexcept nogil:
         # Best-first over the heap: a small heap of candidate positions (at most k + 1), the

@@ -34,6 +34,11 @@ cdef class Selector:
     # selector keeps no such order (random selectors) or the item is not drawable.  An ordered
     # selector's order follows it, so a snapshot in this order, loaded again, draws the same.
     cdef int64_t arrival(self, Py_ssize_t item) noexcept nogil
+    # Renumber the last m drawable items inserted: the one that arrived (m - 1 - j)-th last gets
+    # place ranks[m - 1 - j] among them (ranks: a permutation of 0..m-1).  False (nothing
+    # changed) where no order is kept.  A load of a file's episodes inserts them lane by lane:
+    # this gives them back the order they were given the saving table's selector in.
+    cdef bint reorder_last(self, const int64_t* ranks, Py_ssize_t m) noexcept nogil
     # k draws by the selector's rule (random ones: in proportion to the weights, draw j in
     # stratum j of nstrata, 1: unstratified; ordered ones: the first k in order, see the registry).
     cdef void draw(self, int64_t* items, double* scratch, Py_ssize_t k, Py_ssize_t nstrata,

@@ -170,6 +170,9 @@ cdef class Selector:
     cdef int64_t arrival(self, Py_ssize_t item) noexcept nogil:
         return -1
 
+    cdef bint reorder_last(self, const int64_t* ranks, Py_ssize_t m) noexcept nogil:
+        return False
+
     cdef void draw(self, int64_t* items, double* scratch, Py_ssize_t k, Py_ssize_t nstrata,
                    bitgen_t* rng) noexcept nogil:
         pass

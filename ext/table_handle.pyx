@@ -137,9 +137,11 @@ cdef class TableHandle:
         each cursor, or -- an ordered selector over rows, whose order is the rows' insertion
         order, not their places -- in the order the selector was given them.
 
-        Returns ``(slots, guards, raw)``: ``guards`` is what :meth:`unchanged` needs to tell,
-        once the rows were copied without the lock, which of them were overwritten
-        meanwhile; ``raw`` holds the raw priorities when ``priorities`` (else None).
+        Returns ``(slots, guards, raw, arrivals)``: ``guards`` is what :meth:`unchanged` needs
+        to tell, once the rows were copied without the lock, which of them were overwritten
+        meanwhile; ``raw`` holds the raw priorities when ``priorities`` (else None);
+        ``arrivals`` each row's place in the order the selector was given them (-1 where it
+        keeps none, see ``Selector.item_arrival``).
         """
         cdef TableParts t = self._table
         cdef Slots slot_table = t.slots
@@ -185,13 +187,31 @@ cdef class TableHandle:
                     raw[j] = t.selector.priority(sp[j])
         finally:
             t.gate.release()
-        slots, oldest, gens = slots[:count], oldest[:count], gens[:count]
+        slots, oldest, gens, arrivals = slots[:count], oldest[:count], gens[:count], arrivals[:count]
         if count and not compressed and t.sequences is None and arrivals[0] >= 0:
             # A compressed lane's rows are its episodes' steps in order; rows stand alone.
-            order = np.argsort(arrivals[:count], kind="stable")
-            slots, oldest, gens = slots[order], oldest[order], gens[order]
+            order = np.argsort(arrivals, kind="stable")
+            slots, oldest, gens, arrivals = slots[order], oldest[order], gens[order], arrivals[order]
             raw = None if raw is None else raw[order]
-        return slots, (oldest, gens), raw
+        return slots, (oldest, gens), raw, arrivals
+
+    def reorder_last(self, const int64_t[::1] ranks not None):
+        """Give the last ``len(ranks)`` items inserted into an ordered selector the places
+        ``ranks`` among them (a permutation of ``0..len(ranks) - 1``, in the order they were
+        inserted) -- a file's rows, loaded lane by lane, back in the order the saving table was
+        given them.  Returns False, and changes nothing, where the selector keeps no order."""
+        cdef TableParts t = self._table
+        cdef Py_ssize_t m = ranks.shape[0]
+        cdef bint done
+        if m == 0:
+            return True
+        t.gate.acquire()
+        try:
+            with nogil:
+                done = t.selector.reorder_last(&ranks[0], m)
+        finally:
+            t.gate.release()
+        return done
 
     def unchanged(self, const int64_t[::1] slots not None, tuple guards not None):
         """Which rows of a :meth:`snapshot` were not overwritten since (call after copying them)."""

@@ -1,19 +1,18 @@
-"""The transitions file format (version 2): rows of transitions <-> a file.
+"""The transitions file format (version 3): rows of transitions <-> a file.
 
-The buffers' ``save_transitions`` / ``load_transitions`` use it; this module
-knows rows, field specs and files, and nothing of the buffers.  The archive
-around the arrays (opened only once its members' sizes are possible, written
-atomically) is :mod:`mpreplay.npz_archive`'s.
+The buffers' ``save_transitions`` / ``load_transitions`` use it; this module knows rows, field
+specs and files, and nothing of the buffers.  The archive around the arrays (opened only once its
+members' sizes are possible, written atomically) is :mod:`mpreplay.npz_archive`'s.
 
 File format
 -----------
-A transitions file is one ``.npz`` archive (a zip of ``.npy`` arrays, deflated
-or stored) holding only plain numeric arrays:
+A transitions file is one ``.npz`` archive (a zip of ``.npy`` arrays, deflated or stored) holding
+only plain numeric arrays:
 
 ``metadata.json``
     uint8, shape ``(n,)``: the UTF-8 bytes of a JSON object::
 
-        {"format_version": 2,
+        {"format_version": 3,
          "mpreplay_version": "<the version that wrote it>",
          "fields": [{"name": "obs", "shape": [84, 84], "dtype": "|u1"},
                     {"name": "act", "shape": [], "dtype": "<i8"}, ...],
@@ -22,55 +21,52 @@ or stored) holding only plain numeric arrays:
          "safe": true,
          "count": 1000,
          "priorities": false,
-         "episodes": false}
+         "episodes": false,
+         "order": false}
 
-    ``fields`` are the buffer's field specs (dtype as numpy's ``dtype.str``);
-    ``nstep`` is ``null`` for one-step transitions, else ``{"size": n, "gamma": g}``:
-    the rewards were already folded over ``n`` steps; ``compression`` is the
-    layout of the arrays, ``null`` for plain transitions (other values are
-    reserved for the compressed internal layout ``safe=False`` may store in a
-    later version); ``safe`` is the flag the file was saved with; ``count`` is
-    the number of transitions; ``priorities`` tells whether the
-    ``priorities`` array is present; ``episodes`` whether the ``episode.id`` and
-    ``episode.lane`` arrays are (the file of a sequence buffer, whose rows are
-    steps, or of a compressed one: ``next_of``, ``stack_compress``).
+    ``fields`` are the buffer's field specs (dtype as numpy's ``dtype.str``); ``nstep`` is
+    ``null`` for one-step transitions, else ``{"size": n, "gamma": g}``: the rewards were already
+    folded over ``n`` steps; ``compression`` is the layout of the arrays, ``null`` for plain
+    transitions (other values are reserved for the compressed internal layout ``safe=False`` may
+    store in a later version); ``safe`` is the flag the file was saved with; ``count`` is the
+    number of transitions; ``priorities``, ``episodes`` and ``order`` tell which of the arrays
+    below are present.
 
 ``<field>``, one per entry of ``fields``
     shape ``(count,) + shape``, the field's dtype, C order, oldest transition first.
 
 ``priorities``, only when ``"priorities": true``
-    float64, shape ``(count,)``: each transition's raw priority (before ``eps``
-    and ``alpha`` are applied).
+    float64, shape ``(count,)``: each transition's raw priority (before ``eps`` and ``alpha``).
 
 ``episode.id`` and ``episode.lane``, only when ``"episodes": true``
-    int64, shape ``(count,)``: each row's episode, numbered 0, 1, ... in the
-    order of the rows (an episode's rows are consecutive), and the lane of the
-    saving buffer it was stored in (a lane's rows are consecutive, oldest first;
-    an episode is in one lane).  Its first row may be a later step than the
-    episode's first (a lane keeps the newest rows).  The names are no
-    identifiers, so no field can take them.  A compressed buffer rebuilds a
-    row from the rows around it in its episode, so its file records them;
-    an uncompressed transition buffer's does not.
+    int64, shape ``(count,)``: each row's episode, numbered 0, 1, ... in the order of the rows (an
+    episode's rows are consecutive), and the lane of the saving buffer it was stored in (a lane's
+    rows are consecutive, oldest first; an episode is in one lane).  Its first row may be a later
+    step than the episode's first (a lane keeps the newest rows).  The names are no identifiers,
+    so no field can take them.  A compressed buffer (``next_of``, ``stack_compress``) rebuilds a
+    row from the rows around it in its episode, and a sequence buffer's rows are steps, so their
+    files record them; an uncompressed transition buffer's does not.
 
-Version 1 is version 2 without ``episodes`` (nor its arrays); it is still read,
-except by a sequence buffer, which needs each step's lane and episode (a
-compressed transition buffer loads it as one episode, as before).
+``insertion.order``, only when ``"order": true``
+    int64, shape ``(count,)``, a permutation of ``0 .. count - 1``: each row's place in the order
+    the saving buffer's selector was given the rows -- in the file of a compressed buffer with an
+    ordered selector (``fifo``, ``lifo``, heaps), whose rows are listed by episode, lane by lane,
+    while its selector draws in the order the lanes' rows were inserted.  Loading gives the rows
+    that order back.
 
-Plain numpy reads it all without unpickling anything::
+Version 2 is version 3 without ``order`` (nor its array), version 1 version 2 without
+``episodes``; both are still read (a version 2 file of several lanes loads lane by lane), except
+version 1 by a sequence buffer, which needs each step's lane and episode (a compressed
+transition buffer loads it as one episode, as before).
 
-    data = np.load(path, allow_pickle=False)
-    metadata = json.loads(data["metadata.json"].tobytes())
-    obs = data["obs"]
-
-Loading never unpickles either: each array's ``.npy`` header (shape, dtype,
-byte count) is checked against the metadata before its data is read, and
-only numeric dtypes are accepted.  Every way a file can be wrong -- not an
-archive, damaged or truncated bytes, an unknown format version, fields,
-shapes, dtypes or n-step settings that differ from the buffer's (a scalar
-field is one whether saved as ``()`` or as ``(1,)``), a count that
-disagrees with the arrays, negative or non-finite priorities, episodes or
-lanes whose rows are not consecutive -- raises :class:`TransitionFileError`
-(a ``ValueError``) before the buffer changes.
+Plain numpy reads it all (``np.load(path, allow_pickle=False)``, docs/files.md).  Loading never
+unpickles either: each array's ``.npy`` header (shape, dtype, byte count) is checked against the
+metadata before its data is read, and only numeric dtypes are accepted.  Every way a file can be
+wrong -- not an archive, damaged or truncated bytes, an unknown format version, fields, shapes,
+dtypes or n-step settings that differ from the buffer's (a scalar field is one whether saved as
+``()`` or as ``(1,)``), a count that disagrees with the arrays, negative or non-finite
+priorities, episodes or lanes whose rows are not consecutive, an order that is no permutation --
+raises :class:`TransitionFileError` (a ``ValueError``) before the buffer changes.
 """
 
 from __future__ import annotations
@@ -101,6 +97,7 @@ __all__ = [
     "EPISODE_ID",
     "EPISODE_LANE",
     "FORMAT_VERSION",
+    "INSERTION_ORDER",
     "TransitionFileError",
     "inspect",
     "read_metadata",
@@ -108,13 +105,14 @@ __all__ = [
     "write_transitions",
 ]
 
-FORMAT_VERSION = 2  # what this module writes; it reads 1 and 2
+FORMAT_VERSION = 3  # what this module writes; it reads 1 to 3
 METADATA = "metadata.json"  # not an identifier, so no field can take the name
 PRIORITIES = "priorities"  # reserved by the field specs, so no field can take it either
 EPISODE_ID = "episode.id"  # no identifiers either
 EPISODE_LANE = "episode.lane"
+INSERTION_ORDER = "insertion.order"
 _KEYS_V1 = {"format_version", "mpreplay_version", "fields", "nstep", "compression", "safe", "count", "priorities"}
-_KEYS = {1: _KEYS_V1, 2: _KEYS_V1 | {"episodes"}}
+_KEYS = {1: _KEYS_V1, 2: _KEYS_V1 | {"episodes"}, 3: _KEYS_V1 | {"episodes", "order"}}
 _MAX_METADATA_BYTES = 1 << 20
 _CHUNK = 1 << 22  # bytes read from a member at a time: no second copy of a large array
 
@@ -130,6 +128,7 @@ def write_transitions(
     nstep: tuple[int, float] | None = None,
     priorities: np.ndarray | None = None,
     episodes: tuple[np.ndarray, np.ndarray] | None = None,
+    order: np.ndarray | None = None,
     safe: bool = True,
     compress: bool = True,
 ) -> None:
@@ -137,7 +136,8 @@ def write_transitions(
 
     ``specs`` are the fields' specs, ``nstep`` the ``(size, gamma)`` the rows were
     folded with, ``priorities`` their raw priorities, if any; ``episodes`` the
-    ``(episode.id, episode.lane)`` of steps (see the module docstring).  ``compress`` deflates
+    ``(episode.id, episode.lane)`` of steps, ``order`` the rows' ``insertion.order`` (see the
+    module docstring).  ``compress`` deflates
     the arrays (as ``np.savez_compressed``), else stores them (as ``np.savez``);
     ``safe`` is recorded.  A path is written atomically: a temporary file in the
     same folder, flushed to disk, then renamed over ``file``.
@@ -153,6 +153,7 @@ def write_transitions(
         "count": len(next(iter(rows.values()))),
         "priorities": priorities is not None,
         "episodes": episodes is not None,
+        "order": order is not None,
     }
     metadata = np.frombuffer(json.dumps(record, allow_nan=False).encode(), dtype=np.uint8)
     arrays: dict[str, np.ndarray] = {METADATA: metadata}
@@ -161,12 +162,19 @@ def write_transitions(
         arrays[PRIORITIES] = priorities
     if episodes is not None:
         arrays[EPISODE_ID], arrays[EPISODE_LANE] = (np.asarray(a, dtype=np.int64) for a in episodes)
+    if order is not None:
+        arrays[INSERTION_ORDER] = np.asarray(order, dtype=np.int64)
 
     write_archive(file, arrays, compress)
 
 
 def read_transitions(
-    file: File, specs: dict[str, FieldSpec], *, nstep: tuple[int, float] | None = None, episodes: bool | None = False
+    file: File,
+    specs: dict[str, FieldSpec],
+    *,
+    nstep: tuple[int, float] | None = None,
+    episodes: bool | None = False,
+    order: bool = False,
 ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
     """``(rows, priorities or None)`` saved in ``file``, checked to be transitions of ``specs``
     folded with ``nstep`` (as :func:`write_transitions` takes them); a scalar field saved as
@@ -174,7 +182,8 @@ def read_transitions(
     and the reverse, each in its field's shape in ``specs``.  With ``episodes``
     the file must record each step's episode and lane, and ``rows`` holds them as
     ``rows[EPISODE_ID]`` and ``rows[EPISODE_LANE]``; with None, ``rows`` holds them when
-    the file records them; with False, they are left out.
+    the file records them; with False, they are left out.  With ``order``, ``rows`` holds
+    ``rows[INSERTION_ORDER]`` when the file records it.
 
     The whole file is read and checked first; anything wrong raises
     :class:`TransitionFileError`.
@@ -199,6 +208,8 @@ def read_transitions(
     if episodes is False:
         for name in (EPISODE_ID, EPISODE_LANE):
             arrays.pop(name, None)
+    if not order:
+        arrays.pop(INSERTION_ORDER, None)
     return arrays, arrays.pop(PRIORITIES, None)
 
 
@@ -245,14 +256,15 @@ class _Metadata:
     count: int
     priorities: bool
     episodes: bool
+    order: bool
 
     def arrays(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Shape and dtype of every array besides the metadata record."""
         out = {name: ((self.count,) + spec.shape, spec.dtype) for name, spec in self.specs.items()}
         if self.priorities:
             out[PRIORITIES] = ((self.count,), np.dtype(np.float64))
-        if self.episodes:
-            out[EPISODE_ID] = out[EPISODE_LANE] = ((self.count,), np.dtype(np.int64))
+        labels = [EPISODE_ID, EPISODE_LANE] * self.episodes + [INSERTION_ORDER] * self.order
+        out.update((name, ((self.count,), np.dtype(np.int64))) for name in labels)
         return out
 
 
@@ -298,7 +310,7 @@ def _parse_metadata(raw: bytes) -> _Metadata:
         )
     if not isinstance(record["mpreplay_version"], str):
         raise TransitionFileError("file: metadata 'mpreplay_version': expected a string")
-    for key in ("safe", "priorities", "episodes"):
+    for key in ("safe", "priorities", "episodes", "order"):
         if key in record and type(record[key]) is not bool:
             raise TransitionFileError(f"file: metadata {key!r}: expected true or false, got {short(record[key])}")
     count = record["count"]
@@ -317,6 +329,7 @@ def _parse_metadata(raw: bytes) -> _Metadata:
         count,
         record["priorities"],
         record.get("episodes", False),
+        record.get("order", False),
     )
 
 
@@ -380,8 +393,8 @@ def _check_fits(meta: _Metadata, ours: dict[str, FieldSpec], nstep: tuple[int, f
         other = theirs[name]
         if other.dtype != spec.dtype or not _same_values(other.shape, spec.shape):
             raise TransitionFileError(
-                f"field {name!r}: the file stores {_describe(other.shape, other.dtype)}, "
-                f"the buffer expects {_describe(spec.shape, spec.dtype)}"
+                f"field {name!r}: the file stores shape {other.shape} {other.dtype}, "
+                f"the buffer expects shape {spec.shape} {spec.dtype}"
             )
 
 
@@ -404,6 +417,8 @@ def _read_arrays(archive: zipfile.ZipFile, meta: _Metadata) -> dict[str, np.ndar
             )
     if meta.episodes:
         _check_episodes(arrays[EPISODE_ID], arrays[EPISODE_LANE])
+    if meta.order and not np.array_equal(np.sort(arrays[INSERTION_ORDER]), np.arange(meta.count)):
+        raise TransitionFileError(f"file: array {INSERTION_ORDER!r}: expected a permutation of 0 .. count - 1")
     return arrays
 
 
@@ -456,7 +471,7 @@ def _read_array(archive: zipfile.ZipFile, name: str, shape: tuple[int, ...] | No
             order = ", Fortran order" if fortran else ""
             expected = f"shape {shape}" if shape is not None else f"at most {_MAX_METADATA_BYTES} items"
             raise TransitionFileError(
-                f"file: array {name!r} is {_describe(file_shape, file_dtype)}{order}; expected {expected} {dtype}"
+                f"file: array {name!r} is shape {file_shape} {file_dtype}{order}; expected {expected} {dtype}"
             )
         nbytes = math.prod(shape) * dtype.itemsize
         if info.file_size != member.tell() + nbytes:
@@ -472,10 +487,6 @@ def _read_array(archive: zipfile.ZipFile, name: str, shape: tuple[int, ...] | No
                 raise TransitionFileError(f"file: array {name!r} is truncated")
             flat[start : start + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
     return out.astype(dtype, copy=False)
-
-
-def _describe(shape: tuple[int, ...], dtype: np.dtype) -> str:
-    return f"shape {shape} {dtype}"
 
 
 def _describe_nstep(nstep: tuple[int, float] | None) -> str:

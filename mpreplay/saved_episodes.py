@@ -136,9 +136,10 @@ def load_episodes(
     rows: Mapping[str, np.ndarray],
     priorities: np.ndarray | None,
     episodes: Sequence[SavedEpisode],
-) -> None:
+) -> list[int]:
     """Store a saved buffer's ``episodes`` (``rows``: the file's converted rows; ``priorities``:
-    per row, or None) through ``store`` and stores claimed for the call, each episode ended.
+    per row, or None) through ``store`` and stores claimed for the call, each episode ended;
+    returns the episodes' indexes in the order they were stored.
 
     Every episode is planned first (TransitionFileError naming it for rows its write would
     refuse).  Then each saved lane goes through a lane of its own while lanes are free --
@@ -157,6 +158,7 @@ def load_episodes(
         except ValueError as exc:
             raise TransitionFileError(f"file: episode {e} (rows {a} to {b - 1}): {exc}") from exc
     placed = _place(store, episodes, slots)
+    written = []
     try:
         for lane_store, taken in placed:
             for e in taken:
@@ -164,9 +166,11 @@ def load_episodes(
                 lane_store.load_episode(
                     b - a, _rows(rows, a, b), None if priorities is None else priorities[a:b], episodes[e].first
                 )
+                written.append(e)
     finally:
         for lane_store, _ in placed[1:]:
             lane_store.release_lane()
+    return written
 
 
 def _rows(rows: Mapping[str, np.ndarray], a: int, b: int) -> dict[str, np.ndarray]:

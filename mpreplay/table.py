@@ -653,7 +653,7 @@ class Table(TableCalls):
                 f"indexes: expected slots in [0, {size}), got {int(idx[bad[0]])} at position {int(bad[0])}"
             )
         for _ in range(_READ_ATTEMPTS):
-            slots, guards, _ = self._handle.snapshot(False)
+            slots, guards, _, _ = self._handle.snapshot(False)
             where = np.full(size, -1, dtype=np.int64)
             where[slots] = np.arange(len(slots))
             found = where[idx]
@@ -671,20 +671,24 @@ class Table(TableCalls):
         priorities: bool = False,
         slots: bool = False,
         copy: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None,
+        arrivals: bool = False,
     ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
         """``(rows, raw priorities or None)`` of every complete row, oldest first; with ``slots``,
-        ``rows["indexes"]`` holds their slots.  ``copy`` copies the rows of slots (None:
+        ``rows["indexes"]`` holds their slots, with ``arrivals`` ``rows["arrivals"]`` their places
+        in the selector's order of insertion.  ``copy`` copies the rows of slots (None:
         :meth:`_copy_rows`).  The set is taken under the lock, the rows copied without it, and
         rows overwritten meanwhile left out."""
-        listed, guards, raw = self._handle.snapshot(priorities)
+        listed, guards, raw, order = self._handle.snapshot(priorities)
         rows = (self._copy_rows if copy is None else copy)(listed)
         keep = self._handle.unchanged(listed, guards)
         if not keep.all():
             rows = {name: r[keep] for name, r in rows.items()}
             raw = None if raw is None else raw[keep]
-            listed = listed[keep]
+            listed, order = listed[keep], order[keep]
         if slots:
             rows["indexes"] = listed
+        if arrivals:
+            rows["arrivals"] = order
         return rows, raw
 
     def _copy_rows(self, slots: np.ndarray) -> dict[str, np.ndarray]:

@@ -91,7 +91,7 @@ def save_table(
         raise ValueError(
             f"priorities: selector {config.selector.name!r} keeps no priorities to save; pass priorities=False"
         )
-    episodes = None
+    episodes = order = None
     if config.sequence is not None:
 
         def copy(slots: np.ndarray) -> dict[str, np.ndarray]:
@@ -110,9 +110,16 @@ def save_table(
         def copy(slots: np.ndarray) -> dict[str, np.ndarray]:
             return {**copy_rows(slots), _DEPTH: arrays[DEPTH_ARRAY][slots]}
 
-        rows, raw = snapshot(priorities=priorities, slots=True, copy=copy)
+        ordered = selectors.entry(config.selector.name).ordered
+        rows, raw = snapshot(priorities=priorities, slots=True, copy=copy, arrivals=ordered)
         slots, depths = rows.pop("indexes"), rows.pop(_DEPTH)
         episodes = transition_episodes(slots, lanes, depths)
+        if ordered:
+            # The rows are listed by episode, lane by lane: the file says the order they were given
+            # the selector in, which an ordered selector draws by and a load gives back.
+            arrivals = rows.pop("arrivals")
+            order = np.empty(len(arrivals), dtype=np.int64)
+            order[np.argsort(arrivals, kind="stable")] = np.arange(len(arrivals))
     else:
         rows, raw = snapshot(priorities=priorities)
     fileformat.write_transitions(
@@ -122,6 +129,7 @@ def save_table(
         nstep=nstep_settings(config),
         priorities=raw,
         episodes=episodes,
+        order=order,
         compress=compress,
     )
 
@@ -135,10 +143,17 @@ def load_table(file: Any, config: TableConfig, path: WritePath) -> int:
         file_specs(config),
         nstep=None if sequence else nstep_settings(config),
         episodes=True if sequence else (None if config.compression is not None else False),
+        order=True,
     )
     if not config.by_priority:
         priorities = None
     ids, lanes = rows.pop(fileformat.EPISODE_ID, None), rows.pop(fileformat.EPISODE_LANE, None)
+    order = rows.pop(fileformat.INSERTION_ORDER, None)
+    if order is not None and ids is None:
+        # Rows that stand alone are stored in the order the saving table was given them.
+        oldest_first = np.argsort(order)
+        rows = {name: r[oldest_first] for name, r in rows.items()}
+        priorities, order = None if priorities is None else priorities[oldest_first], None
     steps = np.asarray(rows.pop(EPISODE_STEP), dtype=np.int64) if sequence else None
     k, rows = convert_batch(config.specs, rows)
     if k == 0:
@@ -152,7 +167,7 @@ def load_table(file: Any, config: TableConfig, path: WritePath) -> int:
             # before the save resumes from the older frames its first row's stacks hold.
             keys = config.compression.stack if config.compression is not None else ()
             episodes = split_episodes(ids, lanes, lambda row: stack_age(rows, row, keys))
-        path.load_episodes(rows, priorities, episodes)
+        path.load_episodes(rows, priorities, episodes, order)
         return k
     # What add() does, minus two things: n-step rows were folded before they were saved and
     # must not be folded again, and the rows end an episode so that a compressed table

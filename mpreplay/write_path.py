@@ -184,13 +184,26 @@ class WritePath:
         commit()
 
     def load_episodes(
-        self, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None, episodes: Sequence[SavedEpisode]
+        self,
+        rows: Mapping[str, np.ndarray],
+        priorities: np.ndarray | None,
+        episodes: Sequence[SavedEpisode],
+        order: np.ndarray | None = None,
     ) -> None:
         """Store a saved table's ``episodes`` of converted ``rows`` (already folded), each whole,
-        in lanes of their own while lanes are free (see :func:`~mpreplay.saved_episodes.load_episodes`)."""
+        in lanes of their own while lanes are free (see :func:`~mpreplay.saved_episodes.load_episodes`).
+
+        ``order``: each row's place in the order the saving table's selector was given them (a
+        permutation), which an ordered selector then draws by.  (Rows other writers insert while
+        a file loads may take places among the file's.)"""
         if self._episodes is None:
             raise ValueError("load_transitions: this table keeps no episodes in lanes; its files hold none")
-        load_episodes(self._episodes, rows, priorities, episodes)
+        written = load_episodes(self._episodes, rows, priorities, episodes)
+        if order is not None:
+            loaded = order[np.concatenate([np.arange(episodes[e].start, episodes[e].stop) for e in written])]
+            ranks = np.empty(len(loaded), dtype=np.int64)
+            ranks[np.argsort(loaded, kind="stable")] = np.arange(len(loaded))
+            self._handle.reorder_last(ranks)
 
     def load(self, k: int, rows: Mapping[str, np.ndarray], priorities: np.ndarray | None) -> None:
         """Store ``k`` converted rows of a saved buffer: already folded, and ending an episode

@@ -310,9 +310,19 @@ def file_archive(members: dict[str, Any]) -> io.BytesIO:
 def as_version_1(members: dict[str, Any]) -> dict[str, Any]:
     """``members`` (as :func:`file_members` returns them) edited into a file as format version 1
     wrote it: no episodes, in the metadata or as arrays."""
+    members = as_version_2(members)
     meta = members["metadata.json"]
     meta["format_version"] = 1
     del meta["episodes"], members["episode.id"], members["episode.lane"]
+    return members
+
+
+def as_version_2(members: dict[str, Any]) -> dict[str, Any]:
+    """``members`` edited into a file as format version 2 wrote it: no order of insertion."""
+    meta = members["metadata.json"]
+    meta["format_version"] = 2
+    if meta.pop("order"):
+        del members["insertion.order"]
     return members
 
 

@@ -192,7 +192,7 @@ def test_plain_numpy_reads_the_file_without_pickle():
 def test_the_metadata_records_version_specs_settings_and_count():
     source = numbered_buffer(PrioritizedReplayBuffer, 8, range(3))
     assert read_metadata(io.BytesIO(_saved(source, priorities=True))) == {
-        "format_version": 2,
+        "format_version": 3,
         "mpreplay_version": mpreplay.__version__,
         "fields": [
             {"name": "obs", "shape": [3], "dtype": np.dtype(np.float32).str},
@@ -206,6 +206,7 @@ def test_the_metadata_records_version_specs_settings_and_count():
         "count": 3,
         "priorities": True,
         "episodes": False,
+        "order": False,
     }
 
 
@@ -388,12 +389,19 @@ def test_a_missing_file_raises_file_not_found(tmp_path):
 def _as_version_1(members: dict[str, Any], meta: dict[str, Any]) -> None:
     """A file as format version 1 wrote it: no 'episodes' key."""
     meta["format_version"] = 1
-    del meta["episodes"]
+    del meta["episodes"], meta["order"]
 
 
-def test_a_format_version_1_file_still_loads():
+def _as_version_2(members: dict[str, Any], meta: dict[str, Any]) -> None:
+    """A file as format version 2 wrote it: no 'order' key."""
+    meta["format_version"] = 2
+    del meta["order"]
+
+
+@pytest.mark.parametrize("version", [_as_version_1, _as_version_2], ids=["version 1", "version 2"])
+def test_a_file_of_an_earlier_format_version_still_loads(version):
     target = ReplayBuffer(8, ENV)
-    assert load_transitions(target, io.BytesIO(_edit(_as_version_1))) == 5
+    assert load_transitions(target, io.BytesIO(_edit(version))) == 5
     _assert_holds(target, range(3, 8))
 
 
@@ -432,11 +440,21 @@ def _retype_act(m: dict[str, Any], meta: dict[str, Any]) -> None:
 
 
 INVALID = {
-    "format version 3": (lambda m, meta: meta.update(format_version=3), "unsupported format version 3"),
+    "format version 4": (lambda m, meta: meta.update(format_version=4), "unsupported format version 4"),
     "version 1 with a version 2 key": (
         lambda m, meta: meta.update(format_version=1),
-        r"keys of format version 1: missing \[\], unknown \['episodes'\]",
+        r"keys of format version 1: missing \[\], unknown \['episodes', 'order'\]",
     ),
+    "version 2 with a version 3 key": (
+        lambda m, meta: meta.update(format_version=2),
+        r"keys of format version 2: missing \[\], unknown \['order'\]",
+    ),
+    "order unlisted": (lambda m, meta: meta.update(order=True), "lists 'insertion.order' but the archive has no"),
+    "order not a permutation": (
+        lambda m, meta: (meta.update(order=True), m.update({"insertion.order": np.array([0, 1, 1, 3, 4])})),
+        r"'insertion.order': expected a permutation of 0 \.\. count - 1",
+    ),
+    "order not a bool": (lambda m, meta: meta.update(order=1), "'order': expected true or false"),
     "episodes unlisted": (lambda m, meta: meta.update(episodes=True), "lists 'episode.id' but the archive has no"),
     "no format version": (lambda m, meta: meta.pop("format_version"), "unsupported format version None"),
     "unknown metadata key": (lambda m, meta: meta.update(extra=1), r"unknown \['extra'\]"),

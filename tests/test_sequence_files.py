@@ -267,7 +267,7 @@ def _set(name: str, row: int, value: int) -> Callable[[dict[str, Any]], None]:
 
 
 INVALID = {
-    "format version 1": (damage.as_version_1, "format version 1 records no episode or lane.*writes format version 2"),
+    "format version 1": (damage.as_version_1, "format version 1 records no episode or lane.*writes format version 3"),
     "episodes not from 0": (lambda m: m.update({"episode.id": m["episode.id"] + 1}), "numbered 0, 1, ..."),
     "an episode number skipped": (_set("episode.id", 29, 4), "row 29 has 4"),
     "an episode in two lanes": (_set("episode.lane", 12, 0), "episode 1 is in lanes 1 and 0"),

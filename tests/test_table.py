@@ -293,15 +293,10 @@ def test_a_queue_or_stack_of_any_storage_hands_every_item_out_once_in_its_order_
         assert table.get_stored_size() == 0
 
 
-# A snapshot of a compressed table lists its rows lane by lane (docs/architecture.md, "Concurrency
-# protocol"), so a file of two writers' lanes loads them one lane after the other: the order across the
-# lanes, which an ordered selector drew, is lost -- against "a queue loaded from its file hands them
-# out in the same order" (docs/architecture.md, "Removers"; ExactlyOnce's docstring).
-LANES_LOST_IN_FILES = pytest.mark.xfail(
-    strict=True, reason="issue 46: a file of a compressed table with 2 lanes loads back lane by lane, not in draw order"
-)
+# Saved and loaded, an ordered table draws what it would have drawn: across a compressed table's
+# lanes too, whose file lists its rows lane by lane (the file's insertion.order gives the order back).
 ROUND_TRIPS = [
-    pytest.param(case, id=str(case), marks=[LANES_LOST_IN_FILES] if case.lanes > 1 else [])
+    pytest.param(case, id=str(case))
     for case in GRID
     if selectors.entry(case.selector).ordered
     and not (case.shared or case.sequence)

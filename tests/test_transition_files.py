@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from helpers import EACH_START_METHOD, TAGGED_STACK_FIELDS, reloaded, saved_file, tagged_episode
 
-from mpreplay import MPPrioritizedReplayBuffer, MPReplayBuffer, ReplayBuffer
+from mpreplay import MPPrioritizedReplayBuffer, MPReplayBuffer, Queue, ReplayBuffer, Table
 from mpreplay.fileformat import TransitionFileError
 
 ENV = TAGGED_STACK_FIELDS
@@ -280,6 +280,55 @@ def test_a_file_whose_episode_is_in_two_lanes_is_refused_and_changes_nothing(unc
     target = _target()
     with unchanged(target), pytest.raises(TransitionFileError, match="episode 1 is in lanes 0 and 1"):
         target.load_transitions(damage.file_archive(members))
+
+
+# -- the order an ordered selector draws in, across lanes ------------------------------------------------
+def _queue_of_two_lanes(**options: Any) -> Table:
+    return Table(2 * WIDTH, ENV, lanes=2, next_of="obs", **options)
+
+
+def _queued_in_turns(table: Table) -> list[tuple[int, int, int]]:
+    """Two writers add an episode of 6 steps each, a step in turn; returns the tags in the order
+    their rows were given the selector (a next_of row is complete once its next step comes)."""
+    writers = [table, table.episode_writer()]
+    episodes = [_episode(w, 0, 6) for w in range(2)]
+    for step in range(6):
+        for writer, episode in zip(writers, episodes, strict=True):
+            writer.add(**{name: column[step : step + 1] for name, column in episode.items()})
+    writers[1].close()
+    # A lane's row s completes with its step s + 1, its last two with the done step.
+    return [(w, 0, s) for s in range(4) for w in range(2)] + [(w, 0, s) for w in range(2) for s in (4, 5)]
+
+
+def _drawn(table: Table) -> list[tuple[int, int, int]]:
+    return [tuple(tag) for tag in table.sample(table.get_stored_size(), timeout=0)["tag"].tolist()]
+
+
+def test_a_reloaded_queue_of_two_lanes_hands_out_its_items_in_the_order_they_were_queued():
+    with _queue_of_two_lanes(rate_limiter=Queue(2 * WIDTH)) as table:
+        queued = _queued_in_turns(table)
+        file = saved_file(table)
+    with _queue_of_two_lanes(rate_limiter=Queue(2 * WIDTH)) as loaded:
+        loaded.load_transitions(file)
+        assert _drawn(loaded) == queued
+
+
+def test_a_fifo_file_of_two_lanes_loads_into_a_table_of_plain_rows_in_its_order():
+    with _queue_of_two_lanes(selector="fifo") as table:
+        queued = _queued_in_turns(table)
+        file, env_dict = saved_file(table), table.get_env_dict()
+    with Table(2 * WIDTH, env_dict, selector="fifo") as plain:
+        plain.load_transitions(file)
+        assert _drawn(plain) == queued
+
+
+def test_a_format_version_2_file_of_two_lanes_loads_lane_by_lane():
+    with _queue_of_two_lanes(selector="fifo") as table:
+        queued = _queued_in_turns(table)
+        members = damage.as_version_2(_members(table))
+    with _queue_of_two_lanes(selector="fifo") as loaded:
+        loaded.load_transitions(damage.file_archive(members))
+        assert _drawn(loaded) == sorted(queued)
 
 
 # -- files of format version 1 (no episodes) load as before ---------------------------------------------

@@ -23,7 +23,9 @@ from mpreplay import fileformat, manifest
 # never changes a format, and no minor version introduces two pairs.  (0.1.0 had no manifest.)
 FORMATS_INTRODUCED = {
     (3, 2): (0, 2),
-    (5, 2): (0, 3),  # format 4 was 0.3.0's while unreleased: 5 replaced it before any release
+    # Manifest format 4, and file format 2 with format 5, were 0.3.0's while unreleased: replaced
+    # before any release.
+    (5, 3): (0, 3),
 }
 
 SECTION = re.compile(r"^## (\d+)\.(\d+)\.(\d+) \((.+)\)$", re.MULTILINE)
