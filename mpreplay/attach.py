@@ -16,7 +16,8 @@ from typing import Any
 from . import checks, manifest
 from .errors import IncompatibleSegmentError
 from .memory import SHM_DIR, SharedMemoryError, segment_name
-from .table import Table, _attach
+from .table import Table
+from .table_assembly import attach as attach_segment
 from .table_config import TableConfig
 
 __all__ = ["attach"]
@@ -69,7 +70,7 @@ def attach(name: str, *, readonly: bool = False, timeout: float | None = None) -
         raise IncompatibleSegmentError(
             f"{segment}: its manifest's constructor arguments are refused ({exc}); refusing to attach"
         ) from None
-    return _attach(cls, config, segment, readonly)
+    return attach_segment(cls, config, segment, readonly)
 
 
 def _manifest_of(segment: str) -> dict[str, Any] | None:

@@ -21,7 +21,8 @@ from ._ext.schema import CLOSED, HEADER_ARRAY, LANE_OWNER, LANES_ARRAY, WAITERS
 from .checkpoint import NOT_STORED, read_arrays, read_manifest
 from .config_json import from_json
 from .errors import CheckpointError
-from .table import Table, _restored
+from .table import Table
+from .table_assembly import restored
 from .table_files import table_layout
 
 __all__ = ["restore"]
@@ -94,7 +95,7 @@ def restore(
         arrays[HEADER_ARRAY][[WAITERS, CLOSED]] = 0
         arrays[LANES_ARRAY][:, LANE_OWNER] = 0
 
-    return _restored(_class(doc["class"]), config, rng, fill, bool(doc["repair"]), name)
+    return restored(_class(doc["class"]), config, rng, fill, bool(doc["repair"]), name)
 
 
 def _class(kind: Any) -> type[Table]:

@@ -42,8 +42,9 @@ import numpy as np
 
 import mpreplay
 from mpreplay.bench._report import positive_int, positive_seconds
-from mpreplay.bench.apex import LANES, compressed_buffer, fill, learner_op, print_table, writer_op
+from mpreplay.bench.apex import LANES, compressed_buffer, fill
 from mpreplay.bench.apex_episodes import Episode, record
+from mpreplay.bench.apex_measures import learner_op, print_table, writer_op
 
 PIECE = 16 * 2**20  # the floor's write and read size (the checkpoint's chunk)
 MB = 1e6

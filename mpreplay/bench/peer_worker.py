@@ -15,8 +15,8 @@ cannot garble an answer.  Commands: ``hello`` (import the library; answers its v
 ``queue_case`` and ``sharded_case`` (:mod:`mpreplay.bench.peer_mp`: ``bench mp``, ``bench queue``
 and ``bench sharded``, Reverb and TorchRL), ``quit``.
 
-The loop of ``mpreplay bench per`` lives here too (:func:`workload`, :func:`drive`), so the
-in-process table and the peers' table time one and the same loop.
+The loop of ``mpreplay bench per`` (:mod:`mpreplay.bench.per_loop`) is the one the in-process
+table times too; each library behind its three calls is here (``CONTENDERS``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 if __package__:  # imported as mpreplay.bench.peer_worker
-    from . import numba_tree, peer_frames, peer_mp
+    from . import numba_tree, peer_frames, peer_mp, per_loop
 else:  # a script, run by an interpreter that may not have mpreplay
     # Its folder leaves the path: the benchmarks' modules there (ray.py, memory.py, ...) would
     # shadow the packages a library looks for.
@@ -57,102 +57,18 @@ else:  # a script, run by an interpreter that may not have mpreplay
     for _neighbour in ("case_clock", "mp_workloads", "reverb_roles", "torchrl_roles"):
         _load(_neighbour)
     peer_mp = _load("peer_mp")
+    per_loop = _load("per_loop")
 
-BATCH = 32
-ALPHA, BETA, EPS = 0.6, 0.4, 1e-4
-OBS_SHAPE = (4,)
-# Distinct prebuilt transitions and noise vectors the loop cycles through, so no buffer sees the
-# same object twice in a row; primes keep the two cycles from lining up.
-POOL, NOISE_POOL = 61, 67
-PREFILL_CHUNK = 10_000
-
-
-# -- the loop of `bench per` --------------------------------------------------------------
-def env_dict(scalar_shape: tuple[int, ...] | None) -> dict[str, dict[str, Any]]:
-    """The transition's fields, cpprb's way; scalars get ``scalar_shape`` (cpprb stores them as (1,))."""
-    scalar = {} if scalar_shape is None else {"shape": scalar_shape}
-    return {
-        "obs": {"shape": OBS_SHAPE, "dtype": np.float32},
-        "act": {**scalar, "dtype": np.int64},
-        "rew": {**scalar, "dtype": np.float32},
-        "next_obs": {"shape": OBS_SHAPE, "dtype": np.float32},
-        "done": {**scalar, "dtype": np.float32},
-    }
-
-
-def workload(seed: int) -> tuple[list[dict[str, np.ndarray]], list[np.ndarray]]:
-    """The transitions the loop adds and the noise it perturbs the weights with."""
-    rng = np.random.default_rng(seed)
-    pool: list[dict[str, np.ndarray]] = [
-        {
-            "obs": rng.standard_normal(OBS_SHAPE).astype(np.float32),
-            "act": np.asarray(rng.integers(0, 4), dtype=np.int64),
-            "rew": np.asarray(rng.standard_normal(), dtype=np.float32),
-            "next_obs": rng.standard_normal(OBS_SHAPE).astype(np.float32),
-            "done": np.asarray(rng.random() < 0.01, dtype=np.float32),
-        }
-        for _ in range(POOL)
-    ]
-    noise = [rng.uniform(-0.5, 0.5, BATCH) for _ in range(NOISE_POOL)]
-    return pool, noise
-
-
-def drive(
-    buffer: Any, frames: int, pool: Sequence[dict[str, Any]], noise: Sequence[np.ndarray], *, first_sample: int = BATCH
-) -> float:
-    """Run the loop for ``frames`` frames; return the CPU seconds it took.
-
-    Each frame adds one transition and, from frame ``first_sample`` on (by default once more than
-    32 are stored), samples 32, perturbs their weights and writes them back as priorities."""
-    add, sample, update = buffer.add, buffer.sample, buffer.update_priorities
-    n_pool, n_noise, clip = len(pool), len(noise), np.clip
-    start = time.process_time()
-    for t in range(frames):
-        add(**pool[t % n_pool])
-        if t >= first_sample:
-            batch = sample(BATCH)
-            update(batch["indexes"], clip(batch["weights"] + noise[t % n_noise], 0.01, 1.0))
-    return time.process_time() - start
-
-
-def timed_drive(
-    buffer: Any, frames: int, pool: Sequence[dict[str, Any]], noise: Sequence[np.ndarray], *, first_sample: int = BATCH
-) -> float:
-    """:func:`drive` with the garbage collector off: a collection inside one run but not another
-    is noise, not buffer cost."""
-    gc.collect()
-    gc.disable()
-    try:
-        return drive(buffer, frames, pool, noise, first_sample=first_sample)
-    finally:
-        gc.enable()
-
-
-class Floor:
-    """A buffer that stores nothing: every method returns at once (what the loop itself costs)."""
-
-    def __init__(self, size: int, seed: int):
-        rng = np.random.default_rng(seed)
-        self._batch = {
-            name: np.zeros((BATCH,) + tuple(spec.get("shape", ())), spec["dtype"])
-            for name, spec in env_dict(None).items()
-        }
-        self._batch["indexes"] = rng.integers(0, size, BATCH)
-        self._batch["weights"] = rng.random(BATCH)
-
-    def add(self, **fields: np.ndarray) -> None:
-        return None
-
-    def sample(self, batch_size: int) -> dict[str, np.ndarray]:
-        return self._batch
-
-    def update_priorities(self, indexes: np.ndarray, priorities: np.ndarray) -> None:
-        return None
-
-
-def as_cpprb(transition: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """cpprb stores a field without shape as shape (1,)."""
-    return {name: value.reshape(1) if value.ndim == 0 else value for name, value in transition.items()}
+# The loop's settings and calls (:mod:`mpreplay.bench.per_loop`) that the contenders are built for.
+ALPHA, BATCH, BETA, EPS, PREFILL_CHUNK = (
+    per_loop.ALPHA,
+    per_loop.BATCH,
+    per_loop.BETA,
+    per_loop.EPS,
+    per_loop.PREFILL_CHUNK,
+)
+Floor, as_cpprb, env_dict, workload = per_loop.Floor, per_loop.as_cpprb, per_loop.env_dict, per_loop.workload
+drive, timed_drive = per_loop.drive, per_loop.timed_drive
 
 
 # -- each library behind the loop's three calls ---------------------------------------------

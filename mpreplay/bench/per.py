@@ -44,19 +44,9 @@ import numpy as np
 import mpreplay
 from mpreplay.bench import per_peers
 from mpreplay.bench._report import positive_int, print_table
-from mpreplay.bench.peer_worker import (
-    ALPHA,
-    BATCH,
-    BETA,
-    CONTENDERS,
-    EPS,
-    Floor,
-    as_cpprb,
-    env_dict,
-    timed_drive,
-    workload,
-)
+from mpreplay.bench.peer_worker import CONTENDERS
 from mpreplay.bench.peers import ENV_VAR, peers_directory
+from mpreplay.bench.per_loop import ALPHA, BATCH, BETA, EPS, Floor, as_cpprb, env_dict, timed_drive, workload
 
 _DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
 _QUICK_SIZES = (1_000, 3_000)
