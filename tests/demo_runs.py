@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -30,3 +33,42 @@ def run_demo(argv: list[str], out: Path, timeout: float) -> Run:
 
 def summary_of(run: Run) -> dict:
     return json.loads((run.out / "summary.json").read_text())
+
+
+def kill_after_checkpoint(argv: list[str], out: Path, timeout: float, learner_steps: int = 1) -> int:
+    """``mpreplay.demo.main(argv + ["--out", out])`` in a process group of its own, SIGKILLed whole
+    (the demo, its processes, its process server and resource tracker) once a checkpoint in ``out``
+    records ``learner_steps`` or more; returns the demo's pid.  Fails if none does in ``timeout`` s."""
+    code = f"from mpreplay.demo import main; raise SystemExit(main({[*argv, '--out', str(out)]!r}))"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        while latest_learner_steps(out) < learner_steps:
+            if proc.poll() is not None:
+                raise AssertionError(f"the demo ended before its checkpoint: {proc.stderr.read().decode()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no checkpoint of {learner_steps} learner steps in {out} within {timeout} s")
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
+    return proc.pid
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    """The newest whole checkpoint folder of the demo run in ``out`` (None: none yet)."""
+    folders = sorted(p for p in (out / "checkpoints").glob("[0-9]*") if p.name.isdigit())
+    return folders[-1] if folders else None
+
+
+def latest_learner_steps(out: Path) -> int:
+    folder = latest_checkpoint(out)
+    if folder is None:
+        return 0
+    try:
+        return json.loads((folder / "state.json").read_text())["counters"]["learner_steps"]
+    except (OSError, ValueError):  # removed meanwhile: a newer one took its place
+        return 0
