@@ -11,6 +11,11 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
+from helpers import segments_of
+
+import mpreplay
+
 
 class Run(NamedTuple):
     returncode: int
@@ -72,3 +77,39 @@ def latest_learner_steps(out: Path) -> int:
         return json.loads((folder / "state.json").read_text())["counters"]["learner_steps"]
     except (OSError, ValueError):  # removed meanwhile: a newer one took its place
         return 0
+
+
+class Resumed(NamedTuple):
+    killed_pid: int  # the run SIGKILLed whole
+    state: dict  # the state.json of the checkpoint the run resumed from
+    curve: dict[str, np.ndarray]  # its curve.npz
+    stored: int  # rows its replay restores to
+    run: Run  # the resumed run
+
+
+def kill_and_resume(argv: list[str], out: Path, learner_steps: int, seconds: float, timeout: float) -> Resumed:
+    """A run of ``argv`` killed whole after a checkpoint of ``learner_steps`` (:func:`kill_after_checkpoint`),
+    what its latest checkpoint holds, then ``--resume out --seconds SECONDS --plain``."""
+    pid = kill_after_checkpoint(argv, out, timeout, learner_steps)
+    folder = latest_checkpoint(out)
+    assert folder is not None
+    state = json.loads((folder / "state.json").read_text())
+    with np.load(folder / "curve.npz", allow_pickle=False) as curve:
+        arrays = {key: curve[key] for key in curve.files}
+    with mpreplay.restore(folder / "replay", shared=False) as replay:
+        stored = replay.get_stored_size()
+    run = run_demo(["--resume", str(out), "--seconds", str(seconds), "--plain"], out, timeout)
+    return Resumed(pid, state, arrays, stored, run)
+
+
+def carried_over(resumed: Resumed) -> dict:
+    """The resumed run's summary, once checked: it exited 0, started from the checkpoint's learner
+    step and replay and went on from them, and neither run left a segment."""
+    assert resumed.run.returncode == 0, resumed.run.stderr
+    summary, before = summary_of(resumed.run), resumed.state["counters"]
+    mark = summary["restarts"][0]
+    assert (mark["learner_steps"], mark["stored"]) == (before["learner_steps"], resumed.stored), mark
+    assert summary["learner_steps"] >= before["learner_steps"] and resumed.stored > 0, summary
+    assert summary["inserts"] >= before["inserts"] and summary["env_steps"] > before["env_steps"], summary
+    assert segments_of(resumed.killed_pid) == set() and segments_of(resumed.run.pid) == set()
+    return summary

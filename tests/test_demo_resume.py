@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -19,39 +17,22 @@ pytest.importorskip("torch")
 pytest.importorskip("gymnasium")
 pytest.importorskip("matplotlib")
 
-from demo_runs import Run, kill_after_checkpoint, latest_checkpoint, run_demo, summary_of  # tests/demo_runs.py
+from demo_runs import Resumed, kill_and_resume, latest_checkpoint, run_demo, summary_of  # tests/demo_runs.py
 from helpers import segments_of
 
-import mpreplay
 from mpreplay import cli
 from mpreplay.demo import epsilon
 from mpreplay.demo.processes import learner_state, load_learner_state, make_optimizer
+from mpreplay.demo.resume import read_state
 from mpreplay.demo.task import Config
 
 
-class Resumed(NamedTuple):
-    killed_pid: int
-    state: dict  # the state.json of the checkpoint the run resumed from
-    curve: dict[str, np.ndarray]  # its curve.npz
-    stored: int  # rows its replay restores to
-    run: Run  # the resumed run
-
-
 @pytest.fixture(scope="module")
-def resumed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Resumed]:
+def resumed(tmp_path_factory: pytest.TempPathFactory) -> Resumed:
     """A CartPole run checkpointing every 2 s, SIGKILLed whole after a checkpoint of 50 learner
     steps, then ``--resume``d for 12 s; once for the tests below."""
-    out = tmp_path_factory.mktemp("demo-resume")
-    pid = kill_after_checkpoint(["--seconds", "300", "--checkpoint-every", "2", "--plain"], out, 150, 50)
-    folder = latest_checkpoint(out)
-    assert folder is not None
-    state = json.loads((folder / "state.json").read_text())
-    with np.load(folder / "curve.npz", allow_pickle=False) as curve:
-        arrays = {key: curve[key] for key in curve.files}
-    with mpreplay.restore(folder / "replay", shared=False) as replay:
-        stored = replay.get_stored_size()
-    run = run_demo(["--resume", str(out), "--seconds", "12", "--plain"], out, timeout=150)
-    yield Resumed(pid, state, arrays, stored, run)
+    argv = ["--seconds", "300", "--checkpoint-every", "2", "--plain"]
+    return kill_and_resume(argv, tmp_path_factory.mktemp("demo-resume"), 50, 12, timeout=150)
 
 
 @pytest.mark.timeout(330)
@@ -155,6 +136,19 @@ def test_a_damaged_replay_is_refused_naming_the_flag_and_leaves_no_segment(resum
     assert run.returncode == 1
     assert f"--resume {copy}" in run.stderr and "data.bin" in run.stderr
     assert segments_of(run.pid) == set()
+
+
+@pytest.mark.timeout(330)
+def test_a_checkpoint_killed_midway_leaves_the_previous_one_the_latest(resumed: Resumed, tmp_path: Path):
+    copy = tmp_path / "run"
+    shutil.copytree(resumed.run.out, copy)
+    latest = latest_checkpoint(copy)
+    assert latest is not None
+    midway = copy / "checkpoints" / f".{int(latest.name) + 1:06d}.tmp-999999"  # as a SIGKILL leaves one
+    midway.mkdir()
+    (midway / "state.json").write_text('{"format": "mpreplay-demo-chec')
+    folder, state = read_state(str(copy))
+    assert (folder, state["number"]) == (str(latest), int(latest.name))
 
 
 def test_resume_of_a_folder_without_a_checkpoint_is_refused_naming_the_flag(tmp_path: Path, capsys):

@@ -53,6 +53,7 @@ __all__ = [
     "Saved",
     "learner_template",
     "read_checkpoint",
+    "read_state",
     "record_segments",
     "restored_replay",
     "sweep_segments",
