@@ -293,10 +293,10 @@ def test_an_atari_run_puts_the_random_baseline_in_its_summary(atari_run: Run):
 @pytest.mark.timeout(600)
 def test_an_atari_run_killed_whole_resumes_its_compressed_replay_and_learner(tmp_path):
     """A small Atari run (a replay of 3,000 transitions) checkpointing every 3 s, SIGKILLed with
-    its processes after a checkpoint of 4 learner steps, then resumed for 15 s."""
+    its processes after a checkpoint of 4 learner steps, then resumed for 25 s."""
     argv = ["--env", "atari", "--seconds", "300", "--actors", "1", "--envs-per-actor", "2", "--capacity", "3000"]
     argv += ["--learning-starts", "200", "--publish-every", "2", "--checkpoint-every", "3", "--plain"]
-    resumed = kill_and_resume(argv, tmp_path, learner_steps=4, seconds=15, timeout=280)
+    resumed = kill_and_resume(argv, tmp_path, learner_steps=4, seconds=25, timeout=280)
     summary = carried_over(resumed)
     assert summary["env"].startswith("ALE/Breakout-v5") and summary["config"]["capacity"] == 3000
     assert resumed.state["counters"]["learner_steps"] >= 4

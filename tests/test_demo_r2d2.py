@@ -267,7 +267,7 @@ def test_a_timed_r2d2_run_leaves_no_segment_behind(smoke_run: dict):
 @pytest.mark.timeout(400)
 def test_an_r2d2_run_killed_whole_resumes_its_sequence_replay_and_learner(tmp_path: Path):
     argv = ["--agent", "r2d2", "--seconds", "300", "--checkpoint-every", "2", "--plain"]
-    resumed = kill_and_resume(argv, tmp_path, learner_steps=20, seconds=8, timeout=150)
+    resumed = kill_and_resume(argv, tmp_path, learner_steps=20, seconds=12, timeout=150)
     summary = carried_over(resumed)
     assert summary["agent"] == "R2D2" and summary["config"]["length"] == R2D2Config().length
     assert resumed.state["counters"]["learner_steps"] >= 20

@@ -30,9 +30,9 @@ from mpreplay.demo.task import Config
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory: pytest.TempPathFactory) -> Resumed:
     """A CartPole run checkpointing every 2 s, SIGKILLed whole after a checkpoint of 50 learner
-    steps, then ``--resume``d for 12 s; once for the tests below."""
+    steps, then ``--resume``d for 15 s; once for the tests below."""
     argv = ["--seconds", "300", "--checkpoint-every", "2", "--plain"]
-    return kill_and_resume(argv, tmp_path_factory.mktemp("demo-resume"), 50, 12, timeout=150)
+    return kill_and_resume(argv, tmp_path_factory.mktemp("demo-resume"), 50, 15, timeout=150)
 
 
 @pytest.mark.timeout(330)
