@@ -379,6 +379,8 @@ def _run(
                     thread.join()  # before the buffers close under them
             if checkpoints is not None:
                 checkpoints.write()  # the learner's last state: a finished run can go on too
+                if learner is None:  # stopped before it returned: what it last published
+                    learner = checkpoints.learner_counters()
             snapshot = monitor.poll()
             show(snapshot)
     report = summary(config, agent, snapshot, learner, monitor.episodes, reason)

@@ -253,10 +253,17 @@ class Checkpointer:
         self.written.append(final)
         return final
 
+    def learner_counters(self) -> dict[str, int] | None:
+        """The counters of the learner's last published state (None before its first): what a
+        learner that did not return in time had done."""
+        if self._learner.version == 0 and self._saved is None:
+            return None
+        return _counters(self._learner.read()[0])
+
     def _write_folder(self, tmp: str, number: int) -> None:
         state, _ = self._learner.read()
         arrays: dict[str, Any] = {key: np.asarray(value) for key, value in state.items()}
-        counters: dict[str, Any] = dict(zip(LEARNER_COUNTERS, (int(c) for c in arrays["counters"]), strict=True))
+        counters: dict[str, Any] = _counters(arrays)
         snapshot, progress = self._monitor.progress()
         info = self._replay.checkpoint(os.path.join(tmp, REPLAY), timeout=_LOCK_TIMEOUT)
         curve = {key: np.asarray(values, _CURVE_DTYPES[key]) for key, values in asdict(progress.episodes).items()}
@@ -293,6 +300,10 @@ class Checkpointer:
             f"{counters['episodes']:,} episodes",
             flush=True,
         )
+
+
+def _counters(state: Mapping[str, Any]) -> dict[str, int]:
+    return dict(zip(LEARNER_COUNTERS, (int(c) for c in np.asarray(state["counters"])), strict=True))
 
 
 def record_segments(out: str, names: list[str]) -> None:
