@@ -20,7 +20,7 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from demo_runs import Run, run_demo, summary_of  # tests/demo_runs.py
+from demo_runs import Run, carried_over, kill_and_resume, run_demo, summary_of  # tests/demo_runs.py
 from helpers import segments_of
 
 from mpreplay import PrioritizedReplayBuffer, ReplayBuffer, cli
@@ -285,3 +285,18 @@ def test_an_atari_run_writes_its_learning_curve_and_leaves_no_segment(atari_run:
 @pytest.mark.timeout(300)
 def test_an_atari_run_puts_the_random_baseline_in_its_summary(atari_run: Run):
     assert summary_of(atari_run)["random_policy"]["games"] == 2
+
+
+# ------------------------------------------------------------------ checkpoint and resume
+
+
+@pytest.mark.timeout(600)
+def test_an_atari_run_killed_whole_resumes_its_compressed_replay_and_learner(tmp_path):
+    """A small Atari run (a replay of 3,000 transitions) checkpointing every 3 s, SIGKILLed with
+    its processes after a checkpoint of 4 learner steps, then resumed for 25 s."""
+    argv = ["--env", "atari", "--seconds", "300", "--actors", "1", "--envs-per-actor", "2", "--capacity", "3000"]
+    argv += ["--learning-starts", "200", "--publish-every", "2", "--checkpoint-every", "3", "--plain"]
+    resumed = kill_and_resume(argv, tmp_path, learner_steps=4, seconds=25, timeout=280)
+    summary = carried_over(resumed)
+    assert summary["env"].startswith("ALE/Breakout-v5") and summary["config"]["capacity"] == 3000
+    assert resumed.state["counters"]["learner_steps"] >= 4

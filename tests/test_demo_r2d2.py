@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 gym = pytest.importorskip("gymnasium")
 pytest.importorskip("matplotlib")
 
+from demo_runs import carried_over, kill_and_resume  # tests/demo_runs.py
 from helpers import segments_of
 
 from mpreplay import cli
@@ -261,3 +262,12 @@ def test_a_timed_r2d2_run_writes_the_learning_curve(smoke_run: dict):
 @pytest.mark.timeout(180)
 def test_a_timed_r2d2_run_leaves_no_segment_behind(smoke_run: dict):
     assert segments_of(smoke_run["pid"]) == set()
+
+
+@pytest.mark.timeout(400)
+def test_an_r2d2_run_killed_whole_resumes_its_sequence_replay_and_learner(tmp_path: Path):
+    argv = ["--agent", "r2d2", "--seconds", "300", "--checkpoint-every", "2", "--plain"]
+    resumed = kill_and_resume(argv, tmp_path, learner_steps=20, seconds=12, timeout=150)
+    summary = carried_over(resumed)
+    assert summary["agent"] == "R2D2" and summary["config"]["length"] == R2D2Config().length
+    assert resumed.state["counters"]["learner_steps"] >= 20

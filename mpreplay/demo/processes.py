@@ -15,12 +15,26 @@ import numpy as np
 from ..buffers import MPReplayBuffer
 from ..errors import BufferClosed
 from ..launcher import Context
-from .task import Config, recent_mean
+from .task import Config, recent_mean, run_seed
 
-__all__ = ["WAIT", "Agent", "Loss", "SolvedCheck", "add_until_stopped", "import_torch", "run_learner"]
+__all__ = [
+    "LEARNER_COUNTERS",
+    "WAIT",
+    "Agent",
+    "Loss",
+    "SolvedCheck",
+    "add_until_stopped",
+    "import_torch",
+    "learner_state",
+    "load_learner_state",
+    "make_optimizer",
+    "run_learner",
+]
 
 WAIT = 0.2  # seconds a blocked add/sample waits before the caller looks at the stop flag again
 _SOLVED_CHECK = 0.5  # seconds between the learner's looks at the episode log
+# The learner's counters that a checkpoint keeps (beside "solved", which a resumed run judges anew).
+LEARNER_COUNTERS = ("learner_steps", "priority_updates")
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,47 @@ def add_until_stopped(ctx: Context, replay: Any, batch: Mapping[str, np.ndarray]
 Loss = Callable[[Any, Any, Mapping[str, np.ndarray], Config], tuple[Any, np.ndarray]]
 
 
+def make_optimizer(online: Any, config: Config) -> Any:
+    """The learner's optimizer of ``online``'s parameters."""
+    return import_torch().optim.Adam(online.parameters(), lr=config.lr)
+
+
+def learner_state(online: Any, target: Any, optimizer: Any, counts: Mapping[str, Any]) -> dict[str, Any]:
+    """The learner's whole state as tensors by name (a :class:`~mpreplay.params.ParameterStore`
+    publishes it, ``np.savez`` writes it): ``online.*`` and ``target.*`` (the networks' state
+    dicts), ``optimizer.<parameter>.<name>`` (the optimizer's per-parameter state; its settings
+    are the run's flags) and ``counters`` (:data:`LEARNER_COUNTERS`)."""
+    import torch
+
+    state = {f"online.{key}": value for key, value in online.state_dict().items()}
+    state.update({f"target.{key}": value for key, value in target.state_dict().items()})
+    for index, entries in optimizer.state_dict()["state"].items():
+        for name, value in entries.items():
+            state[f"optimizer.{index}.{name}"] = value
+    state["counters"] = torch.tensor([counts[key] for key in LEARNER_COUNTERS], dtype=torch.int64)
+    return state
+
+
+def load_learner_state(state: Mapping[str, Any], online: Any, target: Any, optimizer: Any) -> dict[str, int]:
+    """Load what :func:`learner_state` gave (tensors or arrays) into the networks and the
+    optimizer; return the counters."""
+    import torch
+
+    parts: dict[str, dict[str, Any]] = {"online": {}, "target": {}, "optimizer": {}}
+    for key, value in state.items():
+        part, _, name = key.partition(".")
+        if part in parts:
+            parts[part][name] = torch.as_tensor(value)
+    online.load_state_dict(parts["online"])
+    target.load_state_dict(parts["target"])
+    per_parameter: dict[int, dict[str, Any]] = {}
+    for key, value in parts["optimizer"].items():
+        index, _, name = key.partition(".")
+        per_parameter.setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict({"state": per_parameter, "param_groups": optimizer.state_dict()["param_groups"]})
+    return {key: int(count) for key, count in zip(LEARNER_COUNTERS, np.asarray(state["counters"]), strict=True)}
+
+
 def run_learner(
     ctx: Context, config: Config, network: Callable[[Config], Any], loss_of: Loss, goal: float | None
 ) -> dict[str, Any]:
@@ -84,16 +139,24 @@ def run_learner(
     the batches are drawn that many steps ahead on a background thread (``batches()``) while
     this one trains.  Stops when the run does or when the greedy sub-environments average
     ``goal`` (see :class:`SolvedCheck`; None: never); returns the learner's counters.
+
+    A run that checkpoints gives the learner a second store, ``ctx.buffer["learner"]``: the
+    learner publishes its whole state there (:func:`learner_state`) with its weights and once
+    more when it stops, for the parent to write; a resumed run's learner starts from the state
+    that store holds (``config.resumes``).
     """
     torch = import_torch()
 
-    torch.manual_seed(config.seed)
+    torch.manual_seed(run_seed(config))
     replay = ctx.buffer["replay"]
+    store = ctx.buffer.get("learner")
     online = network(config)
     online.load_state_dict(ctx.params.read()[0])
     target = copy.deepcopy(online)
-    optimizer = torch.optim.Adam(online.parameters(), lr=config.lr)
+    optimizer = make_optimizer(online, config)
     counts = {"learner_steps": 0, "priority_updates": 0, "solved": False}
+    if store is not None and config.resumes:
+        counts.update(load_learner_state(store.read()[0], online, target, optimizer))
     solved = SolvedCheck(ctx.buffer["episodes"], goal)
     for batch in _batches(ctx, replay, config):
         if solved():
@@ -107,10 +170,14 @@ def run_learner(
         replay.update_priorities(batch["indexes"], priorities)
         counts["priority_updates"] += len(priorities)
         counts["learner_steps"] = steps = counts["learner_steps"] + 1
-        if steps % config.publish_every == 0:
-            ctx.params.publish(online.state_dict())
         if steps % config.target_update == 0:
             target.load_state_dict(online.state_dict())
+        if steps % config.publish_every == 0:
+            ctx.params.publish(online.state_dict())
+            if store is not None:
+                store.publish(learner_state(online, target, optimizer, counts))
+    if store is not None and counts["learner_steps"]:
+        store.publish(learner_state(online, target, optimizer, counts))
     return counts
 
 

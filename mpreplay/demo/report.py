@@ -18,7 +18,17 @@ from ..params import ParameterStore
 from .processes import Agent
 from .task import GREEDY_EPSILON, WINDOW, Config, env_title, recent_mean, running_mean, solve_point
 
-__all__ = ["EPISODE_FIELDS", "Episodes", "Monitor", "live_view", "plot", "print_summary", "summary", "watch"]
+__all__ = [
+    "EPISODE_FIELDS",
+    "Episodes",
+    "Monitor",
+    "Progress",
+    "live_view",
+    "plot",
+    "print_summary",
+    "summary",
+    "watch",
+]
 
 EPISODE_FIELDS: dict[str, dict[str, Any]] = {
     "rank": {"dtype": np.int64},
@@ -45,8 +55,27 @@ class Episodes:
         return {key: np.asarray(values) for key, values in asdict(self).items()}
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Where a run stood at a checkpoint, from which a resumed run goes on: its episodes (the
+    curve), its running time, env steps and weights published."""
+
+    episodes: Episodes
+    elapsed: float
+    env_steps: int
+    weights_published: int
+
+
+_NOTHING_YET = Progress(Episodes([], [], [], [], []), 0.0, 0, 0)
+
+
 class Monitor:
-    """Reads the buffers' counters and the episode log; computes rates over the last few seconds."""
+    """Reads the buffers' counters and the episode log; computes rates over the last few seconds.
+
+    A resumed run's monitor goes on from ``earlier``: its curve continues the earlier runs'
+    episodes, its clock and counters start where theirs stopped.  ``poll`` and ``progress``
+    may be called from two threads.
+    """
 
     def __init__(
         self,
@@ -55,13 +84,19 @@ class Monitor:
         params: ParameterStore,
         start: float,
         goal: float | None,
+        earlier: Progress = _NOTHING_YET,
     ):
-        self._replay, self._log, self._params, self.start, self.goal = replay, log, params, start, goal
-        self.episodes = Episodes([], [], [], [], [])
+        self._replay, self._log, self._params, self.goal = replay, log, params, goal
+        self.start = start - earlier.elapsed  # the time the curve's clock reads 0
+        self.episodes = Episodes(*(list(values) for values in asdict(earlier.episodes).values()))
+        self._earlier = earlier
         self._seen: dict[int, int] = {}  # rank -> last episode number read
         self._steps: dict[int, int] = {}  # rank -> env steps at its last episode
+        self._lock = threading.Lock()
+        stats = replay.stats()  # a restored table's counters go on from the checkpoint's
+        first = (start, earlier.env_steps, int(stats["inserts"] or 0), int(stats["samples"] or 0))
         # (time, env steps, inserts, samples) of the recent reads: rates span _RATE_SPAN seconds
-        self._history: collections.deque[tuple[float, int, int, int]] = collections.deque([(start, 0, 0, 0)])
+        self._history: collections.deque[tuple[float, int, int, int]] = collections.deque([first])
 
     def _drain(self) -> None:
         rows = self._log.get_all_transitions()
@@ -70,17 +105,31 @@ class Monitor:
                 continue
             self._seen[rank], self._steps[rank] = episode, steps
             self.episodes.time.append(when - self.start)
-            self.episodes.env_steps.append(sum(self._steps.values()))
+            self.episodes.env_steps.append(self._env_steps())
             self.episodes.ret.append(ret)
             self.episodes.rank.append(rank)
             self.episodes.eps.append(eps)
 
+    def _env_steps(self) -> int:
+        return self._earlier.env_steps + sum(self._steps.values())
+
     def poll(self) -> dict[str, Any]:
         """A snapshot of the run: totals, recent rates, recent returns."""
+        with self._lock:
+            return self._poll()
+
+    def progress(self) -> tuple[dict[str, Any], Progress]:
+        """A snapshot (:meth:`poll`) and the run's :class:`Progress` at that moment, taken together."""
+        with self._lock:
+            snapshot = self._poll()
+            episodes = Episodes(*(list(values) for values in asdict(self.episodes).values()))
+            return snapshot, Progress(episodes, snapshot["elapsed"], snapshot["env_steps"], snapshot["weights_version"])
+
+    def _poll(self) -> dict[str, Any]:
         self._drain()
         stats = self._replay.stats()
         now = time.time()
-        env_steps = sum(self._steps.values())
+        env_steps = self._env_steps()
         inserts, samples = stats["inserts"], stats["samples"]
         assert inserts is not None and samples is not None  # counters: only the lock holder's entries are None
         current = (now, env_steps, int(inserts), int(samples))
@@ -106,7 +155,7 @@ class Monitor:
             "mean_return_all": float(episodes["ret"][-WINDOW:].mean()) if len(episodes["ret"]) else -math.inf,
             "stale_updates_dropped": stats["stale_updates_dropped"],
             "torn_rows_resampled": stats["torn_rows_resampled"],
-            "weights_version": self._params.version,
+            "weights_version": self._earlier.weights_published + self._params.version,
             "goal": self.goal,
         }
 
@@ -263,6 +312,9 @@ def plot(episodes: Episodes, summary: Mapping[str, Any], path: str) -> None:
         )
         if goal is not None:
             ax.axhline(goal, color="grey", linestyle="--", linewidth=1, label=f"solved ({goal:g})")
+        for n, mark in enumerate(summary.get("restarts", [])):
+            where = mark["elapsed_seconds" if key == "time" else "env_steps"]
+            ax.axvline(where, color="C2", linewidth=1, label="resumed from a checkpoint" if n == 0 else None)
         if baseline is not None:
             ax.axhline(
                 baseline["mean_return"],

@@ -27,6 +27,7 @@ __all__ = [
     "epsilon",
     "hide_velocity",
     "recent_mean",
+    "run_seed",
     "running_mean",
     "solve_point",
     "vector_env",
@@ -71,6 +72,8 @@ class Config:
     plain: bool = False
     prefetch: int = 0
     table: str | None = None  # the replay's name: a persistent table a restarted run joins
+    checkpoint_every: float | None = None  # seconds between the run's checkpoints (None: none)
+    resumes: int = 0  # how many times the run was resumed from a checkpoint (not a flag: --resume counts)
 
     # What `--env` names this task; whether a run of it can be judged solved (else it ends at --seconds);
     # the modules the process server imports before it forks the processes.
@@ -146,9 +149,22 @@ def actor_epsilons(ctx: Context, config: Config) -> np.ndarray:
     return np.array([epsilon(ctx.rank * num_envs + e, ctx.num_actors * num_envs) for e in range(num_envs)])
 
 
+# A resumed run's seeds are its first run's moved this far per resume: none meets another's
+# (a first run's actor seeds stay below it while --seed does below 10**6).
+_RESUME_SEED_STRIDE = 2**40
+
+
+def run_seed(config: Config) -> int:
+    """The seed of the learner's torch stream: ``--seed``, moved on at each resume so that a
+    resumed run does not replay its first run's random stream."""
+    return config.seed + config.resumes * _RESUME_SEED_STRIDE
+
+
 def actor_seed(ctx: Context, config: Config) -> int:
-    """This actor's seed (sub-environment e: seed + e); a restarted actor plays other episodes."""
-    return config.seed * 1_000_000 + ctx.rank * 10_000 + ctx.restarts * 1_000
+    """This actor's seed (sub-environment e: seed + e); a restarted actor, and every actor of a
+    resumed run, plays other episodes."""
+    first = config.seed * 1_000_000 + ctx.rank * 10_000 + ctx.restarts * 1_000
+    return first + config.resumes * _RESUME_SEED_STRIDE
 
 
 def running_mean(values: np.ndarray) -> np.ndarray:
