@@ -29,6 +29,7 @@ def test_quick_run_reports_checkpoint_restore_floors_export_and_waits(capsys, tm
     for call in ("writer alone", "writer checkpointing", "learner alone", "learner checkpointing"):
         cells = rows.get(("2,000", call))
         assert cells is not None and re.fullmatch(r"[\d,]+", cells[2]), call
-        assert all(re.fullmatch(r"[\d.]+", cell) for cell in cells[3:5]), call
+        assert all(re.fullmatch(r"[\d.]+", cell) for cell in cells[3:6]) and re.fullmatch(r"[\d,]+", cells[6]), call
+    assert re.search(r"capacity 2,000, each run: checkpoint s [\d.]+, write floor s [\d.]+ \(ratios [\d.]+\)", out)
     assert re.search(r"capacity 2,000: \d+ live checkpoints, rows left out \[[\d, ]+\]", out)
     assert list(tmp_path.iterdir()) == []  # the bench's folder removed

@@ -1,24 +1,27 @@
 """``mpreplay bench checkpoint``: checkpoint and restore of a table of real Atari frames, against the disk.
 
 ``mpreplay bench checkpoint [--quick] [--capacity N,N...] [--record-steps S] [--seconds W] [--dir DIR]
-[--save-max N]``
+[--save-max N] [--repeats R]``
 
 Real Breakout episodes are recorded as ``mpreplay bench apex`` records them, and a compressed table
 (``next_of`` + ``stack_compress``, 8 lanes, the demo's rows) of each capacity ``N`` is filled past
-capacity with them.  Then, on the disk of ``--dir`` (default: a temporary folder):
+capacity with them (a table larger than the episodes recorded holds them several times over: the
+frames are the recorded ones, tiled).  Then, on the disk of ``--dir`` (default: a temporary folder):
 
 1. **Checkpoint and restore**: ``table.checkpoint(path)`` (nothing else running) and
    ``mpreplay.restore(path)`` into a new shared table, with the checkpoint's pages dropped from
    the page cache first (``posix_fadvise``: the restore reads the disk, as after a reboot); the
    floor beside them: writing the same number of bytes to one file sequentially, in the same
-   16 MB pieces, with an fsync, and reading them back cold.  Sizes: the checkpoint against the
-   table's memory (its segment).
+   16 MB pieces, with an fsync, and reading them back cold.  Each of the four is measured
+   ``--repeats`` times, interleaved (default 3): the tables show the medians and their ratios,
+   a line below each run's ratios.  Sizes: the checkpoint against the table's memory (its segment).
 2. **save_transitions** of the same table (the portable export, plain layout, not deflated), for
    tables of at most ``--save-max`` transitions (20,000: the plain layout is 8 times the bytes).
 3. **Waits**: a writer process adding a row per call (the demo's actor) and a learner sampling
    256 + updating, for ``W`` seconds without a checkpoint, then ``W`` seconds with checkpoints
-   taken one after the other: the longest and the 99th percentile of each call, the rows each
-   live checkpoint left out, and how long its lock was held for the cut.
+   taken one after the other: the longest, the 99th and 99.9th percentiles of each call and how
+   many took over 50 ms, the rows each live checkpoint left out, and how long its lock was held
+   for the cut.
 
 Other work on the machine and the disk's own cache skew every figure; the floor is measured in the
 same run, on the same disk, so the ratios are what to read.
@@ -44,6 +47,7 @@ import mpreplay
 from mpreplay.bench._report import positive_int, positive_seconds
 from mpreplay.bench.apex import LANES, compressed_buffer, fill, learner_op, print_table, writer_op
 from mpreplay.bench.apex_episodes import Episode, record
+from mpreplay.checkpoint import crc32
 
 PIECE = 16 * 2**20  # the floor's write and read size (the checkpoint's chunk)
 MB = 1e6
@@ -51,12 +55,15 @@ MB = 1e6
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
-    print(f"mpreplay {mpreplay.__version__}, numpy {np.__version__}, {os.cpu_count()} cores; {_load()}")
+    print(
+        f"mpreplay {mpreplay.__version__}, numpy {np.__version__}, {os.cpu_count()} cores; checksums by "
+        f"{'ISA-L' if crc32.__module__.startswith('isal') else 'zlib'}; {_load()}"
+    )
     episodes = record(args.record_steps)
     print(f"recorded {sum(len(e) for e in episodes):,} env steps of real Breakout ({len(episodes)} episodes)")
     folder = Path(tempfile.mkdtemp(prefix="mpreplay-bench-checkpoint-", dir=args.dir))
     try:
-        cases = [_case(c, episodes, folder, args.seconds, c <= args.save_max) for c in args.capacity]
+        cases = [_case(c, episodes, folder, args.seconds, c <= args.save_max, args.repeats) for c in args.capacity]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     print(f"{_load()} at the end")
@@ -80,6 +87,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--save-max", type=int, default=20_000, help="largest table save_transitions is timed on (default 20,000)"
     )
+    parser.add_argument(
+        "--repeats", type=positive_int, default=None, help="runs of checkpoint, restore and floors (default 3)"
+    )
     args = parser.parse_args(list(argv))
     try:
         args.capacity = [positive_int(str(int(float(c)))) for c in (args.capacity or "").split(",") if c] or [
@@ -89,22 +99,30 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         parser.error(f"--capacity: expected transitions, comma separated ({exc})")
     args.record_steps = args.record_steps or (600 if args.quick else 8_000)
     args.seconds = args.seconds or (0.5 if args.quick else 5.0)
+    args.repeats = args.repeats or (1 if args.quick else 3)
     return args
+
+
+SLOW = 0.050  # a call's seconds the issue's target allows
 
 
 @dataclass
 class Waits:
-    """The longest and the 99th percentile of a call's seconds in a window, and how many calls."""
+    """The longest, the 99th and 99.9th percentiles of a call's seconds in a window, how many
+    calls, and how many of them took over SLOW."""
 
     longest: float
     p99: float
+    p999: float
     calls: int
+    slow: int
 
     @classmethod
     def of(cls, seconds: np.ndarray) -> Waits:
         if not len(seconds):
-            return cls(float("nan"), float("nan"), 0)
-        return cls(float(seconds.max()), float(np.percentile(seconds, 99)), len(seconds))
+            return cls(float("nan"), float("nan"), float("nan"), 0, 0)
+        p99, p999 = np.percentile(seconds, [99, 99.9])
+        return cls(float(seconds.max()), float(p99), float(p999), len(seconds), int((seconds > SLOW).sum()))
 
 
 @dataclass
@@ -112,10 +130,10 @@ class Case:
     capacity: int
     segment: int  # the table's memory, bytes
     size: int  # the checkpoint's bytes
-    checkpoint: float  # seconds
-    restore: float
-    floor_write: float
-    floor_read: float
+    checkpoint: list[float]  # seconds, one per repeat
+    restore: list[float]
+    floor_write: list[float]
+    floor_read: list[float]
     save_transitions: float | None  # seconds, None: not timed (a table above --save-max)
     save_bytes: int
     waits: dict[str, Waits]  # "<role> <window>"
@@ -124,18 +142,22 @@ class Case:
     live: int  # live checkpoints taken
 
 
-def _case(capacity: int, episodes: list[Episode], folder: Path, seconds: float, export: bool) -> Case:
+def _case(capacity: int, episodes: list[Episode], folder: Path, seconds: float, export: bool, repeats: int) -> Case:
     with compressed_buffer(capacity, LANES) as table:
         fill(table, episodes, capacity + capacity // 10)
-        start = time.perf_counter()
-        doc = table.checkpoint(folder / "ck")
-        checkpoint = time.perf_counter() - start
-        size = sum(f.stat().st_size for f in (folder / "ck").iterdir())
-        floor_write, floor_read = _floor(folder / "floor.bin", size)
-        _drop_cache(folder / "ck" / "data.bin")
-        start = time.perf_counter()
-        with mpreplay.restore(folder / "ck"):
-            restore = time.perf_counter() - start
+        checkpoint, restore, floor_write, floor_read = [], [], [], []
+        for _ in range(repeats):  # interleaved: a burst of other work on the machine skews one of each, not all
+            start = time.perf_counter()
+            doc = table.checkpoint(folder / "ck")
+            checkpoint.append(time.perf_counter() - start)
+            size = sum(f.stat().st_size for f in (folder / "ck").iterdir())
+            write, read = _floor(folder / "floor.bin", size)
+            floor_write.append(write)
+            floor_read.append(read)
+            _drop_cache(folder / "ck" / "data.bin")
+            start = time.perf_counter()
+            with mpreplay.restore(folder / "ck"):
+                restore.append(time.perf_counter() - start)
         save, save_bytes = None, 0
         if export:
             start = time.perf_counter()
@@ -265,26 +287,48 @@ def _receive(role: str, conn: Any, timeout: float) -> Any:
 def _export(c: Case) -> str:
     if c.save_transitions is None:
         return "not timed"
-    return f"{c.save_transitions:.2f} ({c.save_bytes / MB:,.0f} MB, {c.save_transitions / c.checkpoint:.1f}x)"
+    return f"{c.save_transitions:.2f} ({c.save_bytes / MB:,.0f} MB, {c.save_transitions / _median(c.checkpoint):.1f}x)"
+
+
+def _median(seconds: list[float]) -> float:
+    return float(np.median(seconds))
+
+
+def _runs(c: Case) -> str:
+    """Each run's seconds and ratios to its floor, in the order run."""
+
+    def each(values: list[float]) -> str:
+        return " ".join(f"{v:.2f}" for v in values)
+
+    def ratios(a: list[float], b: list[float]) -> str:
+        return " ".join(f"{x / y:.2f}" for x, y in zip(a, b, strict=True))
+
+    return (
+        f"capacity {c.capacity:,}, each run: checkpoint s {each(c.checkpoint)}, write floor s "
+        f"{each(c.floor_write)} (ratios {ratios(c.checkpoint, c.floor_write)}); restore s {each(c.restore)}, "
+        f"read floor s {each(c.floor_read)} (ratios {ratios(c.restore, c.floor_read)})"
+    )
 
 
 def _report(cases: list[Case]) -> None:
     rows = []
     for c in cases:
+        checkpoint, restore = _median(c.checkpoint), _median(c.restore)
+        write, read = _median(c.floor_write), _median(c.floor_read)
         rows.append(
             [
                 f"{c.capacity:,}",
                 f"{c.segment / MB:,.0f}",
                 f"{c.size / MB:,.0f} ({c.size / c.segment:.3f}x)",
-                f"{c.checkpoint:.2f} ({c.size / MB / c.checkpoint:,.0f} MB/s)",
-                f"{c.floor_write:.2f} ({c.checkpoint / c.floor_write:.2f}x)",
-                f"{c.restore:.2f} ({c.size / MB / c.restore:,.0f} MB/s)",
-                f"{c.floor_read:.2f} ({c.restore / c.floor_read:.2f}x)",
+                f"{checkpoint:.2f} ({c.size / MB / checkpoint:,.0f} MB/s)",
+                f"{write:.2f} ({checkpoint / write:.2f}x)",
+                f"{restore:.2f} ({c.size / MB / restore:,.0f} MB/s)",
+                f"{read:.2f} ({restore / read:.2f}x)",
                 _export(c),
             ]
         )
     print_table(
-        "Checkpoint and restore (seconds) against the disk's sequential write and cold read of the same bytes",
+        "Checkpoint and restore (seconds, medians) against the disk's sequential write and cold read of the same bytes",
         [
             "capacity",
             "segment MB",
@@ -297,13 +341,25 @@ def _report(cases: list[Case]) -> None:
         ],
         rows,
     )
+    for c in cases:
+        print(_runs(c))
     rows = []
     for c in cases:
         for name, w in c.waits.items():
-            rows.append([f"{c.capacity:,}", name, f"{w.calls:,}", f"{w.longest * 1e3:.1f}", f"{w.p99 * 1e3:.2f}"])
+            rows.append(
+                [
+                    f"{c.capacity:,}",
+                    name,
+                    f"{w.calls:,}",
+                    f"{w.longest * 1e3:.1f}",
+                    f"{w.p99 * 1e3:.2f}",
+                    f"{w.p999 * 1e3:.2f}",
+                    f"{w.slow:,}",
+                ]
+            )
     print_table(
         "Waits of a writer's add and a learner's sample + update (ms)",
-        ["capacity", "call", "calls", "longest", "p99"],
+        ["capacity", "call", "calls", "longest", "p99", "p99.9", f"over {SLOW * 1e3:.0f} ms"],
         rows,
     )
     for c in cases:
