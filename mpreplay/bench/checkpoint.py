@@ -1,7 +1,7 @@
 """``mpreplay bench checkpoint``: checkpoint and restore of a table of real Atari frames, against the disk.
 
 ``mpreplay bench checkpoint [--quick] [--capacity N,N...] [--record-steps S] [--seconds W] [--dir DIR]
-[--save-max N] [--repeats R]``
+[--save-max N] [--repeats R] [--peers DIR] [--reverb-max N]``
 
 Real Breakout episodes are recorded as ``mpreplay bench apex`` records them, and a compressed table
 (``next_of`` + ``stack_compress``, 8 lanes, the demo's rows) of each capacity ``N`` is filled past
@@ -12,12 +12,19 @@ frames are the recorded ones, tiled).  Then, on the disk of ``--dir`` (default: 
    ``mpreplay.restore(path)`` into a new shared table, with the checkpoint's pages dropped from
    the page cache first (``posix_fadvise``: the restore reads the disk, as after a reboot); the
    floor beside them: writing the same number of bytes to one file sequentially, in the same
-   16 MB pieces, with an fsync, and reading them back cold.  Each of the four is measured
+   16 MB pieces, with an fsync, and reading them back cold, each the faster of two ways: plainly
+   (through the page cache) and as the checkpoint does (write-back streamed; direct reads, 4 in
+   flight).  Each of the four is measured
    ``--repeats`` times, interleaved (default 3): the tables show the medians and their ratios,
    a line below each run's ratios.  Sizes: the checkpoint against the table's memory (its segment).
 2. **save_transitions** of the same table (the portable export, plain layout, not deflated), for
    tables of at most ``--save-max`` transitions (20,000: the plain layout is 8 times the bytes).
-3. **Waits**: a writer process adding a row per call (the demo's actor) and a learner sampling
+3. **Reverb** (``--peers DIR``: the Reverb venv at ``DIR/reverb``, see :mod:`mpreplay.bench.peers`),
+   for tables of at most ``--reverb-max`` transitions (20,000): its server filled with the same
+   transitions as items of ``obs`` + ``next_obs`` stacks, ``client.checkpoint()`` timed, a new
+   server restoring it, and its writer and learner timed alone and while it checkpoints
+   (:mod:`mpreplay.bench.reverb_checkpoint`).
+4. **Waits**: a writer process adding a row per call (the demo's actor) and a learner sampling
    256 + updating, for ``W`` seconds without a checkpoint, then ``W`` seconds with checkpoints
    taken one after the other: the longest, the 99th and 99.9th percentiles of each call and how
    many took over 50 ms, the rows each live checkpoint left out, and how long its lock was held
@@ -30,13 +37,17 @@ same run, on the same disk, so the ratios are what to read.
 from __future__ import annotations
 
 import argparse
+import json
+import mmap
 import multiprocessing
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +58,11 @@ import mpreplay
 from mpreplay.bench._report import positive_int, positive_seconds
 from mpreplay.bench.apex import LANES, compressed_buffer, fill, learner_op, print_table, writer_op
 from mpreplay.bench.apex_episodes import Episode, record
+from mpreplay.bench.peers import ENV_VAR, REVERB, peers_python
+from mpreplay.bench.reverb_checkpoint import drop_cache, timed_calls
 from mpreplay.checkpoint import crc32
+from mpreplay.checkpoint_read import PART, READERS
+from mpreplay.writeback import Writeback
 
 PIECE = 16 * 2**20  # the floor's write and read size (the checkpoint's chunk)
 MB = 1e6
@@ -64,6 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="mpreplay-bench-checkpoint-", dir=args.dir))
     try:
         cases = [_case(c, episodes, folder, args.seconds, c <= args.save_max, args.repeats) for c in args.capacity]
+        python, why_not = peers_python(args.peers, REVERB)
+        for c in cases:
+            if c.capacity <= args.reverb_max:
+                c.reverb = _reverb(python, why_not, episodes, c.capacity, args.seconds, folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     print(f"{_load()} at the end")
@@ -86,6 +105,10 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--dir", default=None, help="folder on the disk to measure (default: a temporary folder)")
     parser.add_argument(
         "--save-max", type=int, default=20_000, help="largest table save_transitions is timed on (default 20,000)"
+    )
+    parser.add_argument("--peers", default=None, help=f"the peers' venvs (Reverb's at DIR/reverb; or {ENV_VAR})")
+    parser.add_argument(
+        "--reverb-max", type=int, default=20_000, help="largest table Reverb checkpoints (default 20,000)"
     )
     parser.add_argument(
         "--repeats", type=positive_int, default=None, help="runs of checkpoint, restore and floors (default 3)"
@@ -140,6 +163,7 @@ class Case:
     left_out: list[int]  # rows each live checkpoint left out
     cut: float  # the longest lock hold of a live checkpoint's cut, seconds
     live: int  # live checkpoints taken
+    reverb: dict[str, Any] | str | None = None  # Reverb's figures (reverb_checkpoint.py), why not, or not run
 
 
 def _case(capacity: int, episodes: list[Episode], folder: Path, seconds: float, export: bool, repeats: int) -> Case:
@@ -154,7 +178,7 @@ def _case(capacity: int, episodes: list[Episode], folder: Path, seconds: float, 
             write, read = _floor(folder / "floor.bin", size)
             floor_write.append(write)
             floor_read.append(read)
-            _drop_cache(folder / "ck" / "data.bin")
+            drop_cache(folder / "ck" / "data.bin")
             start = time.perf_counter()
             with mpreplay.restore(folder / "ck"):
                 restore.append(time.perf_counter() - start)
@@ -183,34 +207,91 @@ def _case(capacity: int, episodes: list[Episode], folder: Path, seconds: float, 
     )
 
 
+def _reverb(
+    python: str | None, why_not: str, episodes: list[Episode], capacity: int, seconds: float, folder: Path
+) -> dict[str, Any] | str:
+    """Reverb's figures for a table of ``capacity`` of the episodes' transitions, or why there are none."""
+    if python is None:
+        return why_not
+    rows = folder / "reverb-rows.npz"
+    frames, obs_at, next_at, small, base = [], [], [], [], 0
+    for e in episodes:
+        t, ahead, fields = e.steps()
+        frames.append(e.frames)
+        obs_at.append(base + e.stack_frames(t))
+        next_at.append(base + e.stack_frames(ahead))
+        small.append(fields)
+        base += len(e.frames)
+    np.savez(
+        rows,
+        frames=np.concatenate(frames),
+        obs_at=np.concatenate(obs_at),
+        next_at=np.concatenate(next_at),
+        **{name: np.concatenate([f[name] for f in small]) for name in small[0]},  # type: ignore[arg-type]
+    )
+    worker = Path(__file__).with_name("reverb_checkpoint.py")
+    command = [python, str(worker), str(rows), str(capacity), str(seconds), str(folder / "reverb")]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        return "Reverb's run did not end within 900 s"
+    finally:
+        rows.unlink()
+        shutil.rmtree(folder / "reverb", ignore_errors=True)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode or not lines:
+        tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+        return f"Reverb's run failed (status {done.returncode}): {tail}"
+    answer: dict[str, Any] = json.loads(lines[-1])
+    return answer
+
+
 def _floor(path: Path, nbytes: int) -> tuple[float, float]:
-    """Seconds to write ``nbytes`` to ``path`` in PIECE writes and fsync it, and to read it back cold."""
+    """Seconds to write ``nbytes`` to ``path`` sequentially and fsync it, and to read them back cold:
+    each the faster of two ways, plainly (PIECE writes and reads through the page cache) and as the
+    checkpoint does (the write-back streamed, :class:`~mpreplay.writeback.Writeback`; direct reads,
+    READERS of PART in flight)."""
     piece = np.random.default_rng(0).integers(0, 256, PIECE, dtype=np.uint8)
-    start = time.perf_counter()
-    with open(path, "wb", buffering=0) as f:
-        left = nbytes
-        while left > 0:
-            left -= f.write(piece.data[: min(left, PIECE)])
-        os.fsync(f.fileno())
-    write = time.perf_counter() - start
-    _drop_cache(path)
+    writes = []
+    for streamed in (False, True):
+        start = time.perf_counter()
+        with open(path, "wb", buffering=0) as f:
+            writeback, offset = Writeback(f.fileno()), 0
+            while offset < nbytes:
+                n = f.write(piece.data[: min(nbytes - offset, PIECE)])
+                if streamed:
+                    writeback.wrote(offset, n)
+                offset += n
+            writeback.finish()
+            os.fsync(f.fileno())
+        writes.append(time.perf_counter() - start)
+    drop_cache(path)
     start = time.perf_counter()
     with open(path, "rb", buffering=0) as f:
         while f.readinto(piece.data):
             pass
-    read = time.perf_counter() - start
+    reads = [time.perf_counter() - start]
+    drop_cache(path)
+    start = time.perf_counter()
+    _direct_read(path, nbytes)
+    reads.append(time.perf_counter() - start)
     path.unlink()
-    return write, read
+    return min(writes), min(reads)
 
 
-def _drop_cache(path: Path) -> None:
-    """Drop ``path``'s pages from the page cache (this file's only), so the next read is the disk's."""
-    fd = os.open(path, os.O_RDONLY)
+def _direct_read(path: Path, nbytes: int) -> None:
+    """Read ``path`` by direct I/O (where the system has it), READERS reads of PART in flight."""
+    buffers = [mmap.mmap(-1, PART) for _ in range(READERS)]  # page-aligned, as direct I/O needs
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
     try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        with ThreadPoolExecutor(READERS) as pool:
+            # Two reads may share a buffer: the bytes are thrown away, only the disk's time counts.
+            list(pool.map(lambda k: os.preadv(fd, [buffers[k % READERS]], k * PART), range(-(-nbytes // PART))))
     finally:
         os.close(fd)
+        for b in buffers:
+            b.close()
 
 
 def _timed(role: str, table: Any, episodes: list[Episode], stop: Any, conn: Any) -> None:
@@ -219,12 +300,7 @@ def _timed(role: str, table: Any, episodes: list[Episode], stop: Any, conn: Any)
     try:
         op: Callable[[], None] = writer_op(table, episodes) if role == "writer" else learner_op(table)
         conn.send("ready")
-        marks = []
-        while not stop.is_set():
-            start = time.monotonic()
-            op()
-            marks.append((start, time.monotonic() - start))
-        conn.send(np.array(marks))
+        conn.send(timed_calls(op, stop))
     except BaseException as exc:  # the parent raises it
         conn.send(exc)
         raise
@@ -362,8 +438,57 @@ def _report(cases: list[Case]) -> None:
         ["capacity", "call", "calls", "longest", "p99", "p99.9", f"over {SLOW * 1e3:.0f} ms"],
         rows,
     )
+    _report_reverb(cases)
     for c in cases:
         print(
             f"capacity {c.capacity:,}: {c.live} live checkpoints, rows left out {c.left_out}, "
             f"longest cut (lock held) {c.cut * 1e3:.1f} ms"
         )
+
+
+def _report_reverb(cases: list[Case]) -> None:
+    """Reverb's figures beside mpreplay's, for the tables it ran."""
+    rows, waits = [], []
+    for c in cases:
+        if isinstance(c.reverb, str):
+            print(f"capacity {c.capacity:,}: Reverb not measured: {c.reverb}")
+        if not isinstance(c.reverb, dict):
+            continue
+        r = c.reverb
+        checkpoint, restore = _median(c.checkpoint), _median(c.restore)
+        live = r["live_checkpoints_s"]
+        rows.append(
+            [
+                f"{c.capacity:,}",
+                f"{r['stored']:,}",
+                f"{r['checkpoint_bytes'] / MB:,.0f} ({r['checkpoint_bytes'] / c.size:.1f}x)",
+                f"{r['checkpoint_s']:.2f} ({r['checkpoint_s'] / checkpoint:.1f}x)",
+                f"{r['restore_s']:.2f} ({r['restore_s'] / restore:.1f}x)",
+                f"{len(live)}, longest {max(live):.2f}",
+            ]
+        )
+        for name, w in r["waits"].items():
+            waits.append(
+                [
+                    f"{c.capacity:,}",
+                    f"reverb {name}",
+                    f"{w['calls']:,}",
+                    f"{w.get('longest', float('nan')) * 1e3:.1f}",
+                    f"{w.get('p99', float('nan')) * 1e3:.2f}",
+                    f"{w.get('p999', float('nan')) * 1e3:.2f}",
+                    f"{w.get('slow', 0):,}",
+                ]
+            )
+    if not rows:
+        return
+    version = next(c.reverb["reverb"] for c in cases if isinstance(c.reverb, dict))
+    print_table(
+        f"Reverb {version} checkpointing the same transitions (obs + next_obs items); x: Reverb's over mpreplay's",
+        ["capacity", "stored", "checkpoint MB", "checkpoint s", "restore s", "live checkpoints"],
+        rows,
+    )
+    print_table(
+        "Waits of Reverb's writer (one transition per call) and learner (sample 256 + mutate_priorities) (ms)",
+        ["capacity", "call", "calls", "longest", "p99", "p99.9", f"over {SLOW * 1e3:.0f} ms"],
+        waits,
+    )
