@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-try:  # ISA-L's CRC-32: zlib's sums, 5-10x faster (the sums were half of restore's CPU); else zlib's
+try:  # ISA-L's CRC-32: zlib's sums, 5-10x faster (the checkpoint extra); else zlib's
     from isal.isal_zlib import crc32
 except ImportError:  # pragma: no cover - the checkpoint extra is not installed
     from zlib import crc32
@@ -234,7 +234,7 @@ def _write_folder(tmp: str, source: Source, timeout: float | None, chunk: int) -
         offset += flat.size
     changed = np.zeros(size, dtype=bool)
     # A thread of each call's own (a forked child has none of its parent's) sums each chunk while
-    # it is written (zlib releases the GIL).
+    # it is written (both CRC-32s release the GIL).
     with open(os.path.join(tmp, DATA), "wb", buffering=0) as f, ThreadPoolExecutor(1) as sums:
         writeback = Writeback(f.fileno())  # the disk writes as the copy goes on; the cache keeps 64 MB of it
         # The rows and frames of a block of slots, then whether those slots changed since the
