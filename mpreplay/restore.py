@@ -18,7 +18,8 @@ import numpy as np
 
 from . import buffers, checks
 from ._ext.schema import CLOSED, HEADER_ARRAY, LANE_OWNER, LANES_ARRAY, WAITERS
-from .checkpoint import NOT_STORED, read_arrays, read_manifest
+from .checkpoint import NOT_STORED, read_manifest
+from .checkpoint_read import read_arrays
 from .config_json import from_json
 from .errors import CheckpointError
 from .table import Table

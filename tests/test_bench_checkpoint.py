@@ -17,8 +17,9 @@ from mpreplay.bench import checkpoint
 pytestmark = pytest.mark.timeout(300, method="thread")
 
 
-def test_quick_run_reports_checkpoint_restore_floors_export_and_waits(capsys, tmp_path):
-    assert checkpoint.main(["--quick", "--dir", str(tmp_path)]) == 0
+def test_quick_run_reports_checkpoint_restore_floors_export_waits_and_why_reverb_is_not_measured(capsys, tmp_path):
+    nowhere = tmp_path / "no-peers"  # Reverb's venv absent: the report says why Reverb is not measured
+    assert checkpoint.main(["--quick", "--dir", str(tmp_path), "--peers", str(nowhere)]) == 0
     out = capsys.readouterr().out
     rows = {tuple(cells[:2]): cells for cells in table_cells(out) if cells and cells[0] == "2,000"}
     (floors,) = [cells for key, cells in rows.items() if re.fullmatch(r"\d+", key[1])]
@@ -29,6 +30,8 @@ def test_quick_run_reports_checkpoint_restore_floors_export_and_waits(capsys, tm
     for call in ("writer alone", "writer checkpointing", "learner alone", "learner checkpointing"):
         cells = rows.get(("2,000", call))
         assert cells is not None and re.fullmatch(r"[\d,]+", cells[2]), call
-        assert all(re.fullmatch(r"[\d.]+", cell) for cell in cells[3:5]), call
+        assert all(re.fullmatch(r"[\d.]+", cell) for cell in cells[3:6]) and re.fullmatch(r"[\d,]+", cells[6]), call
+    assert re.search(r"capacity 2,000, each run: checkpoint s [\d.]+, write floor s [\d.]+ \(ratios [\d.]+\)", out)
     assert re.search(r"capacity 2,000: \d+ live checkpoints, rows left out \[[\d, ]+\]", out)
+    assert f"capacity 2,000: Reverb not measured: no interpreter at {nowhere}/reverb/bin/python" in out
     assert list(tmp_path.iterdir()) == []  # the bench's folder removed

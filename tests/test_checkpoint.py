@@ -316,6 +316,41 @@ def test_a_new_checkpoint_replaces_the_previous_one_and_inspect_describes_it(tmp
     assert refused.returncode == 1 and "no checkpoint manifest there" in refused.stderr
 
 
+# Rows of 64 KiB: a table of 6.4 MB whose rows span many pages and more than one read of restoring.
+BIG_ROWS = {"frame": {"shape": (256, 256), "dtype": np.uint8}, "step": {"dtype": np.int64}}
+
+
+def _big_table(shared: bool) -> Table:
+    table = Table(100, BIG_ROWS, shared=shared)
+    frames = np.random.default_rng(3).integers(0, 256, (90, 256, 256), dtype=np.uint8)
+    table.add(frame=frames, step=np.arange(90))
+    return table
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["local", "shared"])
+def test_a_table_of_rows_spanning_many_pages_restores_byte_for_byte(tmp_path, shared):
+    with _big_table(shared) as table:
+        table.checkpoint(tmp_path / "ck")
+        want = table.get_all_transitions()
+    for restore_shared in (False, True):
+        with mpreplay.restore(tmp_path / "ck", shared=restore_shared) as restored:
+            got = restored.get_all_transitions()
+            assert all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def test_a_bit_flipped_deep_inside_a_large_array_is_refused(tmp_path):
+    with _big_table(True) as table:
+        table.checkpoint(tmp_path / "ck")
+    arrays = json.loads((tmp_path / "ck" / "manifest.json").read_text())["arrays"]
+    rows = max(arrays, key=lambda e: sum(n for n, _ in e["chunks"]))  # the rows, 6.4 MB
+    with open(tmp_path / "ck" / "data.bin", "r+b") as f:
+        f.seek(rows["offset"] + 5_000_003)
+        byte = f.read(1)[0]
+        f.seek(rows["offset"] + 5_000_003)
+        f.write(bytes([byte ^ 0x01]))
+    _refused(tmp_path / "ck", rf"data.bin: array '{rows['name']}', chunk 0 .* is damaged")
+
+
 # -- damaged checkpoints ---------------------------------------------------------------------------
 
 
@@ -343,7 +378,9 @@ def test_a_truncated_checkpoint_is_refused_naming_its_data_file(checkpoint):
 def test_a_bit_flipped_checkpoint_is_refused_naming_the_array_and_chunk(checkpoint):
     data = checkpoint / "data.bin"
     raw = bytearray(data.read_bytes())
-    raw[len(raw) // 3] ^= 0x10
+    arrays = json.loads((checkpoint / "manifest.json").read_text())["arrays"]
+    frames = max(arrays, key=lambda e: sum(n for n, _ in e["chunks"]))  # the manifest says where each array lies
+    raw[frames["offset"] + frames["chunks"][0][0] // 3] ^= 0x10
     data.write_bytes(bytes(raw))
     _refused(checkpoint, r"data.bin: array '[^']+', chunk 0 .* is damaged")
 

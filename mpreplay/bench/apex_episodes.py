@@ -12,6 +12,7 @@ from mpreplay.demo.atari import DEPTH, AtariConfig, vector_env
 from mpreplay.returns import n_step_returns
 
 NSTEP, GAMMA = 3, 0.99
+ROW_FIELDS = ("obs", "act", "rew", "next_obs", "done", "discount")  # a row's fields, in the actor's order
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,15 @@ class Episode:
         """Rows ``start:stop`` as an actor writes them: the stack at step t (the first frame repeated
         before the episode), the n-step return from t, the stack n steps on (or the last), ``done``
         where a terminal step falls inside the n, ``discount`` = γ^m."""
+        t, ahead, small = self.steps(start, stop, nstep)
+        stacks = {"obs": self.stacks(t), "next_obs": self.stacks(ahead)}
+        return {name: stacks[name] if name in stacks else small[name] for name in ROW_FIELDS}
+
+    def steps(
+        self, start: int = 0, stop: int | None = None, nstep: int = NSTEP
+    ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """Of rows ``start:stop``: the steps ``t`` of their stacks, the steps ``ahead`` of their next
+        stacks, and their small fields (act, rew, done, discount)."""
         steps = len(self)
         stop = steps if stop is None else stop
         dones = np.zeros(steps, np.float32)
@@ -38,19 +48,25 @@ class Episode:
         folded = n_step_returns(self.rew, dones, GAMMA, nstep)
         t = np.arange(start, stop)
         ahead = t + folded.steps[t]
-        return {
-            "obs": self.stacks(t),
-            "act": self.act[t],
-            "rew": folded.returns[t],
-            "next_obs": self.stacks(ahead),
-            "done": ((ahead == steps) & self.terminated).astype(np.float32),
-            "discount": folded.discounts[t],
-        }
+        return (
+            t,
+            ahead,
+            {
+                "act": self.act[t],
+                "rew": folded.returns[t],
+                "done": ((ahead == steps) & self.terminated).astype(np.float32),
+                "discount": folded.discounts[t],
+            },
+        )
 
     def stacks(self, at: np.ndarray) -> np.ndarray:
         """``(len(at), 84, 84, DEPTH)``: the stacks whose newest frames are ``at``."""
-        newest = np.maximum(at[:, None] - np.arange(DEPTH - 1, -1, -1)[None, :], 0)
-        return np.moveaxis(self.frames[newest], 1, -1)
+        return np.moveaxis(self.frames[self.stack_frames(at)], 1, -1)
+
+    @staticmethod
+    def stack_frames(at: np.ndarray) -> np.ndarray:
+        """``(len(at), DEPTH)``: the frames, oldest first, of the stacks whose newest are ``at``."""
+        return np.maximum(at[:, None] - np.arange(DEPTH - 1, -1, -1)[None, :], 0)
 
 
 def record(steps: int, num_envs: int = 4, seed: int = 0) -> list[Episode]:
