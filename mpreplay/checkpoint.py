@@ -69,7 +69,7 @@ from .config_json import to_json
 from .errors import CheckpointError
 from .memory import Layout
 from .table_config import TableConfig
-from .writeback import Writeback
+from .writeback import Writeback, fsync_folder
 
 __all__ = [
     "ALIGN",
@@ -172,7 +172,7 @@ def write(
     os.makedirs(tmp)
     try:
         doc = _write_folder(tmp, source, timeout, chunk_bytes)
-        _fsync(tmp)
+        fsync_folder(tmp)
         _put_in_place(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -316,14 +316,6 @@ def _signed(doc: dict[str, Any]) -> str:
     return json.dumps({**doc, "checksum": zlib.crc32(body.encode())}, sort_keys=True, indent=1)
 
 
-def _fsync(folder: str) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
@@ -355,7 +347,7 @@ def _put_in_place(tmp: str, final: str) -> None:
         os.rename(final, old)
         os.rename(tmp, final)
         shutil.rmtree(old)
-    _fsync(parent)
+    fsync_folder(parent)
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from typing import IO, TYPE_CHECKING, Any, Union
 
 import numpy as np
 
+from .writeback import fsync_folder
+
 if TYPE_CHECKING:
     from typing_extensions import TypeIs  # typing's own from Python 3.13
 
@@ -141,21 +143,8 @@ def _write_atomically(path: str, write: Callable[[IO[bytes]], None]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
-    _fsync_folder(folder)
-
-
-def _fsync_folder(folder: str) -> None:
-    # Makes the rename itself durable; folders cannot be opened on every platform.
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    with contextlib.suppress(OSError):  # makes the rename durable; not every platform opens folders
+        fsync_folder(folder)
 
 
 # -- reading -----------------------------------------------------------------------------------

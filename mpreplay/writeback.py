@@ -19,7 +19,7 @@ import collections
 import ctypes
 import os
 
-__all__ = ["IN_FLIGHT", "Writeback"]
+__all__ = ["IN_FLIGHT", "Writeback", "fsync_folder"]
 
 IN_FLIGHT = 4  # ranges written back at once (4 checkpoint chunks: 64 MB)
 _WAIT_BEFORE, _WRITE, _WAIT_AFTER = 1, 2, 4  # SYNC_FILE_RANGE_* (linux/fs.h)
@@ -77,3 +77,13 @@ class Writeback:
             self._ranges.clear()
             return False
         raise OSError(err, os.strerror(err))
+
+
+def fsync_folder(folder: str | os.PathLike[str]) -> None:
+    """Make the entries of ``folder`` durable: a file renamed or created there survives a power
+    loss once this returns (OSError where the system cannot open a folder)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

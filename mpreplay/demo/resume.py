@@ -43,6 +43,7 @@ from ..errors import CheckpointError
 from ..monitor import list_segments, remove_segments
 from ..params import ParameterStore
 from ..restore import restore
+from ..writeback import fsync_folder
 from .processes import LEARNER_COUNTERS, Agent, import_torch, learner_state, make_optimizer
 from .report import Episodes, Monitor, Progress
 from .task import Config, epsilon
@@ -176,14 +177,6 @@ def _ladder(config: Config) -> list[float]:
     return [epsilon(i, n) for i in range(n)]
 
 
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_json(path: str, doc: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)
@@ -239,9 +232,9 @@ class Checkpointer:
         try:
             os.makedirs(tmp)
             self._write_folder(tmp, number)
-            _fsync(tmp)
+            fsync_folder(tmp)
             os.rename(tmp, final)
-            _fsync(self._folder)
+            fsync_folder(self._folder)
         except Exception as exc:  # a full disk, a lock held too long: the run goes on without it
             shutil.rmtree(tmp, ignore_errors=True)
             self.failed += 1
