@@ -44,6 +44,7 @@ from ._ext.schema import (
 from ._ext.sequences import Sequences
 from ._ext.slots import Slots
 from ._ext.table_handle import TableHandle
+from .errors import BufferClosed
 from .memory import FileMemory, HeapMemory, Layout, SharedMemory
 from .nstep_stage import NstepStage
 from .table_config import TableConfig
@@ -53,10 +54,46 @@ from .write_path import WritePath
 if TYPE_CHECKING:
     from .table import Table
 
-__all__ = ["FORK_SENSITIVE", "Memory", "assemble", "attach", "manifest", "new_memory", "restored"]
+__all__ = ["FORK_SENSITIVE", "Memory", "assemble", "attach", "drop_parts", "manifest", "new_memory", "restored"]
 
 Memory = HeapMemory | FileMemory | SharedMemory
 _Table = TypeVar("_Table", bound="Table")
+
+
+class _Closed:
+    """What a closed table holds in place of each of its parts: any use raises BufferClosed.
+    (A class-level ``__getattr__`` on the table would do the same, but it would slow every
+    attribute lookup of the hot methods.)"""
+
+    __slots__ = ()
+
+    def _closed(self, *args: Any, **kwargs: Any) -> Any:
+        raise BufferClosed("the replay buffer is closed")
+
+    __getattr__ = __getitem__ = __setitem__ = __iter__ = __len__ = __call__ = _closed
+
+
+_CLOSED = _Closed()
+# The parts over a table's memory: close() replaces them with _CLOSED.
+_PARTS = (
+    "_header",
+    "_generation",
+    "_lanes",
+    "_selector",
+    "_fields",
+    "_frames",
+    "_sequences",
+    "_gate",
+    "_handle",
+    "_path",
+    "_lock",
+)
+
+
+def drop_parts(table: Table) -> None:
+    """Put :data:`_CLOSED` in place of every part of a closed ``table``: its calls raise BufferClosed."""
+    for name in _PARTS:
+        table.__dict__[name] = _CLOSED
 
 
 def assemble(
