@@ -223,7 +223,7 @@ class Table(TableCalls):
 
     # -- assembly: mpreplay/table_assembly.py --------------------------------------
     _assemble = table_assembly.assemble
-    _manifest = table_assembly.manifest
+    _manifest = table_assembly.manifest_of
 
     def __reduce__(self) -> tuple[Any, ...]:
         if not isinstance(self._memory, SharedMemory):
