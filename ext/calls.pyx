@@ -97,9 +97,10 @@ cdef class TableCalls:
         = (N·P(i))^-β / max_j (N·P(j))^-β, ``beta`` in [0, 1] (0.4 unless given), j over every
         stored item, drawn or not (the least likely one's weight is 1; a batch's largest may be less);
         any other takes no ``beta``.  With a rate limiter, waits at most ``timeout`` seconds (None: no limit)
-        for it to allow the sample, then raises TimeoutError.  ``out`` may hold arrays to fill
-        instead of fresh ones (e.g. the previous batch): for large observations that spares
-        the page faults of new memory.
+        for it to allow the sample, then raises TimeoutError.  A batch handed out is filled again
+        by a later sample once nothing refers to it or any of its arrays (no view, slice or
+        tensor over them); ``out`` may hold arrays to fill instead (e.g. the previous batch,
+        still held).
         """
         cdef TableHandle kernel = self._open()
         if self._by_priority:

@@ -215,7 +215,7 @@ cdef dict sample(TableParts t, HandleState h, Py_ssize_t batch_size, bint strati
     cdef cnp.ndarray indexes, values = None, weights = None
     cdef int index_type = cnp.NPY_UINT64 if uint64_indexes else cnp.NPY_INT64
     cdef int weight_type = cnp.NPY_FLOAT32 if float32_weights else cnp.NPY_FLOAT64
-    # Small fresh batches of the common kinds are reused once their caller let go of them.
+    # Fresh batches of the common kinds (up to SPARE_MAX_BYTES) are reused once their caller let go of them.
     cdef bint reuse = out is None and not leaves and b * t.outputs.batch_row_bytes <= SPARE_MAX_BYTES
     cdef dict result = h.spares.take(b, beta >= 0.0, index_type, weight_type) if reuse else None
     cdef bint spare = result is not None

@@ -15,7 +15,10 @@ cdef enum:
     # Fresh batches kept for reuse once their caller let go of them (see Spares.take): a
     # loop holds the batch it trains on while it draws the next, so the one before is free.
     SPARE_BATCHES = 2
-    SPARE_MAX_BYTES = 65536  # larger batches are not kept: their copies dwarf an allocation
+    # The largest batch kept, so a handle holds at most SPARE_BATCHES of them beside what its
+    # caller holds.  Large ones matter most: a fresh (84, 84, 4) batch of 256 rows is 14 MB of
+    # new pages, each faulted in as the gather first writes it.
+    SPARE_MAX_BYTES = 64 << 20
 
 
 cdef inline bint is_vector(object arr, int typenum):

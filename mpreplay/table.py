@@ -9,7 +9,7 @@ cpprb-named classes of :mod:`mpreplay.buffers` are thin factories over it with t
 A table pickles to a handle that attaches to the same memory in another process, assembled from
 the same configuration by the same steps.  See docs/architecture.md, "Data path".
 
-The class's body names every method; the longer ones live by what they do in
+The class states every method's signature; what the longer ones do, documented there, lives in
 :mod:`mpreplay.table_assembly` (building the parts over the memory, attaching, restoring),
 :mod:`mpreplay.table_reads` (batches, snapshots, priorities, counters) and
 :mod:`mpreplay.table_writes` (the write path's calls, loading files).
@@ -18,8 +18,8 @@ The class's body names every method; the longer ones live by what they do in
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import numpy as np
 
@@ -31,54 +31,38 @@ from ._ext.schema import ENDED_REMOVED, LANE_CURSOR, LIMITS_ARRAY, STORED
 from ._ext.selector import Selector
 from ._ext.sequences import Sequences
 from ._ext.table_handle import TableHandle
-from .checkpoint import Source as CheckpointSource
-from .checkpoint import write as write_checkpoint
 from .errors import BufferClosed, read_only
+from .inspect import Inspection
 from .limiter import RateLimiter
 from .memory import SharedMemory, segment_name, unlink_segment
+from .prefetch import Prefetcher
 from .selectors import SelectorSpec
 from .sequences import SequenceSpec
-from .spec import EnvDict, FieldOptions
+from .spec import Batch, EnvDict, FieldOptions, TensorBatch
 from .table_assembly import Memory
 from .table_config import TableConfig
 from .write_path import WritePath
 
 if TYPE_CHECKING:  # numpy's unions, shown by name in signatures and the reference
-    from numpy.typing import DTypeLike
+    from numpy.typing import ArrayLike, DTypeLike
 
 __all__ = ["Table", "BufferClosed"]
 
 _Table = TypeVar("_Table", bound="Table")
 
-
-class _Closed:
-    """What a closed table holds in place of each of its parts: any use raises BufferClosed.
-    (A class-level ``__getattr__`` on the table would do the same, but it would slow every
-    attribute lookup of the hot methods.)"""
-
-    __slots__ = ()
-
-    def _closed(self, *args: Any, **kwargs: Any) -> Any:
-        raise BufferClosed("the replay buffer is closed")
-
-    __getattr__ = __getitem__ = __setitem__ = __iter__ = __len__ = __call__ = _closed
+_Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
-_CLOSED = _Closed()
-# The parts over a table's memory: close() replaces them with _CLOSED.
-_PARTS = (
-    "_header",
-    "_generation",
-    "_lanes",
-    "_selector",
-    "_fields",
-    "_frames",
-    "_sequences",
-    "_gate",
-    "_handle",
-    "_path",
-    "_lock",
-)
+def described_by(implementation: Callable[..., object]) -> Callable[[_Method], _Method]:
+    """A method of :class:`Table` whose behaviour, and so its docstring, is ``implementation``'s
+    (a function of :mod:`mpreplay.table_reads` or :mod:`mpreplay.table_writes` taking the table):
+    the class states the signature, which type checkers and the reference read from it."""
+
+    def describe(method: _Method) -> _Method:
+        method.__doc__ = implementation.__doc__
+        return method
+
+    return describe
 
 
 class Table(TableCalls):
@@ -239,7 +223,7 @@ class Table(TableCalls):
 
     # -- assembly: mpreplay/table_assembly.py --------------------------------------
     _assemble = table_assembly.assemble
-    _manifest = table_assembly.manifest
+    _manifest = table_assembly.manifest_of
 
     def __reduce__(self) -> tuple[Any, ...]:
         if not isinstance(self._memory, SharedMemory):
@@ -303,8 +287,7 @@ class Table(TableCalls):
                 unlink_segment(self._memory.name)
         table_assembly.FORK_SENSITIVE.discard(self)
         self._bind_calls(None, False)
-        for name in _PARTS:
-            self.__dict__[name] = _CLOSED
+        table_assembly.drop_parts(self)
         self._memory.close()
 
     def _is_open(self) -> bool:
@@ -369,58 +352,122 @@ class Table(TableCalls):
         return self._config.selector.kernel_options().get("eps")
 
     # -- reading: mpreplay/table_reads.py -----------------------------------------
-    batches = table_reads.batches
-    get_all_transitions = table_reads.get_all_transitions
-    read = table_reads.read
+    @overload
+    def batches(
+        self,
+        batch_size: int,
+        beta: float | None = None,
+        *,
+        prefetch: int = 2,
+        timeout: float | None = None,
+        as_torch: Literal[False] = False,
+    ) -> Prefetcher[Batch]: ...
+    @overload
+    def batches(
+        self,
+        batch_size: int,
+        beta: float | None = None,
+        *,
+        prefetch: int = 2,
+        timeout: float | None = None,
+        as_torch: Literal[True],
+    ) -> Prefetcher[TensorBatch]: ...
+    @described_by(table_reads.batches)
+    def batches(
+        self,
+        batch_size: int,
+        beta: float | None = None,
+        *,
+        prefetch: int = 2,
+        timeout: float | None = None,
+        as_torch: bool = False,
+    ) -> Prefetcher[Batch] | Prefetcher[TensorBatch]:
+        return table_reads.batches(self, batch_size, beta, prefetch, timeout, as_torch)
+
+    @described_by(table_reads.get_all_transitions)
+    def get_all_transitions(self, *, indexes: bool = False) -> Batch:
+        return table_reads.get_all_transitions(self, indexes=indexes)
+
+    @described_by(table_reads.read)
+    def read(self, indexes: ArrayLike) -> Batch:
+        return table_reads.read(self, indexes)
+
     _snapshot = table_reads.snapshot
     _copy_rows = table_reads.copy_rows
-    get_max_priority = table_reads.get_max_priority
-    default_priority = table_reads.default_priority
+
+    @described_by(table_reads.get_max_priority)
+    def get_max_priority(self) -> float:
+        return table_reads.get_max_priority(self)
+
+    @described_by(table_reads.default_priority)
+    def default_priority(self) -> float:
+        return table_reads.default_priority(self)
 
     @property
-    def max_priority(self: Table) -> float:
+    def max_priority(self) -> float:
         """The largest priority this table accepts (``get_max_priority()`` is the largest stored):
         no sum of leaf weights can overflow below it."""
         return self._handle.max_priority
 
-    leaf_mass = table_reads.leaf_mass
-    sample_leaves = table_reads.sample_leaves
-    slot_tags = table_reads.slot_tags
-    save_transitions = table_reads.save_transitions
-    stats = table_reads.stats
-    verify = table_reads.verify
-    inspection = table_reads.inspection
+    @described_by(table_reads.leaf_mass)
+    def leaf_mass(self) -> tuple[float, float]:
+        return table_reads.leaf_mass(self)
+
+    @described_by(table_reads.sample_leaves)
+    def sample_leaves(self, batch_size: int, *, timeout: float | None = None) -> dict[str, np.ndarray]:
+        return table_reads.sample_leaves(self, batch_size, timeout=timeout)
+
+    @described_by(table_reads.slot_tags)
+    def slot_tags(self, indexes: ArrayLike) -> np.ndarray:
+        return table_reads.slot_tags(self, indexes)
+
+    @described_by(table_reads.save_transitions)
+    def save_transitions(
+        self,
+        file: str | os.PathLike[str] | IO[bytes],
+        *,
+        compress: bool = True,
+        priorities: bool = False,
+        safe: bool | None = None,
+    ) -> None:
+        table_reads.save_transitions(self, file, compress=compress, priorities=priorities, safe=safe)
+
+    @described_by(table_reads.stats)
+    def stats(self) -> dict[str, float | None]:
+        return table_reads.stats(self)
+
+    @described_by(table_reads.verify)
+    def verify(self, *, timeout: float | None = None) -> dict[str, object]:
+        return table_reads.verify(self, timeout=timeout)
+
+    @described_by(table_reads.inspection)
+    def inspection(self) -> Inspection:
+        return table_reads.inspection(self)
 
     # -- writing: mpreplay/table_writes.py ----------------------------------------
     _make_store = table_writes.make_store
     _add = table_writes.add_rows
-    on_episode_end = table_writes.on_episode_end
-    writer_state_dict = table_writes.writer_state_dict
-    load_writer_state_dict = table_writes.load_writer_state_dict
-    clear = table_writes.clear
-    load_transitions = table_writes.load_transitions
 
+    @described_by(table_writes.on_episode_end)
+    def on_episode_end(self, *, timeout: float | None = None) -> None:
+        table_writes.on_episode_end(self, timeout=timeout)
+
+    @described_by(table_writes.writer_state_dict)
+    def writer_state_dict(self) -> dict[str, np.ndarray]:
+        return table_writes.writer_state_dict(self)
+
+    @described_by(table_writes.load_writer_state_dict)
+    def load_writer_state_dict(self, state_dict: Mapping[str, np.ndarray]) -> None:
+        table_writes.load_writer_state_dict(self, state_dict)
+
+    @described_by(table_writes.clear)
+    def clear(self) -> None:
+        table_writes.clear(self)
+
+    @described_by(table_writes.load_transitions)
+    def load_transitions(self, file: str | os.PathLike[str] | IO[bytes]) -> int:
+        return table_writes.load_transitions(self, file)
+
+    @described_by(table_reads.checkpoint)
     def checkpoint(self, path: str | os.PathLike[str], *, timeout: float | None = None) -> dict[str, Any]:
-        """Write the table's whole state to folder ``path`` in its own layout -- rows and
-        frames as stored, priorities and the selector's state, counters, the rate limiter,
-        lanes, and this handle's random stream -- replacing the checkpoint there atomically;
-        :func:`mpreplay.restore` builds the table again (see docs/run-for-days.md).
-
-        Other processes may write and sample meanwhile: the lock is held only while the
-        per-slot state is copied (``timeout`` bounds the wait for it); rows and frames are
-        copied after, and a row changed meanwhile is left out whole.  An episode open in a
-        lane ends at the checkpoint.  ``path`` must not exist, or be a checkpoint or an empty
-        folder (ValueError otherwise: nothing else is ever replaced).  Returns the checkpoint's
-        manifest (its figures: ``stored``, ``rows_left_out``, ``data_nbytes``, ``cut_seconds``)."""
-        self._check_open()
-        source = CheckpointSource(
-            self._config,
-            type(self).__name__,
-            self._memory.layout,
-            self._memory.arrays,
-            self._gate.hold,
-            self._gate.let_go,
-            self._handle,
-            (0, 0) if self._frames is None else (self._frames.max_stack - 1, self._frames.max_next),
-        )
-        return write_checkpoint(path, source, timeout=checks.seconds("timeout", timeout))
+        return table_reads.checkpoint(self, path, timeout=timeout)

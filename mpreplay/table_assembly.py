@@ -2,7 +2,7 @@
 table, a handle that another process unpickles or attaches by name, an episode writer, and a
 table restored from a checkpoint.
 
-:func:`assemble` and :func:`manifest` are methods of :class:`~mpreplay.Table` (the class names
+:func:`assemble` and :func:`manifest_of` are methods of :class:`~mpreplay.Table` (the class names
 them in its body); the parts they build get the arrays and kernels they use, never the table.
 """
 
@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from . import lifetime, removers, selectors
-from . import manifest as manifests
+from . import lifetime, manifest, removers, selectors
 from ._ext.gate import Gate
 from ._ext.lock import SharedLock
 from ._ext.processes import process_token
@@ -44,6 +43,7 @@ from ._ext.schema import (
 from ._ext.sequences import Sequences
 from ._ext.slots import Slots
 from ._ext.table_handle import TableHandle
+from .errors import BufferClosed
 from .memory import FileMemory, HeapMemory, Layout, SharedMemory
 from .nstep_stage import NstepStage
 from .table_config import TableConfig
@@ -53,10 +53,46 @@ from .write_path import WritePath
 if TYPE_CHECKING:
     from .table import Table
 
-__all__ = ["FORK_SENSITIVE", "Memory", "assemble", "attach", "manifest", "new_memory", "restored"]
+__all__ = ["FORK_SENSITIVE", "Memory", "assemble", "attach", "drop_parts", "manifest_of", "new_memory", "restored"]
 
 Memory = HeapMemory | FileMemory | SharedMemory
 _Table = TypeVar("_Table", bound="Table")
+
+
+class _Closed:
+    """What a closed table holds in place of each of its parts: any use raises BufferClosed.
+    (A class-level ``__getattr__`` on the table would do the same, but it would slow every
+    attribute lookup of the hot methods.)"""
+
+    __slots__ = ()
+
+    def _closed(self, *args: Any, **kwargs: Any) -> Any:
+        raise BufferClosed("the replay buffer is closed")
+
+    __getattr__ = __getitem__ = __setitem__ = __iter__ = __len__ = __call__ = _closed
+
+
+_CLOSED = _Closed()
+# The parts over a table's memory: close() replaces them with _CLOSED.
+_PARTS = (
+    "_header",
+    "_generation",
+    "_lanes",
+    "_selector",
+    "_fields",
+    "_frames",
+    "_sequences",
+    "_gate",
+    "_handle",
+    "_path",
+    "_lock",
+)
+
+
+def drop_parts(table: Table) -> None:
+    """Put :data:`_CLOSED` in place of every part of a closed ``table``: its calls raise BufferClosed."""
+    for name in _PARTS:
+        table.__dict__[name] = _CLOSED
 
 
 def assemble(
@@ -109,7 +145,7 @@ def assemble(
         )
         assert isinstance(memory, SharedMemory)
         # The creator's token is in the manifest, which a new table writes last: its own.
-        creator = process_token(os.getpid()) if create else manifests.creator_token(arrays[MANIFEST_ARRAY])
+        creator = process_token(os.getpid()) if create else manifest.creator_token(arrays[MANIFEST_ARRAY])
         lifetime.watch(lock, memory, self._header, None if config.persist else creator)
     else:
         assert not isinstance(memory, SharedMemory)  # a local table's memory carries its lock
@@ -134,7 +170,7 @@ def assemble(
     )
     if create:
         # Written last: a process that finds the segment by name attaches once the manifest is there.
-        manifests.encode(
+        manifest.encode(
             self._manifest(memory.layout),
             arrays[MANIFEST_ARRAY],
             owner=process_token(os.getpid()),
@@ -144,7 +180,7 @@ def assemble(
         FORK_SENSITIVE.add(self)
 
 
-def manifest(self: Table, layout: Layout) -> dict[str, Any]:
+def manifest_of(self: Table, layout: Layout) -> dict[str, Any]:
     """What another process needs to read this table's memory over ``layout`` (see
     :mod:`mpreplay.manifest`): what the creator writes, and what an attaching process
     expects to find."""
@@ -177,7 +213,7 @@ def attach(cls: type[_Table], config: TableConfig, name: str, readonly: bool = F
     layout = table_layout(config)
     table._config = config  # what _manifest describes
     expected = table._manifest(layout)
-    memory = SharedMemory(layout, name=name, verify=lambda buf: manifests.check_segment(name, buf, expected))
+    memory = SharedMemory(layout, name=name, verify=lambda buf: manifest.check_segment(name, buf, expected))
     table._assemble(config, memory, False, np.random.default_rng(), readonly)
     return table
 

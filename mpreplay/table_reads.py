@@ -1,8 +1,8 @@
 """The read side of :class:`mpreplay.Table`: batches drawn ahead, copies of its rows
 (snapshots, ``read``, files), priorities, counters and inspection.
 
-Each function here is a method of :class:`~mpreplay.Table` (the class names it in its body, so
-that its reference, ``help()`` and a type checker list it with the others); ``sample`` and
+Each function here is what a method of :class:`~mpreplay.Table` of the same name does, taking
+the table; the method states the signature and takes its docstring from here; ``sample`` and
 ``update_priorities`` themselves are the compiled calls of every step (``ext/calls.pyx``).  Rows
 are copied without the lock and checked after against the slots' generations: a row overwritten
 meanwhile is never handed out (see docs/architecture.md, "Snapshots").
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, Literal, overload
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +31,8 @@ from ._ext.schema import (
     TORN,
     WAITERS,
 )
+from .checkpoint import Source as CheckpointSource
+from .checkpoint import write as write_checkpoint
 from .inspect import Inspection
 from .prefetch import Prefetcher, as_drawn, as_tensors
 from .spec import Batch, TensorBatch
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "batches",
+    "checkpoint",
     "copy_rows",
     "default_priority",
     "get_all_transitions",
@@ -63,34 +66,8 @@ __all__ = [
 _READ_ATTEMPTS = 100
 
 
-@overload
 def batches(
-    self: Table,
-    batch_size: int,
-    beta: float | None = None,
-    *,
-    prefetch: int = 2,
-    timeout: float | None = None,
-    as_torch: Literal[False] = False,
-) -> Prefetcher[Batch]: ...
-@overload
-def batches(
-    self: Table,
-    batch_size: int,
-    beta: float | None = None,
-    *,
-    prefetch: int = 2,
-    timeout: float | None = None,
-    as_torch: Literal[True],
-) -> Prefetcher[TensorBatch]: ...
-def batches(
-    self: Table,
-    batch_size: int,
-    beta: float | None = None,
-    *,
-    prefetch: int = 2,
-    timeout: float | None = None,
-    as_torch: bool = False,
+    self: Table, batch_size: int, beta: float | None, prefetch: int, timeout: float | None, as_torch: bool
 ) -> Prefetcher[Batch] | Prefetcher[TensorBatch]:
     """An endless iterator of ``sample(batch_size, beta)`` batches drawn ``prefetch`` ahead
     on a background thread while the caller trains (see :mod:`mpreplay.prefetch`).
@@ -313,3 +290,29 @@ def inspection(self: Table) -> Inspection:
         selector_name=config.selector.name,
         lock=self._lock,
     )
+
+
+def checkpoint(self: Table, path: str | os.PathLike[str], *, timeout: float | None = None) -> dict[str, Any]:
+    """Write the table's whole state to folder ``path`` in its own layout -- rows and
+    frames as stored, priorities and the selector's state, counters, the rate limiter,
+    lanes, and this handle's random stream -- replacing the checkpoint there atomically;
+    :func:`mpreplay.restore` builds the table again (see docs/run-for-days.md).
+
+    Other processes may write and sample meanwhile: the lock is held only while the
+    per-slot state is copied (``timeout`` bounds the wait for it); rows and frames are
+    copied after, and a row changed meanwhile is left out whole.  An episode open in a
+    lane ends at the checkpoint.  ``path`` must not exist, or be a checkpoint or an empty
+    folder (ValueError otherwise: nothing else is ever replaced).  Returns the checkpoint's
+    manifest (its figures: ``stored``, ``rows_left_out``, ``data_nbytes``, ``cut_seconds``)."""
+    self._check_open()
+    source = CheckpointSource(
+        self._config,
+        type(self).__name__,
+        self._memory.layout,
+        self._memory.arrays,
+        self._gate.hold,
+        self._gate.let_go,
+        self._handle,
+        (0, 0) if self._frames is None else (self._frames.max_stack - 1, self._frames.max_next),
+    )
+    return write_checkpoint(path, source, timeout=checks.seconds("timeout", timeout))

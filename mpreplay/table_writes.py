@@ -1,7 +1,8 @@
 """The write side of :class:`mpreplay.Table`: the store its rows go to, episodes' ends, a
 writer's pending steps, ``clear`` and loading files.
 
-Each function here is a method of :class:`~mpreplay.Table` (the class names it in its body).
+Each function here is what a method of :class:`~mpreplay.Table` of the same name does, taking
+the table; the method states the signature and takes its docstring from here.
 ``add`` itself is the compiled call of every step (``ext/calls.pyx``): what it cannot store in
 one kernel call it hands to ``_add``, the table's write path (:mod:`mpreplay.write_path`).
 """

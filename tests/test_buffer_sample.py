@@ -4,6 +4,8 @@ caller's own arrays); reading given slots."""
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 from helpers import EACH_BUFFER_CLASS, NUMBERED_FIELDS, assert_numbered, numbered_transitions, wrapped_buffer
@@ -227,6 +229,86 @@ def test_reused_batches_keep_cpprbs_dtypes_and_a_held_one_is_never_refilled():
         del batch
     for name in kept:
         np.testing.assert_array_equal(held[name], kept[name])
+
+
+# Frame stacks: a batch of 32 is 0.9 MB, far above what a handle once kept (64 KiB).
+STACKS = {"obs": {"shape": (84, 84, 4), "dtype": np.uint8}, "act": {"dtype": np.int64}}
+
+
+def stacked_buffer(cls):
+    """A buffer of 64 frame stacks, stack ``i`` filled with ``i`` and ``act = i``."""
+    buffer = cls(64, STACKS, seed=0)
+    numbers = np.arange(64)
+    buffer.add(obs=np.broadcast_to(numbers[:, None, None, None], (64, 84, 84, 4)).astype(np.uint8), act=numbers)
+    return buffer
+
+
+def assert_stacks_match_act(batch):
+    np.testing.assert_array_equal(batch["obs"], np.broadcast_to(batch["act"][:, None, None, None], batch["obs"].shape))
+
+
+@EACH_BUFFER_CLASS
+def test_a_large_dropped_batch_is_filled_again_by_the_next_sample(cls):
+    buffer = stacked_buffer(cls)
+    dropped = buffer.sample(32)
+    obs = weakref.ref(dropped["obs"])  # no reference: the batch is dropped all the same
+    del dropped
+    batch = buffer.sample(32)
+    assert batch["obs"] is obs()
+    assert_stacks_match_act(batch)
+
+
+@EACH_BUFFER_CLASS
+def test_a_handle_keeps_at_most_two_dropped_batches(cls):
+    buffer = stacked_buffer(cls)
+    batches = [buffer.sample(32) for _ in range(5)]
+    kept = [weakref.ref(batch["obs"]) for batch in batches]
+    del batches
+    assert sum(ref() is not None for ref in kept) == 2
+
+
+@EACH_BUFFER_CLASS
+def test_a_large_batch_held_while_the_next_is_drawn_is_never_refilled(cls):
+    buffer = stacked_buffer(cls)
+    held = buffer.sample(32)
+    for _ in range(8):  # a training loop: it holds the batch it trains on while it draws the next
+        kept = {name: array.copy() for name, array in held.items()}
+        batch = buffer.sample(32)
+        for name in kept:
+            np.testing.assert_array_equal(held[name], kept[name])
+        assert_stacks_match_act(batch)
+        held = batch
+
+
+HOLDERS = {
+    "a slice": lambda obs: obs[1:],
+    "np.asarray": np.asarray,
+    "a view": lambda obs: obs.view(),
+    "a memoryview": memoryview,
+}
+
+
+@EACH_BUFFER_CLASS
+@pytest.mark.parametrize("hold", HOLDERS.values(), ids=HOLDERS.keys())
+def test_what_still_refers_to_a_dropped_large_batch_keeps_its_rows(cls, hold):
+    buffer = stacked_buffer(cls)
+    batch = buffer.sample(32)
+    held, kept = hold(batch["obs"]), batch["obs"].copy()
+    del batch
+    for _ in range(8):
+        assert_stacks_match_act(buffer.sample(32))
+    np.testing.assert_array_equal(np.asarray(held), np.asarray(hold(kept)))
+
+
+def test_a_tensor_over_a_dropped_large_batch_keeps_its_rows():
+    torch = pytest.importorskip("torch", reason="torch.from_numpy: pip install torch")
+    buffer = stacked_buffer(ReplayBuffer)
+    batch = buffer.sample(32)
+    tensor, kept = torch.from_numpy(batch["obs"]), batch["obs"].copy()
+    del batch
+    for _ in range(8):
+        assert_stacks_match_act(buffer.sample(32))
+    np.testing.assert_array_equal(tensor.numpy(), kept)
 
 
 @EACH_BUFFER_CLASS

@@ -77,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         actor = actor_share(buffer, args.actor_steps)
         learned = learner(buffer, args.seconds, args.train_ms, args.prefetch_steps)
         lock_cases = locks(buffer, episodes, args.writers, args.seconds)
+        _print_locks(lock_cases, args.seconds)
     _targets(memory, actor, learned, lock_cases)
     return 0
 
@@ -241,6 +242,39 @@ def _cpprb_bytes(episodes: list[Episode], capacity: int) -> float | None:
     grown = _resident() - before
     del rb
     return grown / capacity
+
+
+def _print_locks(cases: list[LockCase], seconds: float) -> None:
+    print(load_average())
+    print_table(
+        f"Lock: writers adding a real row per call (the demo actor's add) beside a learner sampling 256 + "
+        f"updating, {seconds:g} s each",
+        [
+            "writers",
+            "inserts / s",
+            "inserts / writer CPU s",
+            "lock wait",
+            "hold µs / insert",
+            "holds / insert",
+            "sample+update / s",
+            "per learner CPU s",
+            "hold µs / sample+update",
+        ],
+        [
+            [
+                str(c.writers),
+                f"{c.inserts:,.0f}",
+                f"{c.per_writer_cpu:,.0f}",
+                f"{c.wait:.1%}",
+                f"{1e6 * c.hold_insert:.2f}",
+                f"{c.holds_insert:.2f}",
+                f"{c.learner_calls:,.0f}",
+                f"{c.per_learner_cpu:,.0f}",
+                f"{1e6 * c.hold_sample:.1f}",
+            ]
+            for c in cases
+        ],
+    )
 
 
 # ----------------------------------------------------------------------------- targets

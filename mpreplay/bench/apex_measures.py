@@ -298,43 +298,16 @@ class LockCase:
     hold_sample: float  # seconds held per sample + update
 
 
-def locks(buffer: MPPrioritizedReplayBuffer, episodes: list[Episode], counts: list[int], seconds: float) -> list:
+def locks(
+    buffer: MPPrioritizedReplayBuffer, episodes: list[Episode], counts: list[int], seconds: float
+) -> list[LockCase]:
+    """The lock with each count of writer processes beside a learner (printed by :mod:`mpreplay.bench.apex`)."""
     ctx = multiprocessing.get_context("spawn")
     # Each writer cycles through episodes that end at a terminal step (a new episode follows at once).
     ended = [e for e in episodes if e.terminated]
     cases = []
     for writers in counts:
         cases.append(_lock_case(ctx, buffer, ended, writers, seconds))
-    print(load_average())
-    print_table(
-        f"Lock: writers adding a real row per call (the demo actor's add) beside a learner sampling 256 + "
-        f"updating, {seconds:g} s each",
-        [
-            "writers",
-            "inserts / s",
-            "inserts / writer CPU s",
-            "lock wait",
-            "hold µs / insert",
-            "holds / insert",
-            "sample+update / s",
-            "per learner CPU s",
-            "hold µs / sample+update",
-        ],
-        [
-            [
-                str(c.writers),
-                f"{c.inserts:,.0f}",
-                f"{c.per_writer_cpu:,.0f}",
-                f"{c.wait:.1%}",
-                f"{1e6 * c.hold_insert:.2f}",
-                f"{c.holds_insert:.2f}",
-                f"{c.learner_calls:,.0f}",
-                f"{c.per_learner_cpu:,.0f}",
-                f"{1e6 * c.hold_sample:.1f}",
-            ]
-            for c in cases
-        ],
-    )
     return cases
 
 

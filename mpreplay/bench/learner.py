@@ -7,16 +7,18 @@ A prioritized buffer holds ``N`` (default 20,000) Atari transitions: ``obs`` and
 (``next_of`` + ``stack_compress``, each frame stored once).  A learner step samples ``B`` (256) of them,
 "trains" and updates their priorities.  The training step is synthetic: PyTorch matrix
 products on one thread, sized to take ``T`` ms (5) -- like a real step, it computes without
-holding the GIL.  The learner runs four ways, each for ``S`` steps:
+holding the GIL.  The learner runs five ways, each for ``S`` steps:
 
 * ``train`` -- the training step alone;
 * ``sample`` -- ``sample(B, out=...)`` alone, into reused arrays;
+* ``sample, no out=`` -- ``sample(B)`` alone, the previous batch held meanwhile as a loop holds the
+  batch it trains on (a batch let go of is filled again by a later sample);
 * ``in turn`` -- sample, then train, then update: the usual loop;
 * ``prefetched`` -- ``for batch in buffer.batches(B, prefetch=2)``: train and update while a
   background thread draws the next batches.
 
 Figures are median wall-clock milliseconds per step (the overlap is what is measured, so
-CPU time would not show it), over ``R`` rounds that alternate the four ways.  Target
+CPU time would not show it), over ``R`` rounds that alternate the five ways.  Target
 (issue: a learner that never waits): prefetched <= 1.1 x max(train, sample).
 """
 
@@ -162,9 +164,15 @@ def _ways(
                 buffer.update_priorities(batch["indexes"], new_priorities())
             return time.perf_counter() - start
 
+    held = [buffer.sample(batch_size)]
+
+    def sample_held() -> None:
+        held[0] = buffer.sample(batch_size)
+
     return {
         "train": timed(train),
         "sample": timed(lambda: buffer.sample(batch_size, out=out)),
+        "sample, no out=": timed(sample_held),
         "in turn": timed(in_turn),
         "prefetched": prefetched,
     }
