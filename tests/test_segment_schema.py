@@ -41,6 +41,10 @@ ALLOWED: dict[tuple[str, str], tuple[set[str], str]] = {
     ("compat/cpprb/HER.py", "state"): ({"tuple"}, "cpprb's HER argument naming the state field"),
     ("compression.py", "lanes"): ({"checks.integer()"}, "the `lanes=` argument, named in its check's message"),
     ("table_config.py", "lanes"): ({"dict key"}, "the `lanes=` argument a manifest keeps"),
+    ("demo/processes.py", "state"): (
+        {"dict key", "optimizer.state_dict()[]"},
+        "torch's optimizer state dict: its per-parameter 'state' entry",
+    ),
     ("consistency.py", "lanes"): ({"dict key"}, "an entry of verify()'s report: how many lanes the buffer has"),
     ("manifest.py", "owner"): ({"dict key", "document[]"}, "the manifest's entry for its creator's process token"),
     ("monitor.py", "owner"): ({"document[]", "tuple"}, "the manifest's entry for its creator's token"),
