@@ -86,7 +86,6 @@ class RowStore:
         if k > size:
             # Only the newest `size` rows would survive: skip the others, in the
             # same reservation (of every slot) that takes the newest.
-            warn_rows_dropped(k, size)
             skip = k - size
             rows = {n: r[skip:] for n, r in rows.items()}
             priorities = None if priorities is None else priorities[skip:]
@@ -108,6 +107,8 @@ class RowStore:
             reservation.abandon()
             raise
         reservation.publish(priorities, deadline=until)
+        if skip:  # said once the rows are stored: a write that raised dropped nothing
+            warn_rows_dropped(size + skip, size)
         # The slot of the first row: where a skipped one would have gone.
         return reservation.start if reservation.scattered else (reservation.start - skip) % size
 

@@ -16,7 +16,7 @@ from helpers import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpreplay import PrioritizedReplayBuffer, ReplayBuffer, RowsDroppedWarning
+from mpreplay import PrioritizedReplayBuffer, ReplayBuffer, RowsDroppedWarning, SampleToInsertRatio
 from mpreplay._ext.schema import MEMBERS_ARRAY, TREE_ARRAY, field_array
 from mpreplay._ext.sumtree import TREE_HEAD_LEN
 
@@ -130,6 +130,14 @@ def test_batch_larger_than_the_capacity_keeps_its_newest_rows(cls, k):
 def test_batch_of_exactly_the_capacity_keeps_every_row_without_a_warning(cls, recwarn):
     buffer = cls(5, ENV)
     buffer.add(**numbered_transitions(range(5)))
+    assert not [w for w in recwarn if issubclass(w.category, RowsDroppedWarning)]
+
+
+def test_batch_larger_than_the_capacity_that_times_out_warns_of_nothing_dropped(recwarn):
+    with ReplayBuffer(5, ENV, rate_limiter=SampleToInsertRatio(1.0, 1, (-1e9, 4.0))) as buffer:
+        buffer.add(**numbered_transitions(range(2)))
+        with pytest.raises(TimeoutError):
+            buffer.add(**numbered_transitions(range(2, 9)), timeout=0)
     assert not [w for w in recwarn if issubclass(w.category, RowsDroppedWarning)]
 
 

@@ -24,6 +24,7 @@ from mpreplay import (
     MPReplayBuffer,
     PrioritizedReplayBuffer,
     ReplayBuffer,
+    RowsDroppedWarning,
     monitor,
     selectors,
 )
@@ -211,7 +212,8 @@ def test_an_unknown_selector_is_refused_naming_the_registered_ones():
 @NAMES
 def test_a_buffer_draws_only_rows_that_are_stored(name):
     buffer = _buffer(name, 8, seed=0)
-    buffer.add(**rows_of(ENV, range(20)))  # the first 12 are overwritten
+    with pytest.warns(RowsDroppedWarning, match="the 12 oldest were dropped"):
+        buffer.add(**rows_of(ENV, range(20)))
     for _ in range(20):
         batch = buffer.sample(4)
         assert set(batch["id"].tolist()) <= set(range(12, 20))
@@ -283,7 +285,8 @@ def test_the_prioritized_options_go_with_the_prioritized_selector_only():
 @pytest.mark.parametrize("shared", [False, True])
 def test_verify_finds_the_selectors_state_agreeing_with_the_slots_after_adds_samples_updates_and_wraps(name, shared):
     with _buffer(name, 16, shared) as buffer:
-        buffer.add(**rows_of(ENV, np.arange(40)))
+        with pytest.warns(RowsDroppedWarning):
+            buffer.add(**rows_of(ENV, np.arange(40)))
         buffer.sample(8)
         if selectors.entry(name).by_priority:
             buffer.update_priorities(np.arange(4), np.array([9.0, 0.5, 3.0, 7.0]))
