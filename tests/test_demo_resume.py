@@ -7,7 +7,10 @@ tests they run the demo as a user does (its processes start from a process serve
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +26,7 @@ from helpers import segments_of
 from mpreplay import cli
 from mpreplay.demo import epsilon
 from mpreplay.demo.processes import learner_state, load_learner_state, make_optimizer
-from mpreplay.demo.resume import read_state
+from mpreplay.demo.resume import FolderInUse, hold_folder, read_state
 from mpreplay.demo.task import Config
 
 
@@ -198,3 +201,35 @@ def test_a_learner_state_loads_back_into_networks_and_an_optimizer_that_step_ali
     assert all(
         torch.equal(a, b) for a, b in zip(target.state_dict().values(), target2.state_dict().values(), strict=True)
     )
+
+
+def test_a_folder_another_run_checkpoints_into_is_refused_naming_its_process(tmp_path: Path):
+    with hold_folder(str(tmp_path)), pytest.raises(FolderInUse, match=f"another run \\(process {os.getpid()}\\)"):
+        hold_folder(str(tmp_path))
+    hold_folder(str(tmp_path)).close()  # free again once its holder lets go
+
+
+_HOLDER = (
+    "import sys, time; from mpreplay.demo.resume import hold_folder; "
+    "held = hold_folder(sys.argv[1]); print('held', flush=True); time.sleep(60)"
+)
+
+
+@pytest.mark.timeout(60)
+def test_a_folder_whose_run_was_killed_is_free_again(tmp_path: Path):
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _HOLDER,
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    with pytest.raises(FolderInUse, match=f"process {holder.pid}"):
+        hold_folder(str(tmp_path))
+    holder.kill()
+    holder.wait(30)
+    hold_folder(str(tmp_path)).close()

@@ -25,7 +25,9 @@ from .processes import Agent, import_torch
 from .report import EPISODE_FIELDS, Episodes, Monitor, live_view, plot, print_summary, summary, watch
 from .resume import (
     Checkpointer,
+    FolderInUse,
     Saved,
+    hold_folder,
     learner_template,
     read_checkpoint,
     read_state,
@@ -265,12 +267,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
     os.makedirs(config.out, exist_ok=True)
-    baseline = _random_baseline(config) if saved is None else saved.state.get("random_policy")
-    try:
-        report, episodes = _run(chosen, key, config, saved, baseline)
-    except CheckpointError as exc:  # a checkpoint whose replay is damaged: found as it is restored
-        print(f"mpreplay demo: --resume {config.out}: {exc}", file=sys.stderr)
-        return 1
+    with ExitStack() as held:
+        if saved is not None or config.checkpoint_every is not None:
+            try:
+                held.enter_context(hold_folder(config.out))
+            except FolderInUse as exc:
+                print(f"mpreplay demo: --out {exc}", file=sys.stderr)
+                return 1
+        baseline = _random_baseline(config) if saved is None else saved.state.get("random_policy")
+        try:
+            report, episodes = _run(chosen, key, config, saved, baseline)
+        except CheckpointError as exc:  # a checkpoint whose replay is damaged: found as it is restored
+            print(f"mpreplay demo: --resume {config.out}: {exc}", file=sys.stderr)
+            return 1
     if baseline is not None:
         report["random_policy"] = baseline
     with open(os.path.join(config.out, "summary.json"), "w") as f:

@@ -24,6 +24,7 @@ is the highest number.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -34,7 +35,7 @@ import zipfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -51,7 +52,9 @@ from .task import Config, epsilon
 __all__ = [
     "CHECKPOINTS",
     "Checkpointer",
+    "FolderInUse",
     "Saved",
+    "hold_folder",
     "learner_template",
     "read_checkpoint",
     "read_state",
@@ -65,6 +68,7 @@ FORMAT = "mpreplay-demo-checkpoint"
 VERSION = 1
 STATE, LEARNER, CURVE, REPLAY = "state.json", "learner.npz", "curve.npz", "replay"
 SEGMENTS = "segments.json"  # the shared-memory segments of the run now under way in a folder
+LOCK = "run.lock"  # held by the run that checkpoints into a folder (flock: the kernel lets go at its death)
 _CURVE_DTYPES = {"time": np.float64, "env_steps": np.int64, "ret": np.float64, "rank": np.int64, "eps": np.float64}
 _LOCK_TIMEOUT = 30.0  # seconds a checkpoint waits for the replay's lock
 _STATE_KEYS = {"agent": str, "env": str, "config": dict, "number": int, "counters": dict, "restarts": list}
@@ -317,3 +321,25 @@ def sweep_segments(out: str) -> list[str]:
         return []
     left = [s.name for s in list_segments() if s.name in noted and not (s.owner_alive or s.persistent)]
     return [r.name for r in remove_segments(left) if r.removed] if left else []
+
+
+class FolderInUse(RuntimeError):
+    """Another live run checkpoints into the output folder."""
+
+
+def hold_folder(out: str) -> IO[str]:
+    """Hold ``out`` for this run's checkpoints until the returned file is closed (or the process
+    ends, however it ends); FolderInUse, naming the other run's process, while another holds it:
+    two runs numbering checkpoints in one folder would replace each other's."""
+    lock = open(os.path.join(out, LOCK), "a+", encoding="utf-8")  # noqa: SIM115 - held past this call
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        other = lock.read().strip() or "unknown"
+        lock.close()
+        raise FolderInUse(f"{out}: another run (process {other}) is writing its checkpoints there") from None
+    lock.truncate(0)
+    lock.write(str(os.getpid()))
+    lock.flush()
+    return lock
