@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -43,10 +45,19 @@ def summary_of(run: Run) -> dict:
 def kill_after_checkpoint(argv: list[str], out: Path, timeout: float, learner_steps: int = 1) -> int:
     """``mpreplay.demo.main(argv + ["--out", out])`` in a process group of its own, SIGKILLed whole
     (the demo, its processes, its process server and resource tracker) once a checkpoint in ``out``
-    records ``learner_steps`` or more; returns the demo's pid.  Fails if none does in ``timeout`` s."""
+    records ``learner_steps`` or more; returns the demo's pid.  Fails if none does in ``timeout`` s.
+
+    The run has a TMPDIR of its own, removed after the kill: SIGKILL leaves Python's
+    multiprocessing folders (``pymp-*``) of the processes it kills there, as a preempted machine's
+    /tmp keeps them (short: its process server's socket path must fit AF_UNIX's 108 bytes)."""
     code = f"from mpreplay.demo import main; raise SystemExit(main({[*argv, '--out', str(out)]!r}))"
+    tmp = tempfile.mkdtemp(prefix="killed-")
     proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        [sys.executable, "-c", code],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, "TMPDIR": tmp},
     )
     deadline = time.monotonic() + timeout
     try:
@@ -60,6 +71,7 @@ def kill_after_checkpoint(argv: list[str], out: Path, timeout: float, learner_st
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         proc.stderr.close()
+        shutil.rmtree(tmp)
     return proc.pid
 
 
