@@ -39,6 +39,21 @@ def priority_views(state, Py_ssize_t capacity):
     return leaf_views(state, capacity)
 
 
+def cut_parts(state, Py_ssize_t capacity):
+    """``(items, rest)``: the parts of tree ``state`` nothing derives -- ``items``, arrays of an
+    entry per item (the leaves: weights and raw priorities), and ``rest`` (the header: the
+    largest priority ever set) -- as views.  A checkpoint's cut copies the items a block at a
+    time and :func:`derive` recomputes the rest of its copy (ext/sumtree.pyx: every inner entry
+    is recomputed from its children, so the copy of a tree no update changed meanwhile is the
+    tree, bit for bit)."""
+    return list(leaf_views(state, capacity)), [np.asarray(state)[:TREE_HEAD_LEN]]
+
+
+def derive(state, Py_ssize_t capacity):
+    """Recompute every inner entry of tree ``state`` from its leaves (see :func:`cut_parts`)."""
+    PriorityTree(state, capacity, reset=False).rebuild()
+
+
 def _where(bad, what):
     # ``what`` with the first items where ``bad`` holds, as a sentence; None when it holds nowhere.
     items = np.flatnonzero(bad)

@@ -8,17 +8,20 @@ JSON, :mod:`mpreplay.config_json`), every array's name, shape, dtype and place i
 with a CRC-32 per chunk of it, and the random stream of the handle that took it.  The manifest
 carries a CRC-32 of itself.  Nothing in it is code: restoring reads JSON and raw bytes.
 
-The cut is consistent without holding the lock across the copy.  Under the lock, briefly, the
-small per-slot arrays and counters are copied to memory: that is the cut.  The rows and frames
--- the bulk -- are then copied a block of slots at a time without the lock while writers go on;
-after each block, the slots' generations tell which of them changed since the cut (rewritten,
-or being written at the cut).  Those rows, and the compressed rows that may read their frames,
-are left out: retired in the cut's per-slot state (EMPTY, as a row drawn ``max_times_sampled``
-times), which restoring takes out of the selector and the counters.  Every other row is byte
-for byte what it was at the cut.  A write in flight at the cut is given up: its slots are free
-in the restored table.  A lane's open episode ends at the cut: its complete rows stay, its last
-row waits for a next observation that never comes (as when a writer dies), and the lane is free
-for the next writer.  See docs/architecture.md, "Checkpoints".
+The cut is consistent without holding the lock across the copy.  Under the lock, in short
+holds, the per-slot arrays and counters are copied to memory: that is the cut
+(:mod:`mpreplay.checkpoint_cut`: a block of slots a hold where the selector's state is per
+item, a priority tree's leaves; the counters, lanes and the rest in a last hold).  The rows and
+frames -- the bulk -- are then copied a block of slots at a time without the lock while writers
+go on; after each block, the slots' generations tell which of them changed since the cut copied
+them (rewritten, or being written then).  Those rows, and the compressed rows that may read
+their frames, are left out: retired in the cut's per-slot state (EMPTY, as a row drawn
+``max_times_sampled`` times), which restoring takes out of the selector and the counters.  Every
+other row is byte for byte what it was at the cut, with the priority it had at its block's
+hold.  A write in flight at the cut is given up: its slots are free in the restored table.  A
+lane's open episode ends at the cut: its complete rows stay, its last row waits for a next
+observation that never comes (as when a writer dies), and the lane is free for the next writer.
+See docs/architecture.md, "Checkpoints".
 
 The folder is written as ``<path>.tmp-<pid>``, each file and the folder synced, then put in
 place of ``<path>`` by one atomic exchange: a process killed at any point leaves the previous
@@ -45,14 +48,11 @@ try:  # ISA-L's CRC-32: zlib's sums, 5-10x faster (the checkpoint extra); else z
 except ImportError:  # pragma: no cover - the checkpoint extra is not installed
     from zlib import crc32
 
-from ._ext.gate import deadline
 from ._ext.schema import (
     COMPLETE,
     EMPTY,
     GENERATION_ARRAY,
     HEADER_ARRAY,
-    LANE_END,
-    LANE_START,
     LANES_ARRAY,
     LOCK_ARRAY,
     MANIFEST_ARRAY,
@@ -65,6 +65,7 @@ from ._ext.schema import (
     frames_array,
 )
 from ._version import __version__
+from .checkpoint_cut import stepper, take
 from .config_json import to_json
 from .errors import CheckpointError
 from .memory import Layout
@@ -107,23 +108,13 @@ def flat_bytes(array: np.ndarray) -> np.ndarray:
     return array.reshape(-1).view(np.uint8)
 
 
-def _stepper(lanes: np.ndarray, slots: np.ndarray) -> Callable[[Any], np.ndarray]:
-    """``step(k)``: the slot ``k`` places after each of ``slots`` in its lane (``k`` may be an array)."""
-    lane = np.searchsorted(lanes[:, LANE_END], slots, side="right")
-    lo = lanes[lane, LANE_START]
-    width = lanes[lane, LANE_END] - lo
-    return lambda k: lo + (slots - lo + k) % width
-
-
 def _with_readers(changed: np.ndarray, lanes: np.ndarray, back: int, ahead: int) -> np.ndarray:
     """``changed`` and every slot that may read a frame of a changed one: a compressed row reads
     slots at most ``back`` before and ``ahead`` after its own in its lane."""
-    if back == ahead == 0:
-        return changed
-    step = _stepper(lanes, np.arange(len(changed)))
+    step = stepper(lanes, np.flatnonzero(changed))
     out = changed.copy()
     for k in range(-back, ahead + 1):
-        out |= changed[step(k)]
+        out[step(-k)] = True  # the row k slots before a changed one reads it
     return out
 
 
@@ -131,7 +122,7 @@ def _closed_sequences(cut: dict[str, np.ndarray], lost: np.ndarray, length: int)
     """The sequence starts (per slot, True) one of whose steps is ``lost``."""
     steps = cut[SEQUENCE_STEPS_ARRAY]
     starts = np.flatnonzero(steps > 0)
-    step = _stepper(cut[LANES_ARRAY], starts)
+    step = stepper(cut[LANES_ARRAY], starts)
     broken = np.zeros(len(starts), dtype=bool)
     for k in range(length):
         broken |= (k < steps[starts]) & lost[step(k)]
@@ -211,19 +202,13 @@ def _alive(pid: int) -> bool:
 def _write_folder(tmp: str, source: Source, timeout: float | None, chunk: int) -> dict[str, Any]:
     config, layout, arrays, handle = source.config, source.layout, source.arrays, source.handle
     stored = [e for e in layout.entries if e[0] not in NOT_STORED]
-    # The copies' pages are made before the lock is taken (a first touch costs a page fault):
-    # under it, only the bytes are copied.
-    cut = {name: np.ones_like(arrays[name]) for name, *_ in stored if not _is_bulk(name)}
-    source.hold(deadline(timeout))
-    started = time.monotonic()
-    try:
-        for name, copy in cut.items():
-            np.copyto(copy, arrays[name])
-        rng = handle.rng_state()
-    finally:
-        source.let_go()
-    cut_seconds = time.monotonic() - started
+    back, ahead = source.reach
+    if config.sequence is not None:  # a sequence reads its steps
+        ahead = max(ahead, config.sequence.length - 1)
+    taken = take(source, [name for name, *_ in stored if not _is_bulk(name)], timeout, (back, ahead))
+    cut = taken.arrays
     state, gen, size = cut[STATE_ARRAY], cut[GENERATION_ARRAY], config.size
+    stored_at_cut = int(np.count_nonzero(state == COMPLETE))
     bulk = [(name, shape, dtype, flat_bytes(arrays[name])) for name, shape, dtype, _ in stored if _is_bulk(name)]
     entries: list[dict[str, Any]] = []
     offset = 0
@@ -232,7 +217,7 @@ def _write_folder(tmp: str, source: Source, timeout: float | None, chunk: int) -
         offset += (at - offset) % ALIGN
         entries.append({"name": name, "shape": list(shape), "dtype": dtype, "offset": offset, "chunks": []})
         offset += flat.size
-    changed = np.zeros(size, dtype=bool)
+    changed = taken.moved.copy()
     # A thread of each call's own (a forked child has none of its parent's) sums each chunk while
     # it is written (both CRC-32s release the GIL).
     with open(os.path.join(tmp, DATA), "wb", buffering=0) as f, ThreadPoolExecutor(1) as sums:
@@ -242,7 +227,7 @@ def _write_folder(tmp: str, source: Source, timeout: float | None, chunk: int) -
         per_slot = sum(flat.size for *_, flat in bulk) // size
         block = max(1, chunk // max(1, per_slot))
         scratch = np.empty(max(chunk, per_slot), dtype=np.uint8)
-        for a in range(0, size if bulk else 0, block):
+        for a in range(0, size, block):
             b = min(size, a + block)
             for entry, (*_, flat) in zip(entries, bulk, strict=True):
                 width = flat.size // size
@@ -252,7 +237,7 @@ def _write_folder(tmp: str, source: Source, timeout: float | None, chunk: int) -
                 _pwrite(f.fileno(), piece, entry["offset"] + a * width)
                 writeback.wrote(entry["offset"] + a * width, piece.size)
                 entry["chunks"].append([int(piece.size), summed.result()])
-            changed[a:b] = handle.changed_since(gen, a, b)
+            changed[a:b] |= handle.changed_since(gen, a, b)
         # A changed slot's bytes are not the cut's, and the rows that may read its frames cannot
         # be rebuilt: all are retired (EMPTY, as a row drawn max_times_sampled times), and every
         # write in flight at the cut is given up (its slots get the even generation of a free
@@ -261,6 +246,8 @@ def _write_folder(tmp: str, source: Source, timeout: float | None, chunk: int) -
         left_out = int(np.count_nonzero(lost & (state == COMPLETE)))
         state[lost] = EMPTY
         gen += gen & 1
+        # The blocks' slot states are of their holds: the count the last hold copied may be another.
+        cut[HEADER_ARRAY][STORED] = np.count_nonzero(state == COMPLETE)
         closed = 0
         if config.sequence is not None:
             broken = _closed_sequences(cut, lost, config.sequence.length)
@@ -288,12 +275,13 @@ def _write_folder(tmp: str, source: Source, timeout: float | None, chunk: int) -
         "config": to_json(config),
         "nbytes": layout.nbytes,
         "data_nbytes": offset,
-        "stored": int(cut[HEADER_ARRAY][STORED]),
+        "stored": stored_at_cut,
         "rows_left_out": left_out,  # complete rows (a row waiting for its next frame is not stored)
         "sequences_closed": closed,
         "repair": bool(lost.any() or closed),
-        "rng": rng,
-        "cut_seconds": cut_seconds,
+        "rng": taken.rng,
+        "cut_seconds": taken.longest,  # the longest hold of the lock
+        "cut_holds": taken.holds,
         "arrays": entries,
     }
     with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
@@ -434,7 +422,7 @@ def describe(path: str | os.PathLike[str]) -> str:
         ),
         (
             f"data: {doc['data_nbytes'] / 2**20:.1f} MiB (the table's memory: {doc['nbytes'] / 2**20:.1f} MiB); "
-            f"lock held for the cut {doc['cut_seconds'] * 1e3:.1f} ms"
+            f"the cut held the lock {doc.get('cut_holds', 1)} times, longest {doc['cut_seconds'] * 1e3:.1f} ms"
         ),
         "arrays:",
     ]

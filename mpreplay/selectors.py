@@ -18,6 +18,11 @@ A selector's kernel module provides:
   attaches to a state another process initialised);
 * optionally ``priority_views(state, capacity)``: ``(weights, priorities)`` per item, read-only
   views (a weight of 0: not drawable), which ``mpreplay top`` reads for its histogram.
+* optionally ``cut_parts(state, capacity)`` and ``derive(state, capacity)``: the views of the
+  state that nothing derives -- ``(items, rest)``: arrays of an entry per item, and the others
+  -- and the recomputation of everything else from them.  A checkpoint of a table whose
+  selector has them takes its cut a block of slots at a time (:mod:`mpreplay.checkpoint_cut`);
+  a selector without them (an order over its items, a packed list) is copied whole in one hold.
 
 Selection rules:
 
@@ -48,6 +53,8 @@ __all__ = [
     "SELECTORS",
     "SelectorEntry",
     "SelectorSpec",
+    "cut_parts",
+    "derive",
     "entry",
     "kernels",
     "make",
@@ -241,6 +248,18 @@ def priority_views(name: str, state: np.ndarray, capacity: int) -> tuple[np.ndar
     of 0: not drawable); None: the selector keeps no priorities."""
     views = getattr(_module(entry(name)), "priority_views", None)
     return None if views is None else views(state, capacity)
+
+
+def cut_parts(name: str, state: np.ndarray, capacity: int) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
+    """``(items, rest)`` views of selector ``name``'s ``state`` a checkpoint's cut copies a block
+    of items at a time (``items``) and whole (``rest``); None: the state is not so divided."""
+    parts = getattr(_module(entry(name)), "cut_parts", None)
+    return None if parts is None else parts(state, capacity)
+
+
+def derive(name: str, state: np.ndarray, capacity: int) -> None:
+    """Recompute in ``state`` what selector ``name`` derives from its :func:`cut_parts`."""
+    _module(entry(name)).derive(state, capacity)
 
 
 def priorities(name: str, state: np.ndarray, capacity: int) -> np.ndarray | None:

@@ -338,6 +338,15 @@ def test_a_table_of_rows_spanning_many_pages_restores_byte_for_byte(tmp_path, sh
             assert all(np.array_equal(got[k], want[k]) for k in want)
 
 
+def test_a_prioritized_table_cut_in_many_holds_restores_its_priorities_and_next_draws(tmp_path):
+    with Table(40000, {"obs": {}}, selector="prioritized", seed=5) as table:
+        table.add(obs=np.arange(39000.0), priorities=np.random.default_rng(5).uniform(0.1, 9.0, 39000))
+        doc = table.checkpoint(tmp_path / "ck")
+        assert doc["cut_holds"] > 2
+        with mpreplay.restore(tmp_path / "ck", shared=False) as restored:
+            assert_same_table(table, restored, draws=10)
+
+
 def test_a_bit_flipped_deep_inside_a_large_array_is_refused(tmp_path):
     with _big_table(True) as table:
         table.checkpoint(tmp_path / "ck")
@@ -492,14 +501,14 @@ def _sample(table: Table, stop: Any) -> None:
 
 
 def _checkpoints_while_running(
-    method: str, table: Table, write: Any, full: int, folder: Path
+    method: str, table: Table, write: Any, full: int, folder: Path, learn: Any = _sample
 ) -> list[tuple[dict[str, Any], Path]]:
     """Three checkpoints of ``table`` into ``folder`` taken while two processes run ``write``
-    (writers 1 and 2) and one samples, once ``full`` rows are stored: ``(manifest, path)`` each."""
+    (writers 1 and 2) and one ``learn`` (samples), once ``full`` rows are stored: ``(manifest, path)`` each."""
     ctx = mp.get_context(method)
     stop = ctx.Event()
     procs = [ctx.Process(target=write, args=(table, w, stop)) for w in (1, 2)]
-    procs.append(ctx.Process(target=_sample, args=(table, stop)))
+    procs.append(ctx.Process(target=learn, args=(table, stop)))
     for p in procs:
         p.start()
     try:
@@ -556,15 +565,34 @@ def _framed_episode(writer: int, episode: int, n: int) -> dict[str, np.ndarray]:
     return {"tag": tags[:n], "obs": stacks[:n], "next_obs": stacks[1:], "done": done}
 
 
+def _added_priority(tags: np.ndarray) -> np.ndarray:
+    """The priority a row of (writer, episode, step) is added with: 1 to 5, by its step."""
+    return 1.0 + tags[..., 2] % 5
+
+
+def _updated_priority(tags: np.ndarray) -> np.ndarray:
+    """The priority a learner gives a row it drew: 10 to 16, by its episode and writer."""
+    return 10.0 + (tags[..., 0] + tags[..., 1]) % 7
+
+
 def _write_framed(table: Table, writer: int, stop: Any) -> None:
     lane_writer = table.episode_writer()
+    by_priority = table.config.by_priority
     episode = 0
     while not stop.is_set():
         steps = _framed_episode(writer, episode, 40)
         for j in range(0, 40, 8):
-            lane_writer.add(**{name: value[j : j + 8] for name, value in steps.items()}, timeout=10)
+            rows = {name: value[j : j + 8] for name, value in steps.items()}
+            priorities = {"priorities": _added_priority(rows["tag"])} if by_priority else {}
+            lane_writer.add(**rows, **priorities, timeout=10)
             time.sleep(0.001)
         episode += 1
+
+
+def _sample_and_update(table: Table, stop: Any) -> None:
+    while not stop.is_set():
+        batch = table.sample(32, timeout=10)
+        table.update_priorities(batch["indexes"], _updated_priority(batch["tag"]))
 
 
 @EACH_START_METHOD
@@ -593,3 +621,33 @@ def test_a_table_restored_persistent_outlives_its_restorer_and_attaches_by_name(
     again = mpreplay.attach(table_name, timeout=0)
     assert again.get_all_transitions()["obs"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     again.close(unlink=True)
+
+
+@EACH_START_METHOD
+def test_a_live_checkpoint_cut_in_many_short_holds_keeps_whole_rows_with_a_priority_each_had(tmp_path, method):
+    # 16384 slots of a prioritized compressed table: the cut copies them a block per hold of the
+    # lock (several holds), lanes wrapping round across blocks.
+    with Table(
+        16384,
+        FRAMED_FIELDS,
+        next_of="obs",
+        stack_compress="obs",
+        lanes=2,
+        selector="prioritized",
+        rate_limiter=MinSize(64),
+        shared=True,
+    ) as table:
+        taken = _checkpoints_while_running(method, table, _write_framed, 15000, tmp_path, _sample_and_update)
+        for doc, path in taken:
+            assert doc["cut_holds"] > 2
+            with mpreplay.restore(path, shared=False) as restored:
+                rows = restored.get_all_transitions(indexes=True)
+                tags = rows["tag"]
+                assert len(tags) == restored.get_stored_size() == doc["stored"] - doc["rows_left_out"] > 0
+                for k in range(len(tags)):
+                    expected = _framed_episode(tags[k, 0], tags[k, 1], 40)
+                    np.testing.assert_array_equal(rows["obs"][k], expected["obs"][tags[k, 2]])
+                    np.testing.assert_array_equal(rows["next_obs"][k], expected["next_obs"][tags[k, 2]])
+                _, raw = restored.inspection().priorities(rows["indexes"])
+                assert ((raw == _added_priority(tags)) | (raw == _updated_priority(tags))).all()
+                restored.verify()
