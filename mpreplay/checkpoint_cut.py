@@ -132,18 +132,20 @@ def take(source: Source, names: list[str], timeout: float | None, reach: tuple[i
                 np.copyto(copy[a:b], live[a:b])
             if k in halos:
                 np.take(live_gen, halos[k], out=early[k])
+            held.append(time.monotonic() - started)
         finally:
             source.let_go()
-        held.append(time.monotonic() - started)
     source.hold(until)
     started = time.monotonic()
     try:
         for live, copy in whole:
             np.copyto(copy, live)
         rng = source.handle.rng_state()
+        # Timed before the lock is given back: giving it back wakes a waiter, which may run
+        # before this thread does again, the lock free meanwhile.
+        held.append(time.monotonic() - started)
     finally:
         source.let_go()
-    held.append(time.monotonic() - started)
     if parts is not None:
         selectors.derive(selector, cut[tree], size)
     moved = np.zeros(size, dtype=bool)
