@@ -36,6 +36,7 @@ except ImportError:  # pragma: no cover - the checkpoint extra is not installed
 __all__ = [
     "CODECS",
     "DEFAULT_CODEC",
+    "FEED",
     "LEVELS",
     "STEP",
     "THREADS",
@@ -66,6 +67,7 @@ LEVELS = {"isal": 1, "zlib": 1}
 THREADS = max(1, min(4, os.cpu_count() or 1))  # chunks deflated or inflated at once
 _RAW_DEFLATE = -15  # wbits: a raw deflate stream (a 32 KB window, no zlib header or trailer)
 STEP = 2**20  # bytes deflated or inflated per call: a piece the cache holds while it is summed and copied
+FEED = 2**16  # deflated bytes given to one call of inflating (what it leaves is copied: kept small)
 
 
 def _codec(using: str | None) -> tuple[str, Any]:
@@ -104,27 +106,37 @@ def inflate(data: Any, nbytes: int, *, using: str | None = None) -> bytes:
 
 
 def inflate_into(data: Any, out: np.ndarray, *, using: str | None = None) -> int:
-    """Inflate the raw deflate stream ``data`` into ``out`` (uint8, 1-D), a STEP at a time (each
-    step copied and summed while the cache holds it); the CRC-32 of the bytes.  ValueError where
-    ``data`` is not exactly one whole stream of ``out.size`` bytes (damaged, cut short, longer,
-    or followed by other bytes); ``out`` may then hold part of it."""
+    """Inflate the raw deflate stream ``data`` into ``out`` (uint8, 1-D), fed FEED bytes and
+    inflated at most STEP bytes at a time (each step copied and summed while the cache holds
+    it; what a call leaves of its input is copied, so it is kept small); the CRC-32 of the
+    bytes.  ValueError where ``data`` is not exactly one whole stream of ``out.size`` bytes
+    (damaged, cut short, longer, or followed by other bytes); ``out`` may then hold part of it."""
     _, module = _codec(using)
     inflater = module.decompressobj(_RAW_DEFLATE)
-    crc, a, pending = 0, 0, data
+    view = memoryview(data).cast("B")
+    crc, a, i, longer = 0, 0, 0, False
+    tail: bytes | memoryview = b""  # input given and not yet inflated
     try:
-        while a < out.size:
-            step = inflater.decompress(pending, min(STEP, out.size - a))
-            pending = inflater.unconsumed_tail
-            if not step:  # the stream ended, or the data did
+        while not inflater.eof and (tail or i < view.nbytes):
+            if not tail:
+                tail, i = view[i : i + FEED], i + FEED
+            # Past out's end, one byte more is asked for: a stream that holds more shows.
+            step = inflater.decompress(tail, min(STEP, out.size - a) or 1)
+            tail = inflater.unconsumed_tail
+            if a + len(step) > out.size:
+                longer = True
                 break
             out[a : a + len(step)] = np.frombuffer(step, dtype=np.uint8)
             crc = crc32(step, crc)
             a += len(step)
-        more = b"" if inflater.eof else inflater.decompress(pending, 1)
     except Exception as exc:  # zlib.error, isal's IsalError: bytes that are not deflate
         raise ValueError(f"not a deflate stream ({exc})") from None
-    if more or not inflater.eof or inflater.unused_data or inflater.unconsumed_tail:
-        raise ValueError("not one whole deflate stream (cut short, longer than expected, or followed by other bytes)")
+    if longer:
+        raise ValueError(f"not one whole deflate stream of {out.size} bytes (it holds more)")
+    if not inflater.eof:
+        raise ValueError("not one whole deflate stream (it is cut short)")
+    if inflater.unused_data or tail or i < view.nbytes:
+        raise ValueError("not one whole deflate stream (other bytes follow it)")
     if a != out.size:
         raise ValueError(f"a deflate stream of {a} bytes, expected {out.size}")
     return crc
