@@ -31,9 +31,9 @@ frames are the recorded ones, tiled).  Then, on the disk of ``--dir`` (default: 
    deflated checkpoints'.
 4. **Waits**: a writer process adding a row per call (the demo's actor) and a learner sampling
    256 + updating, for ``W`` seconds without a checkpoint, then ``W`` seconds with checkpoints
-   taken one after the other: the longest, the 99th and 99.9th percentiles of each call and how
-   many took over 50 ms, the rows each live checkpoint left out, and how long its lock was held
-   for the cut.
+   taken one after the other, then ``W`` seconds with deflated ones: the longest, the 99th and
+   99.9th percentiles of each call and how many took over 50 ms, the rows each live checkpoint
+   left out, and how long its lock was held for the cut.
 
 Other work on the machine and the disk's own cache skew every figure; the floor is measured in the
 same run, on the same disk, so the ratios are what to read.
@@ -292,7 +292,8 @@ def _waits(
     table: Any, episodes: list[Episode], path: Path, seconds: float
 ) -> tuple[dict[str, Waits], list[dict[str, Any]]]:
     """The writer's and the learner's calls for ``seconds`` alone, then ``seconds`` with checkpoints
-    taken one after the other into ``path``; their waits, and the live checkpoints' manifests."""
+    taken one after the other into ``path``, then ``seconds`` with deflated ones; their waits, and
+    the live checkpoints' manifests."""
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
     ended = [e for e in episodes if e.terminated][:6]
@@ -311,10 +312,12 @@ def _waits(
         quiet = (time.monotonic(), time.monotonic() + seconds)
         time.sleep(seconds)
         live: list[dict[str, Any]] = []
-        begin = time.monotonic()
-        while time.monotonic() < begin + seconds or not live:
-            live.append(table.checkpoint(path))
-        during = (begin, time.monotonic())
+        windows = {"alone": quiet}
+        for window, compress in (("checkpointing", False), ("checkpointing deflated", True)):
+            begin, taken = time.monotonic(), len(live)
+            while time.monotonic() < begin + seconds or len(live) == taken:
+                live.append(table.checkpoint(path, compress=compress))
+            windows[window] = (begin, time.monotonic())
         stop.set()
         marks = {role: _receive(role, conn, 60.0) for role, conn in zip(roles, conns, strict=True)}
     finally:
@@ -326,7 +329,7 @@ def _waits(
                 proc.join()
     waits = {}
     for role, m in marks.items():
-        for window, (a, b) in (("alone", quiet), ("checkpointing", during)):
+        for window, (a, b) in windows.items():
             inside = (m[:, 0] >= a) & (m[:, 0] < b) if len(m) else np.zeros(0, bool)
             waits[f"{role} {window}"] = Waits.of(m[inside, 1] if len(m) else np.zeros(0))
     shutil.rmtree(path, ignore_errors=True)
