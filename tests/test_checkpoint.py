@@ -479,19 +479,20 @@ def test_a_child_process_checkpoints_the_table_its_parent_checkpointed_too(tmp_p
 # -- killed while checkpointing -------------------------------------------------------------------
 
 
-def _checkpoint_for_ever(table: Table, path: str) -> None:
+def _checkpoint_for_ever(table: Table, path: str, compress: bool) -> None:
     while True:
-        table.checkpoint(path)
+        table.checkpoint(path, compress=compress)
 
 
+@COMPRESS
 @EACH_START_METHOD
-def test_a_checkpoint_killed_midway_leaves_the_previous_one_whole_and_the_table_unharmed(tmp_path, method):
+def test_a_checkpoint_killed_midway_leaves_the_previous_one_whole_and_the_table_unharmed(tmp_path, method, compress):
     path = tmp_path / "ck"
     with Table(2048, {"obs": {"shape": (4096,), "dtype": np.uint8}, "id": {"dtype": np.int64}}, shared=True) as table:
         table.add(obs=np.ones((1000, 4096), np.uint8), id=np.arange(1000))
         table.checkpoint(path)
         table.add(obs=np.ones((500, 4096), np.uint8), id=np.arange(1000, 1500))
-        child = mp.get_context(method).Process(target=_checkpoint_for_ever, args=(table, str(path)))
+        child = mp.get_context(method).Process(target=_checkpoint_for_ever, args=(table, str(path), compress))
         child.start()
         try:
             tmp = Path(f"{path}.tmp-{child.pid}")
