@@ -119,9 +119,11 @@ def _episode(steps: int, seed: int, channels_first: bool = False) -> dict[str, n
     return {"obs": stacks[:-1], "act": np.arange(steps, dtype=np.int64), "done": done, "next_obs": stacks[1:]}
 
 
-def _buffer(compressed: bool) -> tuple[PrioritizedReplayBuffer, PrioritizedReplayBuffer]:
+def _buffer(
+    compressed: bool, cls: type = PrioritizedReplayBuffer
+) -> tuple[PrioritizedReplayBuffer, PrioritizedReplayBuffer]:
     """A buffer of FRAMES and the writer its rows go through (a compressed one's episode writer)."""
-    buffer = PrioritizedReplayBuffer(64, FRAMES, **(COMPRESSED if compressed else {}))
+    buffer = cls(64, FRAMES, **(COMPRESSED if compressed else {}))
     return buffer, (buffer.episode_writer() if compressed else buffer)
 
 
@@ -131,18 +133,20 @@ def _stored(buffer: PrioritizedReplayBuffer) -> tuple[dict[str, list], list]:
     return {name: rows[name].tolist() for name in FRAMES}, slot_priorities(buffer).tolist()[:stored]
 
 
+@pytest.mark.parametrize("cls", [PrioritizedReplayBuffer, MPPrioritizedReplayBuffer])
 @pytest.mark.parametrize("compressed", [False, True], ids=["rows", "compressed"])
 @pytest.mark.parametrize("channels_first", [False, True], ids=["c_order", "channels_first"])
-def test_batches_of_exact_arrays_store_what_the_same_rows_given_as_lists_store(compressed, channels_first):
-    exact, by_kernel = _buffer(compressed)
-    converted, by_lists = _buffer(compressed)
-    rows = _episode(9, seed=1, channels_first=channels_first)
-    for start, stop in [(0, 1), (1, 4), (4, 5), (5, 9)]:
-        batch = {name: value[start:stop] for name, value in rows.items()}
-        priorities = np.linspace(0.5, 2.0, stop - start) + start
-        by_kernel.add(**batch, priorities=priorities, timeout=1.0)
-        by_lists.add(**{n: v.tolist() for n, v in batch.items()}, priorities=priorities.tolist(), timeout=1)
-    assert _stored(exact) == _stored(converted)
+def test_batches_of_exact_arrays_store_what_the_same_rows_given_as_lists_store(cls, compressed, channels_first):
+    exact, by_kernel = _buffer(compressed, cls)
+    converted, by_lists = _buffer(compressed, cls)
+    with exact, converted:
+        rows = _episode(9, seed=1, channels_first=channels_first)
+        for start, stop in [(0, 1), (1, 4), (4, 5), (5, 9)]:
+            batch = {name: value[start:stop] for name, value in rows.items()}
+            priorities = np.linspace(0.5, 2.0, stop - start) + start
+            by_kernel.add(**batch, priorities=priorities, timeout=1.0)
+            by_lists.add(**{n: v.tolist() for n, v in batch.items()}, priorities=priorities.tolist(), timeout=1)
+        assert _stored(exact) == _stored(converted)
 
 
 @pytest.mark.parametrize("compressed", [False, True], ids=["rows", "compressed"])
