@@ -301,17 +301,8 @@ cdef Py_ssize_t add_one(TableParts t, HandleState h, dict values, double priorit
 cdef bint _take_deadline(object timeout, double* deadline) except -1:
     # The deadline of a timeout the kernel takes as it is: None, or a Python float or int
     # >= 0 and finite.  False: the general path checks it (and names what it expected).
-    cdef double x
-    if timeout is None:
-        deadline[0] = INFINITY
-        return True
-    if PyFloat_CheckExact(timeout):
-        x = PyFloat_AS_DOUBLE(timeout)
-    elif PyLong_CheckExact(timeout) and timeout >= 0:
-        x = 0.0
-    else:
-        return False
-    if not 0.0 <= x < INFINITY:
+    if timeout is not None and not ((PyFloat_CheckExact(timeout) and 0.0 <= PyFloat_AS_DOUBLE(timeout) < INFINITY)
+                                    or (PyLong_CheckExact(timeout) and timeout >= 0)):
         return False
     deadline[0] = deadline_of(timeout)
     return True
