@@ -88,3 +88,89 @@ def learner_op(buffer: Any, seed: int, batch: int) -> Callable[[], None]:
     for _ in range(3):  # what is compiled or allocated lazily, before the window
         learn()
     return learn
+
+
+# -- bench apex: the actor's loop as a TorchRL collector with MultiStep feeds its buffer ----------
+ROLLOUT = 8  # steps per game in a collector's batch: 32 frames over 4 games, the demo's actor_batch
+
+
+class Actor:
+    """``bench apex``'s actor loop (:mod:`peer_actor`) as TorchRL's collector runs it: each vector
+    step becomes the step's TensorDict (root observation, action; ``next``: observation, reward,
+    done, terminated, truncated) written into the collector's ``[games, ROLLOUT]`` batch; a full
+    batch goes through ``MultiStep(gamma, n_steps)`` (the collector's ``postproc``) and is
+    ``extend``-ed, flattened, into ``TensorDictPrioritizedReplayBuffer(sync=False, shared=True)``
+    over a ``LazyMemmapStorage`` -- ``bench mp``'s shared buffer -- as a writer process holds it
+    (the buffer pickled, as ``spawn`` hands it over: the storage shared, the sampler uniform; TorchRL's
+    writers carry no priorities).  TorchRL's envs reset inside the step that ended, so a game's
+    reset step of the script (no transition) is a row here, marked truncated so that ``MultiStep``
+    folds nothing across it: a row an episode more than the others store."""
+
+    def __init__(self, capacity: int, nstep: int, gamma: float):
+        import pickle
+        import tempfile
+
+        from torchrl.data import LazyMemmapStorage, TensorDictPrioritizedReplayBuffer
+        from torchrl.data.postprocs import MultiStep
+
+        self._scratch = tempfile.TemporaryDirectory(prefix="mpreplay-torchrl-")
+        self._owner = TensorDictPrioritizedReplayBuffer(
+            alpha=ALPHA,
+            beta=BETA,
+            eps=EPS,
+            storage=LazyMemmapStorage(capacity, scratch_dir=self._scratch.name),
+            sync=False,
+            shared=True,
+        )
+        self._pickle = pickle
+        self._multistep = MultiStep(gamma=gamma, n_steps=nstep)
+        self._buffer: Any = None
+        self._rollout: Any = None
+
+    def _step(self, stacks: np.ndarray, previous: np.ndarray, step: dict[str, np.ndarray]) -> Any:
+        import torch
+        from tensordict import TensorDict
+
+        games = len(stacks)
+        truncated = step["ended"] & ~step["terminated"] | step["restart"]
+        return TensorDict(
+            {
+                "observation": torch.from_numpy(previous),
+                "action": torch.from_numpy(step["act"]),
+                "next": {
+                    "observation": torch.from_numpy(stacks),
+                    "reward": torch.from_numpy(step["rew"]).unsqueeze(-1),
+                    "done": torch.from_numpy(step["ended"] | step["restart"]).unsqueeze(-1),
+                    "terminated": torch.from_numpy(step["terminated"]).unsqueeze(-1),
+                    "truncated": torch.from_numpy(truncated).unsqueeze(-1),
+                },
+            },
+            [games],
+        )
+
+    def begin(self, stacks: np.ndarray, q: np.ndarray) -> None:
+        import torch
+
+        games = len(stacks)
+        blank: dict[str, np.ndarray] = {
+            "act": np.zeros(games, np.int64),
+            "rew": np.zeros(games, np.float32),
+            **{key: np.zeros(games, bool) for key in ("ended", "terminated", "restart")},
+        }
+        example = self._step(stacks, stacks, blank)
+        self._rollout = torch.stack([example] * ROLLOUT, dim=1).contiguous()  # the collector's batch, [games, T]
+        self._t = 0
+        if self._buffer is None:  # the storage is made by the buffer's owner, then shared with its writer
+            self._owner.extend(self._multistep(self._rollout.clone()).reshape(-1))
+            self._buffer = self._pickle.loads(self._pickle.dumps(self._owner))
+
+    def step(self, step: dict[str, np.ndarray], stacks: np.ndarray, previous: np.ndarray) -> None:
+        self._rollout[:, self._t] = self._step(stacks, previous, step)
+        self._t += 1
+        if self._t == ROLLOUT:
+            self._buffer.extend(self._multistep(self._rollout).reshape(-1))
+            self._t = 0
+
+    def close(self) -> None:
+        self._buffer = self._owner = self._rollout = None
+        self._scratch.cleanup()
