@@ -81,6 +81,13 @@ def run(actor: Actor, script: dict[str, np.ndarray]) -> dict[str, Any]:
     return {"cpu": cpu, "env_steps": env_steps, "parts": dict(getattr(actor, "parts", {}))}
 
 
+def play(actor: Actor, directory: str, script: dict[str, np.ndarray]) -> dict[str, Any]:
+    """One :func:`run` of the script in ``directory`` (loaded: ``script``) -- by ``actor`` itself
+    where its loop runs in a process of its own (TorchRL's writer, which the buffer is handed to)."""
+    own = getattr(actor, "play", None)
+    return own(directory, script) if own is not None else run(actor, script)
+
+
 # -- the floor: the step's new bytes into a shared-memory segment -------------------------------
 class Floor:
     """Arrays in one shared-memory segment, a row per env step: the new frame, action, reward,

@@ -417,13 +417,13 @@ class Worker:
 
     def actor_build(self, script: str, capacity: int) -> dict[str, Any]:
         self.actor_close()
-        self.actor = (peer_actor.make(self.name, capacity), peer_actor.load_script(script))
+        self.actor = (peer_actor.make(self.name, capacity), script, peer_actor.load_script(script))
         return {}
 
     def actor_run(self) -> dict[str, Any]:
         if self.actor is None:
             raise RuntimeError("actor_run needs an actor_build first")
-        return peer_actor.run(*self.actor)
+        return peer_actor.play(*self.actor)
 
     def actor_close(self) -> dict[str, Any]:
         if self.actor is not None:
