@@ -129,18 +129,17 @@ def _print(result: ActorPeers, versions: dict[str, str], capacity: int, games: i
     rows = []
     for name in CONTENDERS:
         if name in result.unavailable:
-            rows.append([name, "unavailable", "", "", "", result.unavailable[name]])
+            rows.append([name, "unavailable", "", "", ""])
             continue
         us = result.micros[name]
         low, high = result.spread[name]
         rows.append(
             [
-                versions[name],
+                name,
                 f"{us:,.1f}",
                 f"{low:,.1f}-{high:,.1f}",
                 f"{us / floor:,.1f}x" if floor else "",
                 f"{us / ours:,.2f}x" if ours else "",
-                WHAT[name],
             ]
         )
     print(load_average())
@@ -148,15 +147,18 @@ def _print(result: ActorPeers, versions: dict[str, str], capacity: int, games: i
         f"Actor's replay path beside the floor and the peers: {games} Breakout games replayed from the recording, "
         f"{result.env_steps:,} env steps a round, buffers of {capacity:,} rows, medians of {result.rounds} rounds "
         "(CPU time of the actor's thread; stacking frames, env and inference not timed)",
-        ["contender", "CPU µs / env step", "range", "÷ floor", "÷ mpreplay", "what runs"],
+        ["contender", "CPU µs / env step", "range", "÷ floor", "÷ mpreplay"],
         rows,
     )
+    for name in CONTENDERS:
+        said = f"unavailable: {result.unavailable[name]}" if name in result.unavailable else versions[name]
+        print(f"  {name}: {WHAT[name]}; {said}")
     if result.parts:
         print(
             "mpreplay's parts (µs / env step): "
             + ", ".join(f"{part} {us:,.1f}" for part, us in sorted(result.parts.items(), key=lambda kv: -kv[1]))
-            + "\n"
         )
+    print()
 
 
 def targets(result: ActorPeers) -> list[list[str]]:
