@@ -212,7 +212,8 @@ class Actor:
             import multiprocessing
 
             first = _Collector(self._owner, self._nstep, self._gamma)
-            first.begin(np.repeat(np.moveaxis(script["frames"][0][:, None], 1, -1), 4, axis=-1), script["q"][0])
+            stacks = np.repeat(script["frames"][0][..., None], _peer_actor().DEPTH, axis=-1)  # each reset's stack
+            first.begin(stacks, script["q"][0])
             first.extend_blank()
             ctx = multiprocessing.get_context("spawn")
             self._conn, theirs = ctx.Pipe()
