@@ -20,6 +20,19 @@ cdef struct Field:
     int itemsize
 
 
+cdef enum:
+    _ARENA_MIN = 16384        # bytes: smaller arrays are numpy's (its allocator keeps small blocks)
+    _ARENA_BLOCKS = 64
+    _ARENA_BYTES = 1 << 26    # 64 MiB kept at most
+
+
+cdef class RowArena:
+    cdef list blocks
+    cdef Py_ssize_t kept
+
+    cpdef object empty(self, tuple shape, object dtype)
+
+
 cdef class FoldKernel:
     cdef readonly Py_ssize_t n, num_envs
     cdef double* powers          # gamma ** k for k in 0..n
@@ -29,6 +42,7 @@ cdef class FoldKernel:
     cdef object done, truncated  # the names of the flags (truncated: None without one)
     cdef Field done_field, truncated_field
     cdef list rews, rings        # the names of the accumulated fields and of the ring fields
+    cdef RowArena arena          # where the rows handed out are made
 
     cdef bint _flag(self, Field f, cnp.ndarray ring, Py_ssize_t e, Py_ssize_t c)
     cdef dict _flush(self, dict rings, dict accs, Py_ssize_t cur, const int64_t* emit, const int64_t* count,

@@ -12,6 +12,7 @@ environment, then by time -- into new arrays, each field in one pass over the ro
 from libc.stdint cimport int64_t, uint16_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
+from cpython.ref cimport Py_REFCNT
 
 cimport numpy as cnp
 
@@ -54,6 +55,42 @@ cdef inline void _put(char* dst, double value, Py_ssize_t size) noexcept nogil:
 
 cdef bint _native_float(object dtype):
     return dtype.kind == "f" and dtype.itemsize in (4, 8) and dtype.isnative
+
+
+cdef class RowArena:
+    """New arrays for rows handed out, made in memory that the rows handed out before let go of.
+
+    A new array of a few hundred KB is new memory to the C library each time (it gives the top of
+    its heap back when freed), and every 4 KB page of it costs a page fault on its first write:
+    several times what copying the page costs.  The arena keeps the blocks of the large arrays it
+    made (at most ``_ARENA_BLOCKS`` of them, ``_ARENA_BYTES`` together) and makes a new array in
+    a block that nobody else holds any more -- no array, view or tensor over it, as ``sample``'s
+    spare batches -- so a row handed out is never written again while anyone can read it.
+    """
+
+    def __init__(self):
+        self.blocks = []
+        self.kept = 0
+
+    cpdef object empty(self, tuple shape, object dtype):
+        """An uninitialized C-ordered array (numpy's own below ``_ARENA_MIN`` bytes)."""
+        cdef Py_ssize_t i, nbytes = np.dtype(dtype).itemsize
+        cdef cnp.ndarray block
+        for i in range(len(shape)):
+            nbytes *= <Py_ssize_t>shape[i]
+        if nbytes < _ARENA_MIN:
+            return np.empty(shape, dtype)
+        for i in range(len(self.blocks)):
+            block = <cnp.ndarray>self.blocks[i]
+            # Held by the list and by `block` alone: free.  At most twice the size asked for, so
+            # that a large block is not spent on a small array.
+            if Py_REFCNT(block) == 2 and nbytes <= cnp.PyArray_NBYTES(block) <= 2 * nbytes:
+                return block[:nbytes].view(dtype).reshape(shape)
+        block = np.empty(nbytes, np.uint8)
+        if len(self.blocks) < _ARENA_BLOCKS and self.kept + nbytes <= _ARENA_BYTES:
+            self.blocks.append(block)
+            self.kept += nbytes
+        return block.view(dtype).reshape(shape)
 
 
 cdef class FoldKernel:
@@ -101,6 +138,7 @@ cdef class FoldKernel:
             if name == truncated:
                 self.truncated_field = f[0]
         self.done, self.truncated = done, truncated
+        self.arena = RowArena()
 
     def __dealloc__(self):
         free(self.powers)
@@ -227,7 +265,7 @@ cdef class FoldKernel:
                 out[name] = np.ones(shape, dtype)
                 continue
             native = f.source in (FOLDED, DISCOUNT) and _native_float(dtype)
-            arr = np.empty(shape, dtype if native or f.source not in (FOLDED, DISCOUNT) else np.float64)
+            arr = self.arena.empty(shape, dtype if native or f.source not in (FOLDED, DISCOUNT) else np.float64)
             dst = <char*>cnp.PyArray_DATA(<cnp.ndarray>arr)
             B = cnp.PyArray_ITEMSIZE(<cnp.ndarray>arr)
             if f.source == DISCOUNT:
@@ -291,8 +329,8 @@ cdef inline void _run(char* d, const char* s, Py_ssize_t inner, Py_ssize_t d_in,
             memcpy(d + k * d_in, s + k * s_in, itemsize)
 
 
-def c_order(cnp.ndarray src):
-    """A copy of ``src`` in C order, whatever its strides.
+def c_order(cnp.ndarray src, cnp.ndarray out):
+    """Copy ``src``, whatever its strides, into ``out``, C-contiguous of its shape and dtype.
 
     numpy copies a transposed view (an actor's frame stacks, ``(envs, 84, 84, depth)`` over
     ``(envs, depth, 84, 84)``) element by element along its last axis, a few bytes apart in
@@ -310,9 +348,11 @@ def c_order(cnp.ndarray src):
     cdef char* d
     cdef const char* s0
     cdef char* d0
+    if (<object>out).shape != (<object>src).shape or out.dtype != src.dtype or not cnp.PyArray_IS_C_CONTIGUOUS(out):
+        raise ValueError(f"out: expected a C-contiguous {src.dtype} array of shape {(<object>src).shape}")
     if cnp.PyArray_IS_C_CONTIGUOUS(src) or nd == 0 or cnp.PyArray_SIZE(src) == 0 or not src.dtype.isnative:
-        return np.array(src, order="C")
-    out = np.empty_like(src, order="C")
+        np.copyto(out, src)
+        return out
     axes = list(range(nd))
     if itemsize == 1 and nd > 1 and src.shape[nd - 1] == 4 and src.strides[nd - 1] != 1:
         s_depth = src.strides[nd - 1]  # the last axis is copied a group at a time

@@ -51,7 +51,7 @@ from numpy.typing import ArrayLike
 
 from . import checks
 from ._ext.gate import deadline
-from ._ext.nstep_fold import c_order
+from ._ext.nstep_fold import RowArena, c_order
 from .nstep import NstepBuffer
 from .spec import FieldOptions, convert_batch, parse_env_dict
 from .vector_spaces import env_dict, leaf_value, per_env_numbers, space_batch, space_leaves
@@ -168,6 +168,7 @@ class VectorTransitions:
                 num_envs=self._num_envs,
             )
         self._envs = np.arange(self._num_envs)
+        self._arena = RowArena()  # the observations' copies and the rows' next observations
         self._obs: dict[str, np.ndarray] | None = None  # each sub-environment's current observation
         self._started = np.zeros(self._num_envs, bool)  # its current episode has steps
         self._skip = np.zeros(self._num_envs, bool)  # NextStep: its next step is a reset step
@@ -239,7 +240,7 @@ class VectorTransitions:
         chosen = np.ones(self._num_envs, bool) if mask is None else self._mask(mask)
         batch = self._cut(chosen & self._started)
         if self._obs is None:
-            self._obs = {name: c_order(value) for name, value in new.items()}
+            self._obs = {name: self._copy(value) for name, value in new.items()}
         else:
             for name, value in new.items():
                 self._obs[name][chosen] = value[chosen]
@@ -280,7 +281,7 @@ class VectorTransitions:
         # The observations copied once, in C order (the caller may reuse its arrays, and a
         # transposed view's rows are copied faster once than strided at every use): the next
         # step's, and the rows' next observations, gathered from them.
-        nxt = {name: c_order(value) for name, value in nxt.items()}
+        nxt = {name: self._copy(value) for name, value in nxt.items()}
         last = nxt
         if self._mode == SAME_STEP and ended.any():
             last = self._final_obs(nxt, infos, ended)
@@ -297,6 +298,9 @@ class VectorTransitions:
         return batch
 
     # -- bookkeeping --------------------------------------------------------------------
+    def _copy(self, value: np.ndarray) -> np.ndarray:
+        return c_order(value, self._arena.empty(value.shape, value.dtype))
+
     def _mask(self, mask: Any) -> np.ndarray:
         arr = np.asarray(mask)
         if arr.shape != (self._num_envs,) or arr.dtype != np.bool_:
@@ -375,7 +379,8 @@ class VectorTransitions:
         for name in self._env_dict:
             key = self._next.get(name)
             if key is not None:
-                out[name] = np.asarray(last[name])[envs]
+                value = np.asarray(last[name])
+                out[name] = np.take(value, envs, 0, self._arena.empty((len(envs), *value.shape[1:]), value.dtype))
             else:
                 out[name] = folded[name] if order is None else folded[name][order]
         return TransitionBatch(out, envs, ended)

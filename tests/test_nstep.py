@@ -339,6 +339,23 @@ def test_rows_emitted_later_do_not_change_rows_returned_earlier():
         np.testing.assert_array_equal(first[name], snapshot[name], err_msg=name)
 
 
+def test_large_rows_kept_by_the_caller_never_change_while_dropped_ones_are_let_go():
+    # Rows of 32 KB: their arrays are made where rows handed out earlier were, once let go.
+    folder = _folder(n=2, num_envs=4, obs_shape=(64, 64))
+    rng = np.random.default_rng(5)
+    kept = []
+    for i in range(200):
+        obs = rng.normal(size=(4, 64, 64))
+        out = folder.add(obs=obs, act=np.arange(4), rew=np.ones(4), next_obs=obs, done=rng.random(4) < 0.1)
+        if i % 3 == 0:
+            view = out["obs"][1:]  # a view keeps its rows as the dict would
+            kept.append((out, view, {k: v.copy() for k, v in out.items()}, view.copy()))
+    for out, view, values, view_values in kept:
+        for name, value in values.items():
+            np.testing.assert_array_equal(out[name], value, err_msg=name)
+        np.testing.assert_array_equal(view, view_values)
+
+
 def test_add_copies_the_caller_arrays():
     folder = _folder(n=2, obs_shape=(2,))
     obs = np.zeros(2)
