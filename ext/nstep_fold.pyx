@@ -114,8 +114,8 @@ cdef class FoldKernel:
         if self.powers == NULL or self.fields == NULL:
             raise MemoryError()
         self.n, self.num_envs, self.nfields = n, num_envs, len(specs)
-        # The powers numpy computes (gamma ** k): the folded sums and discounts are those of a
-        # folder written in numpy, to the last bit.
+        # C's pow, as Python's gamma ** k: the folded sums and discounts are those of the folder
+        # once written in numpy, to the last bit.
         for k in range(n + 1):
             self.powers[k] = float(gamma ** k)
         self.names, self.shapes, self.dtypes, self.rews, self.rings = [], [], [], [], []
@@ -151,8 +151,7 @@ cdef class FoldKernel:
         Writes the step into column ``cur + 1`` of ``rings`` (it holds no pending step) and
         returns ``(out, accs, new_cur, new_pending)``: the rows the step completes, the new
         accumulators (``held`` unchanged) and the state's cursor and pending counts after it."""
-        cdef Py_ssize_t n = self.n, E = self.num_envs, c = (cur + 1) % n, e, q, k, W, B, j, total = 0
-        cdef Py_ssize_t row
+        cdef Py_ssize_t n = self.n, E = self.num_envs, c = (cur + 1) % n, e, q, k, W, B, row, total = 0
         cdef char* dst
         cdef const char* src
         cdef const double* h
@@ -160,13 +159,10 @@ cdef class FoldKernel:
         cdef double* a
         cdef double w
         cdef cnp.ndarray ring, step, acc, rew
-        cdef int64_t[::1] before = pending
+        cdef const int64_t[::1] before = pending
         cdef int64_t[::1] after
         cdef int64_t count
         cdef int64_t* emit
-        cdef int64_t* envs
-        cdef int64_t* cols
-        cdef int64_t* m
         cdef bint ends
         for name in self.rings:
             ring, step = <cnp.ndarray>rings[name], <cnp.ndarray>rows[name]
@@ -176,7 +172,7 @@ cdef class FoldKernel:
                 with nogil:
                     for e in range(E):
                         memcpy(dst + (e * n + c) * B, src + e * B, B)
-            else:  # numpy walks any strides (a caller's transposed view) in one pass
+            else:  # a converted step of other strides: numpy walks them
                 ring[:, c] = step
         accs = {}
         for name in self.rews:
