@@ -4,9 +4,11 @@ the C base class of :class:`mpreplay.TableParts`.
 
 A training loop makes these calls every step.  Through a Python method each would pass a
 Python frame on its way into the kernel; from here it reaches the kernel directly, which at
-small capacities is a sizeable share of what the call costs.  What is not the usual call (a
-batch, a timeout, values that need converting, n-step folding or compression) goes to the
-table's Python methods and the argument checks of :mod:`mpreplay.checks`, as it always did.
+small capacities is a sizeable share of what the call costs.  An add of exact arrays -- one
+transition or a batch, with priorities and a timeout, into rows or a compressed writer's
+lane -- is the kernel's from the call to the publication; what is not (values that need
+converting or are refused, n-step folding, sequences) goes to the table's Python methods and
+the argument checks of :mod:`mpreplay.checks`.
 """
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
 from cpython.long cimport PyLong_CheckExact
@@ -32,16 +34,19 @@ cdef class TableCalls:
     """The calls of :class:`mpreplay.TableParts` that a loop makes every step."""
 
     def _bind_calls(self, TableHandle kernel, bint plain_rows, bint by_priority=False, bint float32_weights=False,
-                    bint uint64_indexes=False, bint readonly=False) -> None:
-        """Route the calls to ``kernel`` (None: the table is closed).  ``plain_rows``: one
-        transition goes to the kernel as it is, not folded or planned first; ``by_priority``:
-        the selector draws by the priorities given (they may be given and updated, and samples
-        carry importance weights), handed out as float32 rather than float64, the indexes as
-        uint64 rather than int64; ``readonly``: the calls that write refuse."""
+                    bint uint64_indexes=False, bint readonly=False, object frames=None) -> None:
+        """Route the calls to ``kernel`` (None: the table is closed).  ``plain_rows``: rows go to
+        the kernel as they are, not folded or planned first; ``by_priority``: the selector draws
+        by the priorities given (they may be given and updated, and samples carry importance
+        weights), handed out as float32 rather than float64, the indexes as uint64 rather than
+        int64; ``readonly``: the calls that write refuse; ``frames``: the writer
+        (:class:`~mpreplay.frame_store.FrameStore`) of a compressed table whose rows go to the
+        kernel as they are, planned after its ``episode``."""
         self._kernel = kernel
         # A read-only handle's add takes the table's checked path, which refuses it: the
         # one-transition path stays as it was.
         self._plain = plain_rows and not readonly
+        self._frames = None if readonly else frames
         self._readonly = readonly
         self._by_priority = by_priority
         self._weights_f32 = float32_weights
@@ -71,7 +76,15 @@ cdef class TableCalls:
                 return slot
         if priorities is not None and not self._by_priority:
             raise TypeError("priorities: only a table whose selector draws by priority takes initial priorities")
-        return self._add(fields, priorities, timeout)
+        if self._plain:
+            slot = kernel.add_rows(fields, priorities, timeout, None)
+        elif self._frames is not None:
+            # Read each call: the writer starts a new episode after a fork or clear.
+            slot = kernel.add_rows(fields, priorities, timeout, self._frames.episode)
+        else:
+            slot = -1
+        # -1: rows that need converting, checking by name or planning by the table's writer.
+        return slot if slot >= 0 else self._add(fields, priorities, timeout)
 
     def add_row(self, fields: dict[str, Any]) -> int:
         """The kernel's add of one transition, for an adapter that holds its fields as a dict

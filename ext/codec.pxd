@@ -68,7 +68,7 @@ cdef class Staging:
     cdef list names
     cdef list _rows                  # per field: its staging row (a numpy array this object owns)
     cdef uint8_t** _row              # their memory
-    cdef const uint8_t** src         # per field, once staged: the value to copy
+    cdef const uint8_t** src         # per field, once staged: the value to copy (a batch's first row)
     cdef Py_ssize_t* rowbytes        # per field: the bytes of one value
     cdef Kind* _kinds
     cdef bint* _one                  # per field: shape (1,), which a number or a 0-d array fills
@@ -78,4 +78,6 @@ cdef class Staging:
 
     cdef bint stage(self, Py_ssize_t i, object value) except -1
     cdef bint stage_all(self, dict values) except -1
-    cdef int flag_set(self, Py_ssize_t i) except -2
+    cdef Py_ssize_t stage_rows(self, dict values) except -1
+    cdef Py_ssize_t _rows_of(self, Py_ssize_t i, object value) except -1
+    cdef int flag_set(self, Py_ssize_t i, Py_ssize_t row) except -2

@@ -92,6 +92,45 @@ cdef class Staging:
                 return False
         return True
 
+    cdef Py_ssize_t stage_rows(self, dict values) except -1:
+        # Stage every field's rows of `values` -- one transition, or a batch with a leading
+        # dimension -- each row `row` of field i then at src[i] + row * rowbytes[i]; returns how
+        # many rows, or 0 (a field missing, a value that is not a fast-path case, lengths that
+        # disagree) to send the call to the general path.
+        cdef Py_ssize_t i, k = 0, rows
+        cdef PyObject* item
+        for i in range(self.n):
+            item = PyDict_GetItem(values, self.names[i])
+            if item == NULL:
+                return 0
+            rows = self._rows_of(i, <object>item)
+            if rows == 0 or (k and rows != k):
+                return 0
+            k = rows
+        return k
+
+    cdef Py_ssize_t _rows_of(self, Py_ssize_t i, object value) except -1:
+        # Field i's rows in `value`, staged: a batch (an aligned C array of the field's exact dtype
+        # and, after its leading dimension, shape; or, for a field of shape (1,), one number per
+        # row) read in place; anything else one row, as stage() takes it.  0: not a fast-path case.
+        cdef cnp.ndarray arr
+        cdef Py_ssize_t d, nd = self._nd[i]
+        cdef const cnp.npy_intp* dims = self._dims + i * MAX_ROW_DIMS
+        if not cnp.PyArray_CheckExact(value):
+            return 1 if self.stage(i, value) else 0
+        arr = <cnp.ndarray>value
+        if cnp.PyArray_NDIM(arr) == nd + 1:
+            for d in range(nd):
+                if cnp.PyArray_DIM(arr, d + 1) != dims[d]:
+                    return 0
+        elif not (self._one[i] and cnp.PyArray_NDIM(arr) == 1 and cnp.PyArray_DIM(arr, 0) != 1):
+            return 1 if self.stage(i, value) else 0
+        if (cnp.PyArray_TYPE(arr) != self._typenums[i] or not cnp.PyArray_ISCARRAY_RO(arr)
+                or not cnp.PyArray_ISNOTSWAPPED(arr)):
+            return 0
+        self.src[i] = <const uint8_t*>cnp.PyArray_DATA(arr)
+        return cnp.PyArray_DIM(arr, 0)
+
     cdef bint stage(self, Py_ssize_t i, object value) except -1:
         """Convert ``value`` into field i's staging row; False = not a fast-path case."""
         cdef cnp.ndarray arr
@@ -142,10 +181,11 @@ cdef class Staging:
             return overflow == 0 and store_int(kind, x, self._row[i])
         return False
 
-    cdef int flag_set(self, Py_ssize_t i) except -2:
-        # Whether field i's staged value is nonzero (it ends an episode); -1: a kind not judged here.
+    cdef int flag_set(self, Py_ssize_t i, Py_ssize_t row) except -2:
+        # Whether field i's staged value of `row` is nonzero (it ends an episode); -1: a kind not
+        # judged here.
         cdef Kind kind = self._kinds[i]
-        cdef const uint8_t* v = self.src[i]
+        cdef const uint8_t* v = self.src[i] + row * self.rowbytes[i]
         cdef Py_ssize_t b
         if kind == K_F32:
             return (<const float*>v)[0] != 0.0

@@ -1,5 +1,5 @@
 # A compressed writer's episode (see episode.pyx); declared here so its attributes are C
-# fields, not Python ones, which ext/table_handle.pyx's one-step add (add_step) reads and calls.
+# fields, not Python ones, which the kernel's add of exact rows (ext/writes.pyx, add_rows) reads and calls.
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 
 from mpreplay._ext.frame_planner cimport FramePlan, FramePlanner, Observation
@@ -19,12 +19,12 @@ cdef class Episode(EpisodeState):
     cdef double* done_priorities
     cdef tuple _key_shapes                 # per key: the observation's shape,
     cdef int* _key_types                   # its numpy type number
-    cdef Observation* _step_obs            # per key: the row take_step() found, and its next observation
+    cdef Observation* _step_obs            # per key: the rows take_rows() found, and their next observations
     cdef Observation* _step_next
 
-    cdef bint take_step(self, dict values) except -1
-    cdef bint _view(self, Py_ssize_t q, object value, Observation* out) except -1
-    cdef FramePlan plan_step(self, const uint8_t* flag, object keep)
+    cdef bint take_rows(self, dict values, Py_ssize_t k) except -1
+    cdef bint _view(self, Py_ssize_t q, object value, Py_ssize_t k, Observation* out) except -1
+    cdef FramePlan plan_rows(self, Py_ssize_t k, const uint8_t* flag, object keep)
     cdef void copy_frames(self, FramePlan p, const int64_t* slot) noexcept nogil
     cdef Py_ssize_t settle(self, FramePlan p, const int64_t* slot, const double* row_priority, uint8_t* states,
                            double* item_priority) noexcept nogil

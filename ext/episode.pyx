@@ -8,8 +8,8 @@
 buffer's frame stores (:class:`~mpreplay._ext.frames.FrameCopier`).  A write is
 four steps, each changing nothing until the one before succeeded:
 
-1. *plan* (:meth:`Episode.plan`; one step of exact arrays, found in place by
-   ``take_step``, through ``plan_step``, for ``TableHandle.add_step``): every stack
+1. *plan* (:meth:`Episode.plan`; rows of exact arrays, found in place by
+   ``take_rows``, through ``plan_rows``, for ``TableHandle.add_rows``): every stack
    and next observation checked, the items laid out (frame_planner.pyx);
 2. *copy* into the reserved slots (``Episode.store``'s ``copy``);
 3. *publication* (:meth:`Episode.publication`): the waiting rows the batch
@@ -59,7 +59,7 @@ cdef class Episode(EpisodeState):
     planner : the writer's FramePlanner
     frames : per key, its store ``(size,) + frame`` in the buffer
     nxt, depth : the buffer's per-slot next-frame slots (int64) and depths (uint8)
-    key_shapes, key_dtypes : per key, the observation's shape and dtype (what a single step must hold)
+    key_shapes, key_dtypes : per key, the observation's shape and dtype (what exact rows must hold)
     flags : names of the fields whose nonzero value ends an episode
     """
 
@@ -150,36 +150,41 @@ cdef class Episode(EpisodeState):
         finally:
             free(o)
 
-    # -- one step -----------------------------------------------------------------
-    cdef bint take_step(self, dict values) except -1:
-        """Find one step's observations in ``values`` for :meth:`plan_step`: each an exact ndarray of
-        its key's dtype and shape, C-contiguous or (stacked) planar.  False: not such a step."""
+    # -- rows of exact arrays -------------------------------------------------------
+    cdef bint take_rows(self, dict values, Py_ssize_t k) except -1:
+        """Find ``k`` rows' observations in ``values`` for :meth:`plan_rows`: each an exact ndarray
+        of its key's dtype, of its shape (``k`` = 1) or with a leading dimension of ``k``,
+        C-contiguous or (stacked) planar.  False: not such rows."""
         cdef Py_ssize_t q, nk = self.planner.nkeys
         cdef PyObject* item
         for q in range(nk):
             item = PyDict_GetItem(values, self.planner.names[q])
-            if item == NULL or not self._view(q, <object>item, &self._step_obs[q]):
+            if item == NULL or not self._view(q, <object>item, k, &self._step_obs[q]):
                 return False
             if self._next_names[q] is not None:
                 item = PyDict_GetItem(values, self._next_names[q])
-                if item == NULL or not self._view(q, <object>item, &self._step_next[q]):
+                if item == NULL or not self._view(q, <object>item, k, &self._step_next[q]):
                     return False
         return True
 
-    cdef bint _view(self, Py_ssize_t q, object value, Observation* out) except -1:
-        # One observation of key q read in place: interleaved (C order) or planar (the stack
-        # axis, last, with the largest stride: what np.moveaxis makes of a channels-first stack).
+    cdef bint _view(self, Py_ssize_t q, object value, Py_ssize_t k, Observation* out) except -1:
+        # k observations of key q read in place: interleaved (C order) or planar (the stack
+        # axis, last, with the largest stride of a row: what np.moveaxis makes of a
+        # channels-first stack), after a leading dimension of k unless one row of the key's shape.
         cdef cnp.ndarray arr
         cdef tuple shape = self._key_shapes[q]
-        cdef Py_ssize_t d, nd = len(shape), itemsize, stride
+        cdef Py_ssize_t d, nd = len(shape), lead, itemsize, stride
         if not cnp.PyArray_CheckExact(value):
             return False
         arr = <cnp.ndarray>value
+        lead = cnp.PyArray_NDIM(arr) - nd  # 1: rows, 0: one row
         if (cnp.PyArray_TYPE(arr) != self._key_types[q] or not cnp.PyArray_ISNOTSWAPPED(arr)
-                or cnp.PyArray_NDIM(arr) != nd):
+                or not (lead == 1 or (lead == 0 and k == 1))):
+            return False
+        if lead and cnp.PyArray_DIM(arr, 0) != k:
             return False
         for d in range(nd):
-            if cnp.PyArray_DIM(arr, d) != <Py_ssize_t>shape[d]:
+            if cnp.PyArray_DIM(arr, lead + d) != <Py_ssize_t>shape[d]:
                 return False
         out.data = <const uint8_t*>cnp.PyArray_DATA(arr)
         out.planar = False
@@ -189,19 +194,21 @@ cdef class Episode(EpisodeState):
             return False
         itemsize = cnp.PyArray_ITEMSIZE(arr)
         stride = itemsize
-        for d in range(nd - 2, -1, -1):
+        for d in range(lead + nd - 2, lead - 1, -1):
             if cnp.PyArray_DIM(arr, d) > 1 and cnp.PyArray_STRIDE(arr, d) != stride:
                 return False
             stride *= cnp.PyArray_DIM(arr, d)
-        if cnp.PyArray_STRIDE(arr, nd - 1) != stride:
+        if cnp.PyArray_STRIDE(arr, lead + nd - 1) != stride:
             return False
+        if lead and k > 1 and cnp.PyArray_STRIDE(arr, 0) != stride * cnp.PyArray_DIM(arr, lead + nd - 1):
+            return False  # rows that do not follow one another
         out.planar = True
         return True
 
-    cdef FramePlan plan_step(self, const uint8_t* flag, object keep):
-        """Plan the step :meth:`take_step` found (``flag``: it ends its episode), as
-        :meth:`plan` plans a batch of one; ``keep`` holds its arrays."""
-        return self.planner.plan(1, self._step_obs, self._step_next, flag, self, False, keep, 0, False)
+    cdef FramePlan plan_rows(self, Py_ssize_t k, const uint8_t* flag, object keep):
+        """Plan the ``k`` rows :meth:`take_rows` found (``flag``: per row, it ends its episode),
+        as :meth:`plan` plans them; ``keep`` holds their arrays."""
+        return self.planner.plan(k, self._step_obs, self._step_next, flag, self, False, keep, 0, False)
 
     # -- any batch ----------------------------------------------------------------
     cdef void copy_frames(self, FramePlan p, const int64_t* slot) noexcept nogil:

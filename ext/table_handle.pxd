@@ -2,6 +2,7 @@
 cimport cython
 cimport numpy as cnp
 
+from mpreplay._ext.episode cimport Episode
 from mpreplay._ext.handle_state cimport HandleState
 from mpreplay._ext.table_parts cimport TableParts
 
@@ -14,6 +15,7 @@ cdef class TableHandle:
     cdef readonly Py_ssize_t size
 
     cpdef Py_ssize_t add_one(self, dict values, double priority=*, object timeout=*) except -2
+    cpdef Py_ssize_t add_rows(self, dict values, object priorities=*, object timeout=*, Episode episode=*) except -2
     cpdef dict sample(self, Py_ssize_t batch_size, bint stratified, double beta=*, object timeout=*, dict out=*,
                       bint leaves=*, bint float32_weights=*, bint uint64_indexes=*)
     cpdef Py_ssize_t update(self, object slots, object priorities) except -2

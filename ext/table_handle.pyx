@@ -269,17 +269,21 @@ cdef class TableHandle:
         """
         return writes.add_one(self._table, self._handle, values, priority, timeout)
 
-    def add_step(self, dict values not None, double priority, timeout, Episode episode not None):
-        """Store one step of a compressed writer's episode, given as Python scalars and
-        exact-dtype arrays: checked, laid out, copied and published in the kernel.
+    cpdef Py_ssize_t add_rows(self, dict values, object priorities=None, object timeout=None,
+                              Episode episode=None) except -2:
+        """Store one transition, or a batch with a leading dimension, of exact-dtype arrays
+        (Python scalars for one transition) -- a compressed table's as the steps of the writer
+        ``episode``, which must hold a lane -- with ``priorities`` (None: the stored maximum; one
+        Python float for all; a C-contiguous float64 array of one per row) within ``timeout``
+        seconds (None: no limit): checked, laid out, copied and published in the kernel.
 
-        Returns the step's slot, or -1 when it needs the writer's general path (a value
-        that needs numpy's conversion, a writer without a lane yet, a sequence table)
-        -- then nothing was changed.  Raises ValueError, changing nothing, when a stack
-        or next observation cannot be rebuilt bit for bit (see ext/episode.pyx).
-        A negative ``priority`` means "the stored maximum".
+        Returns the slot of the first row, or -1 when the rows need the writer's general path
+        (a value that needs numpy's conversion or is refused there, more rows than the lane
+        holds, a writer without a lane yet, a sequence table) -- then nothing was changed.
+        Raises ValueError, changing nothing, when a stack or next observation cannot be
+        rebuilt bit for bit (see ext/episode.pyx); TimeoutError as ``add`` does.
         """
-        return writes.add_step(self._table, self._handle, values, priority, timeout, episode)
+        return writes.add_rows(self._table, self._handle, values, priorities, timeout, episode)
 
     # -- readers (ext/draws.pyx) -------------------------------------------------
     cpdef dict sample(self, Py_ssize_t batch_size, bint stratified, double beta=-1.0, object timeout=None, dict out=None,

@@ -34,7 +34,8 @@ cdef Py_ssize_t publish(TableParts t, Py_ssize_t start, const uint64_t[::1] rese
                         const uint64_t[::1] complete_generations, const double[::1] complete_priorities,
                         tuple sequences, const int64_t[::1] slots, Py_ssize_t back) except -1
 cdef Py_ssize_t add_one(TableParts t, HandleState h, dict values, double priority, object timeout) except -2
-cdef Py_ssize_t add_step(TableParts t, HandleState h, dict values, double priority, object timeout, Episode episode) except -2
+cdef Py_ssize_t add_rows(TableParts t, HandleState h, dict values, object priorities, object timeout,
+                         Episode episode) except -2
 cdef Py_ssize_t claim_lane(TableParts t, double deadline) except -1
 cdef int release_lane(TableParts t, Py_ssize_t lane) except -1
 cdef int clear(TableParts t) except -1

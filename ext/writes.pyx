@@ -4,13 +4,17 @@
 A writer reserves slots under the lock (generation made odd, weight cleared so the slot
 cannot be drawn), copies its rows without the lock, and publishes under the lock
 (generation made even, weight set) -- every publication through :func:`publish_locked`,
-which gives the reservation up when the lock cannot be had in time.  The one-row adds
-(:func:`add_one`, :func:`add_step`) stay in C from the call to the publication.  See
+which gives the reservation up when the lock cannot be had in time.  The adds of exact
+arrays (:func:`add_one`: one transition; :func:`add_rows`: a batch, priorities, a timeout,
+a compressed writer's steps) stay in C from the call to the publication.  See
 docs/architecture.md, "Data path" and "Concurrency protocol".
 """
 from libc.math cimport INFINITY
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
 from cpython.dict cimport PyDict_Size
+from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
+from cpython.long cimport PyLong_CheckExact
 
 cimport numpy as cnp
 
@@ -264,11 +268,11 @@ cdef Py_ssize_t publish(TableParts t, Py_ssize_t start, const uint64_t[::1] rese
                           &open_steps[0] if ns else NULL, &open_priorities[0] if ns else NULL, ns, back)
 
 
-cdef inline void _copy_staged(TableParts t, HandleState h, Py_ssize_t slot) noexcept nogil:
-    # The staged values of every field into the slot's rows.
+cdef inline void _copy_staged(TableParts t, HandleState h, Py_ssize_t slot, Py_ssize_t row) noexcept nogil:
+    # The staged values of every field of `row` into the slot's rows.
     cdef Py_ssize_t i
     for i in range(t.nfields):
-        memcpy(t.rows[i] + slot * t.pitch[i], h.staging.src[i], t.rowbytes[i])
+        memcpy(t.rows[i] + slot * t.pitch[i], h.staging.src[i] + row * h.staging.rowbytes[i], t.rowbytes[i])
 
 
 cdef Py_ssize_t add_one(TableParts t, HandleState h, dict values, double priority, object timeout) except -2:
@@ -288,55 +292,174 @@ cdef Py_ssize_t add_one(TableParts t, HandleState h, dict values, double priorit
     slot = reserve_waiting(t, 1, &reserved, True, deadline, 0, 0, &free_slot)
     if slot == SCATTERED:
         slot = free_slot
-    _copy_staged(t, h, slot)
+    _copy_staged(t, h, slot, 0)
     publish_locked(t, deadline, 0, slot, 1, &reserved, NULL, &priority if priority >= 0.0 else NULL, NULL,
                    NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, slot)
     return slot
 
 
-cdef Py_ssize_t add_step(TableParts t, HandleState h, dict values, double priority, object timeout, Episode episode) except -2:
-    # TableHandle.add_step: one step of a compressed writer's episode, or -1.
-    cdef Py_ssize_t j, lane = episode.lane, start, row_slot, done
-    cdef int flag
-    cdef uint8_t flagged = 0
-    cdef uint64_t reserved[2]
-    cdef int64_t slots[2]
-    cdef uint8_t states[2]
-    cdef double item_priority[2]
-    cdef const double* row_priority = &priority if priority >= 0.0 else NULL
-    cdef FramePlan plan
+cdef bint _take_deadline(object timeout, double* deadline) except -1:
+    # The deadline of a timeout the kernel takes as it is: None, or a Python float or int
+    # >= 0 and finite.  False: the general path checks it (and names what it expected).
+    if timeout is not None and not ((PyFloat_CheckExact(timeout) and 0.0 <= PyFloat_AS_DOUBLE(timeout) < INFINITY)
+                                    or (PyLong_CheckExact(timeout) and timeout >= 0)):
+        return False
+    deadline[0] = deadline_of(timeout)
+    return True
+
+
+cdef bint _take_priorities(TableParts t, object priorities, Py_ssize_t k, double* one,
+                           const double** out) except -1:
+    # The priorities of k rows as the kernel takes them, into *out (NULL: the stored maximum):
+    # None, one Python float for all (written k times into `one`), or an aligned C array of k
+    # float64.  False: the general path converts them, or refuses a value out of range by name.
+    cdef cnp.ndarray arr
+    cdef const double* p
+    cdef double top = t.selector.max_priority
+    cdef Py_ssize_t j
+    if priorities is None:
+        out[0] = NULL
+        return True
+    if PyFloat_CheckExact(priorities):
+        if not 0.0 <= PyFloat_AS_DOUBLE(priorities) <= top:  # False for NaN
+            return False
+        for j in range(k):
+            one[j] = PyFloat_AS_DOUBLE(priorities)
+        out[0] = one
+        return True
+    if not cnp.PyArray_CheckExact(priorities):
+        return False
+    arr = <cnp.ndarray>priorities
+    if (cnp.PyArray_NDIM(arr) != 1 or cnp.PyArray_DIM(arr, 0) != k or cnp.PyArray_TYPE(arr) != cnp.NPY_DOUBLE
+            or not cnp.PyArray_ISCARRAY_RO(arr) or not cnp.PyArray_ISNOTSWAPPED(arr)):
+        return False
+    p = <const double*>cnp.PyArray_DATA(arr)
+    for j in range(k):
+        if not 0.0 <= p[j] <= top:
+            return False
+    out[0] = p
+    return True
+
+
+cdef Py_ssize_t add_rows(TableParts t, HandleState h, dict values, object priorities, object timeout,
+                         Episode episode) except -2:
+    # TableHandle.add_rows: one transition or a batch of exact-dtype arrays (a compressed table's:
+    # after `episode`, the writer's), or -1 -- then nothing changed.  Every check runs before
+    # anything is written; what fails one goes to the general path, which converts or refuses it.
+    cdef Py_ssize_t k
     cdef double deadline
-    if t.sequences is not None or lane < 0 or PyDict_Size(values) != t.nfields + episode.observations:
+    cdef const double* prio
+    cdef double* one
+    if values is None:
+        raise TypeError("values: expected a dict of the fields, got None")
+    if t.sequences is not None or (t.frames is None) != (episode is None):
         return -1
-    if not t.slots.remover.overwrites:  # the general path moves an episode its lane's unread items block
-        return -1
-    if not h.staging.stage_all(values):
-        return -1
-    if not episode.take_step(values):
-        return -1
-    for name in episode.flags:
-        flag = h.staging.flag_set(h.staging.names.index(name))
-        if flag < 0:
+    if episode is None:
+        if PyDict_Size(values) != t.nfields:
             return -1
-        flagged |= flag
-    # Every check runs here, before anything is written.
-    plan = episode.plan_step(&flagged, values)
-    deadline = deadline_of(timeout)
-    start = reserve_waiting(t, plan.items, reserved, True, deadline, lane)
-    for j in range(plan.items):
-        slots[j] = t.slots.slot(lane, start, j)
-    row_slot = slots[plan.item_of(0)]
-    with nogil:
-        episode.copy_frames(plan, slots)
-        _copy_staged(t, h, row_slot)
-        done = episode.settle(plan, slots, row_priority, states, item_priority)
-    # A slot lost to a writer that took it over stays unsampleable, as in publish().  Rows
-    # published WAITING by earlier calls complete with this publication.
-    publish_locked(t, deadline, lane, start, plan.items, reserved, NULL,
-                   item_priority if row_priority != NULL else NULL, states, episode.done_slots, episode.done_generations, episode.done_priorities, done,
-                   NULL, NULL, NULL, NULL, 0, start)
-    episode.advance_past(plan, slots, reserved, row_priority)
-    return row_slot
+    elif (PyDict_Size(values) != t.nfields + episode.observations or episode.lane < 0
+          or not t.slots.remover.overwrites):  # the general path moves an episode its lane's unread items block
+        return -1
+    k = h.staging.stage_rows(values)
+    if k == 0 or (episode is None and k > t.slots.lane_length(0)):  # more rows than slots: the newest kept
+        return -1
+    if episode is not None and not episode.take_rows(values, k):
+        return -1
+    if not _take_deadline(timeout, &deadline):
+        return -1
+    one = <double*>malloc(k * sizeof(double))
+    if one == NULL:
+        raise MemoryError()
+    try:
+        if not _take_priorities(t, priorities, k, one, &prio):
+            return -1
+        if episode is None:
+            return _write_rows(t, h, k, prio, deadline)
+        return _write_steps(t, h, k, prio, deadline, episode, values)
+    finally:
+        free(one)
+
+
+cdef Py_ssize_t _write_rows(TableParts t, HandleState h, Py_ssize_t k, const double* prio,
+                            double deadline) except -2:
+    # The k staged rows into k slots of the one lane where the remover places them (a queue's:
+    # whichever are free); returns the slot of the first.
+    cdef Py_ssize_t j, start
+    cdef bint scattered
+    cdef uint64_t* reserved = <uint64_t*>malloc(k * (sizeof(uint64_t) + sizeof(int64_t)))
+    cdef int64_t* slot = <int64_t*>(reserved + k)
+    if reserved == NULL:
+        raise MemoryError()
+    try:
+        start = reserve_waiting(t, k, reserved, True, deadline, 0, 0, slot)
+        scattered = start == SCATTERED
+        if scattered:
+            start = slot[0]
+        else:
+            for j in range(k):
+                slot[j] = t.slots.slot(0, start, j)
+        with nogil:
+            for j in range(k):
+                _copy_staged(t, h, slot[j], j)
+        # A run is published (or given up, its lane's cursor put back) as a run.
+        publish_locked(t, deadline, 0, start, k, reserved, slot if scattered else NULL, prio, NULL, NULL, NULL, NULL,
+                       0, NULL, NULL, NULL, NULL, 0, start)
+        return start
+    finally:
+        free(reserved)
+
+
+cdef Py_ssize_t _write_steps(TableParts t, HandleState h, Py_ssize_t k, const double* prio, double deadline,
+                             Episode episode, dict values) except -2:
+    # The k staged steps of a compressed writer's episode, their observations found by take_rows:
+    # planned (every stack and next observation checked), copied, published, the episode moved
+    # past them; returns the slot of the first row.
+    cdef Py_ssize_t i, j, r, n, lane = episode.lane, start, done
+    cdef int flag
+    cdef FramePlan plan
+    cdef uint8_t* flags = <uint8_t*>calloc(k, 1)
+    cdef uint64_t* reserved = NULL
+    cdef int64_t* slot
+    cdef double* item_priority
+    cdef uint8_t* states
+    if flags == NULL:
+        raise MemoryError()
+    try:
+        for name in episode.flags:
+            i = h.staging.names.index(name)
+            for r in range(k):
+                flag = h.staging.flag_set(i, r)
+                if flag < 0:
+                    return -1
+                flags[r] |= flag
+        plan = episode.plan_rows(k, flags, values)
+        n = plan.items
+        if n == 0 or n > t.slots.lane_length(lane):  # the general path says so
+            return -1
+        reserved = <uint64_t*>malloc(n * (sizeof(uint64_t) + sizeof(int64_t) + sizeof(double) + 1))
+        if reserved == NULL:
+            raise MemoryError()
+        slot = <int64_t*>(reserved + n)
+        item_priority = <double*>(slot + n)
+        states = <uint8_t*>(item_priority + n)
+        start = reserve_waiting(t, n, reserved, True, deadline, lane)
+        for j in range(n):
+            slot[j] = t.slots.slot(lane, start, j)
+        with nogil:
+            episode.copy_frames(plan, slot)
+            for r in range(k):
+                _copy_staged(t, h, slot[plan.item_of(r)], r)
+            done = episode.settle(plan, slot, prio, states, item_priority)
+        # A slot lost to a writer that took it over stays unsampleable, as in publish().  Rows
+        # published WAITING by earlier calls complete with this publication.
+        publish_locked(t, deadline, lane, start, n, reserved, NULL, item_priority if prio != NULL else NULL, states,
+                       episode.done_slots, episode.done_generations, episode.done_priorities, done,
+                       NULL, NULL, NULL, NULL, 0, start)
+        episode.advance_past(plan, slot, reserved, prio)
+        return slot[plan.item_of(0)]
+    finally:
+        free(flags)
+        free(reserved)
 
 
 cdef Py_ssize_t claim_lane(TableParts t, double deadline) except -1:

@@ -4,9 +4,11 @@ A checkpoint is a folder of two files: ``data.bin``, the bytes of the table's ar
 memory holds them (rows and frames as stored -- each frame once --, the slot states and
 generations, the selector's state, the counters, the rate limiter's settings, the lanes), and
 ``manifest.json``: the format version, the mpreplay version, the table's configuration (as
-JSON, :mod:`mpreplay.config_json`), every array's name, shape, dtype and place in ``data.bin``
-with a CRC-32 per chunk of it, and the random stream of the handle that took it.  The manifest
-carries a CRC-32 of itself.  Nothing in it is code: restoring reads JSON and raw bytes.
+JSON, :mod:`mpreplay.config_json`), every array's name, shape, dtype and chunks -- each with
+the CRC-32 of its bytes and where they are stored in ``data.bin``, as they are or deflated
+(``compress=True``, :mod:`mpreplay.checkpoint_codec`) --, and the random stream of the handle
+that took it.  The manifest carries a CRC-32 of itself.  Nothing in it is code: restoring reads
+JSON and raw or deflated bytes.
 
 The cut is consistent without holding the lock across the copy.  Under the lock, in short
 holds, the per-slot arrays and counters are copied to memory: that is the cut
@@ -43,11 +45,6 @@ from typing import Any
 
 import numpy as np
 
-try:  # ISA-L's CRC-32: zlib's sums, 5-10x faster (the checkpoint extra); else zlib's
-    from isal.isal_zlib import crc32
-except ImportError:  # pragma: no cover - the checkpoint extra is not installed
-    from zlib import crc32
-
 from ._ext.schema import (
     COMPLETE,
     EMPTY,
@@ -65,6 +62,7 @@ from ._ext.schema import (
     frames_array,
 )
 from ._version import __version__
+from .checkpoint_codec import THREADS, DeflatedChunks, RawChunks
 from .checkpoint_cut import stepper, take
 from .config_json import to_json
 from .errors import CheckpointError
@@ -77,9 +75,9 @@ __all__ = [
     "CHUNK_BYTES",
     "DATA",
     "FORMAT",
+    "READABLE",
     "VERSION",
     "Source",
-    "crc32",
     "describe",
     "flat_bytes",
     "read_manifest",
@@ -87,7 +85,8 @@ __all__ = [
 ]
 
 FORMAT = "mpreplay-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: a chunk records where its stored bytes lie, and may be deflated (checkpoint_codec.py)
+READABLE = (1, 2)  # the format versions restore reads
 MANIFEST = "manifest.json"
 DATA = "data.bin"
 CHUNK_BYTES = 16 * 2**20  # per checksum: small enough to copy while writers go on, large enough to stream
@@ -148,10 +147,16 @@ class Source:
 
 
 def write(
-    path: str | os.PathLike[str], source: Source, *, timeout: float | None, chunk_bytes: int = CHUNK_BYTES
+    path: str | os.PathLike[str],
+    source: Source,
+    *,
+    timeout: float | None,
+    compress: bool = False,
+    chunk_bytes: int = CHUNK_BYTES,
 ) -> dict[str, Any]:
     """Write a checkpoint of the table ``source`` describes to folder ``path``, replacing the
-    one there atomically; ``timeout`` bounds the wait for its lock.  Returns the manifest written."""
+    one there atomically; ``timeout`` bounds the wait for its lock; ``compress``: each chunk
+    deflated (:mod:`mpreplay.checkpoint_codec`).  Returns the manifest written."""
     final = os.path.abspath(os.fspath(path))
     if os.path.lexists(final) and not (
         os.path.isdir(final) and (not os.listdir(final) or os.path.exists(os.path.join(final, MANIFEST)))
@@ -162,7 +167,7 @@ def write(
     _clear_leftovers(final)
     os.makedirs(tmp)
     try:
-        doc = _write_folder(tmp, source, timeout, chunk_bytes)
+        doc = _write_folder(tmp, source, timeout, chunk_bytes, compress)
         fsync_folder(tmp)
         _put_in_place(tmp, final)
     except BaseException:
@@ -199,7 +204,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _write_folder(tmp: str, source: Source, timeout: float | None, chunk: int) -> dict[str, Any]:
+def _write_folder(tmp: str, source: Source, timeout: float | None, chunk: int, compress: bool) -> dict[str, Any]:
     config, layout, arrays, handle = source.config, source.layout, source.arrays, source.handle
     stored = [e for e in layout.entries if e[0] not in NOT_STORED]
     back, ahead = source.reach
@@ -211,32 +216,33 @@ def _write_folder(tmp: str, source: Source, timeout: float | None, chunk: int) -
     stored_at_cut = int(np.count_nonzero(state == COMPLETE))
     bulk = [(name, shape, dtype, flat_bytes(arrays[name])) for name, shape, dtype, _ in stored if _is_bulk(name)]
     entries: list[dict[str, Any]] = []
-    offset = 0
+    starts, offset = [], 0  # where each array lies in a raw checkpoint's file
     for (name, shape, dtype, flat), at in zip(bulk, (e[3] for e in stored if _is_bulk(e[0])), strict=True):
         # In the file where it lies in the segment modulo ALIGN: restoring reads it by direct I/O.
         offset += (at - offset) % ALIGN
-        entries.append({"name": name, "shape": list(shape), "dtype": dtype, "offset": offset, "chunks": []})
+        entries.append({"name": name, "shape": list(shape), "dtype": dtype, "chunks": []})
+        starts.append(offset)
         offset += flat.size
     changed = taken.moved.copy()
-    # A thread of each call's own (a forked child has none of its parent's) sums each chunk while
-    # it is written (both CRC-32s release the GIL).
-    with open(os.path.join(tmp, DATA), "wb", buffering=0) as f, ThreadPoolExecutor(1) as sums:
+    per_slot = sum(flat.size for *_, flat in bulk) // size
+    block = max(1, chunk // max(1, per_slot))
+    # Threads of each call's own (a forked child has none of its parent's) sum each chunk while
+    # it is written, or deflate chunks while the next is copied (both release the GIL).
+    with (
+        open(os.path.join(tmp, DATA), "wb", buffering=0) as f,
+        ThreadPoolExecutor(THREADS if compress else 1) as pool,
+    ):
         writeback = Writeback(f.fileno())  # the disk writes as the copy goes on; the cache keeps 64 MB of it
+        out = (DeflatedChunks if compress else RawChunks)(f.fileno(), writeback, pool, max(chunk, per_slot))
         # The rows and frames of a block of slots, then whether those slots changed since the
         # cut: a slot that did not held its cut's row while it was copied (whatever came after).
-        per_slot = sum(flat.size for *_, flat in bulk) // size
-        block = max(1, chunk // max(1, per_slot))
-        scratch = np.empty(max(chunk, per_slot), dtype=np.uint8)
-        for a in range(0, size, block):
+        for a in range(0, size if bulk else 0, block):
             b = min(size, a + block)
-            for entry, (*_, flat) in zip(entries, bulk, strict=True):
+            for entry, start, (*_, flat) in zip(entries, starts, bulk, strict=True):
                 width = flat.size // size
-                piece = scratch[: (b - a) * width]
+                piece = out.scratch((b - a) * width)
                 np.copyto(piece, flat[a * width : b * width])
-                summed = sums.submit(crc32, piece.data)  # beside the write: both only read the piece
-                _pwrite(f.fileno(), piece, entry["offset"] + a * width)
-                writeback.wrote(entry["offset"] + a * width, piece.size)
-                entry["chunks"].append([int(piece.size), summed.result()])
+                out.put(piece, start + a * width, entry["chunks"])
             changed[a:b] |= handle.changed_since(gen, a, b)
         # A changed slot's bytes are not the cut's, and the rows that may read its frames cannot
         # be rebuilt: all are retired (EMPTY, as a row drawn max_times_sampled times), and every
@@ -253,17 +259,15 @@ def _write_folder(tmp: str, source: Source, timeout: float | None, chunk: int) -
             broken = _closed_sequences(cut, lost, config.sequence.length)
             cut[SEQUENCE_STEPS_ARRAY][broken] = 0
             closed = int(broken.sum())
-        f.seek(offset)
         for name, shape, dtype, _ in stored:
             if not _is_bulk(name):
                 flat = flat_bytes(cut[name])
-                chunks = []
+                chunks: list[list[int]] = []
                 for a in range(0, flat.size, chunk):
-                    piece = flat[a : a + chunk]
-                    chunks.append([int(piece.size), crc32(piece.data)])
-                    f.write(piece.data)
-                entries.append({"name": name, "shape": list(shape), "dtype": dtype, "offset": offset, "chunks": chunks})
+                    out.put(flat[a : a + chunk], offset + a, chunks)
+                entries.append({"name": name, "shape": list(shape), "dtype": dtype, "chunks": chunks})
                 offset += flat.size
+        data_nbytes = out.finish()
         writeback.finish()
         os.fsync(f.fileno())
     doc = {
@@ -274,7 +278,8 @@ def _write_folder(tmp: str, source: Source, timeout: float | None, chunk: int) -
         "class": source.kind,
         "config": to_json(config),
         "nbytes": layout.nbytes,
-        "data_nbytes": offset,
+        "data_nbytes": data_nbytes,
+        "compression": out.compression,  # None: raw
         "stored": stored_at_cut,
         "rows_left_out": left_out,  # complete rows (a row waiting for its next frame is not stored)
         "sequences_closed": closed,
@@ -289,13 +294,6 @@ def _write_folder(tmp: str, source: Source, timeout: float | None, chunk: int) -
         f.flush()
         os.fsync(f.fileno())
     return doc
-
-
-def _pwrite(fd: int, data: np.ndarray, offset: int) -> None:
-    view = data.data
-    while view.nbytes:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
 
 
 def _signed(doc: dict[str, Any]) -> str:
@@ -340,7 +338,9 @@ def _put_in_place(tmp: str, final: str) -> None:
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The manifest of the checkpoint at folder ``path``, checked (its own checksum, format and
-    version); :class:`~mpreplay.errors.CheckpointError` naming what is wrong otherwise."""
+    version) and in this version's form (a version 1 manifest's chunks say where they lie, its
+    ``compression`` is None); :class:`~mpreplay.errors.CheckpointError` naming what is wrong
+    otherwise."""
     where = os.path.join(os.fspath(path), MANIFEST)
     try:
         with open(where, encoding="utf-8") as f:
@@ -354,27 +354,38 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     checksum = doc.pop("checksum", None)
     if checksum != zlib.crc32(json.dumps(doc, sort_keys=True).encode()):
         raise CheckpointError(f"{where}: the manifest is damaged (its checksum does not match)")
-    if doc.get("version") != VERSION:
+    if doc.get("version") not in READABLE:
         raise CheckpointError(
             f"{where}: checkpoint format version {doc.get('version')!r} (written by mpreplay "
-            f"{doc.get('mpreplay')}); this mpreplay {__version__} reads version {VERSION}"
+            f"{doc.get('mpreplay')}); this mpreplay {__version__} reads versions {', '.join(map(str, READABLE))}"
         )
     wrong = _malformed(doc)
     if wrong:
         raise CheckpointError(f"{where}: the manifest's {wrong} is not what a checkpoint writes there")
+    if doc["version"] == 1:  # raw, each array's chunks one after the other from its offset
+        doc["compression"] = None
+        for e in doc["arrays"]:
+            at = e.pop("offset")
+            for c in e["chunks"]:
+                c += [at, c[0]]
+                at += c[0]
     return doc
+
+
+# What a manifest's "compression" may be: raw, or deflated by either implementation (either inflates).
+_COMPRESSIONS = (None, {"format": "deflate", "by": "isal"}, {"format": "deflate", "by": "zlib"})
 
 
 def _is_ints(value: Any, length: int | None = None) -> bool:
     return (
         isinstance(value, list)
         and (length is None or len(value) == length)
-        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
     )
 
 
 def _malformed(doc: dict[str, Any]) -> str | None:
-    """The first entry of a manifest (of this format version) that is not of the kind written, or None."""
+    """The first entry of a manifest (of a version read) that is not of the kind written, or None."""
     kinds = {
         "class": str,
         "config": dict,
@@ -388,15 +399,18 @@ def _malformed(doc: dict[str, Any]) -> str | None:
     for key, kind in kinds.items():
         if not isinstance(doc.get(key), kind):
             return f"{key!r}"
+    v1 = doc["version"] == 1
+    if not v1 and doc.get("compression") not in _COMPRESSIONS:
+        return "'compression'"
     for j, e in enumerate(doc["arrays"]):
         if not (
             isinstance(e, dict)
             and isinstance(e.get("name"), str)
             and isinstance(e.get("dtype"), str)
             and _is_ints(e.get("shape"))
-            and _is_ints([e.get("offset")])
+            and (not v1 or _is_ints([e.get("offset")]))
             and isinstance(e.get("chunks"), list)
-            and all(_is_ints(c, 2) for c in e["chunks"])
+            and all(_is_ints(c, 2 if v1 else 4) for c in e["chunks"])
         ):
             return f"arrays[{j}]"
     return None
@@ -408,6 +422,8 @@ def describe(path: str | os.PathLike[str]) -> str:
     doc = read_manifest(path)
     config = doc["config"]
     fields = ", ".join(f"{s['name']} {tuple(s['shape'])} {s['dtype']}" for s in config["specs"])
+    raw = sum(c[0] for e in doc["arrays"] for c in e["chunks"])
+    packing = doc["compression"]
     lines = [
         f"mpreplay checkpoint, format version {doc['version']}, written by mpreplay {doc['mpreplay']}",
         f"created: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(doc['created']))}",
@@ -424,9 +440,18 @@ def describe(path: str | os.PathLike[str]) -> str:
             f"data: {doc['data_nbytes'] / 2**20:.1f} MiB (the table's memory: {doc['nbytes'] / 2**20:.1f} MiB); "
             f"the cut held the lock {doc.get('cut_holds', 1)} times, longest {doc['cut_seconds'] * 1e3:.1f} ms"
         ),
-        "arrays:",
+        (
+            "compression: none (the arrays' bytes as they are)"
+            if packing is None
+            else f"compression: {packing['format']} by {packing['by']}, {raw / 2**20:.1f} MiB stored in "
+            f"{doc['data_nbytes'] / 2**20:.1f} MiB (ratio {raw / max(1, doc['data_nbytes']):.1f}x)"
+        ),
+        "arrays:" if packing is None else "arrays (MiB as in memory, then as stored):",
     ]
     for e in doc["arrays"]:
-        nbytes = sum(n for n, _ in e["chunks"])
-        lines.append(f"  {e['name']:<24} {tuple(e['shape'])!s:<22} {e['dtype']:<5} {nbytes / 2**20:9.2f} MiB")
+        nbytes = sum(c[0] for c in e["chunks"])
+        line = f"  {e['name']:<24} {tuple(e['shape'])!s:<22} {e['dtype']:<5} {nbytes / 2**20:9.2f} MiB"
+        if packing is not None:
+            line += f" {sum(c[3] for c in e['chunks']) / 2**20:9.2f} MiB"
+        lines.append(line)
     return "\n".join(lines)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import numpy as np
 
@@ -81,8 +80,9 @@ class FrameStore:
             ],
             MAX_NEXT,
         )
-        # The episode in progress: what the next rows are checked against, copied.
-        self._episode = self._new_episode()
+        # The episode in progress: what the next rows are checked against, copied.  The
+        # table's add hands it to the kernel with the rows (ext/calls.pyx): read it each call.
+        self.episode = self._new_episode()
         # A keep-unread table's writer moves its episode where the lane has room (see _reserve).
         self._waiting = WaitingRows() if handle.keeps_unread else None
         self._between: Episode | None = None  # a writer's state between episodes, for episode_slots
@@ -156,7 +156,7 @@ class FrameStore:
         nexts: list[tuple[np.ndarray, bool] | None] = [None] * len(self._keys)
         for q, key in self._next_keys:
             nexts[q] = self._observations(k, rows, f"next_{key}", q)
-        episode = self._episode if episode is None else episode
+        episode = self.episode if episode is None else episode
         return episode.plan(k, obs, nexts, self._flags(k, rows), end_episode, resume, open_end)
 
     def episode_slots(self, k: int, rows: Mapping[str, np.ndarray], resume: int = 0) -> int:
@@ -171,13 +171,7 @@ class FrameStore:
     @property
     def waiting(self) -> int:
         """The newest rows written that wait for the frame of their next observation."""
-        return self._episode.waiting
-
-    def add_one(self, fields: dict[str, Any], priority: float, timeout: float | None) -> int:
-        """Store one step given as exact-dtype arrays and Python scalars, all in the kernel
-        (``TableHandle.add_step``); returns its slot, or -1 when it needs :meth:`write` -- then
-        nothing was changed.  A negative ``priority`` means "the stored maximum"."""
-        return self._handle.add_step(fields, priority, timeout, self._episode)
+        return self.episode.waiting
 
     def write(
         self,
@@ -243,14 +237,14 @@ class FrameStore:
         end_episode: bool,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Reserve, copy and publish what ``plan`` laid out, then move the episode past it."""
-        lane = self._episode.lane
+        lane = self.episode.lane
         lo, hi = self._arrays[LANES_ARRAY][lane, [LANE_START, LANE_END]]
         if plan.items > hi - lo:
             raise ValueError(f"add: {plan.items} slots at once exceed the lane's {hi - lo}; add fewer rows per call")
         if priorities is not None:
             priorities = np.ascontiguousarray(priorities, dtype=np.float64)
         if self._waiting is None or meta is not None or opening is not None:
-            episode, reservation = self._episode, self._handle.reserve(plan.items, until, True, lane)
+            episode, reservation = self.episode, self._handle.reserve(plan.items, until, True, lane)
         else:
             moved = self._reserve(plan, k, rows, priorities, until, end_episode)
             plan, episode, k, rows, priorities, reservation = moved
@@ -297,7 +291,7 @@ class FrameStore:
         episode moved (see mpreplay/waiting_rows.py).  Returns ``(plan, episode, k, rows,
         priorities, reservation)`` of the write to make."""
         assert self._waiting is not None
-        handle, episode, moved = self._handle, self._episode, None
+        handle, episode, moved = self._handle, self.episode, None
         while True:
             try:
                 look_again = min(until, time.monotonic() + _LOOK_AGAIN)
@@ -329,13 +323,13 @@ class FrameStore:
     ) -> None:
         """Move ``episode`` -- the writer's from now on -- past what ``plan`` wrote."""
         episode.advance(plan, slots, reserved, priorities)
-        self._episode = episode
+        self.episode = episode
         if self._waiting is not None:
             self._waiting.keep(k, rows, priorities, episode.waiting)
 
     def _claim(self, until: float) -> int:
         """This writer's lane, claimed now if it has none (ValueError when every lane has a live writer)."""
-        episode = self._episode
+        episode = self.episode
         if episode.lane < 0:
             episode.lane = self._handle.claim_lane(until)
             # No other writer of this process may take the lane while it is claimed: a
@@ -346,7 +340,7 @@ class FrameStore:
     @property
     def has_lane(self) -> bool:
         """Whether this writer holds a lane now."""
-        return self._episode.lane >= 0
+        return self.episode.lane >= 0
 
     def claim_lane(self, timeout: float | None = None) -> int:
         """Hold a lane from now on (one claimed now if this writer has none); returns its slots.
@@ -373,4 +367,4 @@ class FrameStore:
         if self._release_lane is not None:
             self._release_lane()
         self._release_lane = None
-        self._episode.lane = -1
+        self.episode.lane = -1

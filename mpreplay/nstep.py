@@ -28,6 +28,7 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
 from . import checks
+from ._ext.nstep_fold import FoldKernel, Source
 from .spec import EnvDict, FieldOptions, FieldSpec, convert_batch, parse_env_dict
 
 __all__ = ["Folding", "NstepBuffer"]
@@ -42,12 +43,6 @@ def _concat(parts: list[dict[str, np.ndarray]], specs: Mapping[str, FieldSpec]) 
     return {name: np.concatenate([p[name] for p in parts]) for name in specs}
 
 
-def _take(arr: np.ndarray, envs: Any, cols: Any) -> np.ndarray:
-    """Rows ``arr[envs, cols]`` as a new array (basic indexing gives a view)."""
-    rows = arr[envs, cols]
-    return rows.copy() if isinstance(envs, slice) else rows
-
-
 # The entries of a folder's state_dict(): the newest step's column, each environment's pending
 # steps, and per field its ring of steps (or, a reward, of running folded rewards).
 _CURSOR, _PENDING, _RING, _ACC = "cursor", "pending", "ring.", "folded."
@@ -60,8 +55,7 @@ class Folding(NamedTuple):
     ring: dict[str, np.ndarray]  # per non-reward field, (num_envs, n, ...): the steps of the last n adds
     acc: dict[str, np.ndarray]  # per reward field, (num_envs, n, ...): the running folded reward of each column
     cur: int  # the column of the newest step
-    pending: np.ndarray  # per environment, its pending steps: its newest `pending` columns, ending at `cur`
-    steady: bool  # every environment holds n - 1 pending steps (cached: add() checks it every call)
+    pending: np.ndarray  # per environment (int64), its pending steps: its newest `pending` columns, ending at `cur`
 
 
 class NstepBuffer:
@@ -217,14 +211,23 @@ class NstepBuffer:
         }
         # Running folded reward of the pending step in each column (float64 whatever rew's dtype).
         acc = {name: np.zeros((num_envs, n) + self._specs[name].shape, np.float64) for name in self._rews}
-        ages = (np.arange(n)[:, None] - np.arange(n)[None, :]) % n
-        powers = [self._gamma**k for k in range(n + 1)]
-        # _weight[c][q]: gamma**(age of column q when column c is written).
-        self._weight = np.array(powers)[ages]
-        self._discounts = np.array(powers, dtype=self._out_specs[_DISCOUNT].dtype)
-        self._full_fold = np.full(num_envs, n)
+        sources = dict.fromkeys(self._out_specs, Source.FIRST_STEP)
+        sources.update(dict.fromkeys(self._last_step_fields, Source.LAST_STEP))
+        sources.update(dict.fromkeys(self._rews, Source.FOLDED))
+        sources[_DISCOUNT] = Source.DISCOUNT
+        if self._truncated is not None:
+            sources[self._truncated] = Source.FLAG
+        self._kernel = FoldKernel(
+            n,
+            self._gamma,
+            num_envs,
+            {name: (s.shape, s.dtype) for name, s in self._out_specs.items()},
+            sources,
+            self._done,
+            self._truncated,
+        )
         self._envs = np.arange(num_envs)
-        self._state = self._folding(ring, acc, n - 1, np.zeros(num_envs, np.int64))
+        self._state = Folding(ring, acc, n - 1, np.zeros(num_envs, np.int64))
         self._preview: Folding | None = None  # the one state commit() accepts
 
     # -- public API -----------------------------------------------------------
@@ -259,7 +262,7 @@ class NstepBuffer:
     def clear(self) -> None:
         """Drop every pending step without emitting it."""
         s = self._state
-        self._state = self._folding(s.ring, s.acc, s.cur, np.zeros_like(s.pending))
+        self._state = Folding(s.ring, s.acc, s.cur, np.zeros_like(s.pending))
         self._preview = None
 
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -289,7 +292,7 @@ class NstepBuffer:
             )
         ring = {name: arrays[f"{_RING}{name}"] for name in s.ring}
         acc = {name: arrays[f"{_ACC}{name}"] for name in s.acc}
-        self._state, self._preview = self._folding(ring, acc, cur, pending), None
+        self._state, self._preview = Folding(ring, acc, cur, pending), None
 
     def add(self, **step: ArrayLike) -> dict[str, np.ndarray]:
         """Add one step (one per environment with ``num_envs``) and return what it completes.
@@ -345,9 +348,9 @@ class NstepBuffer:
         s = self._state
         chosen = np.ones(len(s.pending), bool) if env is None else self._envs == self._env_index(env)
         emit = np.where(chosen, s.pending, 0)
-        after = self._folding(s.ring, s.acc, s.cur, np.where(chosen, 0, s.pending))
+        after = Folding(s.ring, s.acc, s.cur, np.where(chosen, 0, s.pending))
         self._preview = after
-        return self._flush(after, emit, emit, truncate=True), after
+        return self._kernel.flush(s.ring, s.acc, s.cur, emit, emit, True), after
 
     def commit(self, state: Folding) -> None:
         """Make ``state``, from the latest ``preview_*`` call, the folder's: the previewed step is
@@ -371,63 +374,13 @@ class NstepBuffer:
         """Fold one converted step of every environment into ``s``: the rows it emits and the state after.
 
         The step is written into column ``s.cur + 1`` of ``s.ring``, which holds no pending step
-        of ``s`` (at most n - 1 are pending), so ``s`` itself stays valid."""
-        n = self._n
-        cur = (s.cur + 1) % n
-        for name, ring in s.ring.items():
-            ring[:, cur] = rows[name]
-        acc = {}
-        for name, held in s.acc.items():
-            a = held.copy()
-            a[:, cur] = 0.0
-            a += self._weight[cur].reshape((n,) + (1,) * (a.ndim - 2)) * rows[name][:, None]
-            acc[name] = a
-        done = rows[self._done]
-        trunc = None if self._truncated is None else rows[self._truncated]
-        # count_nonzero: the cheapest "any" numpy has for a few flags.
-        if s.steady and not np.count_nonzero(done) and (trunc is None or not np.count_nonzero(trunc)):
-            # Every environment holds n-1 pending steps and none ends: each emits its oldest.
-            after = Folding(s.ring, acc, cur, s.pending, True)
-            return self._rows(after, slice(None), (cur + 1) % n, self._full_fold, truncate=False), after
-        ends = done != 0 if trunc is None else np.logical_or(done, trunc)
-        count = s.pending + 1
-        emit = np.where(ends, count, count == n)
-        after = self._folding(s.ring, acc, cur, np.where(ends, 0, np.minimum(count, n - 1)))
-        return self._flush(after, emit, count, truncate=False), after
-
-    # -- bookkeeping ------------------------------------------------------------
-    def _folding(self, ring: dict[str, np.ndarray], acc: dict[str, np.ndarray], cur: int, count: np.ndarray) -> Folding:
-        return Folding(ring, acc, cur, count, bool((count == self._n - 1).all()))
+        of ``s`` (at most n - 1 are pending), and its rewards folded into new accumulators, so
+        ``s`` itself stays valid."""
+        out, acc, cur, pending = self._kernel.step(s.ring, s.acc, rows, s.cur, s.pending)
+        return out, Folding(s.ring, acc, cur, pending)
 
     def _env_index(self, env: Any) -> int:
         return checks.integer("env", env, low=0, high=len(self._state.pending) - 1)
-
-    def _flush(self, s: Folding, emit: np.ndarray, count: np.ndarray, *, truncate: bool) -> dict[str, np.ndarray]:
-        """Emit the ``emit[e]`` oldest of the ``count[e]`` steps of each environment ``e`` that
-        were pending up to column ``s.cur``."""
-        total = int(emit.sum())
-        envs = np.repeat(self._envs, emit)
-        # j: position of a row among its environment's emitted rows, oldest first.
-        j = np.arange(total) - np.repeat(np.cumsum(emit) - emit, emit)
-        pending = count[envs]
-        cols = (s.cur - pending + 1 + j) % self._n
-        return self._rows(s, envs, cols, pending - j, truncate=truncate)
-
-    def _rows(self, s: Folding, envs: Any, cols: Any, m: np.ndarray, *, truncate: bool) -> dict[str, np.ndarray]:
-        """Transitions starting at ``(envs, cols)``, folded over ``m`` steps up to column ``s.cur``."""
-        out = {}
-        for name, spec in self._out_specs.items():
-            if name == _DISCOUNT:
-                out[name] = self._discounts[m]
-            elif name in s.acc:
-                out[name] = s.acc[name][envs, cols].astype(spec.dtype)
-            elif name == self._truncated and truncate:
-                out[name] = np.ones(len(m), spec.dtype)
-            elif name in self._last_step_fields:
-                out[name] = _take(s.ring[name], envs, s.cur)
-            else:
-                out[name] = _take(s.ring[name], envs, cols)
-        return out
 
 
 # A buffer's n-step settings, as a handle carries them: (env_dict, default_dtype, settings).

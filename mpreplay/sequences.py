@@ -264,11 +264,6 @@ class SequenceStore:
         self._episode = after[0]
         return int(slots[0]) if len(slots) else None
 
-    def add_one(self, fields: dict[str, Any], priority: float, timeout: float | None) -> int:
-        """-1: a sequence's steps always go through :meth:`write`, which stores each with its
-        index in its episode and opens the sequences it completes."""
-        return -1
-
     def _cut(
         self,
         episode: _Episode,

@@ -469,5 +469,7 @@ class Table(TableCalls):
         return table_writes.load_transitions(self, file)
 
     @described_by(table_reads.checkpoint)
-    def checkpoint(self, path: str | os.PathLike[str], *, timeout: float | None = None) -> dict[str, Any]:
-        return table_reads.checkpoint(self, path, timeout=timeout)
+    def checkpoint(
+        self, path: str | os.PathLike[str], *, timeout: float | None = None, compress: bool = False
+    ) -> dict[str, Any]:
+        return table_reads.checkpoint(self, path, timeout=timeout, compress=compress)

@@ -164,9 +164,15 @@ def assemble(
     # without close() would keep its mapping and descriptors until the cyclic collector ran.
     store, episodes = self._make_store(arrays)
     self._path = WritePath(config.specs, store, self._handle, nstep, self._selector, episodes)
-    # One transition goes straight to the kernel (TableHandle.add_one) unless it is folded or planned first.
+    # Rows go straight to the kernel (TableHandle.add_one, add_rows) unless they are folded first.
     self._bind_calls(
-        self._handle, self._path.plain, config.by_priority, config.float32_weights, config.uint64_indexes, readonly
+        self._handle,
+        self._path.plain,
+        config.by_priority,
+        config.float32_weights,
+        config.uint64_indexes,
+        readonly,
+        self._path.frames,
     )
     if create:
         # Written last: a process that finds the segment by name attaches once the manifest is there.

@@ -51,6 +51,7 @@ from numpy.typing import ArrayLike
 
 from . import checks
 from ._ext.gate import deadline
+from ._ext.nstep_fold import RowArena, c_order
 from .nstep import NstepBuffer
 from .spec import FieldOptions, convert_batch, parse_env_dict
 from .vector_spaces import env_dict, leaf_value, per_env_numbers, space_batch, space_leaves
@@ -167,6 +168,7 @@ class VectorTransitions:
                 num_envs=self._num_envs,
             )
         self._envs = np.arange(self._num_envs)
+        self._arena = RowArena()  # the observations' copies and the rows' next observations
         self._obs: dict[str, np.ndarray] | None = None  # each sub-environment's current observation
         self._started = np.zeros(self._num_envs, bool)  # its current episode has steps
         self._skip = np.zeros(self._num_envs, bool)  # NextStep: its next step is a reset step
@@ -238,7 +240,7 @@ class VectorTransitions:
         chosen = np.ones(self._num_envs, bool) if mask is None else self._mask(mask)
         batch = self._cut(chosen & self._started)
         if self._obs is None:
-            self._obs = {name: np.array(value) for name, value in new.items()}
+            self._obs = {name: self._copy(value) for name, value in new.items()}
         else:
             for name, value in new.items():
                 self._obs[name][chosen] = value[chosen]
@@ -276,6 +278,10 @@ class VectorTransitions:
         trunc = per_env_numbers("truncated", truncated, num_envs) != 0
         real = ~self._skip
         ended = (term | trunc) & real
+        # The observations copied once, in C order (the caller may reuse its arrays, and a
+        # transposed view's rows are copied faster once than strided at every use): the next
+        # step's, and the rows' next observations, gathered from them.
+        nxt = {name: self._copy(value) for name, value in nxt.items()}
         last = nxt
         if self._mode == SAME_STEP and ended.any():
             last = self._final_obs(nxt, infos, ended)
@@ -283,7 +289,7 @@ class VectorTransitions:
         if self._truncated:
             rows["truncated"] = trunc
         batch = self._emit(rows, real, term, trunc, ended)
-        self._obs = {name: np.array(value) for name, value in nxt.items()}
+        self._obs = nxt
         self._started = (self._started | real) & ~ended
         if self._mode == NEXT_STEP:
             self._skip = ended
@@ -292,6 +298,9 @@ class VectorTransitions:
         return batch
 
     # -- bookkeeping --------------------------------------------------------------------
+    def _copy(self, value: np.ndarray) -> np.ndarray:
+        return c_order(value, self._arena.empty(value.shape, value.dtype))
+
     def _mask(self, mask: Any) -> np.ndarray:
         arr = np.asarray(mask)
         if arr.shape != (self._num_envs,) or arr.dtype != np.bool_:
@@ -360,14 +369,20 @@ class VectorTransitions:
     ) -> TransitionBatch:
         folded = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         envs = folded.pop(_ENV)
-        order = np.flatnonzero(real[envs])
-        if len(parts) > 1:
-            order = order[np.argsort(envs[order], kind="stable")]
-        envs = envs[order]
+        order = None  # the folder's rows as they are: one part, every row real
+        if len(parts) > 1 or not real[envs].all():
+            order = np.flatnonzero(real[envs])
+            if len(parts) > 1:
+                order = order[np.argsort(envs[order], kind="stable")]
+            envs = envs[order]
         out = {}
         for name in self._env_dict:
             key = self._next.get(name)
-            out[name] = np.asarray(last[name])[envs] if key is not None else folded[name][order]
+            if key is not None:
+                value = np.asarray(last[name])
+                out[name] = np.take(value, envs, 0, self._arena.empty((len(envs), *value.shape[1:]), value.dtype))
+            else:
+                out[name] = folded[name] if order is None else folded[name][order]
         return TransitionBatch(out, envs, ended)
 
     def _empty(self, ended: np.ndarray) -> TransitionBatch:

@@ -29,6 +29,7 @@ from ._ext.gate import deadline
 from ._ext.selector import Selector
 from ._ext.table_handle import TableHandle
 from .errors import warn_rows_dropped
+from .frame_store import FrameStore
 from .nstep_stage import NstepStage
 from .saved_episodes import EpisodeStore, SavedEpisode, load_episodes
 from .spec import FieldSpec, convert_batch
@@ -49,10 +50,6 @@ class Store(Protocol):
     ) -> int | None:
         """Store ``k`` converted rows (``end_episode``: and end their episode); returns the
         slot of the first, or None when none was stored yet.  All or nothing."""
-
-    def add_one(self, fields: dict[str, Any], priority: float, timeout: float | None) -> int:
-        """Store one step of exact-dtype arrays and Python scalars in the kernel; -1 when it
-        needs :meth:`write` (then nothing changed).  A negative ``priority``: the stored maximum."""
 
     def reset(self) -> None:
         """Forget the episode in progress and give the lane back (after a fork or clear)."""
@@ -112,9 +109,6 @@ class RowStore:
         # The slot of the first row: where a skipped one would have gone.
         return reservation.start if reservation.scattered else (reservation.start - skip) % size
 
-    def add_one(self, fields: dict[str, Any], priority: float, timeout: float | None) -> int:
-        return self._handle.add_one(fields, priority, timeout)
-
     def reset(self) -> None:
         """Nothing to forget: a row store keeps no episode."""
 
@@ -155,17 +149,11 @@ class WritePath:
             slot = self._store_converted(rows, folded, timeout, False)
             commit()
             return -1 if slot is None else slot
-        if priorities is None or type(priorities) is float:
-            # One transition of Python scalars and exact arrays: the kernel's fast path.
-            if priorities is None:
-                priority = -1.0
-            elif 0.0 <= priorities <= self._handle.max_priority:  # False for NaN
-                priority = priorities
-            else:
-                priority = checks.number("priorities", priorities, low=0.0, high=self._handle.max_priority)
-            slot = self.store.add_one(fields, priority, timeout)
-            if slot >= 0:
-                return slot
+        # Rows the kernel stores as they are never get here (TableHandle.add_rows, called by
+        # the table's add): these need numpy's conversions, or raise.
+        if type(priorities) is float:
+            # One number for all rows: named as a number, not as a position of an array.
+            checks.number("priorities", priorities, low=0.0, high=self._handle.max_priority)
         k, rows = convert_batch(self._specs, fields)
         if priorities is not None:
             # Checked before anything is written (TableHandle.update checks its own input).
@@ -225,6 +213,12 @@ class WritePath:
         """Whether steps go to the kernel as they are: no stage before a :class:`RowStore`.  A
         path that is not keeps state between the steps of an episode, its writer's own."""
         return self.nstep is None and isinstance(self.store, RowStore)
+
+    @property
+    def frames(self) -> FrameStore | None:
+        """The frame store steps go to as they are (no stage before it, no sequences), whose
+        episode the kernel plans them after; else None."""
+        return self.store if self.nstep is None and type(self.store) is FrameStore else None
 
     def forget(self) -> None:
         """Drop the pending steps and the episode in progress (after a fork or clear)."""

@@ -16,6 +16,8 @@ from mpreplay.bench import checkpoint
 
 pytestmark = pytest.mark.timeout(300, method="thread")
 
+WINDOWS = ("alone", "checkpointing", "checkpointing deflated")
+
 
 def test_quick_run_reports_checkpoint_restore_floors_export_waits_and_why_reverb_is_not_measured(capsys, tmp_path):
     nowhere = tmp_path / "no-peers"  # Reverb's venv absent: the report says why Reverb is not measured
@@ -27,7 +29,14 @@ def test_quick_run_reports_checkpoint_restore_floors_export_waits_and_why_reverb
     # s (MB/s), read floor s (x), save_transitions s (MB, x checkpoint)
     assert re.fullmatch(r"\d+ \(\d\.\d{3}x\)", floors[2]) and re.fullmatch(r"[\d.]+ \([\d,]+ MB/s\)", floors[3])
     assert re.fullmatch(r"[\d.]+ \([\d.]+x\)", floors[4]) and re.fullmatch(r"[\d.]+ \([\d,]+ MB/s\)", floors[5])
-    for call in ("writer alone", "writer checkpointing", "learner alone", "learner checkpointing"):
+    # capacity, deflate, checkpoint MB (x segment, x smaller than raw), checkpoint s (x raw), write
+    # floor s (x), restore s (x raw), read floor s (x)
+    (deflated,) = [cells for key, cells in rows.items() if key[1] in ("isal", "zlib")]
+    assert re.fullmatch(r"[\d.]+ \(\d\.\d{3}x segment, [\d.]+x smaller\)", deflated[2])
+    assert all(re.fullmatch(r"[\d.]+ \([\d.]+x raw\)", deflated[k]) for k in (3, 5))
+    assert all(re.fullmatch(r"[\d.]+ \([\d.]+x\)", deflated[k]) for k in (4, 6))
+    assert re.search(r"capacity 2,000 deflated, each run: checkpoint s [\d.]+, write floor s [\d.]+", out)
+    for call in [f"{role} {window}" for role in ("writer", "learner") for window in WINDOWS]:
         cells = rows.get(("2,000", call))
         assert cells is not None and re.fullmatch(r"[\d,]+", cells[2]), call
         assert all(re.fullmatch(r"[\d.]+", cell) for cell in cells[3:6]) and re.fullmatch(r"[\d,]+", cells[6]), call

@@ -5,10 +5,11 @@ behaves as the buffer's Python methods and argument checks say."""
 from __future__ import annotations
 
 import inspect
+import sys
 
 import numpy as np
 import pytest
-from helpers import EACH_BUFFER_CLASS
+from helpers import EACH_BUFFER_CLASS, slot_priorities
 
 from mpreplay import BufferClosed, MPPrioritizedReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
 
@@ -97,3 +98,107 @@ def test_the_calls_show_their_parameters_and_documentation(cls, method, paramete
     function = getattr(cls, method)
     assert list(inspect.signature(function).parameters) == parameters
     assert function.__doc__.strip()
+
+
+# -- an add of exact arrays: rows, or a compressed writer's steps --------------------------------------
+
+FRAMES = {"obs": {"shape": (6, 5, 4), "dtype": np.uint8}, "act": {"dtype": np.int64}, "done": {"dtype": np.uint8}}
+FRAMES["next_obs"] = FRAMES["obs"]
+COMPRESSED = {"next_of": "obs", "stack_compress": "obs", "lanes": 2}
+
+
+def _episode(steps: int, seed: int, channels_first: bool = False) -> dict[str, np.ndarray]:
+    """One episode's rows of FRAMES as exact arrays: each stack its step's 4 newest frames (the first
+    repeated before it), the next observation the next step's stack, the last step done."""
+    frames = np.random.default_rng(seed).integers(0, 256, (steps + 1, 6, 5), dtype=np.uint8)
+    back = np.maximum(np.arange(steps + 1)[:, None] + np.arange(-3, 1), 0)  # (step, stack position)
+    stacks = frames[back]  # (steps + 1, 4, 6, 5): planar
+    stacks = np.moveaxis(stacks, 1, -1) if channels_first else np.ascontiguousarray(np.moveaxis(stacks, 1, -1))
+    done = np.zeros(steps, np.uint8)
+    done[-1] = 1
+    return {"obs": stacks[:-1], "act": np.arange(steps, dtype=np.int64), "done": done, "next_obs": stacks[1:]}
+
+
+def _buffer(
+    compressed: bool, cls: type = PrioritizedReplayBuffer
+) -> tuple[PrioritizedReplayBuffer, PrioritizedReplayBuffer]:
+    """A buffer of FRAMES and the writer its rows go through (a compressed one's episode writer)."""
+    buffer = cls(64, FRAMES, **(COMPRESSED if compressed else {}))
+    return buffer, (buffer.episode_writer() if compressed else buffer)
+
+
+def _stored(buffer: PrioritizedReplayBuffer) -> tuple[dict[str, list], list]:
+    stored = buffer.get_stored_size()
+    rows = buffer.get_all_transitions()
+    return {name: rows[name].tolist() for name in FRAMES}, slot_priorities(buffer).tolist()[:stored]
+
+
+@pytest.mark.parametrize("cls", [PrioritizedReplayBuffer, MPPrioritizedReplayBuffer])
+@pytest.mark.parametrize("compressed", [False, True], ids=["rows", "compressed"])
+@pytest.mark.parametrize("channels_first", [False, True], ids=["c_order", "channels_first"])
+def test_batches_of_exact_arrays_store_what_the_same_rows_given_as_lists_store(cls, compressed, channels_first):
+    exact, by_kernel = _buffer(compressed, cls)
+    converted, by_lists = _buffer(compressed, cls)
+    with exact, converted:
+        rows = _episode(9, seed=1, channels_first=channels_first)
+        for start, stop in [(0, 1), (1, 4), (4, 5), (5, 9)]:
+            batch = {name: value[start:stop] for name, value in rows.items()}
+            priorities = np.linspace(0.5, 2.0, stop - start) + start
+            by_kernel.add(**batch, priorities=priorities, timeout=1.0)
+            by_lists.add(**{n: v.tolist() for n, v in batch.items()}, priorities=priorities.tolist(), timeout=1)
+        assert _stored(exact) == _stored(converted)
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["rows", "compressed"])
+def test_one_float_priority_for_a_batch_of_exact_arrays_is_every_rows_priority(compressed):
+    buffer, writer = _buffer(compressed)
+    writer.add(**_episode(3, seed=2), priorities=2.5, timeout=0.5)
+    assert _stored(buffer)[1] == [2.5, 2.5, 2.5]
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["rows", "compressed"])
+@pytest.mark.parametrize("priorities", [np.array([1.0, np.nan, 1.0]), np.array([1.0, -1.0, 1.0]), -2.0])
+def test_a_bad_priority_for_a_batch_of_exact_arrays_is_refused_by_name_changing_nothing(
+    compressed, priorities, unchanged
+):
+    buffer, writer = _buffer(compressed)
+    rows = _episode(6, seed=3)
+    writer.add(**{n: v[:3] for n, v in rows.items()})
+    with unchanged(buffer), pytest.raises(ValueError, match="priorities"):
+        writer.add(**{n: v[3:] for n, v in rows.items()}, priorities=priorities)
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["rows", "compressed"])
+def test_a_bad_timeout_for_a_batch_of_exact_arrays_is_refused_by_name_changing_nothing(compressed, unchanged):
+    buffer, writer = _buffer(compressed)
+    rows = _episode(6, seed=4)
+    writer.add(**{n: v[:3] for n, v in rows.items()})
+    with unchanged(buffer), pytest.raises(ValueError, match="timeout"):
+        writer.add(**{n: v[3:] for n, v in rows.items()}, priorities=np.ones(3), timeout=-1.0)
+
+
+def test_a_batch_of_exact_stacks_that_do_not_follow_the_step_before_is_refused_changing_nothing(unchanged):
+    buffer, writer = _buffer(compressed=True)
+    rows = _episode(6, seed=5)
+    writer.add(**{n: v[:3] for n, v in rows.items()})
+    later = {n: v[3:].copy() for n, v in rows.items()}
+    later["obs"][1, 0, 0, 0] ^= 1  # an older frame of step 4 differs from step 3's
+    with unchanged(buffer), pytest.raises(ValueError, match="obs"):
+        writer.add(**later, priorities=np.ones(3), timeout=1.0)
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["rows", "compressed"])
+def test_an_add_of_exact_arrays_with_priorities_and_a_timeout_runs_no_python_code(compressed):
+    _, writer = _buffer(compressed)
+    rows = _episode(8, seed=6)
+    writer.add(**{n: v[:2] for n, v in rows.items()})  # a compressed writer claims its lane first
+    batch, priorities = {n: v[2:6] for n, v in rows.items()}, np.ones(4)
+    one = {n: v[6] if v.ndim > 1 else v[6].item() for n, v in rows.items()}  # as an actor passes a step
+    called, slots = [], []
+    sys.setprofile(lambda frame, event, arg: called.append(frame.f_code.co_qualname) if event == "call" else None)
+    try:
+        slots.append(writer.add(**batch, priorities=priorities, timeout=1.0))
+        slots.append(writer.add(**one, priorities=0.5, timeout=1.0))
+    finally:
+        sys.setprofile(None)
+    assert called == [] and slots == [2, 6]

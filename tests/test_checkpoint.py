@@ -39,12 +39,21 @@ SIZE = 64
 COUNTERS = ("stored", "inserts", "reserved", "samples", "stale_updates_dropped", "torn_rows_resampled")
 
 GRID = [
-    pytest.param(sel, rem, lim, shared, storage, id=f"{sel}-{rem}-{lim}-{'shared' if shared else 'local'}-{storage}")
-    for sel, rem, lim, shared, storage in itertools.product(
-        selectors.names(), removers.names(), LIMITERS, (False, True), STORAGE
+    pytest.param(
+        sel,
+        rem,
+        lim,
+        shared,
+        storage,
+        compress,
+        id=f"{sel}-{rem}-{lim}-{'shared' if shared else 'local'}-{storage}-{'deflated' if compress else 'raw'}",
+    )
+    for sel, rem, lim, shared, storage, compress in itertools.product(
+        selectors.names(), removers.names(), LIMITERS, (False, True), STORAGE, (False, True)
     )
     if storage == "plain" or removers.entry(rem).frames
 ]
+COMPRESS = pytest.mark.parametrize("compress", [False, True], ids=["raw", "deflated"])
 
 
 def _used(table: Table, episodes: tuple[int, ...] = (20, 25)) -> Table:
@@ -81,9 +90,9 @@ def assert_same_table(original: Table, restored: Table, draws: int = 3) -> None:
     restored.verify()
 
 
-@pytest.mark.parametrize(("selector", "remover", "limiter", "shared", "storage"), GRID)
+@pytest.mark.parametrize(("selector", "remover", "limiter", "shared", "storage", "compress"), GRID)
 def test_every_legal_table_round_trips_rows_priorities_counters_and_next_draws(
-    tmp_path, selector, remover, limiter, shared, storage
+    tmp_path, selector, remover, limiter, shared, storage, compress
 ):
     fields = {k: v for k, v in TAGGED_STACK_FIELDS.items() if storage == "compressed" or k != "next_obs"}
     with _used(
@@ -100,7 +109,7 @@ def test_every_legal_table_round_trips_rows_priorities_counters_and_next_draws(
             **STORAGE[storage],
         )
     ) as table:
-        table.checkpoint(tmp_path / "ck")
+        table.checkpoint(tmp_path / "ck", compress=compress)
         with mpreplay.restore(tmp_path / "ck", shared=shared) as restored:
             assert type(restored) is Table and restored.config == table.config
             assert_same_table(table, restored)
@@ -142,9 +151,10 @@ MORE = {
 }
 
 
+@COMPRESS
 @pytest.mark.parametrize("shared", [False, True], ids=["local", "shared"])
 @pytest.mark.parametrize("kind", sorted(MORE))
-def test_sequence_nstep_retiring_queue_and_laned_tables_round_trip(tmp_path, kind, shared):
+def test_sequence_nstep_retiring_queue_and_laned_tables_round_trip(tmp_path, kind, shared, compress):
     with MORE[kind](shared) as table:
         rng = np.random.default_rng(1)
         for e, n in enumerate((12, 14)):
@@ -154,7 +164,7 @@ def test_sequence_nstep_retiring_queue_and_laned_tables_round_trip(tmp_path, kin
                 row["rew"] = np.arange(n, dtype=np.float32)
             table.add(**row, timeout=0)
         table.sample(3, timeout=0)
-        table.checkpoint(tmp_path / "ck")
+        table.checkpoint(tmp_path / "ck", compress=compress)
         with mpreplay.restore(tmp_path / "ck", shared=shared) as restored:
             # n-step's fields come back normalised (dtypes and shapes spelt out): they fold the same.
             assert dataclasses.replace(restored.config, nstep=None) == dataclasses.replace(table.config, nstep=None)
@@ -308,7 +318,7 @@ def test_a_new_checkpoint_replaces_the_previous_one_and_inspect_describes_it(tmp
     out = subprocess.run(
         [sys.executable, "-m", "mpreplay", "inspect", str(tmp_path / "ck")], capture_output=True, text=True, check=True
     ).stdout
-    assert "mpreplay checkpoint, format version 1" in out and "stored at the cut: 8" in out and "field:obs" not in out
+    assert "mpreplay checkpoint, format version 2" in out and "stored at the cut: 8" in out and "field:obs" not in out
     (tmp_path / "ck" / "manifest.json").unlink()
     refused = subprocess.run(
         [sys.executable, "-m", "mpreplay", "inspect", str(tmp_path / "ck")], capture_output=True, text=True, check=False
@@ -327,10 +337,11 @@ def _big_table(shared: bool) -> Table:
     return table
 
 
+@COMPRESS
 @pytest.mark.parametrize("shared", [False, True], ids=["local", "shared"])
-def test_a_table_of_rows_spanning_many_pages_restores_byte_for_byte(tmp_path, shared):
+def test_a_table_of_rows_spanning_many_pages_restores_byte_for_byte(tmp_path, shared, compress):
     with _big_table(shared) as table:
-        table.checkpoint(tmp_path / "ck")
+        table.checkpoint(tmp_path / "ck", compress=compress)
         want = table.get_all_transitions()
     for restore_shared in (False, True):
         with mpreplay.restore(tmp_path / "ck", shared=restore_shared) as restored:
@@ -347,26 +358,36 @@ def test_a_prioritized_table_cut_in_many_holds_restores_its_priorities_and_next_
             assert_same_table(table, restored, draws=10)
 
 
+def _largest(checkpoint: Path) -> dict[str, Any]:
+    """The manifest's entry of the checkpoint's largest array: its chunks' records are ``[bytes,
+    CRC-32, where stored in data.bin, bytes stored]``."""
+    arrays = json.loads((checkpoint / "manifest.json").read_text())["arrays"]
+    return max(arrays, key=lambda e: sum(c[0] for c in e["chunks"]))
+
+
+def _flip(checkpoint: Path, at: int) -> None:
+    with open(checkpoint / "data.bin", "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 0x01]))
+
+
 def test_a_bit_flipped_deep_inside_a_large_array_is_refused(tmp_path):
     with _big_table(True) as table:
         table.checkpoint(tmp_path / "ck")
-    arrays = json.loads((tmp_path / "ck" / "manifest.json").read_text())["arrays"]
-    rows = max(arrays, key=lambda e: sum(n for n, _ in e["chunks"]))  # the rows, 6.4 MB
-    with open(tmp_path / "ck" / "data.bin", "r+b") as f:
-        f.seek(rows["offset"] + 5_000_003)
-        byte = f.read(1)[0]
-        f.seek(rows["offset"] + 5_000_003)
-        f.write(bytes([byte ^ 0x01]))
+    rows = _largest(tmp_path / "ck")  # the rows, 6.4 MB
+    _flip(tmp_path / "ck", rows["chunks"][0][2] + 5_000_003)
     _refused(tmp_path / "ck", rf"data.bin: array '{rows['name']}', chunk 0 .* is damaged")
 
 
 # -- damaged checkpoints ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def checkpoint(tmp_path) -> Path:
+@pytest.fixture(params=[False, True], ids=["raw", "deflated"])
+def checkpoint(tmp_path, request) -> Path:
     with _used(Table(SIZE, TAGGED_STACK_FIELDS, next_of="obs", stack_compress="obs")) as table:
-        table.checkpoint(tmp_path / "ck")
+        table.checkpoint(tmp_path / "ck", compress=request.param)
     return tmp_path / "ck"
 
 
@@ -385,13 +406,18 @@ def test_a_truncated_checkpoint_is_refused_naming_its_data_file(checkpoint):
 
 
 def test_a_bit_flipped_checkpoint_is_refused_naming_the_array_and_chunk(checkpoint):
-    data = checkpoint / "data.bin"
-    raw = bytearray(data.read_bytes())
+    frames = _largest(checkpoint)  # the manifest says where each chunk's bytes (raw or deflated) lie
+    _, _, at, stored = frames["chunks"][0]
+    _flip(checkpoint, at + stored // 3)
+    _refused(checkpoint, rf"data.bin: array '{frames['name']}', chunk 0 .* is damaged")
+
+
+def test_a_chunk_whose_recorded_stored_length_is_wrong_is_refused_naming_it(checkpoint):
     arrays = json.loads((checkpoint / "manifest.json").read_text())["arrays"]
-    frames = max(arrays, key=lambda e: sum(n for n, _ in e["chunks"]))  # the manifest says where each array lies
-    raw[frames["offset"] + frames["chunks"][0][0] // 3] ^= 0x10
-    data.write_bytes(bytes(raw))
-    _refused(checkpoint, r"data.bin: array '[^']+', chunk 0 .* is damaged")
+    frames = max(arrays, key=lambda e: sum(c[0] for c in e["chunks"]))
+    frames["chunks"][0][3] -= 1
+    _edit_manifest(checkpoint, arrays=arrays)
+    _refused(checkpoint, rf"data.bin: array '{frames['name']}', chunk 0 .* is damaged")
 
 
 def test_an_edited_or_missing_manifest_is_refused(checkpoint, tmp_path):
@@ -416,7 +442,24 @@ def _edit_manifest(checkpoint: Path, **changes: Any) -> None:
 
 def test_a_checkpoint_of_another_format_version_is_refused_naming_both_versions(checkpoint):
     _edit_manifest(checkpoint, version=99)
-    _refused(checkpoint, r"checkpoint format version 99 \(written by mpreplay .*\); this mpreplay .* reads version 1")
+    _refused(
+        checkpoint, r"checkpoint format version 99 \(written by mpreplay .*\); this mpreplay .* reads versions 1, 2"
+    )
+
+
+# Written by format version 1 (mpreplay 0.3.0's first checkpoints, each chunk raw at its array's
+# offset) of the table ``_version_1_table`` makes.
+VERSION_1 = Path(__file__).parent / "data" / "checkpoint-v1"
+
+
+def _version_1_table() -> Table:
+    return _used(Table(SIZE, TAGGED_STACK_FIELDS, next_of="obs", stack_compress="obs", selector="prioritized", seed=3))
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["local", "shared"])
+def test_a_version_1_checkpoint_restores_the_table_it_was_taken_of(shared):
+    with _version_1_table() as table, mpreplay.restore(VERSION_1, shared=shared) as restored:
+        assert_same_table(table, restored)
 
 
 def test_a_manifest_of_the_right_format_but_the_wrong_shape_is_refused_naming_the_entry(checkpoint):
@@ -445,19 +488,20 @@ def test_a_child_process_checkpoints_the_table_its_parent_checkpointed_too(tmp_p
 # -- killed while checkpointing -------------------------------------------------------------------
 
 
-def _checkpoint_for_ever(table: Table, path: str) -> None:
+def _checkpoint_for_ever(table: Table, path: str, compress: bool) -> None:
     while True:
-        table.checkpoint(path)
+        table.checkpoint(path, compress=compress)
 
 
+@COMPRESS
 @EACH_START_METHOD
-def test_a_checkpoint_killed_midway_leaves_the_previous_one_whole_and_the_table_unharmed(tmp_path, method):
+def test_a_checkpoint_killed_midway_leaves_the_previous_one_whole_and_the_table_unharmed(tmp_path, method, compress):
     path = tmp_path / "ck"
     with Table(2048, {"obs": {"shape": (4096,), "dtype": np.uint8}, "id": {"dtype": np.int64}}, shared=True) as table:
         table.add(obs=np.ones((1000, 4096), np.uint8), id=np.arange(1000))
         table.checkpoint(path)
         table.add(obs=np.ones((500, 4096), np.uint8), id=np.arange(1000, 1500))
-        child = mp.get_context(method).Process(target=_checkpoint_for_ever, args=(table, str(path)))
+        child = mp.get_context(method).Process(target=_checkpoint_for_ever, args=(table, str(path), compress))
         child.start()
         try:
             tmp = Path(f"{path}.tmp-{child.pid}")
@@ -504,7 +548,8 @@ def _checkpoints_while_running(
     method: str, table: Table, write: Any, full: int, folder: Path, learn: Any = _sample
 ) -> list[tuple[dict[str, Any], Path]]:
     """Three checkpoints of ``table`` into ``folder`` taken while two processes run ``write``
-    (writers 1 and 2) and one ``learn`` (samples), once ``full`` rows are stored: ``(manifest, path)`` each."""
+    (writers 1 and 2) and one ``learn`` (samples), once ``full`` rows are stored, the second deflated:
+    ``(manifest, path)`` each."""
     ctx = mp.get_context(method)
     stop = ctx.Event()
     procs = [ctx.Process(target=write, args=(table, w, stop)) for w in (1, 2)]
@@ -514,7 +559,7 @@ def _checkpoints_while_running(
     try:
         while table.get_stored_size() < full:
             time.sleep(0.01)
-        taken = [(table.checkpoint(folder / f"ck{j}"), folder / f"ck{j}") for j in range(3)]
+        taken = [(table.checkpoint(folder / f"ck{j}", compress=j == 1), folder / f"ck{j}") for j in range(3)]
     finally:
         stop.set()
         for p in procs:

@@ -116,7 +116,7 @@ def _check_rows(out, rows, folder):
 
 
 def _run_against_reference(
-    n, num_envs, obs_shape=(), rew_shape=(), truncated=False, calls=150, seed=0, rew_dtype=np.float64
+    n, num_envs, obs_shape=(), rew_shape=(), truncated=False, calls=150, seed=0, rew_dtype=np.float64, gamma=GAMMA
 ):
     """Random episodes with random terminal/truncated ends and caller ends; every output checked.
 
@@ -126,12 +126,12 @@ def _run_against_reference(
     folder = NstepBuffer(
         _env_dict(obs_shape, rew_shape, truncated, rew_dtype),
         n,
-        GAMMA,
+        gamma,
         truncated="trunc" if truncated else None,
         num_envs=num_envs,
     )
     envs = num_envs or 1
-    reference = _Reference(n, GAMMA, envs)
+    reference = _Reference(n, gamma, envs)
     added, emitted = [], []
     for call in range(calls):
         steps = _random_steps(rng, call * envs, envs, obs_shape, rew_shape, rew_dtype, truncated)
@@ -158,6 +158,15 @@ def _run_against_reference(
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
 def test_every_emitted_row_matches_the_reference(n, num_envs, obs_shape, truncated):
     _run_against_reference(n, num_envs, obs_shape, truncated=truncated, seed=n * 10 + (num_envs or 0))
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("num_envs", [2, 8])
+@pytest.mark.parametrize("n", [1, 3, 6])
+def test_every_emitted_row_matches_the_reference_for_any_gamma_and_vector_size(n, num_envs, gamma):
+    _run_against_reference(
+        n, num_envs, (2,), (3,), truncated=True, calls=80, seed=n + num_envs, rew_dtype=np.float32, gamma=gamma
+    )
 
 
 @pytest.mark.parametrize("num_envs", [None, 3])
@@ -328,6 +337,23 @@ def test_rows_emitted_later_do_not_change_rows_returned_earlier():
         folder.add(**_step(i))
     for name in first:
         np.testing.assert_array_equal(first[name], snapshot[name], err_msg=name)
+
+
+def test_large_rows_kept_by_the_caller_never_change_while_dropped_ones_are_let_go():
+    # Rows of 32 KB: their arrays are made where rows handed out earlier were, once let go.
+    folder = _folder(n=2, num_envs=4, obs_shape=(64, 64))
+    rng = np.random.default_rng(5)
+    kept = []
+    for i in range(200):
+        obs = rng.normal(size=(4, 64, 64))
+        out = folder.add(obs=obs, act=np.arange(4), rew=np.ones(4), next_obs=obs, done=rng.random(4) < 0.1)
+        if i % 3 == 0:
+            view = out["obs"][1:]  # a view keeps its rows as the dict would
+            kept.append((out, view, {k: v.copy() for k, v in out.items()}, view.copy()))
+    for out, view, values, view_values in kept:
+        for name, value in values.items():
+            np.testing.assert_array_equal(out[name], value, err_msg=name)
+        np.testing.assert_array_equal(view, view_values)
 
 
 def test_add_copies_the_caller_arrays():

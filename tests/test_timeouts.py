@@ -92,6 +92,9 @@ PATHS = {
     "nstep-prioritized": lambda **kw: PrioritizedReplayBuffer(SIZE, ENV, nstep=NSTEP, **kw),
     "next_of": lambda **kw: ReplayBuffer(SIZE, ENV, next_of="obs", **kw),
     "stack_compress": lambda **kw: ReplayBuffer(SIZE, ENV, stack_compress="obs", **kw),
+    "prioritized-next_of-stack_compress": lambda **kw: PrioritizedReplayBuffer(
+        SIZE, ENV, next_of="obs", stack_compress="obs", **kw
+    ),
     "nstep-next_of-stack_compress": lambda **kw: ReplayBuffer(
         SIZE, ENV, nstep=NSTEP, next_of="obs", stack_compress="obs", **kw
     ),

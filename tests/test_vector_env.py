@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import io
+import types
 
 import numpy as np
 import pytest
@@ -364,6 +365,38 @@ def test_a_reset_in_the_middle_of_episodes_returns_their_pending_steps_as_trunca
     assert (cut.rows["done"] == 0).all() and (cut.rows["truncated"] == 1).all()
     assert np.array_equal(cut.rows["next_obs"][:, 2, -1], [2] * 8)  # both bootstrap from step 2
     assert cut.rows["discount"].tolist() == pytest.approx([GAMMA**2, GAMMA] * 4)
+
+
+def _stacks_env(dtype):
+    """A vector env's face only (never stepped): observations of 4 frames stacked last."""
+    return types.SimpleNamespace(
+        num_envs=NUM_ENVS,
+        metadata={"autoreset_mode": NEXT_STEP},
+        single_observation_space=spaces.Box(0, 255, (5, 6, 4), dtype),
+        single_action_space=spaces.Discrete(3),
+    )
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+def test_observations_given_as_transposed_views_of_a_reused_array_give_the_same_rows(dtype):
+    env = _stacks_env(dtype)
+    as_given, as_arrays = (VectorTransitions(env, nstep=3, gamma=GAMMA, truncated=True) for _ in range(2))
+    rng = np.random.default_rng(3)
+    frames = np.zeros((NUM_ENVS, 4, 5, 6), dtype)  # the actor's own array, (env, depth, row, col)
+    view = np.moveaxis(frames, 1, -1)  # what it hands over: stacks, depth last, strided
+
+    def batches(*step):
+        return as_given.step(*step[:1], view, *step[1:]), as_arrays.step(*step[:1], view.copy(), *step[1:])
+
+    frames[:] = rng.integers(0, 256, frames.shape)
+    as_given.reset(view), as_arrays.reset(view.copy())
+    for _ in range(60):
+        frames[:] = rng.integers(0, 256, frames.shape)  # the same array, new values
+        ends = rng.random((2, NUM_ENVS)) < 0.15
+        got, want = batches(rng.integers(3, size=NUM_ENVS), rng.normal(size=NUM_ENVS), ends[0], ends[1], {})
+        assert got.envs.tolist() == want.envs.tolist() and got.ended.tolist() == want.ended.tolist()
+        for name, value in want.rows.items():
+            assert got.rows[name].dtype == value.dtype and got.rows[name].tobytes() == value.tobytes(), name
 
 
 def test_a_step_before_reset_is_refused():

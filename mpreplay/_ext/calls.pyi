@@ -18,6 +18,7 @@ class TableCalls:
         float32_weights: bool = False,
         uint64_indexes: bool = False,
         readonly: bool = False,
+        frames: object = None,
     ) -> None: ...
     def add(self, *, priorities: ArrayLike | None = None, timeout: float | None = None, **fields: ArrayLike) -> int:
         """Store one transition, or a batch with a leading dimension; returns the slot of the first

@@ -1,6 +1,6 @@
 """``mpreplay bench apex``: Ape-X on real Atari frames, the system measured in one run.
 
-``mpreplay bench apex [--quick] [--capacity N] [--record-steps S] [--seconds W] [--writers 1,2,4,8]``
+``mpreplay bench apex [--quick] [--capacity N] [--record-steps S] [--seconds W] [--writers 1,2,4,8] [--peers DIR]``
 
 Real Breakout episodes are recorded once (``--record-steps`` env steps, random actions, an episode
 per life, as ``mpreplay demo --env atari`` plays; the episodes' rows are the demo actors' rows:
@@ -13,7 +13,12 @@ per life, as ``mpreplay demo --env atari`` plays; the episodes' rows are the dem
    capacity (the resident memory it grows by when filled with the same rows).
 2. **Actor**: one demo actor (4 games, the Nature CNN on one thread, Q-values once a step) writing
    into the shared buffer: the CPU time of each part, and the share of the replay calls (the
-   n-step fold, adds and episode ends) against env stepping and inference.
+   n-step fold, adds and episode ends) against env stepping and inference.  Then the same actor
+   loop over the recorded steps through each library's actor-side path, the CPU time per env
+   step (:mod:`mpreplay.bench.apex_peers`): the floor (the step's new bytes copied by numpy into
+   a shared-memory segment), mpreplay, cpprb's ``NstepBuffer`` + ``MPPrioritizedReplayBuffer``,
+   Reverb's ``TrajectoryWriter`` as Acme's n-step adder writes, TorchRL's ``MultiStep`` + its
+   shared buffer (Reverb and TorchRL from the peers' venvs: ``--peers DIR`` or ``MPREPLAY_PEERS``).
 3. **Learner**: ``sample`` + ``update_priorities`` of 32, 64 and 256 rows from the full buffer, per
    second and per learner CPU second; then a learner on ``batches(256, prefetch=2)`` whose
    training step is a sleep of ``--train-ms`` (10: a GPU's step): how often a batch was ready.
@@ -42,6 +47,7 @@ import numpy as np
 
 import mpreplay
 from mpreplay import MPPrioritizedReplayBuffer, ReplayBuffer
+from mpreplay.bench import peers
 from mpreplay.bench._report import positive_int, positive_seconds
 from mpreplay.bench.apex_episodes import Episode, cycle_rows, record
 from mpreplay.bench.apex_measures import (
@@ -55,6 +61,8 @@ from mpreplay.bench.apex_measures import (
     locks,
     print_table,
 )
+from mpreplay.bench.apex_peers import ActorPeers, actor_peers
+from mpreplay.bench.apex_peers import targets as actor_targets
 from mpreplay.demo.apex_atari import replay_fields
 
 FRAME_BYTES = 84 * 84
@@ -75,10 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with compressed_buffer(args.capacity, LANES) as buffer:
         memory = _memory(buffer, episodes, args.cpprb_capacity)
         actor = actor_share(buffer, args.actor_steps)
+        compared = actor_peers(episodes, args.peers, args.peer_capacity, args.actor_steps, args.peer_rounds)
         learned = learner(buffer, args.seconds, args.train_ms, args.prefetch_steps)
         lock_cases = locks(buffer, episodes, args.writers, args.seconds)
         _print_locks(lock_cases, args.seconds)
-    _targets(memory, actor, learned, lock_cases)
+    _targets(memory, actor, compared, learned, lock_cases)
     return 0
 
 
@@ -92,6 +101,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--seconds", type=positive_seconds, default=None, help="window of each timed case (default 3)")
     parser.add_argument("--train-ms", type=float, default=10.0, help="the simulated GPU training step")
     parser.add_argument("--writers", default="1,2,4,8", help="writer processes of the lock cases")
+    parser.add_argument(
+        "--peers", metavar="DIR", default=None, help=f"the peers' venvs for the actor's comparison ({peers.SETUP_HINT})"
+    )
     args = parser.parse_args(list(argv))
     quick = args.quick
     args.capacity = int(args.capacity or (4_000 if quick else 1_000_000))
@@ -99,6 +111,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     args.seconds = args.seconds or (0.3 if quick else 3.0)
     args.cpprb_capacity = min(args.capacity, 1_000 if quick else 20_000)
     args.actor_steps = 20 if quick else 1_500  # vector steps of 4 games
+    args.peer_capacity = min(args.capacity, 4_000 if quick else 100_000)
+    args.peer_rounds = 1 if quick else 5
+    args.peers = peers.peers_directory(args.peers)
     args.prefetch_steps = 20 if quick else 500
     try:
         args.writers = [positive_int(w) for w in args.writers.split(",")]
@@ -280,7 +295,7 @@ def _print_locks(cases: list[LockCase], seconds: float) -> None:
 # ----------------------------------------------------------------------------- targets
 
 
-def _targets(memory: Memory, actor: ActorShare, learner: Learner, locks: list[LockCase]) -> None:
+def _targets(memory: Memory, actor: ActorShare, compared: ActorPeers, learner: Learner, locks: list[LockCase]) -> None:
     frames = memory.per_transition / FRAME_BYTES
     share = actor.replay / actor.total
     alone = min(locks, key=lambda c: c.writers)
@@ -294,6 +309,7 @@ def _targets(memory: Memory, actor: ActorShare, learner: Learner, locks: list[Lo
     rows = [
         ["memory: frames per stored transition at capacity", f"{frames:.3f}", "<= 1.05", _met(frames <= 1.05)],
         ["actor: replay calls' share of its CPU", f"{share:.1%}", "<= 3%", _met(share <= TARGETS["actor"])],
+        *actor_targets(compared),
         ["learner: batch ready, 10 ms step, batch 256", f"{learner.ready:.1%}", ">= 99%", _met(learner.ready >= 0.99)],
         ["lock: hold per insert (the smallest of the cases)", f"{1e6 * hold_insert:.2f} µs", "measured", "yes"],
         ["lock: hold per sample 256 + update (smallest)", f"{1e6 * hold_sample:.1f} µs", "measured", "yes"],

@@ -17,18 +17,23 @@ frames are the recorded ones, tiled).  Then, on the disk of ``--dir`` (default: 
    flight).  Each of the four is measured
    ``--repeats`` times, interleaved (default 3): the tables show the medians and their ratios,
    a line below each run's ratios.  Sizes: the checkpoint against the table's memory (its segment).
+   Then the same with ``table.checkpoint(path, compress=True)`` (each chunk deflated, by ISA-L
+   where installed) and its restore, interleaved with the others, against the same floors: its
+   size against the segment's and the raw checkpoint's, its seconds against the segment's bytes
+   written and read.
 2. **save_transitions** of the same table (the portable export, plain layout, not deflated), for
    tables of at most ``--save-max`` transitions (20,000: the plain layout is 8 times the bytes).
 3. **Reverb** (``--peers DIR``: the Reverb venv at ``DIR/reverb``, see :mod:`mpreplay.bench.peers`),
    for tables of at most ``--reverb-max`` transitions (20,000): its server filled with the same
    transitions as items of ``obs`` + ``next_obs`` stacks, ``client.checkpoint()`` timed, a new
    server restoring it, and its writer and learner timed alone and while it checkpoints
-   (:mod:`mpreplay.bench.reverb_checkpoint`).
+   (:mod:`mpreplay.bench.reverb_checkpoint`); its size and seconds against mpreplay's raw and
+   deflated checkpoints'.
 4. **Waits**: a writer process adding a row per call (the demo's actor) and a learner sampling
    256 + updating, for ``W`` seconds without a checkpoint, then ``W`` seconds with checkpoints
-   taken one after the other: the longest, the 99th and 99.9th percentiles of each call and how
-   many took over 50 ms, the rows each live checkpoint left out, and how long its lock was held
-   for the cut.
+   taken one after the other, then ``W`` seconds with deflated ones: the longest, the 99th and
+   99.9th percentiles of each call and how many took over 50 ms, the rows each live checkpoint
+   left out, and how long its lock was held for the cut.
 
 Other work on the machine and the disk's own cache skew every figure; the floor is measured in the
 same run, on the same disk, so the ratios are what to read.
@@ -48,7 +53,6 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,22 +62,22 @@ import mpreplay
 from mpreplay.bench._report import positive_int, positive_seconds
 from mpreplay.bench.apex import LANES, compressed_buffer, fill
 from mpreplay.bench.apex_episodes import Episode, record
-from mpreplay.bench.apex_measures import learner_op, print_table, writer_op
+from mpreplay.bench.apex_measures import learner_op, writer_op
+from mpreplay.bench.checkpoint_report import Case, Deflated, Waits, report
 from mpreplay.bench.peers import ENV_VAR, REVERB, peers_python
 from mpreplay.bench.reverb_checkpoint import drop_cache, timed_calls
-from mpreplay.checkpoint import crc32
+from mpreplay.checkpoint_codec import DEFAULT_CODEC, crc32
 from mpreplay.checkpoint_read import PART, READERS
 from mpreplay.writeback import Writeback
 
 PIECE = 16 * 2**20  # the floor's write and read size (the checkpoint's chunk)
-MB = 1e6
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     print(
         f"mpreplay {mpreplay.__version__}, numpy {np.__version__}, {os.cpu_count()} cores; checksums by "
-        f"{'ISA-L' if crc32.__module__.startswith('isal') else 'zlib'}; {_load()}"
+        f"{'ISA-L' if crc32.__module__.startswith('isal') else 'zlib'}, deflate by {DEFAULT_CODEC}; {_load()}"
     )
     episodes = record(args.record_steps)
     print(f"recorded {sum(len(e) for e in episodes):,} env steps of real Breakout ({len(episodes)} episodes)")
@@ -87,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     print(f"{_load()} at the end")
-    _report(cases)
+    report(cases)
     return 0
 
 
@@ -127,62 +131,21 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-SLOW = 0.050  # a call's seconds the issue's target allows
-
-
-@dataclass
-class Waits:
-    """The longest, the 99th and 99.9th percentiles of a call's seconds in a window, how many
-    calls, and how many of them took over SLOW."""
-
-    longest: float
-    p99: float
-    p999: float
-    calls: int
-    slow: int
-
-    @classmethod
-    def of(cls, seconds: np.ndarray) -> Waits:
-        if not len(seconds):
-            return cls(float("nan"), float("nan"), float("nan"), 0, 0)
-        p99, p999 = np.percentile(seconds, [99, 99.9])
-        return cls(float(seconds.max()), float(p99), float(p999), len(seconds), int((seconds > SLOW).sum()))
-
-
-@dataclass
-class Case:
-    capacity: int
-    segment: int  # the table's memory, bytes
-    size: int  # the checkpoint's bytes
-    checkpoint: list[float]  # seconds, one per repeat
-    restore: list[float]
-    floor_write: list[float]
-    floor_read: list[float]
-    save_transitions: float | None  # seconds, None: not timed (a table above --save-max)
-    save_bytes: int
-    waits: dict[str, Waits]  # "<role> <window>"
-    left_out: list[int]  # rows each live checkpoint left out
-    cut: float  # the longest lock hold of a live checkpoint's cut, seconds
-    live: int  # live checkpoints taken
-    reverb: dict[str, Any] | str | None = None  # Reverb's figures (reverb_checkpoint.py), why not, or not run
-
-
 def _case(capacity: int, episodes: list[Episode], folder: Path, seconds: float, export: bool, repeats: int) -> Case:
     with compressed_buffer(capacity, LANES) as table:
         fill(table, episodes, capacity + capacity // 10)
-        checkpoint, restore, floor_write, floor_read = [], [], [], []
+        checkpoint: list[float] = []
+        restore: list[float] = []
+        floor_write, floor_read = [], []
+        deflated = Deflated(DEFAULT_CODEC, 0, [], [])
         for _ in range(repeats):  # interleaved: a burst of other work on the machine skews one of each, not all
-            start = time.perf_counter()
-            doc = table.checkpoint(folder / "ck")
-            checkpoint.append(time.perf_counter() - start)
-            size = sum(f.stat().st_size for f in (folder / "ck").iterdir())
+            doc, size = _checkpoint_and_restore(table, folder / "ck", False, checkpoint, restore)
             write, read = _floor(folder / "floor.bin", size)
             floor_write.append(write)
             floor_read.append(read)
-            drop_cache(folder / "ck" / "data.bin")
-            start = time.perf_counter()
-            with mpreplay.restore(folder / "ck"):
-                restore.append(time.perf_counter() - start)
+            _, deflated.size = _checkpoint_and_restore(
+                table, folder / "ckz", True, deflated.checkpoint, deflated.restore
+            )
         save, save_bytes = None, 0
         if export:
             start = time.perf_counter()
@@ -205,7 +168,25 @@ def _case(capacity: int, episodes: list[Episode], folder: Path, seconds: float, 
         [d["rows_left_out"] for d in live],
         max((d["cut_seconds"] for d in live), default=float("nan")),
         len(live),
+        deflated,
     )
+
+
+def _checkpoint_and_restore(
+    table: Any, path: Path, compress: bool, checkpoint: list[float], restore: list[float]
+) -> tuple[dict[str, Any], int]:
+    """Checkpoint ``table`` to ``path`` (replacing the previous run's, as a run's checkpoints do)
+    and restore it (its pages dropped from the cache first), appending the seconds of each; the
+    manifest and the checkpoint's bytes."""
+    start = time.perf_counter()
+    doc = table.checkpoint(path, compress=compress)
+    checkpoint.append(time.perf_counter() - start)
+    size = sum(f.stat().st_size for f in path.iterdir())
+    drop_cache(path / "data.bin")
+    start = time.perf_counter()
+    with mpreplay.restore(path):
+        restore.append(time.perf_counter() - start)
+    return doc, size
 
 
 def _reverb(
@@ -311,7 +292,8 @@ def _waits(
     table: Any, episodes: list[Episode], path: Path, seconds: float
 ) -> tuple[dict[str, Waits], list[dict[str, Any]]]:
     """The writer's and the learner's calls for ``seconds`` alone, then ``seconds`` with checkpoints
-    taken one after the other into ``path``; their waits, and the live checkpoints' manifests."""
+    taken one after the other into ``path``, then ``seconds`` with deflated ones; their waits, and
+    the live checkpoints' manifests."""
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
     ended = [e for e in episodes if e.terminated][:6]
@@ -330,10 +312,12 @@ def _waits(
         quiet = (time.monotonic(), time.monotonic() + seconds)
         time.sleep(seconds)
         live: list[dict[str, Any]] = []
-        begin = time.monotonic()
-        while time.monotonic() < begin + seconds or not live:
-            live.append(table.checkpoint(path))
-        during = (begin, time.monotonic())
+        windows = {"alone": quiet}
+        for window, compress in (("checkpointing", False), ("checkpointing deflated", True)):
+            begin, taken = time.monotonic(), len(live)
+            while time.monotonic() < begin + seconds or len(live) == taken:
+                live.append(table.checkpoint(path, compress=compress))
+            windows[window] = (begin, time.monotonic())
         stop.set()
         marks = {role: _receive(role, conn, 60.0) for role, conn in zip(roles, conns, strict=True)}
     finally:
@@ -345,7 +329,7 @@ def _waits(
                 proc.join()
     waits = {}
     for role, m in marks.items():
-        for window, (a, b) in (("alone", quiet), ("checkpointing", during)):
+        for window, (a, b) in windows.items():
             inside = (m[:, 0] >= a) & (m[:, 0] < b) if len(m) else np.zeros(0, bool)
             waits[f"{role} {window}"] = Waits.of(m[inside, 1] if len(m) else np.zeros(0))
     shutil.rmtree(path, ignore_errors=True)
@@ -359,137 +343,3 @@ def _receive(role: str, conn: Any, timeout: float) -> Any:
     if isinstance(message, BaseException):
         raise RuntimeError(f"the {role} process failed") from message
     return message
-
-
-def _export(c: Case) -> str:
-    if c.save_transitions is None:
-        return "not timed"
-    return f"{c.save_transitions:.2f} ({c.save_bytes / MB:,.0f} MB, {c.save_transitions / _median(c.checkpoint):.1f}x)"
-
-
-def _median(seconds: list[float]) -> float:
-    return float(np.median(seconds))
-
-
-def _runs(c: Case) -> str:
-    """Each run's seconds and ratios to its floor, in the order run."""
-
-    def each(values: list[float]) -> str:
-        return " ".join(f"{v:.2f}" for v in values)
-
-    def ratios(a: list[float], b: list[float]) -> str:
-        return " ".join(f"{x / y:.2f}" for x, y in zip(a, b, strict=True))
-
-    return (
-        f"capacity {c.capacity:,}, each run: checkpoint s {each(c.checkpoint)}, write floor s "
-        f"{each(c.floor_write)} (ratios {ratios(c.checkpoint, c.floor_write)}); restore s {each(c.restore)}, "
-        f"read floor s {each(c.floor_read)} (ratios {ratios(c.restore, c.floor_read)})"
-    )
-
-
-def _report(cases: list[Case]) -> None:
-    rows = []
-    for c in cases:
-        checkpoint, restore = _median(c.checkpoint), _median(c.restore)
-        write, read = _median(c.floor_write), _median(c.floor_read)
-        rows.append(
-            [
-                f"{c.capacity:,}",
-                f"{c.segment / MB:,.0f}",
-                f"{c.size / MB:,.0f} ({c.size / c.segment:.3f}x)",
-                f"{checkpoint:.2f} ({c.size / MB / checkpoint:,.0f} MB/s)",
-                f"{write:.2f} ({checkpoint / write:.2f}x)",
-                f"{restore:.2f} ({c.size / MB / restore:,.0f} MB/s)",
-                f"{read:.2f} ({restore / read:.2f}x)",
-                _export(c),
-            ]
-        )
-    print_table(
-        "Checkpoint and restore (seconds, medians) against the disk's sequential write and cold read of the same bytes",
-        [
-            "capacity",
-            "segment MB",
-            "checkpoint MB",
-            "checkpoint s",
-            "write floor s (ratio)",
-            "restore s",
-            "read floor s (ratio)",
-            "save_transitions s",
-        ],
-        rows,
-    )
-    for c in cases:
-        print(_runs(c))
-    rows = []
-    for c in cases:
-        for name, w in c.waits.items():
-            rows.append(
-                [
-                    f"{c.capacity:,}",
-                    name,
-                    f"{w.calls:,}",
-                    f"{w.longest * 1e3:.1f}",
-                    f"{w.p99 * 1e3:.2f}",
-                    f"{w.p999 * 1e3:.2f}",
-                    f"{w.slow:,}",
-                ]
-            )
-    print_table(
-        "Waits of a writer's add and a learner's sample + update (ms)",
-        ["capacity", "call", "calls", "longest", "p99", "p99.9", f"over {SLOW * 1e3:.0f} ms"],
-        rows,
-    )
-    _report_reverb(cases)
-    for c in cases:
-        print(
-            f"capacity {c.capacity:,}: {c.live} live checkpoints, rows left out {c.left_out}, "
-            f"longest cut (lock held) {c.cut * 1e3:.1f} ms"
-        )
-
-
-def _report_reverb(cases: list[Case]) -> None:
-    """Reverb's figures beside mpreplay's, for the tables it ran."""
-    rows, waits = [], []
-    for c in cases:
-        if isinstance(c.reverb, str):
-            print(f"capacity {c.capacity:,}: Reverb not measured: {c.reverb}")
-        if not isinstance(c.reverb, dict):
-            continue
-        r = c.reverb
-        checkpoint, restore = _median(c.checkpoint), _median(c.restore)
-        live = r["live_checkpoints_s"]
-        rows.append(
-            [
-                f"{c.capacity:,}",
-                f"{r['stored']:,}",
-                f"{r['checkpoint_bytes'] / MB:,.0f} ({r['checkpoint_bytes'] / c.size:.1f}x)",
-                f"{r['checkpoint_s']:.2f} ({r['checkpoint_s'] / checkpoint:.1f}x)",
-                f"{r['restore_s']:.2f} ({r['restore_s'] / restore:.1f}x)",
-                f"{len(live)}, longest {max(live):.2f}",
-            ]
-        )
-        for name, w in r["waits"].items():
-            waits.append(
-                [
-                    f"{c.capacity:,}",
-                    f"reverb {name}",
-                    f"{w['calls']:,}",
-                    f"{w.get('longest', float('nan')) * 1e3:.1f}",
-                    f"{w.get('p99', float('nan')) * 1e3:.2f}",
-                    f"{w.get('p999', float('nan')) * 1e3:.2f}",
-                    f"{w.get('slow', 0):,}",
-                ]
-            )
-    if not rows:
-        return
-    version = next(c.reverb["reverb"] for c in cases if isinstance(c.reverb, dict))
-    print_table(
-        f"Reverb {version} checkpointing the same transitions (obs + next_obs items); x: Reverb's over mpreplay's",
-        ["capacity", "stored", "checkpoint MB", "checkpoint s", "restore s", "live checkpoints"],
-        rows,
-    )
-    print_table(
-        "Waits of Reverb's writer (one transition per call) and learner (sample 256 + mutate_priorities) (ms)",
-        ["capacity", "call", "calls", "longest", "p99", "p99.9", f"over {SLOW * 1e3:.0f} ms"],
-        waits,
-    )

@@ -13,7 +13,8 @@ cannot garble an answer.  Commands: ``hello`` (import the library; answers its v
 ``per_build``/``per_run`` (:mod:`mpreplay.bench.per`'s loop), ``tput_build``/``tput_run`` and
 ``seq_build``/``seq_run`` (:mod:`mpreplay.bench.peer_frames`), ``mp_open``/``mp_case``/``mp_close``,
 ``queue_case`` and ``sharded_case`` (:mod:`mpreplay.bench.peer_mp`: ``bench mp``, ``bench queue``
-and ``bench sharded``, Reverb and TorchRL), ``quit``.
+and ``bench sharded``, Reverb and TorchRL), ``actor_build``/``actor_run``/``actor_close``
+(:mod:`mpreplay.bench.peer_actor`: ``bench apex``'s actor loop), ``quit``.
 
 The loop of ``mpreplay bench per`` (:mod:`mpreplay.bench.per_loop`) is the one the in-process
 table times too; each library behind its three calls is here (``CONTENDERS``).
@@ -35,7 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 if __package__:  # imported as mpreplay.bench.peer_worker
-    from . import numba_tree, peer_frames, peer_mp, per_loop
+    from . import numba_tree, peer_actor, peer_frames, peer_mp, per_loop
 else:  # a script, run by an interpreter that may not have mpreplay
     # Its folder leaves the path: the benchmarks' modules there (ray.py, memory.py, ...) would
     # shadow the packages a library looks for.
@@ -58,6 +59,7 @@ else:  # a script, run by an interpreter that may not have mpreplay
         _load(_neighbour)
     peer_mp = _load("peer_mp")
     per_loop = _load("per_loop")
+    peer_actor = _load("peer_actor")
 
 # The loop's settings and calls (:mod:`mpreplay.bench.per_loop`) that the contenders are built for.
 ALPHA, BATCH, BETA, EPS, PREFILL_CHUNK = (
@@ -316,6 +318,7 @@ class Worker:
         self.per_work: tuple[list[dict[str, Any]], list[np.ndarray]] | None = None
         self.frames: Any = None  # the buffer of a tput_ or seq_ command (peer_frames)
         self.mp: Any = None  # the buffer of the mp_ commands (peer_mp.MpSide)
+        self.actor: Any = None  # the actor_ commands' library side and its script (peer_actor)
 
     def hello(self) -> dict[str, Any]:
         import importlib
@@ -412,6 +415,22 @@ class Worker:
             raise ValueError(f"bench sharded runs Reverb's servers only, not {self.name!r}")
         return peer_mp.sharded_case(shards, obs, batch, timing)
 
+    def actor_build(self, script: str, capacity: int) -> dict[str, Any]:
+        self.actor_close()
+        self.actor = (peer_actor.make(self.name, capacity), script, peer_actor.load_script(script))
+        return {}
+
+    def actor_run(self) -> dict[str, Any]:
+        if self.actor is None:
+            raise RuntimeError("actor_run needs an actor_build first")
+        return peer_actor.play(*self.actor)
+
+    def actor_close(self) -> dict[str, Any]:
+        if self.actor is not None:
+            actor, self.actor = self.actor[0], None
+            actor.close()
+        return {}
+
 
 COMMANDS = (
     "hello",
@@ -426,6 +445,9 @@ COMMANDS = (
     "mp_close",
     "queue_case",
     "sharded_case",
+    "actor_build",
+    "actor_run",
+    "actor_close",
 )
 
 
@@ -449,6 +471,7 @@ def serve(name: str, requests: Any, answers: Any) -> None:
             answers.flush()
     finally:  # a server and a case's processes end with the worker
         worker.mp_close()
+        worker.actor_close()
 
 
 def main(argv: Sequence[str]) -> int:

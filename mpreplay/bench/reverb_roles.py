@@ -266,3 +266,114 @@ def rollout_learner(address: str, seen: Any, conn: Connection) -> None:
         return take, 1
 
     serve_window(conn, build)
+
+
+# -- bench apex: the actor's loop through Acme's n-step transition adder -------------------------
+def actor_fields(depth: int = 4) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The item of Acme's ``NStepTransitionAdder``: a transition whose reward is the n-step return."""
+    stack = ((84, 84, depth), "uint8")
+    return {
+        "observation": stack,
+        "action": ((), "int64"),
+        "reward": ((), "float32"),
+        "discount": ((), "float32"),
+        "next_observation": stack,
+    }
+
+
+class Actor:
+    """``bench apex``'s actor loop (:mod:`peer_actor`) written as Acme's ``NStepTransitionAdder``
+    writes it (one adder, so one ``TrajectoryWriter``, per game): each step appends its action,
+    reward and discount (completing the step) and the next observation (a partial step); once
+    ``nstep`` steps are in, the window's rewards come back from the writer's history
+    (``.numpy()``), the n-step return and total discount are appended to the open step, and an
+    item references the window's first observation and action, the return, the discount and the
+    last observation, then ``flush(IN_FLIGHT)``; an episode's end completes the open step with zeros
+    and writes the shorter windows left, then ``end_episode``.  The server is a process of its own,
+    so the actor's thread is what is timed, as an actor beside a remote server runs it."""
+
+    def __init__(self, capacity: int, nstep: int, gamma: float):
+        import multiprocessing
+
+        import reverb
+
+        self._nstep, self._gamma = nstep, gamma
+        ctx = multiprocessing.get_context("spawn")  # gRPC's threads do not survive a fork
+        self._conn, theirs = ctx.Pipe()
+        self._server = ctx.Process(target=serve, args=("prioritized", capacity, actor_fields(), theirs), daemon=True)
+        self._server.start()
+        theirs.close()
+        if not self._conn.poll(120):
+            self.close()
+            raise TimeoutError("Reverb's server did not start within 120 s")
+        port, _ = self._conn.recv()
+        self._client = reverb.Client(f"localhost:{port}")
+        self._writers: list[Any] = []
+
+    def begin(self, stacks: np.ndarray, q: np.ndarray) -> None:
+        self._end_writers()
+        self._writers = [self._client.trajectory_writer(num_keep_alive_refs=2 * self._nstep + 2) for _ in stacks]
+        for writer, stack in zip(self._writers, stacks, strict=True):
+            writer.append({"observation": stack}, partial_step=True)
+
+    def step(self, step: dict[str, np.ndarray], stacks: np.ndarray, previous: np.ndarray) -> None:
+        for g, writer in enumerate(self._writers):
+            if step["restart"][g]:
+                writer.append({"observation": stacks[g]}, partial_step=True)
+                continue
+            discount = np.float32(0.0 if step["terminated"][g] else 1.0)
+            current = {"action": step["act"][g], "reward": step["rew"][g], "discount": discount}
+            writer.append(current)
+            writer.append({"observation": stacks[g]}, partial_step=True)
+            priority = float(step["priority"][g])
+            if writer.episode_steps >= self._nstep:
+                self._write(writer, self._nstep, priority, appended=None)
+            if step["ended"][g]:
+                writer.append({name: np.zeros_like(value) for name, value in current.items()})
+                for appended, window in enumerate(range(min(self._nstep - 1, writer.episode_steps - 1), 0, -1)):
+                    self._write(writer, window, priority, appended=appended)
+                writer.end_episode()
+
+    def _write(self, writer: Any, window: int, priority: float, appended: int | None) -> None:
+        """An item of the ``window`` complete steps before the step holding the newest observation:
+        the open step (``appended`` None), or, once the episode's end completed it, the step
+        ``appended`` complete steps of returns back (each later window appends one)."""
+        history = writer.history
+        anchor = -1 if appended is None else -1 - appended  # the step holding the next observation
+        first = anchor - window
+        rewards = history["reward"][first:anchor].numpy()
+        discounts = history["discount"][first:anchor].numpy() * self._gamma
+        before = np.concatenate([[1.0], np.cumprod(discounts)[:-1]])
+        returns = {
+            "n_step_return": np.float32((before * rewards).sum()),
+            "total_discount": np.float32(np.prod(discounts)),
+        }
+        writer.append(returns, partial_step=appended is None)  # a complete step of its own at the end
+        history = writer.history
+        moved = 0 if appended is None else 1
+        writer.create_item(
+            TABLE,
+            priority=priority,
+            trajectory={
+                "observation": history["observation"][first - moved],
+                "action": history["action"][first - moved],
+                "reward": history["n_step_return"][-1],
+                "discount": history["total_discount"][-1],
+                "next_observation": history["observation"][anchor - moved],
+            },
+        )
+        writer.flush(block_until_num_items=IN_FLIGHT)
+
+    def _end_writers(self) -> None:
+        for writer in self._writers:
+            writer.end_episode()
+            writer.close()
+        self._writers = []
+
+    def close(self) -> None:
+        self._end_writers()
+        self._conn.close()  # the server stops when its pipe closes
+        self._server.join(30)
+        if self._server.is_alive():
+            self._server.kill()
+            self._server.join()

@@ -88,3 +88,152 @@ def learner_op(buffer: Any, seed: int, batch: int) -> Callable[[], None]:
     for _ in range(3):  # what is compiled or allocated lazily, before the window
         learn()
     return learn
+
+
+# -- bench apex: the actor's loop as a TorchRL collector with MultiStep feeds its buffer ----------
+ROLLOUT = 8  # steps per game in a collector's batch: 32 frames over 4 games, the demo's actor_batch
+
+
+def _peer_actor() -> Any:
+    """:mod:`peer_actor`, under the name it was loaded by (the peers' venvs load it by path)."""
+    import importlib
+
+    return importlib.import_module(f"{__package__}.peer_actor" if __package__ else "peer_actor")
+
+
+class _Collector:
+    """The writer's side: each vector step becomes the step's TensorDict (root observation,
+    action; ``next``: observation, reward, done, terminated, truncated) written into the
+    collector's ``[games, ROLLOUT]`` batch; a full batch goes through ``MultiStep(gamma, n_steps)``
+    (the collector's ``postproc``) and is ``extend``-ed, flattened, into the buffer."""
+
+    def __init__(self, buffer: Any, nstep: int, gamma: float):
+        from torchrl.data.postprocs import MultiStep
+
+        self._buffer, self._multistep = buffer, MultiStep(gamma=gamma, n_steps=nstep)
+        self._rollout: Any = None
+        self._t = 0
+
+    @staticmethod
+    def _step(stacks: np.ndarray, previous: np.ndarray, step: dict[str, np.ndarray]) -> Any:
+        import torch
+        from tensordict import TensorDict
+
+        # TorchRL's envs reset inside the step that ended: the script's reset step is a row here,
+        # marked truncated so that MultiStep folds nothing across it.
+        truncated = step["ended"] & ~step["terminated"] | step["restart"]
+        return TensorDict(
+            {
+                "observation": torch.from_numpy(previous),
+                "action": torch.from_numpy(step["act"]),
+                "next": {
+                    "observation": torch.from_numpy(stacks),
+                    "reward": torch.from_numpy(step["rew"]).unsqueeze(-1),
+                    "done": torch.from_numpy(step["ended"] | step["restart"]).unsqueeze(-1),
+                    "terminated": torch.from_numpy(step["terminated"]).unsqueeze(-1),
+                    "truncated": torch.from_numpy(truncated).unsqueeze(-1),
+                },
+            },
+            [len(stacks)],
+        )
+
+    def begin(self, stacks: np.ndarray, q: np.ndarray) -> None:
+        import torch
+
+        games = len(stacks)
+        blank: dict[str, np.ndarray] = {
+            "act": np.zeros(games, np.int64),
+            "rew": np.zeros(games, np.float32),
+            **{key: np.zeros(games, bool) for key in ("ended", "terminated", "restart")},
+        }
+        example = self._step(stacks, stacks, blank)
+        self._rollout = torch.stack([example] * ROLLOUT, dim=1).contiguous()  # the collector's batch
+        self._t = 0
+
+    def step(self, step: dict[str, np.ndarray], stacks: np.ndarray, previous: np.ndarray) -> None:
+        self._rollout[:, self._t] = self._step(stacks, previous, step)
+        self._t += 1
+        if self._t == ROLLOUT:
+            self._buffer.extend(self._multistep(self._rollout).reshape(-1))
+            self._t = 0
+
+    def extend_blank(self) -> None:
+        """One batch of the begun shape, written untimed: the storage exists before it is shared."""
+        self._buffer.extend(self._multistep(self._rollout.clone()).reshape(-1))
+
+    def close(self) -> None:
+        self._rollout = None
+
+
+def _writer(buffer: Any, directory: str, nstep: int, gamma: float, conn: Connection) -> None:
+    """The actor's process: it got the buffer as ``spawn`` hands it over, runs the script each
+    time it is asked, and answers with what :func:`peer_actor.run` measured."""
+    peer_actor = _peer_actor()
+    script = peer_actor.load_script(directory)
+    collector = _Collector(buffer, nstep, gamma)
+    try:
+        while conn.recv() == "run":
+            conn.send(peer_actor.run(collector, script))
+    except EOFError:  # the worker is gone
+        pass
+    finally:
+        conn.close()
+
+
+class Actor:
+    """``bench apex``'s actor loop (:mod:`peer_actor`) as a TorchRL actor runs it: a process that
+    was handed ``TensorDictPrioritizedReplayBuffer(sync=False, shared=True)`` over a
+    ``LazyMemmapStorage`` (``bench mp``'s shared buffer; a writer's sampler is uniform, so its rows
+    carry no priorities), feeding it as a ``SyncDataCollector`` with ``postproc=MultiStep`` does
+    (:class:`_Collector`).  The buffer's owner -- this process -- makes the storage with a first
+    batch; the actor's process is started with ``spawn`` at the first run and runs every run."""
+
+    def __init__(self, capacity: int, nstep: int, gamma: float):
+        import tempfile
+
+        from torchrl.data import LazyMemmapStorage, TensorDictPrioritizedReplayBuffer
+
+        self._scratch = tempfile.TemporaryDirectory(prefix="mpreplay-torchrl-")
+        self._owner = TensorDictPrioritizedReplayBuffer(
+            alpha=ALPHA,
+            beta=BETA,
+            eps=EPS,
+            storage=LazyMemmapStorage(capacity, scratch_dir=self._scratch.name),
+            sync=False,
+            shared=True,
+        )
+        self._nstep, self._gamma = nstep, gamma
+        self._process: Any = None
+        self._conn: Any = None
+
+    def play(self, directory: str, script: dict[str, np.ndarray]) -> dict[str, Any]:
+        """One run of the script in the actor's process (started at the first)."""
+        if self._process is None:
+            import multiprocessing
+
+            first = _Collector(self._owner, self._nstep, self._gamma)
+            stacks = np.repeat(script["frames"][0][..., None], _peer_actor().DEPTH, axis=-1)  # each reset's stack
+            first.begin(stacks, script["q"][0])
+            first.extend_blank()
+            ctx = multiprocessing.get_context("spawn")
+            self._conn, theirs = ctx.Pipe()
+            args = (self._owner, directory, self._nstep, self._gamma, theirs)
+            self._process = ctx.Process(target=_writer, args=args, daemon=True)
+            self._process.start()
+            theirs.close()
+        self._conn.send("run")
+        if not self._conn.poll(600):
+            raise TimeoutError("TorchRL's actor process did not finish a run within 600 s")
+        answer: dict[str, Any] = self._conn.recv()
+        return answer
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._conn.close()  # the actor's process ends when its pipe closes
+            self._process.join(30)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join()
+            self._process = None
+        self._owner = None
+        self._scratch.cleanup()

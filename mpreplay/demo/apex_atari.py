@@ -107,12 +107,17 @@ class PendingRows:
     A write is due once ``actor_batch`` rows wait, or as soon as an episode has ended: a merged
     batch holds each sub-environment's rows in time order and may end episodes only after them,
     so it never spans an episode's end.  Its rows go in one ``add`` per sub-environment.
+
+    The merged rows are gathered in one pass into arrays kept from one :meth:`take` to the next
+    (a fresh batch's arrays are megabytes: new ones would cost a page fault every 4 KB): a
+    taken batch is valid until the next ``take``, which is what an actor that writes it first needs.
     """
 
     def __init__(self) -> None:
         self._batches: list[TransitionBatch] = []
         self.rows = 0
         self._ended = False
+        self._merged: dict[str, np.ndarray] = {}  # per field, the arrays every take gathers into
 
     def append(self, batch: TransitionBatch) -> None:
         if len(batch) or len(batch.ended):
@@ -125,13 +130,25 @@ class PendingRows:
 
     def take(self) -> tuple[TransitionBatch, np.ndarray]:
         """The pending rows as the buffer stores them, each sub-environment's together, and their
-        initial priorities; nothing is pending after."""
+        initial priorities (valid until the next take); nothing is pending after."""
         batches, self._batches, self.rows, self._ended = self._batches, [], 0, False
         if not batches:
             return TransitionBatch({}, np.zeros(0, np.int64), np.zeros(0, np.int64)), np.zeros(0)
         envs = np.concatenate([b.envs for b in batches])
         order = np.argsort(envs, kind="stable")  # each sub-environment's rows, in time order
-        rows = {key: np.concatenate([b.rows[key] for b in batches])[order] for key in batches[0].rows}
+        place = np.empty_like(order)
+        place[order] = np.arange(len(order))  # where each pending row goes in the merged batch
+        bounds = np.cumsum([0] + [len(b) for b in batches])
+        rows = {}
+        for key, first in batches[0].rows.items():
+            held = self._merged.get(key)
+            if held is None or len(held) < len(envs):
+                # Grown by half again or more: an end's flush makes a take a few rows longer.
+                size = max(len(envs), 0 if held is None else len(held) * 3 // 2)
+                held = self._merged[key] = np.empty((size, *first.shape[1:]), first.dtype)
+            rows[key] = held[: len(envs)]
+            for b, lo, hi in zip(batches, bounds[:-1], bounds[1:], strict=True):
+                rows[key][place[lo:hi]] = b.rows[key]
         return stored(TransitionBatch(rows, envs[order], batches[-1].ended)), initial_priorities(rows)
 
 
