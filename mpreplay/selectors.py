@@ -21,7 +21,7 @@ A selector's kernel module provides:
 * optionally ``cut_parts(state, capacity)`` and ``derive(state, capacity)``: the views of the
   state that nothing derives -- ``(items, rest)``: arrays of an entry per item, and the others
   -- and the recomputation of everything else from them.  A checkpoint of a table whose
-  selector has them takes its cut a block of slots at a time (:mod:`mpreplay.checkpoint_cut`);
+  selector has them takes its cut a block of slots at a time (``mpreplay.checkpoint_cut``);
   a selector without them (an order over its items, a packed list) is copied whole in one hold.
 
 Selection rules:
