@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from helpers import table_cells
 
+pytest.importorskip("gymnasium", reason="bench apex's episodes are the Atari demo's (the atari extra)")
+
 from mpreplay.bench import apex_peers, peers
 from mpreplay.bench.apex_episodes import Episode
 from mpreplay.bench.peer_actor import save_script
